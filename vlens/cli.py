@@ -13,6 +13,7 @@ import sys
 # module path -> provides add_cli(subparsers) registering one or more sub-commands
 COMMAND_MODULES: list[str] = [
     "vlens.info_cli",
+    "vlens.data.cli",
 ]
 
 
