@@ -1,0 +1,26 @@
+"""The hooked decoder's building blocks, one module per file.
+
+Every component is built around the HF model's own parameters (the same `nn.Parameter`
+objects: moved, not copied), so converting a 7B checkpoint needs no second copy.
+"""
+
+from vlens.components.attention import Attention
+from vlens.components.block import TransformerBlock
+from vlens.components.embed import Embed
+from vlens.components.mlp import GatedMLP
+from vlens.components.rms_norm import RMSNorm
+from vlens.components.rotary import RotaryEmbedding, apply_rotary
+from vlens.components.unembed import Unembed
+from vlens.components.vision import HookedVisionTower
+
+__all__ = [
+    "Attention",
+    "Embed",
+    "GatedMLP",
+    "HookedVisionTower",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "TransformerBlock",
+    "Unembed",
+    "apply_rotary",
+]

@@ -1,0 +1,46 @@
+"""Rotary position embeddings.
+
+The cos/sin tables come from the HF model's own rotary module, which already covers every
+variant vlens supports — 1-D RoPE (LLaVA/Llama, with any rope scaling), chunked M-RoPE
+(Qwen2-VL, Qwen2.5-VL: `mrope_section` blocks of t/h/w frequencies) and interleaved M-RoPE
+(Qwen3-VL) — so positions are bit-identical to HF. Like HF, cos/sin are cast to the
+activation dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+
+class RotaryEmbedding(nn.Module):
+    """Wraps HF's rotary module: position ids -> (cos, sin), each [batch, pos, d_head]."""
+
+    def __init__(self, hf_rotary: nn.Module, kind: str):
+        super().__init__()
+        self.hf_rotary = hf_rotary
+        self.kind = kind
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        position_ids: Int[Tensor, "... batch pos"],
+    ) -> tuple[Float[Tensor, "batch pos d_head"], Float[Tensor, "batch pos d_head"]]:
+        return self.hf_rotary(x, position_ids)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(
+    x: Float[Tensor, "batch pos heads d_head"],
+    cos: Float[Tensor, "batch pos d_head"],
+    sin: Float[Tensor, "batch pos d_head"],
+) -> Float[Tensor, "batch pos heads d_head"]:
+    """Rotate q or k ([batch, pos, heads, d_head] layout) by the given angles."""
+    cos = cos.unsqueeze(2)
+    sin = sin.unsqueeze(2)
+    return (x * cos) + (rotate_half(x) * sin)

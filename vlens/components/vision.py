@@ -1,0 +1,63 @@
+"""The HF vision tower (and projector / merger), kept as is and wrapped with hook points.
+
+`vision.blocks.{i}.hook_resid_post` fires on each HF vision block's output through a
+permanent PyTorch forward hook that routes the tensor through our `HookPoint` (identity
+unless a hook is attached), so hooks can read or replace it. Layouts are the tower's own:
+Qwen2-VL/Qwen2.5-VL blocks see [n_patches, width] for all images of the batch concatenated
+(Qwen2.5-VL in its window-permuted order); CLIP (LLaVA) sees [n_images, n_patches + 1, width].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from vlens.hooks import HookPoint
+
+
+class VisionBlockHooks(nn.Module):
+    """Hook points of one vision-tower block."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_resid_post = HookPoint()
+
+
+class HookedVisionTower(nn.Module):
+    """Wraps an HF vision tower; `encode` is supplied by the architecture adapter.
+
+    Attributes:
+        tower: the HF vision module itself (its parameters are the HF ones).
+        projector: the HF projector when it lives outside the tower (LLaVA), else None.
+        blocks: per-block hook points (`vision.blocks.{i}.hook_resid_post`).
+        hook_image_embeds: [n_image_tokens, d_model], the features that replace the
+            image placeholders (merger / projector output), all images of the batch concatenated.
+    """
+
+    def __init__(self, tower: nn.Module, hf_blocks: list[nn.Module], projector: nn.Module | None = None,
+                 block_output: Callable[[object], Tensor] | None = None):
+        super().__init__()
+        self.tower = tower
+        self.projector = projector
+        self.blocks = nn.ModuleList(VisionBlockHooks() for _ in hf_blocks)
+        self.hook_image_embeds = HookPoint()
+        for hf_block, hooks in zip(hf_blocks, self.blocks, strict=True):
+            hf_block.register_forward_hook(_route_through(hooks.hook_resid_post, block_output))
+
+
+def _route_through(hook_point: HookPoint, block_output: Callable | None):
+    """A PyTorch forward hook that passes a block's output tensor through `hook_point`."""
+
+    def forward_hook(module: nn.Module, inputs: tuple, output):
+        if not (hook_point.fwd_hooks or hook_point.bwd_hooks):
+            return None  # nothing attached: leave the output untouched
+        if isinstance(output, Tensor):
+            return hook_point(output)
+        if isinstance(output, tuple):  # e.g. (hidden_states, attn_weights)
+            return (hook_point(output[0]), *output[1:])
+        if block_output is not None:
+            return block_output(output, hook_point)
+        raise TypeError(f"Cannot hook vision block output of type {type(output).__name__}")
+
+    return forward_hook

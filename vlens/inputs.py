@@ -1,0 +1,133 @@
+"""`VLMInputs`: a batch ready for the model, and `TokenRegions`: where image/text tokens sit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+
+@dataclass
+class TokenRegions:
+    """Per batch row, where things are in the token sequence.
+
+    Attributes:
+        image: per row, LongTensor of all image-token positions (all images, in order).
+        images: per row, per image, LongTensor of that image's token positions (row-major
+            over its merged grid).
+        text: per row, LongTensor of the non-image, non-padding positions.
+        final: LongTensor [batch], the last real (non-padding) position of each row.
+        image_grid: per row, per image, the merged patch grid (rows, cols).
+    """
+
+    image: list[Tensor]
+    images: list[list[Tensor]]
+    text: list[Tensor]
+    final: Tensor
+    image_grid: list[list[tuple[int, int]]]
+
+    def region(self, name: str, row: int) -> Tensor:
+        """Positions of a named region ("image", "text", "final", "all") in one row."""
+        if name == "image":
+            return self.image[row]
+        if name == "text":
+            return self.text[row]
+        if name == "final":
+            return self.final[row : row + 1]
+        if name == "all":
+            return torch.cat([self.image[row], self.text[row]]).sort().values
+        raise ValueError(f"Unknown region {name!r}: use one of 'image', 'text', 'final', 'all'.")
+
+    def mask(self, name: str, seq_len: int) -> Tensor:
+        """Boolean [batch, seq_len] mask of a named region."""
+        out = torch.zeros(len(self.image), seq_len, dtype=torch.bool)
+        for row in range(len(self.image)):
+            out[row, self.region(name, row).cpu()] = True
+        return out
+
+
+@dataclass
+class VLMInputs:
+    """Model inputs in the HF keyword form plus token regions.
+
+    Shapes: input_ids/attention_mask/mm_token_type_ids [batch, pos]; pixel_values is the
+    family's layout (Qwen: [n_patches, C*T*P*P], LLaVA: [n_images, C, H, W]);
+    image_grid_thw [n_images, 3] (Qwen only).
+    """
+
+    input_ids: Int[Tensor, "batch pos"]
+    attention_mask: Int[Tensor, "batch pos"]
+    pixel_values: Tensor | None = None
+    image_grid_thw: Tensor | None = None
+    mm_token_type_ids: Tensor | None = None
+    regions: TokenRegions | None = None
+    extra: dict = field(default_factory=dict)  # other processor outputs passed to the model
+
+    HF_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.input_ids.shape[1]
+
+    def to(self, device) -> VLMInputs:
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            moved[f.name] = value.to(device) if isinstance(value, Tensor) else value
+        moved["extra"] = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.extra.items()}
+        return VLMInputs(**moved)
+
+    def to_hf_kwargs(self) -> dict:
+        """The keyword arguments an HF `...ForConditionalGeneration` forward takes."""
+        out = {k: getattr(self, k) for k in self.HF_KEYS if getattr(self, k) is not None}
+        out.update(self.extra)
+        return out
+
+
+def compute_regions(
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    image_token_id: int,
+    image_token_counts: list[int],
+    image_grids: list[tuple[int, int]],
+) -> TokenRegions:
+    """Token regions from the ids and each image's token count / merged grid (in order of appearance).
+
+    Raises:
+        ValueError: if the placeholder tokens do not add up to the images' token counts.
+    """
+    batch = input_ids.shape[0]
+    is_image = (input_ids == image_token_id) & attention_mask.bool()
+    total = int(is_image.sum())
+    if total != sum(image_token_counts):
+        raise ValueError(
+            f"The prompts hold {total} image placeholder tokens but the images need "
+            f"{sum(image_token_counts)} ({image_token_counts} per image). Build inputs with "
+            "model.prepare(...) or the model's processor so placeholders are expanded to match."
+        )
+    image_iter = iter(zip(image_token_counts, image_grids, strict=True))
+    images, image_all, text, grids = [], [], [], []
+    for row in range(batch):
+        positions = is_image[row].nonzero().flatten()
+        row_images, row_grids, start = [], [], 0
+        while start < len(positions):
+            count, grid = next(image_iter)
+            row_images.append(positions[start : start + count])
+            row_grids.append(grid)
+            start += count
+        images.append(row_images)
+        grids.append(row_grids)
+        image_all.append(positions)
+        text.append((attention_mask[row].bool() & ~is_image[row]).nonzero().flatten())
+    valid = attention_mask.bool()
+    final = torch.tensor(
+        [int(valid[row].nonzero().max()) if valid[row].any() else input_ids.shape[1] - 1 for row in range(batch)],
+        dtype=torch.long,
+    )
+    return TokenRegions(image=image_all, images=images, text=text, final=final, image_grid=grids)

@@ -1,0 +1,68 @@
+"""Loading HF checkpoints safely: safetensors only, no remote code unless asked."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+import transformers
+
+from vlens.architectures.registry import adapter_for
+
+logger = logging.getLogger(__name__)
+
+_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "tokenizer_config.json",
+                    "tokenizer.json")
+
+
+def load_hf_model_and_processor(name_or_path: str, dtype: torch.dtype | None = None,
+                                trust_remote_code: bool = False, load_processor: bool = True,
+                                **hf_kwargs: Any):
+    """(hf_model, processor or None) from a local folder or hub id.
+
+    The architecture is checked from the config before any weight is read, so an unsupported
+    model fails fast with the list of supported ones.
+    """
+    config = transformers.AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    architectures = getattr(config, "architectures", None) or []
+    if not architectures:
+        raise ValueError(f"{name_or_path}: config.json names no 'architectures'; cannot tell which model to build.")
+    class_name = architectures[0]
+    adapter_for(class_name)  # raises a clear error for unsupported families
+    hf_class = getattr(transformers, class_name)
+    hf_kwargs.setdefault("use_safetensors", True)  # never unpickle weights
+    if dtype is not None:
+        hf_kwargs["dtype"] = dtype
+    hf_model = hf_class.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **hf_kwargs)
+    hf_model.eval()
+    processor = None
+    if load_processor:
+        is_local = os.path.isdir(name_or_path)
+        has_files = not is_local or any(os.path.exists(os.path.join(name_or_path, f)) for f in _PROCESSOR_FILES)
+        if has_files:
+            processor = load_processor_for(name_or_path, trust_remote_code=trust_remote_code)
+    return hf_model, processor
+
+
+def load_processor_for(name_or_path: str, trust_remote_code: bool = False):
+    """HF's AutoProcessor, or, where it cannot be built (its video processor needs torchvision),
+    a `SimpleVLProcessor` from the folder's tokenizer and image processor."""
+    try:
+        processor = transformers.AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        if hasattr(processor, "tokenizer") and hasattr(processor, "image_processor"):
+            return processor
+    except (ImportError, AttributeError, ValueError, TypeError, OSError) as error:
+        logger.info("AutoProcessor unavailable for %s (%s); using SimpleVLProcessor", name_or_path, error)
+    from vlens.processors import SimpleVLProcessor
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    image_processor = transformers.AutoImageProcessor.from_pretrained(name_or_path,
+                                                                      trust_remote_code=trust_remote_code)
+    chat_template = None
+    template_file = os.path.join(name_or_path, "chat_template.jinja")
+    if os.path.exists(template_file):
+        with open(template_file) as fh:
+            chat_template = fh.read()
+    return SimpleVLProcessor(tokenizer, image_processor, chat_template=chat_template)

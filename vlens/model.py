@@ -1,0 +1,298 @@
+"""`HookedVLM`: a Hugging Face vision-language model with TransformerLens hook points.
+
+The language decoder is rebuilt from our own components around the HF parameters (moved,
+not copied); the vision tower stays HF's, wrapped with hooks. Logits equal HF's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from vlens.architectures import adapter_for
+from vlens.architectures.base import ArchitectureAdapter
+from vlens.components.attention import KVCache
+from vlens.config import VLMConfig
+from vlens.hooks import HookedRootModule, HookPoint
+from vlens.inputs import VLMInputs
+from vlens.runtime import RunState, build_masks
+
+
+class HookedVLM(HookedRootModule):
+    """A vision-language model whose decoder exposes every TransformerLens hook.
+
+    Build one with `HookedVLM.from_pretrained(path_or_hub_id)`, `HookedVLM.from_hf(hf_model,
+    processor)` or `vlens.load()` (the embedded tiny model). See DESIGN.md for hook names.
+
+    Attributes:
+        cfg: `VLMConfig` (TransformerLens field names).
+        embed, vision, rotary, blocks, ln_final, unembed: the model's parts.
+        hf_model: the HF model (shares every parameter with this one).
+        processor: the HF processor, if known (needed by `prepare` and `generate` texts).
+    """
+
+    def __init__(self, hf_model: nn.Module, processor: Any = None, adapter: ArchitectureAdapter | None = None):
+        super().__init__()
+        self.adapter = adapter or adapter_for(hf_model)
+        self.cfg: VLMConfig = self.adapter.build_config(hf_model)
+        parts = self.adapter.build_decoder(hf_model, self.cfg)
+        self.embed = parts.embed
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.vision = self.adapter.build_vision(hf_model)
+        self.hook_inputs_embeds = HookPoint()  # [batch, pos, d_model]
+        self.rotary = parts.rotary
+        self.blocks = nn.ModuleList(parts.blocks)
+        self.ln_final = parts.ln_final
+        self.unembed = parts.unembed
+        # a plain attribute, not a submodule: its parameters are already ours
+        self.__dict__["hf_model"] = hf_model
+        self.processor = processor
+        self.setup()
+        self.eval()
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_hf(cls, hf_model: nn.Module, processor: Any = None) -> HookedVLM:
+        """Wrap an already-built HF `...ForConditionalGeneration` (parameters are shared)."""
+        return cls(hf_model, processor=processor)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        trust_remote_code: bool = False,
+        load_processor: bool = True,
+        **hf_kwargs: Any,
+    ) -> HookedVLM:
+        """Load an HF checkpoint (local folder or hub id) and its processor, safetensors only."""
+        from vlens.loading import load_hf_model_and_processor
+
+        hf_model, processor = load_hf_model_and_processor(
+            name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,
+            load_processor=load_processor, **hf_kwargs,
+        )
+        model = cls(hf_model, processor=processor)
+        if device is not None:
+            model.to(device)
+        return model
+
+    def to(self, *args, **kwargs) -> HookedVLM:  # keep cfg.device/dtype truthful
+        super().to(*args, **kwargs)
+        weight = self.unembed.lm_head.weight
+        self.cfg.device, self.cfg.dtype = str(weight.device), weight.dtype
+        return self
+
+    # ------------------------------------------------------------------ inputs
+    @property
+    def tokenizer(self):
+        if self.processor is None:
+            raise ValueError("This model has no processor: pass one to HookedVLM.from_hf(hf_model, processor).")
+        return getattr(self.processor, "tokenizer", self.processor)
+
+    def prepare(
+        self,
+        images: Any = None,
+        prompts: str | Sequence[str] = (),
+        chat: bool = True,
+    ) -> VLMInputs:
+        """Processor + chat format -> `VLMInputs` (left-padded batch, with token regions).
+
+        images: one image per prompt, a list of images per prompt, or None for text only.
+        """
+        from vlens.processing import prepare_inputs
+
+        return prepare_inputs(self, images=images, prompts=prompts, chat=chat)
+
+    def coerce_inputs(self, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:
+        """Accept `VLMInputs`, a processor output (dict / BatchFeature) or HF keywords."""
+        from vlens.processing import coerce_inputs
+
+        return coerce_inputs(self, inputs, **hf_kwargs)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        inputs: Any = None,
+        return_type: Literal["logits", "resid"] | None = "logits",
+        stop_at_layer: int | None = None,
+        **hf_kwargs: Any,
+    ) -> Float[Tensor, "batch pos d_vocab"] | Tensor | None:
+        """Logits [batch, pos, d_vocab] for `VLMInputs` or the HF keyword form.
+
+        stop_at_layer: return the residual stream entering that block instead of logits.
+        return_type: "logits"; "resid" for the final normalized residual; None for nothing.
+        """
+        run_inputs = self.coerce_inputs(inputs, **hf_kwargs)
+        state = self.start_run(run_inputs)
+        resid = self.run_blocks(state.resid, state, 0, stop_at_layer)
+        if stop_at_layer is not None:
+            return resid
+        return self.finish(resid, return_type)
+
+    def start_run(self, inputs: VLMInputs, kv_cache: KVCache | None = None) -> RunState:
+        """Embed tokens, encode and merge images, build positions and masks."""
+        cfg = self.cfg
+        ids = inputs.input_ids
+        self.adapter.check_inputs(cfg, inputs)
+        resid = self.hook_embed(self.embed(ids))
+        deepstack: dict[int, tuple[Tensor, Tensor]] = {}
+        image_mask = ids == cfg.image_token_id if cfg.image_token_id is not None else None
+        if inputs.pixel_values is not None:
+            features = self.adapter.encode_images(self.vision, inputs)
+            n_placeholders = int(image_mask.sum())
+            if n_placeholders != features.embeds.shape[0]:
+                raise ValueError(
+                    f"Image placeholders and image features do not match: the prompt holds {n_placeholders} "
+                    f"image tokens but the vision tower produced {features.embeds.shape[0]} features. Build "
+                    "inputs with model.prepare(...) or the model's processor, which expands each image "
+                    "placeholder to the image's token count."
+                )
+            resid = resid.masked_scatter(image_mask.unsqueeze(-1), features.embeds.to(resid.device, resid.dtype))
+            deepstack = {layer: (image_mask, feats) for layer, feats in enumerate(features.deepstack)}
+        elif image_mask is not None and bool(image_mask.any()):
+            raise ValueError(
+                f"The prompt holds {int(image_mask.sum())} image placeholder tokens but no pixel_values were "
+                "given. Pass the images (model.prepare(images=..., prompts=...)) or remove the placeholders."
+            )
+        resid = self.hook_inputs_embeds(resid)
+        position_ids, deltas = self.adapter.position_ids(self.hf_model, inputs)
+        cos, sin = self.rotary(resid, position_ids)
+        masks = build_masks(inputs.attention_mask, ids.shape[0], ids.shape[1], 0, resid.dtype, resid.device)
+        return RunState(resid=resid, cos=cos, sin=sin, masks=masks, position_ids=position_ids,
+                        rope_deltas=deltas, deepstack=deepstack, kv_cache=kv_cache)
+
+    def run_blocks(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        state: RunState,
+        start_at_layer: int = 0,
+        stop_at_layer: int | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """Run blocks [start_at_layer, stop_at_layer) on a residual stream."""
+        for block in self.blocks[start_at_layer:stop_at_layer]:
+            resid = block(resid, state.cos, state.sin, state.masks, state.kv_cache,
+                          deepstack=state.deepstack.get(block.layer))
+        return resid
+
+    def finish(self, resid: Tensor, return_type: str | None = "logits") -> Tensor | None:
+        """Final norm and unembedding."""
+        if return_type is None:
+            return None
+        normalized = self.ln_final(resid)
+        if return_type == "resid":
+            return normalized
+        if return_type == "logits":
+            return self.unembed(normalized)
+        raise ValueError(f"Unknown return_type {return_type!r}: use 'logits', 'resid' or None.")
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, inputs: Any = None, max_new_tokens: int = 16, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = None,
+                 fwd_hooks: Sequence = (), seed: int | None = None, verbose: bool = False, **hf_kwargs: Any):
+        """Autoregressive decoding with a KV cache (M-RoPE deltas handled); see `vlens.generation`."""
+        from vlens.generation import generate
+
+        return generate(self, self.coerce_inputs(inputs, **hf_kwargs), max_new_tokens=max_new_tokens,
+                        do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
+                        fwd_hooks=fwd_hooks, seed=seed, verbose=verbose)
+
+    # ------------------------------------------------------------------ TransformerLens conveniences
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Toggle per-head `hook_result` [batch, pos, n_heads, d_model] (costs memory)."""
+        self.cfg.use_attn_result = use_attn_result
+
+    def to_tokens(self, text: str | Sequence[str]) -> Int[Tensor, "batch pos"]:
+        texts = [text] if isinstance(text, str) else list(text)
+        return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)["input_ids"]
+
+    def to_string(self, tokens: Tensor | Sequence[int]) -> str | list[str]:
+        if isinstance(tokens, Tensor) and tokens.ndim == 2:
+            return [self.tokenizer.decode(row) for row in tokens]
+        return self.tokenizer.decode(tokens)
+
+    def to_str_tokens(self, tokens: Tensor | Sequence[int]) -> list[str]:
+        ids = tokens.tolist() if isinstance(tokens, Tensor) else list(tokens)
+        return self.tokenizer.convert_ids_to_tokens(ids)
+
+    def to_single_token(self, text: str) -> int:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is {len(ids)} tokens ({ids}), not one.")
+        return ids[0]
+
+    def tokens_to_residual_directions(self, tokens: int | str | Tensor) -> Tensor:
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        return self.W_U[:, tokens].T if isinstance(tokens, Tensor) else self.W_U[:, tokens]
+
+    def _stack(self, name: str, sub: str = "attn") -> Tensor:
+        return torch.stack([getattr(getattr(block, sub), name) for block in self.blocks])
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed.W_E
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self.unembed.W_U
+
+    @property
+    def b_U(self) -> Float[Tensor, "d_vocab"]:
+        return self.unembed.b_U
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._stack("W_Q")
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._stack("W_K")
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._stack("W_V")
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        return self._stack("W_O")
+
+    @property
+    def b_Q(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._stack("b_Q")
+
+    @property
+    def b_K(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._stack("b_K")
+
+    @property
+    def b_V(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._stack("b_V")
+
+    @property
+    def b_O(self) -> Float[Tensor, "n_layers d_model"]:
+        return self._stack("b_O")
+
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
+        """Sum of the output biases up to `layer` (TransformerLens API; used by decompose_resid)."""
+        total = torch.zeros(self.cfg.d_model, dtype=self.cfg.dtype, device=self.W_U.device)
+        for i in range(layer):
+            total = total + self.blocks[i].attn.b_O
+        if mlp_input and layer < self.cfg.n_layers:
+            total = total + self.blocks[layer].attn.b_O
+        return total
+
+    def summary(self) -> str:
+        """One line: architecture, sizes and the number of hook points."""
+        c = self.cfg
+        return (f"HookedVLM({c.architecture}: {c.n_layers} layers, d_model={c.d_model}, "
+                f"{c.n_heads} heads ({c.n_key_value_heads} kv), d_head={c.d_head}, "
+                f"{len(self.hook_dict)} hook points)")
+
+
+HookedVisionLanguageModel = HookedVLM

@@ -1,0 +1,132 @@
+"""From images + prompts (or processor outputs / HF keywords) to `VLMInputs`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from vlens.inputs import VLMInputs, compute_regions
+
+if TYPE_CHECKING:
+    from vlens.model import HookedVLM
+
+
+def _images_per_row(images: Any, batch: int) -> list[list]:
+    """Normalise `images` to one (possibly empty) list of images per prompt."""
+    if images is None:
+        return [[] for _ in range(batch)]
+    if not isinstance(images, (list, tuple)):
+        images = [images]
+    if len(images) != batch:
+        raise ValueError(
+            f"Got {len(images)} image entries for {batch} prompts. Give one entry per prompt: an image, "
+            "a list of images, or None for a text-only prompt."
+        )
+    rows = []
+    for entry in images:
+        if entry is None:
+            rows.append([])
+        elif isinstance(entry, (list, tuple)):
+            rows.append(list(entry))
+        else:
+            rows.append([entry])
+    return rows
+
+
+def _chat_text(model: HookedVLM, prompt: str, n_images: int) -> str:
+    processor = model.processor
+    template = getattr(processor, "chat_template", None) or getattr(getattr(processor, "tokenizer", None),
+                                                                    "chat_template", None)
+    if template:
+        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": prompt}]
+        messages = [{"role": "user", "content": content}]
+        return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return model.adapter.fallback_chat_prompt(prompt, n_images)
+
+
+def prepare_inputs(model: HookedVLM, images: Any = None, prompts: str | Sequence[str] = (),
+                   chat: bool = True) -> VLMInputs:
+    """Format prompts (chat template or the family's format), run the processor, add regions.
+
+    The batch is left-padded so the final prompt position is the last column of every row.
+    """
+    if model.processor is None:
+        raise ValueError(
+            "prepare() needs a processor. Load with HookedVLM.from_pretrained(folder_with_processor) or "
+            "pass processor= to HookedVLM.from_hf(...)."
+        )
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompts:
+        raise ValueError("prepare() got no prompts: pass prompts=['How many dots are there?', ...].")
+    rows = _images_per_row(images, len(prompts))
+    placeholder = model.adapter.image_placeholder()
+    texts = []
+    for prompt, row_images in zip(prompts, rows, strict=True):
+        if chat:
+            texts.append(_chat_text(model, prompt, len(row_images)))
+        elif row_images and placeholder not in prompt:
+            texts.append(placeholder * len(row_images) + prompt)
+        else:
+            texts.append(prompt)
+    flat = [img.convert("RGB") if hasattr(img, "convert") else img for row in rows for img in row]
+    tokenizer = model.tokenizer
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        kwargs = {"images": flat} if flat else {}
+        encoded = model.processor(text=texts, return_tensors="pt", padding=True, **kwargs)
+    finally:
+        tokenizer.padding_side = old_side
+    return coerce_inputs(model, dict(encoded))
+
+
+def coerce_inputs(model: HookedVLM, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:
+    """`VLMInputs` from VLMInputs, a mapping (processor output) or HF keyword arguments.
+
+    Fills what HF would leave implicit: attention_mask (all ones), mm_token_type_ids (from the
+    placeholder ids: HF silently falls back to 1-D positions without it; we never do) and regions.
+    """
+    if isinstance(inputs, VLMInputs):
+        if hf_kwargs:
+            raise ValueError(f"Got VLMInputs and extra keywords {sorted(hf_kwargs)}; pass one or the other.")
+        out = inputs
+    else:
+        if isinstance(inputs, Mapping):
+            merged = {**dict(inputs), **hf_kwargs}
+        elif isinstance(inputs, Tensor):
+            merged = {"input_ids": inputs, **hf_kwargs}
+        elif inputs is None:
+            merged = dict(hf_kwargs)
+        else:
+            raise TypeError(f"Cannot run the model on a {type(inputs).__name__}: pass VLMInputs, a processor "
+                            "output, or input_ids=..., pixel_values=..., image_grid_thw=... keywords.")
+        if merged.get("input_ids") is None:
+            raise ValueError("No input_ids given. Build inputs with model.prepare(images=..., prompts=...).")
+        known = {k: merged.pop(k, None) for k in VLMInputs.HF_KEYS}
+        input_ids = known["input_ids"]
+        if input_ids.ndim == 1:
+            input_ids = input_ids.unsqueeze(0)
+        mask = known["attention_mask"]
+        out = VLMInputs(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids) if mask is None else mask,
+            pixel_values=known["pixel_values"],
+            image_grid_thw=known["image_grid_thw"],
+            mm_token_type_ids=known["mm_token_type_ids"],
+            extra=merged,
+        )
+    model.adapter.check_inputs(model.cfg, out)
+    if out.mm_token_type_ids is None:
+        out.mm_token_type_ids = model.adapter.mm_token_type_ids(model.cfg, out.input_ids)
+    if out.regions is None and model.cfg.image_token_id is not None:
+        counts, grids = model.adapter.image_token_counts(model.cfg, out)
+        if out.pixel_values is None:
+            counts, grids = [], []
+        if out.pixel_values is not None or not bool((out.input_ids == model.cfg.image_token_id).any()):
+            out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), model.cfg.image_token_id,
+                                          counts, grids)
+    device = model.W_U.device
+    return out.to(device) if out.input_ids.device != device else out

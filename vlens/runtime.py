@@ -1,0 +1,51 @@
+"""The per-forward state shared by all blocks: residual input, rotary tables, masks, DeepStack.
+
+Split from `model.py` so that sweeps can build it once and run only some blocks (e.g. resume
+from a cached residual at the patched layer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformers.masking_utils import sdpa_mask
+
+from vlens.components.attention import AttentionMasks, KVCache
+
+
+@dataclass
+class RunState:
+    """Everything the decoder blocks need besides the residual stream.
+
+    resid: [batch, pos, d_model], the input to block 0 (`hook_inputs_embeds` output).
+    cos, sin: [batch, pos, d_head] rotary tables (model dtype).
+    masks: the attention masks (HF sdpa form and eager form).
+    deepstack: layer -> (image-position mask [batch, pos], features [n_image_tokens, d_model]).
+    position_ids: the family's position ids; rope_deltas: [batch, 1] for decoding (M-RoPE).
+    """
+
+    resid: Tensor
+    cos: Tensor
+    sin: Tensor
+    masks: AttentionMasks
+    position_ids: Tensor
+    rope_deltas: Tensor | None = None
+    deepstack: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    kv_cache: KVCache | None = None
+
+
+def build_masks(attention_mask: Tensor | None, batch: int, q_len: int, past_len: int,
+                dtype: torch.dtype, device: torch.device) -> AttentionMasks:
+    """Causal + padding masks exactly as HF builds them (its `sdpa_mask`).
+
+    attention_mask: [batch, past_len + q_len] (1 = real token) or None.
+    """
+    kv_len = past_len + q_len
+    padding = attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None else None
+    common = dict(batch_size=batch, q_length=q_len, kv_length=kv_len, q_offset=past_len, kv_offset=0,
+                  attention_mask=padding, device=device)
+    allowed = sdpa_mask(allow_is_causal_skip=False, **common)
+    sdpa_form = sdpa_mask(allow_is_causal_skip=True, **common)  # None -> sdpa's is_causal, as HF
+    return AttentionMasks(sdpa=sdpa_form, allowed=allowed, dtype=dtype)
