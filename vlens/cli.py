@@ -14,6 +14,7 @@ import sys
 COMMAND_MODULES: list[str] = [
     "vlens.info_cli",
     "vlens.data.cli",
+    "vlens.evaluation.cli",
 ]
 
 

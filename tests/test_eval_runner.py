@@ -1,0 +1,149 @@
+"""The evaluation loop, reports and `vlens eval`, with a scripted backend and a tiny random
+HF Qwen2.5-VL (plumbing only: its answers are noise)."""
+
+import json
+
+import pytest
+from _eval_data import write_imagefolder, write_mcq
+from _tiny_hf import build_tiny_model, build_tiny_processor
+
+from vlens.evaluation import HFBackend, evaluate, load_predictions, read_imagefolder, read_mcq, write_report
+from vlens.evaluation.metrics import counting_metrics
+from vlens.evaluation.runner import score_predictions
+
+
+class ScriptedBackend:
+    """Answers from a fixed list, in order; records the batches it was given."""
+
+    name = "scripted"
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.batches = []
+
+    def generate(self, images, prompts, max_new_tokens):
+        self.batches.append((len(images), [len(i) for i in images], list(prompts)))
+        return [self.answers.pop(0) for _ in prompts]
+
+
+@pytest.fixture(scope="module")
+def tiny_hf():
+    processor = build_tiny_processor()
+    return build_tiny_model(processor), processor
+
+
+def test_counting_loop_scores_and_reports(tmp_path):
+    data = read_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 3, 5]))
+    backend = ScriptedBackend(["1", "There are three dots.", "3", "no idea", "four"])
+    result = evaluate(backend, data, batch_size=2, progress=False)
+    assert [b[0] for b in backend.batches] == [2, 2, 1]
+    assert backend.batches[0][2][0] == "How many dots are there? Answer with a number."  # nothing appended
+    assert [p.parsed for p in result.predictions] == [1, 3, 3, None, 4]
+    assert [p.correct for p in result.predictions] == [True, False, True, False, False]
+    m = result.metrics
+    assert (m.n, m.n_unparsed, m.accuracy, m.mae) == (
+        5,
+        1,
+        pytest.approx(0.4),
+        pytest.approx((0 + 1 + 0 + 1) / 4),
+    )
+
+    paths = write_report(result, tmp_path / "out", model_name="scripted")
+    report = json.loads(paths["json"].read_text())
+    assert report["n_evaluated"] == 5 and report["n_skipped"] == 0 and report["metrics"]["n_unparsed"] == 1
+    assert report["confusion_matrix"]["predicted"] == [1, 3, 4, "unparsed"]
+    assert "| 3 | 2 | 50.00 | 0.00 | 1 |" in paths["markdown"].read_text()  # per-count row for count 3
+    assert paths["figure"].is_file()
+    rescored = score_predictions("count", load_predictions(paths["predictions"]))
+    assert rescored == m
+
+
+def test_skipped_rows_reach_the_report(tmp_path):
+    write_imagefolder(tmp_path / "data", [1, 2, 3])
+    (tmp_path / "data" / "img_002.png").unlink()
+    data = read_imagefolder(tmp_path / "data", skip_missing=True)
+    result = evaluate(ScriptedBackend(["1", "2"]), data, progress=False)
+    paths = write_report(result, tmp_path / "out")
+    report = json.loads(paths["json"].read_text())
+    assert (report["n_evaluated"], report["n_skipped"]) == (2, 1)
+    assert "img_002.png" in report["skipped"][0]["reason"] and "img_002.png" in paths["markdown"].read_text()
+
+
+def test_mcq_loop_prompts_with_options(tmp_path):
+    data = read_mcq(write_mcq(tmp_path))
+    backend = ScriptedBackend(["B", "(A)", "the answer is square, B"])
+    result = evaluate(backend, data, category_field="subject", progress=False)
+    prompts = backend.batches[0][2]
+    assert prompts[1] == (
+        "Which is bigger?\nA. left\nB. right\nC. same\nAnswer with the option's letter from the given choices directly."
+    )
+    assert backend.batches[0][1] == [1, 2, 1]  # the two-image question gets both images
+    assert [p.parsed for p in result.predictions] == ["B", "A", "B"]
+    assert result.metrics.accuracy == pytest.approx(2 / 3)
+    assert result.metrics.per_category == {
+        "art": {"n": 1, "accuracy": 1.0},
+        "math": {"n": 2, "accuracy": 0.5},
+    }
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    data = read_imagefolder(write_imagefolder(tmp_path, [1]))
+    with pytest.raises(ValueError, match="batch_size and max_new_tokens must be >= 1"):
+        evaluate(ScriptedBackend([]), data, batch_size=0)
+    with pytest.raises(ValueError, match="unknown answer parser"):
+        evaluate(ScriptedBackend([]), data, parser="regex")
+
+
+def test_tiny_hf_model_end_to_end(tmp_path, tiny_hf):
+    model, processor = tiny_hf
+    data = read_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 4, 5]))
+    result = evaluate(HFBackend(model, processor), data, batch_size=3, max_new_tokens=3, progress=False)
+    assert processor.tokenizer.padding_side == "right"  # restored after left-padded generation
+    assert [p.id for p in result.predictions] == [e.id for e in data.examples]
+    assert all(isinstance(p.output, str) for p in result.predictions)
+    paths = write_report(result, tmp_path / "out", model_name="tiny-random")
+    saved = load_predictions(paths["predictions"])
+    recomputed = counting_metrics([p.parsed for p in saved], [p.target for p in saved])
+    report = json.loads(paths["json"].read_text())
+    assert report["metrics"]["accuracy"] == pytest.approx(recomputed.accuracy)
+    assert report["metrics"]["n"] == 5 == sum(map(sum, report["confusion_matrix"]["matrix"]))
+    assert report["metrics"]["n_unparsed"] == sum(p.parsed is None for p in saved)
+
+
+def test_batching_does_not_change_greedy_answers(tmp_path, tiny_hf):
+    model, processor = tiny_hf
+    data = read_imagefolder(write_imagefolder(tmp_path, [1, 2, 3]))
+    one = evaluate(HFBackend(model, processor), data, batch_size=1, max_new_tokens=3, progress=False)
+    three = evaluate(HFBackend(model, processor), data, batch_size=3, max_new_tokens=3, progress=False)
+    assert [p.output for p in one.predictions] == [p.output for p in three.predictions]
+
+
+def test_cli_eval(tmp_path, tiny_hf, monkeypatch, capsys):
+    from vlens import cli
+    from vlens.evaluation import cli as eval_cli
+
+    model, processor = tiny_hf
+    loaded = {}
+
+    def fake_load_backend(model_arg, backend, device, dtype):
+        loaded.update(model=model_arg, backend=backend)
+        return HFBackend(model, processor)
+
+    monkeypatch.setattr(eval_cli, "load_backend", fake_load_backend)
+    write_imagefolder(tmp_path / "data", [2, 3])
+    argv = ["eval", "--model", "some/dir", "--backend", "hf", "--data", str(tmp_path / "data")]
+    argv += [
+        "--format",
+        "imagefolder",
+        "--out",
+        str(tmp_path / "out"),
+        "--max-new-tokens",
+        "2",
+        "--no-progress",
+    ]
+    assert cli.main(argv) == 0
+    assert loaded == {"model": "some/dir", "backend": "hf"}
+    assert "imagefolder: n=2" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["model"] == "some/dir"
+    with pytest.raises(SystemExit, match="--image-column do.*not apply to --format imagefolder"):
+        cli.main(argv + ["--image-column", "path"])

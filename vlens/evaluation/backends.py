@@ -1,0 +1,104 @@
+"""Generation backends: one small protocol, one adapter per kind of model.
+
+The evaluation loop only needs "images + prompts -> generated texts"; the adapters hide
+whether that goes through a :class:`vlens.HookedVLM` (with hooks such as head temperatures
+or ablations kept active during generation) or a plain Hugging Face model + processor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from PIL import Image
+
+
+class GenerationBackend(Protocol):
+    """Greedy (by default) generation for a batch of image + question prompts."""
+
+    name: str
+
+    def generate(
+        self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str], max_new_tokens: int
+    ) -> list[str]:
+        """One decoded answer (new tokens only, special tokens removed) per prompt."""
+        ...
+
+
+class HookedVLMBackend:
+    """Generate with a :class:`vlens.HookedVLM`; ``fwd_hooks`` stay active while generating.
+
+    Args:
+        model: a HookedVLM (``vlens.load()`` or ``HookedVLM.from_pretrained``).
+        fwd_hooks: ``[(hook_name, fn), ...]`` applied to every forward pass, e.g. the
+            hooks of an adaptive head temperature or a mean ablation.
+        chat: wrap prompts in the model's chat template (how instruction models are asked).
+        generate_kwargs: passed on to ``model.generate`` (default greedy: do_sample=False).
+    """
+
+    name = "hooked"
+
+    def __init__(
+        self, model, fwd_hooks: Sequence[tuple] = (), chat: bool = True, generate_kwargs: dict | None = None
+    ):
+        self.model = model
+        self.fwd_hooks = list(fwd_hooks)
+        self.chat = chat
+        self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
+
+    def generate(
+        self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str], max_new_tokens: int
+    ) -> list[str]:
+        # One image per prompt is the common case; several images go as that prompt's list.
+        per_prompt = [imgs[0] if len(imgs) == 1 else list(imgs) for imgs in images]
+        inputs = self.model.prepare(images=per_prompt, prompts=list(prompts), chat=self.chat)
+        hooks = self.model.hooks(fwd_hooks=self.fwd_hooks) if self.fwd_hooks else contextlib.nullcontext()
+        with hooks, torch.no_grad():
+            out = self.model.generate(inputs, max_new_tokens=max_new_tokens, **self.generate_kwargs)
+        return [text.strip() for text in out.texts]
+
+
+class HFBackend:
+    """Generate with a Hugging Face image-text-to-text model and its processor.
+
+    Prompts go through ``processor.apply_chat_template`` (one ``{"type": "image"}`` per
+    image, then the text), are left-padded into one batch, and only the new tokens are
+    decoded.
+    """
+
+    name = "hf"
+
+    def __init__(self, model, processor, generate_kwargs: dict | None = None):
+        if getattr(processor, "chat_template", None) is None:
+            raise ValueError(
+                "the processor has no chat_template; load one that has (or set processor.chat_template)"
+            )
+        self.model = model
+        self.processor = processor
+        self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
+
+    def _chat_text(self, n_images: int, prompt: str) -> str:
+        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": prompt}]
+        messages = [{"role": "user", "content": content}]
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def generate(
+        self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str], max_new_tokens: int
+    ) -> list[str]:
+        texts = [self._chat_text(len(imgs), prompt) for imgs, prompt in zip(images, prompts, strict=True)]
+        tokenizer = self.processor.tokenizer
+        previous_side = tokenizer.padding_side
+        tokenizer.padding_side = "left"  # generation continues from the last column
+        try:
+            batch = self.processor(
+                text=texts, images=[list(imgs) for imgs in images], return_tensors="pt", padding=True
+            )
+        finally:
+            tokenizer.padding_side = previous_side
+        batch = batch.to(self.model.device)
+        with torch.no_grad():
+            tokens = self.model.generate(**batch, max_new_tokens=max_new_tokens, **self.generate_kwargs)
+        new_tokens = tokens[:, batch["input_ids"].shape[1] :]
+        return [text.strip() for text in self.processor.batch_decode(new_tokens, skip_special_tokens=True)]

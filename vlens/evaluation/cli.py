@@ -1,0 +1,157 @@
+"""``vlens eval``: score a model on a local counting or multiple-choice set.
+
+    vlens eval --model tiny --data data/syndot_test --format imagefolder --out runs/eval
+    vlens eval --model Qwen/Qwen2.5-VL-7B-Instruct --backend hf --data pixmo.parquet \
+        --format pixmo --image-dir pixmo_images/ --skip-missing --out runs/pixmo
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vlens.evaluation.formats import FORMATS, get_format
+from vlens.evaluation.parsing import ANSWER_PARSERS
+
+EMBEDDED_MODEL = "tiny"
+# reader options each format accepts; any other given option is an error, not ignored
+_READER_OPTIONS = {
+    "imagefolder": set(),
+    "pixmo": {"image_dir", "image_column", "verify_sha256"},
+    "countbenchqa": {"image_dir"},
+    "mcq": {"image_dir"},
+}
+
+
+def add_cli(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate a model on a local counting or multiple-choice set",
+        description="Generate answers for a local evaluation set, parse and score them "
+        "(lmms-eval conventions) and write predictions.jsonl, report.json and report.md.",
+    )
+    parser.add_argument(
+        "--model", required=True, help=f"'{EMBEDDED_MODEL}' (the embedded model) or a local dir / hub id"
+    )
+    parser.add_argument(
+        "--backend", choices=["hooked", "hf"], default="hooked", help="HookedVLM or plain HF model"
+    )
+    parser.add_argument("--data", required=True, type=Path, help="data file, or the imagefolder directory")
+    parser.add_argument("--format", required=True, choices=sorted(FORMATS), dest="data_format")
+    parser.add_argument("--out", required=True, type=Path, help="directory for the report files")
+    parser.add_argument(
+        "--image-dir", type=Path, help="folder that relative image paths (or sha256 names) are in"
+    )
+    parser.add_argument("--image-column", help="pixmo: the column holding each row's image path")
+    parser.add_argument(
+        "--verify-sha256", action="store_true", help="pixmo: check images against image_sha256"
+    )
+    parser.add_argument(
+        "--skip-missing", action="store_true", help="skip rows whose image is missing (counted in the report)"
+    )
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--limit", type=int, help="evaluate only the first N examples")
+    parser.add_argument(
+        "--parser", choices=sorted(ANSWER_PARSERS), help="answer parser (default: the format's)"
+    )
+    parser.add_argument("--post-prompt", help="instruction appended to each question (default: the format's)")
+    parser.add_argument("--unparsed-value", type=int, help="score unparsed answers as this count in MAE")
+    parser.add_argument("--category-field", help="mcq: row field to break accuracy down by (e.g. subject)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.set_defaults(func=run_eval)
+
+
+def load_backend(model: str, backend: str, device: str = "cpu", dtype: str = "float32"):
+    """A generation backend for ``--model`` / ``--backend``."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    if backend == "hooked":
+        import vlens
+
+        if model == EMBEDDED_MODEL:
+            hooked = vlens.load()
+            hooked = hooked.to(device=device, dtype=torch_dtype)
+        else:
+            hooked = vlens.HookedVLM.from_pretrained(model, device=device, dtype=torch_dtype)
+        from vlens.evaluation.backends import HookedVLMBackend
+
+        return HookedVLMBackend(hooked)
+    if backend == "hf":
+        if model == EMBEDDED_MODEL:
+            raise ValueError(
+                f"--model {EMBEDDED_MODEL} runs through the hooked backend; use --backend hooked, "
+                "or point --model at a saved HF checkpoint directory"
+            )
+        from vlens.evaluation.backends import HFBackend
+
+        hf_model, processor = load_hf_model(model, device, torch_dtype)
+        return HFBackend(hf_model, processor)
+    raise ValueError(f"unknown backend {backend!r}; use 'hooked' or 'hf'")
+
+
+def load_hf_model(model: str, device: str, torch_dtype):
+    """An image-text-to-text HF model and its processor from a local dir or hub id."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    hf_model = AutoModelForImageTextToText.from_pretrained(model, dtype=torch_dtype).to(device).eval()
+    try:
+        processor = AutoProcessor.from_pretrained(model)
+    except ImportError:
+        # transformers builds Qwen's video processor only with torchvision; images do not need it.
+        if AutoConfig.from_pretrained(model).model_type != "qwen2_5_vl":
+            raise
+        from vlens.zoo.processor import load_processor
+
+        processor = load_processor(model)
+    return hf_model, processor
+
+
+def reader_options(args: argparse.Namespace) -> dict:
+    """The reader keyword arguments given on the command line, checked against the format."""
+    given = {
+        "image_dir": args.image_dir,
+        "image_column": args.image_column,
+        "verify_sha256": args.verify_sha256 or None,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    unsupported = sorted(set(given) - _READER_OPTIONS[args.data_format])
+    if unsupported:
+        flags = ", ".join("--" + name.replace("_", "-") for name in unsupported)
+        raise SystemExit(f"vlens eval: {flags} do(es) not apply to --format {args.data_format}")
+    return given
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from vlens.evaluation.report import write_report
+    from vlens.evaluation.runner import evaluate
+
+    fmt = get_format(args.data_format)
+    options = reader_options(args)
+    dataset = fmt.reader(args.data, skip_missing=args.skip_missing, **options)
+    if dataset.skipped:
+        print(f"skipped {len(dataset.skipped)} rows with missing images (listed in the report)")
+    backend = load_backend(args.model, args.backend, args.device, args.dtype)
+    result = evaluate(
+        backend,
+        dataset,
+        fmt,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        parser=args.parser,
+        post_prompt=args.post_prompt,
+        limit=args.limit,
+        unparsed_value=args.unparsed_value,
+        category_field=args.category_field,
+        progress=not args.no_progress,
+    )
+    paths = write_report(result, args.out, model_name=args.model)
+    metrics = result.metrics
+    summary = f"{fmt.name}: n={metrics.n} accuracy={metrics.accuracy * 100:.2f}%"
+    if fmt.task == "count":
+        summary += f" MAE={'n/a' if metrics.mae is None else f'{metrics.mae:.3f}'}"
+    print(f"{summary} unparsed={metrics.n_unparsed} skipped={len(result.skipped)} -> {paths['markdown']}")
+    return 0

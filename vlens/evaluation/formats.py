@@ -1,0 +1,68 @@
+"""What each data format means for evaluation: its reader, answer parser, task and prompt.
+
+The answer-format instructions appended to each question are lmms-eval's defaults
+(pixmo_count, countbenchqa, mmmu_val), so scores are comparable with its tables. The vlens
+imagefolder's questions already say how to answer, so nothing is appended there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vlens.evaluation.datasets import read_countbenchqa, read_imagefolder, read_mcq, read_pixmo
+from vlens.evaluation.examples import EvalDataset, EvalExample
+from vlens.evaluation.parsing import option_letters
+
+
+@dataclass(frozen=True)
+class EvalFormat:
+    """How to read, prompt and score one kind of local evaluation data.
+
+    Attributes:
+        name: the format's name (the CLI's ``--format``).
+        reader: reads a path (plus reader options) into an EvalDataset.
+        parser: default answer parser name (see ``vlens.evaluation.parsing``).
+        task: ``"count"`` (integer targets, accuracy + MAE) or ``"choice"`` (letter targets).
+        post_prompt: appended to every question (after the options, for multiple choice).
+    """
+
+    name: str
+    reader: Callable[..., EvalDataset]
+    parser: str
+    task: str
+    post_prompt: str
+
+
+FORMATS: dict[str, EvalFormat] = {
+    "imagefolder": EvalFormat("imagefolder", read_imagefolder, "count", "count", ""),
+    "pixmo": EvalFormat("pixmo", read_pixmo, "count", "count", "\nAnswer with a single number."),
+    "countbenchqa": EvalFormat(
+        "countbenchqa", read_countbenchqa, "count_strict", "count", "\nAnswer with a single number."
+    ),
+    "mcq": EvalFormat(
+        "mcq",
+        read_mcq,
+        "choice",
+        "choice",
+        "\nAnswer with the option's letter from the given choices directly.",
+    ),
+}
+
+
+def get_format(name: str) -> EvalFormat:
+    """The format called ``name``; a clear error lists the known ones."""
+    if name not in FORMATS:
+        raise ValueError(f"unknown evaluation format {name!r}; choose one of {sorted(FORMATS)}")
+    return FORMATS[name]
+
+
+def format_prompt(example: EvalExample, post_prompt: str) -> str:
+    """The text sent to the model: question, then ``"A. option"`` lines, then the instruction."""
+    lines = [example.question]
+    if example.options is not None:
+        lines += [
+            f"{letter}. {option}"
+            for letter, option in zip(option_letters(len(example.options)), example.options, strict=True)
+        ]
+    return "\n".join(lines) + post_prompt

@@ -1,0 +1,146 @@
+"""Write an evaluation as files: predictions.jsonl, report.json, report.md (+ a figure).
+
+``report.json`` holds the settings, the metrics, the skipped rows and (for counting) the
+confusion matrix; ``predictions.jsonl`` one line per example, enough to re-score with
+:func:`load_predictions` + :func:`vlens.evaluation.runner.score_predictions`.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+from vlens.evaluation.metrics import CountingMetrics, confusion_matrix
+from vlens.evaluation.runner import EvalResult, Prediction
+
+PREDICTIONS_FILE = "predictions.jsonl"
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+CONFUSION_HTML = "confusion_matrix.html"
+_MAX_SKIPPED_LISTED = 20
+
+
+def report_dict(result: EvalResult, model_name: str | None = None) -> dict:
+    """The JSON-ready summary of an evaluation."""
+    summary = {
+        "model": model_name,
+        "format": result.format,
+        "task": result.task,
+        "source": result.source,
+        "settings": result.settings,
+        "n_evaluated": len(result.predictions),
+        "n_skipped": len(result.skipped),
+        "skipped": [asdict(s) for s in result.skipped],
+        "metrics": result.metrics.to_dict(),
+    }
+    if result.task == "count":
+        rows, columns, matrix = confusion_matrix(
+            [p.parsed for p in result.predictions], [p.target for p in result.predictions]
+        )
+        summary["confusion_matrix"] = {"true": rows, "predicted": columns, "matrix": matrix}
+    return summary
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value * scale:.{digits}f}"
+
+
+def report_markdown(summary: dict, figure_note: str | None = None) -> str:
+    """A human-readable report from :func:`report_dict`'s output."""
+    metrics = summary["metrics"]
+    lines = [
+        f"# Evaluation: {summary['format']} ({summary['source']})",
+        "",
+        f"- model: {summary['model'] or 'unnamed'}",
+        f"- backend: {summary['settings']['backend']}, parser: {summary['settings']['parser']}, "
+        f"max_new_tokens: {summary['settings']['max_new_tokens']}",
+        f"- evaluated: {summary['n_evaluated']}, skipped (missing images): {summary['n_skipped']}",
+        "",
+    ]
+    if summary["task"] == "count":
+        lines += [
+            "| n | accuracy (%) | MAE | MAE over | unparsed |",
+            "|---|---|---|---|---|",
+            f"| {metrics['n']} | {_fmt(metrics['accuracy'], 100)} | {_fmt(metrics['mae'])} | "
+            f"{metrics['mae_n']} | {metrics['n_unparsed']} |",
+            "",
+            "## Per true count",
+            "",
+            "| count | n | accuracy (%) | MAE | unparsed |",
+            "|---|---|---|---|---|",
+        ]
+        for count, row in metrics["per_count"].items():
+            lines.append(
+                f"| {count} | {row['n']} | {_fmt(row['accuracy'], 100)} | {_fmt(row['mae'])} | {row['n_unparsed']} |"
+            )
+        matrix = summary["confusion_matrix"]
+        lines += ["", "## Confusion matrix (rows: true, columns: predicted)", ""]
+        lines.append("| true \\ predicted | " + " | ".join(str(c) for c in matrix["predicted"]) + " |")
+        lines.append("|---" * (len(matrix["predicted"]) + 1) + "|")
+        for label, row in zip(matrix["true"], matrix["matrix"], strict=True):
+            lines.append(f"| {label} | " + " | ".join(str(v) for v in row) + " |")
+    else:
+        lines += [
+            "| n | accuracy (%) | unparsed |",
+            "|---|---|---|",
+            f"| {metrics['n']} | {_fmt(metrics['accuracy'], 100)} | {metrics['n_unparsed']} |",
+        ]
+        if metrics["per_category"]:
+            lines += ["", "## Per category", "", "| category | n | accuracy (%) |", "|---|---|---|"]
+            for category, row in metrics["per_category"].items():
+                lines.append(f"| {category} | {row['n']} | {_fmt(row['accuracy'], 100)} |")
+    if figure_note:
+        lines += ["", figure_note]
+    if summary["skipped"]:
+        lines += ["", "## Skipped rows", ""]
+        lines += [f"- {s['id']}: {s['reason']}" for s in summary["skipped"][:_MAX_SKIPPED_LISTED]]
+        if len(summary["skipped"]) > _MAX_SKIPPED_LISTED:
+            lines.append(
+                f"- ... and {len(summary['skipped']) - _MAX_SKIPPED_LISTED} more (see {REPORT_JSON})"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    result: EvalResult, out_dir: str | Path, model_name: str | None = None, figures: bool = True
+) -> dict[str, Path]:
+    """Write the report files into ``out_dir`` (created if needed); returns name -> path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "predictions": out_dir / PREDICTIONS_FILE,
+        "json": out_dir / REPORT_JSON,
+        "markdown": out_dir / REPORT_MD,
+    }
+    with paths["predictions"].open("w", encoding="utf-8") as handle:
+        for prediction in result.predictions:
+            handle.write(json.dumps(prediction.to_dict(), default=str) + "\n")
+    summary = report_dict(result, model_name)
+    paths["json"].write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+
+    figure_note = None
+    if figures and isinstance(result.metrics, CountingMetrics):
+        try:
+            from vlens.evaluation.plots import plot_confusion_matrix
+
+            figure = plot_confusion_matrix(
+                [p.parsed for p in result.predictions], [p.target for p in result.predictions]
+            )
+        except ImportError as error:
+            figure_note = f"{CONFUSION_HTML} was not written: {error}"
+            warnings.warn(figure_note, stacklevel=2)
+        else:
+            paths["figure"] = out_dir / CONFUSION_HTML
+            figure.write_html(paths["figure"], include_plotlyjs="cdn")
+            figure_note = f"Interactive confusion matrix: {CONFUSION_HTML}"
+    paths["markdown"].write_text(report_markdown(summary, figure_note), encoding="utf-8")
+    return paths
+
+
+def load_predictions(path: str | Path) -> list[Prediction]:
+    """Read back a predictions.jsonl written by :func:`write_report`."""
+    path = Path(path)
+    with path.open(encoding="utf-8") as handle:
+        return [Prediction(**json.loads(line)) for line in handle if line.strip()]

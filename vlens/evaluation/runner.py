@@ -1,0 +1,146 @@
+"""The evaluation loop: batch the examples, generate, parse, score."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from tqdm.auto import tqdm
+
+from vlens.evaluation.backends import GenerationBackend
+from vlens.evaluation.examples import EvalDataset, open_images
+from vlens.evaluation.formats import EvalFormat, format_prompt, get_format
+from vlens.evaluation.metrics import ChoiceMetrics, CountingMetrics, choice_metrics, counting_metrics
+from vlens.evaluation.parsing import get_parser
+
+
+@dataclass
+class Prediction:
+    """One example's prompt, the model's raw output, the parsed answer and its score."""
+
+    id: str
+    prompt: str
+    output: str
+    parsed: int | str | None
+    target: int | str
+    correct: bool
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EvalResult:
+    """Everything a report needs: settings, per-example predictions, skipped rows, scores."""
+
+    format: str
+    task: str
+    source: str
+    settings: dict
+    predictions: list[Prediction]
+    skipped: list
+    metrics: CountingMetrics | ChoiceMetrics
+
+
+def score_predictions(
+    task: str,
+    predictions: list[Prediction],
+    unparsed_value: int | None = None,
+    category_field: str | None = None,
+) -> CountingMetrics | ChoiceMetrics:
+    """Metrics from predictions (also used to re-score a saved predictions.jsonl)."""
+    parsed = [p.parsed for p in predictions]
+    targets = [p.target for p in predictions]
+    if task == "count":
+        return counting_metrics(parsed, targets, unparsed_value=unparsed_value)
+    if task == "choice":
+        categories = [p.extra.get(category_field) for p in predictions] if category_field else None
+        return choice_metrics(parsed, targets, categories=categories)
+    raise ValueError(f"unknown task {task!r}; use 'count' or 'choice'")
+
+
+def evaluate(
+    backend: GenerationBackend,
+    dataset: EvalDataset,
+    data_format: str | EvalFormat | None = None,
+    batch_size: int = 8,
+    max_new_tokens: int = 32,
+    parser: str | None = None,
+    post_prompt: str | None = None,
+    limit: int | None = None,
+    unparsed_value: int | None = None,
+    category_field: str | None = None,
+    progress: bool = True,
+) -> EvalResult:
+    """Generate an answer for every example and score it.
+
+    Args:
+        backend: a HookedVLMBackend, HFBackend or anything with the same ``generate``.
+        dataset: examples from one of the readers.
+        data_format: how to prompt and score; defaults to ``dataset.format``.
+        batch_size: examples per ``generate`` call (padded together).
+        max_new_tokens: generation length (lmms-eval uses 32 for counting).
+        parser: answer parser name; defaults to the format's (see ``parsing``).
+        post_prompt: instruction appended to each question; defaults to the format's.
+        limit: evaluate only the first ``limit`` examples (recorded in the settings).
+        unparsed_value: count that an unparsed answer is scored as in MAE (None: left out).
+        category_field: ``extra`` field to break multiple-choice accuracy down by.
+        progress: show a progress bar.
+    """
+    fmt = (
+        get_format(data_format or dataset.format) if not isinstance(data_format, EvalFormat) else data_format
+    )
+    if batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 (or None for all), got {limit}")
+    parser_name = parser or fmt.parser
+    parse = get_parser(parser_name)
+    instruction = fmt.post_prompt if post_prompt is None else post_prompt
+    examples = dataset.examples[:limit] if limit is not None else dataset.examples
+    if not examples:
+        raise ValueError(f"{dataset.source} has no examples to evaluate ({len(dataset.skipped)} skipped)")
+
+    predictions: list[Prediction] = []
+    batches = range(0, len(examples), batch_size)
+    for start in tqdm(batches, desc=f"eval {fmt.name}", unit="batch", disable=not progress):
+        batch = examples[start : start + batch_size]
+        prompts = [format_prompt(example, instruction) for example in batch]
+        outputs = backend.generate([open_images(e.images) for e in batch], prompts, max_new_tokens)
+        if len(outputs) != len(batch):
+            raise RuntimeError(
+                f"the backend returned {len(outputs)} answers for a batch of {len(batch)} prompts"
+            )
+        for example, prompt, output in zip(batch, prompts, outputs, strict=True):
+            parsed = parse(output, example.options)
+            predictions.append(
+                Prediction(
+                    id=example.id,
+                    prompt=prompt,
+                    output=output,
+                    parsed=parsed,
+                    target=example.target,
+                    correct=parsed is not None and parsed == example.target,
+                    extra=example.extra,
+                )
+            )
+
+    settings = {
+        "backend": getattr(backend, "name", type(backend).__name__),
+        "parser": parser_name,
+        "post_prompt": instruction,
+        "batch_size": batch_size,
+        "max_new_tokens": max_new_tokens,
+        "limit": limit,
+        "unparsed_value": unparsed_value,
+        "n_examples_in_data": len(dataset.examples),
+    }
+    return EvalResult(
+        format=fmt.name,
+        task=fmt.task,
+        source=dataset.source,
+        settings=settings,
+        predictions=predictions,
+        skipped=list(dataset.skipped),
+        metrics=score_predictions(fmt.task, predictions, unparsed_value, category_field),
+    )
