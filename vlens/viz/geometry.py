@@ -1,0 +1,215 @@
+"""Representation geometry: PCA (torch SVD) and exact t-SNE of residual vectors, coloured by count.
+
+t-SNE here is a small exact implementation (O(n^2) memory and time per step) meant for a few
+hundred points, so vlens needs no scikit-learn. It follows van der Maaten & Hinton (2008) with
+scikit-learn's defaults: perplexity search per point, early exaggeration 12 for 250 steps,
+momentum 0.5 -> 0.8, adaptive gains, learning rate max(n / 48, 50), PCA initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from vlens.viz._inputs import as_float_tensor
+from vlens.viz._optional import require_make_subplots, require_plotly
+from vlens.viz.colormaps import sample_colors
+
+
+class PCAResult(NamedTuple):
+    """Output of `pca`: projections, unit components, explained-variance ratios and the mean."""
+
+    projected: Float[Tensor, "n n_components"]
+    components: Float[Tensor, "n_components d"]
+    explained_variance_ratio: Float[Tensor, "n_components"]
+    mean: Float[Tensor, "d"]
+
+
+def pca(vectors: Float[Tensor, "n d"], n_components: int = 2) -> PCAResult:
+    """Principal components of a set of vectors (centred SVD, float64 inside).
+
+    Component signs are fixed (largest-magnitude loading positive), so results are reproducible.
+    """
+    x = as_float_tensor(vectors, "vectors", 2).double()
+    n, d = x.shape
+    if not 1 <= n_components <= min(n, d):
+        raise ValueError(f"n_components must be in [1, {min(n, d)}] for {n} vectors of size {d}")
+    mean = x.mean(dim=0)
+    centred = x - mean
+    _, singular_values, right_vectors = torch.linalg.svd(centred, full_matrices=False)
+    components = right_vectors[:n_components]
+    largest = components.abs().argmax(dim=1)
+    signs = torch.sign(components[torch.arange(n_components), largest])
+    components = components * signs[:, None]
+    variance = singular_values**2
+    ratio = variance[:n_components] / variance.sum().clamp_min(torch.finfo(variance.dtype).tiny)
+    return PCAResult((centred @ components.T).float(), components.float(), ratio.float(), mean.float())
+
+
+def _affinities(squared_distances: Tensor, perplexity: float, n_steps: int = 100) -> Tensor:
+    """Row-stochastic Gaussian affinities with each row's entropy matched to log(perplexity)."""
+    n = squared_distances.shape[0]
+    target_entropy = math.log(perplexity)
+    beta = torch.ones(n, dtype=squared_distances.dtype)  # 1 / (2 sigma_i^2)
+    low = torch.zeros_like(beta)
+    high = torch.full_like(beta, math.inf)
+    off_diagonal = ~torch.eye(n, dtype=torch.bool)
+    for _ in range(n_steps):
+        logits = torch.where(off_diagonal, -squared_distances * beta[:, None], -math.inf)
+        p = torch.softmax(logits, dim=1)
+        entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(dim=1)
+        too_flat = entropy > target_entropy  # sigma too wide: sharpen (raise beta)
+        low = torch.where(too_flat, beta, low)
+        high = torch.where(too_flat, high, beta)
+        beta = torch.where(torch.isinf(high), beta * 2, (low + high) / 2)
+        if (entropy - target_entropy).abs().max() < 1e-5:
+            break
+    return p
+
+
+def tsne(
+    vectors: Float[Tensor, "n d"],
+    n_components: int = 2,
+    perplexity: float | None = None,
+    n_iter: int = 1000,
+    seed: int = 0,
+    init: str = "pca",
+) -> Float[Tensor, "n n_components"]:
+    """Exact t-SNE embedding (deterministic for a given seed).
+
+    Args:
+        vectors: the points, e.g. final-position residuals of one layer.
+        perplexity: effective neighbours; default min(30, (n - 1) / 3). Must be < n.
+        n_iter: optimisation steps (>= 250: the first 250 use early exaggeration).
+        seed: seeds the random initialisation (used when init="random").
+        init: "pca" (stable, the default) or "random".
+    """
+    x = as_float_tensor(vectors, "vectors", 2).double()
+    n = x.shape[0]
+    if n < 4:
+        raise ValueError(f"t-SNE needs at least 4 points, got {n}")
+    perplexity = min(30.0, (n - 1) / 3) if perplexity is None else float(perplexity)
+    if not 1 < perplexity < n:
+        raise ValueError(f"perplexity must be in (1, {n}) for {n} points, got {perplexity}")
+    if n_iter < 250:
+        raise ValueError("n_iter must be at least 250")
+
+    conditional = _affinities(torch.cdist(x, x).pow(2), perplexity)
+    p = ((conditional + conditional.T) / (2 * n)).clamp_min(1e-12)
+
+    if init == "pca":
+        y = pca(x, min(n_components, *x.shape)).projected.double()
+        y = y / y[:, 0].std().clamp_min(1e-12) * 1e-4
+    elif init == "random":
+        generator = torch.Generator().manual_seed(seed)
+        y = torch.randn(n, n_components, generator=generator, dtype=torch.float64) * 1e-4
+    else:
+        raise ValueError(f"init must be 'pca' or 'random', got {init!r}")
+
+    exaggeration, exaggerated_steps = 12.0, 250
+    learning_rate = max(n / exaggeration / 4, 50.0)
+    update = torch.zeros_like(y)
+    gains = torch.ones_like(y)
+    for step in range(n_iter):
+        early = step < exaggerated_steps
+        kernel = 1.0 / (1.0 + torch.cdist(y, y).pow(2))  # Student-t, one degree of freedom
+        kernel.fill_diagonal_(0.0)
+        q = (kernel / kernel.sum()).clamp_min(1e-12)
+        weights = ((exaggeration if early else 1.0) * p - q) * kernel
+        gradient = 4.0 * (weights.sum(dim=1, keepdim=True) * y - weights @ y)
+        reversing = update * gradient < 0  # the step keeps going against the gradient: speed up
+        gains = torch.where(reversing, gains + 0.2, gains * 0.8).clamp_min(0.01)
+        update = (0.5 if early else 0.8) * update - learning_rate * gains * gradient
+        y = y + update
+    return (y - y.mean(dim=0)).float()
+
+
+def project(vectors: Float[Tensor, "n d"], method: str = "pca", seed: int = 0) -> Float[Tensor, "n 2"]:
+    """2-D projection by "pca" or "tsne"."""
+    if method == "pca":
+        return pca(vectors, 2).projected
+    if method == "tsne":
+        return tsne(vectors, 2, seed=seed)
+    raise ValueError(f"method must be 'pca' or 'tsne', got {method!r}")
+
+
+def _per_layer(representations) -> dict[int, Tensor]:
+    if isinstance(representations, Mapping):
+        return {int(k): as_float_tensor(v, f"representations[{k}]", 2) for k, v in representations.items()}
+    if isinstance(representations, Tensor):
+        stacked = as_float_tensor(representations, "representations", 3)
+        return dict(enumerate(stacked))
+    return {i: as_float_tensor(v, f"representations[{i}]", 2) for i, v in enumerate(representations)}
+
+
+def representation_geometry_figure(
+    representations: Float[Tensor, "n_layers n d_model"] | Mapping[int, Float[Tensor, "n d_model"]],
+    counts: Int[Tensor, "n"] | Sequence[int],
+    layers: Sequence[int] | None = None,
+    method: str = "pca",
+    seed: int = 0,
+    title: str = "",
+):
+    """One 2-D scatter panel per chosen layer, points coloured by their count.
+
+    Args:
+        representations: per layer, one vector per example (e.g. the final-position residual
+            from `cache.accumulated_resid(pos_slice=-1)`), stacked or as `{layer: [n, d]}`.
+        counts: the ground-truth count of each example.
+        layers: which layers to draw (default: up to four evenly spaced, including the last).
+        method: "pca" (titles show explained variance) or "tsne".
+        seed: for t-SNE.
+
+    Returns:
+        A Figure with `len(layers)` panels and one Scatter per (layer, count); each count is one
+        legend entry shared by all panels.
+    """
+    go = require_plotly()
+    make_subplots = require_make_subplots()
+    by_layer = _per_layer(representations)
+    counts = [int(c) for c in (counts.tolist() if isinstance(counts, Tensor) else counts)]
+    available = sorted(by_layer)
+    if layers is None:
+        picks = torch.linspace(0, len(available) - 1, min(4, len(available))).round().long().tolist()
+        layers = [available[i] for i in picks]
+    missing = [layer for layer in layers if layer not in by_layer]
+    if missing:
+        raise ValueError(f"layers {missing} are not in the representations (have {available})")
+    for layer in layers:
+        if by_layer[layer].shape[0] != len(counts):
+            raise ValueError(f"layer {layer} has {by_layer[layer].shape[0]} vectors for {len(counts)} counts")
+
+    distinct = sorted(set(counts))
+    colors = dict(zip(distinct, sample_colors("viridis", len(distinct)), strict=True))
+    points, subtitles = {}, []
+    for layer in layers:
+        if method == "pca":
+            result = pca(by_layer[layer], 2)
+            points[layer] = result.projected
+            pc1, pc2 = (100 * result.explained_variance_ratio).tolist()
+            subtitles.append(f"layer {layer} (PC1 {pc1:.0f}%, PC2 {pc2:.0f}%)")
+        else:
+            points[layer] = project(by_layer[layer], method, seed)
+            subtitles.append(f"layer {layer}")
+
+    figure = make_subplots(rows=1, cols=len(layers), subplot_titles=subtitles)
+    count_tensor = torch.tensor(counts)
+    for column, layer in enumerate(layers, start=1):
+        for count in distinct:
+            xy = points[layer][count_tensor == count]
+            figure.add_trace(
+                go.Scatter(
+                    x=xy[:, 0].tolist(), y=xy[:, 1].tolist(), mode="markers", name=f"count {count}",
+                    legendgroup=str(count), showlegend=column == 1,
+                    marker={"color": colors[count], "size": 6},
+                    hovertemplate=f"count {count}<extra>layer {layer}</extra>",
+                ),
+                row=1, col=column,
+            )
+    figure.update_layout(title=title, width=max(400, 330 * len(layers)), height=380)
+    return figure
