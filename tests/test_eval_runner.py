@@ -1,13 +1,21 @@
 """The evaluation loop, reports and `vlens eval`, with a scripted backend and a tiny random
-HF Qwen2.5-VL (plumbing only: its answers are noise)."""
+Qwen2.5-VL, plain HF and hooked (plumbing only: its answers are noise)."""
 
 import json
 
 import pytest
+import torch
 from _eval_data import write_imagefolder, write_mcq
-from _tiny_hf import build_tiny_model, build_tiny_processor
 
-from vlens.evaluation import HFBackend, evaluate, load_predictions, read_imagefolder, read_mcq, write_report
+from vlens.evaluation import (
+    HFBackend,
+    HookedVLMBackend,
+    evaluate,
+    load_predictions,
+    read_imagefolder,
+    read_mcq,
+    write_report,
+)
 from vlens.evaluation.metrics import counting_metrics
 from vlens.evaluation.runner import score_predictions
 
@@ -28,8 +36,9 @@ class ScriptedBackend:
 
 @pytest.fixture(scope="module")
 def tiny_hf():
-    processor = build_tiny_processor()
-    return build_tiny_model(processor), processor
+    from vlens.testing import tiny_hf_model, tiny_qwen_processor
+
+    return tiny_hf_model(), tiny_qwen_processor()
 
 
 def test_counting_loop_scores_and_reports(tmp_path):
@@ -147,3 +156,52 @@ def test_cli_eval(tmp_path, tiny_hf, monkeypatch, capsys):
     assert json.loads((tmp_path / "out" / "report.json").read_text())["model"] == "some/dir"
     with pytest.raises(SystemExit, match="--image-column do.*not apply to --format imagefolder"):
         cli.main(argv + ["--image-column", "path"])
+
+
+def test_hooked_backend_matches_hf_and_keeps_hooks_on(tmp_path, tiny_hf):
+    from vlens import HookedVLM
+
+    model, processor = tiny_hf
+    hooked = HookedVLM.from_hf(model, processor)
+    data = read_imagefolder(write_imagefolder(tmp_path, [1, 2, 3]))
+    kwargs = {"batch_size": 2, "max_new_tokens": 3, "progress": False}
+    plain = evaluate(HFBackend(model, processor), data, **kwargs)
+    through_hooks = evaluate(HookedVLMBackend(hooked), data, **kwargs)
+    assert [p.output for p in through_hooks.predictions] == [p.output for p in plain.predictions]
+
+    calls = []
+
+    def silence_final_residual(resid, hook):
+        calls.append(resid.shape[1])
+        return torch.zeros_like(resid)
+
+    last = f"blocks.{hooked.cfg.n_layers - 1}.hook_resid_post"
+    ablated = evaluate(HookedVLMBackend(hooked, fwd_hooks=[(last, silence_final_residual)]), data, **kwargs)
+    # zero residual -> all-zero logits -> token 0 (a special token, decoded as ""): every answer empty
+    assert [p.output for p in ablated.predictions] == ["", "", ""]
+    assert ablated.metrics.n_unparsed == 3 and len(calls) >= 2  # the prompt pass of both batches at least
+
+
+def test_embedded_model_end_to_end(tmp_path):
+    import vlens.zoo
+    from vlens import cli
+    from vlens.data import render_syndot
+    from vlens.data import write_imagefolder as write_vlens_imagefolder
+
+    try:
+        vlens.zoo.model_path()
+    except FileNotFoundError as error:
+        pytest.skip(f"embedded model weights absent: {error}")
+    samples = [
+        render_syndot(count=count, seed=seed, size=168) for seed, count in enumerate([1, 2, 3, 4, 2, 3])
+    ]
+    data_dir = write_vlens_imagefolder(samples, tmp_path / "syndot")
+    argv = ["eval", "--model", "tiny", "--data", str(data_dir), "--format", "imagefolder"]
+    assert cli.main(argv + ["--out", str(tmp_path / "out"), "--max-new-tokens", "4", "--no-progress"]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    saved = load_predictions(tmp_path / "out" / "predictions.jsonl")
+    assert report["n_evaluated"] == len(saved) == 6
+    assert [p.target for p in saved] == [1, 2, 3, 4, 2, 3]
+    recomputed = counting_metrics([p.parsed for p in saved], [p.target for p in saved])
+    assert report["metrics"]["accuracy"] == pytest.approx(recomputed.accuracy)
+    assert report["metrics"]["accuracy"] >= 0.5  # a trained counter, on its own training distribution

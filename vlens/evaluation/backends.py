@@ -7,7 +7,6 @@ or ablations kept active during generation) or a plain Hugging Face model + proc
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -54,9 +53,10 @@ class HookedVLMBackend:
         # One image per prompt is the common case; several images go as that prompt's list.
         per_prompt = [imgs[0] if len(imgs) == 1 else list(imgs) for imgs in images]
         inputs = self.model.prepare(images=per_prompt, prompts=list(prompts), chat=self.chat)
-        hooks = self.model.hooks(fwd_hooks=self.fwd_hooks) if self.fwd_hooks else contextlib.nullcontext()
-        with hooks, torch.no_grad():
-            out = self.model.generate(inputs, max_new_tokens=max_new_tokens, **self.generate_kwargs)
+        with torch.no_grad():  # generate keeps fwd_hooks on for the prompt and every new token
+            out = self.model.generate(
+                inputs, max_new_tokens=max_new_tokens, fwd_hooks=self.fwd_hooks, **self.generate_kwargs
+            )
         return [text.strip() for text in out.texts]
 
 
@@ -91,9 +91,9 @@ class HFBackend:
         tokenizer = self.processor.tokenizer
         previous_side = tokenizer.padding_side
         tokenizer.padding_side = "left"  # generation continues from the last column
-        try:
+        try:  # images flat, in prompt order: what every HF VLM processor accepts
             batch = self.processor(
-                text=texts, images=[list(imgs) for imgs in images], return_tensors="pt", padding=True
+                text=texts, images=[img for imgs in images for img in imgs], return_tensors="pt", padding=True
             )
         finally:
             tokenizer.padding_side = previous_side

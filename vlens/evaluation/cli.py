@@ -65,49 +65,37 @@ def add_cli(subparsers) -> None:
 
 
 def load_backend(model: str, backend: str, device: str = "cpu", dtype: str = "float32"):
-    """A generation backend for ``--model`` / ``--backend``."""
+    """A generation backend for ``--model`` (``tiny`` or a local dir / hub id) and ``--backend``."""
     import torch
 
     torch_dtype = getattr(torch, dtype)
     if backend == "hooked":
         import vlens
-
-        if model == EMBEDDED_MODEL:
-            hooked = vlens.load()
-            hooked = hooked.to(device=device, dtype=torch_dtype)
-        else:
-            hooked = vlens.HookedVLM.from_pretrained(model, device=device, dtype=torch_dtype)
         from vlens.evaluation.backends import HookedVLMBackend
 
-        return HookedVLMBackend(hooked)
-    if backend == "hf":
         if model == EMBEDDED_MODEL:
-            raise ValueError(
-                f"--model {EMBEDDED_MODEL} runs through the hooked backend; use --backend hooked, "
-                "or point --model at a saved HF checkpoint directory"
-            )
+            return HookedVLMBackend(vlens.load(device=device, dtype=torch_dtype))
+        return HookedVLMBackend(vlens.HookedVLM.from_pretrained(model, device=device, dtype=torch_dtype))
+    if backend == "hf":
         from vlens.evaluation.backends import HFBackend
 
-        hf_model, processor = load_hf_model(model, device, torch_dtype)
-        return HFBackend(hf_model, processor)
+        if model == EMBEDDED_MODEL:
+            from vlens.zoo import load_hf
+
+            return HFBackend(*load_hf(device=device, dtype=torch_dtype))
+        return HFBackend(*load_hf_model(model, device, torch_dtype))
     raise ValueError(f"unknown backend {backend!r}; use 'hooked' or 'hf'")
 
 
 def load_hf_model(model: str, device: str, torch_dtype):
-    """An image-text-to-text HF model and its processor from a local dir or hub id."""
-    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+    """Any HF image-text-to-text model (safetensors only) and its processor."""
+    from transformers import AutoModelForImageTextToText
 
-    hf_model = AutoModelForImageTextToText.from_pretrained(model, dtype=torch_dtype).to(device).eval()
-    try:
-        processor = AutoProcessor.from_pretrained(model)
-    except ImportError:
-        # transformers builds Qwen's video processor only with torchvision; images do not need it.
-        if AutoConfig.from_pretrained(model).model_type != "qwen2_5_vl":
-            raise
-        from vlens.zoo.processor import load_processor
+    from vlens.loading import load_processor_for
 
-        processor = load_processor(model)
-    return hf_model, processor
+    hf_model = AutoModelForImageTextToText.from_pretrained(model, dtype=torch_dtype, use_safetensors=True)
+    # the processor fallback covers machines without torchvision (Qwen's video processor needs it)
+    return hf_model.to(device).eval(), load_processor_for(model)
 
 
 def reader_options(args: argparse.Namespace) -> dict:
