@@ -23,8 +23,15 @@ GRIDS = [(2, 2), (1, 2)]
 def test_token_labels_name_image_cells_and_keep_text():
     labels = token_labels(TOKENS, POSITIONS, GRIDS)
     assert labels == [
-        "<s>", "img0[r0,c0]", "img0[r0,c1]", "img0[r1,c0]", "img0[r1,c1]",
-        "How", "img1[r0,c0]", "img1[r0,c1]", "\\n",
+        "<s>",
+        "img0[r0,c0]",
+        "img0[r0,c1]",
+        "img0[r1,c0]",
+        "img0[r1,c1]",
+        "How",
+        "img1[r0,c0]",
+        "img1[r0,c1]",
+        "\\n",
     ]
 
 
@@ -40,7 +47,9 @@ def test_token_labels_make_unique_and_errors():
 
 def _props(view) -> dict:
     snippet = circuitsvis_html(view, div_id="view-1")
-    match = re.search(r'CircuitsVis\.render\("view-1", CircuitsVis\.(\w+), (.*)\);</script>', snippet, re.DOTALL)
+    match = re.search(
+        r'CircuitsVis\.render\("view-1", CircuitsVis\.(\w+), (.*)\);</script>', snippet, re.DOTALL
+    )
     assert match is not None
     return {"component": match[1], **json.loads(match[2].replace("<\\/", "</"))}
 

@@ -90,7 +90,9 @@ def test_count_accuracy_figure_one_line_per_method():
 
 
 def test_logit_lens_figure_probability_and_rank_panels():
-    figure = logit_lens_figure({"3": [0.0, 0.1, 0.9], "4": [0.0, 0.2, 0.05]}, {"3": [900, 12, 1], "4": [500, 3, 2]})
+    figure = logit_lens_figure(
+        {"3": [0.0, 0.1, 0.9], "4": [0.0, 0.2, 0.05]}, {"3": [900, 12, 1], "4": [500, 3, 2]}
+    )
     assert len(figure.data) == 4 and all(len(trace.y) == 3 for trace in figure.data)
     assert figure.layout.yaxis2.type == "log"
     rank_only = logit_lens_figure(ranks=torch.tensor([40, 2, 1]))

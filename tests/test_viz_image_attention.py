@@ -92,7 +92,9 @@ def test_overlay_smooth_and_input_errors():
 def test_attention_grid_image_tiles_one_overlay_per_map():
     image = Image.new("RGB", IMAGE_SIZE, GREY)
     maps = torch.eye(6)[:5]  # map i puts all mass on cell i
-    tiled = attention_grid_image(image, maps, GRID, titles=[f"L0H{i}" for i in range(5)], n_cols=3, tile_size=60)
+    tiled = attention_grid_image(
+        image, maps, GRID, titles=[f"L0H{i}" for i in range(5)], n_cols=3, tile_size=60
+    )
     tile_w, tile_h, caption, gap = 60, 40, 16, 4
     assert tiled.size == (3 * (tile_w + gap) + gap, 2 * (tile_h + caption + gap) + gap)
     hot = tuple(int(v) for v in tiled.getpixel((gap + 10, gap + caption + 10)))  # tile 0, cell (0, 0)

@@ -16,7 +16,7 @@ from vlens.viz._optional import require_circuitsvis_attention
 
 def token_labels(
     token_strs: Sequence[str],
-    image_positions_per_image: Sequence[Int[Tensor, "n_image_tokens"] | Sequence[int]] = (),
+    image_positions_per_image: Sequence[Int[Tensor, " n_image_tokens"] | Sequence[int]] = (),
     grids: Sequence[tuple[int, int]] = (),
     make_unique: bool = False,
 ) -> list[str]:

@@ -7,8 +7,28 @@ import numpy as np
 # Nine evenly spaced stops of matplotlib's perceptually uniform maps, and ColorBrewer RdBu
 # (reversed: negative blue, zero white, positive red) for signed effects.
 _STOPS: dict[str, list[str]] = {
-    "inferno": ["#000004", "#1f0c48", "#550f6d", "#88226a", "#ba3655", "#e35933", "#f98e09", "#f9cb35", "#fcffa4"],
-    "viridis": ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"],
+    "inferno": [
+        "#000004",
+        "#1f0c48",
+        "#550f6d",
+        "#88226a",
+        "#ba3655",
+        "#e35933",
+        "#f98e09",
+        "#f9cb35",
+        "#fcffa4",
+    ],
+    "viridis": [
+        "#440154",
+        "#472d7b",
+        "#3b528b",
+        "#2c728e",
+        "#21918c",
+        "#28ae80",
+        "#5ec962",
+        "#addc30",
+        "#fde725",
+    ],
     "rdbu": ["#2166ac", "#67a9cf", "#d1e5f0", "#f7f7f7", "#fddbc7", "#ef8a62", "#b2182b"],
 }
 

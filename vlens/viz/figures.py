@@ -85,14 +85,23 @@ def layer_head_heatmap(
 
     if classes is None:
         return _heatmap(
-            values_np, head_labels, layer_labels, title, **axes,
-            colorscale=colorscale, zmid=zmid, colorbar={"title": {"text": value_label}},
+            values_np,
+            head_labels,
+            layer_labels,
+            title,
+            **axes,
+            colorscale=colorscale,
+            zmid=zmid,
+            colorbar={"title": {"text": value_label}},
             hovertemplate=f"%{{y}}%{{x}}<br>{value_label}: %{{z:.4g}}<extra></extra>",
         )
 
     class_index = _class_index_grid(classes, list(class_names), n_layers, n_heads)
     names = list(class_names)
-    colors = [HEAD_CLASS_COLORS.get(name, _FALLBACK_COLORS[i % len(_FALLBACK_COLORS)]) for i, name in enumerate(names)]
+    colors = [
+        HEAD_CLASS_COLORS.get(name, _FALLBACK_COLORS[i % len(_FALLBACK_COLORS)])
+        for i, name in enumerate(names)
+    ]
     # A stepped colorscale: index i (at (i + 0.5) / n after zmin/zmax) falls in band [i, i+1) / n.
     steps = []
     for i, color in enumerate(colors):
@@ -104,15 +113,29 @@ def layer_head_heatmap(
         customdata = np.stack([class_text, values_np.astype(object)], axis=-1)
         value_hover = f"<br>{value_label}: %{{customdata[1]:.4g}}"
     figure = _heatmap(
-        class_index, head_labels, layer_labels, title, **axes,
-        colorscale=steps, zmin=-0.5, zmax=len(names) - 0.5, showscale=False, xgap=1, ygap=1,
+        class_index,
+        head_labels,
+        layer_labels,
+        title,
+        **axes,
+        colorscale=steps,
+        zmin=-0.5,
+        zmax=len(names) - 0.5,
+        showscale=False,
+        xgap=1,
+        ygap=1,
         customdata=customdata,
         hovertemplate=f"%{{y}}%{{x}}: %{{customdata[0]}}{value_hover}<extra></extra>",
     )
     for name, color in zip(names, colors, strict=True):  # heatmaps have no legend: add one per class
         figure.add_trace(
-            go.Scatter(x=[None], y=[None], mode="markers", name=name,
-                       marker={"color": color, "symbol": "square", "size": 12})
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=name,
+                marker={"color": color, "symbol": "square", "size": 12},
+            )
         )
     figure.update_layout(showlegend=True, plot_bgcolor="white")
     return figure
@@ -162,21 +185,30 @@ def layer_region_figure(
     layers = check_labels(layer_labels, n_layers, "layer_labels") or list(range(n_layers))
     if kind == "heatmap":
         return _heatmap(
-            values_np.T, layers, regions, title, "layer", "region",
-            colorscale="Viridis", colorbar={"title": {"text": value_label}},
+            values_np.T,
+            layers,
+            regions,
+            title,
+            "layer",
+            "region",
+            colorscale="Viridis",
+            colorbar={"title": {"text": value_label}},
             hovertemplate=f"layer %{{x}}, %{{y}}<br>{value_label}: %{{z:.4g}}<extra></extra>",
         )
     if kind != "lines":
         raise ValueError(f"kind must be 'lines' or 'heatmap', got {kind!r}")
     figure = go.Figure(
-        [go.Scatter(x=layers, y=values_np[:, r], mode="lines+markers", name=regions[r]) for r in range(n_regions)]
+        [
+            go.Scatter(x=layers, y=values_np[:, r], mode="lines+markers", name=regions[r])
+            for r in range(n_regions)
+        ]
     )
     figure.update_layout(title=title, xaxis_title="layer", yaxis_title=value_label)
     return figure
 
 
 def image_grid_heatmap(
-    values: Float[Tensor, "n_image_tokens"] | Float[Tensor, "rows cols"],
+    values: Float[Tensor, " n_image_tokens"] | Float[Tensor, "rows cols"],
     grid: tuple[int, int] | None = None,
     title: str = "",
     value_label: str = "patch effect",
@@ -203,8 +235,15 @@ def image_grid_heatmap(
     elif grid is not None and tuple(tensor.shape) != as_grid(grid):
         raise ValueError(f"values has shape {tuple(tensor.shape)} but grid is {as_grid(grid)}")
     figure = _heatmap(
-        tensor.numpy(), None, None, title, "column", "row",
-        colorscale=colorscale, zmid=zmid, colorbar={"title": {"text": value_label}},
+        tensor.numpy(),
+        None,
+        None,
+        title,
+        "column",
+        "row",
+        colorscale=colorscale,
+        zmid=zmid,
+        colorbar={"title": {"text": value_label}},
         hovertemplate=f"row %{{y}}, col %{{x}}<br>{value_label}: %{{z:.4g}}<extra></extra>",
     )
     figure.update_yaxes(autorange="reversed", scaleanchor="x")
@@ -256,17 +295,29 @@ def confusion_matrix_figure(
     if normalize:
         matrix = matrix / matrix.sum(dim=1, keepdim=True).clamp_min(1)
     fmt = ".2f" if normalize else ".0f"
-    return _heatmap(
-        matrix.numpy(), columns, [str(label) for label in labels], title, "predicted", "true",
-        colorscale="Blues", texttemplate=f"%{{z:{fmt}}}",
-        hovertemplate=f"true %{{y}}, predicted %{{x}}: %{{z:{fmt}}}<extra></extra>",
-    ).update_yaxes(autorange="reversed", type="category").update_xaxes(type="category")
+    return (
+        _heatmap(
+            matrix.numpy(),
+            columns,
+            [str(label) for label in labels],
+            title,
+            "predicted",
+            "true",
+            colorscale="Blues",
+            texttemplate=f"%{{z:{fmt}}}",
+            hovertemplate=f"true %{{y}}, predicted %{{x}}: %{{z:{fmt}}}<extra></extra>",
+        )
+        .update_yaxes(autorange="reversed", type="category")
+        .update_xaxes(type="category")
+    )
 
 
 def _named_series(series, name: str, length: int | None = None) -> dict[str, np.ndarray]:
     """A single sequence becomes `{name: values}`; a mapping is checked entry by entry."""
     if isinstance(series, Mapping):
-        named = {str(key): as_float_tensor(value, f"{name}[{key!r}]", 1).numpy() for key, value in series.items()}
+        named = {
+            str(key): as_float_tensor(value, f"{name}[{key!r}]", 1).numpy() for key, value in series.items()
+        }
     else:
         named = {name: as_float_tensor(series, name, 1).numpy()}
     if not named:
@@ -317,13 +368,17 @@ def logit_lens_figure(
     """
     go = require_plotly()
     make_subplots = require_make_subplots()
-    panels = [(name, data) for name, data in (("probability", probabilities), ("rank", ranks)) if data is not None]
+    panels = [
+        (name, data) for name, data in (("probability", probabilities), ("rank", ranks)) if data is not None
+    ]
     if not panels:
         raise ValueError("give probabilities, ranks, or both")
     named = {name: _named_series(data, "target") for name, data in panels}
     lengths = {len(values) for series in named.values() for values in series.values()}
     if len(lengths) != 1:
-        raise ValueError(f"every probability / rank series needs the same number of layers, got {sorted(lengths)}")
+        raise ValueError(
+            f"every probability / rank series needs the same number of layers, got {sorted(lengths)}"
+        )
     n_layers = lengths.pop()
     layers = check_labels(layer_labels, n_layers, "layer_labels") or list(range(n_layers))
     figure = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.08)
@@ -331,9 +386,17 @@ def logit_lens_figure(
     for row, (panel, _) in enumerate(panels, start=1):
         for index, (token, values) in enumerate(named[panel].items()):
             figure.add_trace(
-                go.Scatter(x=layers, y=values, mode="lines+markers", name=token, legendgroup=token,
-                           showlegend=row == 1, line={"color": palette[index % len(palette)]}),
-                row=row, col=1,
+                go.Scatter(
+                    x=layers,
+                    y=values,
+                    mode="lines+markers",
+                    name=token,
+                    legendgroup=token,
+                    showlegend=row == 1,
+                    line={"color": palette[index % len(palette)]},
+                ),
+                row=row,
+                col=1,
             )
         if panel == "rank":
             figure.update_yaxes(title_text="rank", type="log", autorange="reversed", row=row, col=1)
@@ -359,8 +422,16 @@ def jaccard_matrix_figure(
         raise ValueError(f"matrix must be square, got {values.shape}")
     names = check_labels(task_names, values.shape[0], "task_names")
     figure = _heatmap(
-        values, names, names, title, "task", "task",
-        colorscale="Viridis", zmin=0.0, zmax=1.0, texttemplate="%{z:.2f}",
+        values,
+        names,
+        names,
+        title,
+        "task",
+        "task",
+        colorscale="Viridis",
+        zmin=0.0,
+        zmax=1.0,
+        texttemplate="%{z:.2f}",
         hovertemplate="%{y} vs %{x}: %{z:.3f}<extra></extra>",
     )
     return figure.update_yaxes(autorange="reversed")

@@ -26,8 +26,8 @@ class PCAResult(NamedTuple):
 
     projected: Float[Tensor, "n n_components"]
     components: Float[Tensor, "n_components d"]
-    explained_variance_ratio: Float[Tensor, "n_components"]
-    mean: Float[Tensor, "d"]
+    explained_variance_ratio: Float[Tensor, " n_components"]
+    mean: Float[Tensor, " d"]
 
 
 def pca(vectors: Float[Tensor, "n d"], n_components: int = 2) -> PCAResult:
@@ -149,7 +149,7 @@ def _per_layer(representations) -> dict[int, Tensor]:
 
 def representation_geometry_figure(
     representations: Float[Tensor, "n_layers n d_model"] | Mapping[int, Float[Tensor, "n d_model"]],
-    counts: Int[Tensor, "n"] | Sequence[int],
+    counts: Int[Tensor, " n"] | Sequence[int],
     layers: Sequence[int] | None = None,
     method: str = "pca",
     seed: int = 0,
@@ -204,12 +204,17 @@ def representation_geometry_figure(
             xy = points[layer][count_tensor == count]
             figure.add_trace(
                 go.Scatter(
-                    x=xy[:, 0].tolist(), y=xy[:, 1].tolist(), mode="markers", name=f"count {count}",
-                    legendgroup=str(count), showlegend=column == 1,
+                    x=xy[:, 0].tolist(),
+                    y=xy[:, 1].tolist(),
+                    mode="markers",
+                    name=f"count {count}",
+                    legendgroup=str(count),
+                    showlegend=column == 1,
                     marker={"color": colors[count], "size": 6},
                     hovertemplate=f"count {count}<extra>layer {layer}</extra>",
                 ),
-                row=1, col=column,
+                row=1,
+                col=column,
             )
     figure.update_layout(title=title, width=max(400, 330 * len(layers)), height=380)
     return figure

@@ -24,7 +24,7 @@ from vlens.viz.colormaps import PLOTLY_NAMES, apply_colormap
 def attention_to_image(
     pattern: Float[Tensor, "n_heads q k"] | Float[Tensor, "batch n_heads q k"],
     query_pos: int | Sequence[int] | Tensor,
-    image_positions: Int[Tensor, "n_image_tokens"] | Sequence[Int[Tensor, "n_image_tokens"]],
+    image_positions: Int[Tensor, " n_image_tokens"] | Sequence[Int[Tensor, " n_image_tokens"]],
     renormalize: bool = False,
 ) -> Float[Tensor, "n_heads n_image_tokens"] | Float[Tensor, "batch n_heads n_image_tokens"]:
     """Attention from one query position to the image-token positions.
@@ -103,7 +103,7 @@ def _scale_to_unit(values: np.ndarray, vmin: float | None, vmax: float | None) -
 
 def overlay_attention(
     image: Image.Image,
-    weights: Float[Tensor, "n_image_tokens"],
+    weights: Float[Tensor, " n_image_tokens"],
     grid: tuple[int, int],
     colormap: str = "inferno",
     alpha: float = 0.6,
@@ -205,7 +205,7 @@ def image_to_data_uri(image: Image.Image) -> str:
 
 def attention_overlay_figure(
     image: Image.Image,
-    weights: Float[Tensor, "n_image_tokens"],
+    weights: Float[Tensor, " n_image_tokens"],
     grid: tuple[int, int],
     title: str = "",
     colormap: str = "inferno",
