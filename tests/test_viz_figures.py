@@ -1,5 +1,7 @@
 """Every plotly figure builder returns a Figure whose data has the expected shape."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -108,3 +110,9 @@ def test_jaccard_matrix_figure():
     assert (figure.data[0].zmin, figure.data[0].zmax) == (0.0, 1.0)
     with pytest.raises(ValueError, match="square"):
         jaccard_matrix_figure(torch.rand(2, 3), ["a", "b"])
+
+
+def test_missing_viz_extra_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
+    with pytest.raises(ImportError, match=r'pip install "vlens\[viz\]"'):
+        jaccard_matrix_figure(torch.eye(2), ["a", "b"])
