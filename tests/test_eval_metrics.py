@@ -53,8 +53,14 @@ def test_plot_confusion_matrix_cells():
     from vlens.evaluation.plots import plot_confusion_matrix
 
     heatmap = plot_confusion_matrix(PREDICTIONS, TARGETS).data[0]
-    assert list(heatmap.x) == ["1", "2", "3", "unparsed"] and list(heatmap.y) == ["2", "3", "5"]
-    assert [list(row) for row in heatmap.z] == confusion_matrix(PREDICTIONS, TARGETS)[2]
+    # every target or predicted count is a row and a column; unparsed answers go to "other"
+    assert list(heatmap.x) == ["1", "2", "3", "5", "other"] and list(heatmap.y) == ["1", "2", "3", "5"]
+    assert [list(row) for row in heatmap.z] == [
+        [0, 0, 0, 0, 0],
+        [0, 1, 1, 0, 0],
+        [0, 0, 1, 0, 1],
+        [1, 0, 0, 0, 0],
+    ]
 
 
 def test_choice_metrics_by_hand():

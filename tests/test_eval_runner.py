@@ -205,3 +205,23 @@ def test_embedded_model_end_to_end(tmp_path):
     recomputed = counting_metrics([p.parsed for p in saved], [p.target for p in saved])
     assert report["metrics"]["accuracy"] == pytest.approx(recomputed.accuracy)
     assert report["metrics"]["accuracy"] >= 0.5  # a trained counter, on its own training distribution
+
+
+def test_cli_loads_a_saved_checkpoint_with_either_backend(tmp_path, tiny_hf):
+    from vlens import cli
+
+    model, processor = tiny_hf
+    checkpoint = tmp_path / "checkpoint"
+    model.save_pretrained(checkpoint)
+    processor.save_pretrained(str(checkpoint))
+    write_imagefolder(tmp_path / "data", [1, 2, 3])
+    outputs = {}
+    for backend in ("hooked", "hf"):
+        argv = ["eval", "--model", str(checkpoint), "--backend", backend, "--data", str(tmp_path / "data")]
+        argv += ["--format", "imagefolder", "--out", str(tmp_path / backend), "--max-new-tokens", "3"]
+        assert cli.main(argv + ["--batch-size", "2", "--no-progress"]) == 0
+        saved = load_predictions(tmp_path / backend / "predictions.jsonl")
+        report = json.loads((tmp_path / backend / "report.json").read_text())
+        assert report["settings"]["backend"] == backend and report["n_evaluated"] == 3
+        outputs[backend] = [p.output for p in saved]
+    assert outputs["hooked"] == outputs["hf"]  # HookedVLM generates exactly what HF does

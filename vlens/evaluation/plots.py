@@ -4,36 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vlens.evaluation.metrics import confusion_matrix
-
 
 def plot_confusion_matrix(
     predictions: Sequence[int | None], targets: Sequence[int], title: str = "Counting confusion matrix"
 ):
-    """Heat map of true count (rows) against predicted count (columns, "unparsed" last).
+    """Heat map of true count (rows) against predicted count (columns) for an evaluation.
+
+    Rows and columns cover every count that is a target or a parsed prediction, so a
+    prediction of 11 for a 1-10 set shows as its own column; unparsed answers (None) go to
+    the last column, "other". Drawn by :func:`vlens.viz.figures.confusion_matrix_figure`.
 
     Returns:
         a ``plotly.graph_objects.Figure``; cells show the number of examples.
     """
-    try:
-        import plotly.graph_objects as go
-    except ImportError as error:
-        raise ImportError("plot_confusion_matrix needs plotly: pip install 'vlens[viz]'") from error
-    rows, columns, matrix = confusion_matrix(predictions, targets)
-    figure = go.Figure(
-        go.Heatmap(
-            z=matrix,
-            x=[str(c) for c in columns],
-            y=[str(r) for r in rows],
-            text=matrix,
-            texttemplate="%{text}",
-            colorscale="Blues",
-            hovertemplate="true %{y}, predicted %{x}: %{z}<extra></extra>",
-        )
-    )
-    figure.update_layout(
-        title=title,
-        xaxis={"title": "predicted count", "type": "category"},
-        yaxis={"title": "true count", "type": "category", "autorange": "reversed"},
-    )
-    return figure
+    from vlens.viz.figures import confusion_matrix_figure
+
+    labels = sorted(set(targets) | {p for p in predictions if p is not None})
+    return confusion_matrix_figure(list(targets), list(predictions), labels=labels, title=title)
