@@ -1,0 +1,134 @@
+"""Whole datasets on disk, in parallel, identical whatever the number of workers.
+
+Sample ``i`` of a dataset with seed ``s`` uses its own seed (:func:`sample_seed`) and its
+own count (``counts[i % len(counts)]``, so counts are balanced), so workers never share
+randomness and the output does not depend on how samples are split between them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from vlens.data.generators import RENDERERS
+from vlens.data.imagefolder import image_file_name, prepare_out_dir, save_png, write_metadata
+from vlens.data.pairs import make_pair
+from vlens.data.scene import check_seed
+from vlens.data.tasks import DEFAULT_COUNTS, make_task_sample
+from vlens.data.templates import TASKS
+
+DATASET_KINDS: tuple[str, ...] = ("syndot", "synpoly", "synreal", "pairs", "tasks")
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a dataset generated with ``seed`` (a uint32)."""
+    return int(np.random.SeedSequence([check_seed(seed), index]).generate_state(1)[0])
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What to generate. ``options`` are passed to the renderer (radius, min_gap, background,
+    allow_empty; pairs: style, kind, deltas, n_changed; tasks: style, tasks)."""
+
+    kind: str
+    n: int
+    seed: int
+    size: int = 224
+    counts: tuple[int, ...] = DEFAULT_COUNTS
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in DATASET_KINDS:
+            raise ValueError(f"unknown dataset kind {self.kind!r}; choose one of {DATASET_KINDS}")
+        if self.n < 1:
+            raise ValueError(f"--n must be at least 1, got {self.n}")
+        if not self.counts:
+            raise ValueError("counts must not be empty")
+        check_seed(self.seed)
+
+
+def _pair_counts(spec: DatasetSpec, index: int, rng: np.random.Generator) -> tuple[int, int | None]:
+    """(n_clean, n_corrupt) of pair ``index``: the corrupt count differs by a delta, in range."""
+    n_clean = spec.counts[index % len(spec.counts)]
+    if spec.options.get("kind", "count") != "count":
+        return n_clean, None
+    lo, hi = min(spec.counts), max(spec.counts)
+    deltas = spec.options.get("deltas", (1, 2, 3))
+    delta = int(deltas[int(rng.integers(len(deltas)))])
+    sign = 1 if rng.integers(2) else -1
+    for n_corrupt in (n_clean + sign * delta, n_clean - sign * delta):
+        if lo <= n_corrupt <= hi:
+            return n_clean, n_corrupt
+    # delta too large for this count: take the farthest count that fits
+    n_corrupt = hi if hi - n_clean >= n_clean - lo else lo
+    if n_corrupt == n_clean:
+        raise ValueError(f"count pairs need at least two different counts, got counts={list(spec.counts)}")
+    return n_clean, n_corrupt
+
+
+def render_sample(spec: DatasetSpec, index: int) -> list[tuple[str, object, dict]]:
+    """Render sample ``index``: a list of (file name, image, record) (two for a pair)."""
+    seed = sample_seed(spec.seed, index)
+    opts = dict(spec.options)
+    if spec.kind in RENDERERS:
+        count = spec.counts[index % len(spec.counts)]
+        image, record = RENDERERS[spec.kind](count, seed, spec.size, **opts)
+        return [(image_file_name(index), image, record)]
+    if spec.kind == "tasks":
+        tasks = opts.pop("tasks", TASKS)
+        task = tasks[index % len(tasks)]
+        image, record = make_task_sample(task, seed, spec.size, counts=spec.counts, **opts)
+        return [(image_file_name(index), image, record)]
+    n_clean, n_corrupt = _pair_counts(spec, index, np.random.default_rng([seed, 99]))
+    opts.pop("deltas", None)
+    pair = make_pair(n_clean, n_corrupt, seed, size=spec.size, pair_id=f"{index:06d}", **opts)
+    return [(f"{index:06d}_{rec['role']}.png", img, rec) for img, rec in pair.samples()]
+
+
+def _write_sample(job: tuple[DatasetSpec, int, str]) -> list[tuple[str, dict]]:
+    spec, index, out_dir = job
+    rows = []
+    for name, image, record in render_sample(spec, index):
+        save_png(image, os.path.join(out_dir, name))
+        rows.append((name, record))
+    return rows
+
+
+def _run_jobs(jobs: Sequence, workers: int) -> Iterator[list[tuple[str, dict]]]:
+    if workers <= 1:
+        yield from map(_write_sample, jobs)
+        return
+    chunksize = max(1, min(64, len(jobs) // (workers * 8)))
+    with multiprocessing.get_context("fork" if os.name == "posix" else "spawn").Pool(workers) as pool:
+        yield from pool.imap(_write_sample, jobs, chunksize=chunksize)
+
+
+def generate_dataset(
+    spec: DatasetSpec,
+    out_dir: str | os.PathLike,
+    workers: int = 1,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> Path:
+    """Render ``spec`` into an imagefolder at ``out_dir`` with ``workers`` processes.
+
+    Returns the directory. The bytes written do not depend on ``workers``.
+    """
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
+    out = prepare_out_dir(out_dir, overwrite)
+    jobs = [(spec, i, str(out)) for i in range(spec.n)]
+    rows: list[tuple[str, dict]] = []
+    unit = "pairs" if spec.kind == "pairs" else "images"
+    with tqdm(total=spec.n, unit=unit, disable=not progress, desc=f"vlens data {spec.kind}") as bar:
+        for sample_rows in _run_jobs(jobs, workers):
+            rows.extend(sample_rows)
+            bar.update(1)
+    write_metadata(out, rows)
+    return out
