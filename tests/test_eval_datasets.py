@@ -73,6 +73,13 @@ def test_pixmo_parquet_with_path_column_and_bad_checksum(tmp_path):
     assert len(checked.examples) == 1 and len(checked.skipped) == 1
 
 
+def test_pixmo_question_column_drops_image_markers(tmp_path):
+    rows = pixmo_rows(tmp_path, [4])
+    rows[0]["question"] = "<image>\nHow many boats?"
+    data = read_pixmo(write_jsonl(tmp_path / "p.jsonl", rows), image_dir=tmp_path / "images")
+    assert data.examples[0].question == "How many boats?"
+
+
 def test_pixmo_sha256_not_in_folder(tmp_path):
     rows = pixmo_rows(tmp_path, [1])
     rows[0]["image_sha256"] = "ab" * 32

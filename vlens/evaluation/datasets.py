@@ -165,8 +165,8 @@ def read_pixmo(
 
     Each row's image is its ``image_column`` (default: the first of image_path, image,
     file_name, path present), else the file named ``<image_sha256>.<ext>`` in ``image_dir``.
-    The question is the row's ``question`` if present, else ``question_template`` filled
-    with the row's ``label``. ``verify_sha256`` checks each file against ``image_sha256``
+    The question is the row's ``question`` if present (without ``<image>`` markers), else
+    ``question_template`` filled with the row's ``label``. ``verify_sha256`` checks each file against ``image_sha256``
     (a changed download is reported like a missing file).
     """
     path = Path(path)
@@ -201,7 +201,9 @@ def read_pixmo(
                 raise MissingImageError(
                     f"{where}: image sha256 differs from image_sha256 (the download changed)"
                 )
-        question = row.get("question") or question_template.format(label=row["label"])
+        # lmms-eval's copy has "<image>" markers in its questions; the chat template places images
+        question = str(row.get("question") or "").replace("<image>", "").strip()
+        question = question or question_template.format(label=row["label"])
         return EvalExample(
             id=example_id,
             images=[image],

@@ -56,12 +56,12 @@ def report_markdown(summary: dict, figure_note: str | None = None) -> str:
         f"- model: {summary['model'] or 'unnamed'}",
         f"- backend: {summary['settings']['backend']}, parser: {summary['settings']['parser']}, "
         f"max_new_tokens: {summary['settings']['max_new_tokens']}",
-        f"- evaluated: {summary['n_evaluated']}, skipped (missing images): {summary['n_skipped']}",
+        f"- evaluated: {summary['n_evaluated']}, skipped (image missing or changed): {summary['n_skipped']}",
         "",
     ]
     if summary["task"] == "count":
         lines += [
-            "| n | accuracy (%) | MAE | MAE over | unparsed |",
+            "| n | accuracy (%) | MAE | MAE over n | unparsed |",
             "|---|---|---|---|---|",
             f"| {metrics['n']} | {_fmt(metrics['accuracy'], 100)} | {_fmt(metrics['mae'])} | "
             f"{metrics['mae_n']} | {metrics['n_unparsed']} |",
