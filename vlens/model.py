@@ -191,6 +191,20 @@ class HookedVLM(HookedRootModule):
             return self.unembed(normalized)
         raise ValueError(f"Unknown return_type {return_type!r}: use 'logits', 'resid' or None.")
 
+    def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, remove_batch_dim: bool = False,
+                       **kwargs: Any):
+        """Run and cache activations: (logits, `transformer_lens.ActivationCache`).
+
+        Same keywords as TransformerLens (names_filter, device, remove_batch_dim, incl_bwd, pos_slice).
+        Hooks are removed when it returns, also on error.
+        """
+        out, cache_dict = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim, **kwargs)
+        if not return_cache_object:
+            return out, cache_dict
+        from vlens.cache import VLMActivationCache
+
+        return out, VLMActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
+
     # ------------------------------------------------------------------ generation
     def generate(self, inputs: Any = None, max_new_tokens: int = 16, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = None,

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vlens.components import Attention, Embed, GatedMLP, HookedVisionTower, RMSNorm, RotaryEmbedding, TransformerBlock, Unembed
+from vlens.components import (
+    Attention,
+    Embed,
+    GatedMLP,
+    HookedVisionTower,
+    RMSNorm,
+    RotaryEmbedding,
+    TransformerBlock,
+    Unembed,
+)
 from vlens.config import VLMConfig
 
 

@@ -10,10 +10,12 @@ from torch import nn
 
 from vlens.architectures.base import ArchitectureAdapter
 from vlens.architectures.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
+from vlens.architectures.qwen3_vl import Qwen3VLAdapter
 
 ADAPTERS: list[type[ArchitectureAdapter]] = [
     Qwen2VLAdapter,
     Qwen2_5_VLAdapter,
+    Qwen3VLAdapter,
 ]
 
 

@@ -61,3 +61,34 @@ def _route_through(hook_point: HookPoint, block_output: Callable | None):
         raise TypeError(f"Cannot hook vision block output of type {type(output).__name__}")
 
     return forward_hook
+
+
+class VisionAttentionHooks(nn.Module):
+    """Per-head hook point of one vision block's attention (`vision.blocks.{i}.attn.hook_z`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_z = HookPoint()  # [..., n_heads, d_head]: the output projection's input, split by head
+
+
+def attach_vision_head_hooks(vision: HookedVisionTower, out_projections: list[nn.Module], n_heads: int) -> None:
+    """Expose each vision block's per-head attention output as `vision.blocks.{i}.attn.hook_z`.
+
+    A permanent forward pre-hook on the block's attention output projection (an `nn.Linear`)
+    splits its input [..., n_heads * d_head] into [..., n_heads, d_head] and routes it through the
+    hook point (identity and no reshaping unless a hook is attached). Call before `setup()`.
+    """
+    for hooks, proj in zip(vision.blocks, out_projections, strict=True):
+        hooks.attn = VisionAttentionHooks()
+        proj.register_forward_pre_hook(_route_heads_through(hooks.attn.hook_z, n_heads))
+
+
+def _route_heads_through(hook_point: HookPoint, n_heads: int):
+    def pre_hook(module: nn.Module, args: tuple):
+        if not (hook_point.fwd_hooks or hook_point.bwd_hooks):
+            return None
+        z = args[0]
+        heads = z.reshape(*z.shape[:-1], n_heads, z.shape[-1] // n_heads)
+        return (hook_point(heads).reshape(z.shape), *args[1:])
+
+    return pre_hook

@@ -1,0 +1,205 @@
+"""Hook shapes, head decomposition, edits equal to HF-side edits, TL cache methods, hook hygiene."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import QWEN_FAMILIES
+from vlens.testing import random_image
+
+
+def _inputs(model):
+    return model.prepare(images=[random_image(56, 56, 1), [random_image(84, 56, 2), random_image(56, 56, 3)]],
+                         prompts=["How many dots are there?", "What colour"])
+
+
+def test_hook_shapes(qwen_pair):
+    hf, model = qwen_pair("qwen2_5_vl")
+    model.set_use_attn_result(True)
+    inputs = _inputs(model)
+    _, cache = model.run_with_cache(inputs)
+    c = model.cfg
+    b, p = inputs.input_ids.shape
+    n_img = sum(len(r) for r in inputs.regions.image)
+    expected = {
+        "hook_embed": (b, p, c.d_model),
+        "hook_inputs_embeds": (b, p, c.d_model),
+        "vision.hook_image_embeds": (n_img, c.d_model),
+        "blocks.0.hook_resid_pre": (b, p, c.d_model),
+        "blocks.1.hook_resid_mid": (b, p, c.d_model),
+        "blocks.1.hook_resid_post": (b, p, c.d_model),
+        "blocks.0.hook_attn_out": (b, p, c.d_model),
+        "blocks.0.hook_mlp_out": (b, p, c.d_model),
+        "blocks.0.ln1.hook_scale": (b, p, 1),
+        "blocks.0.ln1.hook_normalized": (b, p, c.d_model),
+        "ln_final.hook_scale": (b, p, 1),
+        "blocks.0.attn.hook_q": (b, p, c.n_heads, c.d_head),
+        "blocks.0.attn.hook_k": (b, p, c.n_key_value_heads, c.d_head),
+        "blocks.0.attn.hook_v": (b, p, c.n_key_value_heads, c.d_head),
+        "blocks.0.attn.hook_rot_q": (b, p, c.n_heads, c.d_head),
+        "blocks.0.attn.hook_rot_k": (b, p, c.n_key_value_heads, c.d_head),
+        "blocks.0.attn.hook_attn_scores": (b, c.n_heads, p, p),
+        "blocks.0.attn.hook_pattern": (b, c.n_heads, p, p),
+        "blocks.0.attn.hook_z": (b, p, c.n_heads, c.d_head),
+        "blocks.0.attn.hook_result": (b, p, c.n_heads, c.d_model),
+        "blocks.0.mlp.hook_pre": (b, p, c.d_mlp),
+        "blocks.0.mlp.hook_pre_linear": (b, p, c.d_mlp),
+        "blocks.0.mlp.hook_post": (b, p, c.d_mlp),
+    }
+    for name, shape in expected.items():
+        assert tuple(cache[name].shape) == shape, name
+    assert cache["vision.blocks.0.hook_resid_post"].ndim == 2
+    assert torch.allclose(cache["blocks.0.attn.hook_pattern"].sum(-1), torch.ones(()), atol=1e-5)
+
+
+@pytest.mark.parametrize("family", QWEN_FAMILIES)
+def test_head_decomposition_sums_to_attn_out(qwen_pair, family):
+    hf, model = qwen_pair(family)
+    _, cache = model.run_with_cache(_inputs(model))
+    for layer in range(model.cfg.n_layers):
+        z = cache[f"blocks.{layer}.attn.hook_z"]
+        per_head = torch.einsum("bphd,hdm->bphm", z, model.blocks[layer].attn.W_O)
+        recon = per_head.sum(2) + model.blocks[layer].attn.b_O
+        torch.testing.assert_close(recon, cache[f"blocks.{layer}.hook_attn_out"], atol=1e-5, rtol=0)
+
+
+def test_hook_result_sums_to_attn_out_and_keeps_logits(qwen_pair):
+    hf, model = qwen_pair("qwen2_5_vl")
+    inputs = _inputs(model)
+    with torch.no_grad():
+        plain = model(inputs)
+    model.set_use_attn_result(True)
+    logits, cache = model.run_with_cache(inputs)
+    torch.testing.assert_close(logits, plain, atol=1e-5, rtol=0)
+    for layer in range(model.cfg.n_layers):
+        result = cache[f"blocks.{layer}.attn.hook_result"]
+        torch.testing.assert_close(result.sum(2) + model.blocks[layer].attn.b_O,
+                                   cache[f"blocks.{layer}.hook_attn_out"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", QWEN_FAMILIES)
+def test_hook_z_edit_equals_hf_o_proj_input_edit(qwen_pair, family):
+    hf, model = qwen_pair(family)
+    inputs = _inputs(model)
+    layer, head, d_head = 1, 2, model.cfg.d_head
+
+    def ablate_z(z, hook):
+        z = z.clone()
+        z[:, :, head] = 0.5 * z[:, :, head] + 0.1
+        return z
+
+    def ablate_o_proj_input(module, args):
+        x = args[0].clone()
+        x[..., head * d_head:(head + 1) * d_head] = 0.5 * x[..., head * d_head:(head + 1) * d_head] + 0.1
+        return (x,)
+
+    with torch.no_grad():
+        ours = model.run_with_hooks(inputs, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_z)])
+        handle = hf.model.language_model.layers[layer].self_attn.o_proj.register_forward_pre_hook(ablate_o_proj_input)
+        try:
+            expected = hf(**inputs.to_hf_kwargs()).logits
+        finally:
+            handle.remove()
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", QWEN_FAMILIES)
+def test_attn_scores_edit_equals_scaling_q_in_hf(qwen_pair, family):
+    hf, model = qwen_pair(family)
+    inputs = _inputs(model)
+    layer, head, beta, d_head = 0, 1, 1.7, model.cfg.d_head
+
+    def scale_scores(scores, hook):
+        scores = scores.clone()
+        scores[:, head] = scores[:, head] * beta
+        return scores
+
+    def scale_q(module, args, output):
+        output = output.clone()
+        output[..., head * d_head:(head + 1) * d_head] *= beta  # rotary is linear: scaling before == after
+        return output
+
+    with torch.no_grad():
+        ours = model.run_with_hooks(inputs, fwd_hooks=[(f"blocks.{layer}.attn.hook_attn_scores", scale_scores)])
+        handle = hf.model.language_model.layers[layer].self_attn.q_proj.register_forward_hook(scale_q)
+        try:
+            expected = hf(**inputs.to_hf_kwargs()).logits
+        finally:
+            handle.remove()
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+    with torch.no_grad():
+        assert (ours - model(inputs)).abs().max() > 1e-4  # the edit did something
+
+
+def test_no_hook_left_after_exception_in_hook(qwen_pair):
+    hf, model = qwen_pair("qwen2_5_vl")
+    inputs = _inputs(model)
+
+    def boom(x, hook):
+        raise RuntimeError("hook failed")
+
+    with pytest.raises(RuntimeError, match="hook failed"):
+        model.run_with_hooks(inputs, fwd_hooks=[("blocks.0.attn.hook_pattern", boom)])
+    with pytest.raises(RuntimeError, match="hook failed"):
+        with model.hooks(fwd_hooks=[("vision.blocks.0.hook_resid_post", boom)]):
+            model(inputs)
+    with pytest.raises(RuntimeError, match="hook failed"):
+        model.run_with_hooks(inputs, fwd_hooks=[("hook_embed", boom)])
+    with pytest.raises(RuntimeError, match="hook failed"):
+        model.generate(inputs, max_new_tokens=3, fwd_hooks=[("blocks.1.attn.hook_z", boom)])
+    leftover = [name for name, hp in model.hook_dict.items() if hp.fwd_hooks or hp.bwd_hooks]
+    assert leftover == []
+    assert not model.blocks[0].attn.needs_pattern()
+
+
+def test_vision_hooks_can_edit_the_tower(qwen_pair):
+    hf, model = qwen_pair("qwen2_vl")
+    inputs = _inputs(model)
+    with torch.no_grad():
+        plain = model(inputs)
+        zeroed = model.run_with_hooks(inputs, fwd_hooks=[("vision.hook_image_embeds", lambda x, hook: x * 0)])
+    assert (zeroed - plain).abs().max() > 1e-4
+    captured = {}
+    model.run_with_hooks(inputs, fwd_hooks=[("vision.blocks.1.hook_resid_post",
+                                             lambda x, hook: captured.setdefault("x", x))])
+    assert captured["x"].shape[0] == int(inputs.image_grid_thw.prod(-1).sum())  # one row per patch
+
+
+def test_activation_cache_methods(qwen_pair):
+    hf, model = qwen_pair("qwen2_5_vl")
+    logits, cache = model.run_with_cache(_inputs(model))
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    heads = cache.stack_head_results(layer=-1)
+    assert heads.shape[0] == n_layers * n_heads
+    resid = cache.accumulated_resid()
+    assert resid.shape[0] == n_layers + 1
+    torch.testing.assert_close(resid[-1], cache[f"blocks.{n_layers - 1}.hook_resid_post"])
+    components = cache.decompose_resid()
+    # embeddings + attn + mlp per layer add up to the final residual
+    torch.testing.assert_close(components.sum(0), cache[f"blocks.{n_layers - 1}.hook_resid_post"], atol=1e-4, rtol=0)
+    # apply_ln_to_stack divides by the cached scale; weights are not folded (HF-identical), so the
+    # RMSNorm weight is applied explicitly before W_U
+    normed = cache.apply_ln_to_stack(resid[-1:], layer=-1)[0]
+    torch.testing.assert_close((normed * model.ln_final.w) @ model.W_U, logits, atol=1e-4, rtol=0)
+
+
+def test_weight_views_have_transformer_lens_shapes(qwen_pair):
+    hf, model = qwen_pair("qwen2_5_vl")
+    c = model.cfg
+    assert model.W_Q.shape == (c.n_layers, c.n_heads, c.d_model, c.d_head)
+    assert model.W_K.shape == (c.n_layers, c.n_heads, c.d_model, c.d_head)
+    assert model.W_V.shape == (c.n_layers, c.n_heads, c.d_model, c.d_head)
+    assert model.W_O.shape == (c.n_layers, c.n_heads, c.d_head, c.d_model)
+    assert model.b_Q.shape == (c.n_layers, c.n_heads, c.d_head)
+    assert model.b_K.shape == (c.n_layers, c.n_heads, c.d_head)
+    assert model.b_V.shape == (c.n_layers, c.n_heads, c.d_head)
+    assert model.b_O.shape == (c.n_layers, c.d_model)
+    assert model.W_U.shape == (c.d_model, c.d_vocab)
+    assert model.W_E.shape == (c.d_vocab, c.d_model)
+    # W_Q reproduces the q projection per head
+    x = torch.randn(3, c.d_model)
+    q = hf.model.language_model.layers[0].self_attn.q_proj(x).view(3, c.n_heads, c.d_head)
+    torch.testing.assert_close(torch.einsum("pm,hmd->phd", x, model.W_Q[0]) + model.b_Q[0], q, atol=1e-5, rtol=0)
+    # parameters are shared with HF, not copied
+    assert model.blocks[0].attn.q_proj.weight is hf.model.language_model.layers[0].self_attn.q_proj.weight
