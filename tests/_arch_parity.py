@@ -1,0 +1,166 @@
+"""The parity matrix every architecture must pass, written once for any (HF model, HookedVLM) pair.
+
+Each check compares HookedVLM against the HF model it wraps (fp32, eager attention), with the
+same edit made on the HF side through PyTorch hooks where the check is about an edit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def hf_attention(model, hf, layer: int):
+    """The HF self-attention module of decoder layer `layer`."""
+    return model.adapter.language_model(hf).layers[layer].self_attn
+
+
+def assert_logits_match(model, hf, cases: dict, atol: float = 1e-4) -> None:
+    """Logits equal HF eager at every position (padding included) for each named input."""
+    for name, inputs in cases.items():
+        with torch.no_grad():
+            expected = hf(**inputs.to_hf_kwargs()).logits
+            ours = model(inputs)
+            explicit = model.run_with_hooks(inputs, fwd_hooks=[(lambda n: n.endswith("hook_pattern"),
+                                                                lambda x, hook: x)])
+        assert ours.shape == expected.shape, name
+        torch.testing.assert_close(ours, expected, atol=atol, rtol=0, msg=f"sdpa path / {name}")
+        torch.testing.assert_close(explicit, expected, atol=atol, rtol=0, msg=f"explicit path / {name}")
+
+
+def assert_hook_shapes(model, inputs) -> dict:
+    """The decoder hooks have TransformerLens shapes; returns the cache for family-specific checks."""
+    model.set_use_attn_result(True)
+    try:
+        _, cache = model.run_with_cache(inputs)
+    finally:
+        model.set_use_attn_result(False)
+    c = model.cfg
+    b, p = inputs.input_ids.shape
+    n_img = sum(len(r) for r in inputs.regions.image)
+    expected = {
+        "hook_embed": (b, p, c.d_model),
+        "hook_inputs_embeds": (b, p, c.d_model),
+        "vision.hook_image_embeds": (n_img, c.d_model),
+        "blocks.0.hook_resid_pre": (b, p, c.d_model),
+        "blocks.0.hook_resid_mid": (b, p, c.d_model),
+        "blocks.0.hook_attn_out": (b, p, c.d_model),
+        "blocks.0.hook_mlp_out": (b, p, c.d_model),
+        "blocks.0.ln1.hook_scale": (b, p, 1),
+        "blocks.0.attn.hook_q": (b, p, c.n_heads, c.d_head),
+        "blocks.0.attn.hook_k": (b, p, c.n_key_value_heads, c.d_head),
+        "blocks.0.attn.hook_v": (b, p, c.n_key_value_heads, c.d_head),
+        "blocks.0.attn.hook_rot_q": (b, p, c.n_heads, c.d_head),
+        "blocks.0.attn.hook_rot_k": (b, p, c.n_key_value_heads, c.d_head),
+        "blocks.0.attn.hook_attn_scores": (b, c.n_heads, p, p),
+        "blocks.0.attn.hook_pattern": (b, c.n_heads, p, p),
+        "blocks.0.attn.hook_z": (b, p, c.n_heads, c.d_head),
+        "blocks.0.attn.hook_result": (b, p, c.n_heads, c.d_model),
+        "blocks.0.mlp.hook_post": (b, p, c.d_mlp),
+        f"blocks.{c.n_layers - 1}.hook_resid_post": (b, p, c.d_model),
+        "ln_final.hook_normalized": (b, p, c.d_model),
+    }
+    for name, shape in expected.items():
+        assert tuple(cache[name].shape) == shape, name
+    return cache
+
+
+def assert_head_decomposition(model, inputs) -> None:
+    """sum_h z_h @ W_O[h] + b_O == hook_attn_out at every layer."""
+    _, cache = model.run_with_cache(inputs)
+    for layer in range(model.cfg.n_layers):
+        attn = model.blocks[layer].attn
+        per_head = torch.einsum("bphd,hdm->bphm", cache[f"blocks.{layer}.attn.hook_z"], attn.W_O)
+        torch.testing.assert_close(per_head.sum(2) + attn.b_O, cache[f"blocks.{layer}.hook_attn_out"],
+                                   atol=1e-5, rtol=0, msg=f"layer {layer}")
+
+
+def hf_logits(hf, inputs, forward_hooks=(), pre_hooks=()):
+    """HF logits with temporary PyTorch hooks: (module, fn) pairs, removed on return."""
+    handles = [m.register_forward_hook(fn) for m, fn in forward_hooks]
+    handles += [m.register_forward_pre_hook(fn) for m, fn in pre_hooks]
+    try:
+        with torch.no_grad():
+            return hf(**inputs.to_hf_kwargs()).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def assert_hook_z_edit_matches_hf(model, hf, inputs, layer: int, head: int) -> None:
+    """Editing one head's z equals the same edit on the input of HF's o_proj."""
+    d_head = model.cfg.d_head
+    cols = slice(head * d_head, (head + 1) * d_head)
+
+    def edit_z(z, hook):
+        z = z.clone()
+        z[:, :, head] = 0.5 * z[:, :, head] + 0.1
+        return z
+
+    def edit_o_proj_input(module, args):
+        x = args[0].clone()
+        x[..., cols] = 0.5 * x[..., cols] + 0.1
+        return (x,)
+
+    with torch.no_grad():
+        ours = model.run_with_hooks(inputs, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", edit_z)])
+    expected = hf_logits(hf, inputs, pre_hooks=[(hf_attention(model, hf, layer).o_proj, edit_o_proj_input)])
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+
+
+def assert_scores_edit_matches_scaling_q(model, hf, inputs, layer: int, head: int, beta: float = 1.7) -> None:
+    """Scaling one head's scores equals scaling its query in HF after the q norm (if any), before rotary.
+
+    Rotary is linear, so scaling q before it equals scaling after it. With a q norm (Qwen3-VL)
+    the scale must come after the norm, which would otherwise undo it.
+    """
+    d_head = model.cfg.d_head
+    attn = hf_attention(model, hf, layer)
+
+    def scale_scores(scores, hook):
+        scores = scores.clone()
+        scores[:, head] = scores[:, head] * beta
+        return scores
+
+    def scale_q(module, args, output):
+        output = output.clone()
+        if output.shape[-1] == d_head:  # q_norm output [b, pos, heads, d_head]
+            output[..., head, :] *= beta
+        else:  # q_proj output [b, pos, heads * d_head]
+            output[..., head * d_head:(head + 1) * d_head] *= beta
+        return output
+
+    q_module = getattr(attn, "q_norm", None) or attn.q_proj
+    with torch.no_grad():
+        ours = model.run_with_hooks(inputs, fwd_hooks=[(f"blocks.{layer}.attn.hook_attn_scores", scale_scores)])
+        plain = model(inputs)
+    expected = hf_logits(hf, inputs, forward_hooks=[(q_module, scale_q)])
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+    assert (ours - plain).abs().max() > 1e-4  # the edit did something
+
+
+def assert_generate_matches_hf(model, hf, inputs, max_new_tokens: int = 6) -> None:
+    """Greedy tokens equal HF generate's."""
+    out = model.generate(inputs, max_new_tokens=max_new_tokens)
+    with torch.no_grad():
+        expected = hf.generate(**inputs.to_hf_kwargs(), max_new_tokens=max_new_tokens, do_sample=False)
+    new = expected[:, inputs.seq_len:]
+    assert torch.equal(out.tokens[:, : new.shape[1]], new), (out.tokens, new)
+
+
+def assert_no_hooks_left_after_exception(model, inputs, hook_names: list[str]) -> None:
+    """A hook that raises leaves no hook behind (run_with_hooks, hooks(), generate)."""
+
+    def boom(x, hook):
+        raise RuntimeError("hook failed")
+
+    for name in hook_names:
+        with pytest.raises(RuntimeError, match="hook failed"):
+            model.run_with_hooks(inputs, fwd_hooks=[(name, boom)])
+        with pytest.raises(RuntimeError, match="hook failed"), model.hooks(fwd_hooks=[(name, boom)]):
+            model(inputs)
+    with pytest.raises(RuntimeError, match="hook failed"):
+        model.generate(inputs, max_new_tokens=2, fwd_hooks=[(hook_names[0], boom)])
+    leftover = [name for name, hp in model.hook_dict.items() if hp.fwd_hooks or hp.bwd_hooks]
+    assert leftover == []
+    assert not any(block.attn.needs_pattern() for block in model.blocks)
