@@ -14,16 +14,14 @@ from vlens.data.scene import (
     Radius,
     check_count,
     check_image_size,
-    make_record,
-    render_scene,
+    counting_question,
+    render_with_record,
     resolve_background,
-    resolve_min_gap,
-    resolve_radius,
+    resolve_geometry,
     sample_objects,
     stream,
 )
 from vlens.data.styles import SYNDOT, SYNPOLY, SYNREAL, Style
-from vlens.data.templates import COUNT_DOTS, COUNT_OBJECTS
 
 
 def render_counting(
@@ -38,23 +36,20 @@ def render_counting(
 ) -> tuple[Image.Image, dict]:
     """A counting image of any style with ``count`` random objects (see the render_* helpers)."""
     count, size = check_count(count, allow_empty), check_image_size(size)
-    radius_px, gap = resolve_radius(style, size, radius), resolve_min_gap(style, size, min_gap)
+    radius_px, gap = resolve_geometry(style, size, radius, min_gap)
     objects = sample_objects(style, [(None, None)] * count, stream(seed, LAYOUT_STREAM), size, radius_px, gap)
-    background = resolve_background(style, background, seed)
-    image, objects = render_scene(style, objects, size, background, seed)
-    question = COUNT_DOTS if style.count_noun == "dots" else COUNT_OBJECTS
-    record = make_record(
-        style=style,
-        seed=seed,
-        image_size=size,
-        background=background,
-        objects=objects,
+    question = counting_question(style)
+    return render_with_record(
+        style,
+        objects,
+        size,
+        resolve_background(style, background, seed),
+        seed,
         question=question,
         answer=str(count),
         task="counting",
         template=question,
     )
-    return image, record
 
 
 def render_syndot(

@@ -20,16 +20,14 @@ from vlens.data.scene import (
     check_count,
     check_image_size,
     check_seed,
-    make_record,
-    render_scene,
+    counting_question,
+    render_with_record,
     resolve_background,
-    resolve_min_gap,
-    resolve_radius,
+    resolve_geometry,
     sample_objects,
     stream,
 )
 from vlens.data.styles import get_style
-from vlens.data.templates import COUNT_DOTS, COUNT_OBJECTS
 
 PAIR_KINDS: tuple[str, ...] = ("count", "move", "colour")
 
@@ -95,7 +93,7 @@ def make_pair(
     seed, size, the_style = check_seed(seed), check_image_size(size), get_style(style)
     n_corrupt = _check_kind_counts(kind, check_count(n_clean, allow_empty), n_corrupt)
     check_count(n_corrupt, allow_empty)
-    radius_px, gap = resolve_radius(the_style, size, radius), resolve_min_gap(the_style, size, min_gap)
+    radius_px, gap = resolve_geometry(the_style, size, radius, min_gap)
     n_union = max(n_clean, n_corrupt)
     union = sample_objects(
         the_style, [(None, None)] * n_union, stream(seed, LAYOUT_STREAM), size, radius_px, gap
@@ -132,18 +130,17 @@ def make_pair(
 
     background = resolve_background(the_style, background, seed)
     pair_id = pair_id if pair_id is not None else f"{style}-{kind}-{seed}"
-    question = COUNT_DOTS if the_style.count_noun == "dots" else COUNT_OBJECTS
+    question = counting_question(the_style)
     rendered = []
     for role, objects in (("clean", clean), ("corrupt", corrupt)):
-        image, drawn = render_scene(the_style, objects, size, background, seed)
-        record = make_record(
-            style=the_style,
-            seed=seed,
-            image_size=size,
-            background=background,
-            objects=drawn,
+        image, record = render_with_record(
+            the_style,
+            objects,
+            size,
+            background,
+            seed,
             question=question,
-            answer=str(len(drawn)),
+            answer=str(len(objects)),
             task="counting",
             template=question,
         )

@@ -14,6 +14,7 @@ from PIL import Image
 from vlens.data.backgrounds import make_background
 from vlens.data.layout import place_objects
 from vlens.data.styles import Style
+from vlens.data.templates import COUNT_DOTS, COUNT_OBJECTS
 
 LAYOUT_STREAM, BACKGROUND_STREAM, QUESTION_STREAM, PAIR_STREAM = 0, 1, 2, 3
 
@@ -57,8 +58,12 @@ def resolve_radius(style: Style, image_size: int, radius: Radius) -> tuple[float
     return float(lo), float(hi)
 
 
-def resolve_min_gap(style: Style, image_size: int, min_gap: float | None) -> float:
-    return style.default_min_gap(image_size) if min_gap is None else float(min_gap)
+def resolve_geometry(
+    style: Style, image_size: int, radius: Radius, min_gap: float | None
+) -> tuple[tuple[float, float], float]:
+    """((min, max) radius, min gap) in px, the style's defaults filling what is None."""
+    gap = style.default_min_gap(image_size) if min_gap is None else float(min_gap)
+    return resolve_radius(style, image_size, radius), gap
 
 
 def resolve_background(style: Style, background: str | None, seed: int) -> str:
@@ -100,25 +105,31 @@ def render_scene(
     return image, drawn
 
 
-def make_record(
-    *,
+def counting_question(style: Style) -> str:
+    """The plain counting question of a style ("dots" for SynDot, "objects" otherwise)."""
+    return COUNT_DOTS if style.count_noun == "dots" else COUNT_OBJECTS
+
+
+def render_with_record(
     style: Style,
-    seed: int,
+    objects: Sequence[dict],
     image_size: int,
     background: str,
-    objects: list[dict],
+    seed: int,
+    *,
     question: str,
     answer: str,
     task: str,
     template: str,
     targets: list[int] | None = None,
-) -> dict:
-    """The JSON-serialisable record stored next to every image.
+) -> tuple[Image.Image, dict]:
+    """Render the objects and build the JSON-serialisable record stored next to the image.
 
     ``targets`` are the ids of the objects the question is about (default: all).
     """
-    return {
-        "count": len(objects),
+    image, drawn = render_scene(style, objects, image_size, background, seed)
+    record = {
+        "count": len(drawn),
         "question": question,
         "answer": answer,
         "task": task,
@@ -127,6 +138,7 @@ def make_record(
         "seed": seed,
         "image_size": image_size,
         "background": background,
-        "targets": [o["id"] for o in objects] if targets is None else sorted(targets),
-        "objects": objects,
+        "targets": [o["id"] for o in drawn] if targets is None else sorted(targets),
+        "objects": drawn,
     }
+    return image, record

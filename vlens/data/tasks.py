@@ -19,11 +19,9 @@ from vlens.data.scene import (
     QUESTION_STREAM,
     Radius,
     check_image_size,
-    make_record,
-    render_scene,
+    render_with_record,
     resolve_background,
-    resolve_min_gap,
-    resolve_radius,
+    resolve_geometry,
     sample_objects,
     stream,
 )
@@ -204,7 +202,7 @@ def make_task_sample(
         raise ValueError(
             f"template {template!r} is not one of task {task!r}'s templates for {style}: {allowed}"
         )
-    radius_px, gap = resolve_radius(the_style, size, radius), resolve_min_gap(the_style, size, min_gap)
+    radius_px, gap = resolve_geometry(the_style, size, radius, min_gap)
     attributes, ask = _BUILDERS[task](the_style, template, q_rng, counts)
     for _ in range(LAYOUT_ATTEMPTS):
         order = q_rng.permutation(len(attributes))  # targets are not always the first ids
@@ -219,17 +217,15 @@ def make_task_sample(
         )
     question, answer, targets = asked
     background = resolve_background(the_style, background, seed)
-    image, objects = render_scene(the_style, objects, size, background, seed)
-    record = make_record(
-        style=the_style,
-        seed=seed,
-        image_size=size,
-        background=background,
-        objects=objects,
+    return render_with_record(
+        the_style,
+        objects,
+        size,
+        background,
+        seed,
         question=question,
         answer=answer,
         task=task,
         template=template,
         targets=targets,
     )
-    return image, record
