@@ -15,6 +15,7 @@ COMMAND_MODULES: list[str] = [
     "vlens.info_cli",
     "vlens.data.cli",
     "vlens.evaluation.cli",
+    "vlens.zoo.cli",
 ]
 
 

@@ -1,0 +1,46 @@
+"""The embedded default model: a tiny Qwen2.5-VL trained from scratch on the task suites.
+
+`load()` returns it as a `HookedVLM`; `model_path()` is its folder, a normal Hugging Face
+model folder (config, safetensors, tokenizer, processor, MODEL_CARD.md) that plain
+`transformers` loads too. `vlens zoo train --out DIR --seed S` reproduces it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MODEL_NAME = "tiny-qwen2.5-vl"
+WEIGHTS_FOLDER = Path(__file__).resolve().parent / "weights" / MODEL_NAME
+
+
+def model_path() -> Path:
+    """Folder of the shipped model (raises FileNotFoundError if the weights are missing)."""
+    if not (WEIGHTS_FOLDER / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"the embedded model is missing from {WEIGHTS_FOLDER}; rebuild it with "
+            f"`vlens zoo train --out {WEIGHTS_FOLDER}`"
+        )
+    return WEIGHTS_FOLDER
+
+
+def load(device=None, dtype=None):
+    """The embedded model as a `vlens.HookedVLM` (on `device`, in `dtype`; default CPU fp32)."""
+    from vlens.model import HookedVLM  # lazy: vlens/__init__ re-exports this function
+
+    return HookedVLM.from_pretrained(str(model_path()), device=device, dtype=dtype)
+
+
+def load_hf(device=None, dtype=None):
+    """The embedded model with plain transformers: (Qwen2_5_VLForConditionalGeneration, processor)."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from vlens.zoo.processor import load_processor
+
+    folder = model_path()
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype)
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), load_processor(folder)
+
+
+__all__ = ["MODEL_NAME", "WEIGHTS_FOLDER", "load", "load_hf", "model_path"]

@@ -1,0 +1,79 @@
+"""The embedded model's architecture: a tiny `Qwen2_5_VLForConditionalGeneration`.
+
+The real HF class with small numbers: a 2-block vision tower (block 0 windowed, as
+Qwen2.5-VL does, block 1 full attention) feeding a 4-layer decoder with 8 query heads
+over 2 key/value heads (grouped-query attention) and M-RoPE.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+from vlens.zoo.processor import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
+
+TEXT_LAYERS = 4
+TEXT_WIDTH = 128
+TEXT_HEADS = 8
+TEXT_KV_HEADS = 2
+TEXT_MLP = 384
+VISION_DEPTH = 2
+VISION_WIDTH = 96
+VISION_HEADS = 4
+VISION_MLP = 256
+VISION_FULL_ATTENTION_BLOCKS = [1]  # the others attend within 8 x 8-patch windows
+# M-RoPE splits the d_head / 2 = 8 rotary frequencies into (time, height, width) sections.
+MROPE_SECTION = [2, 3, 3]
+
+
+def build_config(tokenizer) -> Qwen2_5_VLConfig:
+    """The tiny Qwen2.5-VL config; vocabulary and special-token ids come from `tokenizer`."""
+    ids = tokenizer.convert_tokens_to_ids
+    text_config = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": TEXT_WIDTH,
+        "intermediate_size": TEXT_MLP,
+        "num_hidden_layers": TEXT_LAYERS,
+        "num_attention_heads": TEXT_HEADS,
+        "num_key_value_heads": TEXT_KV_HEADS,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": MROPE_SECTION},
+        "bos_token_id": ids("<|endoftext|>"),
+        "eos_token_id": ids("<|im_end|>"),
+        "pad_token_id": ids("<|endoftext|>"),
+        "tie_word_embeddings": False,
+    }
+    vision_config = {
+        "depth": VISION_DEPTH,
+        "hidden_size": VISION_WIDTH,
+        "intermediate_size": VISION_MLP,
+        "num_heads": VISION_HEADS,
+        "out_hidden_size": TEXT_WIDTH,
+        "patch_size": PATCH_SIZE,
+        "spatial_merge_size": MERGE_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "window_size": 112,  # 8 x 8 patches, as in Qwen2.5-VL
+        "fullatt_block_indexes": VISION_FULL_ATTENTION_BLOCKS,
+    }
+    return Qwen2_5_VLConfig(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False,
+    )
+
+
+def build_model(config: Qwen2_5_VLConfig, seed: int) -> Qwen2_5_VLForConditionalGeneration:
+    """A freshly initialised fp32 model, deterministic in `seed`."""
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    return model.float()
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(parameter.numel() for parameter in model.parameters())

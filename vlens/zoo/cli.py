@@ -1,0 +1,76 @@
+"""`vlens zoo ...`: train (reproduce) and evaluate the embedded model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vlens.zoo.train import TrainSettings
+
+
+def _train(args: argparse.Namespace) -> int:
+    from vlens.zoo.recipe import RecipeSettings, run_recipe
+
+    settings = RecipeSettings(
+        seed=args.seed,
+        n_examples=args.examples,
+        threads=args.threads,
+        held_out_per_source=args.held_out,
+        checkpoint_every=args.checkpoint_every,
+        train=TrainSettings(
+            steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr, warmup_steps=args.warmup
+        ),
+    )
+    summary = run_recipe(Path(args.out), settings, progress=not args.quiet)
+    print(
+        json.dumps(
+            {name: round(row["accuracy"], 4) for name, row in summary["evaluation"]["per_task"].items()}
+        )
+    )
+    print(f"model folder: {args.out} (MODEL_CARD.md, training_log.jsonl)")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from vlens.zoo import model_path
+    from vlens.zoo.evaluate import evaluate_samples
+    from vlens.zoo.processor import load_processor
+    from vlens.zoo.training_set import held_out_samples
+
+    torch.set_num_threads(args.threads)
+    folder = Path(args.model) if args.model else model_path()
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
+    report = evaluate_samples(model, load_processor(folder), held_out_samples(args.held_out))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    """Register `vlens zoo train` and `vlens zoo evaluate`."""
+    defaults = TrainSettings()
+    zoo = subparsers.add_parser("zoo", help="the embedded tiny model: train (reproduce) or evaluate it")
+    commands = zoo.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True)
+
+    train = commands.add_parser("train", help="train the embedded model from scratch into a folder")
+    train.add_argument("--out", required=True, help="output folder (HF model folder + MODEL_CARD.md + log)")
+    train.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and batches")
+    train.add_argument("--steps", type=int, default=defaults.steps)
+    train.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    train.add_argument("--lr", type=float, default=defaults.learning_rate)
+    train.add_argument("--warmup", type=int, default=defaults.warmup_steps)
+    train.add_argument("--examples", type=int, default=40_000, help="pre-rendered training examples")
+    train.add_argument("--threads", type=int, default=2, help="torch threads (results depend on it)")
+    train.add_argument("--held-out", type=int, default=300, help="held-out samples per source")
+    train.add_argument("--checkpoint-every", type=int, default=0, help="refresh the folder every N steps")
+    train.add_argument("--quiet", action="store_true", help="no progress bars")
+    train.set_defaults(func=_train)
+
+    evaluate = commands.add_parser("evaluate", help="held-out accuracy of a model folder (default: shipped)")
+    evaluate.add_argument("--model", default=None, help="model folder (default: the shipped model)")
+    evaluate.add_argument("--held-out", type=int, default=100, help="held-out samples per source")
+    evaluate.add_argument("--threads", type=int, default=2)
+    evaluate.set_defaults(func=_evaluate)

@@ -1,0 +1,76 @@
+"""Held-out accuracy of a VLM on task records, by greedy generation (HF `generate`)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from PIL import Image
+
+
+def answer_questions(
+    model,
+    processor,
+    images: list[Image.Image],
+    questions: list[str],
+    batch_size: int = 64,
+    max_new_tokens: int = 4,
+) -> list[str]:
+    """Greedy answers (decoded without special tokens, stripped) to one question per image."""
+    if len(images) != len(questions):
+        raise ValueError(f"{len(images)} images but {len(questions)} questions")
+    answers: list[str] = []
+    processor.tokenizer.padding_side = "left"
+    for start in range(0, len(images), batch_size):
+        prompts = [
+            processor.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
+                add_generation_prompt=True,
+            )
+            for question in questions[start : start + batch_size]
+        ]
+        inputs = processor(
+            images=images[start : start + batch_size], text=prompts, padding=True, return_tensors="pt"
+        )
+        inputs.pop("mm_token_type_ids", None)
+        with torch.no_grad():
+            output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        new_tokens = output[:, inputs["input_ids"].shape[1] :]
+        answers += [text.strip() for text in processor.batch_decode(new_tokens, skip_special_tokens=True)]
+    return answers
+
+
+def accuracy_report(records: list[dict], predictions: list[str], group_key: str = "source") -> dict:
+    """Exact-match accuracy per group (record[group_key], else record["task"]), and per
+    true count (the answer) for counting groups.
+
+    Returns {"per_task": {group: {"accuracy", "n"}},
+             "per_count": {counting group: {count: {"accuracy", "n"}}}}.
+    """
+    hits: dict[str, list[bool]] = defaultdict(list)
+    count_hits: dict[str, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for record, prediction in zip(records, predictions, strict=True):
+        group = record.get(group_key, record["task"])
+        correct = prediction.strip().lower() == str(record["answer"]).strip().lower()
+        hits[group].append(correct)
+        if record["task"] == "counting":
+            count_hits[group][int(record["answer"])].append(correct)
+
+    def summary(values: list[bool]) -> dict:
+        return {"accuracy": sum(values) / len(values), "n": len(values)}
+
+    return {
+        "per_task": {group: summary(values) for group, values in sorted(hits.items())},
+        "per_count": {
+            group: {count: summary(values) for count, values in sorted(by_count.items())}
+            for group, by_count in sorted(count_hits.items())
+        },
+    }
+
+
+def evaluate_samples(model, processor, samples: list[tuple[Image.Image, dict]], batch_size: int = 64) -> dict:
+    """`accuracy_report` of greedy answers on (image, record) samples."""
+    images = [image for image, _ in samples]
+    records = [record for _, record in samples]
+    predictions = answer_questions(model, processor, images, [r["question"] for r in records], batch_size)
+    return accuracy_report(records, predictions)

@@ -1,0 +1,97 @@
+"""The embedded model's processor: Qwen2.5-VL's processor over our word-level tokenizer
+and the PIL image processor (no torchvision needed).
+
+Every image is resized to IMAGE_SIZE x IMAGE_SIZE pixels (min_pixels = max_pixels), i.e.
+12 x 12 patches of 14 px, merged 2 x 2 into a 6 x 6 grid = 36 image tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen2_5_VLProcessor
+from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+IMAGE_SIZE = 168
+PATCH_SIZE = 14
+MERGE_SIZE = 2
+TEMPORAL_PATCH_SIZE = 2
+MERGED_GRID = IMAGE_SIZE // (PATCH_SIZE * MERGE_SIZE)  # 6: rows and columns of image tokens
+
+
+def build_image_processor() -> Qwen2VLImageProcessorPil:
+    """Qwen2-VL's PIL image processor pinned to IMAGE_SIZE**2 pixels."""
+    return Qwen2VLImageProcessorPil(
+        min_pixels=IMAGE_SIZE * IMAGE_SIZE,
+        max_pixels=IMAGE_SIZE * IMAGE_SIZE,
+        patch_size=PATCH_SIZE,
+        merge_size=MERGE_SIZE,
+        temporal_patch_size=TEMPORAL_PATCH_SIZE,
+    )
+
+
+def save_processor_files(tokenizer, image_processor: Qwen2VLImageProcessorPil, folder: str | Path) -> None:
+    """Write tokenizer, image-processor, video-processor and processor configs into `folder`
+    so that `AutoProcessor.from_pretrained(folder)` resolves to `Qwen2_5_VLProcessor`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(folder)
+    image_processor.save_pretrained(folder)
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    config["processor_class"] = "Qwen2_5_VLProcessor"
+    (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    # Where torchvision is installed, transformers also builds Qwen's video processor; give
+    # it the same geometry so it never falls back to the 7B defaults.
+    video_config = {
+        "video_processor_type": "Qwen2VLVideoProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+        "size": {"shortest_edge": IMAGE_SIZE * IMAGE_SIZE, "longest_edge": IMAGE_SIZE * IMAGE_SIZE},
+        "patch_size": PATCH_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "merge_size": MERGE_SIZE,
+        "image_mean": list(OPENAI_CLIP_MEAN),
+        "image_std": list(OPENAI_CLIP_STD),
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "rescale_factor": 1 / 255,
+    }
+    (folder / "video_preprocessor_config.json").write_text(json.dumps(video_config, indent=2) + "\n")
+    (folder / "processor_config.json").write_text(
+        json.dumps({"processor_class": "Qwen2_5_VLProcessor"}) + "\n"
+    )
+
+
+def assemble_processor(tokenizer, image_processor) -> Qwen2_5_VLProcessor:
+    """A `Qwen2_5_VLProcessor` over `tokenizer` and `image_processor`, without a video
+    processor.
+
+    transformers (5.x) insists on a video processor, whose only implementation needs
+    torchvision. Images never touch it, so where torchvision is missing we fill in the
+    attributes `Qwen2_5_VLProcessor.__init__` would set, minus the video processor.
+    """
+    processor = Qwen2_5_VLProcessor.__new__(Qwen2_5_VLProcessor)
+    processor.chat_template = tokenizer.chat_template
+    processor.tokenizer = tokenizer
+    processor.image_processor = image_processor
+    processor.video_processor = None
+    processor.image_token = "<|image_pad|>"
+    processor.video_token = "<|video_pad|>"
+    processor.image_token_id = tokenizer.convert_tokens_to_ids(processor.image_token)
+    processor.video_token_id = tokenizer.convert_tokens_to_ids(processor.video_token)
+    return processor
+
+
+def load_processor(folder: str | Path) -> Qwen2_5_VLProcessor:
+    """`AutoProcessor.from_pretrained(folder)` where it works (torchvision installed);
+    otherwise the same processor assembled from the folder's tokenizer and PIL image
+    processor (images only)."""
+    try:
+        return AutoProcessor.from_pretrained(folder)
+    except ImportError:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        image_processor = AutoImageProcessor.from_pretrained(folder)
+        return assemble_processor(tokenizer, image_processor)

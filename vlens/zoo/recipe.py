@@ -1,0 +1,182 @@
+"""The embedded model's recipe: build tokenizer, processor and tiny Qwen2.5-VL, pre-render
+the task-suite mix, train, evaluate on held-out seeds, and write a Hugging Face model
+folder with MODEL_CARD.md. `vlens zoo train` runs it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig
+
+from vlens.zoo import architecture as arch
+from vlens.zoo.evaluate import evaluate_samples
+from vlens.zoo.model_card import write_model_card
+from vlens.zoo.processor import (
+    IMAGE_SIZE,
+    MERGED_GRID,
+    PATCH_SIZE,
+    assemble_processor,
+    build_image_processor,
+    save_processor_files,
+)
+from vlens.zoo.tokenizer import build_tokenizer
+from vlens.zoo.train import TrainSettings, train_model
+from vlens.zoo.training_set import DEFAULT_SIZE, TRAINING_MIX, held_out_samples, render_training_set
+from vlens.zoo.vocabulary import vocabulary_words
+
+TRAINING_LOG = "training_log.jsonl"
+
+
+@dataclass
+class RecipeSettings:
+    """Everything that determines the trained model (with the torch thread count)."""
+
+    seed: int = 0
+    n_examples: int = 40_000
+    threads: int = 2
+    held_out_per_source: int = 300
+    checkpoint_every: int = 0  # steps; 0: no intermediate checkpoints
+    checkpoint_held_out_per_source: int = 40
+    train: TrainSettings = field(default_factory=TrainSettings)
+
+
+def build_untrained(seed: int):
+    """(tokenizer, processor, freshly initialised model) of the recipe."""
+    tokenizer = build_tokenizer(vocabulary_words())
+    processor = assemble_processor(tokenizer, build_image_processor())
+    model = arch.build_model(arch.build_config(tokenizer), seed)
+    return tokenizer, processor, model
+
+
+def save_model_folder(model, processor, folder: str | Path) -> None:
+    """Write the model (safetensors, config, generation config) and processor files."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = processor.tokenizer
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+        max_new_tokens=8,
+    )
+    model.save_pretrained(folder, safe_serialization=True)
+    save_processor_files(tokenizer, processor.image_processor, folder)
+
+
+def describe_config(model, tokenizer) -> dict:
+    """The numbers MODEL_CARD.md reports about the architecture."""
+    return {
+        "image_size": IMAGE_SIZE,
+        "patch_size": PATCH_SIZE,
+        "merged_grid": MERGED_GRID,
+        "vision_depth": arch.VISION_DEPTH,
+        "vision_width": arch.VISION_WIDTH,
+        "vision_heads": arch.VISION_HEADS,
+        "vision_full_attention_blocks": arch.VISION_FULL_ATTENTION_BLOCKS,
+        "text_layers": arch.TEXT_LAYERS,
+        "text_width": arch.TEXT_WIDTH,
+        "text_heads": arch.TEXT_HEADS,
+        "text_kv_heads": arch.TEXT_KV_HEADS,
+        "text_mlp": arch.TEXT_MLP,
+        "mrope_section": arch.MROPE_SECTION,
+        "vocab_size": len(tokenizer),
+    }
+
+
+def _summary(
+    settings: RecipeSettings, model, tokenizer, training: dict, evaluation: dict, status: str
+) -> dict:
+    return {
+        "status": status,
+        "config": describe_config(model, tokenizer),
+        "parameters": arch.parameter_count(model),
+        "data": {
+            "n_examples": settings.n_examples,
+            "mix": TRAINING_MIX,
+            "held_out_per_source": evaluation.get("held_out_per_source", settings.held_out_per_source),
+            "held_out_size": DEFAULT_SIZE,
+        },
+        "training": {
+            "seed": settings.seed,
+            "steps": training["steps"],
+            "batch_size": settings.train.batch_size,
+            "learning_rate": settings.train.learning_rate,
+            "warmup_steps": settings.train.warmup_steps,
+            "threads": settings.threads,
+            "wall_time_s": training["wall_time_s"],
+            "final_loss": training["final_loss"] if training["final_loss"] is not None else float("nan"),
+        },
+        "evaluation": evaluation,
+    }
+
+
+def _write_outputs(folder: Path, model, processor, summary: dict) -> None:
+    save_model_folder(model, processor, folder)
+    write_model_card(summary, folder)
+    (folder / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True) -> dict:
+    """Train the embedded model into the folder `out` and return the summary dict.
+
+    `out` receives the HF model folder, MODEL_CARD.md, evaluation.json and the training log;
+    with settings.checkpoint_every, the folder is refreshed (quick evaluation) along the way.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(settings.threads)
+    settings.train.seed = settings.seed
+    tokenizer, processor, model = build_untrained(settings.seed)
+    rendered = render_training_set(processor, settings.n_examples, settings.seed, progress=progress)
+    log_path = out / TRAINING_LOG
+    log_path.unlink(missing_ok=True)
+    checkpoint_samples = (
+        held_out_samples(settings.checkpoint_held_out_per_source) if settings.checkpoint_every else []
+    )
+    import time
+
+    start = time.time()
+
+    def on_checkpoint(step: int) -> dict:
+        evaluation = evaluate_samples(model, processor, checkpoint_samples)
+        evaluation["held_out_per_source"] = settings.checkpoint_held_out_per_source
+        training = {"steps": step, "wall_time_s": round(time.time() - start, 1), "final_loss": None}
+        status = f"intermediate checkpoint at step {step} of {settings.train.steps} (quick evaluation)"
+        _write_outputs(
+            out, model, processor, _summary(settings, model, tokenizer, training, evaluation, status)
+        )
+        return {name: round(row["accuracy"], 3) for name, row in evaluation["per_task"].items()}
+
+    training = train_model(
+        model,
+        rendered.examples,
+        rendered.images,
+        settings.train,
+        pad_id=tokenizer.pad_token_id,
+        log_path=log_path,
+        on_checkpoint=on_checkpoint,
+        checkpoint_every=settings.checkpoint_every,
+        progress=progress,
+    )
+    del rendered
+    evaluation = evaluate_samples(model, processor, held_out_samples(settings.held_out_per_source))
+    evaluation["held_out_per_source"] = settings.held_out_per_source
+    summary = _summary(settings, model, tokenizer, training, evaluation, "final")
+    _write_outputs(out, model, processor, summary)
+    with log_path.open("a") as log:
+        log.write(json.dumps({"event": "final", **evaluation["per_task"]}) + "\n")
+    return summary
+
+
+def copy_model_folder(source: str | Path, destination: str | Path) -> None:
+    """Copy a trained folder's shippable files (everything but the training log) to `destination`."""
+    source, destination = Path(source), Path(destination)
+    destination.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        if path.is_file():
+            shutil.copy2(path, destination / path.name)

@@ -1,0 +1,105 @@
+"""The training loop of the embedded model: AdamW, linear warm-up then cosine decay,
+loss on answer tokens only, a tqdm bar and a JSONL training log."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from vlens.zoo.batches import EncodedExample, collate
+
+
+@dataclass
+class TrainSettings:
+    """Optimisation hyper-parameters (the recipe's defaults are in vlens.zoo.recipe)."""
+
+    steps: int = 4000
+    batch_size: int = 48
+    learning_rate: float = 2e-3
+    warmup_steps: int = 200
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 25
+
+
+def learning_rate_at(step: int, settings: TrainSettings) -> float:
+    """Linear warm-up to settings.learning_rate, then cosine decay to 5% of it."""
+    if step < settings.warmup_steps:
+        return settings.learning_rate * (step + 1) / settings.warmup_steps
+    progress = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
+    return settings.learning_rate * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train_model(
+    model: torch.nn.Module,
+    examples: list[EncodedExample],
+    images: torch.Tensor,
+    settings: TrainSettings,
+    pad_id: int,
+    log_path: str | Path,
+    on_checkpoint: Callable[[int], dict] | None = None,
+    checkpoint_every: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Train `model` in place on `examples` (sampled uniformly with replacement).
+
+    images: uint8 [n_images, H, W, 3] indexed by the examples. Every `checkpoint_every`
+    steps (0: never) `on_checkpoint(step)` is called; what it returns is logged.
+    Returns {"steps", "wall_time_s", "final_loss"}.
+    """
+    if not examples:
+        raise ValueError("train_model needs at least one example")
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(settings.seed)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay, betas=(0.9, 0.98)
+    )
+    model.train()
+    start = time.time()
+    running_loss = None
+    with log_path.open("a") as log, tqdm(total=settings.steps, disable=not progress, desc="zoo train") as bar:
+        log.write(
+            json.dumps({"event": "start", "settings": asdict(settings), "examples": len(examples)}) + "\n"
+        )
+        for step in range(settings.steps):
+            rows = torch.randint(len(examples), (settings.batch_size,), generator=generator).tolist()
+            batch = collate([examples[row] for row in rows], images, pad_id)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate_at(step, settings)
+            loss = model(**batch).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+            optimizer.step()
+
+            value = loss.item()
+            running_loss = value if running_loss is None else 0.98 * running_loss + 0.02 * value
+            bar.update(1)
+            bar.set_postfix(loss=f"{running_loss:.4f}")
+            if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
+                record = {
+                    "step": step + 1,
+                    "loss": value,
+                    "smoothed_loss": running_loss,
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "elapsed_s": round(time.time() - start, 1),
+                }
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+            if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < settings.steps:
+                model.eval()
+                extra = on_checkpoint(step + 1) if on_checkpoint else {}
+                model.train()
+                log.write(json.dumps({"event": "checkpoint", "step": step + 1, **extra}) + "\n")
+                log.flush()
+    model.eval()
+    return {"steps": settings.steps, "wall_time_s": round(time.time() - start, 1), "final_loss": running_loss}

@@ -1,0 +1,146 @@
+"""The embedded model's training and held-out data: a weighted mix of task-suite sources.
+
+Each source maps a seed to (image, record) with record["task"], ["question"],
+["answer"] and, for counting, ["count"]. Training seeds and held-out seeds come from
+disjoint ranges, so held-out images are never seen in training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+
+from vlens.data import LayoutError, make_task_sample
+from vlens.data.templates import COUNT_DOTS
+from vlens.zoo.batches import EncodedExample, encode_example, to_model_image
+from vlens.zoo.dot_variants import render_dot_variant
+
+Sample = tuple[Image.Image, dict]
+DEFAULT_SIZE = 224  # the data module's default image size: what users and the checks draw
+TRAIN_SEED_BASE = 1_000_000  # train seeds: TRAIN_SEED_BASE * (recipe seed + 1) + index
+HELD_OUT_SEED_BASE = 900_000_000  # never used for training
+
+
+def _size_for(rng: np.random.Generator) -> int:
+    """Image size before the processor's resize: mostly the default, some variety."""
+    draw = rng.random()
+    if draw < 0.6:
+        return DEFAULT_SIZE
+    if draw < 0.8:
+        return 168
+    return int(rng.integers(140, 281))
+
+
+def _task_source(task: str, style: str, vary: bool) -> Callable[..., Sample]:
+    def make(seed: int, count: int | None = None) -> Sample:
+        rng = np.random.default_rng([seed, 7])
+        size = _size_for(rng) if vary else DEFAULT_SIZE
+        counts = (count,) if count is not None else tuple(range(1, 11))
+        if vary and style == "syndot" and rng.random() < 0.5:
+            # dots a little smaller or larger than SynDot's default 2.5%-5.5% of the side
+            low = rng.uniform(0.018, 0.04)
+            try:
+                return make_task_sample(
+                    task, seed, size=size, style=style, counts=counts, radius=(low * size, low * size * 1.6)
+                )
+            except LayoutError:
+                pass
+        return make_task_sample(task, seed, size=size, style=style, counts=counts)
+
+    return make
+
+
+def _dot_variant_source(seed: int, count: int | None = None) -> Sample:
+    count = count if count is not None else 1 + seed % 10
+    image, centres = render_dot_variant(count, seed)
+    return image, {
+        "task": "counting",
+        "question": COUNT_DOTS,
+        "answer": str(count),
+        "count": count,
+        "centres": centres,
+    }
+
+
+def source_makers(vary: bool) -> dict[str, Callable[..., Sample]]:
+    """name -> (seed, count=None) -> (image, record); `count` fixes the object count of
+    counting sources. `vary`: training variety of image size and dot radius."""
+    return {
+        "counting/syndot": _task_source("counting", "syndot", vary),
+        "counting/dot_variants": _dot_variant_source,
+        "counting/synpoly": _task_source("counting", "synpoly", vary),
+        "counting/synreal": _task_source("counting", "synreal", vary),
+        "colour": _task_source("colour", "synpoly", vary),
+        "shape": _task_source("shape", "synpoly", vary),
+        "spatial": _task_source("spatial", "synpoly", vary),
+        "arithmetic": _task_source("arithmetic", "synpoly", vary),
+        "existence": _task_source("existence", "synpoly", vary),
+    }
+
+
+# Share of each source in the training set: counting (the paper's probe) dominates.
+TRAINING_MIX: dict[str, float] = {
+    "counting/syndot": 0.24,
+    "counting/dot_variants": 0.12,
+    "counting/synpoly": 0.22,
+    "counting/synreal": 0.04,
+    "colour": 0.06,
+    "shape": 0.06,
+    "spatial": 0.10,
+    "arithmetic": 0.12,
+    "existence": 0.04,
+}
+
+
+@dataclass
+class RenderedSet:
+    """Pre-rendered examples: uint8 images [n, H, W, 3] and their encoded token sequences."""
+
+    images: torch.Tensor
+    examples: list[EncodedExample]
+    sources: list[str]
+
+
+def training_sources(n_examples: int, seed: int) -> list[tuple[str, int]]:
+    """(source, sample seed) for each training example, deterministic in `seed`."""
+    rng = np.random.default_rng(seed)
+    names = list(TRAINING_MIX)
+    weights = np.array([TRAINING_MIX[name] for name in names])
+    picks = rng.choice(len(names), size=n_examples, p=weights / weights.sum())
+    base = TRAIN_SEED_BASE * (seed + 1)
+    return [(names[pick], base + index) for index, pick in enumerate(picks)]
+
+
+def render_training_set(processor, n_examples: int, seed: int, progress: bool = True) -> RenderedSet:
+    """Render and encode `n_examples` training examples once (images kept as uint8)."""
+    if n_examples < 1:
+        raise ValueError(f"n_examples must be positive, got {n_examples}")
+    makers = source_makers(vary=True)
+    images, examples, sources = [], [], []
+    for index, (name, sample_seed) in enumerate(
+        tqdm(training_sources(n_examples, seed), desc="render training set", disable=not progress)
+    ):
+        image, record = makers[name](sample_seed)
+        images.append(to_model_image(image))
+        examples.append(encode_example(processor, record["question"], record["answer"], index))
+        sources.append(name)
+    return RenderedSet(torch.from_numpy(np.stack(images)), examples, sources)
+
+
+def held_out_samples(per_source: int, sources: list[str] | None = None) -> list[tuple[Image.Image, dict]]:
+    """`per_source` held-out samples per source (default size, unseen seeds); counting
+    sources cycle through counts 1..10 evenly. Records get a "source" key."""
+    makers = source_makers(vary=False)
+    samples = []
+    for source_index, name in enumerate(sources or list(makers)):
+        for index in range(per_source):
+            sample_seed = HELD_OUT_SEED_BASE + 1_000_000 * source_index + index
+            count = 1 + index % 10 if name.startswith("counting/") else None
+            image, record = makers[name](sample_seed, count)
+            samples.append((image, {**record, "source": name}))
+    return samples
