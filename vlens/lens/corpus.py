@@ -1,0 +1,86 @@
+"""Images + prompts for lenses: task-suite samples or an imagefolder, batched through the model.
+
+A sample is ``(image, prompt, record)``; records carry the task metadata (``task``,
+``answer``, ``count``, ...) used by the head scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+Sample = tuple[Any, str, dict]
+POSITION_KINDS = ("final", "text", "all")
+DEFAULT_IMAGE_SIZE = 168  # the embedded model's image size (6x6 merged grid)
+
+
+def task_samples(n: int, seed: int = 0, size: int = DEFAULT_IMAGE_SIZE, style: str = "synpoly",
+                 tasks: Sequence[str] | None = None) -> list[Sample]:
+    """`n` task-suite samples, cycling through `tasks` (default: all of ``vlens.data.TASKS``)."""
+    from vlens.data import TASKS, make_task_sample
+
+    tasks = tuple(tasks or TASKS)
+    if n < 1:
+        raise ValueError(f"need at least one sample, got n={n}")
+    out = []
+    for i in range(n):
+        image, record = make_task_sample(tasks[i % len(tasks)], seed=seed + i, size=size, style=style)
+        out.append((image, record["question"], record))
+    return out
+
+
+def imagefolder_samples(folder: str | Path, limit: int | None = None) -> list[Sample]:
+    """Samples from an imagefolder written by ``vlens data ...`` (needs a ``question`` per row)."""
+    from vlens.data import read_imagefolder
+
+    records = read_imagefolder(folder)
+    if limit is not None:
+        records = records[:limit]
+    if not records:
+        raise ValueError(f"{folder} holds no images")
+    if "question" not in records[0]:
+        raise ValueError(f"{folder}: records have no 'question'; write task data with `vlens data tasks` "
+                         "or pairs with `vlens data pairs`.")
+    return [(r.open_image(), r["question"], dict(r)) for r in records]
+
+
+def iter_batches(model, samples: Sequence[Sample], batch_size: int = 8,
+                 progress: bool = False, desc: str = "batches") -> Iterator[tuple[Any, list[dict]]]:
+    """Yield ``(VLMInputs, records)`` per batch (left-padded, chat format)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    starts = range(0, len(samples), batch_size)
+    for start in tqdm(starts, desc=desc, disable=not progress):
+        chunk = samples[start:start + batch_size]
+        inputs = model.prepare(images=[s[0] for s in chunk], prompts=[s[1] for s in chunk])
+        yield inputs.to(model.W_U.device), [s[2] for s in chunk]
+
+
+def position_mask(inputs, positions: str) -> Tensor:
+    """bool [batch, pos] of the training positions: "final", "text" (non-image, non-pad) or "all"."""
+    if positions not in POSITION_KINDS:
+        raise ValueError(f"positions must be one of {POSITION_KINDS}, got {positions!r}")
+    return inputs.regions.mask(positions, inputs.input_ids.shape[1])
+
+
+def collect_residuals(model, samples: Sequence[Sample], positions: str = "text", batch_size: int = 8,
+                      progress: bool = True) -> Float[Tensor, "n n_layers d_model"]:
+    """``blocks.{l}.hook_resid_post`` for every layer at the chosen positions, fp32 on CPU.
+
+    The last layer's column is the final residual (input of ``ln_final``): the lens target.
+    """
+    names = {f"blocks.{layer}.hook_resid_post" for layer in range(model.cfg.n_layers)}
+    rows = []
+    with torch.no_grad():
+        for inputs, _ in iter_batches(model, samples, batch_size, progress, desc="collecting residuals"):
+            _, cache = model.run_with_cache(inputs, names_filter=lambda name: name in names)
+            mask = position_mask(inputs, positions).to(model.W_U.device)
+            stacked = torch.stack([cache[f"blocks.{layer}.hook_resid_post"] for layer in range(model.cfg.n_layers)], 2)
+            rows.append(stacked[mask].float().cpu())  # [n_positions, n_layers, d_model]
+    return torch.cat(rows)

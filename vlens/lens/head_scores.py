@@ -1,0 +1,150 @@
+"""Per-head scores over a dataset, from HeadLens top-k tokens and attention patterns.
+
+For each head (all at the chosen position, default the final prompt position; k = 10):
+
+- ``vgs``  visual grounding score: mean share of the top-k tokens in the "visual" vocabulary
+  (colours, shapes, edges, sizes).
+- ``cter`` counting-token emergence rate: mean share of the top-k tokens in the "number" vocabulary.
+- ``image_attention``: mean attention mass from the position onto image tokens (rows with an image).
+- ``answer_alignment``: share of examples where the head's top-1 token is the model's own top-1.
+- ``existence_response``: share of examples where the head's top-1 is an "existence" token
+  (``1``, ``yes``, ``present``, ...) although the model's answer is not one — a head that fires
+  on "something is there" rather than copying the answer. None when no example qualifies.
+- ``difficulty_response``: mean share of top-k tokens in the "difficulty" vocabulary over
+  examples whose image holds at least ``large_count`` objects (all examples when the records
+  carry no object counts). None when the tokenizer has no difficulty word.
+
+Scores are ``[n_layers, n_heads]`` tensors; NaN stands for "undefined" (None in JSON).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from vlens.lens.corpus import Sample, iter_batches
+from vlens.lens.headlens import HeadLens
+from vlens.lens.vocabularies import vocabulary_token_ids
+
+SCORE_NAMES: tuple[str, ...] = (
+    "vgs", "cter", "image_attention", "answer_alignment", "existence_response", "difficulty_response",
+)
+DEFAULT_LARGE_COUNT = 7
+
+
+@dataclass
+class HeadScores:
+    """Scores per head (``[n_layers, n_heads]``, NaN = undefined) and each head's frequent top tokens."""
+
+    scores: dict[str, Float[Tensor, "n_layers n_heads"]]
+    top_tokens: dict[tuple[int, int], list[tuple[str, int]]]
+    n_examples: int
+    k: int
+    vocab_sizes: dict[str, int] = field(default_factory=dict)
+
+    def __getattr__(self, name: str):
+        scores = self.__dict__.get("scores", {})
+        if name in scores:
+            return scores[name]
+        raise AttributeError(name)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(next(iter(self.scores.values())).shape)
+
+    def head(self, layer: int, head: int) -> dict[str, float | None]:
+        """The scores of one head (None where undefined)."""
+        out = {}
+        for name, values in self.scores.items():
+            value = float(values[layer, head])
+            out[name] = None if value != value else round(value, 6)
+        return out
+
+    def to_json(self) -> dict:
+        n_layers, n_heads = self.shape
+        return {
+            "n_examples": self.n_examples, "k": self.k, "vocab_sizes": self.vocab_sizes,
+            "heads": [{"layer": layer, "head": head, "scores": self.head(layer, head),
+                       "top_tokens": [[t, c] for t, c in self.top_tokens.get((layer, head), [])]}
+                      for layer in range(n_layers) for head in range(n_heads)],
+        }
+
+
+def object_count(record: Mapping) -> int | None:
+    """Objects in the image: ``len(objects)`` if listed, else ``count``, else None."""
+    if isinstance(record.get("objects"), list):
+        return len(record["objects"])
+    count = record.get("count")
+    return int(count) if isinstance(count, int | float) else None
+
+
+def _share_in(ids: Tensor, members: set[int]) -> Tensor:
+    """ids [..., k] -> share of the k ids that lie in `members`, [...]."""
+    if not members:
+        return torch.zeros(ids.shape[:-1])
+    lookup = torch.tensor(sorted(members))
+    return torch.isin(ids, lookup).float().mean(-1)
+
+
+def compute_head_scores(
+    model,
+    samples: Sequence[Sample],
+    lens: HeadLens | None = None,
+    k: int = 10,
+    batch_size: int = 8,
+    vocabularies: Mapping[str, Iterable[str]] | None = None,
+    large_count: int = DEFAULT_LARGE_COUNT,
+    n_top_tokens: int = 10,
+    progress: bool = True,
+) -> HeadScores:
+    """Run HeadLens at the final position over `samples` and score every head (see module docstring)."""
+    lens = lens or HeadLens(model)
+    vocab = vocabulary_token_ids(model.tokenizer, vocabularies)
+    for needed in ("visual", "number", "existence", "difficulty"):
+        vocab.setdefault(needed, set())
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    sums = {name: torch.zeros(L, H) for name in SCORE_NAMES}
+    counts = {name: torch.zeros(L, H) for name in SCORE_NAMES}
+    frequent: dict[tuple[int, int], Counter] = {(layer, head): Counter() for layer in range(L) for head in range(H)}
+    existence_ids = torch.tensor(sorted(vocab["existence"])) if vocab["existence"] else torch.empty(0, dtype=torch.long)
+    n_examples = 0
+
+    def add(name: str, values: Tensor, rows: Tensor) -> None:
+        """values [batch, L, H] for the rows that count ([batch] bool)."""
+        sums[name] += values[rows].sum(0)
+        counts[name] += rows.sum()
+
+    for inputs, records in iter_batches(model, samples, batch_size, progress, desc="head scores"):
+        out = lens.run(inputs, positions="final", k=k)
+        ids = out.top_ids[:, 0]  # [batch, L, H, k]
+        everyone = torch.ones(ids.shape[0], dtype=torch.bool)
+        add("vgs", _share_in(ids, vocab["visual"]), everyone)
+        add("cter", _share_in(ids, vocab["number"]), everyone)
+        add("image_attention", out.image_attention[:, 0], out.has_image)
+        answer = out.model_top1[:, 0]
+        add("answer_alignment", (ids[..., 0] == answer[:, None, None]).float(), everyone)
+        if len(existence_ids):
+            not_existence_answer = ~torch.isin(answer, existence_ids)
+            add("existence_response", torch.isin(ids[..., 0], existence_ids).float(), not_existence_answer)
+        if vocab["difficulty"]:
+            n_objects = [object_count(r) for r in records]
+            known = any(c is not None for c in n_objects)
+            hard = torch.tensor([(c is not None and c >= large_count) if known else True for c in n_objects])
+            add("difficulty_response", _share_in(ids, vocab["difficulty"]), hard)
+        for layer in range(L):
+            for head in range(H):
+                frequent[(layer, head)].update(ids[:, layer, head].reshape(-1).tolist())
+        n_examples += ids.shape[0]
+
+    scores = {name: torch.where(counts[name] > 0, sums[name] / counts[name].clamp(min=1), torch.nan)
+              for name in SCORE_NAMES}
+    decode = model.tokenizer.decode
+    top_tokens = {key: [(decode([i]), c) for i, c in counter.most_common(n_top_tokens)]
+                  for key, counter in frequent.items()}
+    return HeadScores(scores=scores, top_tokens=top_tokens, n_examples=n_examples, k=k,
+                      vocab_sizes={name: len(ids) for name, ids in vocab.items()})

@@ -1,0 +1,197 @@
+"""HeadLens: decode every attention head into vocabulary space.
+
+For head i of layer l at a position,
+
+    l_i(x) = W_U^T ( w_final * T_l^lin(c_i) / s_l ) ,   c_i = z_i @ W_O[i]
+
+- ``c_i`` is the head's contribution to the residual (``vlens.lens.decomposition``).
+- ``T_l`` is layer l's translator (``vlens.lens.translators``): heads of layer l are part of
+  ``resid_post`` of l, which is what ``T_l`` was trained on. ``T_l`` is affine; a head gets
+  its *linear* part ``T_l^lin(c) = c + A_l c``. The bias ``b_l`` is one constant per layer,
+  shared by all components of the residual, so (like ``b_O`` in the head decomposition) it is
+  attributed to no head: adding it to every head would count it n_heads times and push every
+  head of a layer towards the same tokens. ``include_bias=True`` gives the literal
+  ``U T_l(c_i)``.
+- Norm handling: the final RMSNorm divides by ``s_l = sqrt(mean(T_l(resid_post_l)^2) + eps)``,
+  the scale of the *full translated residual* at that position (TransformerLens's
+  ``apply_ln_to_stack`` convention), then multiplies by its weight. A single head's vector
+  is not re-normalised on its own: its norm says how much the head writes, and normalising
+  it alone would inflate weak heads to the size of the whole residual. With this choice the
+  heads' logits plus the other components' logits add up to the lens logits of the layer.
+- ``b_U`` (zero for Qwen) is left out of per-head logits for the same reason as ``b_l``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from vlens.lens.decomposition import head_contributions
+from vlens.lens.readout import LensReadout
+from vlens.lens.translators import Translators
+
+
+@dataclass
+class HeadLensOutput:
+    """HeadLens decodings at chosen positions.
+
+    Shapes (p = positions per row, L = decoded layers, H = heads, k = top-k):
+        positions [batch, p]; top_ids / top_logits [batch, p, L, H, k];
+        model_top1 [batch, p] (the model's own next-token prediction there);
+        image_attention [batch, p, L, H] attention mass from the position onto image tokens;
+        image_share [batch, p] share of the visible keys that are image tokens (uniform baseline);
+        has_image [batch]; logits [batch, p, L, H, d_vocab] only with ``return_logits=True``.
+    """
+
+    layers: list[int]
+    positions: Int[Tensor, "batch p"]
+    top_ids: Int[Tensor, "batch p L H k"]
+    top_logits: Float[Tensor, "batch p L H k"]
+    model_top1: Int[Tensor, "batch p"]
+    image_attention: Float[Tensor, "batch p L H"] | None
+    image_share: Float[Tensor, "batch p"]
+    has_image: Tensor
+    logits: Float[Tensor, "batch p L H d_vocab"] | None = None
+
+    def top_tokens(self, tokenizer, row: int, layer: int, head: int, position_index: int = 0) -> list[str]:
+        """Decoded top-k tokens of one head (layer is a model layer index)."""
+        ids = self.top_ids[row, position_index, self.layers.index(layer), head].tolist()
+        return [tokenizer.decode([i]) for i in ids]
+
+    def to_json(self) -> dict:
+        return {
+            "layers": self.layers,
+            "positions": self.positions.tolist(),
+            "top_ids": self.top_ids.tolist(),
+            "top_logits": self.top_logits.tolist(),
+            "model_top1": self.model_top1.tolist(),
+            "image_attention": None if self.image_attention is None else self.image_attention.tolist(),
+            "image_share": self.image_share.tolist(),
+        }
+
+
+def _resolve_positions(inputs, positions) -> Tensor:
+    """"final" -> [batch, 1]; LongTensor [batch] or [batch, p] -> [batch, p]."""
+    if isinstance(positions, str):
+        if positions != "final":
+            raise ValueError(f"positions must be 'final' or a LongTensor [batch] / [batch, p], got {positions!r}")
+        return inputs.regions.final.view(-1, 1).long()
+    positions = torch.as_tensor(positions).long()
+    if positions.ndim == 1:
+        positions = positions.view(-1, 1)
+    if positions.ndim != 2 or positions.shape[0] != inputs.input_ids.shape[0]:
+        raise ValueError(f"positions must be [batch] or [batch, p] with batch {inputs.input_ids.shape[0]}, "
+                         f"got {tuple(positions.shape)}")
+    seq_len = inputs.input_ids.shape[1]
+    if positions.min() < 0 or positions.max() >= seq_len:
+        raise IndexError(f"positions must lie in [0, {seq_len}), got {positions.min()}..{positions.max()}")
+    return positions
+
+
+def _gather(x: Tensor, positions: Tensor) -> Tensor:
+    """x [batch, pos, ...] at positions [batch, p] -> [batch, p, ...]."""
+    index = positions.to(x.device).view(*positions.shape, *([1] * (x.ndim - 2))).expand(-1, -1, *x.shape[2:])
+    return x.gather(1, index)
+
+
+class HeadLens:
+    """Per-head decoding through learned translators, the final norm and the unembedding.
+
+    Args:
+        model: a `HookedVLM`.
+        translators: a trained `Translators` for this model (checked by unembedding hash);
+            None decodes without translation (``T_l`` = identity: the heads' logit lens).
+        include_bias: add the translator bias ``b_l`` to every head (see module docstring).
+    """
+
+    def __init__(self, model, translators: Translators | None = None, include_bias: bool = False):
+        self.model = model
+        if translators is None:
+            translators = Translators.for_model(model)
+        else:
+            translators.check_model(model)
+        self.translators = translators.to(model.W_U.device)
+        self.readout = LensReadout.from_model(model).to(model.W_U.device)
+        self.include_bias = include_bias
+
+    def decode_heads(
+        self,
+        z: Float[Tensor, "... n_heads d_head"],
+        resid_post: Float[Tensor, "... d_model"],
+        layer: int,
+    ) -> Float[Tensor, "... n_heads d_vocab"]:
+        """Per-head logits of layer `layer` from its ``hook_z`` and ``hook_resid_post`` at the same positions."""
+        with torch.no_grad():
+            contributions = head_contributions(z.float(), self.model.blocks[layer].attn.W_O.float())
+            translated = self.translators.linear(contributions, layer)
+            if self.include_bias:
+                translated = translated + self.translators.b[layer]
+            scale = self.readout.scale(self.translators(resid_post.float(), layer)).unsqueeze(-2)  # [..., 1, 1]
+            return self.readout.logits(translated, scale=scale, add_bias=False)
+
+    def run(
+        self,
+        inputs,
+        positions: str | Tensor = "final",
+        k: int = 10,
+        layers: Sequence[int] | None = None,
+        image_attention: bool = True,
+        return_logits: bool = False,
+    ) -> HeadLensOutput:
+        """One forward pass; decode every head of `layers` (default all) at `positions`."""
+        model = self.model
+        inputs = model.coerce_inputs(inputs)
+        layers = list(range(model.cfg.n_layers)) if layers is None else [int(x) for x in layers]
+        if any(not 0 <= x < model.cfg.n_layers for x in layers):
+            raise IndexError(f"layers must lie in [0, {model.cfg.n_layers}), got {layers}")
+        if not 1 <= k <= model.cfg.d_vocab:
+            raise ValueError(f"k must lie in [1, {model.cfg.d_vocab}], got {k}")
+        pos = _resolve_positions(inputs, positions)
+        image_keys = (inputs.input_ids == model.cfg.image_token_id) if model.cfg.image_token_id is not None \
+            else torch.zeros_like(inputs.input_ids, dtype=torch.bool)
+        store: dict[str, Tensor] = {}
+
+        def keep(name):
+            def hook(activation, hook):
+                store[name] = _gather(activation, pos).detach()
+            return hook
+
+        def keep_image_mass(name):
+            def hook(pattern, hook):  # [batch, H, q, k] -> mass on image keys from the chosen queries
+                rows = _gather(pattern.transpose(1, 2), pos)  # [batch, p, H, k]
+                store[name] = (rows.float() * image_keys.to(rows.device)[:, None, None, :]).sum(-1).detach()
+            return hook
+
+        hooks = []
+        for layer in layers:
+            hooks.append((f"blocks.{layer}.attn.hook_z", keep(f"z{layer}")))
+            hooks.append((f"blocks.{layer}.hook_resid_post", keep(f"resid{layer}")))
+            if image_attention:
+                hooks.append((f"blocks.{layer}.attn.hook_pattern", keep_image_mass(f"img{layer}")))
+        with torch.no_grad():
+            logits = model.run_with_hooks(inputs, fwd_hooks=hooks)
+        model_top1 = _gather(logits, pos).argmax(-1).cpu()
+
+        tops, values, full = [], [], []
+        for layer in layers:
+            head_logits = self.decode_heads(store[f"z{layer}"], store[f"resid{layer}"], layer)  # [b, p, H, V]
+            top = head_logits.topk(k, dim=-1)
+            tops.append(top.indices.cpu())
+            values.append(top.values.cpu())
+            if return_logits:
+                full.append(head_logits.cpu())
+        mass = torch.stack([store[f"img{x}"].cpu() for x in layers], 2) if image_attention else None
+        visible = inputs.attention_mask.bool().cpu()
+        key_index = torch.arange(inputs.input_ids.shape[1])
+        before = key_index[None, None, :] <= pos[:, :, None]  # causal: keys up to the position
+        seen = before & visible[:, None, :]
+        image_share = (seen & image_keys.cpu()[:, None, :]).sum(-1) / seen.sum(-1).clamp(min=1)
+        return HeadLensOutput(
+            layers=layers, positions=pos, top_ids=torch.stack(tops, 2), top_logits=torch.stack(values, 2),
+            model_top1=model_top1, image_attention=mass, image_share=image_share.float(),
+            has_image=image_keys.any(-1).cpu(), logits=torch.stack(full, 2) if return_logits else None,
+        )

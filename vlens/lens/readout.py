@@ -1,0 +1,93 @@
+"""The model's read-out (final norm + unembedding) as frozen fp32 tensors.
+
+Lenses train through the read-out but must never change (or accumulate gradients in) the
+model, so the read-out is copied once, detached, in fp32. ``LensReadout.from_model`` mirrors
+``model.ln_final`` (RMSNorm: ``w * x / sqrt(mean(x^2) + eps)``) and ``model.unembed``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+UNEMBED_HASH_CHARS = 16
+
+
+def unembedding_hash(model_or_W_U) -> str:
+    """sha256 of the unembedding's bytes (fp32, CPU, ``[d_model, d_vocab]``), first 16 hex chars.
+
+    A lens stores this so it is never applied to a model whose unembedding differs.
+    """
+    W_U = model_or_W_U.W_U if hasattr(model_or_W_U, "W_U") else model_or_W_U
+    data = W_U.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:UNEMBED_HASH_CHARS]
+
+
+class LensReadout:
+    """``logits = (w * x / scale(x)) @ W_U + b_U`` with ``scale(x) = sqrt(mean(x^2) + eps)``.
+
+    ``norm_weight=None`` means no final norm (a plain linear read-out, used by toy tests).
+    """
+
+    def __init__(
+        self,
+        W_U: Float[Tensor, "d_model d_vocab"],
+        b_U: Float[Tensor, "d_vocab"] | None = None,
+        norm_weight: Float[Tensor, "d_model"] | None = None,
+        eps: float = 1e-6,
+    ):
+        self.W_U = W_U.detach().float()
+        self.b_U = None if b_U is None else b_U.detach().float()
+        self.norm_weight = None if norm_weight is None else norm_weight.detach().float()
+        self.eps = eps
+
+    @classmethod
+    def from_model(cls, model) -> LensReadout:
+        ln = model.ln_final
+        weight = getattr(ln, "w", None)
+        if weight is None or not hasattr(ln, "eps"):
+            raise TypeError(
+                f"model.ln_final is {type(ln).__name__}; lenses expect an RMSNorm with `w` and `eps` "
+                "(vlens.components.rms_norm.RMSNorm)."
+            )
+        b_U = model.b_U if getattr(model.unembed.lm_head, "bias", None) is not None else None
+        return cls(model.W_U, b_U, weight, ln.eps)
+
+    @property
+    def d_model(self) -> int:
+        return self.W_U.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.W_U.device
+
+    def to(self, device) -> LensReadout:
+        self.W_U = self.W_U.to(device)
+        self.b_U = None if self.b_U is None else self.b_U.to(device)
+        self.norm_weight = None if self.norm_weight is None else self.norm_weight.to(device)
+        return self
+
+    def scale(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... 1"]:
+        """The final norm's divisor for a full residual (1 when there is no norm)."""
+        if self.norm_weight is None:
+            return torch.ones_like(x[..., :1])
+        return (x.float().pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+
+    def logits(
+        self,
+        x: Float[Tensor, "... d_model"],
+        scale: Float[Tensor, "... 1"] | None = None,
+        add_bias: bool = True,
+    ) -> Float[Tensor, "... d_vocab"]:
+        """Logits of a residual; with ``scale`` given, divide by it instead of x's own scale
+        (how a component of the residual is read: TransformerLens's ``apply_ln_to_stack``)."""
+        x = x.float()
+        if self.norm_weight is not None:
+            x = self.norm_weight * (x / (self.scale(x) if scale is None else scale))
+        out = x @ self.W_U
+        if add_bias and self.b_U is not None:
+            out = out + self.b_U
+        return out

@@ -1,0 +1,149 @@
+"""The paper's head taxonomy (PAPER.md section 2) from explicit thresholds on head scores.
+
+Rules, checked in this order (the most specific behaviour first; the first match wins):
+
+1. **awareness** — ``existence_response >= existence_min`` (top-1 says "1"/"yes"/"present"
+   although the answer is something else: the paper's L26H8) or
+   ``difficulty_response >= difficulty_min`` (decodes "difficult"/"impossible" on crowded
+   images: the paper's L23H19).
+2. **counting aggregation** — ``answer_alignment >= alignment_min`` and
+   ``image_attention <= aggregation_image_max``: the head's decoding is the model's answer
+   while it barely looks at the image (aggregates on the text side; the paper's L26H26).
+3. **cross-modal routing** — ``image_attention >= routing_image_min`` and
+   ``cter >= routing_cter_min``: reads the image and writes number concepts (L19H23).
+4. **visual grounding** — ``vgs >= grounding_vgs_min``: decodes colours/shapes/edges/sizes.
+5. **other** — everything else.
+
+Layer depth is *not* a rule: the paper reports where each class sits (grounding in early
+layers, routing in the middle, aggregation late) as a finding, so it is left to be checked
+against the result rather than imposed. Undefined scores (NaN) never satisfy a rule.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from vlens.lens.head_scores import SCORE_NAMES, HeadScores
+
+HEAD_CLASSES: tuple[str, ...] = (
+    "visual grounding", "cross-modal routing", "counting aggregation", "awareness", "other",
+)  # the legend order of vlens.viz.figures.HEAD_CLASSES
+
+
+@dataclass(frozen=True)
+class TaxonomyThresholds:
+    """Thresholds of the rules above (scores are shares in [0, 1])."""
+
+    existence_min: float = 0.5
+    difficulty_min: float = 0.3
+    alignment_min: float = 0.5
+    aggregation_image_max: float = 0.1
+    routing_image_min: float = 0.3
+    routing_cter_min: float = 0.3
+    grounding_vgs_min: float = 0.3
+
+    def __post_init__(self):
+        for name, value in asdict(self).items():
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"threshold {name} must lie in [0, 1], got {value}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def classify_head(scores: dict[str, float | None], thresholds: TaxonomyThresholds = TaxonomyThresholds()) -> str:
+    """The class of one head from its scores (None / NaN = undefined, never passes a rule)."""
+    def at_least(name, value):
+        x = scores.get(name)
+        return x is not None and x == x and x >= value
+
+    def at_most(name, value):
+        x = scores.get(name)
+        return x is not None and x == x and x <= value
+
+    t = thresholds
+    if at_least("existence_response", t.existence_min) or at_least("difficulty_response", t.difficulty_min):
+        return "awareness"
+    if at_least("answer_alignment", t.alignment_min) and at_most("image_attention", t.aggregation_image_max):
+        return "counting aggregation"
+    if at_least("image_attention", t.routing_image_min) and at_least("cter", t.routing_cter_min):
+        return "cross-modal routing"
+    if at_least("vgs", t.grounding_vgs_min):
+        return "visual grounding"
+    return "other"
+
+
+@dataclass
+class HeadTaxonomy:
+    """Each head's class, with the scores and thresholds that decided it."""
+
+    classes: dict[tuple[int, int], str]
+    scores: HeadScores
+    thresholds: TaxonomyThresholds
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.scores.shape
+
+    def class_grid(self) -> Int[Tensor, "n_layers n_heads"]:
+        """Class index per head (into `HEAD_CLASSES`)."""
+        grid = torch.full(self.shape, HEAD_CLASSES.index("other"), dtype=torch.long)
+        for (layer, head), name in self.classes.items():
+            grid[layer, head] = HEAD_CLASSES.index(name)
+        return grid
+
+    def counts(self) -> dict[str, int]:
+        counter = Counter(self.classes.values())
+        return {name: counter.get(name, 0) for name in HEAD_CLASSES}
+
+    def heads_of(self, name: str) -> list[tuple[int, int]]:
+        if name not in HEAD_CLASSES:
+            raise ValueError(f"unknown class {name!r}; classes: {HEAD_CLASSES}")
+        return sorted(key for key, value in self.classes.items() if value == name)
+
+    def table(self, include_other: bool = False) -> str:
+        """Markdown table: one row per classified head (sorted by class, layer, head)."""
+        header = "| class | head | " + " | ".join(SCORE_NAMES) + " | top tokens |"
+        lines = [header, "|" + "---|" * (len(SCORE_NAMES) + 3)]
+        for name in HEAD_CLASSES:
+            if name == "other" and not include_other:
+                continue
+            for layer, head in self.heads_of(name):
+                values = self.scores.head(layer, head)
+                cells = ["-" if values[s] is None else f"{values[s]:.2f}" for s in SCORE_NAMES]
+                tokens = ", ".join(repr(t) for t, _ in self.scores.top_tokens.get((layer, head), [])[:5])
+                lines.append(f"| {name} | L{layer}H{head} | " + " | ".join(cells) + f" | {tokens} |")
+        return "\n".join(lines)
+
+    def figure(self, title: str = "HeadLens head taxonomy"):
+        """Plotly layer x head map coloured by class (hover shows the class)."""
+        from vlens.viz.figures import layer_head_heatmap
+
+        n_layers, n_heads = self.shape
+        return layer_head_heatmap(classes=self.class_grid(), class_names=HEAD_CLASSES, title=title,
+                                  n_layers=n_layers, n_heads=n_heads)
+
+    def heads_json(self) -> list[dict]:
+        """Per head: layer, head, scores, class, top tokens (what ``heads.json`` holds)."""
+        n_layers, n_heads = self.shape
+        return [{"layer": layer, "head": head, "class": self.classes[(layer, head)],
+                 "scores": self.scores.head(layer, head),
+                 "top_tokens": [[t, c] for t, c in self.scores.top_tokens.get((layer, head), [])]}
+                for layer in range(n_layers) for head in range(n_heads)]
+
+    def to_json(self) -> dict:
+        return {"thresholds": self.thresholds.to_json(), "counts": self.counts(),
+                "n_examples": self.scores.n_examples, "k": self.scores.k, "heads": self.heads_json()}
+
+
+def classify_heads(scores: HeadScores, thresholds: TaxonomyThresholds = TaxonomyThresholds()) -> HeadTaxonomy:
+    """Apply the rules to every head."""
+    n_layers, n_heads = scores.shape
+    classes = {(layer, head): classify_head(scores.head(layer, head), thresholds)
+               for layer in range(n_layers) for head in range(n_heads)}
+    return HeadTaxonomy(classes=classes, scores=scores, thresholds=thresholds)

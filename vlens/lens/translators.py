@@ -1,0 +1,267 @@
+"""Per-layer affine translators (tuned-lens form) into the final residual space.
+
+``T_l(h) = h + A_l h + b_l``, zero-initialised (so an untrained lens is the logit lens).
+``T_l`` maps the residual stream *after* block l (``blocks.{l}.hook_resid_post``) to the
+final residual (before ``ln_final``); heads of layer l are decoded through ``T_l`` because
+their contribution is part of resid_post of l. Training minimises, per layer,
+
+    KL( softmax(final logits) || softmax(readout(T_l(resid_post_l))) )
+
+over residuals of a corpus (``vlens.lens.corpus``), with a held-out split for early stopping.
+Saved as a directory: ``config.json`` (layers, d_model, model name, unembedding hash,
+training report) + ``translators.safetensors`` (``A`` [L, d, d], ``b`` [L, d]).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from vlens.lens.readout import LensReadout, unembedding_hash
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "translators.safetensors"
+FORMAT_VERSION = 1
+
+
+class LensMismatchError(ValueError):
+    """A saved lens was made for another model (different unembedding or shapes)."""
+
+
+class Translators(nn.Module):
+    """One affine translator per layer: ``T_l(h) = h + h @ A_l^T + b_l``.
+
+    Attributes:
+        A: ``[n_layers, d_model, d_model]`` (zero at init), b: ``[n_layers, d_model]`` (zero).
+        info: dict saved in config.json (model_name, unembed_hash, training report, ...).
+    """
+
+    def __init__(self, n_layers: int, d_model: int, info: dict | None = None):
+        super().__init__()
+        if n_layers < 1 or d_model < 1:
+            raise ValueError(f"n_layers and d_model must be positive, got {n_layers}, {d_model}")
+        self.A = nn.Parameter(torch.zeros(n_layers, d_model, d_model))
+        self.b = nn.Parameter(torch.zeros(n_layers, d_model))
+        self.info: dict = dict(info or {})
+
+    @classmethod
+    def for_model(cls, model) -> Translators:
+        """Identity translators for `model`, stamped with its name and unembedding hash."""
+        cfg = model.cfg
+        info = {"model_name": cfg.model_name or cfg.architecture, "unembed_hash": unembedding_hash(model)}
+        return cls(cfg.n_layers, cfg.d_model, info).to(model.W_U.device)
+
+    @property
+    def n_layers(self) -> int:
+        return self.A.shape[0]
+
+    @property
+    def d_model(self) -> int:
+        return self.A.shape[1]
+
+    def linear(self, h: Float[Tensor, "... d_model"], layer: int) -> Float[Tensor, "... d_model"]:
+        """The linear part ``h + A_l h`` (what each additive component of the residual gets)."""
+        h = h.to(self.A.dtype)
+        return h + h @ self.A[layer].T
+
+    def forward(self, h: Float[Tensor, "... d_model"], layer: int) -> Float[Tensor, "... d_model"]:
+        """``T_l(h) = h + A_l h + b_l``."""
+        return self.linear(h, layer) + self.b[layer]
+
+    def forward_all(self, h: Float[Tensor, "... n_layers d_model"]) -> Float[Tensor, "... n_layers d_model"]:
+        """Every layer's translator on its own residual: ``h[..., l, :] -> T_l(h[..., l, :])``."""
+        h = h.to(self.A.dtype)
+        return h + torch.einsum("...lj,lij->...li", h, self.A) + self.b
+
+    # ---------------------------------------------------------------- checks
+    def check_model(self, model) -> None:
+        """Raise `LensMismatchError` unless this lens was made for `model`."""
+        cfg = model.cfg
+        if (cfg.n_layers, cfg.d_model) != (self.n_layers, self.d_model):
+            raise LensMismatchError(
+                f"this lens has {self.n_layers} layers x d_model {self.d_model} but the model has "
+                f"{cfg.n_layers} x {cfg.d_model}: train a lens for this model (`vlens lens train`)."
+            )
+        expected = self.info.get("unembed_hash")
+        actual = unembedding_hash(model)
+        if expected is not None and expected != actual:
+            raise LensMismatchError(
+                f"this lens was trained for model {self.info.get('model_name')!r} (unembedding hash {expected}) "
+                f"but the model's unembedding hash is {actual}: the lens would decode into the wrong "
+                "vocabulary space. Train a lens for this model with `vlens lens train --model ...`."
+            )
+
+    # ---------------------------------------------------------------- save / load
+    def save(self, folder: str | Path) -> Path:
+        """Write ``config.json`` + ``translators.safetensors`` into `folder`."""
+        from safetensors.torch import save_file
+
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        config = {"format_version": FORMAT_VERSION, "n_layers": self.n_layers, "d_model": self.d_model, **self.info}
+        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        save_file({"A": self.A.detach().float().cpu().contiguous(), "b": self.b.detach().float().cpu().contiguous()},
+                  str(out / WEIGHTS_FILE))
+        return out
+
+    @classmethod
+    def load(cls, folder: str | Path, model=None, device=None) -> Translators:
+        """Read a saved lens; with `model`, check it belongs to that model (`LensMismatchError`)."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            if not (folder / name).is_file():
+                raise FileNotFoundError(f"{folder} holds no {name}: is it a folder written by Translators.save "
+                                        "or `vlens lens train --out`?")
+        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        tensors = load_file(str(folder / WEIGHTS_FILE))
+        n_layers, d_model = int(config.pop("n_layers")), int(config.pop("d_model"))
+        config.pop("format_version", None)
+        if tuple(tensors["A"].shape) != (n_layers, d_model, d_model) or tuple(tensors["b"].shape) != (n_layers, d_model):
+            raise ValueError(f"{folder}: tensor shapes do not match config.json ({n_layers} layers, d_model {d_model})")
+        lens = cls(n_layers, d_model, config)
+        with torch.no_grad():
+            lens.A.copy_(tensors["A"])
+            lens.b.copy_(tensors["b"])
+        if model is not None:
+            lens.check_model(model)
+            device = device or model.W_U.device
+        return lens.to(device) if device is not None else lens
+
+
+# -------------------------------------------------------------------- training
+@dataclass
+class TrainingReport:
+    """Per-layer KL(final || lens) on the held-out split, before and after training (nats)."""
+
+    kl_before: list[float]
+    kl_after: list[float]
+    steps: int
+    best_step: int
+    n_train: int
+    n_val: int
+    stopped_early: bool
+    val_history: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        lines = ["| layer | KL before | KL after |", "|---|---|---|"]
+        lines += [f"| {layer} | {b:.4f} | {a:.4f} |"
+                  for layer, (b, a) in enumerate(zip(self.kl_before, self.kl_after, strict=True))]
+        return "\n".join(lines)
+
+
+def _kl_from_logits(target_logits: Tensor, lens_logits: Tensor) -> Tensor:
+    """KL(p || q) per row, p from target, q from lens logits (nats)."""
+    log_p = torch.log_softmax(target_logits.float(), dim=-1)
+    log_q = torch.log_softmax(lens_logits.float(), dim=-1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def layer_kl(
+    translators: Translators,
+    resid: Float[Tensor, "n n_layers d_model"],
+    readout: LensReadout,
+    final: Float[Tensor, "n d_model"] | None = None,
+    batch_size: int = 512,
+) -> Float[Tensor, "n_layers"]:
+    """Mean KL(final || lens_l) per layer. `final` defaults to ``resid[:, -1]`` (resid_post of the last layer)."""
+    final = resid[:, -1] if final is None else final
+    total = torch.zeros(translators.n_layers)
+    device = translators.A.device
+    with torch.no_grad():
+        for start in range(0, resid.shape[0], batch_size):
+            h = resid[start:start + batch_size].to(device)
+            target = readout.logits(final[start:start + batch_size].to(device))
+            for layer in range(translators.n_layers):
+                lens_logits = readout.logits(translators(h[:, layer], layer))
+                total[layer] += _kl_from_logits(target, lens_logits).sum().cpu()
+    return total / max(resid.shape[0], 1)
+
+
+def train_translators(
+    translators: Translators,
+    resid: Float[Tensor, "n n_layers d_model"],
+    readout: LensReadout,
+    final: Float[Tensor, "n d_model"] | None = None,
+    steps: int = 300,
+    lr: float = 1e-3,
+    batch_size: int = 128,
+    val_fraction: float = 0.2,
+    eval_every: int = 20,
+    patience: int = 5,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    progress: bool = True,
+) -> TrainingReport:
+    """Fit every ``T_l`` to minimise KL(final || readout(T_l(resid_l))), in place.
+
+    Args:
+        resid: residual streams after each block at the training positions (fp32, any device).
+        readout: the frozen final norm + unembedding (``LensReadout.from_model(model)``).
+        final: the final residual per row (default ``resid[:, -1]``).
+        val_fraction: held-out share; training stops after `patience` evaluations without a
+            better mean held-out KL and the best weights are kept.
+    Returns:
+        a `TrainingReport` (held-out KL per layer before and after).
+    """
+    if resid.ndim != 3 or resid.shape[1:] != (translators.n_layers, translators.d_model):
+        raise ValueError(f"resid must be [n, {translators.n_layers}, {translators.d_model}], got {tuple(resid.shape)}")
+    final = resid[:, -1] if final is None else final
+    n = resid.shape[0]
+    if n < 2:
+        raise ValueError(f"need at least 2 residual rows to train and hold out, got {n}: use more samples")
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(n, generator=generator)
+    n_val = max(1, int(math.ceil(n * val_fraction)))
+    val_idx, train_idx = order[:n_val], order[n_val:]
+    if len(train_idx) == 0:
+        raise ValueError(f"val_fraction {val_fraction} leaves no training rows out of {n}")
+    device = translators.A.device
+    readout.to(device)
+    resid, final = resid.float(), final.float()
+
+    kl_before = layer_kl(translators, resid[val_idx], readout, final[val_idx])
+    best_val, best_step, bad_evals, stopped_early = float(kl_before.mean()), 0, 0, False
+    best_state = {k: v.detach().clone() for k, v in translators.state_dict().items()}
+    history = [best_val]
+    optimizer = torch.optim.Adam(translators.parameters(), lr=lr, weight_decay=weight_decay)
+    bar = tqdm(range(1, steps + 1), desc="training translators", disable=not progress)
+    step = 0
+    for step in bar:
+        rows = train_idx[torch.randint(len(train_idx), (min(batch_size, len(train_idx)),), generator=generator)]
+        h, target = resid[rows].to(device), readout.logits(final[rows].to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = 0.0
+        for layer in range(translators.n_layers):  # layers are independent: backward one at a time saves memory
+            loss = _kl_from_logits(target, readout.logits(translators(h[:, layer], layer))).mean()
+            loss.backward()
+            loss_value += loss.item()
+        optimizer.step()
+        if step % eval_every == 0 or step == steps:
+            val = float(layer_kl(translators, resid[val_idx], readout, final[val_idx]).mean())
+            history.append(val)
+            bar.set_postfix(train_kl=f"{loss_value / translators.n_layers:.4f}", val_kl=f"{val:.4f}")
+            if val < best_val - 1e-6:
+                best_val, best_step, bad_evals = val, step, 0
+                best_state = {k: v.detach().clone() for k, v in translators.state_dict().items()}
+            else:
+                bad_evals += 1
+                if bad_evals >= patience:
+                    stopped_early = True
+                    break
+    translators.load_state_dict(best_state)
+    kl_after = layer_kl(translators, resid[val_idx], readout, final[val_idx])
+    return TrainingReport(kl_before=kl_before.tolist(), kl_after=kl_after.tolist(), steps=step,
+                          best_step=best_step, n_train=len(train_idx), n_val=n_val,
+                          stopped_early=stopped_early, val_history=history)

@@ -1,0 +1,73 @@
+"""Word lists for head scores, mapped to token ids through a tokenizer.
+
+A word counts through every single-token spelling the tokenizer has for it (``word``,
+`` word``, ``Word``, `` Word``). A word that needs several tokens counts through its *first*
+token, the one a head must promote to start the word (skipped when that piece is only
+whitespace). Unknown-word ids (``<unk>``) and special tokens never count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+VISUAL_WORDS: tuple[str, ...] = (
+    # colours
+    "red", "orange", "yellow", "green", "blue", "purple", "black", "white", "gray", "grey", "brown", "pink",
+    "colour", "color", "colours", "colors", "dark", "light", "bright",
+    # shapes
+    "triangle", "square", "pentagon", "hexagon", "star", "circle", "round", "rectangle", "oval", "dot",
+    "shape", "triangles", "squares", "pentagons", "hexagons", "stars", "circles", "dots", "shapes",
+    # edges and boundaries
+    "edge", "edges", "border", "boundary", "line", "lines", "corner", "corners", "outline", "contour", "side",
+    # sizes
+    "big", "small", "large", "tiny", "huge", "size", "tall", "short", "wide",
+)
+NUMBER_WORDS: tuple[str, ...] = tuple(str(i) for i in range(21)) + (
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen",
+    "twenty",
+)
+# The paper's existence detector (L26H8) answers "1" whenever any object is present.
+EXISTENCE_WORDS: tuple[str, ...] = ("1", "one", "yes", "exist", "exists", "present", "some", "any")
+# The paper's L23H19 decodes "difficult"/"impossible" when the count is large. ("many" is left
+# out: every counting question contains it, so copying heads would look "difficult".)
+DIFFICULTY_WORDS: tuple[str, ...] = (
+    "difficult", "difficulty", "impossible", "hard", "unsure", "uncertain", "unclear", "cannot",
+    "unknown", "countless", "numerous", "lots",
+)
+DEFAULT_VOCABULARIES: dict[str, tuple[str, ...]] = {
+    "visual": VISUAL_WORDS,
+    "number": NUMBER_WORDS,
+    "existence": EXISTENCE_WORDS,
+    "difficulty": DIFFICULTY_WORDS,
+}
+
+
+def _spellings(word: str) -> list[str]:
+    forms = {word, word.lower(), word.capitalize()}
+    return sorted(forms | {" " + form for form in forms})
+
+
+def word_token_ids(tokenizer, words: Iterable[str]) -> set[int]:
+    """Token ids that stand for any of `words` (see the module docstring for the rules)."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    ids: set[int] = set()
+    for word in words:
+        if not isinstance(word, str) or not word.strip():
+            raise ValueError(f"vocabulary words must be non-empty strings, got {word!r}")
+        for spelling in _spellings(word.strip()):
+            pieces = tokenizer(spelling, add_special_tokens=False)["input_ids"]
+            if not pieces or (unknown is not None and unknown in pieces):
+                continue  # the tokenizer does not know this spelling
+            # the first piece that is more than whitespace starts the word
+            first = next((p for p in pieces if tokenizer.decode([p]).strip()), None)
+            if first is not None and first not in special:
+                ids.add(first)
+    return ids
+
+
+def vocabulary_token_ids(tokenizer, vocabularies: Mapping[str, Iterable[str]] | None = None) -> dict[str, set[int]]:
+    """``{name: token ids}`` for every vocabulary (default: `DEFAULT_VOCABULARIES`)."""
+    vocabularies = DEFAULT_VOCABULARIES if vocabularies is None else vocabularies
+    return {name: word_token_ids(tokenizer, words) for name, words in vocabularies.items()}
