@@ -16,6 +16,7 @@ COMMAND_MODULES: list[str] = [
     "vlens.data.cli",
     "vlens.evaluation.cli",
     "vlens.zoo.cli",
+    "vlens.lens.cli",
 ]
 
 
