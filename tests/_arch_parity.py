@@ -15,6 +15,21 @@ def hf_attention(model, hf, layer: int):
     return model.adapter.language_model(hf).layers[layer].self_attn
 
 
+def input_matrix(model, sizes: list[tuple[int, int]]) -> dict:
+    """The parity suite's inputs, from six (width, height) image sizes: one image; two images of
+    different sizes in one prompt; a left-padded batch of two; text only; a batch with a text-only row."""
+    from vlens.testing import random_image
+
+    img = [random_image(w, h, seed) for seed, (w, h) in enumerate(sizes, start=1)]
+    return {
+        "one_image": model.prepare(images=[img[0]], prompts=["How many dots are there?"]),
+        "two_images_different_sizes": model.prepare(images=[[img[1], img[2]]], prompts=["What colour is the"]),
+        "left_padded_batch": model.prepare(images=[img[3], img[4]], prompts=["How many dots are there?", "red"]),
+        "text_only": model.prepare(prompts=["How many dots are there?"]),
+        "mixed_batch_with_text_only_row": model.prepare(images=[img[5], None], prompts=["red ?", "yes no"]),
+    }
+
+
 def assert_logits_match(model, hf, cases: dict, atol: float = 1e-4) -> None:
     """Logits equal HF eager at every position (padding included) for each named input."""
     for name, inputs in cases.items():

@@ -16,6 +16,7 @@ from tests._arch_parity import (
     assert_no_hooks_left_after_exception,
     assert_scores_edit_matches_scaling_q,
     hf_logits,
+    input_matrix,
 )
 from vlens.testing import random_image
 
@@ -40,16 +41,7 @@ def _pair(shape: str):
 
 
 def _cases(model) -> dict:
-    img = random_image
-    return {
-        "one_image": model.prepare(images=[img(64, 64, 1)], prompts=["How many dots are there?"]),
-        "two_images_different_sizes": model.prepare(images=[[img(96, 64, 2), img(64, 128, 3)]],
-                                                    prompts=["What colour is the"]),
-        "left_padded_batch": model.prepare(images=[img(64, 64, 4), img(96, 96, 5)],
-                                           prompts=["How many dots are there?", "red"]),
-        "text_only": model.prepare(prompts=["How many dots are there?"]),
-        "mixed_batch_with_text_only_row": model.prepare(images=[img(64, 96, 6), None], prompts=["red ?", "yes no"]),
-    }
+    return input_matrix(model, [(64, 64), (96, 64), (64, 128), (64, 64), (96, 96), (64, 96)])
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))

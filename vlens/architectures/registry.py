@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from vlens.architectures.base import ArchitectureAdapter
+from vlens.architectures.llava import LlavaAdapter
 from vlens.architectures.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
 from vlens.architectures.qwen3_vl import Qwen3VLAdapter
 
@@ -16,6 +17,7 @@ ADAPTERS: list[type[ArchitectureAdapter]] = [
     Qwen2VLAdapter,
     Qwen2_5_VLAdapter,
     Qwen3VLAdapter,
+    LlavaAdapter,
 ]
 
 
