@@ -1,0 +1,174 @@
+"""Results of head ablation: per-task head importance and the cross-task overlap report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from vlens.ablation.overlap import Head, jaccard_matrix, rank_heads, top_k_heads
+
+RANK_BY: tuple[str, ...] = ("logprob", "accuracy")
+
+
+def _grid(values) -> list[list[float]]:
+    return [[round(float(v), 6) for v in row] for row in torch.as_tensor(values)]
+
+
+@dataclass
+class HeadAblation:
+    """Effect of ablating each head alone on one task.
+
+    Attributes:
+        task: task name; method: "mean" | "zero" | "resample"; alignment: how means were
+            aligned ("all" | "position" | "region"); n_examples: evaluation examples.
+        clean_logprob, clean_accuracy: mean answer log-probability / accuracy without ablation.
+        ablated_logprob, ablated_accuracy: [n_layers, n_heads] the same with that head ablated.
+    The answer log-probability is log-softmax at the final prompt position of the answer's
+    first token; accuracy is argmax == that token.
+    """
+
+    task: str
+    method: str
+    alignment: str
+    n_examples: int
+    clean_logprob: float
+    clean_accuracy: float
+    ablated_logprob: Float[Tensor, "n_layers n_heads"]
+    ablated_accuracy: Float[Tensor, "n_layers n_heads"]
+
+    @property
+    def logprob_drop(self) -> Float[Tensor, "n_layers n_heads"]:
+        """clean - ablated answer log-probability (positive: the head helps the task)."""
+        return self.clean_logprob - self.ablated_logprob
+
+    @property
+    def accuracy_drop(self) -> Float[Tensor, "n_layers n_heads"]:
+        return self.clean_accuracy - self.ablated_accuracy
+
+    def scores(self, rank_by: str = "logprob") -> Float[Tensor, "n_layers n_heads"]:
+        if rank_by not in RANK_BY:
+            raise ValueError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
+        return self.logprob_drop if rank_by == "logprob" else self.accuracy_drop
+
+    def ranking(self, rank_by: str = "logprob") -> list[Head]:
+        """All heads by damage, largest first (ties: the other metric, then layer/head order)."""
+        other = "accuracy" if rank_by == "logprob" else "logprob"
+        return rank_heads(self.scores(rank_by), tiebreak=self.scores(other))
+
+    def top_heads(self, k: int = 20, rank_by: str = "logprob") -> list[Head]:
+        other = "accuracy" if rank_by == "logprob" else "logprob"
+        return top_k_heads(self.scores(rank_by), k, tiebreak=self.scores(other))
+
+    def to_dict(self, top_k: int | None = None, rank_by: str = "logprob") -> dict:
+        ranked = self.ranking(rank_by)
+        lp, acc = self.logprob_drop, self.accuracy_drop
+        return {
+            "task": self.task, "method": self.method, "alignment": self.alignment, "n_examples": self.n_examples,
+            "clean_logprob": self.clean_logprob, "clean_accuracy": self.clean_accuracy,
+            "ranked_heads": [
+                {"rank": i + 1, "layer": layer, "head": head, "logprob_drop": round(float(lp[layer, head]), 6),
+                 "accuracy_drop": round(float(acc[layer, head]), 6)}
+                for i, (layer, head) in enumerate(ranked)
+            ],
+            "top_heads": [list(h) for h in ranked[: top_k or len(ranked)]],
+            "ablated_logprob": _grid(self.ablated_logprob),
+            "ablated_accuracy": _grid(self.ablated_accuracy),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HeadAblation:
+        return cls(task=data["task"], method=data["method"], alignment=data["alignment"],
+                   n_examples=data["n_examples"], clean_logprob=data["clean_logprob"],
+                   clean_accuracy=data["clean_accuracy"],
+                   ablated_logprob=torch.tensor(data["ablated_logprob"], dtype=torch.float64),
+                   ablated_accuracy=torch.tensor(data["ablated_accuracy"], dtype=torch.float64))
+
+    def figure(self, rank_by: str = "logprob"):
+        """Layer x head heatmap of the damage (plotly)."""
+        from vlens.viz.figures import layer_head_heatmap
+
+        label = "answer log-prob drop" if rank_by == "logprob" else "accuracy drop"
+        return layer_head_heatmap(self.scores(rank_by).float(), title=f"{self.task}: {self.method} ablation",
+                                  value_label=label)
+
+
+@dataclass
+class AblationReport:
+    """Per-task head rankings, their top-k sets and the Jaccard matrix across tasks.
+
+    patching: optional {"source", "top_k", "heads", "jaccard": {task: J(patching set, task set)}}.
+    settings: how the report was made (model, method, alignment, sizes, seed, ...).
+    """
+
+    results: dict[str, HeadAblation]
+    top_k: int = 20
+    rank_by: str = "logprob"
+    settings: dict = field(default_factory=dict)
+    patching: dict | None = None
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(self.results)
+
+    def head_sets(self) -> dict[str, list[Head]]:
+        return {task: r.top_heads(self.top_k, self.rank_by) for task, r in self.results.items()}
+
+    def jaccard(self) -> tuple[Float[Tensor, "n_tasks n_tasks"], list[str]]:
+        """Jaccard similarity of the tasks' top-k head sets -> (matrix, task names)."""
+        return jaccard_matrix(self.head_sets())
+
+    def to_dict(self) -> dict:
+        matrix, names = self.jaccard()
+        n_heads_total = next(iter(self.results.values())).ablated_logprob.numel()
+        return {
+            "top_k": self.top_k, "n_heads_total": n_heads_total, "rank_by": self.rank_by,
+            "settings": self.settings, "tasks": names,
+            "jaccard": {"tasks": names, "matrix": _grid(matrix)},
+            "results": {task: r.to_dict(self.top_k, self.rank_by) for task, r in self.results.items()},
+            "patching": self.patching,
+        }
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> AblationReport:
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            text = Path(text_or_path).read_text()
+        data = json.loads(text)
+        results = {task: HeadAblation.from_dict(r) for task, r in data["results"].items()}
+        return cls(results, data["top_k"], data["rank_by"], data.get("settings", {}), data.get("patching"))
+
+    def jaccard_figure(self, title: str | None = None):
+        """Plotly heatmap of the Jaccard matrix (values in the cells)."""
+        from vlens.viz.figures import jaccard_matrix_figure
+
+        matrix, names = self.jaccard()
+        return jaccard_matrix_figure(matrix.float(), names,
+                                     title or f"Jaccard overlap of top-{self.top_k} heads ({self.rank_by} drop)")
+
+    def summary(self) -> str:
+        """Plain-text table: per task clean accuracy and top heads, then the Jaccard matrix."""
+        lines = [f"top-k = {self.top_k} of {next(iter(self.results.values())).ablated_logprob.numel()} heads, "
+                 f"ranked by {self.rank_by} drop"]
+        for task, r in self.results.items():
+            top = ", ".join(f"L{layer}H{head}" for layer, head in r.top_heads(min(5, self.top_k), self.rank_by))
+            lines.append(f"  {task:<18} n={r.n_examples:<4} clean acc {r.clean_accuracy:.3f} "
+                         f"logp {r.clean_logprob:.3f} | top: {top}")
+        matrix, names = self.jaccard()
+        lines.append("Jaccard".ljust(18) + "".join(f"{n[:17]:>18}" for n in names))
+        for name, row in zip(names, matrix, strict=True):
+            lines.append(f"{name[:17]:<18}" + "".join(f"{float(v):>18.2f}" for v in row))
+        if self.patching:
+            lines.append(f"patching vs ablation (top-{self.patching['top_k']}): " +
+                         ", ".join(f"{t} {v:.2f}" for t, v in self.patching["jaccard"].items()))
+        return "\n".join(lines)

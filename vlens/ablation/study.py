@@ -1,0 +1,107 @@
+"""The cross-task study of PAPER.md section 3: per-task head rankings, top-k sets, Jaccard."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from vlens.ablation.overlap import head_set_from_json, jaccard
+from vlens.ablation.reference import collect_reference
+from vlens.ablation.results import RANK_BY, AblationReport
+from vlens.ablation.sweep import head_ablation_sweep
+from vlens.ablation.tasks import TaskBatch, build_task_batch, canonical_task_name
+
+DEFAULT_TASKS: tuple[str, ...] = (
+    "counting", "colour", "shape", "spatial", "arithmetic", "existence", "counting@synreal",
+)
+REFERENCE_MODES: tuple[str, ...] = ("per-task", "pooled")
+
+
+def ablation_study(
+    model,
+    tasks: Sequence[str] | Mapping[str, tuple[TaskBatch, TaskBatch]] = DEFAULT_TASKS,
+    n_examples: int = 64,
+    n_reference: int = 64,
+    method: str = "mean",
+    alignment: str = "region",
+    reference_mode: str = "per-task",
+    top_k: int = 20,
+    rank_by: str = "logprob",
+    image_size: int = 168,
+    batch_size: int = 16,
+    heads_per_pass: int = 8,
+    seed: int = 0,
+    progress: bool = True,
+) -> AblationReport:
+    """Ablate every head on every task; rank heads per task; compare top-k sets by Jaccard.
+
+    Args:
+        tasks: task-suite names ("counting", "counting@synreal", ...) built with
+            `build_task_batch`, or {name: (evaluation TaskBatch, reference TaskBatch)}.
+        n_examples, n_reference: evaluation / reference examples per task (disjoint seeds).
+        method, alignment: see `head_ablation_sweep` and `vlens.ablation.reference`.
+        reference_mode: "per-task" (each task's own reference set) or "pooled" (all tasks'
+            reference sets together, one mean for every task).
+        top_k, rank_by: size of each task's head set; rank by "logprob" or "accuracy" drop.
+    """
+    if reference_mode not in REFERENCE_MODES:
+        raise ValueError(f"reference_mode must be one of {REFERENCE_MODES}, got {reference_mode!r}")
+    if rank_by not in RANK_BY:
+        raise ValueError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
+    if isinstance(tasks, Mapping):
+        sets = dict(tasks)
+    else:
+        names = [canonical_task_name(t) for t in tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate task in {list(tasks)}")
+        sets = {name: (build_task_batch(model, name, n_examples, seed, image_size),
+                       build_task_batch(model, name, n_reference, seed, image_size, reference=True))
+                for name in names}
+    keep_samples = method == "resample"
+    pooled = None
+    if method != "zero" and reference_mode == "pooled":
+        pooled = collect_reference(model, TaskBatch.concat("pooled", [ref for _, ref in sets.values()]),
+                                   alignment, batch_size, keep_samples, progress)
+    results = {}
+    for name, (evaluation, ref_set) in sets.items():
+        reference = pooled
+        if method != "zero" and reference is None:
+            reference = collect_reference(model, ref_set, alignment, batch_size, keep_samples, progress)
+        results[name] = head_ablation_sweep(model, evaluation, method, reference, batch_size, heads_per_pass,
+                                            seed=seed, progress=progress)
+    settings = {
+        "model": model.summary(), "method": method, "alignment": alignment if method != "zero" else "none",
+        "reference_mode": reference_mode, "n_examples": n_examples, "n_reference": n_reference,
+        "image_size": image_size, "seed": seed,
+    }
+    return AblationReport(results, top_k, rank_by, settings)
+
+
+def add_patching_overlap(report: AblationReport, patching, source: str = "", k: int | None = None) -> dict:
+    """Jaccard between the patching head set (VAP head sweep) and each task's ablation set.
+
+    patching: parsed JSON: a [n_layers, n_heads] score grid, a list of [layer, head], a dict
+        with one of those under "head_scores" / "scores" / "effects" / "overwrite_rate" /
+        "heads", or {"tasks": {task: ...}} / {task: ...} to compare task by task.
+    The result is stored in `report.patching` and returned.
+    """
+    k = k or report.top_k
+    first = next(iter(report.results.values())).ablated_logprob
+    n_layers, n_heads = first.shape
+    ablation_sets = report.head_sets()
+    per_task = patching.get("tasks") if isinstance(patching, Mapping) else None
+    if per_task is None and isinstance(patching, Mapping) and set(patching) & set(ablation_sets):
+        per_task = patching
+    if per_task is not None:
+        heads = {t: head_set_from_json(per_task[t], n_layers, n_heads, k) for t in ablation_sets if t in per_task}
+        if not heads:
+            raise ValueError(f"the patching file names tasks {sorted(per_task)} but the report has "
+                             f"{sorted(ablation_sets)}: no task in common")
+    else:
+        shared = head_set_from_json(patching, n_layers, n_heads, k)
+        heads = {t: shared for t in ablation_sets}
+    report.patching = {
+        "source": source, "top_k": k,
+        "heads": {t: [list(h) for h in hs] for t, hs in heads.items()},
+        "jaccard": {t: jaccard(hs, ablation_sets[t]) for t, hs in heads.items()},
+    }
+    return report.patching

@@ -1,0 +1,139 @@
+"""Evaluation sets for head ablation: prompts, images and single-token answers per task.
+
+A task name is a task of the suites (`vlens.data.TASKS`), optionally with a style after "@":
+"counting" (SynPoly), "counting@synreal" (counting on SynReal-lite), "counting@syndot".
+Evaluation and reference examples of a task come from disjoint seed ranges, so the mean an
+ablation writes in never saw the examples it is evaluated on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from vlens.inputs import VLMInputs
+
+DEFAULT_STYLE = "synpoly"
+# Reference seeds start here (evaluation seeds are seed, seed + 1, ...): disjoint by construction.
+REFERENCE_SEED_OFFSET = 1_000_000
+TASK_ALIASES = {"counting_synreal": "counting@synreal", "synreal": "counting@synreal", "color": "colour"}
+
+
+@dataclass
+class TaskBatch:
+    """Examples of one task with single-token answers.
+
+    Attributes:
+        name: the task name as given ("counting", "counting@synreal", or any label).
+        prompts: one question per example (chat-formatted by `model.prepare`).
+        images: per example an image, a list of images, or None (text-only).
+        answers: the answer strings; `answer_ids` [n] the id of each answer's first token.
+        records: the generator's metadata per example (may be empty dicts).
+        chat: whether prompts go through the chat template.
+    """
+
+    name: str
+    prompts: list[str]
+    images: list[Any]
+    answers: list[str]
+    answer_ids: Int[Tensor, "n"]
+    records: list[dict] = field(default_factory=list)
+    chat: bool = True
+
+    def __post_init__(self):
+        n = len(self.prompts)
+        if not (len(self.images) == len(self.answers) == len(self.answer_ids) == n):
+            raise ValueError(
+                f"TaskBatch {self.name!r}: {n} prompts, {len(self.images)} images, {len(self.answers)} answers "
+                f"and {len(self.answer_ids)} answer ids; give one of each per example."
+            )
+        if n == 0:
+            raise ValueError(f"TaskBatch {self.name!r} has no examples.")
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def inputs(self, model, rows: Sequence[int] | range) -> VLMInputs:
+        """`VLMInputs` (left-padded) for the given example rows."""
+        rows = list(rows)
+        return model.prepare(images=[self.images[r] for r in rows], prompts=[self.prompts[r] for r in rows],
+                             chat=self.chat)
+
+    @staticmethod
+    def concat(name: str, batches: Sequence[TaskBatch]) -> TaskBatch:
+        """All examples of several batches (e.g. a reference set pooled over tasks)."""
+        return TaskBatch(
+            name=name,
+            prompts=[p for b in batches for p in b.prompts],
+            images=[i for b in batches for i in b.images],
+            answers=[a for b in batches for a in b.answers],
+            answer_ids=torch.cat([b.answer_ids for b in batches]),
+            records=[r for b in batches for r in b.records],
+            chat=batches[0].chat,
+        )
+
+
+def answer_token_ids(model, answers: Sequence[str]) -> Int[Tensor, "n"]:
+    """The first token id of each answer as the model would generate it.
+
+    Raises:
+        ValueError: if an answer is outside the vocabulary (the tokenizer's unknown token).
+    """
+    tokenizer = model.tokenizer
+    ids = []
+    for answer in answers:
+        tokens = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        if not tokens or (tokenizer.unk_token_id is not None and tokens[0] == tokenizer.unk_token_id):
+            raise ValueError(
+                f"answer {answer!r} is not in the model's vocabulary (tokens {tokens}); use a model whose "
+                "tokenizer covers the task-suite words (vlens.load()) or tasks whose answers it knows."
+            )
+        ids.append(tokens[0])
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def parse_task(name: str) -> tuple[str, str]:
+    """'counting@synreal' -> ('counting', 'synreal'); 'colour' -> ('colour', 'synpoly')."""
+    from vlens.data import TASKS
+
+    name = TASK_ALIASES.get(name.strip(), name.strip())
+    task, _, style = name.partition("@")
+    style = style or DEFAULT_STYLE
+    if task not in TASKS:
+        raise ValueError(f"unknown task {name!r}: use one of {', '.join(TASKS)}, optionally as TASK@STYLE "
+                         "(e.g. counting@synreal)")
+    return task, style
+
+
+def canonical_task_name(name: str) -> str:
+    task, style = parse_task(name)
+    return task if style == DEFAULT_STYLE else f"{task}@{style}"
+
+
+def build_task_batch(model, name: str, n: int, seed: int = 0, image_size: int = 168,
+                     reference: bool = False) -> TaskBatch:
+    """`n` examples of a task-suite task, deterministic in (name, n, seed, image_size).
+
+    reference: draw from the reference seed range (seed + REFERENCE_SEED_OFFSET + i) instead
+    of the evaluation range (seed + i); the two never overlap for n < REFERENCE_SEED_OFFSET.
+    """
+    from vlens.data import make_task_sample
+
+    if n < 1:
+        raise ValueError(f"need at least one example per task, got n={n}")
+    task, style = parse_task(name)
+    start = seed + (REFERENCE_SEED_OFFSET if reference else 0)
+    images, prompts, answers, records = [], [], [], []
+    for i in range(n):
+        image, record = make_task_sample(task, seed=start + i, size=image_size, style=style)
+        images.append(image)
+        prompts.append(record["question"])
+        answers.append(str(record["answer"]))
+        records.append(record)
+    label = canonical_task_name(name) + (" (reference)" if reference else "")
+    return TaskBatch(label, prompts, images, answers, answer_token_ids(model, answers), records)
