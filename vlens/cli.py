@@ -17,6 +17,9 @@ COMMAND_MODULES: list[str] = [
     "vlens.evaluation.cli",
     "vlens.zoo.cli",
     "vlens.lens.cli",
+    "vlens.ablation.cli",
+    "vlens.patching.cli",
+    "vlens.lens.logit_lens_cli",
 ]
 
 

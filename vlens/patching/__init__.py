@@ -1,0 +1,52 @@
+"""Visual activation patching (exact sweeps, fast path), attribution patching (AtP / AtP*).
+
+    from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_region
+    batch = build_pair_batch(model, make_count_pairs(16))
+    result = patch_layer_region(model, batch)        # result["overwrite_rate"]: [n_layers, 4]
+    result.plot().show(); result.to_json()
+
+Submodules: `pairs` (pair batches + validation), `metrics`, `runner` (naive and fast
+execution), `sweeps`, `results`, `attribution`, `planted` (a known-answer toy model), `cli`.
+"""
+
+from vlens.patching.attribution import AttributionResult, attribution_patching, spearman
+from vlens.patching.metrics import METRICS, Baseline, logit_diff, patch_metrics
+from vlens.patching.pairs import (
+    PairBatch,
+    PairExample,
+    build_pair_batch,
+    examples_from_pairs,
+    examples_from_records,
+    load_pair_examples,
+    make_count_pairs,
+)
+from vlens.patching.results import PatchingResult
+from vlens.patching.runner import PatchSpec, repeat_run_state, run_fast, run_naive, run_specs
+from vlens.patching.sweeps import REGIONS, patch_layer_head, patch_layer_position, patch_layer_region
+
+__all__ = [
+    "METRICS",
+    "REGIONS",
+    "AttributionResult",
+    "Baseline",
+    "PairBatch",
+    "PairExample",
+    "PatchSpec",
+    "PatchingResult",
+    "attribution_patching",
+    "build_pair_batch",
+    "examples_from_pairs",
+    "examples_from_records",
+    "load_pair_examples",
+    "logit_diff",
+    "make_count_pairs",
+    "patch_layer_head",
+    "patch_layer_position",
+    "patch_layer_region",
+    "patch_metrics",
+    "repeat_run_state",
+    "run_fast",
+    "run_naive",
+    "run_specs",
+    "spearman",
+]

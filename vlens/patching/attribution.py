@@ -1,0 +1,200 @@
+"""Attribution patching (AtP) and AtP*'s fix for saturated attention.
+
+AtP estimates the effect of patching an activation a from the corrupt run into the clean run
+by a first-order Taylor expansion around the clean run:
+
+    delta LD ~= (a_corrupt - a_clean) . dLD/da |clean
+
+with LD = logit[corrupt answer] - logit[clean answer] at the final position. One clean forward,
+one corrupt forward and one backward give the estimate for every head's `hook_z` and every
+residual position at once.
+
+AtP* (Kramar et al. 2024, "AtP*: An efficient and scalable method for localizing LLM behaviour
+to components") notes that the linearisation fails through a saturated softmax: patching a
+head's queries or keys can move its attention a lot while the gradient through the softmax is
+~0. For query and key patches it therefore recomputes the attention pattern exactly with the
+corrupt queries (keys) and linearises only after the softmax:
+
+    delta LD ~= sum_{q,k} dLD/dA[q,k] . (softmax(Q_corrupt K^T)[q,k] - A_clean[q,k])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from vlens.hooks import act_name
+from vlens.patching.metrics import logit_diff
+from vlens.patching.pairs import PairBatch
+from vlens.patching.runner import final_logits
+
+if TYPE_CHECKING:
+    from vlens.model import HookedVLM
+
+
+@dataclass
+class AttributionResult:
+    """AtP estimates of the change in mean logit difference (patched - clean) per node.
+
+    z: [n_layers, n_heads] patching one head's hook_z at all positions.
+    q: [n_layers, n_heads] patching one head's queries (AtP* softmax recomputation if `qk_fix`).
+    k: [n_layers, n_key_value_heads] patching one key/value head's keys (same).
+    resid_pre: [n_layers, seq_len] patching the residual stream entering a layer at one position.
+    per_pair_z: [n_pairs, n_layers, n_heads]; pair_ids; clean_logit_diff [n_pairs].
+    """
+
+    z: Float[Tensor, "n_layers n_heads"]
+    q: Float[Tensor, "n_layers n_heads"]
+    k: Float[Tensor, "n_layers n_kv_heads"]
+    resid_pre: Float[Tensor, "n_layers seq_len"]
+    per_pair_z: Float[Tensor, "n_pairs n_layers n_heads"]
+    pair_ids: list[str]
+    clean_logit_diff: Float[Tensor, "n_pairs"]
+    qk_fix: bool = True
+    exact_z: Tensor | None = None  # optional: an exact head sweep's delta logit diff, to compare
+
+    @property
+    def spearman_z(self) -> float | None:
+        """Spearman correlation of the z estimates with `exact_z` (None if not set)."""
+        return None if self.exact_z is None else spearman(self.z, self.exact_z)
+
+    def to_json(self) -> dict:
+        extra = {} if self.exact_z is None else {"exact_z": self.exact_z.tolist(), "spearman_z_vs_exact": self.spearman_z}
+        return {
+            "mode": "atp",
+            "n_pairs": len(self.pair_ids),
+            "pair_ids": list(self.pair_ids),
+            "layers": list(range(self.z.shape[0])),
+            "heads": list(range(self.z.shape[1])),
+            "qk_fix": self.qk_fix,
+            "metric": "estimated change of the mean logit difference (corrupt - clean answer) vs the clean run",
+            "z": self.z.tolist(),
+            "q": self.q.tolist(),
+            "k": self.k.tolist(),
+            "resid_pre": self.resid_pre.tolist(),
+            "clean_logit_diff": self.clean_logit_diff.tolist(),
+            **extra,
+        }
+
+    def plot(self, node: str = "z"):
+        """Layer x head heatmap of the z (or q) estimates; layer x position for "resid_pre"."""
+        from vlens.viz.figures import layer_head_heatmap
+
+        title = f"attribution patching ({'AtP*' if self.qk_fix and node in ('q', 'k') else 'AtP'}): {node}"
+        if node in ("z", "q", "k"):
+            return layer_head_heatmap(getattr(self, node), title=title, value_label="est. delta logit diff")
+        from vlens.viz._optional import require_plotly
+
+        go = require_plotly()
+        figure = go.Figure(go.Heatmap(z=self.resid_pre.numpy(), colorscale="RdBu_r", zmid=0.0))
+        return figure.update_layout(title=title, xaxis_title="position", yaxis_title="layer")
+
+
+def attribution_patching(model: HookedVLM, batch: PairBatch, qk_fix: bool = True) -> AttributionResult:
+    """AtP for every head's hook_z, queries and keys and every residual position (one backward).
+
+    Estimates are of mean_pairs(LD_patched - LD_clean); compare them with an exact sweep's
+    `metrics["logit_diff"] - baseline.clean_logit_diff.mean()`.
+    """
+    cfg = model.cfg
+    n_layers = cfg.n_layers
+    names = {kind: [act_name(kind, layer) for layer in range(n_layers)] for kind in ("z", "resid_pre", "rot_q", "rot_k")}
+    wanted = {n for group in names.values() for n in group}
+    with torch.no_grad():
+        _, corrupt = model.run_with_cache(batch.corrupt, names_filter=lambda n: n in wanted)
+        state = model.start_run(batch.clean)
+
+    clean: dict[str, Tensor] = {}
+
+    def keep(act: Tensor, hook) -> None:
+        clean[hook.name] = act
+
+    pattern_names = [act_name("pattern", layer) for layer in range(n_layers)]
+    capture = [(n, keep) for n in sorted(wanted) + pattern_names]
+    with torch.enable_grad():
+        resid_in = state.resid.detach().requires_grad_(True)
+        with model.hooks(fwd_hooks=capture):
+            resid = model.run_blocks(resid_in, state, 0, None)
+        logits = final_logits(model, resid, batch.final)
+        per_pair_ld = logit_diff(logits, batch.clean_tokens, batch.corrupt_tokens)
+        grad_names = names["z"] + names["resid_pre"] + pattern_names + names["rot_q"] + names["rot_k"]
+        grads = dict(zip(grad_names, torch.autograd.grad(per_pair_ld.sum(), [clean[n] for n in grad_names],
+                                                         allow_unused=True), strict=True))
+
+    with torch.no_grad():
+        def atp(name: str, reduce_dims: tuple[int, ...]) -> Tensor:
+            grad = grads[name]
+            if grad is None:
+                return torch.zeros_like(clean[name]).sum(reduce_dims)
+            return ((corrupt[name].to(grad.dtype) - clean[name].detach()) * grad).sum(reduce_dims)
+
+        valid = batch.clean.attention_mask.to(resid.device).bool()
+        per_pair_z = torch.stack([atp(n, (1, 3)) for n in names["z"]], dim=1).float().cpu()  # [n, L, H]
+        resid_est = torch.stack([atp(n, (2,)) * valid for n in names["resid_pre"]], dim=1).float().cpu()  # [n, L, pos]
+        if qk_fix:
+            q_est, k_est = _qk_atp_star(model, state, clean, corrupt, grads)
+        else:
+            q_est = torch.stack([atp(n, (1, 3)) for n in names["rot_q"]], dim=1).float().cpu().mean(0)
+            k_est = torch.stack([atp(n, (1, 3)) for n in names["rot_k"]], dim=1).float().cpu().mean(0)
+    return AttributionResult(
+        z=per_pair_z.mean(0), q=q_est, k=k_est, resid_pre=resid_est.mean(0), per_pair_z=per_pair_z,
+        pair_ids=list(batch.pair_ids), clean_logit_diff=per_pair_ld.detach().float().cpu(), qk_fix=qk_fix,
+    )
+
+
+def _softmax_pattern(q: Tensor, k: Tensor, masks, scaling: float) -> Tensor:
+    """Attention probabilities as the explicit attention path computes them. q,k: [batch, heads, pos, d]."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling + masks.additive
+    scores = scores.masked_fill(~masks.allowed, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+
+
+def _qk_atp_star(model: HookedVLM, state, clean: dict, corrupt, grads: dict) -> tuple[Tensor, Tensor]:
+    """AtP* query / key estimates: exact new softmax, linear after it. Returns ([L, H], [L, n_kv])."""
+    cfg = model.cfg
+    groups = cfg.n_heads // cfg.n_key_value_heads
+    q_out = torch.zeros(cfg.n_layers, cfg.n_heads)
+    k_out = torch.zeros(cfg.n_layers, cfg.n_key_value_heads)
+    for layer in range(cfg.n_layers):
+        grad_pattern = grads[act_name("pattern", layer)]
+        if grad_pattern is None:
+            continue
+        scaling = model.blocks[layer].attn.scaling
+        pattern = clean[act_name("pattern", layer)].detach()  # [b, H, q, k]
+        q_clean = clean[act_name("rot_q", layer)].detach().transpose(1, 2)  # [b, H, pos, d]
+        k_clean = clean[act_name("rot_k", layer)].detach().transpose(1, 2).repeat_interleave(groups, dim=1)
+        q_corr = corrupt[act_name("rot_q", layer)].to(q_clean.dtype).transpose(1, 2)
+        k_corr = corrupt[act_name("rot_k", layer)].to(k_clean.dtype).transpose(1, 2).repeat_interleave(groups, dim=1)
+        # patch every head's queries at once: head h's new pattern only depends on head h's queries
+        new_q = _softmax_pattern(q_corr, k_clean, state.masks, scaling)
+        q_out[layer] = ((new_q - pattern) * grad_pattern).sum((2, 3)).float().mean(0).cpu()
+        new_k = _softmax_pattern(q_clean, k_corr, state.masks, scaling)
+        per_head = ((new_k - pattern) * grad_pattern).sum((2, 3)).float().mean(0).cpu()  # [H]
+        k_out[layer] = per_head.view(cfg.n_key_value_heads, groups).sum(-1)
+    return q_out, k_out
+
+
+def spearman(a: Tensor, b: Tensor) -> float:
+    """Spearman rank correlation of two same-shaped tensors (average ranks for ties)."""
+    x, y = a.flatten().double(), b.flatten().double()
+    if x.shape != y.shape or x.numel() < 2:
+        raise ValueError(f"spearman needs two tensors of the same size >= 2, got {tuple(a.shape)} and {tuple(b.shape)}")
+
+    def ranks(v: Tensor) -> Tensor:
+        order = v.argsort()
+        r = torch.empty_like(v)
+        r[order] = torch.arange(len(v), dtype=v.dtype)
+        for value in v.unique():  # average ranks of ties
+            tied = v == value
+            if tied.sum() > 1:
+                r[tied] = r[tied].mean()
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denom = (rx.norm() * ry.norm()).item()
+    return float((rx * ry).sum().item() / denom) if denom > 0 else float("nan")

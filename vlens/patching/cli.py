@@ -1,0 +1,116 @@
+"""``vlens patch``: visual activation patching sweeps and attribution patching from the command line.
+
+    vlens patch --model tiny --make-pairs 32 --mode layer-region --out runs/vap.json --html runs/vap.html
+    vlens patch --model tiny --pairs data/pairs --mode layer-head --out heads.json
+    vlens patch --model tiny --make-pairs 32 --mode atp --compare-exact --out atp.json
+
+``--pairs DIR`` reads an imagefolder with ``pair_id`` / ``role`` columns (``vlens data pairs``).
+The clean / corrupt answers are the records' ground-truth answers; metrics compare their first
+differing tokens at the final prompt position of the chat-formatted prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+MODES = ("layer-region", "layer-pos", "layer-head", "atp")
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("patch", help="Activation patching sweeps (layer x region/position/head) and AtP.")
+    parser.add_argument("--model", default="tiny", help="'tiny' (embedded), 'random-tiny', or a path / hub id")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--pairs", metavar="DIR", help="imagefolder of pairs (pair_id / role columns)")
+    source.add_argument("--make-pairs", type=int, metavar="N", help="generate N controlled counting pairs")
+    parser.add_argument("--mode", choices=MODES, required=True)
+    parser.add_argument("--out", required=True, help="results JSON path")
+    parser.add_argument("--html", help="also write the plotly figure as HTML")
+    parser.add_argument("--component", default="resid_pre", choices=("resid_pre", "attn_out", "mlp_out"),
+                        help="activation patched in layer-region / layer-pos mode (default resid_pre)")
+    parser.add_argument("--region", default="all", choices=("all", "image", "text", "final"),
+                        help="positions patched in layer-head mode (default all)")
+    parser.add_argument("--metric", default="overwrite_rate", help="metric shown in --html (default overwrite_rate)")
+    parser.add_argument("--method", default="fast", choices=("fast", "naive"))
+    parser.add_argument("--compare-exact", action="store_true", help="atp: also run the exact head sweep, report Spearman")
+    parser.add_argument("--only-correct", action="store_true",
+                        help="keep only pairs whose clean and corrupt runs both predict their own answer")
+    parser.add_argument("--limit", type=int, default=None, help="use at most this many pairs of --pairs")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --make-pairs (default 0)")
+    parser.add_argument("--size", type=int, default=168, help="image size of --make-pairs (default 168)")
+    parser.add_argument("--style", default="syndot", help="style of --make-pairs (default syndot)")
+    parser.add_argument("--max-batch", type=int, default=64, help="rows per forward in the fast path (default 64)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run_patch)
+
+
+def load_batch(model, args: argparse.Namespace):
+    """The PairBatch the arguments ask for (optionally only the pairs the model gets right)."""
+    from vlens.patching.pairs import build_pair_batch, load_pair_examples, make_count_pairs
+
+    if args.pairs:
+        examples = load_pair_examples(args.pairs, limit=args.limit)
+    else:
+        examples = make_count_pairs(args.make_pairs, seed=args.seed, size=args.size, style=args.style)
+    batch = build_pair_batch(model, examples)
+    if args.only_correct:
+        import torch
+
+        from vlens.patching.runner import corrupt_activations, final_logits
+
+        with torch.no_grad():
+            clean = final_logits(model, model(batch.clean, stop_at_layer=model.cfg.n_layers), batch.final)
+            corrupt, _ = corrupt_activations(model, batch, set())
+        keep = ((clean.argmax(-1).cpu() == batch.clean_tokens) & (corrupt.argmax(-1).cpu() == batch.corrupt_tokens))
+        rows = keep.nonzero().flatten().tolist()
+        if not rows:
+            raise ValueError("--only-correct: the model answers no pair correctly in both roles")
+        batch = batch.select(rows)
+    return batch
+
+
+def run_patch(args: argparse.Namespace) -> int:
+    from vlens.info_cli import load_model_arg
+    from vlens.patching import sweeps
+
+    try:
+        model = load_model_arg(args.model)
+        batch = load_batch(model, args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"vlens patch: {error}", file=sys.stderr)
+        return 2
+    common = dict(method=args.method, max_batch=args.max_batch, progress=not args.quiet)
+    if args.mode == "layer-region":
+        result = sweeps.patch_layer_region(model, batch, component=args.component, **common)
+    elif args.mode == "layer-pos":
+        result = sweeps.patch_layer_position(model, batch, component=args.component, **common)
+    elif args.mode == "layer-head":
+        result = sweeps.patch_layer_head(model, batch, region=args.region, **common)
+    else:
+        result = _run_atp(model, batch, args, common)
+    payload = result.to_json()
+    payload["model"] = args.model
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=1))
+    print(f"wrote {out} ({args.mode}, {batch.n_pairs} pairs)")
+    if args.html:
+        figure = result.plot("z") if args.mode == "atp" else result.plot(args.metric)
+        Path(args.html).parent.mkdir(parents=True, exist_ok=True)
+        figure.write_html(args.html, include_plotlyjs="cdn")
+        print(f"wrote {args.html}")
+    return 0
+
+
+def _run_atp(model, batch, args, common):
+    from vlens.patching.attribution import attribution_patching
+    from vlens.patching.sweeps import patch_layer_head
+
+    result = attribution_patching(model, batch)
+    if args.compare_exact:
+        exact = patch_layer_head(model, batch, region="all", **common)
+        result.exact_z = exact.metrics["logit_diff"] - exact.baseline.clean_logit_diff.mean()
+        print(f"Spearman(AtP z, exact head sweep) = {result.spearman_z:.3f}")
+    return result

@@ -1,0 +1,87 @@
+"""Patching metrics on the answer logits at the final prompt position.
+
+Definitions (per pair i, with clean answer token c_i and corrupt answer token k_i; "prediction"
+is the argmax token at the final position):
+
+- logit difference: LD = logit[k_i] - logit[c_i] (corrupt answer minus clean answer).
+- overwrite: the clean run predicts c_i and the patched run predicts k_i (the prediction flips
+  from the clean answer to the corrupted answer). Overwrite rate = share of all pairs.
+- flip-away: the clean run predicts c_i and the patched run predicts anything else.
+- normalised patch effect: (LD_patched - LD_clean) / (LD_corrupt - LD_clean), on the pair
+  means of LD: 0 = no effect, 1 = the patched run is as "corrupt" as the corrupt run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+METRICS: tuple[str, ...] = ("overwrite_rate", "flip_away_rate", "logit_diff", "patch_effect")
+
+
+def logit_diff(logits: Float[Tensor, "... n_pairs d_vocab"], clean_tokens: Int[Tensor, "n_pairs"],
+               corrupt_tokens: Int[Tensor, "n_pairs"]) -> Float[Tensor, "... n_pairs"]:
+    """logit[corrupt answer] - logit[clean answer], per pair (leading condition dims kept)."""
+    clean_tokens, corrupt_tokens = clean_tokens.to(logits.device), corrupt_tokens.to(logits.device)
+    index = torch.stack([corrupt_tokens, clean_tokens], dim=-1).expand(*logits.shape[:-1], 2)
+    picked = logits.gather(-1, index)
+    return picked[..., 0] - picked[..., 1]
+
+
+@dataclass
+class Baseline:
+    """The unpatched runs: per-pair final-position logits of the clean and corrupt inputs."""
+
+    clean_logits: Float[Tensor, "n_pairs d_vocab"]
+    corrupt_logits: Float[Tensor, "n_pairs d_vocab"]
+    clean_tokens: Int[Tensor, "n_pairs"]
+    corrupt_tokens: Int[Tensor, "n_pairs"]
+
+    @property
+    def clean_logit_diff(self) -> Float[Tensor, "n_pairs"]:
+        return logit_diff(self.clean_logits, self.clean_tokens, self.corrupt_tokens)
+
+    @property
+    def corrupt_logit_diff(self) -> Float[Tensor, "n_pairs"]:
+        return logit_diff(self.corrupt_logits, self.clean_tokens, self.corrupt_tokens)
+
+    @property
+    def clean_correct(self) -> Tensor:
+        """bool [n_pairs]: the clean run predicts the clean answer."""
+        return self.clean_logits.argmax(-1).cpu() == self.clean_tokens.cpu()
+
+    @property
+    def corrupt_correct(self) -> Tensor:
+        """bool [n_pairs]: the corrupt run predicts the corrupt answer."""
+        return self.corrupt_logits.argmax(-1).cpu() == self.corrupt_tokens.cpu()
+
+
+def patch_metrics(patched_logits: Float[Tensor, "... n_pairs d_vocab"], baseline: Baseline) -> dict[str, Tensor]:
+    """All metrics for patched final-position logits; each is [...] (leading condition dims).
+
+    Also returns "per_pair_logit_diff" [..., n_pairs].
+    """
+    patched_logits = patched_logits.float().cpu()
+    clean_tokens, corrupt_tokens = baseline.clean_tokens.cpu(), baseline.corrupt_tokens.cpu()
+    prediction = patched_logits.argmax(-1)
+    clean_correct = baseline.clean_correct
+    overwrite = clean_correct & (prediction == corrupt_tokens)
+    flip_away = clean_correct & (prediction != clean_tokens)
+    per_pair = logit_diff(patched_logits, clean_tokens, corrupt_tokens)
+    clean_mean = baseline.clean_logit_diff.float().cpu().mean()
+    corrupt_mean = baseline.corrupt_logit_diff.float().cpu().mean()
+    denominator = corrupt_mean - clean_mean
+    if abs(float(denominator)) < 1e-12:
+        effect = torch.full(per_pair.shape[:-1], float("nan"))
+    else:
+        effect = (per_pair.mean(-1) - clean_mean) / denominator
+    return {
+        "overwrite_rate": overwrite.float().mean(-1),
+        "flip_away_rate": flip_away.float().mean(-1),
+        "logit_diff": per_pair.mean(-1),
+        "patch_effect": effect,
+        "per_pair_logit_diff": per_pair,
+    }

@@ -1,0 +1,327 @@
+"""Batches of controlled clean/corrupt pairs, ready for patching.
+
+A `PairBatch` holds the clean and the corrupt inputs of N pairs (row i of each is pair i),
+the answer tokens that the metrics compare, and the pair ids. Building one validates that
+every pair is aligned: the same sequence length and the same image / text / final
+positions in both roles, so that "position p" means the same token slot in both runs.
+
+Answer tokens: the clean answer is the clean record's ground-truth ``answer`` and the
+corrupt answer the corrupt record's (e.g. "3" and "5"). Both are tokenised without special
+tokens; the metric token is the first token where the two differ. If they share a prefix
+(multi-token answers such as "12" vs "13" under a digit tokenizer), that prefix is appended
+to the chat-formatted prompt (teacher forcing), so the final position is the one that
+predicts the first differing token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from vlens.inputs import VLMInputs
+
+if TYPE_CHECKING:
+    from vlens.model import HookedVLM
+
+
+@dataclass
+class PairExample:
+    """One pair before tokenisation: two images and their prompts / ground-truth answers."""
+
+    pair_id: str
+    clean_image: Any
+    corrupt_image: Any
+    clean_prompt: str
+    corrupt_prompt: str
+    clean_answer: str
+    corrupt_answer: str
+
+
+@dataclass
+class PairBatch:
+    """N aligned pairs. Row i of `clean` and of `corrupt` is pair `pair_ids[i]`.
+
+    clean_tokens / corrupt_tokens: [n_pairs] the answer token ids read at the final position.
+    answer_prefix_len: per pair, how many shared answer tokens were appended to the prompt.
+    """
+
+    pair_ids: list[str]
+    clean: VLMInputs
+    corrupt: VLMInputs
+    clean_tokens: Int[Tensor, "n_pairs"]
+    corrupt_tokens: Int[Tensor, "n_pairs"]
+    clean_answers: list[str]
+    corrupt_answers: list[str]
+    answer_prefix_len: list[int]
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.pair_ids)
+
+    @property
+    def seq_len(self) -> int:
+        return self.clean.seq_len
+
+    @property
+    def final(self) -> Int[Tensor, "n_pairs"]:
+        return self.clean.regions.final
+
+    def region_mask(self, region: str) -> Tensor:
+        """bool [n_pairs, seq_len]: where `region` ("image", "text", "final", "all") is, in both roles."""
+        return self.clean.regions.mask(region, self.seq_len)
+
+    def select(self, rows: Sequence[int]) -> PairBatch:
+        """A batch of only some pairs (e.g. those the model answers correctly)."""
+        rows = [int(r) for r in rows]
+        if not rows:
+            raise ValueError("select() needs at least one pair")
+        return PairBatch(
+            pair_ids=[self.pair_ids[r] for r in rows],
+            clean=_select_rows(self.clean, rows),
+            corrupt=_select_rows(self.corrupt, rows),
+            clean_tokens=self.clean_tokens[rows],
+            corrupt_tokens=self.corrupt_tokens[rows],
+            clean_answers=[self.clean_answers[r] for r in rows],
+            corrupt_answers=[self.corrupt_answers[r] for r in rows],
+            answer_prefix_len=[self.answer_prefix_len[r] for r in rows],
+        )
+
+
+# ---------------------------------------------------------------------- sources of pairs
+def examples_from_pairs(pairs: Sequence[Any]) -> list[PairExample]:
+    """`vlens.data.Pair` objects -> `PairExample`s (prompt = the record's question)."""
+    return [
+        PairExample(p.pair_id, p.clean_image, p.corrupt_image, p.clean_record["question"],
+                    p.corrupt_record["question"], str(p.clean_record["answer"]), str(p.corrupt_record["answer"]))
+        for p in pairs
+    ]
+
+
+def make_count_pairs(n: int, seed: int = 0, size: int = 168, style: str = "syndot",
+                     counts: Sequence[int] = tuple(range(1, 10))) -> list[PairExample]:
+    """`n` controlled counting pairs (clean count c, corrupt count c +- 1 or 2), deterministic in seed.
+
+    size: image side in pixels (168 gives the embedded model its 6x6 image-token grid).
+    """
+    import numpy as np
+
+    from vlens.data import make_pair
+
+    if n < 1:
+        raise ValueError(f"make_count_pairs needs n >= 1, got {n}")
+    rng = np.random.default_rng(seed)
+    counts = [int(c) for c in counts]
+    pairs = []
+    for i in range(n):
+        n_clean = int(rng.choice(counts))
+        options = [c for c in counts if c != n_clean and abs(c - n_clean) <= 2]
+        n_corrupt = int(rng.choice(options))
+        pairs.append(make_pair(n_clean, n_corrupt, seed=seed * 100_003 + i, style=style, size=size,
+                               pair_id=f"{style}-count-{seed}-{i}"))
+    return examples_from_pairs(pairs)
+
+
+def examples_from_records(records: Sequence[dict]) -> list[PairExample]:
+    """Imagefolder records with `pair_id` and `role` ("clean"/"corrupt") columns -> pairs, in file order.
+
+    Each record needs `question`, `answer` and either `image_path` (from `read_imagefolder`)
+    or an `image`. Raises a ValueError naming the pair if a role is missing or repeated.
+    """
+    by_pair: dict[str, dict[str, dict]] = {}
+    for index, record in enumerate(records):
+        for key in ("pair_id", "role", "question", "answer"):
+            if key not in record:
+                raise ValueError(f"record {index} ({record.get('file_name', '?')}) has no {key!r} column; a pair "
+                                 "dataset needs pair_id, role, question and answer (write it with `vlens data pairs`)")
+        role = record["role"]
+        if role not in ("clean", "corrupt"):
+            raise ValueError(f"record {index} of pair {record['pair_id']!r} has role {role!r}; use 'clean' or 'corrupt'")
+        roles = by_pair.setdefault(str(record["pair_id"]), {})
+        if role in roles:
+            raise ValueError(f"pair {record['pair_id']!r} has two {role!r} records; each pair needs exactly one of each")
+        roles[role] = record
+    examples = []
+    for pair_id, roles in by_pair.items():
+        missing = {"clean", "corrupt"} - set(roles)
+        if missing:
+            raise ValueError(f"pair {pair_id!r} has no {sorted(missing)[0]!r} record; each pair needs one clean "
+                             "and one corrupt record")
+        clean, corrupt = roles["clean"], roles["corrupt"]
+        examples.append(PairExample(pair_id, _record_image(clean), _record_image(corrupt), clean["question"],
+                                    corrupt["question"], str(clean["answer"]), str(corrupt["answer"])))
+    if not examples:
+        raise ValueError("no pairs found (the dataset is empty)")
+    return examples
+
+
+def load_pair_examples(data_dir: str | Path, limit: int | None = None) -> list[PairExample]:
+    """Pairs from an imagefolder written by `vlens data` (columns pair_id, role, question, answer)."""
+    from vlens.data import read_imagefolder
+
+    examples = examples_from_records(read_imagefolder(data_dir))
+    return examples[:limit] if limit is not None else examples
+
+
+def _record_image(record: dict):
+    if "image" in record and record["image"] is not None:
+        return record["image"]
+    if hasattr(record, "open_image"):
+        return record.open_image()
+    from PIL import Image
+
+    with Image.open(record["image_path"]) as image:
+        return image.convert("RGB")
+
+
+# ---------------------------------------------------------------------- tokenisation + validation
+def answer_tokens(model: HookedVLM, clean_answer: str, corrupt_answer: str, pair_id: str = "?") -> tuple[list[int], int, int]:
+    """(shared prefix ids, clean token, corrupt token): the first answer tokens that differ."""
+    tokenizer = model.tokenizer
+    clean_ids = tokenizer(clean_answer, add_special_tokens=False)["input_ids"]
+    corrupt_ids = tokenizer(corrupt_answer, add_special_tokens=False)["input_ids"]
+    for i, (a, b) in enumerate(zip(clean_ids, corrupt_ids, strict=False)):
+        if a != b:
+            return list(clean_ids[:i]), int(a), int(b)
+    raise ValueError(
+        f"pair {pair_id!r}: the clean answer {clean_answer!r} and the corrupt answer {corrupt_answer!r} have no "
+        "differing token, so nothing can flip. Patching metrics need pairs whose answers differ (count pairs, "
+        "not move/colour controls)."
+    )
+
+
+def build_pair_batch(model: HookedVLM, examples: Sequence[Any], chat: bool = True) -> PairBatch:
+    """Tokenise pairs (clean and corrupt in one padded batch) and validate their alignment.
+
+    examples: `PairExample`s or `vlens.data.Pair`s.
+
+    Raises:
+        ValueError: naming the first pair whose clean and corrupt inputs differ in length or in
+            where the image / text / final tokens are (e.g. images of different sizes).
+    """
+    examples = [e if isinstance(e, PairExample) else examples_from_pairs([e])[0] for e in examples]
+    if not examples:
+        raise ValueError("build_pair_batch got no pairs")
+    n = len(examples)
+    tokens = [answer_tokens(model, e.clean_answer, e.corrupt_answer, e.pair_id) for e in examples]
+    # Alignment is checked on each pair alone first, so the error names the pair.
+    for e, (prefix, _, _) in zip(examples, tokens, strict=True):
+        single = _prepare(model, [e.clean_image, e.corrupt_image], [e.clean_prompt, e.corrupt_prompt],
+                          [prefix, prefix], chat)
+        _check_aligned(single, 0, 1, e.pair_id)
+    images = [e.clean_image for e in examples] + [e.corrupt_image for e in examples]
+    prompts = [e.clean_prompt for e in examples] + [e.corrupt_prompt for e in examples]
+    prefixes = [t[0] for t in tokens] * 2
+    both = _prepare(model, images, prompts, prefixes, chat)
+    clean, corrupt = _select_rows(both, list(range(n))), _select_rows(both, list(range(n, 2 * n)))
+    for i, e in enumerate(examples):
+        _check_aligned_pair(clean, corrupt, i, e.pair_id)
+    return PairBatch(
+        pair_ids=[e.pair_id for e in examples],
+        clean=clean,
+        corrupt=corrupt,
+        clean_tokens=torch.tensor([t[1] for t in tokens], dtype=torch.long),
+        corrupt_tokens=torch.tensor([t[2] for t in tokens], dtype=torch.long),
+        clean_answers=[e.clean_answer for e in examples],
+        corrupt_answers=[e.corrupt_answer for e in examples],
+        answer_prefix_len=[len(t[0]) for t in tokens],
+    )
+
+
+def _prepare(model: HookedVLM, images: list, prompts: list[str], prefixes: list[list[int]], chat: bool) -> VLMInputs:
+    inputs = model.prepare(images=images, prompts=prompts, chat=chat)
+    if not any(prefixes):
+        return inputs
+    return _append_tokens(model, inputs, prefixes)
+
+
+def _append_tokens(model: HookedVLM, inputs: VLMInputs, suffixes: list[list[int]]) -> VLMInputs:
+    """Append token ids after each row's prompt, keeping the batch left-padded."""
+    pad_id = model.tokenizer.pad_token_id or 0
+    rows = []
+    for row, suffix in enumerate(suffixes):
+        keep = inputs.attention_mask[row].bool()
+        rows.append(torch.cat([inputs.input_ids[row][keep].cpu(), torch.tensor(suffix, dtype=torch.long)]))
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = r
+        mask[i, width - len(r):] = 1
+    hf = {"input_ids": ids, "attention_mask": mask}
+    for key in ("pixel_values", "image_grid_thw"):
+        if getattr(inputs, key) is not None:
+            hf[key] = getattr(inputs, key).cpu()
+    hf.update(inputs.extra)
+    return model.coerce_inputs(hf)
+
+
+def _check_aligned(inputs: VLMInputs, a: int, b: int, pair_id: str) -> None:
+    _check_aligned_pair(inputs, inputs, a, pair_id, b)
+
+
+def _check_aligned_pair(clean: VLMInputs, corrupt: VLMInputs, row: int, pair_id: str, corrupt_row: int | None = None) -> None:
+    other = row if corrupt_row is None else corrupt_row
+    lengths = (int(clean.attention_mask[row].sum()), int(corrupt.attention_mask[other].sum()))
+    if lengths[0] != lengths[1]:
+        raise ValueError(
+            f"pair {pair_id!r} is misaligned: the clean prompt is {lengths[0]} tokens, the corrupt one {lengths[1]}. "
+            "Patching needs identical token layouts: use images of the same size and the same question in both roles."
+        )
+    for region in ("image", "text", "final"):
+        a = clean.regions.region(region, row).cpu()
+        b = corrupt.regions.region(region, other).cpu()
+        if a.shape != b.shape or not torch.equal(a, b):
+            raise ValueError(
+                f"pair {pair_id!r} is misaligned: its {region} tokens sit at different positions in the clean and "
+                f"the corrupt input ({a.numel()} vs {b.numel()} positions). Use images of the same size and the same "
+                "question in both roles."
+            )
+    grid_a, grid_b = clean.regions.image_grid[row], corrupt.regions.image_grid[other]
+    if grid_a != grid_b:
+        raise ValueError(f"pair {pair_id!r} is misaligned: image grids {grid_a} (clean) vs {grid_b} (corrupt)")
+
+
+def _select_rows(inputs: VLMInputs, rows: list[int]) -> VLMInputs:
+    """Rows of a batch, with their pixel values (Qwen layout: patches of all images concatenated)."""
+    regions = inputs.regions
+    index = torch.tensor(rows, dtype=torch.long)
+    pixel_values, grid_thw = inputs.pixel_values, inputs.image_grid_thw
+    if pixel_values is not None:
+        if grid_thw is None:  # one image tensor per row (LLaVA layout)
+            pixel_values = pixel_values[index.to(pixel_values.device)]
+        else:
+            per_image = grid_thw.prod(dim=-1).tolist()
+            starts = [0]
+            for count in per_image:
+                starts.append(starts[-1] + int(count))
+            images_per_row = [len(g) for g in regions.image_grid]
+            first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
+            chosen = [first_image[r] + k for r in rows for k in range(images_per_row[r])]
+            pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in chosen]) if chosen else None
+            grid_thw = grid_thw[torch.tensor(chosen, dtype=torch.long, device=grid_thw.device)] if chosen else None
+    sub = {k: v[index.to(v.device)] for k, v in inputs.extra.items() if isinstance(v, Tensor) and v.shape[:1] == inputs.input_ids.shape[:1]}
+    from vlens.inputs import TokenRegions
+
+    new_regions = TokenRegions(
+        image=[regions.image[r] for r in rows],
+        images=[regions.images[r] for r in rows],
+        text=[regions.text[r] for r in rows],
+        final=regions.final[index],
+        image_grid=[regions.image_grid[r] for r in rows],
+    )
+    dev = inputs.input_ids.device
+    return VLMInputs(
+        input_ids=inputs.input_ids[index.to(dev)],
+        attention_mask=inputs.attention_mask[index.to(dev)],
+        pixel_values=pixel_values,
+        image_grid_thw=grid_thw,
+        mm_token_type_ids=None if inputs.mm_token_type_ids is None else inputs.mm_token_type_ids[index.to(dev)],
+        regions=new_regions,
+        extra=sub,
+    )

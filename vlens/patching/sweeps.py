@@ -1,0 +1,113 @@
+"""Exact visual activation patching sweeps over a batch of controlled pairs.
+
+    batch = build_pair_batch(model, make_count_pairs(16))
+    result = patch_layer_region(model, batch, component="resid_pre")   # [layer x region] metrics
+    result = patch_layer_position(model, batch)                        # every position; image grid too
+    result = patch_layer_head(model, batch, region="all")              # one head's hook_z at a time
+
+Every cell patches the corrupt run's activation into the clean run (see `runner`); method
+"fast" (default) and "naive" give equal numbers, "naive" being the one-forward-per-cell loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from vlens.patching.metrics import patch_metrics
+from vlens.patching.pairs import PairBatch
+from vlens.patching.results import PatchingResult, stack_metrics
+from vlens.patching.runner import PatchSpec, check_component, run_specs
+
+if TYPE_CHECKING:
+    from vlens.model import HookedVLM
+
+REGIONS: tuple[str, ...] = ("image", "text", "final", "all")
+
+
+def _layers(model: HookedVLM, layers: Sequence[int] | None) -> list[int]:
+    n = model.cfg.n_layers
+    chosen = list(range(n)) if layers is None else [int(x) for x in layers]
+    bad = [x for x in chosen if not 0 <= x < n]
+    if bad or not chosen:
+        raise ValueError(f"layers {bad or chosen} are not valid: the model has layers 0..{n - 1}")
+    return chosen
+
+
+def _result(model, batch, specs, mode, component, layers, cells, method, max_batch, progress, **extra) -> PatchingResult:
+    logits, baseline = run_specs(model, batch, specs, method=method, max_batch=max_batch, progress=progress)
+    metrics, per_pair = stack_metrics(patch_metrics(logits, baseline), len(layers), len(cells))
+    return PatchingResult(mode=mode, component=component, layers=layers, cells=cells, metrics=metrics,
+                          per_pair_logit_diff=per_pair, pair_ids=list(batch.pair_ids), baseline=baseline, **extra)
+
+
+def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
+                       regions: Sequence[str] = REGIONS, layers: Sequence[int] | None = None,
+                       method: str = "fast", max_batch: int = 64, progress: bool = False) -> PatchingResult:
+    """Patch `component` ("resid_pre", "attn_out", "mlp_out") of each layer at each region.
+
+    Returns a PatchingResult with metrics [n_layers, n_regions].
+    """
+    check_component(component)
+    for region in regions:
+        if region not in REGIONS:
+            raise ValueError(f"unknown region {region!r}: use some of {REGIONS}")
+    layers = _layers(model, layers)
+    masks = {r: batch.region_mask(r) for r in regions}
+    specs = [PatchSpec(layer, component, masks[r]) for layer in layers for r in regions]
+    return _result(model, batch, specs, "layer-region", component, layers, list(regions), method, max_batch, progress)
+
+
+def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
+                         layers: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
+                         progress: bool = False) -> PatchingResult:
+    """Patch `component` of each layer at each position (a column of the left-padded batch).
+
+    Rows are left-padded, so column p is the same slot counted from the final token in every
+    pair; columns where a pair has padding patch nothing for that pair. When every pair has its
+    image at the same columns, the result also maps those columns onto the image grid
+    (`result.image_grid_values()`, `result.plot_image_grid()`).
+    """
+    check_component(component)
+    layers = _layers(model, layers)
+    seq_len = batch.seq_len
+    valid = batch.clean.attention_mask.bool().cpu()
+    positions = list(range(seq_len))
+    specs = []
+    for layer in layers:
+        for p in positions:
+            mask = torch.zeros_like(valid)
+            mask[:, p] = valid[:, p]
+            specs.append(PatchSpec(layer, component, mask))
+    regions = batch.clean.regions
+    tokens = batch.clean.input_ids[0].tolist()
+    token_strings = [str(t) for t in model.to_str_tokens(tokens)] if model.processor is not None else [str(t) for t in tokens]
+    image_positions, grid = None, None
+    first = regions.image[0].tolist()
+    if first and len(regions.image_grid[0]) == 1 and all(regions.image[r].tolist() == first for r in range(batch.n_pairs)) \
+            and all(regions.image_grid[r] == regions.image_grid[0] for r in range(batch.n_pairs)):
+        image_positions, grid = first, tuple(regions.image_grid[0][0])
+    return _result(model, batch, specs, "layer-pos", component, layers, positions, method, max_batch, progress,
+                   tokens=token_strings, image_positions=image_positions, image_grid=grid)
+
+
+def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", layers: Sequence[int] | None = None,
+                     heads: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
+                     progress: bool = False) -> PatchingResult:
+    """Patch one head's `hook_z` at a time (at `region`'s positions: "all", "image", "text", "final").
+
+    Returns a PatchingResult with metrics [n_layers, n_heads].
+    """
+    if region not in REGIONS:
+        raise ValueError(f"unknown region {region!r}: use one of {REGIONS}")
+    layers = _layers(model, layers)
+    n_heads = model.cfg.n_heads
+    heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+    if any(not 0 <= h < n_heads for h in heads):
+        raise ValueError(f"heads {heads} are not valid: the model has heads 0..{n_heads - 1}")
+    mask = batch.region_mask(region)
+    specs = [PatchSpec(layer, "z", mask, head=h) for layer in layers for h in heads]
+    return _result(model, batch, specs, "layer-head", "z", layers, heads, method, max_batch,
+                   progress, region=region)
