@@ -179,3 +179,16 @@ def assert_no_hooks_left_after_exception(model, inputs, hook_names: list[str]) -
     leftover = [name for name, hp in model.hook_dict.items() if hp.fwd_hooks or hp.bwd_hooks]
     assert leftover == []
     assert not any(block.attn.needs_pattern() for block in model.blocks)
+
+
+def assert_saved_checkpoint_loads(hf, processor, folder, images, prompt: str = "How many dots are there?") -> None:
+    """save_pretrained -> HookedVLM.from_pretrained rebuilds the family, its processor, and HF's logits."""
+    from vlens import HookedVLM
+
+    hf.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    model = HookedVLM.from_pretrained(str(folder))
+    inputs = model.prepare(images=[images], prompts=[prompt])
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs), hf(**inputs.to_hf_kwargs()).logits, atol=1e-4, rtol=0)
+    assert model.cfg.architecture == type(hf).__name__

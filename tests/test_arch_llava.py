@@ -15,6 +15,7 @@ from tests._arch_parity import (
     assert_hook_z_edit_matches_hf,
     assert_logits_match,
     assert_no_hooks_left_after_exception,
+    assert_saved_checkpoint_loads,
     assert_scores_edit_matches_scaling_q,
     hf_logits,
     input_matrix,
@@ -96,11 +97,17 @@ def test_hook_shapes_including_vision_and_projector():
     assert tuple(cache["vision.blocks.2.attn.hook_z"].shape) == (n_images, n_tokens, 4, 8)
 
 
-def test_vision_layers_after_the_selected_one_are_not_run():
+def test_vision_layers_after_the_selected_one_run_but_do_not_matter():
     hf, model = _pair("mha_layer1_default_3x3")  # vision_feature_layer=1: the output of CLIP layer 0
-    _, cache = model.run_with_cache(_cases(model)["one_image"], names_filter=lambda n: n.startswith("vision."))
-    assert "vision.blocks.0.hook_resid_post" in cache.cache_dict
-    assert "vision.blocks.1.hook_resid_post" not in cache.cache_dict
+    inputs = _cases(model)["one_image"]
+    _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.startswith("vision."))
+    assert {f"vision.blocks.{i}.hook_resid_post" for i in range(3)} <= set(cache.cache_dict)
+    with torch.no_grad():
+        plain = model(inputs)
+        late = model.run_with_hooks(inputs, fwd_hooks=[("vision.blocks.1.hook_resid_post", lambda x, hook: x * 0)])
+        early = model.run_with_hooks(inputs, fwd_hooks=[("vision.blocks.0.hook_resid_post", lambda x, hook: x * 0)])
+    torch.testing.assert_close(late, plain, atol=0, rtol=0)
+    assert (early - plain).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("shape", ["gqa2_layer-2_default", "gqa4_layers_list_full_bias"])
@@ -198,3 +205,8 @@ def test_unknown_select_strategy_is_a_clear_error():
     inputs = _cases(model)["one_image"]
     with pytest.raises(ValueError, match="vision_feature_select_strategy"):
         model(**inputs.to_hf_kwargs(), vision_feature_select_strategy="cls")
+
+
+def test_saved_checkpoint_loads_with_its_processor(tmp_path):
+    hf, model = _pair("gqa2_layer-2_default")
+    assert_saved_checkpoint_loads(hf, model.processor, tmp_path, [random_image(40, 40, 1), random_image(64, 32, 2)])

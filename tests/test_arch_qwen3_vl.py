@@ -14,6 +14,7 @@ from tests._arch_parity import (
     assert_hook_z_edit_matches_hf,
     assert_logits_match,
     assert_no_hooks_left_after_exception,
+    assert_saved_checkpoint_loads,
     assert_scores_edit_matches_scaling_q,
     hf_logits,
     input_matrix,
@@ -170,3 +171,8 @@ def test_no_hooks_left_after_exception():
     assert_no_hooks_left_after_exception(model, _cases(model)["one_image"],
                                          ["blocks.0.hook_deepstack", "blocks.1.attn.hook_pattern",
                                           "vision.blocks.0.attn.hook_z"])
+
+
+def test_saved_checkpoint_loads_with_its_processor(tmp_path):
+    hf, model = _pair("gqa6_one_deepstack")
+    assert_saved_checkpoint_loads(hf, model.processor, tmp_path, [random_image(64, 64, 1), random_image(96, 64, 2)])

@@ -3,8 +3,9 @@
 - Decoder: the Llama layer layout is the core's (`ArchitectureAdapter.build_block`); 1-D RoPE
   from HF's rotary module (any rope scaling included).
 - Vision: CLIP's hidden states are computed block by block (embeddings -> pre-LayerNorm ->
-  encoder layers), stopping at the deepest layer `vision_feature_layer` selects, so an edit on
-  `vision.blocks.{i}.hook_resid_post` always reaches the selected features. Then, as HF does:
+  encoder layers, all of them as HF does), so an edit on `vision.blocks.{i}.hook_resid_post`
+  always reaches the selected features (HF's own hidden-state capture may record a block's output
+  before such an edit, depending on hook registration order). Then, as HF does:
   select the layer(s) (`vision_feature_layer`: int or list, concatenated on the feature axis),
   drop CLS for `vision_feature_select_strategy="default"` (keep it for "full"), project.
 - Hooks: `vision.blocks.{i}.hook_resid_post` [n_images, 1 + n_patches, width],
@@ -160,15 +161,13 @@ def _clip_core(tower: nn.Module) -> nn.Module:
 def _clip_hidden_states(tower: nn.Module, pixel_values: Tensor, layers: list[int]) -> dict[int, Tensor]:
     """HF's `hidden_states` tuple entries for the requested indices (negative allowed).
 
-    Index 0 is the pre-LayerNorm'd embeddings, index i the output of encoder layer i - 1. Layers
-    after the deepest requested one are not run (HF runs them, but nothing reads them).
+    Index 0 is the pre-LayerNorm'd embeddings, index i the output of encoder layer i - 1. Every
+    layer runs, as in HF, so every vision hook fires (later layers do not change the features).
     """
     core = _clip_core(tower)
-    n_states = len(core.encoder.layers) + 1
-    wanted = {i: i % n_states for i in layers}
     hidden = core.pre_layrnorm(core.embeddings(pixel_values))
     states = [hidden]
-    for layer in core.encoder.layers[: max(wanted.values())]:
+    for layer in core.encoder.layers:
         hidden = layer(hidden, None)
         states.append(hidden)
-    return {i: states[j] for i, j in wanted.items()}
+    return {i: states[i] for i in layers}
