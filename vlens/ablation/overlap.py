@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 import torch
 from jaxtyping import Float
@@ -51,23 +51,38 @@ def jaccard_matrix(head_sets: Mapping[str, Iterable[Head]]) -> tuple[Float[Tenso
     return matrix, names
 
 
-def head_set_from_json(data, n_layers: int | None = None, n_heads: int | None = None,
-                       k: int = 20) -> list[Head]:
-    """A head set from patching (or any) results: a [n_layers, n_heads] score grid (top-k by
-    |score|: patch effects may have either sign) or an explicit list of [layer, head] pairs.
+PATCHING_METRICS: tuple[str, ...] = ("patch_effect", "overwrite_rate", "head_scores", "scores", "effects",
+                                     "logit_diff", "z")
 
-    Dicts are searched for "head_scores", "scores", "effects", "overwrite_rate", "heads".
+
+def head_set_from_json(data, n_layers: int | None = None, n_heads: int | None = None, k: int = 20,
+                       metric: str | None = None) -> list[Head]:
+    """A head set from patching (or any) results: the top-k heads of a score grid by |score|
+    (patch effects may have either sign), or an explicit list of heads.
+
+    Accepted:
+    - `vlens patch --mode layer-head` / `--mode atp` JSON: the grid under `metric` (default
+      the first of PATCHING_METRICS present), rows labelled by "layers", columns by "heads";
+    - a dict with "heads": [[layer, head], ...] or [{"layer": l, "head": h}, ...] (taken as is);
+    - a bare [n_layers, n_heads] grid.
     """
     if isinstance(data, Mapping):
-        for key in ("head_scores", "scores", "effects", "overwrite_rate", "heads"):
-            if key in data:
-                return head_set_from_json(data[key], n_layers, n_heads, k)
-        raise ValueError("patching JSON: found none of head_scores / scores / effects / overwrite_rate / "
-                         f"heads among keys {sorted(data)}")
-    if isinstance(data, Sequence) and data and all(isinstance(x, Sequence) and len(x) == 2 and
-                                                   all(isinstance(v, int) for v in x) for x in data) \
-            and not (n_heads == 2 and len(data) == n_layers):
-        return [(int(layer), int(head)) for layer, head in data]
+        listed = data.get("heads")
+        if isinstance(listed, list) and listed and all(isinstance(h, (list, tuple, Mapping)) for h in listed):
+            return [(int(h["layer"]), int(h["head"])) if isinstance(h, Mapping) else (int(h[0]), int(h[1]))
+                    for h in listed]
+        keys = [metric] if metric else [key for key in PATCHING_METRICS if key in data]
+        if not keys or keys[0] not in data:
+            raise ValueError(f"patching JSON: no head scores under {metric or PATCHING_METRICS} and no explicit "
+                             f"'heads' list of [layer, head] (keys: {sorted(data)})")
+        grid = torch.as_tensor(data[keys[0]], dtype=torch.float64)
+        layer_labels = data.get("layers") or list(range(grid.shape[0]))
+        head_labels = listed if isinstance(listed, list) and listed else list(range(grid.shape[-1]))
+        if grid.ndim != 2 or grid.shape != (len(layer_labels), len(head_labels)):
+            raise ValueError(f"patching JSON: {keys[0]!r} has shape {tuple(grid.shape)}, expected "
+                             f"[{len(layer_labels)} layers, {len(head_labels)} heads]")
+        ranked = top_k_heads(grid, k, absolute=True)
+        return [(int(layer_labels[i]), int(head_labels[j])) for i, j in ranked]
     grid = torch.as_tensor(data, dtype=torch.float64)
     if grid.ndim != 2 or (n_layers is not None and tuple(grid.shape) != (n_layers, n_heads)):
         raise ValueError(f"patching head scores must be a [n_layers, n_heads] grid"

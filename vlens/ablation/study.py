@@ -76,12 +76,14 @@ def ablation_study(
     return AblationReport(results, top_k, rank_by, settings)
 
 
-def add_patching_overlap(report: AblationReport, patching, source: str = "", k: int | None = None) -> dict:
+def add_patching_overlap(report: AblationReport, patching, source: str = "", k: int | None = None,
+                         metric: str | None = None) -> dict:
     """Jaccard between the patching head set (VAP head sweep) and each task's ablation set.
 
-    patching: parsed JSON: a [n_layers, n_heads] score grid, a list of [layer, head], a dict
-        with one of those under "head_scores" / "scores" / "effects" / "overwrite_rate" /
-        "heads", or {"tasks": {task: ...}} / {task: ...} to compare task by task.
+    patching: parsed JSON of `vlens patch --mode layer-head` (or atp), a [n_layers, n_heads]
+        grid, {"heads": [[layer, head], ...]}, or {"tasks": {task: any of those}} / {task: ...}
+        to compare task by task (see `head_set_from_json`).
+    metric: which patching grid ranks the heads (default: patch_effect, then overwrite_rate, ...).
     The result is stored in `report.patching` and returned.
     """
     k = k or report.top_k
@@ -92,15 +94,15 @@ def add_patching_overlap(report: AblationReport, patching, source: str = "", k: 
     if per_task is None and isinstance(patching, Mapping) and set(patching) & set(ablation_sets):
         per_task = patching
     if per_task is not None:
-        heads = {t: head_set_from_json(per_task[t], n_layers, n_heads, k) for t in ablation_sets if t in per_task}
+        heads = {t: head_set_from_json(per_task[t], n_layers, n_heads, k, metric) for t in ablation_sets if t in per_task}
         if not heads:
             raise ValueError(f"the patching file names tasks {sorted(per_task)} but the report has "
                              f"{sorted(ablation_sets)}: no task in common")
     else:
-        shared = head_set_from_json(patching, n_layers, n_heads, k)
+        shared = head_set_from_json(patching, n_layers, n_heads, k, metric)
         heads = {t: shared for t in ablation_sets}
     report.patching = {
-        "source": source, "top_k": k,
+        "source": source, "top_k": k, "metric": metric,
         "heads": {t: [list(h) for h in hs] for t, hs in heads.items()},
         "jaccard": {t: jaccard(hs, ablation_sets[t]) for t, hs in heads.items()},
     }

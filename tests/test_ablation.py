@@ -1,0 +1,232 @@
+"""Head ablation machinery on a random tiny VLM with images: alignment, reference means,
+exact resumed sweeps, resampling, Jaccard, JSON and the `vlens ablate` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vlens import HookedVLM, act_name
+from vlens.ablation import (
+    AblationReport,
+    add_patching_overlap,
+    collect_reference,
+    head_ablation_sweep,
+    head_set_from_json,
+    jaccard,
+    jaccard_matrix,
+    top_k_heads,
+)
+from vlens.ablation.reference import row_position_keys
+from vlens.ablation.tasks import REFERENCE_SEED_OFFSET, build_task_batch, parse_task
+from vlens.data.templates import all_template_words
+from vlens.testing import TEST_WORDS, tiny_hf_model, tiny_qwen_processor, word_level_tokenizer
+
+torch.set_num_threads(1)
+SIZE = 56  # 2 x 2 merged grid: 4 image tokens
+
+
+def task_vocab_model() -> HookedVLM:
+    """A random tiny Qwen2.5-VL whose tokenizer knows every task-suite answer."""
+    tokenizer = word_level_tokenizer(words=list(TEST_WORDS) + sorted(all_template_words()))
+    hf = tiny_hf_model("qwen2_5_vl", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_mlp=48,
+                       tokenizer=tokenizer)
+    return HookedVLM.from_hf(hf, tiny_qwen_processor(tokenizer))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return task_vocab_model()
+
+
+@pytest.fixture(scope="module")
+def counting(model):
+    return (build_task_batch(model, "counting", 5, seed=0, image_size=SIZE),
+            build_task_batch(model, "counting", 4, seed=0, image_size=SIZE, reference=True))
+
+
+# ---------------------------------------------------------------- head sets and Jaccard
+def test_jaccard_on_known_sets():
+    a, b, c = {(0, 1), (1, 2), (2, 3)}, {(1, 2), (2, 3), (3, 0), (3, 1)}, set()
+    assert jaccard(a, b) == pytest.approx(2 / 5)
+    assert jaccard(a, a) == 1.0 and jaccard(a, c) == 0.0 and jaccard(c, c) == 1.0
+    matrix, names = jaccard_matrix({"x": a, "y": b, "z": {(9, 9)}})
+    assert names == ["x", "y", "z"]
+    expected = torch.tensor([[1, 0.4, 0], [0.4, 1, 0], [0, 0, 1]], dtype=torch.float64)
+    assert torch.allclose(matrix, expected)
+
+
+def test_top_k_order_and_ties():
+    scores = torch.tensor([[0.1, 0.5], [0.5, -2.0]])
+    assert top_k_heads(scores, 3) == [(0, 1), (1, 0), (0, 0)]  # tie broken by (layer, head)
+    assert top_k_heads(scores, 3, tiebreak=torch.tensor([[0, 0], [1, 0]])) == [(1, 0), (0, 1), (0, 0)]
+    assert top_k_heads(scores, 1, absolute=True) == [(1, 1)]
+    assert len(top_k_heads(scores, 20)) == 4  # k larger than the number of heads
+    with pytest.raises(ValueError, match="k >= 1"):
+        top_k_heads(scores, 0)
+
+
+def test_head_set_from_patching_json_formats():
+    grid = [[0.1, -0.9], [0.3, 0.0]]
+    assert head_set_from_json(grid, 2, 2, k=2) == [(0, 1), (1, 0)]  # by |effect|
+    assert head_set_from_json({"head_scores": grid}, 2, 2, k=1) == [(0, 1)]
+    assert head_set_from_json({"heads": [[1, 0], [0, 0]]}, 2, 2) == [(1, 0), (0, 0)]
+    assert head_set_from_json({"heads": [{"layer": 1, "head": 1}]}) == [(1, 1)]
+    # `vlens patch --mode layer-head` output: rows are the swept layers, columns the heads
+    vap = {"mode": "layer-head", "layers": [2, 3], "heads": [0, 1], "overwrite_rate": [[0, 1], [0.5, 0]],
+           "patch_effect": [[0.2, 0.1], [-0.9, 0.0]]}
+    assert head_set_from_json(vap, k=2) == [(3, 0), (2, 0)]
+    assert head_set_from_json(vap, k=1, metric="overwrite_rate") == [(2, 1)]
+    with pytest.raises(ValueError, match="n_layers, n_heads"):
+        head_set_from_json([[1.0, 2.0, 3.0]], 2, 2)
+
+
+# ---------------------------------------------------------------- tasks
+def test_task_names_and_disjoint_reference_seeds(model, counting):
+    assert parse_task("counting@synreal") == ("counting", "synreal")
+    assert parse_task("colour") == ("colour", "synpoly")
+    with pytest.raises(ValueError, match="unknown task"):
+        parse_task("juggling")
+    evaluation, reference = counting
+    assert [r["seed"] for r in evaluation.records] == list(range(5))
+    assert [r["seed"] for r in reference.records] == [REFERENCE_SEED_OFFSET + i for i in range(4)]
+    assert evaluation.answer_ids.tolist() == [model.to_single_token(a) for a in evaluation.answers]
+
+
+def test_unknown_answer_word_is_a_clear_error():
+    small = HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1),
+                              tiny_qwen_processor())
+    with pytest.raises(ValueError, match="not in the model's vocabulary"):
+        build_task_batch(small, "colour", 8, image_size=SIZE)  # the test vocabulary lacks most colours
+
+
+# ---------------------------------------------------------------- alignment and reference means
+def test_region_keys_follow_the_prompt_layout(model):
+    inputs = model.prepare(images=[None, _image()], prompts=["How many dots are there ?", "How many ?"])
+    positions, keys = row_position_keys(inputs.regions, 1, "region")
+    image_positions = inputs.regions.image[1].tolist()
+    by_position = dict(zip(positions.tolist(), keys, strict=True))
+    assert [by_position[p] for p in image_positions] == [("image", 0, 2, 2, k) for k in range(4)]
+    assert by_position[int(inputs.regions.final[1])] == ("end", 0)
+    first_real = int(inputs.attention_mask[1].nonzero().min())
+    assert by_position[first_real] == ("start", 0)
+    # text-only row: everything counted from the end, padding excluded
+    positions, keys = row_position_keys(inputs.regions, 0, "region")
+    assert keys[-1] == ("end", 0) and len(keys) == int(inputs.attention_mask[0].sum())
+
+
+def _image(seed: int = 0):
+    from vlens.testing import random_image
+
+    return random_image(SIZE, SIZE, seed)
+
+
+@pytest.mark.parametrize("alignment", ["all", "position"])
+def test_reference_means_are_the_reference_sets_means(model, counting, alignment):
+    _, reference_set = counting
+    inputs = reference_set.inputs(model, range(len(reference_set)))
+    reference = collect_reference(model, reference_set, alignment, batch_size=3, progress=False)
+    _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith("hook_z"))
+    z = cache[act_name("z", 1)]  # [batch, pos, H, d]
+    real = inputs.attention_mask.bool()
+    assert reference.n_examples == 4 and reference.n_positions == int(real.sum())
+    assert torch.allclose(reference.global_mean[1], z[real].mean(0), atol=1e-5)
+    # one reference row ablated "by its own reference": per-position means at the final
+    # position are the mean of the final positions (left padding: the last column)
+    values = reference.mean_values(1, inputs)
+    expected_final = z[:, -1].mean(0) if alignment == "position" else z[real].mean(0)
+    assert torch.allclose(values[0, -1], expected_final, atol=1e-5)
+
+
+def test_resample_from_a_single_reference_equals_its_aligned_outputs(model, counting):
+    evaluation, reference_set = counting
+    one = build_task_batch(model, "counting", 1, seed=7, image_size=SIZE, reference=True)
+    reference = collect_reference(model, one, "region", keep_samples=True, progress=False)
+    inputs = evaluation.inputs(model, range(3))
+    resampled = reference.resample_values(0, inputs, [0, 0, 0])
+    assert torch.allclose(resampled, reference.mean_values(0, inputs))
+    with pytest.raises(ValueError, match="partners"):
+        reference.resample_values(0, inputs, [0, 1, 0])
+
+
+# ---------------------------------------------------------------- sweeps
+@pytest.mark.parametrize("method", ["mean", "zero", "resample"])
+def test_resumed_stacked_sweep_equals_plain_run_with_hooks(model, counting, method):
+    evaluation, reference_set = counting
+    reference = None if method == "zero" else collect_reference(
+        model, reference_set, "region", keep_samples=method == "resample", progress=False)
+    fast = head_ablation_sweep(model, evaluation, method, reference, batch_size=3, heads_per_pass=3,
+                               progress=False)
+    plain = head_ablation_sweep(model, evaluation, method, reference, batch_size=5, resume=False, progress=False)
+    assert torch.allclose(fast.ablated_logprob, plain.ablated_logprob, atol=1e-5)
+    assert torch.equal(fast.ablated_accuracy, plain.ablated_accuracy)
+    assert fast.clean_logprob == pytest.approx(plain.clean_logprob, abs=1e-5)
+    assert not torch.isnan(fast.ablated_logprob).any()
+    # the clean metric is the model's own: log-softmax at the last prompt position
+    inputs = evaluation.inputs(model, range(len(evaluation)))
+    with torch.no_grad():
+        logp = model(inputs)[:, -1].log_softmax(-1).gather(-1, evaluation.answer_ids[:, None])
+    assert fast.clean_logprob == pytest.approx(float(logp.mean()), abs=1e-5)
+
+
+def test_sweep_of_some_layers_leaves_others_nan(model, counting):
+    evaluation, _ = counting
+    sweep = head_ablation_sweep(model, evaluation, "zero", layers=[1], progress=False)
+    assert torch.isnan(sweep.ablated_logprob[0]).all() and not torch.isnan(sweep.ablated_logprob[1]).any()
+
+
+# ---------------------------------------------------------------- report, JSON and CLI
+def _report_with_known_sets() -> AblationReport:
+    from vlens.ablation import HeadAblation
+
+    def result(task, drops):
+        drops = torch.tensor(drops, dtype=torch.float64)
+        return HeadAblation(task, "mean", "region", 4, 0.0, 1.0, -drops, 1.0 - drops.clamp(0, 1))
+
+    return AblationReport({"a": result("a", [[3.0, 2.0], [1.0, 0.0]]),
+                           "b": result("b", [[0.0, 2.0], [3.0, 1.0]])}, top_k=2)
+
+
+def test_report_jaccard_json_roundtrip_and_patching_overlap(tmp_path):
+    report = _report_with_known_sets()
+    assert report.head_sets() == {"a": [(0, 0), (0, 1)], "b": [(1, 0), (0, 1)]}
+    matrix, _ = report.jaccard()
+    assert float(matrix[0, 1]) == pytest.approx(1 / 3)
+    overlap = add_patching_overlap(report, {"head_scores": [[0.0, -5.0], [4.0, 0.1]]}, k=2)
+    assert overlap["jaccard"] == {"a": pytest.approx(1 / 3), "b": 1.0}
+    again = AblationReport.from_json(report.to_json(tmp_path / "r.json"))
+    assert again.head_sets() == report.head_sets() and again.patching["jaccard"]["b"] == 1.0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["jaccard"]["matrix"][0][1] == pytest.approx(1 / 3, abs=1e-6)
+    assert data["results"]["a"]["ranked_heads"][0] == {"rank": 1, "layer": 0, "head": 0, "logprob_drop": 3.0,
+                                                       "accuracy_drop": 1.0}
+    figure = report.jaccard_figure()
+    assert figure.data[0].z.shape == (2, 2)
+
+
+def test_vlens_ablate_command(tmp_path, monkeypatch, model):
+    import vlens.ablation.cli as ablation_cli
+    from vlens.cli import main
+
+    monkeypatch.setattr(ablation_cli, "load_model_arg", lambda name: model)
+    patching = tmp_path / "vap.json"
+    patching.write_text(json.dumps({"heads": [[1, 0], [1, 1]]}))
+    out = tmp_path / "ablation.json"
+    code = main(["ablate", "--model", "random", "--tasks", "counting,colour,counting@synreal", "--top-k", "3",
+                 "--n-examples", "3", "--n-reference", "3", "--image-size", str(SIZE), "--quiet",
+                 "--patching", str(patching), "--out", str(out), "--html", str(tmp_path / "j.html")])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["tasks"] == ["counting", "colour", "counting@synreal"] and data["top_k"] == 3
+    assert data["n_heads_total"] == 8
+    matrix = torch.tensor(data["jaccard"]["matrix"])
+    assert torch.allclose(matrix.diag(), torch.ones(3)) and torch.allclose(matrix, matrix.T)
+    for task in data["tasks"]:
+        assert len(data["results"][task]["top_heads"]) == 3
+        assert len(data["results"][task]["ranked_heads"]) == 8
+    assert set(data["patching"]["jaccard"]) == set(data["tasks"])
+    assert (tmp_path / "j.html").stat().st_size > 0
+    with pytest.raises(SystemExit, match="top-k"):
+        main(["ablate", "--tasks", "counting", "--top-k", "0"])

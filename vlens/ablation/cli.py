@@ -1,0 +1,84 @@
+"""`vlens ablate`: per-task head importance by ablation and the Jaccard overlap across tasks.
+
+    vlens ablate --model tiny --tasks counting,colour,spatial,arithmetic --top-k 20 --out ablation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vlens.ablation.hooks import METHODS
+from vlens.ablation.reference import ALIGNMENTS
+from vlens.ablation.results import RANK_BY
+from vlens.ablation.study import DEFAULT_TASKS, REFERENCE_MODES, ablation_study, add_patching_overlap
+from vlens.info_cli import load_model_arg
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "ablate", help="Ablate every attention head per task; rank heads; Jaccard of top-k sets across tasks.",
+        description="Ablate each head alone (on hook_z) on task-suite examples, rank heads by the drop in "
+                    "answer log-probability (or accuracy) per task, and compare the tasks' top-k head sets "
+                    "by Jaccard similarity.",
+    )
+    parser.add_argument("--model", default="tiny", help="'tiny' (embedded model), 'random-tiny', or a path / hub id")
+    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
+                        help="comma-separated tasks, TASK or TASK@STYLE (e.g. counting@synreal); "
+                             f"default {','.join(DEFAULT_TASKS)}")
+    parser.add_argument("--top-k", type=int, default=20, help="size of each task's head set (default 20)")
+    parser.add_argument("--method", choices=METHODS, default="mean", help="ablation (default mean)")
+    parser.add_argument("--alignment", choices=ALIGNMENTS, default="region",
+                        help="how reference means are aligned: one mean over all positions, per position "
+                             "from the end, or per token region (default region)")
+    parser.add_argument("--reference", choices=REFERENCE_MODES, default="per-task",
+                        help="reference set: each task's own held-out examples, or all tasks' pooled")
+    parser.add_argument("--rank-by", choices=RANK_BY, default="logprob", help="damage metric for the ranking")
+    parser.add_argument("--n-examples", type=int, default=64, help="evaluation examples per task")
+    parser.add_argument("--n-reference", type=int, default=64, help="reference examples per task (other seeds)")
+    parser.add_argument("--image-size", type=int, default=168, help="rendered image size in pixels")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--heads-per-pass", type=int, default=8, help="heads of one layer run in one stacked batch")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None, help="e.g. cuda (default: where the model loads)")
+    parser.add_argument("--patching", type=Path, default=None,
+                        help="JSON of a VAP head sweep (head score grid or head list, optionally per task): "
+                             "also report its Jaccard with each task's ablation set")
+    parser.add_argument("--patching-metric", default=None,
+                        help="grid of the patching JSON that ranks heads (default patch_effect, then overwrite_rate)")
+    parser.add_argument("--out", type=Path, default=Path("ablation.json"), help="JSON output (default ablation.json)")
+    parser.add_argument("--html", type=Path, default=None, help="also write the Jaccard heatmap (plotly HTML)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run_ablate)
+
+
+def run_ablate(args: argparse.Namespace) -> int:
+    tasks = [t for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise SystemExit("--tasks is empty: give e.g. --tasks counting,colour")
+    for flag in ("top_k", "n_examples", "n_reference", "batch_size", "heads_per_pass"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.patching is not None and not args.patching.is_file():
+        raise SystemExit(f"--patching {args.patching}: no such file")
+    model = load_model_arg(args.model)
+    if args.device:
+        model.to(args.device)
+    report = ablation_study(
+        model, tasks, n_examples=args.n_examples, n_reference=args.n_reference, method=args.method,
+        alignment=args.alignment, reference_mode=args.reference, top_k=args.top_k, rank_by=args.rank_by,
+        image_size=args.image_size, batch_size=args.batch_size, heads_per_pass=args.heads_per_pass,
+        seed=args.seed, progress=not args.quiet,
+    )
+    report.settings["model_arg"] = args.model
+    if args.patching is not None:
+        add_patching_overlap(report, json.loads(args.patching.read_text()), source=str(args.patching),
+                             metric=args.patching_metric)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report.to_json(args.out)
+    if args.html is not None:
+        report.jaccard_figure().write_html(str(args.html), include_plotlyjs="cdn")
+    print(report.summary())
+    print(f"wrote {args.out}" + (f" and {args.html}" if args.html else ""))
+    return 0
