@@ -1,0 +1,1 @@
+"""Interventions from the counting-circuit paper: the object-focused attention loss (focus) and adaptive head temperature."""

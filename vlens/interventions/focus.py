@@ -1,0 +1,258 @@
+"""The object-focused attention regulariser L_focus (PAPER.md section 4).
+
+A synthetic image's object centres give a soft target over the merged patch grid:
+
+    u(p) = sum_k exp(-||p - pi(c_k)||^2 / (2 sigma^2)),   g = u / sum_p u(p)
+
+and at target layers the head-averaged attention of a text query over the image tokens,
+renormalised over those tokens (q_t^l), is pulled towards g by a cross-entropy:
+
+    L_focus = 1/(|L||T|) * sum_l sum_t ( - sum_j g(j) log(q_t^l(j) + eps) ).
+
+Pixel -> grid convention (pi): Qwen's processor resizes the *whole* image (no crop) to
+multiples of patch_size * merge_size, so merged cell (r, c) covers the original-pixel box
+[c W/cols, (c+1) W/cols) x [r H/rows, (r+1) H/rows), whatever the resize. Grid coordinates
+put cell centres on integers:  col = x * cols / W - 0.5,  row = y * rows / H - 0.5, with
+(x, y) in original pixels (0 = left/top edge) and (rows, cols) from
+`inputs.regions.image_grid`. Processors that centre-crop (e.g. LLaVA-1.5's CLIP) need the
+crop undone before this map; it is not done here.
+
+Several images in one row: every image's Gaussians are evaluated on its own grid and g is
+normalised jointly over all image tokens of the row (objects in either image attract the
+query). Rows without objects are left out of the batch mean.
+
+Compute only what is needed: `capture_patterns` hooks `blocks.{l}.attn.hook_pattern` of the
+target layers only, so every other layer keeps the fast SDPA path; gradients flow through the
+captured pattern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+# Qwen2.5-VL-7B (28 layers): layer 2 and the routing layers 18-22 (PAPER.md section 4)
+PAPER_FOCUS_LAYERS: tuple[int, ...] = (2, 18, 19, 20, 21, 22)
+PAPER_N_LAYERS = 28
+DEFAULT_EPS = 1e-8
+
+# (x, y) centres in original pixels, and the image's (width, height)
+Centres = Sequence[Sequence[float]]
+ImageObjects = tuple[Centres, tuple[int, int]]
+
+
+def default_focus_layers(n_layers: int) -> list[int]:
+    """The paper's target layers mapped proportionally onto a model of `n_layers` layers.
+
+    Layer l of the 28-layer model maps to round(l * (n_layers - 1) / 27); identical for 28.
+    """
+    if n_layers < 1:
+        raise ValueError(f"n_layers must be positive, got {n_layers}")
+    scale = (n_layers - 1) / (PAPER_N_LAYERS - 1)
+    return sorted({round(layer * scale) for layer in PAPER_FOCUS_LAYERS})
+
+
+def pixel_to_grid(
+    centres: Float[Tensor, "n 2"] | Centres, image_size: tuple[int, int], grid: tuple[int, int]
+) -> Float[Tensor, "n 2"]:
+    """Object centres (x, y) in original pixels -> (row, col) merged-grid coordinates.
+
+    image_size: (width, height) of the original image; grid: (rows, cols) merged grid.
+    Cell centres sit on integers: pixel (W / cols * (c + 0.5), H / rows * (r + 0.5)) -> (r, c).
+    """
+    width, height = image_size
+    rows, cols = grid
+    if width <= 0 or height <= 0 or rows <= 0 or cols <= 0:
+        raise ValueError(f"image size {image_size} and grid {grid} must be positive")
+    xy = torch.as_tensor(centres, dtype=torch.float64).reshape(-1, 2)
+    return torch.stack([xy[:, 1] * rows / height - 0.5, xy[:, 0] * cols / width - 0.5], dim=-1)
+
+
+def object_prior(
+    centres: Float[Tensor, "n 2"] | Centres,
+    image_size: tuple[int, int],
+    grid: tuple[int, int],
+    sigma: float = 1.0,
+    normalise: bool = True,
+) -> Float[Tensor, "cells"]:
+    """The Gaussian prior over one image's merged cells, row-major (the image-token order).
+
+    Returns u (normalise=False) or g = u / sum(u) as float64 [rows * cols].
+    """
+    if sigma <= 0:
+        raise ValueError(f"sigma must be positive (grid units), got {sigma}")
+    points = pixel_to_grid(centres, image_size, grid)  # [n, 2]
+    rows, cols = grid
+    r, c = torch.meshgrid(torch.arange(rows, dtype=torch.float64), torch.arange(cols, dtype=torch.float64),
+                          indexing="ij")
+    cells = torch.stack([r.flatten(), c.flatten()], dim=-1)  # [cells, 2]
+    dist2 = ((cells[:, None, :] - points[None, :, :]) ** 2).sum(-1)  # [cells, n]
+    u = torch.exp(-dist2 / (2 * sigma**2)).sum(-1)
+    if not normalise:
+        return u
+    total = u.sum()
+    if total <= 0:
+        raise ValueError("the prior is empty: give at least one object centre")
+    return u / total
+
+
+@dataclass
+class FocusPrior:
+    """Per batch row, the target distribution g over that row's image tokens.
+
+    weights: [batch, seq] g on image positions (sums to 1 over a valid row), 0 elsewhere.
+    image_mask: [batch, seq] True at image-token positions.
+    valid: [batch] rows that have objects (the others are left out of L_focus).
+    """
+
+    weights: Float[Tensor, "batch seq"]
+    image_mask: Bool[Tensor, "batch seq"]
+    valid: Bool[Tensor, "batch"]
+
+    def to(self, device) -> FocusPrior:
+        return FocusPrior(self.weights.to(device), self.image_mask.to(device), self.valid.to(device))
+
+
+def focus_prior(inputs, objects: Sequence[Sequence[ImageObjects] | None], sigma: float = 1.0) -> FocusPrior:
+    """Build g for a batch of `VLMInputs` (with regions).
+
+    objects: per row, per image (in prompt order), (centres [(x, y), ...] in original pixels,
+        (width, height) of that image); None or [] for a row without objects. An image with no
+        centres contributes nothing to its row.
+    """
+    regions = inputs.regions
+    if regions is None:
+        raise ValueError("focus_prior needs inputs with token regions: build them with model.prepare(...)")
+    batch, seq = inputs.input_ids.shape
+    if len(objects) != batch:
+        raise ValueError(f"got objects for {len(objects)} rows but the batch has {batch}; give one entry per row")
+    weights = torch.zeros(batch, seq, dtype=torch.float64)
+    image_mask = torch.zeros(batch, seq, dtype=torch.bool)
+    valid = torch.zeros(batch, dtype=torch.bool)
+    for row in range(batch):
+        image_mask[row, regions.image[row].cpu()] = True
+        row_objects = objects[row] or []
+        if row_objects and len(row_objects) != len(regions.images[row]):
+            raise ValueError(
+                f"row {row} has {len(regions.images[row])} images but objects for {len(row_objects)}; give "
+                "(centres, (width, height)) for every image of the row, in prompt order"
+            )
+        for (centres, size), positions, grid in zip(row_objects, regions.images[row], regions.image_grid[row],
+                                                    strict=False):
+            if len(centres) == 0:
+                continue
+            weights[row, positions.cpu()] += object_prior(centres, size, grid, sigma, normalise=False)
+        total = weights[row].sum()
+        if total > 0:
+            weights[row] /= total
+            valid[row] = True
+    device = inputs.input_ids.device
+    return FocusPrior(weights.to(device), image_mask.to(device), valid.to(device))
+
+
+def objects_from_record(record: dict, image_size: tuple[int, int] | None = None) -> ImageObjects:
+    """(centres, (width, height)) from a vlens.data record: the question's target objects
+    (record["targets"], all objects if absent) and the record's square image size."""
+    objects = record.get("objects") or []
+    targets = record.get("targets")
+    if targets is not None:
+        wanted = set(targets)
+        objects = [o for o in objects if o.get("id") in wanted]
+    centres = [tuple(o["center"]) for o in objects]
+    if "centres" in record and not objects:  # the zoo's dot variants store bare centres
+        centres = [tuple(c) for c in record["centres"]]
+    if image_size is None:
+        side = record.get("image_size")
+        if side is None:
+            raise ValueError("the record has no image_size: pass image_size=(width, height)")
+        image_size = (int(side), int(side))
+    return centres, image_size
+
+
+def query_index(query_positions: Int[Tensor, "batch"] | Int[Tensor, "batch t"]) -> Int[Tensor, "batch t"]:
+    positions = torch.as_tensor(query_positions, dtype=torch.long)
+    return positions.unsqueeze(-1) if positions.ndim == 1 else positions
+
+
+def focus_loss(
+    patterns: dict[int, Float[Tensor, "batch t heads key"]],
+    prior: FocusPrior,
+    eps: float = DEFAULT_EPS,
+) -> Float[Tensor, ""]:
+    """L_focus from the attention rows of the query tokens at each target layer.
+
+    patterns: layer -> attention probabilities of the T query tokens, [batch, T, heads, key]
+        (what `capture_patterns` stores). Heads are averaged, the result renormalised over the
+        image tokens, then cross-entropy with g; mean over layers and query tokens, then over
+        the valid rows. Returns a 0-d float32 tensor (0 when no row has objects).
+    """
+    if not patterns:
+        raise ValueError("no attention patterns captured: is any target layer hooked?")
+    if not bool(prior.valid.any()):
+        first = next(iter(patterns.values()))
+        return first.sum() * 0.0
+    per_row = []
+    for rows in patterns.values():
+        attn = rows.float().mean(dim=2)  # [batch, T, key]
+        mask = prior.image_mask[:, None, :].to(attn.device)
+        on_image = attn * mask
+        q = on_image / on_image.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        g = prior.weights[:, None, :].to(attn.device, torch.float32)
+        cross_entropy = -(g * torch.log(q + eps)).sum(-1)  # [batch, T]
+        per_row.append(cross_entropy.mean(-1))  # mean over query tokens
+    loss = torch.stack(per_row).mean(0)  # mean over layers -> [batch]
+    return loss[prior.valid.to(loss.device)].mean()
+
+
+@contextmanager
+def capture_patterns(
+    model, layers: Sequence[int], query_positions: Int[Tensor, "batch"] | Int[Tensor, "batch t"]
+) -> Iterator[dict[int, Tensor]]:
+    """Hook `hook_pattern` of `layers` only; yields layer -> [batch, T, heads, key] rows of the
+    query positions, filled by the next forward (gradients flow through them).
+
+    Hooks are removed on exit, also on error. Layers not listed keep SDPA attention.
+    """
+    index = query_index(query_positions)
+    captured: dict[int, Tensor] = {}
+
+    def make_hook(layer: int):
+        def hook(pattern: Tensor, hook=None) -> None:
+            rows = torch.arange(pattern.shape[0], device=pattern.device)[:, None]
+            # [batch, heads, q, k] -> [batch, T, heads, k]
+            captured[layer] = pattern.permute(0, 2, 1, 3)[rows, index.to(pattern.device)]
+
+        return hook
+
+    for layer in layers:
+        if not 0 <= layer < model.cfg.n_layers:
+            raise ValueError(f"focus layer {layer} is outside the model's {model.cfg.n_layers} layers")
+    hooks = [(f"blocks.{layer}.attn.hook_pattern", make_hook(layer)) for layer in layers]
+    with model.hooks(fwd_hooks=hooks):
+        yield captured
+
+
+def run_with_focus(
+    model,
+    inputs,
+    prior: FocusPrior,
+    layers: Sequence[int] | None = None,
+    query_positions: Int[Tensor, "batch"] | Int[Tensor, "batch t"] | None = None,
+    eps: float = DEFAULT_EPS,
+) -> tuple[Float[Tensor, "batch pos d_vocab"], Float[Tensor, ""]]:
+    """One forward returning (logits, L_focus).
+
+    layers: default `default_focus_layers(n_layers)`; query_positions: default the final
+    prompt position of each row (`inputs.regions.final`).
+    """
+    layers = default_focus_layers(model.cfg.n_layers) if layers is None else list(layers)
+    if query_positions is None:
+        query_positions = inputs.regions.final
+    with capture_patterns(model, layers, query_positions) as captured:
+        logits = model(inputs)
+    return logits, focus_loss(captured, prior, eps)

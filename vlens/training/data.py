@@ -1,0 +1,134 @@
+"""Supervised fine-tuning examples and batches: prompt + answer, answer-only labels, object
+centres for L_focus.
+
+A batch is one left-padded sequence per row: the chat-formatted prompt (with its images),
+then the answer tokens and the end-of-turn token. Labels are IGNORE_INDEX everywhere but on
+the answer tokens (and that closing token, so the model learns to stop). The final prompt
+position (the query of L_focus by default) is the position just before the first answer token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from jaxtyping import Int
+from PIL import Image
+from torch import Tensor
+
+from vlens.inputs import VLMInputs
+from vlens.interventions.focus import FocusPrior, ImageObjects, focus_prior, objects_from_record
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class SFTExample:
+    """One question about zero or more images, with its answer.
+
+    objects: per image, (centres [(x, y)] in original pixels, (width, height)); None when the
+        example has no object annotations (it then adds nothing to L_focus).
+    """
+
+    images: list[Image.Image]
+    question: str
+    answer: str
+    objects: list[ImageObjects] | None = None
+    meta: dict = field(default_factory=dict)
+
+
+def example_from_sample(image: Image.Image, record: dict) -> SFTExample:
+    """An `SFTExample` from a vlens.data (image, record) sample (targets' centres as objects)."""
+    centres, _ = objects_from_record(record, image.size)
+    objects = [(centres, image.size)] if centres else None
+    meta = {k: record[k] for k in ("task", "style", "count", "seed") if k in record}
+    return SFTExample([image], record["question"], str(record["answer"]), objects, meta)
+
+
+def read_sft_folder(folder: str | Path, limit: int | None = None) -> list[SFTExample]:
+    """Examples from an imagefolder written by `vlens data` (question, answer, objects)."""
+    from vlens.data import read_imagefolder
+
+    records = read_imagefolder(folder)[:limit]
+    if not records:
+        raise ValueError(f"{folder} holds no examples")
+    return [example_from_sample(record.open_image(), record) for record in records]
+
+
+@dataclass
+class SFTBatch:
+    """Model inputs, labels and the L_focus target of a batch.
+
+    labels: [batch, seq], the token id where the loss applies, IGNORE_INDEX elsewhere
+        (labels[b, p] is the token at p, predicted from position p - 1).
+    prompt_final: [batch] last prompt position (just before the answer).
+    prior: the object prior g, or None when no example has objects.
+    """
+
+    inputs: VLMInputs
+    labels: Int[Tensor, "batch seq"]
+    prompt_final: Int[Tensor, "batch"]
+    prior: FocusPrior | None
+
+
+def _chat_prompt(model, question: str, n_images: int) -> str:
+    from vlens.processing import _chat_text
+
+    return _chat_text(model, question, n_images)
+
+
+def answer_ids(model, answer: str) -> list[int]:
+    """Answer tokens followed by the end-of-turn token (tokenizer.eos_token)."""
+    tokenizer = model.tokenizer
+    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError(f"answer {answer!r} is empty after tokenisation")
+    if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in ids:
+        raise ValueError(f"answer {answer!r} has words outside the model's vocabulary ({ids})")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos_token: set one so answers can be closed")
+    return ids + [tokenizer.eos_token_id]
+
+
+def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prior: bool = True) -> SFTBatch:
+    """Tokenise and pad a batch (left padding, as `model.prepare`)."""
+    if not examples:
+        raise ValueError("collate got no examples")
+    tokenizer = model.tokenizer
+    texts, answers = [], []
+    for example in examples:
+        ids = answer_ids(model, example.answer)
+        answers.append(ids)
+        texts.append(_chat_prompt(model, example.question, len(example.images)) + example.answer
+                     + tokenizer.eos_token)
+    images = [list(example.images) if example.images else None for example in examples]
+    inputs = model.prepare(images=images, prompts=texts, chat=False)
+    labels = torch.full_like(inputs.input_ids, IGNORE_INDEX)
+    seq = inputs.seq_len
+    for row, ids in enumerate(answers):
+        # left padding: every row ends at the last column
+        tail = inputs.input_ids[row, seq - len(ids):].tolist()
+        if tail != ids:
+            raise ValueError(
+                f"the answer {examples[row].answer!r} does not tokenise to the same ids after the prompt "
+                f"({tail} vs {ids}); the tokenizer merges across the prompt/answer boundary"
+            )
+        labels[row, seq - len(ids):] = torch.tensor(ids)
+    prompt_final = torch.tensor([seq - len(ids) - 1 for ids in answers], dtype=torch.long,
+                                device=inputs.input_ids.device)
+    prior = None
+    if with_prior and any(example.objects for example in examples):
+        prior = focus_prior(inputs, [example.objects for example in examples], sigma=sigma)
+    return SFTBatch(inputs, labels.to(inputs.input_ids.device), prompt_final, prior)
+
+
+def answer_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy over the answer tokens of the batch (fp32)."""
+    shifted = logits[:, :-1].float()
+    targets = labels[:, 1:]
+    if not bool((targets != IGNORE_INDEX).any()):
+        raise ValueError("the batch has no answer tokens to train on")
+    return torch.nn.functional.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), targets.reshape(-1),
+                                             ignore_index=IGNORE_INDEX)
