@@ -17,7 +17,8 @@ def hf_attention(model, hf, layer: int):
 
 def input_matrix(model, sizes: list[tuple[int, int]]) -> dict:
     """The parity suite's inputs, from six (width, height) image sizes: one image; two images of
-    different sizes in one prompt; a left-padded batch of two; text only; a batch with a text-only row."""
+    different sizes in one prompt; a left-padded batch of two; text only (one row, and a padded
+    batch); a batch with a text-only row."""
     from vlens.testing import random_image
 
     img = [random_image(w, h, seed) for seed, (w, h) in enumerate(sizes, start=1)]
@@ -26,6 +27,7 @@ def input_matrix(model, sizes: list[tuple[int, int]]) -> dict:
         "two_images_different_sizes": model.prepare(images=[[img[1], img[2]]], prompts=["What colour is the"]),
         "left_padded_batch": model.prepare(images=[img[3], img[4]], prompts=["How many dots are there?", "red"]),
         "text_only": model.prepare(prompts=["How many dots are there?"]),
+        "text_only_padded_batch": model.prepare(prompts=["How many dots are there?", "red"]),
         "mixed_batch_with_text_only_row": model.prepare(images=[img[5], None], prompts=["red ?", "yes no"]),
     }
 

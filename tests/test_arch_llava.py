@@ -28,7 +28,7 @@ SHAPES = {
     "gqa4_layers_list_full_bias": dict(n_heads=8, n_kv_heads=2, vision_feature_layer=[-3, -1],
                                        vision_feature_select_strategy="full", attention_bias=True, mlp_bias=True,
                                        vision_heads=4),
-    "mha_layer1_default_3x3": dict(d_model=48, n_heads=3, n_kv_heads=3, vision_feature_layer=1, image_size=48,
+    "mha_layer1_default_3x3": dict(d_model=48, n_heads=3, n_kv_heads=3, head_dim=20, vision_feature_layer=1, image_size=48,
                                    patch_size=16),
 }
 
@@ -53,6 +53,7 @@ def _cases(model) -> dict:
 def test_logits_match_hf_eager(shape):
     hf, model = _pair(shape)
     assert model.cfg.rope_kind == "1d" and not model.cfg.qk_norm
+    assert model.cfg.d_head == SHAPES[shape].get("head_dim", model.cfg.d_model // model.cfg.n_heads)
     assert_logits_match(model, hf, _cases(model))
 
 

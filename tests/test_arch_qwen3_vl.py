@@ -139,7 +139,8 @@ def test_deepstack_patch_moves_features_between_runs():
     torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("case", ["left_padded_batch", "two_images_different_sizes", "text_only"])
+@pytest.mark.parametrize("case", ["left_padded_batch", "two_images_different_sizes", "text_only",
+                                  "mixed_batch_with_text_only_row"])
 def test_greedy_generate_matches_hf(case):
     hf, model = _pair("gqa2_bias_deepstack01")
     assert_generate_matches_hf(model, hf, _cases(model)[case])
