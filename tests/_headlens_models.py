@@ -1,0 +1,80 @@
+"""Tiny models for the HeadLens tests: one per supported architecture, and a planted "3" head."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from vlens import HookedVLM
+from vlens.testing import random_image, tiny_hf_model, tiny_qwen_processor
+
+
+def _qwen(family: str) -> HookedVLM:
+    return HookedVLM.from_hf(tiny_hf_model(family, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2),
+                             tiny_qwen_processor())
+
+
+def _qwen3() -> HookedVLM:
+    from vlens.testing import tiny_qwen3_vl_model, tiny_qwen3_vl_processor
+
+    return HookedVLM.from_hf(tiny_qwen3_vl_model(), tiny_qwen3_vl_processor())
+
+
+def _llava() -> HookedVLM:
+    from vlens.testing import tiny_llava_model, tiny_llava_processor
+
+    return HookedVLM.from_hf(tiny_llava_model(attention_bias=True), tiny_llava_processor())
+
+
+# HF class name -> builder of a tiny HookedVLM of that architecture
+BUILDERS = {
+    "Qwen2VLForConditionalGeneration": lambda: _qwen("qwen2_vl"),
+    "Qwen2_5_VLForConditionalGeneration": lambda: _qwen("qwen2_5_vl"),
+    "Qwen3VLForConditionalGeneration": _qwen3,
+    "LlavaForConditionalGeneration": _llava,
+}
+
+
+@functools.lru_cache(maxsize=8)
+def tiny_model(architecture: str) -> HookedVLM:
+    return BUILDERS[architecture]()
+
+
+def two_image_batch(model):
+    """A left-padded batch: two images of different sizes, prompts of different lengths."""
+    return model.prepare(images=[random_image(56, 56, 1), random_image(64, 48, 2)],
+                         prompts=["How many dots are there?", "red"])
+
+
+PLANTED_LAYER, PLANTED_HEAD = 1, 2
+
+
+@functools.lru_cache(maxsize=1)
+def planted_three_model() -> HookedVLM:
+    """A tiny Qwen2.5-VL whose head L1H2 writes exactly the unembedding direction of "3".
+
+    Number tokens share a common "number" direction in the unembedding (as trained models'
+    do), so the numbers that stand nearest "3" are the other numbers. The head's value is a
+    constant (zero value weights, value bias e_0), so its output z is e_0 at every position
+    whatever it attends to; W_O maps e_0 to ALPHA * W_U[:, "3"].
+    """
+    hf = tiny_hf_model("qwen2_5_vl", n_layers=2, d_model=64, n_heads=4, n_kv_heads=4, seed=3)
+    model = HookedVLM.from_hf(hf, tiny_qwen_processor())
+    tokenizer = model.tokenizer
+    numbers = [tokenizer.convert_tokens_to_ids(str(i)) for i in range(11)]
+    three = tokenizer.convert_tokens_to_ids("3")
+    d_head = model.cfg.d_head
+    attn = model.blocks[PLANTED_LAYER].attn
+    rows = slice(PLANTED_HEAD * d_head, (PLANTED_HEAD + 1) * d_head)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        lm_head = model.unembed.lm_head.weight  # [d_vocab, d_model]
+        shared = torch.randn(model.cfg.d_model, generator=generator)
+        lm_head[numbers] += 0.3 * shared / shared.norm()
+        attn.v_proj.weight[rows] = 0
+        attn.v_proj.bias[rows] = 0
+        attn.v_proj.bias[rows.start] = 1.0
+        attn.o_proj.weight[:, rows] = 0
+        attn.o_proj.weight[:, rows.start] = 40.0 * lm_head[three]
+    return model

@@ -1,0 +1,50 @@
+"""`vlens lens train` and `vlens headlens` end to end on the random tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from vlens.cli import main
+from vlens.data import make_task_sample, write_imagefolder
+from vlens.lens.taxonomy import HEAD_CLASSES
+
+torch.set_num_threads(1)
+COMMON = ["--model", "random-tiny", "--size", "56", "--batch-size", "4", "--quiet"]
+
+
+def test_lens_train_then_headlens_on_an_imagefolder(tmp_path, capsys):
+    assert main(["lens", "train", "--make", "8", "--steps", "10", "--out", str(tmp_path / "lens"), *COMMON]) == 0
+    assert "KL before" in capsys.readouterr().out
+    config = json.loads((tmp_path / "lens" / "config.json").read_text())
+    assert len(config["training"]["kl_before"]) == config["n_layers"] == 2
+    data = write_imagefolder([make_task_sample(task, seed=i, size=56) for i, task in
+                              enumerate(["counting", "colour", "existence", "spatial", "counting"])], tmp_path / "data")
+    out = tmp_path / "run"
+    assert main(["headlens", "--data", str(data), "--lens", str(tmp_path / "lens"), "--out", str(out), *COMMON]) == 0
+    result = json.loads((out / "heads.json").read_text())
+    assert result["n_examples"] == 5 and len(result["heads"]) == 2 * 4
+    head = result["heads"][5]
+    assert (head["layer"], head["head"]) == (1, 1)
+    assert head["class"] in HEAD_CLASSES and set(head["scores"]) >= {"vgs", "cter", "image_attention"}
+    assert len(head["top_tokens"]) > 0
+    assert sum(result["counts"].values()) == 8
+    assert (out / "taxonomy.md").read_text().startswith("| class | head |")
+    assert (out / "taxonomy.html").is_file()
+
+
+def test_headlens_trains_its_lens_when_none_is_given(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["headlens", "--make", "6", "--lens-make", "6", "--lens-steps", "10", "--out", str(out), *COMMON]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "KL before" in printed and "classes:" in printed
+    kl = json.loads((out / "lens_kl.json").read_text())
+    assert len(kl["kl_before"]) == len(kl["kl_after"]) == 2
+    assert (out / "lens" / "translators.safetensors").is_file()
+
+
+def test_cli_errors_are_explained(tmp_path, capsys):
+    assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "missing"), "--out", str(tmp_path), *COMMON]) == 2
+    assert "holds no config.json" in capsys.readouterr().err

@@ -1,0 +1,68 @@
+"""Per-head decomposition: sum_i z_i @ W_O[i] + b_O == hook_attn_out on every supported architecture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests._headlens_models import BUILDERS, tiny_model, two_image_batch
+from vlens.architectures.registry import supported_architectures
+from vlens.lens.decomposition import (
+    flat_W_O,
+    head_contributions,
+    layer_head_contributions,
+    reconstruct_attn_out,
+    zero_padded_head_output,
+)
+
+torch.set_num_threads(1)
+
+
+def test_every_supported_architecture_has_a_tiny_model_here():
+    assert set(supported_architectures()) <= set(BUILDERS), "add a builder for the new architecture"
+
+
+@pytest.mark.parametrize("architecture", sorted(BUILDERS))
+def test_heads_sum_with_b_O_to_attn_out(architecture):
+    if architecture not in supported_architectures():
+        pytest.skip(f"{architecture} is not registered in this checkout")
+    model = tiny_model(architecture)
+    inputs = two_image_batch(model)
+    _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith(("hook_z", "hook_attn_out")))
+    for layer in range(model.cfg.n_layers):
+        attn = model.blocks[layer].attn
+        per_head = layer_head_contributions(model, cache, layer)
+        assert per_head.shape == (*inputs.input_ids.shape, model.cfg.n_heads, model.cfg.d_model)
+        torch.testing.assert_close(reconstruct_attn_out(per_head, attn.b_O), cache[f"blocks.{layer}.hook_attn_out"],
+                                   atol=1e-5, rtol=0, msg=f"{architecture} layer {layer}")
+
+
+def test_zero_padded_form_and_hook_result_agree():
+    model = tiny_model("Qwen2_5_VLForConditionalGeneration")
+    inputs = two_image_batch(model)
+    model.set_use_attn_result(True)
+    try:
+        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith(("hook_z", "hook_result")))
+    finally:
+        model.set_use_attn_result(False)
+    layer = 1
+    z, W_O = cache[f"blocks.{layer}.attn.hook_z"], model.blocks[layer].attn.W_O
+    ours = head_contributions(z, W_O)
+    torch.testing.assert_close(ours, cache[f"blocks.{layer}.attn.hook_result"], atol=1e-6, rtol=0)
+    for head in range(model.cfg.n_heads):  # the paper's h~_i @ W_O (zero-padded, flat projection)
+        padded = zero_padded_head_output(z, head) @ flat_W_O(W_O)
+        torch.testing.assert_close(padded, ours[:, :, head], atol=1e-6, rtol=0)
+
+
+def test_hand_computed_contribution():
+    z = torch.tensor([[1.0, 2.0], [3.0, 0.0]])  # 2 heads, d_head 2
+    W_O = torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], [[0.0, 0.0, 2.0], [5.0, 5.0, 5.0]]])
+    out = head_contributions(z, W_O)
+    assert out.tolist() == [[1.0, 2.0, 0.0], [0.0, 0.0, 6.0]]
+
+
+def test_bad_shapes_are_explained():
+    with pytest.raises(ValueError, match="n_heads, d_head"):
+        head_contributions(torch.zeros(3, 4, 8), torch.zeros(4, 16, 32))
+    with pytest.raises(IndexError):
+        zero_padded_head_output(torch.zeros(2, 4, 8), 4)
