@@ -37,7 +37,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rank-by", choices=RANK_BY, default="logprob", help="damage metric for the ranking")
     parser.add_argument("--n-examples", type=int, default=64, help="evaluation examples per task")
     parser.add_argument("--n-reference", type=int, default=64, help="reference examples per task (other seeds)")
-    parser.add_argument("--image-size", type=int, default=168, help="rendered image size in pixels")
+    parser.add_argument("--image-size", type=int, default=224,
+                        help="rendered image size in pixels (the processor resizes: 168 px on the embedded model)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--heads-per-pass", type=int, default=8, help="heads of one layer run in one stacked batch")
     parser.add_argument("--seed", type=int, default=0)

@@ -26,7 +26,7 @@ def ablation_study(
     reference_mode: str = "per-task",
     top_k: int = 20,
     rank_by: str = "logprob",
-    image_size: int = 168,
+    image_size: int = 224,
     batch_size: int = 16,
     heads_per_pass: int = 8,
     seed: int = 0,

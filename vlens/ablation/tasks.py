@@ -19,8 +19,9 @@ from torch import Tensor
 from vlens.inputs import VLMInputs
 
 DEFAULT_STYLE = "synpoly"
-# Reference seeds start here (evaluation seeds are seed, seed + 1, ...): disjoint by construction.
-REFERENCE_SEED_OFFSET = 1_000_000
+# Reference seeds start here (evaluation seeds are seed, seed + 1, ...): disjoint by construction,
+# and away from the embedded model's training (1e6 + i) and held-out (9e8 + i) seed ranges.
+REFERENCE_SEED_OFFSET = 500_000_000
 TASK_ALIASES = {"counting_synreal": "counting@synreal", "synreal": "counting@synreal", "color": "colour"}
 
 
@@ -115,7 +116,7 @@ def canonical_task_name(name: str) -> str:
     return task if style == DEFAULT_STYLE else f"{task}@{style}"
 
 
-def build_task_batch(model, name: str, n: int, seed: int = 0, image_size: int = 168,
+def build_task_batch(model, name: str, n: int, seed: int = 0, image_size: int = 224,
                      reference: bool = False) -> TaskBatch:
     """`n` examples of a task-suite task, deterministic in (name, n, seed, image_size).
 
