@@ -1,0 +1,106 @@
+"""LoRA SFT with and without L_focus on a tiny model: a few steps of each path, resume after an
+interruption == uninterrupted, a NaN loss stops with a clear error and keeps the last checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vlens import HookedVLM
+from vlens.data import render_syndot, render_synpoly
+from vlens.testing import tiny_hf_model, tiny_qwen_processor
+from vlens.training.checkpoint import latest_checkpoint
+from vlens.training.data import IGNORE_INDEX, collate, example_from_sample
+from vlens.training.lora import lora_parameters
+from vlens.training.sft import NonFiniteLossError, SFTConfig, StepPlan, learning_rate_at, train_sft
+
+
+def _model() -> HookedVLM:
+    return HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", seed=0), tiny_qwen_processor())
+
+
+def _examples(n: int = 6):
+    out = []
+    for i in range(n):
+        render = render_syndot if i % 2 == 0 else render_synpoly
+        out.append(example_from_sample(*render(1 + i % 4, seed=i, size=84)))
+    return out
+
+
+def _config(**kw) -> SFTConfig:
+    base = dict(lora_rank=4, learning_rate=1e-2, epochs=1, batch_size=2, focus_layers=[1], checkpoint_every=1)
+    return SFTConfig(**{**base, **kw})
+
+
+def test_collate_labels_answers_and_finds_the_prompt_end():
+    model = _model()
+    examples = _examples(2)
+    batch = collate(model, examples)
+    eos = model.tokenizer.eos_token_id
+    for row, example in enumerate(examples):
+        labelled = batch.labels[row][batch.labels[row] != IGNORE_INDEX].tolist()
+        assert labelled == [model.to_single_token(example.answer), eos]
+        # the prompt ends with the assistant marker, right before the answer
+        assert model.to_str_tokens(batch.inputs.input_ids[row, batch.prompt_final[row]: batch.prompt_final[row] + 1]) \
+            == ["assistant"]
+    assert batch.prior is not None and batch.prior.valid.all()
+
+
+def test_schedule_warms_up_then_decays_linearly():
+    config = SFTConfig(learning_rate=1.0, warmup_ratio=0.1)
+    rates = [learning_rate_at(s, 20, config) for s in range(20)]
+    assert rates[:2] == [0.5, 1.0] and rates[-1] == pytest.approx(1 / 18)
+    plan = StepPlan(7, SFTConfig(batch_size=2, grad_accum=2, epochs=2))
+    assert plan.steps_per_epoch == 2 and plan.total_steps == 4
+    assert sorted(i for mb in plan.micro_batches(0) + plan.micro_batches(1) for i in mb) == list(range(7))
+
+
+@pytest.mark.parametrize("focus_weight", [0.0, 1.0])
+def test_a_few_steps_train_and_write_adapters(tmp_path, focus_weight):
+    model = _model()
+    result = train_sft(model, _examples(), _config(focus_weight=focus_weight, grad_accum=2), tmp_path, progress=False)
+    assert result.steps == result.total_steps == 2
+    assert all(torch.isfinite(p).all() for p in lora_parameters(model).values())
+    assert any(p.abs().sum() > 0 for n, p in lora_parameters(model).items() if "lora_B" in n)  # B moved off 0
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    steps = [r for r in log if "sft_loss" in r]
+    assert len(steps) == 2 and all(r["sft_loss"] > 0 for r in steps)
+    assert all((r["focus_loss"] is None) == (focus_weight == 0) for r in steps)
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_resume_after_interruption_equals_uninterrupted(tmp_path):
+    examples = _examples(8)
+    whole = _model()
+    train_sft(whole, examples, _config(), tmp_path / "whole", progress=False)
+
+    first = _model()
+    partial = train_sft(first, examples, _config(), tmp_path / "split", stop_after=2, progress=False)
+    assert partial.steps == 2 and partial.total_steps == 4
+    second = _model()  # a new process: fresh model, state from the checkpoint
+    resumed = train_sft(second, examples, _config(), tmp_path / "split", progress=False)
+    assert resumed.resumed_from == 2 and resumed.steps == 4
+    for (name, a), (_, b) in zip(lora_parameters(whole).items(), lora_parameters(second).items(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    examples = _examples(8)
+    train_sft(_model(), examples, _config(), tmp_path, stop_after=1, progress=False)
+    model = _model()
+
+    def poison(resid, hook):
+        return resid * float("nan")
+
+    model.add_hook("blocks.0.hook_resid_post", poison)
+    try:
+        with pytest.raises(NonFiniteLossError, match="step 2 .*last good checkpoint is .*step-000001"):
+            train_sft(model, examples, _config(), tmp_path, progress=False)
+    finally:
+        model.reset_hooks()
+    latest = latest_checkpoint(tmp_path)
+    assert latest.name == "step-000001"
+    assert all(torch.isfinite(t).all() for t in load_file(str(latest / "lora.safetensors")).values())
