@@ -36,8 +36,13 @@ def test_lens_train_then_headlens_on_an_imagefolder(tmp_path, capsys):
 
 def test_headlens_trains_its_lens_when_none_is_given(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["headlens", "--make", "6", "--lens-make", "6", "--lens-steps", "10", "--out", str(out), *COMMON]
+    only_grounding = tmp_path / "thresholds.json"  # every other rule unreachable, grounding always true
+    only_grounding.write_text(json.dumps({"existence_min": 1, "difficulty_min": 1, "alignment_min": 1,
+                                          "routing_image_min": 1, "routing_cter_min": 1, "grounding_vgs_min": 0}))
+    args = ["headlens", "--make", "6", "--lens-make", "6", "--lens-steps", "10", "--out", str(out),
+            "--thresholds", str(only_grounding), *COMMON]
     assert main(args) == 0
+    assert json.loads((out / "heads.json").read_text())["counts"]["visual grounding"] == 8
     printed = capsys.readouterr().out
     assert "KL before" in printed and "classes:" in printed
     kl = json.loads((out / "lens_kl.json").read_text())
@@ -46,5 +51,9 @@ def test_headlens_trains_its_lens_when_none_is_given(tmp_path, capsys):
 
 
 def test_cli_errors_are_explained(tmp_path, capsys):
+    bad = tmp_path / "thresholds.json"
+    bad.write_text('{"vgs": 0.5}')
+    assert main(["headlens", "--make", "2", "--thresholds", str(bad), "--out", str(tmp_path), *COMMON]) == 2
+    assert "keys among" in capsys.readouterr().err
     assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "missing"), "--out", str(tmp_path), *COMMON]) == 2
     assert "holds no config.json" in capsys.readouterr().err

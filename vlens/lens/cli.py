@@ -60,6 +60,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     head.add_argument("--k", type=int, default=10, help="top-k tokens per head (default 10)")
     head.add_argument("--vocab", default=None,
                       help="JSON file {name: [words]} replacing vocabularies (visual, number, existence, difficulty)")
+    head.add_argument("--thresholds", default=None,
+                      help="JSON file overriding taxonomy thresholds, e.g. {\"grounding_vgs_min\": 0.4} "
+                           "(fields of vlens.lens.taxonomy.TaxonomyThresholds)")
     head.set_defaults(func=run_headlens)
 
 
@@ -111,6 +114,20 @@ def _load_vocab(path: str | None):
     return {**DEFAULT_VOCABULARIES, **data}
 
 
+def _load_thresholds(path: str | None):
+    from dataclasses import fields
+
+    from vlens.lens.taxonomy import TaxonomyThresholds
+
+    if path is None:
+        return TaxonomyThresholds()
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    known = {f.name for f in fields(TaxonomyThresholds)}
+    if not isinstance(data, dict) or set(data) - known:
+        raise ValueError(f"{path} must hold a JSON object with keys among {sorted(known)}")
+    return TaxonomyThresholds(**data)
+
+
 def run_headlens(args: argparse.Namespace) -> int:
     from vlens.info_cli import load_model_arg
     from vlens.lens.corpus import task_samples
@@ -124,6 +141,7 @@ def run_headlens(args: argparse.Namespace) -> int:
         model = load_model_arg(args.model)
         samples = _samples(args)
         vocabularies = _load_vocab(args.vocab)
+        thresholds = _load_thresholds(args.thresholds)
         if args.lens is not None:
             translators = Translators.load(args.lens, model=model)
         else:
@@ -142,7 +160,7 @@ def run_headlens(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, LensMismatchError) as err:
         print(f"vlens headlens: error: {err}", file=sys.stderr)
         return 2
-    taxonomy = classify_heads(scores)
+    taxonomy = classify_heads(scores, thresholds)
     out.mkdir(parents=True, exist_ok=True)
     (out / "heads.json").write_text(json.dumps(taxonomy.to_json(), indent=2) + "\n", encoding="utf-8")
     (out / "taxonomy.md").write_text(taxonomy.table() + "\n", encoding="utf-8")
