@@ -7,7 +7,11 @@ their contribution is part of resid_post of l. Training minimises, per layer,
 
     KL( softmax(final logits) || softmax(readout(T_l(resid_post_l))) )
 
-over residuals of a corpus (``vlens.lens.corpus``), with a held-out split for early stopping.
+over residuals of a corpus (``vlens.lens.corpus``: task-suite images + questions through
+``model.prepare``), with a held-out split for early stopping. Training positions default to
+all *text* positions (non-image, non-padding): HeadLens reads heads at text positions (the
+final one by default), and image positions, most of a VLM prompt, would otherwise dominate
+the fit; ``positions="final"`` trains on the final positions only, ``"all"`` on everything.
 Saved as a directory: ``config.json`` (layers, d_model, model name, unembedding hash,
 training report) + ``translators.safetensors`` (``A`` [L, d, d], ``b`` [L, d]).
 """
