@@ -175,6 +175,9 @@ def test_sweep_of_some_layers_leaves_others_nan(model, counting):
     evaluation, _ = counting
     sweep = head_ablation_sweep(model, evaluation, "zero", layers=[1], progress=False)
     assert torch.isnan(sweep.ablated_logprob[0]).all() and not torch.isnan(sweep.ablated_logprob[1]).any()
+    assert all(layer == 1 for layer, _ in sweep.top_heads(4))  # unmeasured heads rank last
+    again = AblationReport.from_json(AblationReport({"counting": sweep}, top_k=4).to_json())  # NaN -> null
+    assert torch.isnan(again.results["counting"].ablated_logprob[0]).all()
 
 
 # ---------------------------------------------------------------- report, JSON and CLI
@@ -227,6 +230,7 @@ def test_vlens_ablate_command(tmp_path, monkeypatch, model):
         assert len(data["results"][task]["top_heads"]) == 3
         assert len(data["results"][task]["ranked_heads"]) == 8
     assert set(data["patching"]["jaccard"]) == set(data["tasks"])
-    assert (tmp_path / "j.html").stat().st_size > 0
+    html = (tmp_path / "j.html").read_text()
+    assert "Jaccard overlap of top-k head sets" in html and "counting@synreal: damage per head" in html
     with pytest.raises(SystemExit, match="top-k"):
         main(["ablate", "--tasks", "counting", "--top-k", "0"])

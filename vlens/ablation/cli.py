@@ -49,7 +49,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--patching-metric", default=None,
                         help="grid of the patching JSON that ranks heads (default patch_effect, then overwrite_rate)")
     parser.add_argument("--out", type=Path, default=Path("ablation.json"), help="JSON output (default ablation.json)")
-    parser.add_argument("--html", type=Path, default=None, help="also write the Jaccard heatmap (plotly HTML)")
+    parser.add_argument("--html", type=Path, default=None,
+                        help="also write an HTML report (Jaccard heatmap, per-task damage heatmaps, top heads)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_ablate)
 
@@ -79,7 +80,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report.to_json(args.out)
     if args.html is not None:
-        report.jaccard_figure().write_html(str(args.html), include_plotlyjs="cdn")
+        report.html_report().write(args.html)
     print(report.summary())
     print(f"wrote {args.out}" + (f" and {args.html}" if args.html else ""))
     return 0

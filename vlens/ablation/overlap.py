@@ -20,7 +20,7 @@ def rank_heads(scores: Float[Tensor, "n_layers n_heads"], absolute: bool = False
     scores = torch.as_tensor(scores, dtype=torch.float64)
     if scores.ndim != 2:
         raise ValueError(f"scores must be [n_layers, n_heads], got shape {tuple(scores.shape)}")
-    values = scores.abs() if absolute else scores
+    values = torch.nan_to_num(scores.abs() if absolute else scores, nan=float("-inf"))  # NaN: not measured
     n_heads = scores.shape[1]
     second = torch.zeros_like(values) if tiebreak is None else torch.as_tensor(tiebreak, dtype=torch.float64)
     order = sorted(range(values.numel()),

@@ -15,8 +15,18 @@ from vlens.ablation.overlap import Head, jaccard_matrix, rank_heads, top_k_heads
 RANK_BY: tuple[str, ...] = ("logprob", "accuracy")
 
 
-def _grid(values) -> list[list[float]]:
-    return [[round(float(v), 6) for v in row] for row in torch.as_tensor(values)]
+def _grid(values) -> list[list[float | None]]:
+    """Rows of rounded floats; NaN (heads not swept) -> None, so the JSON stays valid."""
+    return [[_number(v) for v in row.tolist()] for row in torch.as_tensor(values)]
+
+
+def _number(value) -> float | None:
+    value = float(value)
+    return None if value != value else round(value, 6)
+
+
+def _tensor(grid: list[list[float | None]]) -> Tensor:
+    return torch.tensor([[float("nan") if v is None else v for v in row] for row in grid], dtype=torch.float64)
 
 
 @dataclass
@@ -71,8 +81,8 @@ class HeadAblation:
             "task": self.task, "method": self.method, "alignment": self.alignment, "n_examples": self.n_examples,
             "clean_logprob": self.clean_logprob, "clean_accuracy": self.clean_accuracy,
             "ranked_heads": [
-                {"rank": i + 1, "layer": layer, "head": head, "logprob_drop": round(float(lp[layer, head]), 6),
-                 "accuracy_drop": round(float(acc[layer, head]), 6)}
+                {"rank": i + 1, "layer": layer, "head": head, "logprob_drop": _number(lp[layer, head]),
+                 "accuracy_drop": _number(acc[layer, head])}
                 for i, (layer, head) in enumerate(ranked)
             ],
             "top_heads": [list(h) for h in ranked[: top_k or len(ranked)]],
@@ -85,8 +95,8 @@ class HeadAblation:
         return cls(task=data["task"], method=data["method"], alignment=data["alignment"],
                    n_examples=data["n_examples"], clean_logprob=data["clean_logprob"],
                    clean_accuracy=data["clean_accuracy"],
-                   ablated_logprob=torch.tensor(data["ablated_logprob"], dtype=torch.float64),
-                   ablated_accuracy=torch.tensor(data["ablated_accuracy"], dtype=torch.float64))
+                   ablated_logprob=_tensor(data["ablated_logprob"]),
+                   ablated_accuracy=_tensor(data["ablated_accuracy"]))
 
     def figure(self, rank_by: str = "logprob"):
         """Layer x head heatmap of the damage (plotly)."""
@@ -134,7 +144,7 @@ class AblationReport:
         }
 
     def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2)
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False)
         if path is not None:
             Path(path).write_text(text + "\n")
         return text
@@ -155,6 +165,33 @@ class AblationReport:
         matrix, names = self.jaccard()
         return jaccard_matrix_figure(matrix.float(), names,
                                      title or f"Jaccard overlap of top-{self.top_k} heads ({self.rank_by} drop)")
+
+    def html_report(self, title: str = "Head ablation across tasks"):
+        """A `vlens.viz.Report`: the Jaccard heatmap, then per task the damage heatmap and top heads."""
+        from vlens.viz.report import Report
+
+        matrix, names = self.jaccard()
+        report = Report(title, intro=f"{self.settings.get('method', '')} ablation of every attention head alone; "
+                                     f"top-{self.top_k} heads per task by {self.rank_by} drop. "
+                                     f"Settings: {json.dumps(self.settings)}")
+        pairs = {f"J({a}, {b})": float(matrix[i, j]) for i, a in enumerate(names) for j, b in enumerate(names)
+                 if i < j}
+        report.add_section("Jaccard overlap of top-k head sets",
+                           "How many of their most important heads two tasks share (1: the same set).",
+                           figure=self.jaccard_figure(), numbers=pairs)
+        if self.patching:
+            report.add_section("Patching vs ablation", "Jaccard of the VAP head set and each task's ablation set.",
+                               numbers=self.patching["jaccard"])
+        for task, result in self.results.items():
+            lp, acc = result.logprob_drop, result.accuracy_drop
+            table = [{"rank": i + 1, "head": f"L{layer}H{head}", "logprob drop": float(lp[layer, head]),
+                      "accuracy drop": float(acc[layer, head])}
+                     for i, (layer, head) in enumerate(result.top_heads(self.top_k, self.rank_by))]
+            report.add_section(f"{task}: damage per head", f"Drop in the answer's {self.rank_by} when one head "
+                               "is ablated (positive: the head helps the task).", figure=result.figure(self.rank_by),
+                               table=table, numbers={"clean accuracy": result.clean_accuracy,
+                                                     "clean log-prob": result.clean_logprob})
+        return report
 
     def summary(self) -> str:
         """Plain-text table: per task clean accuracy and top heads, then the Jaccard matrix."""
