@@ -1,0 +1,138 @@
+"""Adaptive head temperature: gamma from importance results, hooks on hook_attn_scores (context and
+persistent), and the plain-HF export giving the same logits for every family."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+import vlens.testing as vt
+from vlens import HookedVLM
+from vlens.interventions.temperature import HeadTemperature, fit_temperature, importance_from_result
+
+
+@functools.lru_cache(maxsize=4)
+def _pair(family: str):
+    if family in ("qwen2_vl", "qwen2_5_vl"):
+        hf, processor = vt.tiny_hf_model(family), vt.tiny_qwen_processor()
+    elif family == "qwen3_vl":
+        hf, processor = vt.tiny_qwen3_vl_model(), vt.tiny_qwen3_vl_processor()
+    else:
+        hf, processor = vt.tiny_llava_model(), vt.tiny_llava_processor()
+    return hf, HookedVLM.from_hf(hf, processor)
+
+
+FAMILIES = ["qwen2_vl", "qwen2_5_vl"] + [
+    name for name, builder in (("qwen3_vl", "tiny_qwen3_vl_model"), ("llava", "tiny_llava_model"))
+    if hasattr(vt, builder)
+]
+
+
+def _inputs(model):
+    return model.prepare(images=[vt.random_image(64, 64, seed=1), vt.random_image(64, 96, seed=2)],
+                         prompts=["How many dots are there?", "red ?"])
+
+
+def test_fit_temperature_by_hand():
+    importance = torch.tensor([[0.5, -1.0, 0.1], [2.0, 1.0, 0.0]])
+    temp = fit_temperature(importance, top_k=3, alpha=1.2)  # heads L1H0, L1H1, L0H0 (positive only)
+    assert temp.gammas == {(1, 0): 1.0, (1, 1): 0.5, (0, 0): 0.25}
+    assert temp.betas == {(1, 0): pytest.approx(1.2), (1, 1): 1.0, (0, 0): 1.0}  # floor 1: never softened
+    bare = fit_temperature(importance, top_k=2, alpha=1.2, floor=None, normalisation="mean")
+    assert bare.betas == {(1, 0): pytest.approx(1.2 * 2 / 1.5), (1, 1): pytest.approx(1.2 * 1 / 1.5)}
+    again = HeadTemperature.from_json(temp.to_json())
+    assert again.betas == temp.betas and again.gammas == temp.gammas
+    with pytest.raises(ValueError, match="no positive entry"):
+        fit_temperature(-importance.abs())
+
+
+def test_importance_from_ablation_and_patching_json():
+    ablation = {"task": "counting", "method": "mean", "alignment": "all", "n_examples": 4,
+                "clean_logprob": -0.5, "clean_accuracy": 1.0,
+                "ablated_logprob": [[-0.5, -2.5], [-1.0, -0.25]], "ablated_accuracy": [[1.0, 0.5], [0.75, 1.0]]}
+    torch.testing.assert_close(importance_from_result(ablation),
+                               torch.tensor([[0.0, 2.0], [0.5, -0.25]], dtype=torch.float64))
+    report = {"results": {"counting": ablation, "colour": ablation}}
+    torch.testing.assert_close(importance_from_result(report, task="counting", metric="accuracy"),
+                               torch.tensor([[0.0, 0.5], [0.25, 0.0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="pass task"):
+        importance_from_result(report)
+    patching = {"mode": "layer-head", "layers": [1, 3], "heads": ["H0", "H1"],
+                "overwrite_rate": [[0.1, 0.4], [None, 0.2]]}
+    torch.testing.assert_close(importance_from_result(patching, n_layers=4),
+                               torch.tensor([[0, 0], [0.1, 0.4], [0, 0], [0, 0.2]], dtype=torch.float64))
+
+
+def test_scores_are_scaled_by_beta_exactly():
+    _, model = _pair("qwen2_5_vl")
+    inputs = _inputs(model)
+    temp = HeadTemperature({(0, 1): 1.5, (0, 3): 0.5})
+    names = lambda n: n in ("blocks.0.attn.hook_attn_scores", "blocks.0.attn.hook_pattern")  # noqa: E731
+    _, clean = model.run_with_cache(inputs, names_filter=names)
+    with temp.applied(model):
+        _, hot = model.run_with_cache(inputs, names_filter=names)
+    scores = clean["blocks.0.attn.hook_attn_scores"]
+    allowed = scores > torch.finfo(scores.dtype).min / 2
+    beta = torch.tensor([1.0, 1.5, 1.0, 0.5])[None, :, None, None]
+    expected = torch.softmax(torch.where(allowed, scores * beta, torch.finfo(scores.dtype).min), dim=-1)
+    real = inputs.attention_mask.bool()[:, None, :, None].expand_as(expected)  # padding queries differ in no way
+    torch.testing.assert_close(hot["blocks.0.attn.hook_pattern"][real], expected[real], atol=1e-6, rtol=1e-5)
+    assert not model.blocks[0].attn.needs_pattern()
+
+
+def test_persistent_mode_survives_reset_and_is_removable():
+    _, model = _pair("qwen2_5_vl")
+    inputs = _inputs(model)
+    temp = HeadTemperature({(1, 0): 2.0, (0, 2): 1.3})
+    with torch.no_grad():
+        base = model(inputs)
+        with temp.applied(model):
+            scoped = model(inputs)
+        handle = temp.attach(model)
+        try:
+            model.reset_hooks()  # what run_with_hooks & co. do; a permanent hook stays
+            persistent = model(inputs)
+        finally:
+            handle.remove()
+        after = model(inputs)
+    assert (scoped - base).abs().max() > 1e-4
+    torch.testing.assert_close(persistent, scoped)
+    torch.testing.assert_close(after, base)
+    assert not handle.active and not model.blocks[1].attn.needs_pattern()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hooked_and_hf_export_give_equal_logits(family):
+    hf, model = _pair(family)
+    inputs = _inputs(model)
+    n_heads = model.cfg.n_heads
+    temp = HeadTemperature({(0, 0): 1.2, (0, n_heads - 1): 1.7, (model.cfg.n_layers - 1, 1): 0.8})
+    hf_kwargs = inputs.to_hf_kwargs()
+    if family == "llava":  # HF's plain forward needs no mm_token_type_ids here
+        hf_kwargs.pop("mm_token_type_ids", None)
+    real = inputs.attention_mask.bool()
+    with torch.no_grad():
+        base = hf(**hf_kwargs).logits
+        with temp.applied(model):
+            hooked = model(inputs)
+        # the export hooks HF modules that the HookedVLM shares: run the HF model while they are on
+        with temp.export_to_hf(hf):
+            exported = hf(**hf_kwargs).logits
+        removed = hf(**hf_kwargs).logits
+    assert (hooked[real] - base[real]).abs().max() > 1e-4
+    torch.testing.assert_close(exported[real], hooked[real], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(removed, base)
+
+
+def test_bad_heads_are_rejected():
+    _, model = _pair("qwen2_5_vl")
+    with pytest.raises(ValueError, match="outside the model's 2 layers"):
+        HeadTemperature({(5, 0): 1.2}).hooks(model)
+    with pytest.raises(ValueError, match="does not exist"):
+        HeadTemperature({(0, 9): 1.2}).hooks(model)
+    with pytest.raises(ValueError, match="positive"):
+        HeadTemperature({(0, 0): -1.0})
+    assert math.isclose(fit_temperature(torch.ones(2, 2), top_k=1).betas[(0, 0)], 1.2)

@@ -1,0 +1,304 @@
+"""Adaptive head temperature (PAPER.md section 5): sharpen target heads at inference.
+
+For each target head h, the attention logits are multiplied by an inverse temperature
+
+    beta_h = alpha * gamma_h,    A_h = softmax(beta_h * Q_h K_h^T / sqrt(d_k))
+
+with gamma_h the head's importance from a patching or ablation result.
+
+Normalisation of gamma (our choice; the paper only says "importance measured by patching"):
+importance scores I_h (e.g. the mean-ablation log-prob drop, or a layer-head patching
+metric) of the selected heads are divided by the largest |I_h| of the selection, so the most
+important head gets gamma = 1 and beta = alpha (1.2 by default, the paper's usual value).
+`normalisation="mean"` divides by the mean instead, `"none"` uses I_h as is. Heads whose
+importance is not positive are never selected. `floor` (default 1.0) clamps beta from below,
+so a weakly important head is sharpened a little or left alone but never softened; pass
+floor=None for the bare formula.
+
+Where it acts:
+- on a `HookedVLM`: hooks on `blocks.{l}.attn.hook_attn_scores` (scaled, pre-softmax;
+  masked entries are re-masked by the core, so scaling never unmasks): `hooks()` for
+  run_with_hooks / generate / evaluation backends, `applied(model)` as a context manager, or
+  `attach(model)` persistently (returns a handle; `handle.remove()` takes it off).
+- on a plain HF model: `export_to_hf(hf_model)` scales each target head's query after any
+  q norm (a forward hook on `q_norm`, or on `q_proj` for families without one); rotary
+  embedding is linear, so scaling q before it scales the scores by exactly beta. Returns a
+  removable handle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+Head = tuple[int, int]
+NORMALISATIONS = ("max", "mean", "none")
+
+
+@dataclass
+class HeadTemperature:
+    """Inverse temperatures of target heads: betas[(layer, head)] = alpha * gamma (floored)."""
+
+    betas: dict[Head, float]
+    alpha: float = 1.2
+    gammas: dict[Head, float] = field(default_factory=dict)
+    normalisation: str = "max"
+    floor: float | None = 1.0
+    source: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.betas = {(int(l), int(h)): float(b) for (l, h), b in self.betas.items()}
+        for head, beta in self.betas.items():
+            if not beta > 0:
+                raise ValueError(f"beta of head L{head[0]}H{head[1]} must be positive, got {beta}")
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted({layer for layer, _ in self.betas})
+
+    def layer_scales(self, layer: int, n_heads: int) -> Float[Tensor, "n_heads"]:
+        """Per-head multiplier of one layer (1 for heads left alone)."""
+        scales = torch.ones(n_heads)
+        for (l, h), beta in self.betas.items():
+            if l == layer:
+                if not 0 <= h < n_heads:
+                    raise ValueError(f"head L{l}H{h} does not exist: the layer has {n_heads} heads")
+                scales[h] = beta
+        return scales
+
+    def _check(self, n_layers: int) -> None:
+        bad = [layer for layer in self.layers if not 0 <= layer < n_layers]
+        if bad:
+            raise ValueError(f"temperature layers {bad} are outside the model's {n_layers} layers")
+
+    # ------------------------------------------------------------------ HookedVLM
+    def hooks(self, model) -> list[tuple[str, callable]]:
+        """`[(hook name, fn)]` on `hook_attn_scores` of every target layer."""
+        self._check(model.cfg.n_layers)
+        out = []
+        for layer in self.layers:
+            scales = self.layer_scales(layer, model.cfg.n_heads)
+
+            def scale_scores(scores: Tensor, hook=None, scales=scales) -> Tensor:
+                # scores: [batch, n_heads, query_pos, key_pos]
+                return scores * scales.to(scores.device, scores.dtype)[None, :, None, None]
+
+            out.append((f"blocks.{layer}.attn.hook_attn_scores", scale_scores))
+        return out
+
+    @contextmanager
+    def applied(self, model) -> Iterator[None]:
+        """Temperature on for the `with` block only (removed on exit, also on error)."""
+        with model.hooks(fwd_hooks=self.hooks(model)):
+            yield
+
+    def attach(self, model) -> TemperatureHandle:
+        """Persistent mode: the hooks stay until `handle.remove()` (they survive model.reset_hooks())."""
+        handles = []
+        for name, fn in self.hooks(model):
+            hook_point = model.hook_dict[name]
+            handles.append((hook_point, hook_point.add_hook(fn, dir="fwd", is_permanent=True)))
+        return TemperatureHandle(_remove_lens_handles, handles)
+
+    # ------------------------------------------------------------------ plain HF model
+    def export_to_hf(self, hf_model: nn.Module) -> TemperatureHandle:
+        """Scale each target head's query on an HF model (after q norm where the family has one).
+
+        Works for any family the registry knows (the decoder layers come from its adapter).
+        """
+        from vlens.architectures import adapter_for
+
+        adapter = adapter_for(hf_model)
+        layers = adapter.language_model(hf_model).layers
+        self._check(len(layers))
+        handles = []
+        for layer in self.layers:
+            attn = layers[layer].self_attn
+            n_heads = _n_heads(hf_model, attn)
+            scales = self.layer_scales(layer, n_heads)
+            q_norm = getattr(attn, "q_norm", None)
+            if q_norm is not None:  # output [..., n_heads, d_head]: the query just before rotary
+                handles.append(q_norm.register_forward_hook(_scale_normed(scales)))
+            else:  # output [..., n_heads * d_head]
+                handles.append(attn.q_proj.register_forward_hook(_scale_projected(scales, n_heads)))
+        return TemperatureHandle(lambda hs: [h.remove() for h in hs], handles)
+
+    # ------------------------------------------------------------------ I/O
+    def to_json(self) -> dict:
+        return {
+            "alpha": self.alpha, "normalisation": self.normalisation, "floor": self.floor,
+            "heads": [{"layer": l, "head": h, "beta": b, "gamma": self.gammas.get((l, h))}
+                      for (l, h), b in sorted(self.betas.items())],
+            "source": self.source,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def from_json(cls, data: dict | str | Path) -> HeadTemperature:
+        if not isinstance(data, dict):
+            data = json.loads(Path(data).read_text())
+        heads = data["heads"]
+        return cls(betas={(e["layer"], e["head"]): e["beta"] for e in heads},
+                   alpha=data.get("alpha", 1.2),
+                   gammas={(e["layer"], e["head"]): e["gamma"] for e in heads if e.get("gamma") is not None},
+                   normalisation=data.get("normalisation", "max"), floor=data.get("floor", 1.0),
+                   source=data.get("source", {}))
+
+
+class TemperatureHandle:
+    """Removes the hooks it holds; also a context manager (removed on exit)."""
+
+    def __init__(self, remover, handles):
+        self._remover, self._handles = remover, handles
+
+    def remove(self) -> None:
+        if self._handles:
+            self._remover(self._handles)
+            self._handles = []
+
+    @property
+    def active(self) -> bool:
+        return bool(self._handles)
+
+    def __enter__(self) -> TemperatureHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def _remove_lens_handles(handles) -> None:
+    for hook_point, handle in handles:
+        handle.hook.remove()
+        hook_point.fwd_hooks = [h for h in hook_point.fwd_hooks if h is not handle]
+
+
+def _n_heads(hf_model: nn.Module, attn: nn.Module) -> int:
+    text = getattr(hf_model.config, "text_config", hf_model.config)
+    return int(getattr(attn, "num_heads", None) or text.num_attention_heads)
+
+
+def _scale_normed(scales: Tensor):
+    def hook(module, args, output: Tensor) -> Tensor:
+        return output * scales.to(output.device, output.dtype)[:, None]
+
+    return hook
+
+
+def _scale_projected(scales: Tensor, n_heads: int):
+    def hook(module, args, output: Tensor) -> Tensor:
+        shape = output.shape
+        per_head = output.view(*shape[:-1], n_heads, shape[-1] // n_heads)
+        return (per_head * scales.to(output.device, output.dtype)[:, None]).view(shape)
+
+    return hook
+
+
+# ---------------------------------------------------------------------- importance -> gamma
+
+
+def importance_from_result(result, task: str | None = None, metric: str | None = None,
+                           n_layers: int | None = None) -> Float[Tensor, "n_layers n_heads"]:
+    """Head importance [n_layers, n_heads] from an ablation or patching result.
+
+    Accepts a `HeadAblation` / `AblationReport` / `PatchingResult` (layer-head), their JSON
+    (dict or file path), a {"scores": [[...]]} dict, or a tensor. Ablation: the answer
+    log-prob drop (metric="accuracy" for the accuracy drop); an `AblationReport` needs `task`
+    when it holds several. Patching: the metric (default "overwrite_rate") per layer and head,
+    rows placed at their layer numbers (unpatched layers 0; give n_layers to pad).
+    """
+    if isinstance(result, Tensor):
+        return result.double()
+    if isinstance(result, (str, Path)):
+        result = json.loads(Path(result).read_text())
+    if hasattr(result, "to_dict") and hasattr(result, "results"):  # AblationReport
+        result = result.to_dict()
+    elif hasattr(result, "logprob_drop"):  # HeadAblation
+        return (result.accuracy_drop if metric == "accuracy" else result.logprob_drop).double()
+    elif hasattr(result, "metrics") and hasattr(result, "mode"):  # PatchingResult
+        result = result.to_json()
+    if not isinstance(result, dict):
+        raise TypeError(f"cannot read head importance from a {type(result).__name__}")
+    if "results" in result:  # AblationReport JSON
+        tasks = list(result["results"])
+        if task is None and len(tasks) != 1:
+            raise ValueError(f"the ablation report has tasks {tasks}: pass task=... to pick one")
+        if task is not None and task not in result["results"]:
+            raise ValueError(f"task {task!r} is not in the ablation report ({tasks})")
+        result = result["results"][task or tasks[0]]
+    if "ablated_logprob" in result:  # HeadAblation JSON
+        if metric == "accuracy":
+            return result["clean_accuracy"] - torch.tensor(result["ablated_accuracy"], dtype=torch.float64)
+        return result["clean_logprob"] - torch.tensor(result["ablated_logprob"], dtype=torch.float64)
+    if result.get("mode") == "layer-head":  # PatchingResult JSON
+        name = metric or "overwrite_rate"
+        values = torch.tensor([[float("nan") if v is None else v for v in row] for row in result[name]],
+                              dtype=torch.float64)
+        layers = result["layers"]
+        heads = [int(str(cell).lstrip("H")) for cell in result["heads"]]
+        out = torch.zeros(max(n_layers or 0, max(layers) + 1), max(heads) + 1, dtype=torch.float64)
+        for i, layer in enumerate(layers):
+            out[layer, heads] = values[i]
+        return torch.nan_to_num(out, nan=0.0)
+    if "scores" in result:
+        return torch.tensor(result["scores"], dtype=torch.float64)
+    if "mode" in result:
+        raise ValueError(f"a patching result of mode {result['mode']!r} has no per-head scores; "
+                         "use a layer-head sweep (patch_layer_head)")
+    raise ValueError("unrecognised importance result: expected an ablation report / head ablation, "
+                     "a layer-head patching result, or {'scores': [[...]]}")
+
+
+def fit_temperature(
+    importance: Float[Tensor, "n_layers n_heads"],
+    heads: Sequence[Head] | None = None,
+    top_k: int | None = 8,
+    alpha: float = 1.2,
+    normalisation: str = "max",
+    floor: float | None = 1.0,
+    layers: Sequence[int] | None = None,
+    source: dict | None = None,
+) -> HeadTemperature:
+    """betas from importance: the `heads` given, else the `top_k` most important heads (only
+    heads with positive importance; optionally only in `layers`). See the module docstring."""
+    importance = torch.as_tensor(importance, dtype=torch.float64)
+    if importance.ndim != 2:
+        raise ValueError(f"importance must be [n_layers, n_heads], got shape {tuple(importance.shape)}")
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    if alpha <= 0:
+        raise ValueError(f"alpha must be positive, got {alpha}")
+    if heads is None:
+        candidates = [(float(importance[l, h]), l, h) for l in range(importance.shape[0])
+                      for h in range(importance.shape[1])
+                      if (layers is None or l in layers) and float(importance[l, h]) > 0]
+        candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+        heads = [(l, h) for _, l, h in candidates[:top_k]]
+    heads = [(int(l), int(h)) for l, h in heads]
+    if not heads:
+        raise ValueError("no head selected: the importance has no positive entry (check the result / metric)")
+    values = torch.tensor([float(importance[l, h]) for l, h in heads], dtype=torch.float64)
+    if normalisation == "max":
+        denominator = values.abs().max()
+    elif normalisation == "mean":
+        denominator = values.mean()
+    else:
+        denominator = torch.tensor(1.0, dtype=torch.float64)
+    if not denominator > 0:
+        raise ValueError(f"cannot normalise importance by {normalisation}: it is {float(denominator)}")
+    gammas = {head: float(v / denominator) for head, v in zip(heads, values, strict=True)}
+    betas = {head: max(floor, alpha * g) if floor is not None else alpha * g for head, g in gammas.items()}
+    return HeadTemperature(betas=betas, alpha=alpha, gammas=gammas, normalisation=normalisation, floor=floor,
+                           source=source or {})
