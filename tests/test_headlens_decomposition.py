@@ -66,3 +66,24 @@ def test_bad_shapes_are_explained():
         head_contributions(torch.zeros(3, 4, 8), torch.zeros(4, 16, 32))
     with pytest.raises(IndexError):
         zero_padded_head_output(torch.zeros(2, 4, 8), 4)
+
+
+@pytest.mark.parametrize("architecture", sorted(BUILDERS))
+def test_headlens_runs_on_every_architecture(architecture):
+    """HeadLens.run (hooks, final positions) == decode_heads on a full cache, per architecture."""
+    from vlens.lens.headlens import HeadLens
+
+    if architecture not in supported_architectures():
+        pytest.skip(f"{architecture} is not registered in this checkout")
+    model = tiny_model(architecture)
+    inputs = two_image_batch(model)
+    lens = HeadLens(model)
+    out = lens.run(inputs, k=3, return_logits=True)
+    _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith(("hook_z", "hook_resid_post")))
+    rows, final = torch.arange(2), inputs.regions.final
+    for layer in range(model.cfg.n_layers):
+        z = cache[f"blocks.{layer}.attn.hook_z"][rows, final]
+        expected = lens.decode_heads(z, cache[f"blocks.{layer}.hook_resid_post"][rows, final], layer)
+        torch.testing.assert_close(out.logits[:, 0, layer], expected, atol=1e-4, rtol=1e-4)
+        assert (out.top_ids[:, 0, layer] == expected.topk(3, dim=-1).indices).all()
+    assert ((out.image_attention >= 0) & (out.image_attention <= 1 + 1e-6)).all()
