@@ -5,16 +5,40 @@ from __future__ import annotations
 import pytest
 import torch
 
+import vlens.testing as vt
 from vlens import HookedVLM
-from vlens.testing import random_image, tiny_hf_model, tiny_qwen_processor
+from vlens.testing import random_image
 from vlens.training.export import load_adapters, save_adapters, save_merged
 from vlens.training.lora import add_lora, lora_layers, lora_parameters
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl"] + [
+    name for name, builder in (("qwen3_vl", "tiny_qwen3_vl_model"), ("llava", "tiny_llava_model"))
+    if hasattr(vt, builder)
+]
 
 
-def _model_with_random_adapters(family: str, seed: int = 0) -> HookedVLM:
-    model = HookedVLM.from_hf(tiny_hf_model(family, seed=seed), tiny_qwen_processor())
+def _hf(family: str):
+    """A fresh tiny HF model (same seed -> same weights) and its processor."""
+    if family in ("qwen2_vl", "qwen2_5_vl"):
+        return vt.tiny_hf_model(family, seed=0), vt.tiny_qwen_processor()
+    if family == "qwen3_vl":
+        return vt.tiny_qwen3_vl_model(seed=0), vt.tiny_qwen3_vl_processor()
+    return vt.tiny_llava_model(seed=0), vt.tiny_llava_processor()
+
+
+def _hooked(family: str) -> HookedVLM:
+    return HookedVLM.from_hf(*_hf(family))
+
+
+def _hf_kwargs(inputs, family: str) -> dict:
+    kwargs = inputs.to_hf_kwargs()
+    if family == "llava":
+        kwargs.pop("mm_token_type_ids", None)
+    return kwargs
+
+
+def _model_with_random_adapters(family: str) -> HookedVLM:
+    model = _hooked(family)
     add_lora(model, rank=4)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():  # peft initialises B = 0 (a no-op adapter): make it do something
@@ -24,17 +48,17 @@ def _model_with_random_adapters(family: str, seed: int = 0) -> HookedVLM:
 
 
 def _inputs(model):
-    return model.prepare(images=[random_image(84, 56, seed=1), [random_image(56, 56, seed=2)] * 2],
+    return model.prepare(images=[random_image(84, 64, seed=1), [random_image(64, 64, seed=2)] * 2],
                          prompts=["How many dots are there?", "what colour is the shape ?"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lora_leaves_the_hf_model_clean(family):
     model = _model_with_random_adapters(family)
-    hf_attn = model.hf_model.model.language_model.layers[0].self_attn
+    hf_attn = model.adapter.language_model(model.hf_model).layers[0].self_attn
     assert type(hf_attn.q_proj) is torch.nn.Linear
     assert model.blocks[0].attn.q_proj.get_base_layer() is hf_attn.q_proj
-    assert set(lora_layers(model)) == {f"blocks.{l}.attn.{p}" for l in range(2)
+    assert set(lora_layers(model)) == {f"blocks.{l}.attn.{p}" for l in range(model.cfg.n_layers)
                                        for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
     assert all(not p.requires_grad for n, p in model.named_parameters() if ".lora_" not in n)
     assert not any("lora" in name for name, _ in model.vision.named_modules())
@@ -48,17 +72,17 @@ def test_adapter_round_trip_through_peft(family, tmp_path):
     inputs = _inputs(model)
     with torch.no_grad():
         ours = model(inputs)
-        base = HookedVLM.from_hf(tiny_hf_model(family, seed=0), tiny_qwen_processor())(inputs)
+        base = _hooked(family)(inputs)
     assert (ours - base).abs().max() > 1e-3  # the adapters change the output
 
     save_adapters(model, tmp_path / "adapter")
-    hf = PeftModel.from_pretrained(tiny_hf_model(family, seed=0), str(tmp_path / "adapter")).eval()
+    hf = PeftModel.from_pretrained(_hf(family)[0], str(tmp_path / "adapter")).eval()
     with torch.no_grad():
-        hf_logits = hf(**inputs.to_hf_kwargs()).logits
+        hf_logits = hf(**_hf_kwargs(inputs, family)).logits
     mask = inputs.attention_mask.bool()
     torch.testing.assert_close(hf_logits[mask], ours[mask], atol=1e-4, rtol=1e-4)
 
-    fresh = HookedVLM.from_hf(tiny_hf_model(family, seed=0), tiny_qwen_processor())
+    fresh = _hooked(family)
     load_adapters(fresh, tmp_path / "adapter")
     with torch.no_grad():
         torch.testing.assert_close(fresh(inputs), ours, atol=1e-6, rtol=1e-6)
@@ -77,6 +101,6 @@ def test_merged_checkpoint_matches_hooked_with_adapters(family, tmp_path):
     merged = AutoModelForImageTextToText.from_pretrained(str(tmp_path / "merged")).eval()
     with torch.no_grad():
         ours = model(inputs)
-        theirs = merged(**inputs.to_hf_kwargs()).logits
+        theirs = merged(**_hf_kwargs(inputs, family)).logits
     mask = inputs.attention_mask.bool()
     torch.testing.assert_close(theirs[mask], ours[mask], atol=1e-4, rtol=1e-4)
