@@ -132,7 +132,7 @@ def _ablated_final_logits(model, inputs: VLMInputs, state: RunState, layer_input
     final = inputs.regions.final
     if not resume:
         logits = model.run_with_hooks(inputs, fwd_hooks=[hook])
-        return logits[torch.arange(logits.shape[0]), final.to(logits.device)]
+        return logits[torch.arange(logits.shape[0], device=logits.device), final.to(logits.device)]
     copies = len(heads)
     stacked = stack_state(state, inputs.attention_mask, copies)
     with model.hooks(fwd_hooks=[hook]):
