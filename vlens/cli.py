@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "vlens.ablation.cli",
     "vlens.patching.cli",
     "vlens.lens.logit_lens_cli",
+    "vlens.demo.cli",
 ]
 
 

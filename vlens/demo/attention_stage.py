@@ -1,0 +1,125 @@
+"""Stage 3 (attention): where the final position looks in the image, per head and layer.
+
+Three sections: the image-attention share of every head (layer x head map, averaged over the
+counting images), the final-position attention drawn over one image (PNG tiles + interactive
+overlay of the most image-focused head), and a circuitsvis view with image tokens labelled by
+grid cell.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from vlens.demo.data_stage import CountingSample
+from vlens.demo.report_sections import Section
+from vlens.demo.settings import DemoSettings
+
+MAX_TILES = 16
+
+
+def _pattern_names(model) -> list[str]:
+    return [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
+
+
+def final_to_image_attention(model, inputs) -> Float[Tensor, "batch n_layers n_heads n_image_tokens"]:
+    """Attention from each row's final position to its image tokens, every layer and head.
+
+    Rows must have the same number of image tokens (same-size images).
+    """
+    from vlens.viz.image_attention import attention_to_image
+
+    names = _pattern_names(model)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n in set(names))
+    final = inputs.regions.final
+    image_positions = list(inputs.regions.image)
+    if len({len(p) for p in image_positions}) != 1:
+        raise ValueError("every image needs the same number of image tokens (use one image size)")
+    per_layer = [attention_to_image(cache[name].float().cpu(), final, image_positions) for name in names]
+    return torch.stack(per_layer, dim=1)
+
+
+def image_attention_share(model, samples: list[CountingSample], batch_size: int) -> Float[Tensor, "n_layers n_heads"]:
+    """Mean over images of the attention mass the final position puts on image tokens."""
+    total = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start:start + batch_size]
+        inputs = model.prepare(images=[s.image for s in chunk], prompts=[s.question for s in chunk], chat=True)
+        total += final_to_image_attention(model, inputs).sum(-1).sum(0)
+    return total / len(samples)
+
+
+def _example(samples: list[CountingSample]) -> CountingSample:
+    """The example whose count is the median count (a readable, mid-range picture)."""
+    counts = sorted(s.count for s in samples)
+    median = counts[len(counts) // 2]
+    return next(s for s in samples if s.count == median)
+
+
+def attention_sections(model, samples: list[CountingSample], settings: DemoSettings) -> list[Section]:
+    from vlens.viz.circuits import attention_heads_view, token_labels
+    from vlens.viz.figures import layer_head_heatmap
+    from vlens.viz.image_attention import attention_grid_image, attention_overlay_figure
+
+    share = image_attention_share(model, samples, settings.batch_size)
+    n_layers, n_heads = share.shape
+    top_layer, top_head = divmod(int(share.argmax()), n_heads)
+    share_section = Section(
+        key="attention_share",
+        title="Image attention of every head (layer x head)",
+        explanation=(f"Attention mass from the final prompt position onto the image tokens, mean over "
+                     f"{len(samples)} counting images; bright heads read the image when the answer is produced."),
+        figure=layer_head_heatmap(share, title="Final position -> image tokens (attention mass)",
+                                  value_label="image attention", colorscale="Viridis", zmid=None),
+        numbers={"top head": f"L{top_layer}H{top_head}", "top head share": float(share.max()),
+                 "mean share": float(share.mean()),
+                 **{f"layer {layer} mean": float(share[layer].mean()) for layer in range(n_layers)}},
+        data={"image_attention_share": share},
+    )
+
+    example = _example(samples)
+    inputs = model.prepare(images=[example.image], prompts=[example.question], chat=True)
+    maps = final_to_image_attention(model, inputs)[0]  # [L, H, n_img]
+    grid = tuple(inputs.regions.image_grid[0][0])
+    heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    if len(heads) > MAX_TILES:  # the most image-focused heads of the whole model
+        heads = sorted(heads, key=lambda lh: -float(share[lh]))[:MAX_TILES]
+        heads.sort()
+    tiles = torch.stack([maps[layer, head] for layer, head in heads])
+    picture = attention_grid_image(example.image, tiles, grid, titles=[f"L{layer}H{head}" for layer, head in heads],
+                                   n_cols=min(n_heads, 8), tile_size=112)
+    overlay_section = Section(
+        key="attention_image",
+        title="Attention over the image (final position)",
+        explanation=(f"Each tile: one head's attention from the final position to the {grid[0]}x{grid[1]} image "
+                     f"tokens of a {example.count}-object image (own colour scale per tile); below, the top head "
+                     f"L{top_layer}H{top_head} drawn over the image — hover a cell for its weight."),
+        image=picture,
+        figure=attention_overlay_figure(example.image, maps[top_layer, top_head], grid,
+                                        title=f"L{top_layer}H{top_head}: final position -> image tokens"),
+        numbers={"example count": example.count, "heads drawn": len(heads),
+                 "top head mass on image": float(maps[top_layer, top_head].sum()),
+                 "top head peak cell weight": float(maps[top_layer, top_head].max())},
+        data={"heads": [list(h) for h in heads], "grid": list(grid), "maps": tiles,
+              "object_centers": [o.get("center") for o in example.record.get("objects", [])]},
+    )
+
+    names = _pattern_names(model)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n == names[top_layer])
+    pattern = cache[names[top_layer]][0].float().cpu()  # [H, pos, pos]
+    labels = token_labels(model.to_str_tokens(inputs.input_ids[0]), inputs.regions.images[0],
+                          inputs.regions.image_grid[0])
+    circuits_section = Section(
+        key="attention_circuitsvis",
+        title=f"Attention patterns of layer {top_layer} (circuitsvis)",
+        explanation=("Every head of the layer with the most image-focused head, all query and key positions; "
+                     "image tokens are labelled img0[row,col] by grid cell — click a head to enlarge it."),
+        html=attention_heads_view(pattern, labels, layer=top_layer),
+        numbers={"layer": top_layer, "positions": len(labels),
+                 "image tokens": int(len(inputs.regions.image[0]))},
+        data={"tokens": labels},
+    )
+    return [share_section, overlay_section, circuits_section]

@@ -1,0 +1,97 @@
+"""Stages 5-6 (lenses): the logit lens of the true count per layer, and the HeadLens head taxonomy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vlens.demo.data_stage import CountingSample
+from vlens.demo.report_sections import Section
+from vlens.demo.settings import DemoSettings
+
+LENS_SEED_OFFSET = 1_000_003  # translator-training samples never coincide with scored samples
+SHIPPED_LENS_DIR = "lens"  # a trained lens shipped next to the model weights, if any
+
+LOGIT_TITLE = "Logit lens: the true count per layer"
+LOGIT_EXPLANATION = ("The residual stream at the final prompt position after each layer, read through the final norm "
+                     "and unembedding: probability (top) and median rank (bottom, 1 = top token) of the true count.")
+HEADLENS_TITLE = "HeadLens taxonomy (layer x head)"
+HEADLENS_EXPLANATION = ("Each head's output at the final position decoded through a per-layer translator, scored "
+                        "(visual / number tokens, image attention, answer alignment) and classified by explicit "
+                        "thresholds; the table lists every head outside 'other'.")
+
+
+def logit_lens_section(model, samples: list[CountingSample], settings: DemoSettings) -> Section:
+    from vlens.lens.logit_lens import LogitLensResult, first_answer_token, logit_lens
+
+    answers = [s.answer for s in samples]
+    tokens = [first_answer_token(model, a) for a in answers]
+    unknown = getattr(model.tokenizer, "unk_token_id", None)
+    decoded = [model.tokenizer.decode([t]).strip() for t in tokens]
+    if (unknown is not None and unknown in tokens) or any(d != a for d, a in zip(decoded, answers, strict=True)):
+        bad = sorted({a for a, d in zip(answers, decoded, strict=True) if d != a})
+        return Section.skipped("logit_lens", LOGIT_TITLE, LOGIT_EXPLANATION,
+                               f"the tokenizer has no single token for the answers {bad}, so there is no "
+                               "'true count token' to follow")
+    results = []
+    for start in range(0, len(samples), settings.batch_size):
+        chunk = samples[start:start + settings.batch_size]
+        inputs = model.prepare(images=[s.image for s in chunk], prompts=[s.question for s in chunk], chat=True)
+        results.append(logit_lens(model, inputs, torch.tensor(tokens[start:start + len(chunk)]),
+                                  answers=answers[start:start + len(chunk)]))
+    result = LogitLensResult.concat(results)
+    median_rank = result.median_rank
+    first_top = next((layer for layer in range(result.n_layers) if float(median_rank[layer]) == 1.0), None)
+    numbers = {"examples": len(samples), "final-layer mean p": float(result.mean_probability[-1]),
+               "final-layer top-1": float(result.top1_accuracy[-1]),
+               "first layer with median rank 1": "none" if first_top is None else first_top}
+    numbers.update({f"layer {layer} mean p": float(p) for layer, p in enumerate(result.mean_probability)})
+    return Section(key="logit_lens", title=LOGIT_TITLE, explanation=LOGIT_EXPLANATION,
+                   figure=result.plot(title="Logit lens of the true count (final prompt position)"),
+                   numbers=numbers, data=result.to_json())
+
+
+def _translators(model, settings: DemoSettings, lens_dir: Path | None, progress: bool):
+    """A shipped lens when the model folder has one, else translators trained for a few steps."""
+    from vlens.lens.corpus import collect_residuals, task_samples
+    from vlens.lens.readout import LensReadout
+    from vlens.lens.translators import Translators, train_translators
+
+    if lens_dir is not None and (lens_dir / "config.json").is_file():
+        return Translators.load(lens_dir, model=model), {"source": str(lens_dir)}
+    samples = task_samples(settings.lens_samples, seed=settings.seed + LENS_SEED_OFFSET, size=settings.image_size)
+    resid = collect_residuals(model, samples, positions="text", batch_size=settings.batch_size, progress=progress)
+    translators = Translators.for_model(model)
+    report = train_translators(translators, resid, LensReadout.from_model(model), steps=settings.lens_steps,
+                              progress=progress)
+    return translators, {"source": f"trained here: {settings.lens_samples} samples, {settings.lens_steps} steps",
+                         **report.to_json()}
+
+
+def headlens_section(model, settings: DemoSettings, lens_dir: Path | None = None, progress: bool = True) -> Section:
+    from vlens.lens.corpus import task_samples
+    from vlens.lens.head_scores import compute_head_scores
+    from vlens.lens.headlens import HeadLens
+    from vlens.lens.taxonomy import classify_heads
+
+    translators, lens_info = _translators(model, settings, lens_dir, progress)
+    samples = task_samples(settings.headlens_samples, seed=settings.seed, size=settings.image_size)
+    scores = compute_head_scores(model, samples, HeadLens(model, translators), batch_size=settings.batch_size,
+                                 progress=progress)
+    taxonomy = classify_heads(scores)
+    rows = []
+    for head in taxonomy.heads_json():
+        if head["class"] == "other":
+            continue
+        rows.append({"head": f"L{head['layer']}H{head['head']}", "class": head["class"],
+                     **{name: value for name, value in head["scores"].items()},
+                     "top tokens": ", ".join(str(t) for t, _ in head["top_tokens"][:5])})
+    counts = taxonomy.counts()
+    return Section(
+        key="headlens", title=HEADLENS_TITLE, explanation=HEADLENS_EXPLANATION,
+        figure=taxonomy.figure(title="HeadLens classes per head"),
+        table=rows or [{"head": "-", "class": "every head is 'other' under the default thresholds"}],
+        numbers={"scored examples": scores.n_examples, **{f"{name} heads": n for name, n in counts.items()}},
+        data={"lens": lens_info, **taxonomy.to_json()},
+    )

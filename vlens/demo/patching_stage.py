@@ -1,0 +1,58 @@
+"""Stage 4 (visual activation patching): layer x region overwrite rate and the layer x head sweep."""
+
+from __future__ import annotations
+
+from vlens.demo.report_sections import Section
+from vlens.demo.settings import DemoSettings
+
+VAP_TITLE = "VAP: overwrite rate per layer and region"
+VAP_EXPLANATION = ("Patch the corrupt image's residual (entering each layer) into the clean run at the image, text, "
+                   "final or all positions; the overwrite rate is the share of correct clean runs that now give the "
+                   "corrupt count.")
+HEADS_TITLE = "VAP: layer x head sweep"
+HEADS_EXPLANATION = ("Patch one head's output (hook_z, all positions) from the corrupt run; the patch effect is the "
+                     "move of the logit difference toward the corrupt run (1 = fully corrupt, 0 = unchanged).")
+
+
+def patching_sections(model, settings: DemoSettings, progress: bool = True) -> list[Section]:
+    from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head, patch_layer_region
+
+    try:
+        pairs = make_count_pairs(settings.n_pairs, seed=settings.seed, size=settings.image_size,
+                                 style=settings.style, counts=settings.counts)
+        batch = build_pair_batch(model, pairs)
+    except ValueError as err:  # e.g. a tokenizer that does not split counts into differing tokens
+        reason = f"no usable count pairs for this model: {err}"
+        return [Section.skipped("vap_layer_region", VAP_TITLE, VAP_EXPLANATION, reason),
+                Section.skipped("vap_layer_head", HEADS_TITLE, HEADS_EXPLANATION, reason)]
+
+    regions = patch_layer_region(model, batch, progress=progress)
+    rate = regions["overwrite_rate"]  # [L, n_regions]
+    clean_accuracy = float(regions.baseline.clean_correct.float().mean())
+    numbers = {"pairs": batch.n_pairs, "clean accuracy": clean_accuracy}
+    for column, region in enumerate(regions.cells):
+        numbers[f"{region}: max rate"] = float(rate[:, column].max())
+        numbers[f"{region}: at layer"] = int(regions.layers[int(rate[:, column].argmax())])
+    note = "" if clean_accuracy > 0 else " (no clean run is correct, so every rate is 0 here)"
+    as_json = regions.to_json()
+    region_section = Section(
+        key="vap_layer_region", title=VAP_TITLE, explanation=VAP_EXPLANATION + note,
+        figure=regions.plot("overwrite_rate"), numbers=numbers,
+        data={k: as_json[k] for k in ("layers", "regions", "overwrite_rate", "flip_away_rate", "logit_diff",
+                                      "patch_effect", "pair_ids", "baseline")},
+    )
+
+    heads = patch_layer_head(model, batch, region="all", progress=progress)
+    effect = heads["patch_effect"]  # [L, H]
+    n_heads = effect.shape[1]
+    order = effect.nan_to_num(float("-inf")).flatten().argsort(descending=True)[:5].tolist()
+    top = [(heads.layers[i // n_heads], i % n_heads, float(effect.flatten()[i])) for i in order]
+    head_numbers = {"pairs": batch.n_pairs, "max overwrite rate": float(heads["overwrite_rate"].max())}
+    head_numbers.update({f"#{rank + 1} L{layer}H{head}": value for rank, (layer, head, value) in enumerate(top)})
+    head_section = Section(
+        key="vap_layer_head", title=HEADS_TITLE, explanation=HEADS_EXPLANATION,
+        figure=heads.plot("patch_effect"), numbers=head_numbers,
+        data={"layers": heads.layers, "patch_effect": effect, "overwrite_rate": heads["overwrite_rate"],
+              "logit_diff": heads["logit_diff"], "top_heads": [list(t) for t in top]},
+    )
+    return [region_section, head_section]

@@ -1,0 +1,154 @@
+"""`run_demo`: the counting-circuit study end to end, one stage after another, into one report.
+
+    from vlens.demo import run_demo
+    outcome = run_demo("tiny", "demo_out", quick=True)   # report.html + results.json
+    outcome.results["sections"]["counting_accuracy"]["numbers"]
+
+Stages: model summary -> data -> counting evaluation (subitizing curve, confusion) -> attention
+over the image -> VAP layer x region and layer x head -> logit lens -> HeadLens taxonomy ->
+ablation Jaccard across tasks -> representation geometry -> interventions table.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from vlens.demo.report_sections import Section, write_outputs
+from vlens.demo.settings import DemoSettings
+
+REPORT_TITLE = "vlens demo: the counting circuit"
+
+
+@dataclass
+class DemoOutcome:
+    """Where the report and results went, the sections, and seconds per stage."""
+
+    report_path: Path
+    results_path: Path
+    sections: list[Section]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def results(self) -> dict:
+        return json.loads(self.results_path.read_text(encoding="utf-8"))
+
+
+def model_folder(model_arg: str) -> Path | None:
+    """The folder a `--model` value loads from (None for random-tiny or a hub id)."""
+    if model_arg == "tiny":
+        from vlens.zoo import WEIGHTS_FOLDER
+
+        return WEIGHTS_FOLDER
+    path = Path(model_arg)
+    return path if path.is_dir() else None
+
+
+class _Stages:
+    """Runs named stages in order, printing `[i/n] name ... done in s` and recording timings."""
+
+    def __init__(self, n_stages: int, show: bool):
+        self.n, self.index, self.show = n_stages, 0, show
+        self.timings: dict[str, float] = {}
+        self.started = time.perf_counter()
+
+    def run(self, name: str, fn: Callable, *args, **kwargs):
+        self.index += 1
+        if self.show:
+            print(f"[{self.index}/{self.n}] {name} ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.timings[name] = round(time.perf_counter() - start, 3)
+        if self.show:
+            total = time.perf_counter() - self.started
+            print(f"[{self.index}/{self.n}] {name} done in {self.timings[name]:.1f} s (total {total:.1f} s)",
+                  file=sys.stderr, flush=True)
+        return out
+
+
+def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", quick: bool = False,
+             train: bool = False, interventions_file: str | Path | None = None,
+             settings: DemoSettings | None = None, progress: bool = True, threads: int | None = None) -> DemoOutcome:
+    """Run every stage and write `report.html` + `results.json` into `out_dir`.
+
+    Args:
+        model: "tiny" (the embedded model), "random-tiny", a model folder / hub id, or a HookedVLM.
+        quick: use `DemoSettings.quick()` (about two minutes on 2 CPU cores) unless `settings` is given.
+        train: measure the interventions table here (LoRA SFT, L_focus, head temperature) instead of
+            reading the stored one.
+        interventions_file: a stored interventions JSON to show (default: `interventions.json` in the model folder).
+        progress: stage lines and progress bars on stderr.
+        threads: torch CPU threads (None: leave as is).
+    """
+    from vlens.demo.ablation_stage import ablation_section
+    from vlens.demo.attention_stage import attention_sections
+    from vlens.demo.counting_stage import counting_sections
+    from vlens.demo.data_stage import counting_samples, data_section
+    from vlens.demo.geometry_stage import geometry_sections
+    from vlens.demo.interventions_stage import interventions_section, train_interventions_section
+    from vlens.demo.lens_stages import SHIPPED_LENS_DIR, headlens_section, logit_lens_section
+    from vlens.demo.model_stage import model_section, model_summary
+    from vlens.demo.patching_stage import patching_sections
+    from vlens.info_cli import load_model_arg
+
+    settings = settings or (DemoSettings.quick() if quick else DemoSettings())
+    settings.check()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model_arg = model if isinstance(model, str) else None
+    folder = model_folder(model_arg) if model_arg else None
+    name = model_arg or type(model).__name__
+    stages = _Stages(11 if model_arg else 10, progress)
+
+    hooked = stages.run("load model", load_model_arg, model_arg) if model_arg else model
+    hooked.eval()
+    samples = stages.run("generate data", counting_samples, settings)
+    grid_inputs = hooked.prepare(images=[samples[0].image], prompts=[samples[0].question], chat=True)
+    grid = tuple(grid_inputs.regions.image_grid[0][0]) if grid_inputs.regions.image_grid[0] else None
+    summary = model_summary(hooked, name)
+    sections = [model_section(summary, grid), data_section(samples, settings)]
+    with torch.no_grad():
+        sections += stages.run("counting evaluation", counting_sections, hooked, samples, settings, progress)
+        sections += stages.run("attention over the image", attention_sections, hooked, samples, settings)
+        sections += stages.run("visual activation patching", patching_sections, hooked, settings, progress)
+        sections.append(stages.run("logit lens", logit_lens_section, hooked, samples, settings))
+    lens_dir = folder / SHIPPED_LENS_DIR if folder is not None else None
+    sections.append(stages.run("HeadLens taxonomy", headlens_section, hooked, settings, lens_dir, progress))
+    with torch.no_grad():
+        ablation = stages.run("ablation across tasks", ablation_section, hooked, settings, progress)
+        sections.append(ablation)
+        sections += stages.run("representation geometry", geometry_sections, hooked, samples, settings)
+    if train:
+        if model_arg is None:
+            raise ValueError("--train needs a model name or path (each SFT arm reloads the model)")
+        if ablation.status != "ok":
+            raise ValueError(f"--train needs the ablation study for the head temperature: {ablation.reason}")
+        section = stages.run("interventions (training)", train_interventions_section,
+                             lambda: load_model_arg(model_arg), samples, settings, ablation.data,
+                             progress=progress)
+    else:
+        stored = Path(interventions_file) if interventions_file is not None else None
+        if stored is not None and not stored.is_file():
+            raise FileNotFoundError(f"--interventions {stored}: no such file")
+        section = stages.run("interventions table", interventions_section, folder, stored)
+    sections.append(section)
+
+    intro = (f"Model: {summary['summary']}. Settings: {'quick' if quick else 'full'} "
+             f"({settings.n_count_images} counting images, {settings.n_pairs} pairs, "
+             f"{len(settings.ablation_tasks)} ablation tasks). Every number shown is in results.json under the "
+             "section's key.")
+    report_path, results_path = stages.run(
+        "write report", write_outputs, sections, out_dir, REPORT_TITLE, intro, summary, settings.to_json(),
+        stages.timings)
+    timings = dict(stages.timings)
+    timings["total"] = round(time.perf_counter() - stages.started, 3)
+    document = json.loads(results_path.read_text(encoding="utf-8"))
+    document["timings_s"] = timings  # include the report-writing stage and the total
+    results_path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return DemoOutcome(report_path, results_path, sections, timings)

@@ -1,0 +1,123 @@
+"""The demo report's sections: one `Section` per figure, mirrored in `results.json` under its key.
+
+Every section has a title, a one-line explanation, (usually) a figure, headline numbers shown
+under it, and `data` (the full arrays behind the figure) that go to `results.json` only.
+A stage that cannot run on the given model still produces its section, marked skipped with
+the reason, so the report never silently loses a part.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Section:
+    """One report section (see `vlens.viz.Report.add_section` for figure/image/html/table).
+
+    key: its key in `results.json["sections"]`; numbers: scalars shown under the figure;
+    data: the arrays behind the figure (results.json only); status: "ok" or "skipped".
+    """
+
+    key: str
+    title: str
+    explanation: str
+    figure: object = None
+    image: object = None
+    html: object = None
+    table: list[dict] | None = None
+    numbers: dict = field(default_factory=dict)
+    data: dict = field(default_factory=dict)
+    status: str = "ok"
+    reason: str | None = None
+
+    @classmethod
+    def skipped(cls, key: str, title: str, explanation: str, reason: str) -> Section:
+        """A section whose stage could not run: the report says why instead of showing a figure."""
+        return cls(key, title, explanation, numbers={"skipped": reason}, status="skipped", reason=reason)
+
+    def to_json(self) -> dict:
+        out = {"title": self.title, "explanation": self.explanation, "status": self.status,
+               "numbers": jsonable(self.numbers), "data": jsonable(self.data)}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
+
+
+def jsonable(value):
+    """Tensors, numpy arrays and scalars -> plain JSON (NaN / inf -> None); dict keys -> str."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().tolist()
+    elif isinstance(value, np.ndarray | np.generic):
+        value = value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    return str(value)
+
+
+def build_report(sections: list[Section], title: str, intro: str):
+    """A `vlens.viz.Report` with one section per `Section` (skipped ones say so in their text)."""
+    from vlens.viz.report import Report
+
+    report = Report(title, intro)
+    for section in sections:
+        explanation = section.explanation
+        if section.status != "ok":
+            explanation = f"{explanation} — Not shown: {section.reason}"
+        report.add_section(section.title, explanation, figure=section.figure, html=section.html,
+                           image=section.image, table=section.table, numbers=_shown_numbers(section.numbers))
+    return report
+
+
+def _shown_numbers(numbers: Mapping) -> dict:
+    """Scalars rounded for display; the exact values stay in results.json."""
+    shown = {}
+    for key, value in numbers.items():
+        value = jsonable(value)
+        if isinstance(value, float):
+            value = round(value, 4)
+        shown[key] = value if value is None or isinstance(value, bool | int | float | str) else json.dumps(value)
+    return shown
+
+
+def results_document(sections: list[Section], model: dict, settings: dict, timings: dict) -> dict:
+    """What `results.json` holds: the model, the settings, stage timings, and every section by key."""
+    keys = [s.key for s in sections]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate section keys {duplicates}")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": jsonable(model),
+        "settings": jsonable(settings),
+        "timings_s": jsonable(timings),
+        "section_order": keys,
+        "sections": {s.key: s.to_json() for s in sections},
+    }
+
+
+def write_outputs(sections: list[Section], out_dir: str | Path, title: str, intro: str, model: dict,
+                  settings: dict, timings: dict) -> tuple[Path, Path]:
+    """Write `report.html` and `results.json` into `out_dir`; returns both paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report_path = build_report(sections, title, intro).write(out_dir / "report.html")
+    results_path = out_dir / "results.json"
+    document = results_document(sections, model, settings, timings)
+    results_path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return report_path, results_path

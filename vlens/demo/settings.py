@@ -1,0 +1,73 @@
+"""How big each stage of `vlens demo` is: the full run and the `--quick` one (<= 5 min on 2 cores)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class DemoSettings:
+    """Sizes and seeds of every stage.
+
+    Attributes:
+        n_count_images: counting images for the subitizing curve, logit lens and geometry
+            (cycled over `counts`, so each count gets the same number).
+        counts: the ground-truth counts drawn.
+        style: data style of the counting images and pairs ("syndot", "synpoly", "synreal").
+        image_size: image side in pixels (168 gives the embedded model its 6x6 image grid).
+        n_pairs: controlled clean/corrupt pairs for visual activation patching.
+        lens_samples, lens_steps: task-suite samples and Adam steps for the HeadLens translators
+            (used only when no trained lens ships with the model).
+        headlens_samples: task-suite samples the heads are scored on.
+        ablation_tasks, ablation_examples, ablation_top_k: the cross-task ablation study.
+        max_new_tokens: generation length for the counting evaluation.
+        batch_size: examples per forward pass.
+        seed: base seed of every generated example.
+    """
+
+    n_count_images: int = 90
+    counts: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+    style: str = "syndot"
+    image_size: int = 168
+    n_pairs: int = 48
+    lens_samples: int = 200
+    lens_steps: int = 300
+    headlens_samples: int = 120
+    ablation_tasks: tuple[str, ...] = ("counting", "colour", "shape", "spatial", "arithmetic", "existence")
+    ablation_examples: int = 48
+    ablation_top_k: int = 8
+    max_new_tokens: int = 6
+    batch_size: int = 16
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def quick(cls) -> DemoSettings:
+        """Small enough for about two minutes on 2 CPU cores with the embedded model."""
+        return cls(
+            n_count_images=64,
+            counts=(1, 2, 3, 4, 5, 6, 7, 8),
+            n_pairs=24,
+            lens_samples=48,
+            lens_steps=80,
+            headlens_samples=48,
+            ablation_tasks=("counting", "colour", "spatial", "arithmetic"),
+            ablation_examples=16,
+            ablation_top_k=6,
+        )
+
+    def check(self) -> None:
+        for name in ("n_count_images", "n_pairs", "lens_samples", "headlens_samples", "ablation_examples",
+                     "ablation_top_k", "max_new_tokens", "batch_size", "image_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DemoSettings.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.counts or min(self.counts) < 0:
+            raise ValueError(f"DemoSettings.counts must be non-negative counts, got {self.counts}")
+        if len(self.ablation_tasks) < 2:
+            raise ValueError("the ablation Jaccard needs at least two tasks in DemoSettings.ablation_tasks")
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["counts"] = list(self.counts)
+        data["ablation_tasks"] = list(self.ablation_tasks)
+        return data
