@@ -142,6 +142,10 @@ def test_taxonomy_table_figure_and_json():
     z = figure.data[0].z
     assert [list(row) for row in z] == taxonomy.class_grid().tolist()
     assert z[0][1] == HEAD_CLASSES.index("visual grounding")
+    with_vgs = taxonomy.figure(value="vgs")
+    assert float(with_vgs.data[0].customdata[0][1][1]) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="value must be one of"):
+        taxonomy.figure(value="nope")
     heads = taxonomy.to_json()["heads"]
     assert heads[1] == {"layer": 0, "head": 1, "class": "visual grounding", "scores": scores.head(0, 1),
                         "top_tokens": [["red", 5]]}

@@ -120,13 +120,15 @@ class HeadTaxonomy:
                 lines.append(f"| {name} | L{layer}H{head} | " + " | ".join(cells) + f" | {tokens} |")
         return "\n".join(lines)
 
-    def figure(self, title: str = "HeadLens head taxonomy"):
-        """Plotly layer x head map coloured by class (hover shows the class)."""
+    def figure(self, title: str = "HeadLens head taxonomy", value: str | None = None):
+        """Plotly layer x head map coloured by class; hover shows the class (and score `value`, e.g. "cter")."""
         from vlens.viz.figures import layer_head_heatmap
 
-        n_layers, n_heads = self.shape
-        return layer_head_heatmap(classes=self.class_grid(), class_names=HEAD_CLASSES, title=title,
-                                  n_layers=n_layers, n_heads=n_heads)
+        if value is not None and value not in self.scores.scores:
+            raise ValueError(f"value must be one of {sorted(self.scores.scores)}, got {value!r}")
+        values = None if value is None else torch.nan_to_num(self.scores.scores[value], nan=0.0)
+        return layer_head_heatmap(values=values, value_label=value or "value", classes=self.class_grid(),
+                                  class_names=HEAD_CLASSES, title=title)
 
     def heads_json(self) -> list[dict]:
         """Per head: layer, head, scores, class, top tokens (what ``heads.json`` holds)."""
