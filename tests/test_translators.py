@@ -112,3 +112,18 @@ def test_a_lens_for_another_model_is_refused(tmp_path):
 def test_bad_training_input_is_explained():
     with pytest.raises(ValueError, match=r"resid must be \[n, 2, 4\]"):
         train_translators(Translators(2, 4), torch.zeros(10, 3, 4), LensReadout(torch.zeros(4, 6)), progress=False)
+
+
+def test_collected_residuals_are_the_chosen_positions():
+    model = tiny_model(QWEN)
+    samples = task_samples(3, size=56)
+    inputs = model.prepare(images=[s[0] for s in samples], prompts=[s[1] for s in samples])
+    _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith("hook_resid_post"))
+    final = collect_residuals(model, samples, positions="final", progress=False)
+    rows = torch.arange(3)
+    for layer in range(model.cfg.n_layers):
+        torch.testing.assert_close(final[:, layer], cache[f"blocks.{layer}.hook_resid_post"][rows, inputs.regions.final])
+    text = collect_residuals(model, samples, positions="text", progress=False)
+    assert text.shape[0] == sum(len(t) for t in inputs.regions.text)
+    with pytest.raises(ValueError, match="positions must be one of"):
+        collect_residuals(model, samples, positions="image", progress=False)
