@@ -12,6 +12,7 @@ from vlens import HookedVLM, act_name
 from vlens.ablation import (
     AblationReport,
     add_patching_overlap,
+    chance_jaccard,
     collect_reference,
     head_ablation_sweep,
     head_set_from_json,
@@ -56,6 +57,14 @@ def test_jaccard_on_known_sets():
     assert names == ["x", "y", "z"]
     expected = torch.tensor([[1, 0.4, 0], [0.4, 1, 0], [0, 0, 1]], dtype=torch.float64)
     assert torch.allclose(matrix, expected)
+
+
+def test_chance_jaccard_matches_hand_computation():
+    # k = 1 of n: the sets coincide with probability 1/n (J = 1), else J = 0
+    assert chance_jaccard(1, 4) == pytest.approx(0.25)
+    assert chance_jaccard(5, 5) == 1.0
+    # k = 2 of 4: |A ∩ B| = 0, 1, 2 with P = 1/6, 4/6, 1/6 -> J = 0, 1/3, 1
+    assert chance_jaccard(2, 4) == pytest.approx(4 / 6 / 3 + 1 / 6)
 
 
 def test_top_k_order_and_ties():

@@ -14,7 +14,14 @@ means, aligned over all positions / per position / per region), `head_ablation_s
 """
 
 from vlens.ablation.hooks import METHODS, ablation_hooks, replacement_values
-from vlens.ablation.overlap import head_set_from_json, jaccard, jaccard_matrix, rank_heads, top_k_heads
+from vlens.ablation.overlap import (
+    chance_jaccard,
+    head_set_from_json,
+    jaccard,
+    jaccard_matrix,
+    rank_heads,
+    top_k_heads,
+)
 from vlens.ablation.reference import ALIGNMENTS, ReferenceActivations, collect_reference, resample_partners
 from vlens.ablation.results import RANK_BY, AblationReport, HeadAblation
 from vlens.ablation.study import DEFAULT_TASKS, ablation_study, add_patching_overlap
@@ -36,6 +43,7 @@ __all__ = [
     "answer_metrics",
     "answer_token_ids",
     "build_task_batch",
+    "chance_jaccard",
     "collect_reference",
     "head_ablation_sweep",
     "head_set_from_json",

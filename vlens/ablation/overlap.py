@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -41,6 +42,18 @@ def jaccard(a: Iterable[Head], b: Iterable[Head]) -> float:
     a, b = {tuple(h) for h in a}, {tuple(h) for h in b}
     union = a | b
     return 1.0 if not union else len(a & b) / len(union)
+
+
+def chance_jaccard(k: int, n: int) -> float:
+    """Expected Jaccard of two independent uniformly random k-subsets of n heads: the level a
+    task pair reaches by chance (k = 20 of 32 heads gives ~0.45, so small models want small k).
+
+    |A ∩ B| is hypergeometric: P(i) = C(k, i) C(n - k, k - i) / C(n, k); J = i / (2k - i).
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"chance_jaccard needs 1 <= k <= n, got k={k}, n={n}")
+    total = math.comb(n, k)
+    return sum(math.comb(k, i) * math.comb(n - k, k - i) / total * i / (2 * k - i) for i in range(k + 1))
 
 
 def jaccard_matrix(head_sets: Mapping[str, Iterable[Head]]) -> tuple[Float[Tensor, "n n"], list[str]]:

@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.ablation.overlap import Head, jaccard_matrix, rank_heads, top_k_heads
+from vlens.ablation.overlap import Head, chance_jaccard, jaccard_matrix, rank_heads, top_k_heads
 
 RANK_BY: tuple[str, ...] = ("logprob", "accuracy")
 
@@ -132,13 +132,20 @@ class AblationReport:
         """Jaccard similarity of the tasks' top-k head sets -> (matrix, task names)."""
         return jaccard_matrix(self.head_sets())
 
+    @property
+    def n_heads_total(self) -> int:
+        return next(iter(self.results.values())).ablated_logprob.numel()
+
+    def chance_jaccard(self) -> float:
+        """Jaccard two random top-k sets would have: the baseline to read the matrix against."""
+        return chance_jaccard(min(self.top_k, self.n_heads_total), self.n_heads_total)
+
     def to_dict(self) -> dict:
         matrix, names = self.jaccard()
-        n_heads_total = next(iter(self.results.values())).ablated_logprob.numel()
         return {
-            "top_k": self.top_k, "n_heads_total": n_heads_total, "rank_by": self.rank_by,
+            "top_k": self.top_k, "n_heads_total": self.n_heads_total, "rank_by": self.rank_by,
             "settings": self.settings, "tasks": names,
-            "jaccard": {"tasks": names, "matrix": _grid(matrix)},
+            "jaccard": {"tasks": names, "matrix": _grid(matrix), "chance": round(self.chance_jaccard(), 6)},
             "results": {task: r.to_dict(self.top_k, self.rank_by) for task, r in self.results.items()},
             "patching": self.patching,
         }
@@ -176,6 +183,7 @@ class AblationReport:
                                      f"Settings: {json.dumps(self.settings)}")
         pairs = {f"J({a}, {b})": float(matrix[i, j]) for i, a in enumerate(names) for j, b in enumerate(names)
                  if i < j}
+        pairs["chance level (random top-k sets)"] = self.chance_jaccard()
         report.add_section("Jaccard overlap of top-k head sets",
                            "How many of their most important heads two tasks share (1: the same set).",
                            figure=self.jaccard_figure(), numbers=pairs)
@@ -195,8 +203,8 @@ class AblationReport:
 
     def summary(self) -> str:
         """Plain-text table: per task clean accuracy and top heads, then the Jaccard matrix."""
-        lines = [f"top-k = {self.top_k} of {next(iter(self.results.values())).ablated_logprob.numel()} heads, "
-                 f"ranked by {self.rank_by} drop"]
+        lines = [f"top-k = {self.top_k} of {self.n_heads_total} heads, ranked by {self.rank_by} drop; "
+                 f"two random top-k sets have Jaccard {self.chance_jaccard():.2f} on average"]
         for task, r in self.results.items():
             top = ", ".join(f"L{layer}H{head}" for layer, head in r.top_heads(min(5, self.top_k), self.rank_by))
             lines.append(f"  {task:<18} n={r.n_examples:<4} clean acc {r.clean_accuracy:.3f} "
