@@ -83,6 +83,8 @@ def head_ablation_sweep(
     Heads outside `layers` keep NaN.
     """
     check_method(method, reference)
+    if batch_size < 1 or heads_per_pass < 1:
+        raise ValueError(f"batch_size and heads_per_pass must be >= 1, got {batch_size} and {heads_per_pass}")
     cfg = model.cfg
     layers = list(range(cfg.n_layers)) if layers is None else list(layers)
     n = len(task)
@@ -106,12 +108,15 @@ def head_ablation_sweep(
                 final_position_logits(model, resid, final), answers)
             slot_ids = reference.slot_ids(inputs) if reference is not None else None
             chunk_partners = None if partners is None else [partners[r] for r in rows]
+            stacked: dict[int, RunState] = {}  # copies -> the chunk's run state stacked that often
             for layer in layers:
                 values = replacement_values(model, method, layer, inputs, reference, chunk_partners, slot_ids)
                 for start in range(0, cfg.n_heads, heads_per_pass if resume else 1):
                     heads = list(range(start, min(start + heads_per_pass, cfg.n_heads))) if resume else [start]
-                    logits = _ablated_final_logits(model, inputs, state, layer_inputs[layer], layer, heads,
-                                                   values, resume)
+                    if resume and len(heads) not in stacked:
+                        stacked[len(heads)] = stack_state(state, inputs.attention_mask, len(heads))
+                    logits = _ablated_final_logits(model, inputs, stacked.get(len(heads)), layer_inputs[layer],
+                                                   layer, heads, values, resume)
                     for g, head in enumerate(heads):
                         lp, acc = answer_metrics(logits[g * len(rows):(g + 1) * len(rows)], answers)
                         abl_lp[layer, head, list(rows)], abl_acc[layer, head, list(rows)] = lp, acc
@@ -124,9 +129,11 @@ def head_ablation_sweep(
     )
 
 
-def _ablated_final_logits(model, inputs: VLMInputs, state: RunState, layer_input: Tensor, layer: int,
+def _ablated_final_logits(model, inputs: VLMInputs, stacked: RunState | None, layer_input: Tensor, layer: int,
                           heads: list[int], values: Tensor, resume: bool) -> Tensor:
-    """Final-position logits with each of `heads` ablated in its own copy of the batch."""
+    """Final-position logits with each of `heads` ablated in its own copy of the batch.
+
+    stacked: the chunk's run state repeated len(heads) times (resume only)."""
     real = inputs.attention_mask.bool()
     hook = (act_name("z", layer), stacked_head_hook(heads, values, real))
     final = inputs.regions.final
@@ -134,7 +141,6 @@ def _ablated_final_logits(model, inputs: VLMInputs, state: RunState, layer_input
         logits = model.run_with_hooks(inputs, fwd_hooks=[hook])
         return logits[torch.arange(logits.shape[0], device=logits.device), final.to(logits.device)]
     copies = len(heads)
-    stacked = stack_state(state, inputs.attention_mask, copies)
     with model.hooks(fwd_hooks=[hook]):
         resid = model.run_blocks(layer_input.repeat(copies, 1, 1), stacked, layer, None)
     return final_position_logits(model, resid, final.repeat(copies))
