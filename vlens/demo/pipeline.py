@@ -99,6 +99,11 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
 
     settings = settings or (DemoSettings.quick() if quick else DemoSettings())
     settings.check()
+    stored = Path(interventions_file) if interventions_file is not None else None
+    if stored is not None and not stored.is_file():
+        raise FileNotFoundError(f"--interventions {stored}: no such file")
+    if train and not isinstance(model, str):
+        raise ValueError("--train needs a model name or path (each SFT arm reloads the model)")
     if threads is not None:
         torch.set_num_threads(threads)
     model_arg = model if isinstance(model, str) else None
@@ -125,17 +130,12 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
         sections.append(ablation)
         sections += stages.run("representation geometry", geometry_sections, hooked, samples, settings)
     if train:
-        if model_arg is None:
-            raise ValueError("--train needs a model name or path (each SFT arm reloads the model)")
         if ablation.status != "ok":
             raise ValueError(f"--train needs the ablation study for the head temperature: {ablation.reason}")
         section = stages.run("interventions (training)", train_interventions_section,
                              lambda: load_model_arg(model_arg), samples, settings, ablation.data,
                              progress=progress)
     else:
-        stored = Path(interventions_file) if interventions_file is not None else None
-        if stored is not None and not stored.is_file():
-            raise FileNotFoundError(f"--interventions {stored}: no such file")
         section = stages.run("interventions table", interventions_section, folder, stored)
     sections.append(section)
 
