@@ -18,6 +18,7 @@ from vlens.patching import (
     patch_layer_head,
     patch_layer_position,
     patch_layer_region,
+    patch_layer_region_components,
     patch_metrics,
 )
 from vlens.patching.planted import PLANTED_HEAD, PLANTED_LAYER, plant_answers, planted_model, planted_pairs
@@ -106,6 +107,13 @@ def test_planted_region_sweep(planted):
     assert rates[:, 2].tolist() == [0.0, 0.0, 1.0]  # the final position only after the planted layer
     assert rates[:, 3].tolist() == [1.0, 1.0, 1.0]
     assert torch.allclose(result["patch_effect"][:, 3], torch.ones(3), atol=1e-4)  # "all" = the corrupt run
+    # the planted head writes the answer at the final position; no MLP writes anything
+    components = patch_layer_region_components(model, batch, components=("attn_out", "mlp_out"))
+    expected = torch.zeros(3, 4)
+    expected[PLANTED_LAYER] = torch.tensor([0.0, 1.0, 1.0, 1.0])
+    assert torch.equal(components["attn_out"]["overwrite_rate"], expected)
+    assert torch.equal(components["mlp_out"]["overwrite_rate"], torch.zeros(3, 4))
+    assert components["attn_out"].tensor.shape == (3, 4, 4)
 
 
 # ---------------------------------------------------------------------- fast == naive, == plain run_with_hooks

@@ -22,7 +22,13 @@ from vlens.patching.pairs import (
 )
 from vlens.patching.results import PatchingResult
 from vlens.patching.runner import PatchSpec, repeat_run_state, run_fast, run_naive, run_specs
-from vlens.patching.sweeps import REGIONS, patch_layer_head, patch_layer_position, patch_layer_region
+from vlens.patching.sweeps import (
+    REGIONS,
+    patch_layer_head,
+    patch_layer_position,
+    patch_layer_region,
+    patch_layer_region_components,
+)
 
 __all__ = [
     "METRICS",
@@ -43,6 +49,7 @@ __all__ = [
     "patch_layer_head",
     "patch_layer_position",
     "patch_layer_region",
+    "patch_layer_region_components",
     "patch_metrics",
     "repeat_run_state",
     "run_fast",

@@ -65,6 +65,13 @@ class PatchingResult:
     def __getitem__(self, metric: str) -> Tensor:
         return self.metrics[metric]
 
+    @property
+    def tensor(self) -> Float[Tensor, "n_layers n_cells n_metrics"]:
+        """All metrics stacked in `METRICS` order."""
+        import torch
+
+        return torch.stack([self.metrics[name] for name in METRICS], dim=-1)
+
     def image_grid_values(self, metric: str = "overwrite_rate") -> Float[Tensor, "n_layers rows cols"]:
         """For "layer-pos": the metric at the image positions laid out on the image grid."""
         if self.mode != "layer-pos" or self.image_positions is None or self.image_grid is None:

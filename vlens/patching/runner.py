@@ -10,7 +10,8 @@ The fast path gives the same logits (within float noise) with far less work:
 - the clean run caches the residual entering every layer, and a condition at layer l
   resumes from it (`model.run_blocks(resid, state, l, None)`): layers before l are not rerun;
 - several conditions run in one forward, as copies of the batch stacked along the batch
-  dimension, each copy patching its own cell.
+  dimension, each copy patching its own cell;
+- the last block runs for the final position only (`final_block`): only its logits are read.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tqdm.auto import tqdm
 
 from vlens.components.attention import AttentionMasks
 from vlens.hooks import act_name
+from vlens.patching.final_block import block_has_hooks, last_block_at_final
 from vlens.patching.metrics import Baseline
 from vlens.patching.pairs import PairBatch
 from vlens.runtime import RunState
@@ -167,15 +169,23 @@ def run_fast(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max
         chunks = [(key, idx[i:i + per_chunk]) for key, idx in groups.items() for i in range(0, len(idx), per_chunk)]
         out: list[Tensor | None] = [None] * len(specs)
         states: dict[int, RunState] = {}
+        last = model.cfg.n_layers - 1
         for (layer, _component), indices in tqdm(chunks, desc="patching (fast)", disable=not progress):
             k = len(indices)
             if k not in states:
                 states[k] = repeat_run_state(state, k)
             chunk_specs = [specs[i] for i in indices]
             name = chunk_specs[0].hook_name
+            finals = final.repeat(k)
             with model.hooks(fwd_hooks=[(name, patch_hook(chunk_specs, cache[name]))]):
-                resid = model.run_blocks(resids[layer].repeat(k, 1, 1), states[k], layer, None)
-            logits = final_logits(model, resid, final.repeat(k)).view(k, n, -1)
+                if layer < last and not block_has_hooks(model.blocks[last]):
+                    # all blocks but the last for every position, the last one for the final position only
+                    resid = model.run_blocks(resids[layer].repeat(k, 1, 1), states[k], layer, last)
+                    resid = last_block_at_final(model, resid, states[k], finals)[:, None]
+                    finals = torch.zeros_like(finals)
+                else:
+                    resid = model.run_blocks(resids[layer].repeat(k, 1, 1), states[k], layer, None)
+            logits = final_logits(model, resid, finals).view(k, n, -1)
             for j, i in enumerate(indices):
                 out[i] = logits[j]
     baseline = Baseline(clean_logits, corrupt_logits, batch.clean_tokens, batch.corrupt_tokens)

@@ -60,6 +60,13 @@ def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "res
     return _result(model, batch, specs, "layer-region", component, layers, list(regions), method, max_batch, progress)
 
 
+def patch_layer_region_components(model: HookedVLM, batch: PairBatch,
+                                  components: Sequence[str] = ("resid_pre", "attn_out", "mlp_out"),
+                                  **kwargs) -> dict[str, PatchingResult]:
+    """`patch_layer_region` for several components: {component: result}."""
+    return {component: patch_layer_region(model, batch, component=component, **kwargs) for component in components}
+
+
 def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
                          layers: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
                          progress: bool = False) -> PatchingResult:

@@ -1,0 +1,171 @@
+"""Patching benchmarks and findings.
+
+1. Speed: the full layer x head `hook_z` sweep, naive loop (one `run_with_hooks` forward per
+   head) vs the fast path (vision once, resume from the cached clean residual, conditions
+   batched), on the embedded model and on a medium random config; also checks they agree.
+2. AtP: Spearman correlation of attribution patching (hook_z) with the exact head sweep.
+3. Findings on the embedded model: overwrite rate of image-token / final-position patches of
+   `resid_pre` across layers, and the logit lens at the final position.
+
+    python benchmarks/bench_patching.py [--pairs 8] [--finding-pairs 64] [--threads 1] [--out bench_patching.json]
+        [--figures DIR] [--skip-embedded] [--skip-medium]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from vlens import HookedVLM
+from vlens.patching import (
+    attribution_patching,
+    build_pair_batch,
+    make_count_pairs,
+    patch_layer_head,
+    patch_layer_region,
+)
+from vlens.testing import tiny_hf_model, tiny_qwen_processor
+
+# Random medium configs: an 8-layer x 8-head decoder (d_model 256), 168 px images -> 144 patches -> 36 tokens.
+# "medium" keeps Qwen2.5-VL-7B's proportions of vision tower to decoder (32 vision blocks of width
+# 1280 vs 28 decoder layers of width 3584: about as deep, ~1/3 as wide); "medium-light-vision" has a
+# token vision tower, the case where only resuming and batching can help.
+MEDIUM_CONFIGS = {
+    "medium": dict(n_layers=8, d_model=256, n_heads=8, n_kv_heads=2, d_mlp=768, vision_depth=8, vision_width=96),
+    "medium-light-vision": dict(n_layers=8, d_model=256, n_heads=8, n_kv_heads=2, d_mlp=768, vision_depth=2,
+                                vision_width=64),
+}
+
+
+def medium_model(name: str = "medium") -> HookedVLM:
+    """A random Qwen2.5-VL of `MEDIUM_CONFIGS[name]`."""
+    return HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", **MEDIUM_CONFIGS[name]),
+                             tiny_qwen_processor(max_pixels=168 * 168))
+
+
+def embedded_architecture_model(seed: int = 0) -> HookedVLM:
+    """The embedded model's exact architecture, tokenizer and processor with random weights (speed proxy)."""
+    from vlens.zoo.architecture import build_config, build_model
+    from vlens.zoo.processor import assemble_processor, build_image_processor
+    from vlens.zoo.tokenizer import build_tokenizer
+    from vlens.zoo.vocabulary import vocabulary_words
+
+    tokenizer = build_tokenizer(vocabulary_words())
+    hf = build_model(build_config(tokenizer), seed).eval()
+    return HookedVLM.from_hf(hf, assemble_processor(tokenizer, build_image_processor()))
+
+
+def _timed(fn, repeats: int):
+    """Best of `repeats` (wall seconds, CPU seconds of this process) and the last output.
+
+    CPU time is the steadier number on a shared machine: other jobs change wall time, not it.
+    """
+    best_wall, best_cpu, out = float("inf"), float("inf"), None
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best_wall = min(best_wall, time.perf_counter() - wall)
+        best_cpu = min(best_cpu, time.process_time() - cpu)
+    return (best_wall, best_cpu), out
+
+
+def bench_head_sweep(model: HookedVLM, n_pairs: int, repeats: int, max_batch: int) -> dict:
+    batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=0, size=168))
+    patch_layer_head(model, batch, method="fast", max_batch=max_batch)  # warm-up
+    t_naive, naive = _timed(lambda: patch_layer_head(model, batch, method="naive"), repeats)
+    t_fast, fast = _timed(lambda: patch_layer_head(model, batch, method="fast", max_batch=max_batch), repeats)
+    diff = float((fast.per_pair_logit_diff - naive.per_pair_logit_diff).abs().max())
+    return {"n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads, "d_model": model.cfg.d_model,
+            "device": str(model.cfg.device), "n_pairs": n_pairs, "seq_len": batch.seq_len,
+            "conditions": model.cfg.n_layers * model.cfg.n_heads,
+            "naive_wall_s": t_naive[0], "fast_wall_s": t_fast[0], "speedup_wall": t_naive[0] / t_fast[0],
+            "naive_cpu_s": t_naive[1], "fast_cpu_s": t_fast[1], "speedup_cpu": t_naive[1] / t_fast[1],
+            "max_abs_diff_logit_diff": diff}
+
+
+def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
+    """Overwrite rates of image / final patches per layer, AtP vs exact heads, logit lens."""
+    from vlens.lens.logit_lens import logit_lens_records
+
+    batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=1, size=168))
+    region = patch_layer_region(model, batch, component="resid_pre")
+    heads = patch_layer_head(model, batch)
+    exact = heads.metrics["logit_diff"] - heads.baseline.clean_logit_diff.mean()
+    atp = attribution_patching(model, batch)
+    atp.exact_z = exact
+    from vlens.data import make_task_sample
+
+    samples = [make_task_sample("counting", seed=10_000 + i, size=168, style="syndot") for i in range(n_pairs)]
+    lens = logit_lens_records(model, [{**r, "image": im} for im, r in samples], batch_size=16)
+    out = {
+        "n_pairs": n_pairs,
+        "clean_accuracy": float(region.baseline.clean_correct.float().mean()),
+        "corrupt_accuracy": float(region.baseline.corrupt_correct.float().mean()),
+        "layer_region": {name: region.metrics[name].tolist() for name in ("overwrite_rate", "flip_away_rate",
+                                                                             "logit_diff", "patch_effect")},
+        "regions": region.cells,
+        "head_overwrite_rate": heads.metrics["overwrite_rate"].tolist(),
+        "head_delta_logit_diff": exact.tolist(),
+        "atp_z": atp.z.tolist(),
+        "atp_spearman_vs_exact": atp.spearman_z,
+        "logit_lens": {k: v for k, v in lens.to_json().items() if k in ("mean_probability", "median_rank",
+                                                                        "top1_accuracy", "n_examples")},
+    }
+    if figures is not None:
+        figures.mkdir(parents=True, exist_ok=True)
+        region.plot("overwrite_rate").write_html(figures / "vap_layer_region.html", include_plotlyjs="cdn")
+        heads.plot("overwrite_rate").write_html(figures / "vap_layer_head.html", include_plotlyjs="cdn")
+        atp.plot("z").write_html(figures / "atp_z.html", include_plotlyjs="cdn")
+        lens.plot().write_html(figures / "logit_lens.html", include_plotlyjs="cdn")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=8, help="pairs in the speed benchmark")
+    parser.add_argument("--finding-pairs", type=int, default=64, help="pairs for the findings on the embedded model")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=None, help="write all numbers as JSON")
+    parser.add_argument("--figures", default=None, help="folder for HTML figures of the findings")
+    parser.add_argument("--skip-embedded", action="store_true")
+    parser.add_argument("--skip-medium", action="store_true")
+    parser.add_argument("--random-embedded", action="store_true",
+                        help="speed only: the embedded architecture with random weights (no trained weights needed)")
+    parser.add_argument("--device", default=None, help="e.g. cuda (default: CPU)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results: dict = {"threads": args.threads}
+    device = args.device
+    if args.random_embedded:
+        model = embedded_architecture_model().to(device or "cpu")
+        results["embedded_architecture_random_speed"] = bench_head_sweep(model, args.pairs, args.repeats, args.max_batch)
+        print("embedded architecture (random) head sweep:", json.dumps(results["embedded_architecture_random_speed"]))
+    elif not args.skip_embedded:
+        import vlens
+
+        model = vlens.load(device=device)
+        results["embedded_speed"] = bench_head_sweep(model, args.pairs, args.repeats, args.max_batch)
+        print("embedded head sweep:", json.dumps(results["embedded_speed"]))
+        if args.finding_pairs > 0:
+            results["embedded_findings"] = findings(model, args.finding_pairs,
+                                                    Path(args.figures) if args.figures else None)
+            print("embedded findings:", json.dumps(results["embedded_findings"], indent=1))
+    if not args.skip_medium:
+        for name in MEDIUM_CONFIGS:
+            model = medium_model(name).to(device or "cpu")
+            results[f"{name}_speed"] = bench_head_sweep(model, args.pairs, args.repeats, args.max_batch)
+            print(f"{name} head sweep:", json.dumps(results[f"{name}_speed"]))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Run the last decoder block for the final position only (the fast path's last step).
+
+The logits at the final position need the last block's output there alone: its attention
+still reads keys / values at every position, but the queries, the output projection and
+the MLP are only needed for one position per row. Numerically this is the block's own
+computation restricted to one query (SDPA over the same keys), equal within float noise.
+Used only when no hook is attached to the last block (its hooks would see a different shape).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformers.integrations.sdpa_attention import repeat_kv
+
+from vlens.components.rotary import apply_rotary
+from vlens.runtime import RunState
+
+if TYPE_CHECKING:
+    from vlens.model import HookedVLM
+
+
+def block_has_hooks(block) -> bool:
+    """True if any hook point inside `block` has a forward or backward hook."""
+    return any(getattr(m, "fwd_hooks", None) or getattr(m, "bwd_hooks", None) for m in block.modules())
+
+
+def last_block_at_final(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], state: RunState,
+                        final: Int[Tensor, "batch"]) -> Float[Tensor, "batch d_model"]:
+    """The last block's output residual at each row's final position."""
+    block = model.blocks[-1]
+    attn = block.attn
+    batch, pos, _ = resid.shape
+    rows = torch.arange(batch, device=resid.device)
+    final = final.to(resid.device)
+    d_head = attn.cfg.d_head
+    x = block.ln1(resid)
+    x_final = x[rows, final][:, None]  # [b, 1, d]
+    q = attn.q_proj(x_final).view(batch, 1, -1, d_head)
+    k = attn.k_proj(x).view(batch, pos, -1, d_head)
+    v = attn.v_proj(x).view(batch, pos, -1, d_head)
+    if attn.q_norm is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q = apply_rotary(q, state.cos[rows, final][:, None], state.sin[rows, final][:, None])
+    k = apply_rotary(k, state.cos, state.sin)
+    allowed = state.masks.allowed[rows, :, final][:, :, None]  # [b, 1, 1, pos]
+    groups = attn.num_key_value_groups
+    z = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), repeat_kv(k.transpose(1, 2), groups), repeat_kv(v.transpose(1, 2), groups),
+        attn_mask=allowed, scale=attn.scaling,
+    ).transpose(1, 2)  # [b, 1, H, d_head]
+    attn_out = attn.o_proj(z.reshape(batch, 1, -1)) if not attn.cfg.use_attn_result else \
+        torch.einsum("bphd,hdm->bpm", z, attn.W_O) + attn.b_O
+    mid = resid[rows, final][:, None] + attn_out
+    out = mid + block.mlp(block.ln2(mid))
+    return out[:, 0]
