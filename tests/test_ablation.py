@@ -214,6 +214,8 @@ def test_report_jaccard_json_roundtrip_and_patching_overlap(tmp_path):
     assert data["jaccard"]["matrix"][0][1] == pytest.approx(1 / 3, abs=1e-6)
     assert data["results"]["a"]["ranked_heads"][0] == {"rank": 1, "layer": 0, "head": 0, "logprob_drop": 3.0,
                                                        "accuracy_drop": 1.0}
+    markdown = report.to_markdown()
+    assert "| a | 1.00 | 0.33 |" in markdown and "| b | 1.000 | L1H0, L0H1 |" in markdown
     figure = report.jaccard_figure()
     assert figure.data[0].z.shape == (2, 2)
 
@@ -228,7 +230,8 @@ def test_vlens_ablate_command(tmp_path, monkeypatch, model):
     out = tmp_path / "ablation.json"
     code = main(["ablate", "--model", "random", "--tasks", "counting,colour,counting@synreal", "--top-k", "3",
                  "--n-examples", "3", "--n-reference", "3", "--image-size", str(SIZE), "--quiet",
-                 "--patching", str(patching), "--out", str(out), "--html", str(tmp_path / "j.html")])
+                 "--patching", str(patching), "--out", str(out), "--html", str(tmp_path / "j.html"),
+                 "--markdown", str(tmp_path / "j.md")])
     assert code == 0
     data = json.loads(out.read_text())
     assert data["tasks"] == ["counting", "colour", "counting@synreal"] and data["top_k"] == 3
@@ -240,6 +243,7 @@ def test_vlens_ablate_command(tmp_path, monkeypatch, model):
         assert len(data["results"][task]["ranked_heads"]) == 8
     assert set(data["patching"]["jaccard"]) == set(data["tasks"])
     html = (tmp_path / "j.html").read_text()
+    assert (tmp_path / "j.md").read_text().startswith("Jaccard overlap of each task's top-3 heads (of 8)")
     assert "Jaccard overlap of top-k head sets" in html and "counting@synreal: damage per head" in html
     with pytest.raises(SystemExit, match="top-k"):
         main(["ablate", "--tasks", "counting", "--top-k", "0"])

@@ -51,6 +51,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, default=Path("ablation.json"), help="JSON output (default ablation.json)")
     parser.add_argument("--html", type=Path, default=None,
                         help="also write an HTML report (Jaccard heatmap, per-task damage heatmaps, top heads)")
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="also write the Jaccard matrix and top heads as Markdown tables (e.g. for a model card)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_ablate)
 
@@ -81,6 +83,8 @@ def run_ablate(args: argparse.Namespace) -> int:
     report.to_json(args.out)
     if args.html is not None:
         report.html_report().write(args.html)
+    if args.markdown is not None:
+        args.markdown.write_text(report.to_markdown())
     print(report.summary())
-    print(f"wrote {args.out}" + (f" and {args.html}" if args.html else ""))
+    print("wrote " + ", ".join(str(p) for p in (args.out, args.html, args.markdown) if p is not None))
     return 0

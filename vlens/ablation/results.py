@@ -201,6 +201,22 @@ class AblationReport:
                                                      "clean log-prob": result.clean_logprob})
         return report
 
+    def to_markdown(self) -> str:
+        """The Jaccard matrix and each task's top heads as Markdown tables (for a model card)."""
+        matrix, names = self.jaccard()
+        method = self.settings.get("method", "mean")
+        lines = [f"Jaccard overlap of each task's top-{self.top_k} heads (of {self.n_heads_total}) by {method} "
+                 f"ablation, ranked by {self.rank_by} drop; random sets would give "
+                 f"{self.chance_jaccard():.2f}.", "",
+                 "| task | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        lines += [f"| {name} | " + " | ".join(f"{float(v):.2f}" for v in row) + " |"
+                  for name, row in zip(names, matrix, strict=True)]
+        lines += ["", "| task | clean accuracy | most important heads |", "|---|---|---|"]
+        for task, r in self.results.items():
+            top = ", ".join(f"L{layer}H{head}" for layer, head in r.top_heads(min(5, self.top_k), self.rank_by))
+            lines.append(f"| {task} | {r.clean_accuracy:.3f} | {top} |")
+        return "\n".join(lines) + "\n"
+
     def summary(self) -> str:
         """Plain-text table: per task clean accuracy and top heads, then the Jaccard matrix."""
         lines = [f"top-k = {self.top_k} of {self.n_heads_total} heads, ranked by {self.rank_by} drop; "
