@@ -136,3 +136,22 @@ def test_bad_heads_are_rejected():
     with pytest.raises(ValueError, match="positive"):
         HeadTemperature({(0, 0): -1.0})
     assert math.isclose(fit_temperature(torch.ones(2, 2), top_k=1).betas[(0, 0)], 1.2)
+
+
+def test_baked_checkpoint_equals_hooks(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    hf, model = _pair("qwen2_5_vl")
+    inputs = _inputs(model)
+    temp = HeadTemperature({(0, 1): 1.4, (1, 3): 0.7})
+    hf.save_pretrained(str(tmp_path), state_dict=temp.baked_state_dict(hf))
+    baked = AutoModelForImageTextToText.from_pretrained(str(tmp_path)).eval()
+    real = inputs.attention_mask.bool()
+    with torch.no_grad(), temp.applied(model):
+        hooked = model(inputs)
+    with torch.no_grad():
+        theirs = baked(**inputs.to_hf_kwargs()).logits
+    torch.testing.assert_close(theirs[real], hooked[real], atol=1e-4, rtol=1e-4)
+    if "qwen3_vl" in FAMILIES:
+        with pytest.raises(ValueError, match="q_norm"):
+            temp.baked_state_dict(_pair("qwen3_vl")[0])

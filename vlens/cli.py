@@ -21,6 +21,7 @@ COMMAND_MODULES: list[str] = [
     "vlens.patching.cli",
     "vlens.lens.logit_lens_cli",
     "vlens.demo.cli",
+    "vlens.training.cli",
 ]
 
 

@@ -23,7 +23,10 @@ Where it acts:
 - on a plain HF model: `export_to_hf(hf_model)` scales each target head's query after any
   q norm (a forward hook on `q_norm`, or on `q_proj` for families without one); rotary
   embedding is linear, so scaling q before it scales the scores by exactly beta. Returns a
-  removable handle.
+  removable handle. The HF modules hooked are shared with a `HookedVLM` built on that HF
+  model, so while the handle is active the HookedVLM is scaled too: use one or the other.
+  Families without a q norm can also bake beta into the q_proj weights
+  (`baked_state_dict`, written by `vlens temperature export`).
 """
 
 from __future__ import annotations
@@ -129,6 +132,35 @@ class HeadTemperature:
             else:  # output [..., n_heads * d_head]
                 handles.append(attn.q_proj.register_forward_hook(_scale_projected(scales, n_heads)))
         return TemperatureHandle(lambda hs: [h.remove() for h in hs], handles)
+
+    def baked_state_dict(self, hf_model: nn.Module) -> dict[str, Tensor]:
+        """The HF state dict with beta folded into each target head's q_proj rows (and bias).
+
+        A permanent export that `save_pretrained(state_dict=...)` can write, for families
+        without a q norm only: with one, the norm would undo a scaled projection (use
+        `export_to_hf`'s hooks there). The live model is not changed.
+        """
+        from vlens.architectures import adapter_for
+
+        layers = adapter_for(hf_model).language_model(hf_model).layers
+        self._check(len(layers))
+        by_id = {id(m): name for name, m in hf_model.named_modules()}
+        state = {k: v.detach() for k, v in hf_model.state_dict().items()}
+        for layer in self.layers:
+            attn = layers[layer].self_attn
+            if getattr(attn, "q_norm", None) is not None:
+                raise ValueError("this family normalises q per head (q_norm): a temperature cannot be baked into "
+                                 "the weights; apply it with export_to_hf(hf_model) hooks instead")
+            n_heads = _n_heads(hf_model, attn)
+            rows = self.layer_scales(layer, n_heads).repeat_interleave(attn.q_proj.out_features // n_heads)
+            name = by_id[id(attn.q_proj)]
+            for part in ("weight", "bias"):
+                key = f"{name}.{part}"
+                if key in state:
+                    value = state[key]
+                    shape = (-1,) + (1,) * (value.ndim - 1)
+                    state[key] = (value.float() * rows.view(shape)).to(value.dtype).contiguous()
+        return state
 
     # ------------------------------------------------------------------ I/O
     def to_json(self) -> dict:

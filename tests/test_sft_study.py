@@ -1,0 +1,82 @@
+"""The ablation-study runner: table / report / model-card section on a known result, and (slow) a
+full run of every condition on an untrained model of the embedded architecture."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlens.training.study import (
+    CARD_BEGIN,
+    CARD_END,
+    StudyResult,
+    StudySettings,
+    evaluation_sets,
+    training_examples,
+    write_model_card_section,
+)
+
+
+def _known_result() -> StudyResult:
+    settings = StudySettings(seeds=[0, 1], eval_sets=["synreal", "colour", "shape"],
+                             conditions=["baseline", "sft"])
+    rows = {
+        0: {"baseline": {"synreal": {"accuracy": 0.5, "mae": 1.0}, "colour": {"accuracy": 0.9},
+                         "shape": {"accuracy": 0.7}},
+            "sft": {"synreal": {"accuracy": 0.6, "mae": 0.5}, "colour": {"accuracy": 0.8},
+                    "shape": {"accuracy": 0.6}}},
+        1: {"baseline": {"synreal": {"accuracy": 0.7, "mae": 0.5}, "colour": {"accuracy": 1.0},
+                         "shape": {"accuracy": 0.8}},
+            "sft": {"synreal": {"accuracy": 0.8, "mae": 0.25}, "colour": {"accuracy": 0.8},
+                    "shape": {"accuracy": 0.6}}},
+    }
+    from dataclasses import asdict
+
+    return StudyResult(settings=asdict(settings), results=rows)
+
+
+def test_table_averages_seeds():
+    table = _known_result().table().splitlines()
+    assert table[0] == "| method | synreal (OOD counting) | colour | shape | general mean |"
+    assert table[2] == "| baseline | 60.0 / 0.75 | 95.0 | 75.0 | 85.0 |"
+    assert table[3] == "| +SFT | 70.0 / 0.38 | 80.0 | 60.0 | 70.0 |"
+
+
+def test_model_card_section_is_replaced_not_duplicated(tmp_path):
+    card = tmp_path / "MODEL_CARD.md"
+    card.write_text("# model\n\nintro\n")
+    result = _known_result()
+    write_model_card_section(result, card)
+    write_model_card_section(result, card)
+    text = card.read_text()
+    assert text.startswith("# model\n\nintro\n") and text.count(CARD_BEGIN) == 1 and text.count(CARD_END) == 1
+    assert "| +SFT | 70.0 / 0.38 |" in text and "Seeds: 0, 1" in text
+
+
+def test_data_splits_are_balanced_and_disjoint():
+    settings = StudySettings(n_train_per_style=10, n_eval=10, eval_sets=["synreal", "syndot", "colour"])
+    train = training_examples(settings, seed=0)
+    assert sorted(int(e.answer) for e in train) == sorted(list(range(1, 11)) * 2)
+    assert all(e.objects and len(e.objects[0][0]) >= 1 for e in train)
+    sets = evaluation_sets(settings)
+    assert sorted(int(r["answer"]) for _, r in sets["synreal"]) == list(range(1, 11))
+    train_seeds = {e.meta["seed"] for e in train}
+    eval_seeds = {r["seed"] for samples in sets.values() for _, r in samples}
+    assert not train_seeds & eval_seeds
+
+
+@pytest.mark.slow
+def test_full_study_on_an_untrained_embedded_architecture(tmp_path):
+    from vlens import HookedVLM
+    from vlens.training.study import run_study
+    from vlens.zoo.recipe import build_untrained
+
+    def load():
+        _, processor, hf = build_untrained(0)
+        return HookedVLM.from_hf(hf.eval(), processor)
+
+    settings = StudySettings(n_train_per_style=4, n_eval=10, importance_examples=4, eval_batch_size=10)
+    result = run_study(load, settings, tmp_path, progress=False)
+    assert set(result.results[0]) == {"baseline", "sft", "sft_focus", "sft_focus_beta"}
+    assert len(result.temperatures[0]["heads"]) == 4
+    again = StudyResult.load(tmp_path / "study.json")
+    assert again.table() == result.table() and (tmp_path / "STUDY.md").is_file()
