@@ -10,6 +10,7 @@ import torch
 from vlens import HookedVLM
 from vlens.data import make_pair, write_imagefolder
 from vlens.patching import (
+    METRICS,
     Baseline,
     PairExample,
     build_pair_batch,
@@ -69,6 +70,9 @@ def test_metrics_by_hand():
     # clean LDs (-4,-4,-4,5) mean -1.75; corrupt LDs all 4; effect = (2.5 + 1.75) / (4 + 1.75)
     assert m["patch_effect"][0].item() == pytest.approx(4.25 / 5.75)
     assert m["patch_effect"][1].item() == pytest.approx(0.0)
+    # corrupt-answer rate ignores the clean run: pairs 0 and 3 predict token 1
+    assert m["corrupt_answer_rate"].tolist() == [0.5, 0.25]
+    assert m["per_pair_prediction"][0].tolist() == [1, 0, 2, 1]
 
 
 # ---------------------------------------------------------------------- planted model: known answers
@@ -113,7 +117,7 @@ def test_planted_region_sweep(planted):
     expected[PLANTED_LAYER] = torch.tensor([0.0, 1.0, 1.0, 1.0])
     assert torch.equal(components["attn_out"]["overwrite_rate"], expected)
     assert torch.equal(components["mlp_out"]["overwrite_rate"], torch.zeros(3, 4))
-    assert components["attn_out"].tensor.shape == (3, 4, 4)
+    assert components["attn_out"].tensor.shape == (3, 4, len(METRICS))
 
 
 # ---------------------------------------------------------------------- fast == naive, == plain run_with_hooks
@@ -209,3 +213,32 @@ def test_cli_layer_region(tmp_path):
     for metric in ("overwrite_rate", "logit_diff", "patch_effect"):
         assert len(data[metric]) == len(data["layers"]) and len(data[metric][0]) == 4
     assert (tmp_path / "r.html").exists()
+
+
+def test_cli_atp_and_heads_with_generated_pairs(tmp_path, capsys):
+    from vlens.cli import main
+
+    out = tmp_path / "atp.json"
+    assert main(["patch", "--model", "random-tiny", "--make-pairs", "2", "--size", "56", "--mode", "atp",
+                 "--compare-exact", "--out", str(out), "--quiet"]) == 0
+    data = json.loads(out.read_text())
+    assert data["mode"] == "atp" and len(data["z"]) == 2 and -1.0 <= data["spearman_z_vs_exact"] <= 1.0
+    out = tmp_path / "heads.json"
+    assert main(["patch", "--model", "random-tiny", "--make-pairs", "2", "--size", "56", "--mode", "layer-head",
+                 "--region", "image", "--out", str(out), "--quiet"]) == 0
+    data = json.loads(out.read_text())
+    assert data["heads"] == [0, 1, 2, 3] and data["region"] == "image" and len(data["per_pair_prediction"][0][0]) == 2
+
+
+def test_cli_skips_control_pairs_and_reports_bad_input(tmp_path, capsys):
+    from vlens.cli import main
+
+    samples = make_pair(2, 3, seed=0, size=56).samples() + make_pair(2, None, seed=1, size=56, kind="move").samples()
+    write_imagefolder(samples, tmp_path / "mixed")
+    out = tmp_path / "r.json"
+    assert main(["patch", "--model", "random-tiny", "--pairs", str(tmp_path / "mixed"), "--mode", "layer-region",
+                 "--out", str(out), "--quiet"]) == 0
+    assert json.loads(out.read_text())["n_pairs"] == 1
+    assert "skipping 1 control pairs" in capsys.readouterr().err
+    assert main(["patch", "--model", "random-tiny", "--pairs", str(tmp_path / "missing"), "--mode", "layer-region",
+                 "--out", str(out), "--quiet"]) == 2

@@ -51,7 +51,15 @@ def load_batch(model, args: argparse.Namespace):
     from vlens.patching.pairs import build_pair_batch, load_pair_examples, make_count_pairs
 
     if args.pairs:
-        examples = load_pair_examples(args.pairs, limit=args.limit)
+        examples = load_pair_examples(args.pairs)
+        patchable = [e for e in examples if e.clean_answer != e.corrupt_answer]
+        if len(patchable) < len(examples):
+            print(f"skipping {len(examples) - len(patchable)} control pairs whose clean and corrupt answers are equal",
+                  file=sys.stderr)
+        if not patchable:
+            raise ValueError(f"no pair in {args.pairs} has different clean and corrupt answers; patching needs "
+                             "count pairs (vlens data pairs --kind count)")
+        examples = patchable[: args.limit] if args.limit is not None else patchable
     else:
         examples = make_count_pairs(args.make_pairs, seed=args.seed, size=args.size, style=args.style)
     batch = build_pair_batch(model, examples)

@@ -7,6 +7,8 @@ is the argmax token at the final position):
 - overwrite: the clean run predicts c_i and the patched run predicts k_i (the prediction flips
   from the clean answer to the corrupted answer). Overwrite rate = share of all pairs.
 - flip-away: the clean run predicts c_i and the patched run predicts anything else.
+- corrupt-answer rate: the patched run predicts k_i, whatever the clean run predicted (equal to
+  the overwrite rate when the model gets every clean prompt right).
 - normalised patch effect: (LD_patched - LD_clean) / (LD_corrupt - LD_clean), on the pair
   means of LD: 0 = no effect, 1 = the patched run is as "corrupt" as the corrupt run.
 """
@@ -19,7 +21,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-METRICS: tuple[str, ...] = ("overwrite_rate", "flip_away_rate", "logit_diff", "patch_effect")
+METRICS: tuple[str, ...] = ("overwrite_rate", "flip_away_rate", "logit_diff", "patch_effect", "corrupt_answer_rate")
 
 
 def logit_diff(logits: Float[Tensor, "... n_pairs d_vocab"], clean_tokens: Int[Tensor, "n_pairs"],
@@ -62,7 +64,7 @@ class Baseline:
 def patch_metrics(patched_logits: Float[Tensor, "... n_pairs d_vocab"], baseline: Baseline) -> dict[str, Tensor]:
     """All metrics for patched final-position logits; each is [...] (leading condition dims).
 
-    Also returns "per_pair_logit_diff" [..., n_pairs].
+    Also returns "per_pair_logit_diff" and "per_pair_prediction" (argmax token), both [..., n_pairs].
     """
     patched_logits = patched_logits.float().cpu()
     clean_tokens, corrupt_tokens = baseline.clean_tokens.cpu(), baseline.corrupt_tokens.cpu()
@@ -83,5 +85,7 @@ def patch_metrics(patched_logits: Float[Tensor, "... n_pairs d_vocab"], baseline
         "flip_away_rate": flip_away.float().mean(-1),
         "logit_diff": per_pair.mean(-1),
         "patch_effect": effect,
+        "corrupt_answer_rate": (prediction == corrupt_tokens).float().mean(-1),
         "per_pair_logit_diff": per_pair,
+        "per_pair_prediction": prediction,
     }

@@ -37,6 +37,7 @@ class PatchingResult:
         cells: column labels: region names, positions, or heads ("H0", ...).
         metrics: name -> [n_layers, n_cells] for each of `METRICS`.
         per_pair_logit_diff: [n_layers, n_cells, n_pairs].
+        per_pair_prediction: [n_layers, n_cells, n_pairs] the patched run's argmax token.
         pair_ids: the pairs, in row order.
         baseline: the unpatched clean / corrupt runs.
         region: for "layer-head", the positions patched ("all", "image", ...).
@@ -50,6 +51,7 @@ class PatchingResult:
     cells: list
     metrics: dict[str, Float[Tensor, "n_layers n_cells"]]
     per_pair_logit_diff: Float[Tensor, "n_layers n_cells n_pairs"]
+    per_pair_prediction: Tensor
     pair_ids: list[str]
     baseline: Baseline
     region: str | None = None
@@ -95,6 +97,7 @@ class PatchingResult:
         for name in METRICS:
             out[name] = _jsonable(self.metrics[name])
         out["per_pair_logit_diff"] = _jsonable(self.per_pair_logit_diff)
+        out["per_pair_prediction"] = self.per_pair_prediction.tolist()
         b = self.baseline
         out["baseline"] = {
             "clean_logit_diff": _jsonable(b.clean_logit_diff),
@@ -151,11 +154,14 @@ class PatchingResult:
         return figure
 
 
-def stack_metrics(metrics: dict[str, Tensor], n_layers: int, n_cells: int) -> tuple[dict[str, Tensor], Tensor]:
-    """Reshape flat per-condition metrics ([n_layers * n_cells], layer-major) to [n_layers, n_cells]."""
+def stack_metrics(metrics: dict[str, Tensor], n_layers: int, n_cells: int) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """Reshape flat per-condition metrics ([n_layers * n_cells], layer-major) to [n_layers, n_cells].
+
+    Returns (metrics, per-pair logit diff, per-pair prediction), the last two [n_layers, n_cells, n_pairs].
+    """
     shaped = {name: metrics[name].reshape(n_layers, n_cells) for name in METRICS}
     per_pair = metrics["per_pair_logit_diff"].reshape(n_layers, n_cells, -1)
-    return shaped, per_pair
+    return shaped, per_pair, metrics["per_pair_prediction"].reshape(n_layers, n_cells, -1)
 
 
 __all__ = ["CELL_AXIS", "PatchingResult", "stack_metrics"]

@@ -38,9 +38,10 @@ def _layers(model: HookedVLM, layers: Sequence[int] | None) -> list[int]:
 
 def _result(model, batch, specs, mode, component, layers, cells, method, max_batch, progress, **extra) -> PatchingResult:
     logits, baseline = run_specs(model, batch, specs, method=method, max_batch=max_batch, progress=progress)
-    metrics, per_pair = stack_metrics(patch_metrics(logits, baseline), len(layers), len(cells))
+    metrics, per_pair, predictions = stack_metrics(patch_metrics(logits, baseline), len(layers), len(cells))
     return PatchingResult(mode=mode, component=component, layers=layers, cells=cells, metrics=metrics,
-                          per_pair_logit_diff=per_pair, pair_ids=list(batch.pair_ids), baseline=baseline, **extra)
+                          per_pair_logit_diff=per_pair, per_pair_prediction=predictions,
+                          pair_ids=list(batch.pair_ids), baseline=baseline, **extra)
 
 
 def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
