@@ -19,7 +19,11 @@ def _train(args: argparse.Namespace) -> int:
         held_out_per_source=args.held_out,
         checkpoint_every=args.checkpoint_every,
         train=TrainSettings(
-            steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr, warmup_steps=args.warmup
+            steps=args.steps,
+            batch_size=args.batch_size,
+            learning_rate=args.lr,
+            warmup_steps=args.warmup,
+            log_every=args.log_every,
         ),
     )
     summary = run_recipe(Path(args.out), settings, progress=not args.quiet)
@@ -62,9 +66,10 @@ def add_cli(subparsers) -> None:
     train.add_argument("--batch-size", type=int, default=defaults.batch_size)
     train.add_argument("--lr", type=float, default=defaults.learning_rate)
     train.add_argument("--warmup", type=int, default=defaults.warmup_steps)
-    train.add_argument("--examples", type=int, default=40_000, help="pre-rendered training examples")
-    train.add_argument("--threads", type=int, default=2, help="torch threads (results depend on it)")
+    train.add_argument("--examples", type=int, default=30_000, help="pre-rendered training examples")
+    train.add_argument("--threads", type=int, default=1, help="torch threads (results depend on it)")
     train.add_argument("--held-out", type=int, default=300, help="held-out samples per source")
+    train.add_argument("--log-every", type=int, default=defaults.log_every, help="log every N steps")
     train.add_argument("--checkpoint-every", type=int, default=0, help="refresh the folder every N steps")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=_train)
@@ -72,5 +77,5 @@ def add_cli(subparsers) -> None:
     evaluate = commands.add_parser("evaluate", help="held-out accuracy of a model folder (default: shipped)")
     evaluate.add_argument("--model", default=None, help="model folder (default: the shipped model)")
     evaluate.add_argument("--held-out", type=int, default=100, help="held-out samples per source")
-    evaluate.add_argument("--threads", type=int, default=2)
+    evaluate.add_argument("--threads", type=int, default=1)
     evaluate.set_defaults(func=_evaluate)

@@ -36,8 +36,8 @@ class RecipeSettings:
     """Everything that determines the trained model (with the torch thread count)."""
 
     seed: int = 0
-    n_examples: int = 40_000
-    threads: int = 2
+    n_examples: int = 30_000
+    threads: int = 1
     held_out_per_source: int = 300
     checkpoint_every: int = 0  # steps; 0: no intermediate checkpoints
     checkpoint_held_out_per_source: int = 40

@@ -20,7 +20,7 @@ from vlens.zoo.batches import EncodedExample, collate
 class TrainSettings:
     """Optimisation hyper-parameters (the recipe's defaults are in vlens.zoo.recipe)."""
 
-    steps: int = 4000
+    steps: int = 3500
     batch_size: int = 48
     learning_rate: float = 2e-3
     warmup_steps: int = 200

@@ -59,6 +59,7 @@ def _dot_variant_source(seed: int, count: int | None = None) -> Sample:
     count = count if count is not None else 1 + seed % 10
     image, centres = render_dot_variant(count, seed)
     return image, {
+        "seed": seed,
         "task": "counting",
         "question": COUNT_DOTS,
         "answer": str(count),

@@ -1,0 +1,120 @@
+"""A 20-step smoke run of the embedded model's recipe (CI never retrains for real): the
+folder it writes is a normal HF model folder, and training is deterministic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import Qwen2_5_VLForConditionalGeneration
+
+from vlens.cli import main
+from vlens.zoo.recipe import build_untrained
+from vlens.zoo.train import TrainSettings, learning_rate_at, train_model
+from vlens.zoo.training_set import held_out_samples, render_training_set, training_sources
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """`vlens zoo train` for 20 steps on 32 examples (the recipe's CI check)."""
+    out = tmp_path_factory.mktemp("zoo_smoke")
+    threads = torch.get_num_threads()
+    argv = [
+        "zoo",
+        "train",
+        "--out",
+        str(out),
+        "--seed",
+        "3",
+        "--steps",
+        "20",
+        "--batch-size",
+        "4",
+        "--examples",
+        "32",
+        "--warmup",
+        "5",
+        "--held-out",
+        "1",
+        "--log-every",
+        "1",
+        "--threads",
+        "1",
+        "--quiet",
+    ]
+    try:
+        assert main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return out, json.loads((out / "evaluation.json").read_text())
+
+
+def test_smoke_run_writes_a_loadable_model_folder(smoke_run):
+    out, summary = smoke_run
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "preprocessor_config.json",
+        "chat_template.jinja",
+        "MODEL_CARD.md",
+        "training_log.jsonl",
+    ):
+        assert (out / name).is_file(), name
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(out)
+    assert model.config.model_type == "qwen2_5_vl"
+    assert model.config.text_config.num_key_value_heads < model.config.text_config.num_attention_heads
+    assert summary["parameters"] == sum(p.numel() for p in model.parameters())
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "Held-out accuracy" in card and "counting/syndot" in card and "per count" in card
+
+
+def test_smoke_run_logs_every_step_and_the_loss_falls(smoke_run):
+    out, _ = smoke_run
+    records = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "step" in r and "loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, 21))
+    first = sum(r["loss"] for r in steps[:3]) / 3
+    last = sum(r["loss"] for r in steps[-3:]) / 3
+    assert last < first
+    assert records[-1]["event"] == "final"
+
+
+def test_training_is_deterministic_for_a_seed():
+    def three_steps() -> dict[str, torch.Tensor]:
+        torch.set_num_threads(1)
+        tokenizer, processor, model = build_untrained(seed=5)
+        rendered = render_training_set(processor, 8, seed=5, progress=False)
+        settings = TrainSettings(steps=3, batch_size=4, warmup_steps=1, seed=5)
+        train_model(
+            model,
+            rendered.examples,
+            rendered.images,
+            settings,
+            tokenizer.pad_token_id,
+            log_path="/dev/null",
+            progress=False,
+        )
+        return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+    threads = torch.get_num_threads()
+    try:
+        first, second = three_steps(), three_steps()
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(first[name], second[name]) for name in first)
+
+
+def test_training_and_held_out_seeds_are_disjoint():
+    train_seeds = {seed for _, seed in training_sources(2000, seed=0)}
+    held_out = {record["seed"] for _, record in held_out_samples(3)}
+    assert train_seeds.isdisjoint(held_out)
+
+
+def test_learning_rate_warms_up_then_decays():
+    settings = TrainSettings(steps=100, learning_rate=1.0, warmup_steps=10)
+    rates = [learning_rate_at(step, settings) for step in range(100)]
+    assert rates[0] == pytest.approx(0.1) and rates[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(rates[9:], rates[10:], strict=False)) and rates[-1] >= 0.05
