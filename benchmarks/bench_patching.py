@@ -26,6 +26,7 @@ from vlens.patching import (
     build_pair_batch,
     make_count_pairs,
     patch_layer_head,
+    patch_layer_position,
     patch_layer_region,
 )
 from vlens.testing import tiny_hf_model, tiny_qwen_processor
@@ -75,15 +76,16 @@ def _timed(fn, repeats: int):
     return (best_wall, best_cpu), out
 
 
-def bench_head_sweep(model: HookedVLM, n_pairs: int, repeats: int, max_batch: int) -> dict:
+def bench_sweep(model: HookedVLM, n_pairs: int, repeats: int, max_batch: int, sweep=patch_layer_head) -> dict:
+    """Naive vs fast timing of one full sweep (default: every layer x head hook_z) and their max difference."""
     batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=0, size=168))
-    patch_layer_head(model, batch, method="fast", max_batch=max_batch)  # warm-up
-    t_naive, naive = _timed(lambda: patch_layer_head(model, batch, method="naive"), repeats)
-    t_fast, fast = _timed(lambda: patch_layer_head(model, batch, method="fast", max_batch=max_batch), repeats)
+    sweep(model, batch, method="fast", max_batch=max_batch)  # warm-up
+    t_naive, naive = _timed(lambda: sweep(model, batch, method="naive"), repeats)
+    t_fast, fast = _timed(lambda: sweep(model, batch, method="fast", max_batch=max_batch), repeats)
     diff = float((fast.per_pair_logit_diff - naive.per_pair_logit_diff).abs().max())
-    return {"n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads, "d_model": model.cfg.d_model,
-            "device": str(model.cfg.device), "n_pairs": n_pairs, "seq_len": batch.seq_len,
-            "conditions": model.cfg.n_layers * model.cfg.n_heads,
+    return {"sweep": sweep.__name__, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
+            "d_model": model.cfg.d_model, "device": str(model.cfg.device), "n_pairs": n_pairs,
+            "seq_len": batch.seq_len, "conditions": naive.per_pair_logit_diff.shape[:2].numel(),
             "naive_wall_s": t_naive[0], "fast_wall_s": t_fast[0], "speedup_wall": t_naive[0] / t_fast[0],
             "naive_cpu_s": t_naive[1], "fast_cpu_s": t_fast[1], "speedup_cpu": t_naive[1] / t_fast[1],
             "max_abs_diff_logit_diff": diff}
@@ -146,14 +148,19 @@ def main() -> None:
     device = args.device
     if args.random_embedded:
         model = embedded_architecture_model().to(device or "cpu")
-        results["embedded_architecture_random_speed"] = bench_head_sweep(model, args.pairs, args.repeats, args.max_batch)
+        results["embedded_architecture_random_speed"] = bench_sweep(model, args.pairs, args.repeats, args.max_batch)
         print("embedded architecture (random) head sweep:", json.dumps(results["embedded_architecture_random_speed"]))
+        results["embedded_architecture_random_layer_pos"] = bench_sweep(model, args.pairs, 1, args.max_batch,
+                                                                        patch_layer_position)
+        print("embedded architecture (random) layer-pos:", json.dumps(results["embedded_architecture_random_layer_pos"]))
     elif not args.skip_embedded:
         import vlens
 
         model = vlens.load(device=device)
-        results["embedded_speed"] = bench_head_sweep(model, args.pairs, args.repeats, args.max_batch)
+        results["embedded_speed"] = bench_sweep(model, args.pairs, args.repeats, args.max_batch)
         print("embedded head sweep:", json.dumps(results["embedded_speed"]))
+        results["embedded_layer_pos_speed"] = bench_sweep(model, args.pairs, 1, args.max_batch, patch_layer_position)
+        print("embedded layer-pos sweep:", json.dumps(results["embedded_layer_pos_speed"]))
         if args.finding_pairs > 0:
             results["embedded_findings"] = findings(model, args.finding_pairs,
                                                     Path(args.figures) if args.figures else None)
@@ -161,7 +168,7 @@ def main() -> None:
     if not args.skip_medium:
         for name in MEDIUM_CONFIGS:
             model = medium_model(name).to(device or "cpu")
-            results[f"{name}_speed"] = bench_head_sweep(model, args.pairs, args.repeats, args.max_batch)
+            results[f"{name}_speed"] = bench_sweep(model, args.pairs, args.repeats, args.max_batch)
             print(f"{name} head sweep:", json.dumps(results[f"{name}_speed"]))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))

@@ -10,6 +10,7 @@ execution), `sweeps`, `results`, `attribution`, `planted` (a known-answer toy mo
 """
 
 from vlens.patching.attribution import AttributionResult, attribution_patching, spearman
+from vlens.patching.fast import repeat_run_state, run_fast
 from vlens.patching.metrics import METRICS, Baseline, logit_diff, patch_metrics
 from vlens.patching.pairs import (
     PairBatch,
@@ -21,7 +22,7 @@ from vlens.patching.pairs import (
     make_count_pairs,
 )
 from vlens.patching.results import PatchingResult
-from vlens.patching.runner import PatchSpec, repeat_run_state, run_fast, run_naive, run_specs
+from vlens.patching.runner import PatchSpec, run_naive, run_specs
 from vlens.patching.sweeps import (
     REGIONS,
     patch_layer_head,

@@ -30,7 +30,11 @@ def block_has_hooks(block) -> bool:
 
 def last_block_at_final(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], state: RunState,
                         final: Int[Tensor, "batch"]) -> Float[Tensor, "batch d_model"]:
-    """The last block's output residual at each row's final position."""
+    """The last block's output residual at each row's final position.
+
+    `resid` may be a suffix of the sequence (then `state.kv_cache` holds the prefix's keys / values
+    and `final` counts from the suffix's start).
+    """
     block = model.blocks[-1]
     attn = block.attn
     batch, pos, _ = resid.shape
@@ -46,7 +50,10 @@ def last_block_at_final(model: HookedVLM, resid: Float[Tensor, "batch pos d_mode
         q, k = attn.q_norm(q), attn.k_norm(k)
     q = apply_rotary(q, state.cos[rows, final][:, None], state.sin[rows, final][:, None])
     k = apply_rotary(k, state.cos, state.sin)
-    allowed = state.masks.allowed[rows, :, final][:, :, None]  # [b, 1, 1, pos]
+    if state.kv_cache is not None and state.kv_cache.keys[block.layer] is not None:  # a suffix run: prepend the prefix
+        k = torch.cat([state.kv_cache.keys[block.layer], k], dim=1)
+        v = torch.cat([state.kv_cache.values[block.layer], v], dim=1)
+    allowed = state.masks.allowed[rows, :, final][:, :, None]  # [b, 1, 1, kv_len]
     groups = attn.num_key_value_groups
     z = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(1, 2), repeat_kv(k.transpose(1, 2), groups), repeat_kv(v.transpose(1, 2), groups),

@@ -1,0 +1,160 @@
+"""The fast exact path for patch conditions: same logits as the naive loop, far less work.
+
+- The vision tower runs once per batch (clean and corrupt), not once per condition.
+- The clean run caches the residual entering every layer (and every layer's keys / values);
+  a condition at layer l resumes from it: layers before l are not rerun.
+- Positions before the first one a condition changes are untouched at every layer (causal
+  attention), so the run covers only the suffix from there, reading the clean keys / values of
+  the prefix as a KV cache (a "final"-region patch recomputes one position per layer).
+- Several conditions run in one forward, as copies of the batch stacked along the batch
+  dimension (`repeat_run_state`), each copy patching its own cell.
+- The last block runs for the final position only (`final_block`): only its logits are read.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from vlens.components.attention import AttentionMasks, KVCache
+from vlens.hooks import act_name
+from vlens.patching.final_block import block_has_hooks, last_block_at_final
+from vlens.patching.metrics import Baseline
+from vlens.patching.pairs import PairBatch
+from vlens.patching.runner import PatchSpec, corrupt_activations, final_logits, patch_hook
+from vlens.runtime import RunState, build_masks
+
+if TYPE_CHECKING:
+    from vlens.model import HookedVLM
+
+
+def repeat_run_state(state: RunState, k: int) -> RunState:
+    """The run state of `k` copies of the batch stacked along the batch dimension (copy-major)."""
+    if k == 1:
+        return state
+
+    def rep(t: Tensor | None, dim: int = 0) -> Tensor | None:
+        if t is None:
+            return None
+        sizes = [1] * t.ndim
+        sizes[dim] = k
+        return t.repeat(*sizes)
+
+    masks = AttentionMasks(sdpa=rep(state.masks.sdpa), allowed=rep(state.masks.allowed), dtype=state.masks.dtype)
+    position_ids = state.position_ids
+    position_ids = rep(position_ids, 1 if position_ids.ndim == 3 else 0)
+    # DeepStack features are flattened over image tokens in row order: copy-major repeat keeps that order.
+    deepstack = {layer: (rep(mask), rep(feats)) for layer, (mask, feats) in state.deepstack.items()}
+    return RunState(resid=rep(state.resid), cos=rep(state.cos), sin=rep(state.sin), masks=masks,
+                    position_ids=position_ids, rope_deltas=rep(state.rope_deltas), deepstack=deepstack, kv_cache=None)
+
+
+def suffix_state(state: RunState, attention_mask: Tensor, start: int, prefix_kv: dict[int, tuple[Tensor, Tensor]],
+                 n_layers: int) -> RunState:
+    """A state that runs positions [start, pos) with the prefix's keys / values as a KV cache.
+
+    attention_mask: [batch, pos] of the (repeated) batch; prefix_kv: layer -> (rotated keys,
+    values) [batch, start, n_kv_heads, d_head] for every layer that will run.
+    """
+    if start == 0:
+        return state
+    batch, pos = attention_mask.shape
+    masks = build_masks(attention_mask, batch, pos - start, start, state.masks.dtype, state.cos.device)
+    cache = KVCache(n_layers)
+    for layer, (k, v) in prefix_kv.items():
+        cache.keys[layer], cache.values[layer] = k, v
+    deepstack = {}
+    for layer, (mask, feats) in state.deepstack.items():
+        keep = mask.nonzero()[:, 1] >= start  # features are in row-major order of the image positions
+        deepstack[layer] = (mask[:, start:], feats[keep])
+    return RunState(resid=state.resid[:, start:], cos=state.cos[:, start:], sin=state.sin[:, start:], masks=masks,
+                    position_ids=state.position_ids[..., start:], rope_deltas=state.rope_deltas,
+                    deepstack=deepstack, kv_cache=cache)
+
+
+def _clean_run(model: HookedVLM, state: RunState, names: set[str]):
+    """Clean residuals entering each layer (+ the final one), each layer's rotated keys / values, and
+    the clean activations at `names`."""
+    n_layers = model.cfg.n_layers
+    store: dict[str, Tensor] = {}
+
+    def keep(act: Tensor, hook) -> None:
+        store[hook.name] = act
+
+    kv_names = [act_name(kind, layer) for layer in range(n_layers) for kind in ("rot_k", "v")]
+    with model.hooks(fwd_hooks=[(name, keep) for name in sorted(set(kv_names) | names)]):
+        resids = [state.resid]
+        for layer in range(n_layers):
+            resids.append(model.run_blocks(resids[-1], state, layer, layer + 1))
+    kv = [(store[act_name("rot_k", layer)], store[act_name("v", layer)]) for layer in range(n_layers)]
+    return resids, kv, {name: store[name] for name in names}
+
+
+def _first_change(spec: PatchSpec, differs: Tensor, last: int) -> int:
+    """First column the patch changes (the final column if it changes nothing)."""
+    if differs.ndim == 3:  # per-head activation
+        differs = differs.any(-1) if spec.head is None else differs[..., spec.head]
+    changed = (spec.positions.to(differs.device) & differs).any(0).nonzero()
+    return int(changed[0]) if len(changed) else last
+
+
+def run_fast(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max_batch: int = 64,
+             progress: bool = False):
+    """Same result as `run_naive` (within float noise); see the module docstring.
+
+    max_batch: most rows (conditions x pairs) in one forward; conditions are batched in chunks.
+    Returns (patched final logits [n_specs, n_pairs, d_vocab], Baseline).
+    """
+    n = batch.n_pairs
+    names = {s.hook_name for s in specs}
+    corrupt_logits, cache = corrupt_activations(model, batch, names)
+    final = batch.final
+    n_layers, last = model.cfg.n_layers, model.cfg.n_layers - 1
+    with torch.no_grad():
+        state = model.start_run(batch.clean)
+        resids, clean_kv, clean_acts = _clean_run(model, state, names)
+        clean_logits = final_logits(model, resids[-1], final)
+        # where the corrupt activation differs from the clean one: [n, pos] or [n, pos, heads]
+        differs = {}
+        for name in names:
+            diff = cache[name].to(clean_acts[name].device) != clean_acts[name]
+            differs[name] = diff.any(-1).cpu()
+        first_final = int(final.min())
+        starts = [min(_first_change(s, differs[s.hook_name], first_final), first_final) for s in specs]
+        groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for index in sorted(range(len(specs)), key=lambda i: starts[i]):  # chunk mates share long prefixes
+            groups[(specs[index].layer, specs[index].component)].append(index)
+        per_chunk = max(1, max_batch // n)
+        chunks = [idx[i:i + per_chunk] for idx in groups.values() for i in range(0, len(idx), per_chunk)]
+        out: list[Tensor | None] = [None] * len(specs)
+        repeated: dict[int, tuple[RunState, Tensor]] = {}
+        last_block_free = not block_has_hooks(model.blocks[last])
+        for indices in tqdm(chunks, desc="patching (fast)", disable=not progress):
+            k, layer, name = len(indices), specs[indices[0]].layer, specs[indices[0]].hook_name
+            start = min(starts[i] for i in indices)
+            if k not in repeated:
+                repeated[k] = (repeat_run_state(state, k), batch.clean.attention_mask.to(state.cos.device).repeat(k, 1))
+            full_state, attention_mask = repeated[k]
+            prefix = {l_: (kk[:, :start].repeat(k, 1, 1, 1), vv[:, :start].repeat(k, 1, 1, 1))
+                      for l_, (kk, vv) in enumerate(clean_kv) if l_ >= layer}
+            run_state = suffix_state(full_state, attention_mask, start, prefix, n_layers)
+            resid = resids[layer][:, start:].repeat(k, 1, 1)
+            finals = final.to(resid.device).repeat(k) - start
+            chunk_specs = [specs[i] for i in indices]
+            with model.hooks(fwd_hooks=[(name, patch_hook(chunk_specs, cache[name], start))]):
+                if layer < last and last_block_free:
+                    resid = model.run_blocks(resid, run_state, layer, last)
+                    resid = last_block_at_final(model, resid, run_state, finals)[:, None]
+                    finals = torch.zeros_like(finals)
+                else:
+                    resid = model.run_blocks(resid, run_state, layer, None)
+            logits = final_logits(model, resid, finals).view(k, n, -1)
+            for j, i in enumerate(indices):
+                out[i] = logits[j]
+    baseline = Baseline(clean_logits, corrupt_logits, batch.clean_tokens, batch.corrupt_tokens)
+    return torch.stack(out) if out else clean_logits.new_zeros(0, *clean_logits.shape), baseline
