@@ -134,3 +134,22 @@ def test_mean_comes_from_the_reference_set_not_the_evaluation_set(model):
     sweep = head_ablation_sweep(model, evaluation, "mean", reference, progress=False)
     assert sweep.ablated_accuracy[COUNT_HEAD] == 0.5
     assert sweep.clean_accuracy == 1.0
+
+
+def test_ablating_several_heads_together(model):
+    counting, colour = counting_batch(model, [2, 8]), colour_batch(model, ["red", "green"])
+    mixed = TaskBatch.concat("mixed", [counting, colour])
+    inputs = mixed.inputs(model, range(4))
+
+    def predictions(heads):
+        hooks = ablation_hooks(model, inputs, heads, "zero")
+        with torch.no_grad():
+            return model.run_with_hooks(inputs, fwd_hooks=hooks)[:, -1].argmax(-1)
+
+    answers = mixed.answer_ids
+    assert torch.equal(predictions([]), answers)
+    only_count = predictions([COUNT_HEAD]) == answers
+    assert only_count.tolist() == [False, False, True, True]  # colour still answered
+    assert not (predictions([COUNT_HEAD, COLOUR_HEAD]) == answers).any()
+    with pytest.raises(ValueError, match="outside the model"):
+        ablation_hooks(model, inputs, [(2, 0)], "zero")
