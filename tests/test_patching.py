@@ -242,3 +242,25 @@ def test_cli_skips_control_pairs_and_reports_bad_input(tmp_path, capsys):
     assert "skipping 1 control pairs" in capsys.readouterr().err
     assert main(["patch", "--model", "random-tiny", "--pairs", str(tmp_path / "missing"), "--mode", "layer-region",
                  "--out", str(out), "--quiet"]) == 2
+
+
+def test_multi_token_answers_use_the_first_differing_token(tiny):
+    pair = examples_from_pairs([make_pair(2, 3, seed=0, size=56)])[0]
+    pair.clean_answer, pair.corrupt_answer = "3 4", "3 5"  # shared first token "3"
+    batch = build_pair_batch(tiny, [pair])
+    assert batch.answer_prefix_len == [1]
+    assert batch.clean_tokens.tolist() == [tiny.to_single_token("4")]
+    assert batch.corrupt_tokens.tolist() == [tiny.to_single_token("5")]
+    # the shared token is appended after the chat prompt, in both roles; the final position reads it
+    for inputs in (batch.clean, batch.corrupt):
+        assert int(inputs.input_ids[0, int(inputs.regions.final[0])]) == tiny.to_single_token("3")
+    plain = build_pair_batch(tiny, examples_from_pairs([make_pair(2, 3, seed=0, size=56)]))
+    assert batch.seq_len == plain.seq_len + 1
+
+
+def test_cli_only_correct_needs_a_correct_pair(tmp_path):
+    from vlens.cli import main
+
+    # a random model answers nothing right: a clear error, exit code 2
+    assert main(["patch", "--model", "random-tiny", "--make-pairs", "2", "--size", "56", "--mode", "layer-region",
+                 "--only-correct", "--out", str(tmp_path / "r.json"), "--quiet"]) == 2
