@@ -137,6 +137,13 @@ def test_fast_equals_naive(tiny, image_batch, sweep, kwargs):
         assert torch.equal(fast[name], naive[name])
 
 
+def test_pair_chunks_give_the_same_result(tiny, image_batch):
+    whole = patch_layer_head(tiny, image_batch, region="image")
+    chunked = patch_layer_head(tiny, image_batch, region="image", pair_batch_size=2)
+    assert torch.allclose(whole.per_pair_logit_diff, chunked.per_pair_logit_diff, atol=1e-5)
+    assert torch.allclose(whole["logit_diff"], chunked["logit_diff"], atol=1e-5)
+
+
 def test_cell_equals_plain_run_with_hooks(tiny, image_batch):
     """What an outside check does: cache the corrupt run, write it into the clean run with a hook."""
     result = patch_layer_region(tiny, image_batch, component="resid_pre")

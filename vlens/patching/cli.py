@@ -42,6 +42,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--size", type=int, default=168, help="image size of --make-pairs (default 168)")
     parser.add_argument("--style", default="syndot", help="style of --make-pairs (default syndot)")
     parser.add_argument("--max-batch", type=int, default=64, help="rows per forward in the fast path (default 64)")
+    parser.add_argument("--pair-batch-size", type=int, default=None,
+                        help="run the pairs in chunks of this many (memory); default all at once")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(func=run_patch)
 
@@ -89,7 +91,8 @@ def run_patch(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as error:
         print(f"vlens patch: {error}", file=sys.stderr)
         return 2
-    common = dict(method=args.method, max_batch=args.max_batch, progress=not args.quiet)
+    common = dict(method=args.method, max_batch=args.max_batch, progress=not args.quiet,
+                  pair_batch_size=args.pair_batch_size)
     if args.mode == "layer-region":
         result = sweeps.patch_layer_region(model, batch, component=args.component, **common)
     elif args.mode == "layer-pos":

@@ -11,7 +11,7 @@ positions (and for `hook_z` one head), into the clean run. Its semantics are exa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -114,12 +114,28 @@ def run_naive(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], pr
 
 
 def run_specs(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], method: str = "fast",
-              max_batch: int = 64, progress: bool = False):
-    """Dispatch to `run_fast` or `run_naive`."""
-    if method == "fast":
-        from vlens.patching.fast import run_fast
+              max_batch: int = 64, progress: bool = False, pair_batch_size: int | None = None):
+    """Run conditions with `run_fast` or `run_naive`, optionally `pair_batch_size` pairs at a time.
 
-        return run_fast(model, batch, specs, max_batch=max_batch, progress=progress)
-    if method == "naive":
+    Returns (patched final logits [n_specs, n_pairs, d_vocab], Baseline).
+    """
+    if method not in ("fast", "naive"):
+        raise ValueError(f"unknown method {method!r}: use 'fast' or 'naive'")
+    if pair_batch_size is not None and pair_batch_size < 1:
+        raise ValueError(f"pair_batch_size must be >= 1, got {pair_batch_size}")
+    if pair_batch_size is None or pair_batch_size >= batch.n_pairs:
+        if method == "fast":
+            from vlens.patching.fast import run_fast
+
+            return run_fast(model, batch, specs, max_batch=max_batch, progress=progress)
         return run_naive(model, batch, specs, progress=progress)
-    raise ValueError(f"unknown method {method!r}: use 'fast' or 'naive'")
+    parts = []
+    for start in range(0, batch.n_pairs, pair_batch_size):
+        rows = list(range(start, min(start + pair_batch_size, batch.n_pairs)))
+        sub_specs = [replace(s, positions=s.positions[rows]) for s in specs]
+        parts.append(run_specs(model, batch.select(rows), sub_specs, method, max_batch, progress))
+    baseline = Baseline(
+        torch.cat([b.clean_logits for _, b in parts]), torch.cat([b.corrupt_logits for _, b in parts]),
+        batch.clean_tokens, batch.corrupt_tokens,
+    )
+    return torch.cat([logits for logits, _ in parts], dim=1), baseline

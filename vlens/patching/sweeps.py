@@ -7,6 +7,8 @@
 
 Every cell patches the corrupt run's activation into the clean run (see `runner`); method
 "fast" (default) and "naive" give equal numbers, "naive" being the one-forward-per-cell loop.
+Common keywords: `max_batch` (rows per forward in the fast path), `pair_batch_size` (run the
+pairs in chunks of this many, for memory), `progress` (tqdm bars).
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ def _layers(model: HookedVLM, layers: Sequence[int] | None) -> list[int]:
     return chosen
 
 
-def _result(model, batch, specs, mode, component, layers, cells, method, max_batch, progress, **extra) -> PatchingResult:
-    logits, baseline = run_specs(model, batch, specs, method=method, max_batch=max_batch, progress=progress)
+def _result(model, batch, specs, mode, component, layers, cells, method, max_batch, progress, pair_batch_size,
+            **extra) -> PatchingResult:
+    logits, baseline = run_specs(model, batch, specs, method=method, max_batch=max_batch, progress=progress,
+                                 pair_batch_size=pair_batch_size)
     metrics, per_pair, predictions = stack_metrics(patch_metrics(logits, baseline), len(layers), len(cells))
     return PatchingResult(mode=mode, component=component, layers=layers, cells=cells, metrics=metrics,
                           per_pair_logit_diff=per_pair, per_pair_prediction=predictions,
@@ -46,7 +50,8 @@ def _result(model, batch, specs, mode, component, layers, cells, method, max_bat
 
 def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
                        regions: Sequence[str] = REGIONS, layers: Sequence[int] | None = None,
-                       method: str = "fast", max_batch: int = 64, progress: bool = False) -> PatchingResult:
+                       method: str = "fast", max_batch: int = 64, progress: bool = False,
+                       pair_batch_size: int | None = None) -> PatchingResult:
     """Patch `component` ("resid_pre", "attn_out", "mlp_out") of each layer at each region.
 
     Returns a PatchingResult with metrics [n_layers, n_regions].
@@ -58,7 +63,8 @@ def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "res
     layers = _layers(model, layers)
     masks = {r: batch.region_mask(r) for r in regions}
     specs = [PatchSpec(layer, component, masks[r]) for layer in layers for r in regions]
-    return _result(model, batch, specs, "layer-region", component, layers, list(regions), method, max_batch, progress)
+    return _result(model, batch, specs, "layer-region", component, layers, list(regions), method, max_batch, progress,
+                   pair_batch_size)
 
 
 def patch_layer_region_components(model: HookedVLM, batch: PairBatch,
@@ -70,7 +76,7 @@ def patch_layer_region_components(model: HookedVLM, batch: PairBatch,
 
 def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
                          layers: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
-                         progress: bool = False) -> PatchingResult:
+                         progress: bool = False, pair_batch_size: int | None = None) -> PatchingResult:
     """Patch `component` of each layer at each position (a column of the left-padded batch).
 
     Rows are left-padded, so column p is the same slot counted from the final token in every
@@ -98,12 +104,12 @@ def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "r
             and all(regions.image_grid[r] == regions.image_grid[0] for r in range(batch.n_pairs)):
         image_positions, grid = first, tuple(regions.image_grid[0][0])
     return _result(model, batch, specs, "layer-pos", component, layers, positions, method, max_batch, progress,
-                   tokens=token_strings, image_positions=image_positions, image_grid=grid)
+                   pair_batch_size, tokens=token_strings, image_positions=image_positions, image_grid=grid)
 
 
 def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", layers: Sequence[int] | None = None,
                      heads: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
-                     progress: bool = False) -> PatchingResult:
+                     progress: bool = False, pair_batch_size: int | None = None) -> PatchingResult:
     """Patch one head's `hook_z` at a time (at `region`'s positions: "all", "image", "text", "final").
 
     Returns a PatchingResult with metrics [n_layers, n_heads].
@@ -118,4 +124,4 @@ def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", la
     mask = batch.region_mask(region)
     specs = [PatchSpec(layer, "z", mask, head=h) for layer in layers for h in heads]
     return _result(model, batch, specs, "layer-head", "z", layers, heads, method, max_batch,
-                   progress, region=region)
+                   progress, pair_batch_size, region=region)
