@@ -94,6 +94,7 @@ def test_training_is_deterministic_for_a_seed():
             rendered.images,
             settings,
             tokenizer.pad_token_id,
+            processor.image_token_id,
             log_path="/dev/null",
             progress=False,
         )

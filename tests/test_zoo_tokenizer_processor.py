@@ -87,8 +87,9 @@ def test_patchify_and_encoding_match_the_processor(processor):
     assert torch.equal(grid, reference["image_grid_thw"])
 
     examples = [encode_example(processor, "How many dots are there?", "3", index) for index in range(2)]
-    batch = collate(examples, arrays, processor.tokenizer.pad_token_id)
+    batch = collate(examples, arrays, processor.tokenizer.pad_token_id, processor.image_token_id)
     assert torch.equal(batch["input_ids"], reference["input_ids"])
+    assert torch.equal(batch["mm_token_type_ids"], reference["mm_token_type_ids"])
     supervised = batch["labels"][0][batch["labels"][0] != IGNORE_INDEX].tolist()
     assert processor.tokenizer.decode(supervised[:1]) == "3"
     assert supervised[1] == processor.tokenizer.eos_token_id

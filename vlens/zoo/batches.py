@@ -27,7 +27,7 @@ def to_model_image(image: Image.Image) -> np.ndarray:
     image = image.convert("RGB")
     if image.size != (IMAGE_SIZE, IMAGE_SIZE):
         image = image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BICUBIC)
-    return np.asarray(image, dtype=np.uint8)
+    return np.array(image, dtype=np.uint8)
 
 
 def patchify(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,11 +82,16 @@ def encode_example(processor, question: str, answer: str, image_index: int) -> E
     )
 
 
-def collate(examples: list[EncodedExample], images: torch.Tensor, pad_id: int) -> dict[str, torch.Tensor]:
+def collate(
+    examples: list[EncodedExample], images: torch.Tensor, pad_id: int, image_token_id: int
+) -> dict[str, torch.Tensor]:
     """Right-padded batch for `Qwen2_5_VLForConditionalGeneration.forward`.
 
     images: uint8 [n_images, IMAGE_SIZE, IMAGE_SIZE, 3], indexed by example.image_index.
-    Returns input_ids / attention_mask / labels [batch, max_len], pixel_values, image_grid_thw.
+    Returns input_ids / attention_mask / labels / mm_token_type_ids [batch, max_len],
+    pixel_values, image_grid_thw. mm_token_type_ids (1 at image tokens, as the processor
+    makes it) is what makes HF compute M-RoPE's 2-D image positions; without it the model
+    silently falls back to 1-D positions.
     """
     length = max(len(example.input_ids) for example in examples)
     input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
@@ -102,6 +107,7 @@ def collate(examples: list[EncodedExample], images: torch.Tensor, pad_id: int) -
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
+        "mm_token_type_ids": (input_ids == image_token_id).long(),
         "labels": labels,
         "pixel_values": pixel_values,
         "image_grid_thw": image_grid_thw,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 # Held-out accuracy targets of issue 5 (SynReal-lite counting is reported, not targeted).
@@ -60,7 +61,9 @@ def render_model_card(summary: dict) -> str:
         "print(out.texts)  # ['3']",
         "```",
         "Plain transformers: `Qwen2_5_VLForConditionalGeneration.from_pretrained(folder)` and",
-        "`AutoProcessor.from_pretrained(folder)` (without torchvision use `vlens.zoo.processor.load_processor`).",
+        "`AutoProcessor.from_pretrained(folder)`. transformers' Qwen processors also build a video processor,",
+        "which needs torchvision; without it use `vlens.zoo.processor.load_processor(folder)` (the same",
+        "`Qwen2_5_VLProcessor`, images only). `vlens zoo evaluate` re-measures the tables below.",
         "",
         "## Architecture",
         f"- parameters: {summary['parameters']:,}",
@@ -87,7 +90,9 @@ def render_model_card(summary: dict) -> str:
         f"- torch threads: {training['threads']}; wall time {training['wall_time_s'] / 60:.1f} min "
         f"(training loop) on a shared 2-core CPU; final smoothed loss {training['final_loss']:.4f}",
         f"- reproduce: `vlens zoo train --out DIR --seed {training['seed']} --steps {training['steps']} "
-        f"--examples {data['n_examples']}` (deterministic for a given seed and thread count)",
+        f"--batch-size {training['batch_size']} --lr {training['learning_rate']} --warmup {training['warmup_steps']} "
+        f"--examples {data['n_examples']} --threads {training['threads']}` (deterministic for a given seed and "
+        "thread count)",
         "",
         "## Held-out accuracy (greedy generation, exact match)",
         *_accuracy_table(evaluation["per_task"]),
@@ -95,12 +100,24 @@ def render_model_card(summary: dict) -> str:
         "## Counting accuracy per count (the subitizing curve)",
         *_count_table(evaluation["per_count"]),
         "",
+        "counting/dot_variants are dots from vlens.zoo.dot_variants, a second renderer (a stand-in for",
+        "other people's dot generators); counting/synreal is the held-out SynReal-lite style.",
+        "",
         "## Limits",
         "- A toy: it knows only the task-suite vocabulary and question templates, and counts 1-10.",
         "- Images are always resized to the fixed input size; very small objects may vanish.",
         "",
     ]
     return "\n".join(lines)
+
+
+def rewrite_model_card(folder: str | Path) -> Path:
+    """Re-render MODEL_CARD.md from the folder's evaluation.json (the recipe's summary)."""
+    summary = json.loads((Path(folder) / "evaluation.json").read_text())
+    for rows in summary["evaluation"]["per_count"].values():  # JSON turned the counts into strings
+        for count in list(rows):
+            rows[int(count)] = rows.pop(count)
+    return write_model_card(summary, folder)
 
 
 def write_model_card(summary: dict, folder: str | Path) -> Path:

@@ -158,6 +158,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
         rendered.images,
         settings.train,
         pad_id=tokenizer.pad_token_id,
+        image_token_id=processor.image_token_id,
         log_path=log_path,
         on_checkpoint=on_checkpoint,
         checkpoint_every=settings.checkpoint_every,

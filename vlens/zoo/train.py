@@ -44,6 +44,7 @@ def train_model(
     images: torch.Tensor,
     settings: TrainSettings,
     pad_id: int,
+    image_token_id: int,
     log_path: str | Path,
     on_checkpoint: Callable[[int], dict] | None = None,
     checkpoint_every: int = 0,
@@ -72,7 +73,7 @@ def train_model(
         )
         for step in range(settings.steps):
             rows = torch.randint(len(examples), (settings.batch_size,), generator=generator).tolist()
-            batch = collate([examples[row] for row in rows], images, pad_id)
+            batch = collate([examples[row] for row in rows], images, pad_id, image_token_id)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate_at(step, settings)
             loss = model(**batch).loss
