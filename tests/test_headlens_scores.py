@@ -83,7 +83,8 @@ def test_scores_match_hand_computed_values():
     assert head["image_attention"] == pytest.approx((0.1 + 0.2 + 0.3) / 3)  # the text-only row is left out
     assert head["answer_alignment"] == 0.0
     assert head["existence_response"] == pytest.approx(1 / 3)  # rows whose answer is not "1"/"yes": 0, 1, 3
-    assert head["difficulty_response"] == pytest.approx((0 + 0.5) / 2)  # rows with >= 7 objects: 0, 2
+    # top-1 "no" on crowded rows 0 (8 objects: no), 2 (9: yes) = 1/2; on the uncrowded row 1 (2): 0/1
+    assert head["difficulty_response"] == pytest.approx(0.5 - 0.0)
     other = scores.head(1, 3)
     assert other["answer_alignment"] == pytest.approx(0.75) and other["cter"] == 0.5 and other["vgs"] == 0.5
     assert scores.top_tokens[(1, 3)] == [("3", 4), ("red", 4)]

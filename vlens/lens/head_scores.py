@@ -10,9 +10,12 @@ For each head (all at the chosen position, default the final prompt position; k 
 - ``existence_response``: share of examples where the head's top-1 is an "existence" token
   (``1``, ``yes``, ``present``, ...) although the model's answer is not one — a head that fires
   on "something is there" rather than copying the answer. None when no example qualifies.
-- ``difficulty_response``: mean share of top-k tokens in the "difficulty" vocabulary over
-  examples whose image holds at least ``large_count`` objects (all examples when the records
-  carry no object counts). None when the tokenizer has no difficulty word.
+- ``difficulty_response``: how much more often the head's top-1 is a "difficulty" token
+  (``difficult``, ``impossible``, ...) on crowded images (at least ``large_count`` objects)
+  than on the others: ``P(top-1 in vocab | crowded) - P(top-1 in vocab | not crowded)``. Rows
+  whose object count is unknown are left out; with no uncrowded row (or no counts at all)
+  it is ``P(top-1 in vocab)`` over the rows there are. None when the tokenizer has no
+  difficulty word. (Top-1, like the existence response: "the head says it".)
 
 Scores are ``[n_layers, n_heads]`` tensors; NaN stands for "undefined" (None in JSON).
 """
@@ -108,8 +111,9 @@ def compute_head_scores(
     for needed in ("visual", "number", "existence", "difficulty"):
         vocab.setdefault(needed, set())
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    sums = {name: torch.zeros(L, H) for name in SCORE_NAMES}
-    counts = {name: torch.zeros(L, H) for name in SCORE_NAMES}
+    accumulators = [*SCORE_NAMES, "_difficulty_crowded", "_difficulty_uncrowded"]
+    sums = {name: torch.zeros(L, H) for name in accumulators}
+    counts = {name: torch.zeros(L, H) for name in accumulators}
     frequent: dict[tuple[int, int], Counter] = {(layer, head): Counter() for layer in range(L) for head in range(H)}
     existence_ids = torch.tensor(sorted(vocab["existence"])) if vocab["existence"] else torch.empty(0, dtype=torch.long)
     n_examples = 0
@@ -134,15 +138,21 @@ def compute_head_scores(
         if vocab["difficulty"]:
             n_objects = [object_count(r) for r in records]
             known = any(c is not None for c in n_objects)
-            hard = torch.tensor([(c is not None and c >= large_count) if known else True for c in n_objects])
-            add("difficulty_response", _share_in(ids, vocab["difficulty"]), hard)
+            crowded = torch.tensor([(c is not None and c >= large_count) if known else True for c in n_objects])
+            uncrowded = torch.tensor([c is not None and c < large_count for c in n_objects])
+            says_difficult = _share_in(ids[..., :1], vocab["difficulty"])  # top-1 in the vocabulary: 0 / 1
+            add("_difficulty_crowded", says_difficult, crowded)
+            add("_difficulty_uncrowded", says_difficult, uncrowded)
         for layer in range(L):
             for head in range(H):
                 frequent[(layer, head)].update(ids[:, layer, head].reshape(-1).tolist())
         n_examples += ids.shape[0]
 
-    scores = {name: torch.where(counts[name] > 0, sums[name] / counts[name].clamp(min=1), torch.nan)
-              for name in SCORE_NAMES}
+    means = {name: torch.where(counts[name] > 0, sums[name] / counts[name].clamp(min=1), torch.nan)
+             for name in accumulators}
+    crowded, uncrowded = means.pop("_difficulty_crowded"), means.pop("_difficulty_uncrowded")
+    means["difficulty_response"] = torch.where(counts["_difficulty_uncrowded"] > 0, crowded - uncrowded, crowded)
+    scores = {name: means[name] for name in SCORE_NAMES}
     decode = model.tokenizer.decode
     top_tokens = {key: [(decode([i]), c) for i, c in counter.most_common(n_top_tokens)]
                   for key, counter in frequent.items()}
