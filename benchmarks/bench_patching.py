@@ -142,6 +142,7 @@ def main() -> None:
     parser.add_argument("--random-embedded", action="store_true",
                         help="speed only: the embedded architecture with random weights (no trained weights needed)")
     parser.add_argument("--device", default=None, help="e.g. cuda (default: CPU)")
+    parser.add_argument("--model", default=None, help="a model folder instead of the embedded model")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     results: dict = {"threads": args.threads}
@@ -156,7 +157,7 @@ def main() -> None:
     elif not args.skip_embedded:
         import vlens
 
-        model = vlens.load(device=device)
+        model = vlens.HookedVLM.from_pretrained(args.model, device=device) if args.model else vlens.load(device=device)
         results["embedded_speed"] = bench_sweep(model, args.pairs, args.repeats, args.max_batch)
         print("embedded head sweep:", json.dumps(results["embedded_speed"]))
         results["embedded_layer_pos_speed"] = bench_sweep(model, args.pairs, 1, args.max_batch, patch_layer_position)
