@@ -49,6 +49,7 @@ class HeadScores:
     n_examples: int
     k: int
     vocab_sizes: dict[str, int] = field(default_factory=dict)
+    d_vocab: int | None = None  # vocab_sizes / d_vocab is the chance level of vgs / cter
 
     def __getattr__(self, name: str):
         scores = self.__dict__.get("scores", {})
@@ -71,7 +72,7 @@ class HeadScores:
     def to_json(self) -> dict:
         n_layers, n_heads = self.shape
         return {
-            "n_examples": self.n_examples, "k": self.k, "vocab_sizes": self.vocab_sizes,
+            "n_examples": self.n_examples, "k": self.k, "vocab_sizes": self.vocab_sizes, "d_vocab": self.d_vocab,
             "heads": [{"layer": layer, "head": head, "scores": self.head(layer, head),
                        "top_tokens": [[t, c] for t, c in self.top_tokens.get((layer, head), [])]}
                       for layer in range(n_layers) for head in range(n_heads)],
@@ -157,4 +158,4 @@ def compute_head_scores(
     top_tokens = {key: [(decode([i]), c) for i, c in counter.most_common(n_top_tokens)]
                   for key, counter in frequent.items()}
     return HeadScores(scores=scores, top_tokens=top_tokens, n_examples=n_examples, k=k,
-                      vocab_sizes={name: len(ids) for name, ids in vocab.items()})
+                      vocab_sizes={name: len(ids) for name, ids in vocab.items()}, d_vocab=model.cfg.d_vocab)

@@ -140,7 +140,8 @@ class HeadTaxonomy:
 
     def to_json(self) -> dict:
         return {"thresholds": self.thresholds.to_json(), "counts": self.counts(),
-                "n_examples": self.scores.n_examples, "k": self.scores.k, "heads": self.heads_json()}
+                "n_examples": self.scores.n_examples, "k": self.scores.k, "vocab_sizes": self.scores.vocab_sizes,
+                "d_vocab": self.scores.d_vocab, "heads": self.heads_json()}
 
 
 def classify_heads(scores: HeadScores, thresholds: TaxonomyThresholds = TaxonomyThresholds()) -> HeadTaxonomy:
