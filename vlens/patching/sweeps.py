@@ -96,12 +96,14 @@ def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "r
             mask[:, p] = valid[:, p]
             specs.append(PatchSpec(layer, component, mask))
     regions = batch.clean.regions
-    tokens = batch.clean.input_ids[0].tolist()
-    token_strings = [str(t) for t in model.to_str_tokens(tokens)] if model.processor is not None else [str(t) for t in tokens]
+    longest = int(valid.sum(-1).argmax())  # a row without padding labels the columns
+    tokens = batch.clean.input_ids[longest].tolist()
+    token_strings = [str(t) for t in (model.to_str_tokens(tokens) if model.processor is not None else tokens)]
     image_positions, grid = None, None
     first = regions.image[0].tolist()
-    if first and len(regions.image_grid[0]) == 1 and all(regions.image[r].tolist() == first for r in range(batch.n_pairs)) \
-            and all(regions.image_grid[r] == regions.image_grid[0] for r in range(batch.n_pairs)):
+    rows = range(batch.n_pairs)
+    if first and len(regions.image_grid[0]) == 1 and all(regions.image[r].tolist() == first for r in rows) \
+            and all(regions.image_grid[r] == regions.image_grid[0] for r in rows):
         image_positions, grid = first, tuple(regions.image_grid[0][0])
     return _result(model, batch, specs, "layer-pos", component, layers, positions, method, max_batch, progress,
                    pair_batch_size, tokens=token_strings, image_positions=image_positions, image_grid=grid)
