@@ -105,8 +105,11 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
 
     samples = [make_task_sample("counting", seed=10_000 + i, size=168, style="syndot") for i in range(n_pairs)]
     lens = logit_lens_records(model, [{**r, "image": im} for im, r in samples], batch_size=16)
+    others = {c: patch_layer_region(model, batch, component=c) for c in ("attn_out", "mlp_out")}
     out = {
         "n_pairs": n_pairs,
+        "components_overwrite_rate": {c: r.metrics["overwrite_rate"].tolist() for c, r in others.items()},
+        "components_patch_effect": {c: r.metrics["patch_effect"].tolist() for c, r in others.items()},
         "clean_accuracy": float(region.baseline.clean_correct.float().mean()),
         "corrupt_accuracy": float(region.baseline.corrupt_correct.float().mean()),
         "layer_region": {name: region.metrics[name].tolist() for name in ("overwrite_rate", "flip_away_rate",
