@@ -28,6 +28,7 @@ from vlens.patching import (
     patch_layer_head,
     patch_layer_position,
     patch_layer_region,
+    spearman,
 )
 from vlens.testing import tiny_hf_model, tiny_qwen_processor
 
@@ -101,6 +102,8 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
     exact = heads.metrics["logit_diff"] - heads.baseline.clean_logit_diff.mean()
     atp = attribution_patching(model, batch)
     atp.exact_z = exact
+    positions = patch_layer_position(model, batch)
+    exact_pos = positions.metrics["logit_diff"] - positions.baseline.clean_logit_diff.mean()
     from vlens.data import make_task_sample
 
     samples = [make_task_sample("counting", seed=10_000 + i, size=168, style="syndot") for i in range(n_pairs)]
@@ -119,6 +122,9 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
         "head_delta_logit_diff": exact.tolist(),
         "atp_z": atp.z.tolist(),
         "atp_spearman_vs_exact": atp.spearman_z,
+        "atp_resid_spearman_vs_exact_positions": spearman(atp.resid_pre, exact_pos),
+        "layer_pos_overwrite_rate": positions.metrics["overwrite_rate"].tolist(),
+        "layer_pos_tokens": positions.tokens,
         "logit_lens": {k: v for k, v in lens.to_json().items() if k in ("mean_probability", "median_rank",
                                                                         "top1_accuracy", "n_examples")},
     }
@@ -126,6 +132,7 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
         figures.mkdir(parents=True, exist_ok=True)
         region.plot("overwrite_rate").write_html(figures / "vap_layer_region.html", include_plotlyjs="cdn")
         heads.plot("overwrite_rate").write_html(figures / "vap_layer_head.html", include_plotlyjs="cdn")
+        positions.plot_image_grid("patch_effect").write_html(figures / "vap_image_grid.html", include_plotlyjs="cdn")
         atp.plot("z").write_html(figures / "atp_z.html", include_plotlyjs="cdn")
         lens.plot().write_html(figures / "logit_lens.html", include_plotlyjs="cdn")
     return out
