@@ -84,7 +84,7 @@ def test_numbers_agree_with_the_data_behind_them(demo_run):
     sections = results["sections"]
     counting = sections["counting_accuracy"]
     predictions = counting["data"]["predictions"]
-    assert counting["numbers"]["examples"] == len(predictions) == 64
+    assert counting["numbers"]["examples"] == len(predictions) == DemoSettings.quick().n_count_images
     assert counting["numbers"]["accuracy"] == pytest.approx(sum(p["correct"] for p in predictions) / len(predictions))
     per_count = dict(zip(counting["data"]["counts"], counting["data"]["accuracy_per_count"], strict=True))
     for count, accuracy in per_count.items():

@@ -59,7 +59,7 @@ def counting_sections(model, samples: list[CountingSample], settings: DemoSettin
         explanation=(f"Share of the {metrics.n} images answered with the exact count, per true count; a "
                      f"subitizing model is near-perfect up to a small count and then falls off (here up to {limit})."),
         figure=count_accuracy_figure(counts, {"accuracy": [accuracy[c] for c in counts]},
-                                     title="Exact-match accuracy per true count"),
+                                     title="Exact-match accuracy per true count").update_yaxes(range=[0, 1.05]),
         table=[{"count": c, "n": metrics.per_count[c].n, "accuracy": accuracy[c], "MAE": metrics.per_count[c].mae,
                 "unparsed": metrics.per_count[c].n_unparsed} for c in counts],
         numbers={"accuracy": metrics.accuracy, "MAE": metrics.mae, "unparsed answers": metrics.n_unparsed,

@@ -31,13 +31,14 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
     clean_accuracy = float(regions.baseline.clean_correct.float().mean())
     numbers = {"pairs": batch.n_pairs, "clean accuracy": clean_accuracy}
     for column, region in enumerate(regions.cells):
-        numbers[f"{region}: max rate"] = float(rate[:, column].max())
-        numbers[f"{region}: at layer"] = int(regions.layers[int(rate[:, column].argmax())])
+        best = float(rate[:, column].max())
+        numbers[f"{region}: max rate"] = best
+        numbers[f"{region}: at layer"] = int(regions.layers[int(rate[:, column].argmax())]) if best > 0 else "none"
     note = "" if clean_accuracy > 0 else " (no clean run is correct, so every rate is 0 here)"
     as_json = regions.to_json()
     region_section = Section(
         key="vap_layer_region", title=VAP_TITLE, explanation=VAP_EXPLANATION + note,
-        figure=regions.plot("overwrite_rate"), numbers=numbers,
+        figure=regions.plot("overwrite_rate").update_yaxes(range=[0, 1.05]), numbers=numbers,
         data={k: as_json[k] for k in ("layers", "regions", "overwrite_rate", "flip_away_rate", "logit_diff",
                                       "patch_effect", "pair_ids", "baseline")},
     )

@@ -45,14 +45,14 @@ class DemoSettings:
     def quick(cls) -> DemoSettings:
         """Small enough for about two minutes on 2 CPU cores with the embedded model."""
         return cls(
-            n_count_images=64,
+            n_count_images=96,
             counts=(1, 2, 3, 4, 5, 6, 7, 8),
-            n_pairs=24,
-            lens_samples=48,
-            lens_steps=80,
-            headlens_samples=48,
-            ablation_tasks=("counting", "colour", "spatial", "arithmetic"),
-            ablation_examples=16,
+            n_pairs=32,
+            lens_samples=64,
+            lens_steps=100,
+            headlens_samples=64,
+            ablation_tasks=("counting", "colour", "shape", "spatial", "arithmetic"),
+            ablation_examples=24,
             ablation_top_k=6,
         )
 
