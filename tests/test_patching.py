@@ -137,6 +137,17 @@ def test_fast_equals_naive(tiny, image_batch, sweep, kwargs):
         assert torch.equal(fast[name], naive[name])
 
 
+def test_fast_path_respects_hooks_on_the_last_block(tiny, image_batch):
+    """An outer hook on the last block (here: scaling its MLP output) must act in both paths."""
+    scale = [("blocks.1.hook_mlp_out", lambda act, hook: act * 3.0)]
+    with tiny.hooks(fwd_hooks=scale):
+        fast = patch_layer_head(tiny, image_batch, method="fast")
+        naive = patch_layer_head(tiny, image_batch, method="naive")
+    plain = patch_layer_head(tiny, image_batch, method="fast")
+    assert torch.allclose(fast.per_pair_logit_diff, naive.per_pair_logit_diff, atol=1e-5)
+    assert not torch.allclose(fast.per_pair_logit_diff, plain.per_pair_logit_diff, atol=1e-5)
+
+
 def test_pair_chunks_give_the_same_result(tiny, image_batch):
     whole = patch_layer_head(tiny, image_batch, region="image")
     chunked = patch_layer_head(tiny, image_batch, region="image", pair_batch_size=2)
