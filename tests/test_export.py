@@ -12,7 +12,8 @@ from vlens.training.export import load_adapters, save_adapters, save_merged
 from vlens.training.lora import add_lora, lora_layers, lora_parameters
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl"] + [
-    name for name, builder in (("qwen3_vl", "tiny_qwen3_vl_model"), ("llava", "tiny_llava_model"))
+    name
+    for name, builder in (("qwen3_vl", "tiny_qwen3_vl_model"), ("llava", "tiny_llava_model"))
     if hasattr(vt, builder)
 ]
 
@@ -48,8 +49,10 @@ def _model_with_random_adapters(family: str) -> HookedVLM:
 
 
 def _inputs(model):
-    return model.prepare(images=[random_image(84, 64, seed=1), [random_image(64, 64, seed=2)] * 2],
-                         prompts=["How many dots are there?", "what colour is the shape ?"])
+    return model.prepare(
+        images=[random_image(84, 64, seed=1), [random_image(64, 64, seed=2)] * 2],
+        prompts=["How many dots are there?", "what colour is the shape ?"],
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -58,8 +61,11 @@ def test_lora_leaves_the_hf_model_clean(family):
     hf_attn = model.adapter.language_model(model.hf_model).layers[0].self_attn
     assert type(hf_attn.q_proj) is torch.nn.Linear
     assert model.blocks[0].attn.q_proj.get_base_layer() is hf_attn.q_proj
-    assert set(lora_layers(model)) == {f"blocks.{l}.attn.{p}" for l in range(model.cfg.n_layers)
-                                       for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    assert set(lora_layers(model)) == {
+        f"blocks.{layer}.attn.{p}"
+        for layer in range(model.cfg.n_layers)
+        for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+    }
     assert all(not p.requires_grad for n, p in model.named_parameters() if ".lora_" not in n)
     assert not any("lora" in name for name, _ in model.vision.named_modules())
 

@@ -47,8 +47,9 @@ def test_object_prior_by_hand():
     torch.testing.assert_close(g, u / u.sum())
     # sigma 2 on a 1 x 3 row, objects at cells 0 and 2: u(p) = sum_k exp(-d^2 / 8)
     u2 = object_prior([(5.0, 5.0), (25.0, 5.0)], (30, 10), (1, 3), sigma=2.0, normalise=False)
-    torch.testing.assert_close(u2, torch.tensor([1 + math.exp(-0.5), 2 * math.exp(-1 / 8), 1 + math.exp(-0.5)],
-                                                dtype=torch.float64))
+    torch.testing.assert_close(
+        u2, torch.tensor([1 + math.exp(-0.5), 2 * math.exp(-1 / 8), 1 + math.exp(-0.5)], dtype=torch.float64)
+    )
 
 
 def test_focus_loss_by_hand():
@@ -70,8 +71,11 @@ def test_focus_loss_by_hand():
 
 
 def test_focus_loss_averages_query_tokens_and_skips_rows_without_objects():
-    prior = FocusPrior(torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]),
-                       torch.tensor([[False, True, True], [False, True, True]]), torch.tensor([True, False]))
+    prior = FocusPrior(
+        torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]),
+        torch.tensor([[False, True, True], [False, True, True]]),
+        torch.tensor([True, False]),
+    )
     # row 0, two queries: q(target) = 0.5 and 0.25 -> mean of -log
     rows = torch.tensor([[[[0.0, 0.5, 0.5]], [[0.2, 0.2, 0.6]]], [[[1.0, 0.0, 0.0]], [[1.0, 0.0, 0.0]]]])
     loss = focus_loss({0: rows}, prior)
@@ -80,11 +84,17 @@ def test_focus_loss_averages_query_tokens_and_skips_rows_without_objects():
 
 def test_hooked_focus_loss_matches_full_patterns_and_backpropagates(qwen_pair, monkeypatch):
     _, model = qwen_pair("qwen2_5_vl")
-    images = [random_image(84, 56, seed=1), [random_image(56, 56, seed=2), random_image(112, 56, seed=3)], None]
+    images = [
+        random_image(84, 56, seed=1),
+        [random_image(56, 56, seed=2), random_image(112, 56, seed=3)],
+        None,
+    ]
     inputs = model.prepare(images=images, prompts=["How many dots are there?", "what colour ?", "yes"])
-    objects = [[([(10.0, 20.0), (70.0, 30.0)], (84, 56))],
-               [([(28.0, 28.0)], (56, 56)), ([], (112, 56))],
-               None]
+    objects = [
+        [([(10.0, 20.0), (70.0, 30.0)], (84, 56))],
+        [([(28.0, 28.0)], (56, 56)), ([], (112, 56))],
+        None,
+    ]
     prior = focus_prior(inputs, objects, sigma=1.0)
     assert prior.valid.tolist() == [True, True, False]
     # row 1: the second image has no objects, so g lives on the first image's tokens only

@@ -44,8 +44,9 @@ def test_collate_labels_answers_and_finds_the_prompt_end():
         labelled = batch.labels[row][batch.labels[row] != IGNORE_INDEX].tolist()
         assert labelled == [model.to_single_token(example.answer), eos]
         # the prompt ends with the assistant marker, right before the answer
-        assert model.to_str_tokens(batch.inputs.input_ids[row, batch.prompt_final[row]: batch.prompt_final[row] + 1]) \
-            == ["assistant"]
+        assert model.to_str_tokens(
+            batch.inputs.input_ids[row, batch.prompt_final[row] : batch.prompt_final[row] + 1]
+        ) == ["assistant"]
     assert batch.prior is not None and batch.prior.valid.all()
 
 
@@ -61,7 +62,9 @@ def test_schedule_warms_up_then_decays_linearly():
 @pytest.mark.parametrize("focus_weight", [0.0, 1.0])
 def test_a_few_steps_train_and_write_adapters(tmp_path, focus_weight):
     model = _model()
-    result = train_sft(model, _examples(), _config(focus_weight=focus_weight, grad_accum=2), tmp_path, progress=False)
+    result = train_sft(
+        model, _examples(), _config(focus_weight=focus_weight, grad_accum=2), tmp_path, progress=False
+    )
     assert result.steps == result.total_steps == 2
     assert all(torch.isfinite(p).all() for p in lora_parameters(model).values())
     assert any(p.abs().sum() > 0 for n, p in lora_parameters(model).items() if "lora_B" in n)  # B moved off 0
@@ -83,7 +86,9 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path):
     second = _model()  # a new process: fresh model, state from the checkpoint
     resumed = train_sft(second, examples, _config(), tmp_path / "split", progress=False)
     assert resumed.resumed_from == 2 and resumed.steps == 4
-    for (name, a), (_, b) in zip(lora_parameters(whole).items(), lora_parameters(second).items(), strict=True):
+    for (name, a), (_, b) in zip(
+        lora_parameters(whole).items(), lora_parameters(second).items(), strict=True
+    ):
         assert torch.equal(a, b), name
 
 

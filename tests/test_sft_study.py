@@ -17,17 +17,34 @@ from vlens.training.study import (
 
 
 def _known_result() -> StudyResult:
-    settings = StudySettings(seeds=[0, 1], eval_sets=["synreal", "colour", "shape"],
-                             conditions=["baseline", "sft"])
+    settings = StudySettings(
+        seeds=[0, 1], eval_sets=["synreal", "colour", "shape"], conditions=["baseline", "sft"]
+    )
     rows = {
-        0: {"baseline": {"synreal": {"accuracy": 0.5, "mae": 1.0}, "colour": {"accuracy": 0.9},
-                         "shape": {"accuracy": 0.7}},
-            "sft": {"synreal": {"accuracy": 0.6, "mae": 0.5}, "colour": {"accuracy": 0.8},
-                    "shape": {"accuracy": 0.6}}},
-        1: {"baseline": {"synreal": {"accuracy": 0.7, "mae": 0.5}, "colour": {"accuracy": 1.0},
-                         "shape": {"accuracy": 0.8}},
-            "sft": {"synreal": {"accuracy": 0.8, "mae": 0.25}, "colour": {"accuracy": 0.8},
-                    "shape": {"accuracy": 0.6}}},
+        0: {
+            "baseline": {
+                "synreal": {"accuracy": 0.5, "mae": 1.0},
+                "colour": {"accuracy": 0.9},
+                "shape": {"accuracy": 0.7},
+            },
+            "sft": {
+                "synreal": {"accuracy": 0.6, "mae": 0.5},
+                "colour": {"accuracy": 0.8},
+                "shape": {"accuracy": 0.6},
+            },
+        },
+        1: {
+            "baseline": {
+                "synreal": {"accuracy": 0.7, "mae": 0.5},
+                "colour": {"accuracy": 1.0},
+                "shape": {"accuracy": 0.8},
+            },
+            "sft": {
+                "synreal": {"accuracy": 0.8, "mae": 0.25},
+                "colour": {"accuracy": 0.8},
+                "shape": {"accuracy": 0.6},
+            },
+        },
     }
     from dataclasses import asdict
 

@@ -26,14 +26,17 @@ def _pair(family: str):
 
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl"] + [
-    name for name, builder in (("qwen3_vl", "tiny_qwen3_vl_model"), ("llava", "tiny_llava_model"))
+    name
+    for name, builder in (("qwen3_vl", "tiny_qwen3_vl_model"), ("llava", "tiny_llava_model"))
     if hasattr(vt, builder)
 ]
 
 
 def _inputs(model):
-    return model.prepare(images=[vt.random_image(64, 64, seed=1), vt.random_image(64, 96, seed=2)],
-                         prompts=["How many dots are there?", "red ?"])
+    return model.prepare(
+        images=[vt.random_image(64, 64, seed=1), vt.random_image(64, 96, seed=2)],
+        prompts=["How many dots are there?", "red ?"],
+    )
 
 
 def test_fit_temperature_by_hand():
@@ -50,20 +53,36 @@ def test_fit_temperature_by_hand():
 
 
 def test_importance_from_ablation_and_patching_json():
-    ablation = {"task": "counting", "method": "mean", "alignment": "all", "n_examples": 4,
-                "clean_logprob": -0.5, "clean_accuracy": 1.0,
-                "ablated_logprob": [[-0.5, -2.5], [-1.0, -0.25]], "ablated_accuracy": [[1.0, 0.5], [0.75, 1.0]]}
-    torch.testing.assert_close(importance_from_result(ablation),
-                               torch.tensor([[0.0, 2.0], [0.5, -0.25]], dtype=torch.float64))
+    ablation = {
+        "task": "counting",
+        "method": "mean",
+        "alignment": "all",
+        "n_examples": 4,
+        "clean_logprob": -0.5,
+        "clean_accuracy": 1.0,
+        "ablated_logprob": [[-0.5, -2.5], [-1.0, -0.25]],
+        "ablated_accuracy": [[1.0, 0.5], [0.75, 1.0]],
+    }
+    torch.testing.assert_close(
+        importance_from_result(ablation), torch.tensor([[0.0, 2.0], [0.5, -0.25]], dtype=torch.float64)
+    )
     report = {"results": {"counting": ablation, "colour": ablation}}
-    torch.testing.assert_close(importance_from_result(report, task="counting", metric="accuracy"),
-                               torch.tensor([[0.0, 0.5], [0.25, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(
+        importance_from_result(report, task="counting", metric="accuracy"),
+        torch.tensor([[0.0, 0.5], [0.25, 0.0]], dtype=torch.float64),
+    )
     with pytest.raises(ValueError, match="pass task"):
         importance_from_result(report)
-    patching = {"mode": "layer-head", "layers": [1, 3], "heads": ["H0", "H1"],
-                "overwrite_rate": [[0.1, 0.4], [None, 0.2]]}
-    torch.testing.assert_close(importance_from_result(patching, n_layers=4),
-                               torch.tensor([[0, 0], [0.1, 0.4], [0, 0], [0, 0.2]], dtype=torch.float64))
+    patching = {
+        "mode": "layer-head",
+        "layers": [1, 3],
+        "heads": ["H0", "H1"],
+        "overwrite_rate": [[0.1, 0.4], [None, 0.2]],
+    }
+    torch.testing.assert_close(
+        importance_from_result(patching, n_layers=4),
+        torch.tensor([[0, 0], [0.1, 0.4], [0, 0], [0, 0.2]], dtype=torch.float64),
+    )
 
 
 def test_scores_are_scaled_by_beta_exactly():
@@ -78,7 +97,9 @@ def test_scores_are_scaled_by_beta_exactly():
     allowed = scores > torch.finfo(scores.dtype).min / 2
     beta = torch.tensor([1.0, 1.5, 1.0, 0.5])[None, :, None, None]
     expected = torch.softmax(torch.where(allowed, scores * beta, torch.finfo(scores.dtype).min), dim=-1)
-    real = inputs.attention_mask.bool()[:, None, :, None].expand_as(expected)  # padding queries differ in no way
+    real = inputs.attention_mask.bool()[:, None, :, None].expand_as(
+        expected
+    )  # padding queries differ in no way
     torch.testing.assert_close(hot["blocks.0.attn.hook_pattern"][real], expected[real], atol=1e-6, rtol=1e-5)
     assert not model.blocks[0].attn.needs_pattern()
 

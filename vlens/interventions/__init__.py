@@ -1,1 +1,45 @@
-"""Interventions from the counting-circuit paper: the object-focused attention loss (focus) and adaptive head temperature."""
+"""Interventions from the counting-circuit paper (PAPER.md sections 4 and 5).
+
+from vlens.interventions import focus_prior, run_with_focus, fit_temperature, importance_from_result
+prior = focus_prior(inputs, objects)                     # Gaussian prior over the merged grid
+logits, l_focus = run_with_focus(model, inputs, prior)   # attention captured at target layers only
+temp = fit_temperature(importance_from_result("ablation.json", task="counting"), top_k=8, alpha=1.2)
+with temp.applied(model): ...                            # beta_h on hook_attn_scores
+handle = temp.export_to_hf(hf_model); ...; handle.remove()
+"""
+
+from vlens.interventions.focus import (
+    PAPER_FOCUS_LAYERS,
+    FocusPrior,
+    capture_patterns,
+    default_focus_layers,
+    focus_loss,
+    focus_prior,
+    object_prior,
+    objects_from_record,
+    pixel_to_grid,
+    run_with_focus,
+)
+from vlens.interventions.temperature import (
+    HeadTemperature,
+    TemperatureHandle,
+    fit_temperature,
+    importance_from_result,
+)
+
+__all__ = [
+    "PAPER_FOCUS_LAYERS",
+    "FocusPrior",
+    "HeadTemperature",
+    "TemperatureHandle",
+    "capture_patterns",
+    "default_focus_layers",
+    "fit_temperature",
+    "focus_loss",
+    "focus_prior",
+    "importance_from_result",
+    "object_prior",
+    "objects_from_record",
+    "pixel_to_grid",
+    "run_with_focus",
+]

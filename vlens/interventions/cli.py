@@ -1,8 +1,8 @@
 """`vlens temperature`: fit head temperatures from an importance result, apply them, export them.
 
-    vlens temperature fit --result ablation.json --task counting --top-k 8 --out temps.json
-    vlens temperature apply --model tiny --temps temps.json --data data/synreal --out runs/temp
-    vlens temperature export --model PATH --temps temps.json --out hf_with_temperature/
+vlens temperature fit --result ablation.json --task counting --top-k 8 --out temps.json
+vlens temperature apply --model tiny --temps temps.json --data data/synreal --out runs/temp
+vlens temperature export --model PATH --temps temps.json --out hf_with_temperature/
 """
 
 from __future__ import annotations
@@ -13,17 +13,25 @@ from pathlib import Path
 
 
 def add_cli(subparsers) -> None:
-    parser = subparsers.add_parser("temperature", help="adaptive head temperature: fit, apply, export",
-                                   description="beta_h = alpha * gamma_h on the attention logits of target heads "
-                                   "(PAPER.md section 5).")
+    parser = subparsers.add_parser(
+        "temperature",
+        help="adaptive head temperature: fit, apply, export",
+        description="beta_h = alpha * gamma_h on the attention logits of target heads (PAPER.md section 5).",
+    )
     commands = parser.add_subparsers(dest="temperature_command", metavar="SUBCOMMAND")
 
     fit = commands.add_parser("fit", help="temperatures from an ablation or patching result file")
-    fit.add_argument("--result", required=True, type=Path,
-                     help="JSON of `vlens ablate` (AblationReport / HeadAblation) or a layer-head patching sweep")
+    fit.add_argument(
+        "--result",
+        required=True,
+        type=Path,
+        help="JSON of `vlens ablate` (AblationReport / HeadAblation) or a layer-head patching sweep",
+    )
     fit.add_argument("--task", help="the task of an ablation report holding several")
-    fit.add_argument("--metric", help="ablation: logprob (default) or accuracy; patching: a metric name "
-                     "(default overwrite_rate)")
+    fit.add_argument(
+        "--metric",
+        help="ablation: logprob (default) or accuracy; patching: a metric name (default overwrite_rate)",
+    )
     fit.add_argument("--top-k", type=int, default=8, help="number of heads (default 8)")
     fit.add_argument("--heads", help="explicit heads instead of top-k, e.g. 'L3H1,L2H0'")
     fit.add_argument("--alpha", type=float, default=1.2)
@@ -43,8 +51,10 @@ def add_cli(subparsers) -> None:
     apply.add_argument("--out", type=Path, help="write the report (with and without temperature) here")
     apply.set_defaults(func=run_apply)
 
-    export = commands.add_parser("export", help="write an HF checkpoint with the temperatures baked into q_proj "
-                                 "(families without q norm)")
+    export = commands.add_parser(
+        "export",
+        help="write an HF checkpoint with the temperatures baked into q_proj (families without q norm)",
+    )
     export.add_argument("--model", default="tiny")
     export.add_argument("--temps", required=True, type=Path)
     export.add_argument("--out", required=True, type=Path)
@@ -66,10 +76,15 @@ def run_fit(args: argparse.Namespace) -> int:
     from vlens.interventions.temperature import fit_temperature, importance_from_result
 
     importance = importance_from_result(args.result, task=args.task, metric=args.metric)
-    temp = fit_temperature(importance, heads=_parse_heads(args.heads) if args.heads else None, top_k=args.top_k,
-                           alpha=args.alpha, normalisation=args.normalisation,
-                           floor=None if args.no_floor else args.floor,
-                           source={"result": str(args.result), "task": args.task, "metric": args.metric})
+    temp = fit_temperature(
+        importance,
+        heads=_parse_heads(args.heads) if args.heads else None,
+        top_k=args.top_k,
+        alpha=args.alpha,
+        normalisation=args.normalisation,
+        floor=None if args.no_floor else args.floor,
+        source={"result": str(args.result), "task": args.task, "metric": args.metric},
+    )
     temp.save(args.out)
     for entry in temp.to_json()["heads"]:
         print(f"L{entry['layer']}H{entry['head']}: gamma {entry['gamma']:.3f} -> beta {entry['beta']:.3f}")
@@ -87,18 +102,33 @@ def run_apply(args: argparse.Namespace) -> int:
     data = read_imagefolder(args.data)
     summary = {}
     for label, hooks in (("without", []), ("with", temp.hooks(model))):
-        result = evaluate(HookedVLMBackend(model, fwd_hooks=hooks), data, batch_size=args.batch_size,
-                          max_new_tokens=args.max_new_tokens, limit=args.limit)
-        summary[label] = {"accuracy": result.metrics.accuracy, "mae": result.metrics.mae, "n": result.metrics.n}
+        result = evaluate(
+            HookedVLMBackend(model, fwd_hooks=hooks),
+            data,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            limit=args.limit,
+        )
+        summary[label] = {
+            "accuracy": result.metrics.accuracy,
+            "mae": result.metrics.mae,
+            "n": result.metrics.n,
+        }
         print(f"{label} temperature: accuracy {result.metrics.accuracy:.3f}, MAE {result.metrics.mae}")
         if args.out:
             from vlens.evaluation import write_report
 
-            write_report(result, args.out / f"{label}_temperature", model_name=f"{args.model} ({label} temperature)",
-                         figures=False)
+            write_report(
+                result,
+                args.out / f"{label}_temperature",
+                model_name=f"{args.model} ({label} temperature)",
+                figures=False,
+            )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "summary.json").write_text(json.dumps({"temperature": temp.to_json(), **summary}, indent=1) + "\n")
+        (args.out / "summary.json").write_text(
+            json.dumps({"temperature": temp.to_json(), **summary}, indent=1) + "\n"
+        )
     return 0
 
 

@@ -88,8 +88,9 @@ def object_prior(
         raise ValueError(f"sigma must be positive (grid units), got {sigma}")
     points = pixel_to_grid(centres, image_size, grid)  # [n, 2]
     rows, cols = grid
-    r, c = torch.meshgrid(torch.arange(rows, dtype=torch.float64), torch.arange(cols, dtype=torch.float64),
-                          indexing="ij")
+    r, c = torch.meshgrid(
+        torch.arange(rows, dtype=torch.float64), torch.arange(cols, dtype=torch.float64), indexing="ij"
+    )
     cells = torch.stack([r.flatten(), c.flatten()], dim=-1)  # [cells, 2]
     dist2 = ((cells[:, None, :] - points[None, :, :]) ** 2).sum(-1)  # [cells, n]
     u = torch.exp(-dist2 / (2 * sigma**2)).sum(-1)
@@ -130,7 +131,9 @@ def focus_prior(inputs, objects: Sequence[Sequence[ImageObjects] | None], sigma:
         raise ValueError("focus_prior needs inputs with token regions: build them with model.prepare(...)")
     batch, seq = inputs.input_ids.shape
     if len(objects) != batch:
-        raise ValueError(f"got objects for {len(objects)} rows but the batch has {batch}; give one entry per row")
+        raise ValueError(
+            f"got objects for {len(objects)} rows but the batch has {batch}; give one entry per row"
+        )
     weights = torch.zeros(batch, seq, dtype=torch.float64)
     image_mask = torch.zeros(batch, seq, dtype=torch.bool)
     valid = torch.zeros(batch, dtype=torch.bool)
@@ -142,8 +145,9 @@ def focus_prior(inputs, objects: Sequence[Sequence[ImageObjects] | None], sigma:
                 f"row {row} has {len(regions.images[row])} images but objects for {len(row_objects)}; give "
                 "(centres, (width, height)) for every image of the row, in prompt order"
             )
-        for (centres, size), positions, grid in zip(row_objects, regions.images[row], regions.image_grid[row],
-                                                    strict=False):
+        for (centres, size), positions, grid in zip(
+            row_objects, regions.images[row], regions.image_grid[row], strict=False
+        ):
             if len(centres) == 0:
                 continue
             weights[row, positions.cpu()] += object_prior(centres, size, grid, sigma, normalise=False)

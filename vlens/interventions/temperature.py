@@ -57,7 +57,7 @@ class HeadTemperature:
     source: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.betas = {(int(l), int(h)): float(b) for (l, h), b in self.betas.items()}
+        self.betas = {(int(layer), int(head)): float(b) for (layer, head), b in self.betas.items()}
         for head, beta in self.betas.items():
             if not beta > 0:
                 raise ValueError(f"beta of head L{head[0]}H{head[1]} must be positive, got {beta}")
@@ -69,11 +69,11 @@ class HeadTemperature:
     def layer_scales(self, layer: int, n_heads: int) -> Float[Tensor, "n_heads"]:
         """Per-head multiplier of one layer (1 for heads left alone)."""
         scales = torch.ones(n_heads)
-        for (l, h), beta in self.betas.items():
-            if l == layer:
-                if not 0 <= h < n_heads:
-                    raise ValueError(f"head L{l}H{h} does not exist: the layer has {n_heads} heads")
-                scales[h] = beta
+        for (at, head), beta in self.betas.items():
+            if at == layer:
+                if not 0 <= head < n_heads:
+                    raise ValueError(f"head L{at}H{head} does not exist: the layer has {n_heads} heads")
+                scales[head] = beta
         return scales
 
     def _check(self, n_layers: int) -> None:
@@ -149,8 +149,10 @@ class HeadTemperature:
         for layer in self.layers:
             attn = layers[layer].self_attn
             if getattr(attn, "q_norm", None) is not None:
-                raise ValueError("this family normalises q per head (q_norm): a temperature cannot be baked into "
-                                 "the weights; apply it with export_to_hf(hf_model) hooks instead")
+                raise ValueError(
+                    "this family normalises q per head (q_norm): a temperature cannot be baked into "
+                    "the weights; apply it with export_to_hf(hf_model) hooks instead"
+                )
             n_heads = _n_heads(hf_model, attn)
             rows = self.layer_scales(layer, n_heads).repeat_interleave(attn.q_proj.out_features // n_heads)
             name = by_id[id(attn.q_proj)]
@@ -165,9 +167,13 @@ class HeadTemperature:
     # ------------------------------------------------------------------ I/O
     def to_json(self) -> dict:
         return {
-            "alpha": self.alpha, "normalisation": self.normalisation, "floor": self.floor,
-            "heads": [{"layer": l, "head": h, "beta": b, "gamma": self.gammas.get((l, h))}
-                      for (l, h), b in sorted(self.betas.items())],
+            "alpha": self.alpha,
+            "normalisation": self.normalisation,
+            "floor": self.floor,
+            "heads": [
+                {"layer": layer, "head": head, "beta": b, "gamma": self.gammas.get((layer, head))}
+                for (layer, head), b in sorted(self.betas.items())
+            ],
             "source": self.source,
         }
 
@@ -182,11 +188,14 @@ class HeadTemperature:
         if not isinstance(data, dict):
             data = json.loads(Path(data).read_text())
         heads = data["heads"]
-        return cls(betas={(e["layer"], e["head"]): e["beta"] for e in heads},
-                   alpha=data.get("alpha", 1.2),
-                   gammas={(e["layer"], e["head"]): e["gamma"] for e in heads if e.get("gamma") is not None},
-                   normalisation=data.get("normalisation", "max"), floor=data.get("floor", 1.0),
-                   source=data.get("source", {}))
+        return cls(
+            betas={(e["layer"], e["head"]): e["beta"] for e in heads},
+            alpha=data.get("alpha", 1.2),
+            gammas={(e["layer"], e["head"]): e["gamma"] for e in heads if e.get("gamma") is not None},
+            normalisation=data.get("normalisation", "max"),
+            floor=data.get("floor", 1.0),
+            source=data.get("source", {}),
+        )
 
 
 class TemperatureHandle:
@@ -241,8 +250,9 @@ def _scale_projected(scales: Tensor, n_heads: int):
 # ---------------------------------------------------------------------- importance -> gamma
 
 
-def importance_from_result(result, task: str | None = None, metric: str | None = None,
-                           n_layers: int | None = None) -> Float[Tensor, "n_layers n_heads"]:
+def importance_from_result(
+    result, task: str | None = None, metric: str | None = None, n_layers: int | None = None
+) -> Float[Tensor, "n_layers n_heads"]:
     """Head importance [n_layers, n_heads] from an ablation or patching result.
 
     Accepts a `HeadAblation` / `AblationReport` / `PatchingResult` (layer-head), their JSON
@@ -276,8 +286,9 @@ def importance_from_result(result, task: str | None = None, metric: str | None =
         return result["clean_logprob"] - torch.tensor(result["ablated_logprob"], dtype=torch.float64)
     if result.get("mode") == "layer-head":  # PatchingResult JSON
         name = metric or "overwrite_rate"
-        values = torch.tensor([[float("nan") if v is None else v for v in row] for row in result[name]],
-                              dtype=torch.float64)
+        values = torch.tensor(
+            [[float("nan") if v is None else v for v in row] for row in result[name]], dtype=torch.float64
+        )
         layers = result["layers"]
         heads = [int(str(cell).lstrip("H")) for cell in result["heads"]]
         out = torch.zeros(max(n_layers or 0, max(layers) + 1), max(heads) + 1, dtype=torch.float64)
@@ -287,10 +298,14 @@ def importance_from_result(result, task: str | None = None, metric: str | None =
     if "scores" in result:
         return torch.tensor(result["scores"], dtype=torch.float64)
     if "mode" in result:
-        raise ValueError(f"a patching result of mode {result['mode']!r} has no per-head scores; "
-                         "use a layer-head sweep (patch_layer_head)")
-    raise ValueError("unrecognised importance result: expected an ablation report / head ablation, "
-                     "a layer-head patching result, or {'scores': [[...]]}")
+        raise ValueError(
+            f"a patching result of mode {result['mode']!r} has no per-head scores; "
+            "use a layer-head sweep (patch_layer_head)"
+        )
+    raise ValueError(
+        "unrecognised importance result: expected an ablation report / head ablation, "
+        "a layer-head patching result, or {'scores': [[...]]}"
+    )
 
 
 def fit_temperature(
@@ -313,15 +328,18 @@ def fit_temperature(
     if alpha <= 0:
         raise ValueError(f"alpha must be positive, got {alpha}")
     if heads is None:
-        candidates = [(float(importance[l, h]), l, h) for l in range(importance.shape[0])
-                      for h in range(importance.shape[1])
-                      if (layers is None or l in layers) and float(importance[l, h]) > 0]
+        candidates = [
+            (float(importance[layer, head]), layer, head)
+            for layer in range(importance.shape[0])
+            for head in range(importance.shape[1])
+            if (layers is None or layer in layers) and float(importance[layer, head]) > 0
+        ]
         candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
-        heads = [(l, h) for _, l, h in candidates[:top_k]]
-    heads = [(int(l), int(h)) for l, h in heads]
+        heads = [(layer, head) for _, layer, head in candidates[:top_k]]
+    heads = [(int(layer), int(head)) for layer, head in heads]
     if not heads:
         raise ValueError("no head selected: the importance has no positive entry (check the result / metric)")
-    values = torch.tensor([float(importance[l, h]) for l, h in heads], dtype=torch.float64)
+    values = torch.tensor([float(importance[layer, head]) for layer, head in heads], dtype=torch.float64)
     if normalisation == "max":
         denominator = values.abs().max()
     elif normalisation == "mean":
@@ -332,5 +350,6 @@ def fit_temperature(
         raise ValueError(f"cannot normalise importance by {normalisation}: it is {float(denominator)}")
     gammas = {head: float(v / denominator) for head, v in zip(heads, values, strict=True)}
     betas = {head: max(floor, alpha * g) if floor is not None else alpha * g for head, g in gammas.items()}
-    return HeadTemperature(betas=betas, alpha=alpha, gammas=gammas, normalisation=normalisation, floor=floor,
-                           source=source or {})
+    return HeadTemperature(
+        betas=betas, alpha=alpha, gammas=gammas, normalisation=normalisation, floor=floor, source=source or {}
+    )

@@ -1,1 +1,37 @@
-"""LoRA fine-tuning with L_focus (sft), export to Hugging Face (export), the ablation-study runner (study)."""
+"""LoRA fine-tuning with the object-focused attention loss, export to Hugging Face, and the
+ablation-study runner (needs the `train` extra: peft).
+
+    from vlens.training import SFTConfig, train_sft, read_sft_folder, save_adapters, save_merged
+    examples = read_sft_folder("data/syndot") + read_sft_folder("data/synpoly")
+    result = train_sft(model, examples, SFTConfig(), out_dir="runs/sft")   # resumable
+    save_merged(model, "runs/sft/merged")      # plain transformers loads it
+"""
+
+from vlens.training.data import SFTBatch, SFTExample, collate, example_from_sample, read_sft_folder
+from vlens.training.export import load_adapters, merged_state_dict, save_adapters, save_merged
+from vlens.training.lora import add_lora, lora_layers, lora_parameters
+from vlens.training.sft import NonFiniteLossError, SFTConfig, SFTResult, train_sft
+from vlens.training.study import StudyResult, StudySettings, run_study, write_model_card_section
+
+__all__ = [
+    "NonFiniteLossError",
+    "SFTBatch",
+    "SFTConfig",
+    "SFTExample",
+    "SFTResult",
+    "StudyResult",
+    "StudySettings",
+    "add_lora",
+    "collate",
+    "example_from_sample",
+    "load_adapters",
+    "lora_layers",
+    "lora_parameters",
+    "merged_state_dict",
+    "read_sft_folder",
+    "run_study",
+    "save_adapters",
+    "save_merged",
+    "train_sft",
+    "write_model_card_section",
+]

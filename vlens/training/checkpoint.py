@@ -51,14 +51,22 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def save_checkpoint(out_dir: str | Path, step: int, lora: dict[str, torch.Tensor],
-                    optimizer: torch.optim.Optimizer, info: dict, keep: int = 2) -> Path:
+def save_checkpoint(
+    out_dir: str | Path,
+    step: int,
+    lora: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    info: dict,
+    keep: int = 2,
+) -> Path:
     """Write one checkpoint; keep only the `keep` most recent complete ones."""
     folder = checkpoint_dir(out_dir, step)
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    save_file({k: v.detach().cpu().contiguous().clone() for k, v in lora.items()}, str(folder / "lora.safetensors"))
+    save_file(
+        {k: v.detach().cpu().contiguous().clone() for k, v in lora.items()}, str(folder / "lora.safetensors")
+    )
     tensors, meta = _optimizer_tensors(optimizer)
     save_file(tensors, str(folder / "optimizer.safetensors"))
     rng = {"cpu": torch.get_rng_state()}
@@ -74,19 +82,24 @@ def save_checkpoint(out_dir: str | Path, step: int, lora: dict[str, torch.Tensor
     return folder
 
 
-def load_checkpoint(folder: str | Path, lora: dict[str, torch.nn.Parameter],
-                    optimizer: torch.optim.Optimizer) -> dict:
+def load_checkpoint(
+    folder: str | Path, lora: dict[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer
+) -> dict:
     """Restore LoRA weights, optimizer state and RNG from `folder`; returns state.json."""
     folder = Path(folder)
     info = json.loads((folder / STATE_FILE).read_text())
     weights = load_file(str(folder / "lora.safetensors"))
     if set(weights) != set(lora):
-        raise ValueError(f"checkpoint {folder} holds other LoRA parameters than the model "
-                         f"({len(weights)} vs {len(lora)}); resume with the same LoRA settings")
+        raise ValueError(
+            f"checkpoint {folder} holds other LoRA parameters than the model "
+            f"({len(weights)} vs {len(lora)}); resume with the same LoRA settings"
+        )
     with torch.no_grad():
         for name, parameter in lora.items():
             parameter.copy_(weights[name].to(parameter.device, parameter.dtype))
-    optimizer.load_state_dict(_optimizer_state(load_file(str(folder / "optimizer.safetensors")), info["optimizer"]))
+    optimizer.load_state_dict(
+        _optimizer_state(load_file(str(folder / "optimizer.safetensors")), info["optimizer"])
+    )
     rng = load_file(str(folder / "rng.safetensors"))
     torch.set_rng_state(rng["cpu"])
     cuda = [rng[k] for k in sorted(rng) if k.startswith("cuda")]

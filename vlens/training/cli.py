@@ -17,15 +17,22 @@ from pathlib import Path
 def add_cli(subparsers) -> None:
     from vlens.interventions.cli import add_cli as add_temperature_cli
 
-    train = subparsers.add_parser("train", help="LoRA fine-tuning with the object-focused attention loss",
-                                  description="L = answer-only cross-entropy + lambda * L_focus (PAPER.md).")
+    train = subparsers.add_parser(
+        "train",
+        help="LoRA fine-tuning with the object-focused attention loss",
+        description="L = answer-only cross-entropy + lambda * L_focus (PAPER.md).",
+    )
     train.add_argument("--model", default="tiny", help="'tiny', 'random-tiny' or a path / hub id")
-    train.add_argument("--data", required=True, nargs="+", type=Path, help="imagefolders written by `vlens data`")
+    train.add_argument(
+        "--data", required=True, nargs="+", type=Path, help="imagefolders written by `vlens data`"
+    )
     train.add_argument("--limit", type=int, help="use only the first N examples of each folder")
     train.add_argument("--out", required=True, type=Path)
     train.add_argument("--focus-weight", type=float, default=1.0, help="lambda (default 1.0)")
     train.add_argument("--no-focus", action="store_true", help="plain LoRA SFT (lambda = 0)")
-    train.add_argument("--focus-layers", help="comma-separated layers (default: the paper's, mapped to the depth)")
+    train.add_argument(
+        "--focus-layers", help="comma-separated layers (default: the paper's, mapped to the depth)"
+    )
     train.add_argument("--focus-query", choices=["final", "answer"], default="final")
     train.add_argument("--sigma", type=float, default=1.0, help="prior width in grid units (default 1)")
     train.add_argument("--lora-rank", type=int, default=64)
@@ -38,17 +45,24 @@ def add_cli(subparsers) -> None:
     train.add_argument("--bf16", choices=["auto", "on", "off"], default="auto")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --out")
-    train.add_argument("--merged", action="store_true", help="also write a merged HF checkpoint to OUT/merged")
+    train.add_argument(
+        "--merged", action="store_true", help="also write a merged HF checkpoint to OUT/merged"
+    )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(func=run_train)
 
-    study = subparsers.add_parser("study", help="baseline / +SFT / +SFT+L_focus / +SFT+L_focus+beta table",
-                                  description="Reproduce PAPER.md's ablation table at toy scale (see "
-                                  "vlens.training.study for the scaled-down settings).")
+    study = subparsers.add_parser(
+        "study",
+        help="baseline / +SFT / +SFT+L_focus / +SFT+L_focus+beta table",
+        description="Reproduce PAPER.md's ablation table at toy scale (see "
+        "vlens.training.study for the scaled-down settings).",
+    )
     study.add_argument("--model", default="tiny")
     study.add_argument("--out", required=True, type=Path)
     study.add_argument("--seeds", type=int, nargs="+", default=[0])
-    study.add_argument("--n-train", type=int, default=150, help="fine-tuning images per style (SynDot, SynPoly)")
+    study.add_argument(
+        "--n-train", type=int, default=150, help="fine-tuning images per style (SynDot, SynPoly)"
+    )
     study.add_argument("--n-eval", type=int, default=100, help="evaluation examples per set")
     study.add_argument("--epochs", type=int, default=1)
     study.add_argument("--lr", type=float, default=2e-4)
@@ -70,11 +84,21 @@ def run_train(args: argparse.Namespace) -> int:
 
     examples = [example for folder in args.data for example in read_sft_folder(folder, args.limit)]
     layers = [int(x) for x in args.focus_layers.split(",")] if args.focus_layers else None
-    config = SFTConfig(lora_rank=args.lora_rank, focus_weight=0.0 if args.no_focus else args.focus_weight,
-                       focus_layers=layers, focus_sigma=args.sigma, focus_query=args.focus_query,
-                       learning_rate=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                       epochs=args.epochs, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
-                       bf16={"auto": "auto", "on": True, "off": False}[args.bf16], seed=args.seed)
+    config = SFTConfig(
+        lora_rank=args.lora_rank,
+        focus_weight=0.0 if args.no_focus else args.focus_weight,
+        focus_layers=layers,
+        focus_sigma=args.sigma,
+        focus_query=args.focus_query,
+        learning_rate=args.lr,
+        batch_size=args.batch_size,
+        grad_accum=args.grad_accum,
+        epochs=args.epochs,
+        max_steps=args.max_steps,
+        checkpoint_every=args.checkpoint_every,
+        bf16={"auto": "auto", "on": True, "off": False}[args.bf16],
+        seed=args.seed,
+    )
     model = load_model_arg(args.model)
     result = train_sft(model, examples, config, args.out, resume=not args.no_resume, progress=not args.quiet)
     print(json.dumps({k: v for k, v in result.to_json().items() if k != "config"}, indent=1))
@@ -87,11 +111,19 @@ def run_study_cli(args: argparse.Namespace) -> int:
     from vlens.info_cli import load_model_arg
     from vlens.training.study import StudySettings, run_study, write_model_card_section
 
-    settings = StudySettings(seeds=args.seeds, n_train_per_style=args.n_train, n_eval=args.n_eval,
-                             epochs=args.epochs, learning_rate=args.lr, lora_rank=args.lora_rank,
-                             top_k_heads=args.top_k_heads, alpha=args.alpha)
-    result = run_study(lambda: load_model_arg(args.model), settings, args.out, progress=not args.quiet,
-                       model_name=args.model)
+    settings = StudySettings(
+        seeds=args.seeds,
+        n_train_per_style=args.n_train,
+        n_eval=args.n_eval,
+        epochs=args.epochs,
+        learning_rate=args.lr,
+        lora_rank=args.lora_rank,
+        top_k_heads=args.top_k_heads,
+        alpha=args.alpha,
+    )
+    result = run_study(
+        lambda: load_model_arg(args.model), settings, args.out, progress=not args.quiet, model_name=args.model
+    )
     print(result.report())
     if args.model_card:
         print(f"model card: {write_model_card_section(result, args.model_card)}")

@@ -101,23 +101,25 @@ def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prio
     for example in examples:
         ids = answer_ids(model, example.answer)
         answers.append(ids)
-        texts.append(_chat_prompt(model, example.question, len(example.images)) + example.answer
-                     + tokenizer.eos_token)
+        texts.append(
+            _chat_prompt(model, example.question, len(example.images)) + example.answer + tokenizer.eos_token
+        )
     images = [list(example.images) if example.images else None for example in examples]
     inputs = model.prepare(images=images, prompts=texts, chat=False)
     labels = torch.full_like(inputs.input_ids, IGNORE_INDEX)
     seq = inputs.seq_len
     for row, ids in enumerate(answers):
         # left padding: every row ends at the last column
-        tail = inputs.input_ids[row, seq - len(ids):].tolist()
+        tail = inputs.input_ids[row, seq - len(ids) :].tolist()
         if tail != ids:
             raise ValueError(
                 f"the answer {examples[row].answer!r} does not tokenise to the same ids after the prompt "
                 f"({tail} vs {ids}); the tokenizer merges across the prompt/answer boundary"
             )
-        labels[row, seq - len(ids):] = torch.tensor(ids)
-    prompt_final = torch.tensor([seq - len(ids) - 1 for ids in answers], dtype=torch.long,
-                                device=inputs.input_ids.device)
+        labels[row, seq - len(ids) :] = torch.tensor(ids)
+    prompt_final = torch.tensor(
+        [seq - len(ids) - 1 for ids in answers], dtype=torch.long, device=inputs.input_ids.device
+    )
     prior = None
     if with_prior and any(example.objects for example in examples):
         prior = focus_prior(inputs, [example.objects for example in examples], sigma=sigma)
@@ -130,5 +132,6 @@ def answer_loss(logits: Tensor, labels: Tensor) -> Tensor:
     targets = labels[:, 1:]
     if not bool((targets != IGNORE_INDEX).any()):
         raise ValueError("the batch has no answer tokens to train on")
-    return torch.nn.functional.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), targets.reshape(-1),
-                                             ignore_index=IGNORE_INDEX)
+    return torch.nn.functional.cross_entropy(
+        shifted.reshape(-1, shifted.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
+    )

@@ -88,14 +88,22 @@ def load_adapters(model, folder: str | Path):
         name = key.removeprefix(PEFT_PREFIX)
         module_name, _, part = name.rpartition(".lora_")
         if module_name not in hf_to_ours:
-            raise ValueError(f"adapter tensor {key} targets {module_name}, which is not a decoder attention "
-                             "projection of this model")
+            raise ValueError(
+                f"adapter tensor {key} targets {module_name}, which is not a decoder attention "
+                "projection of this model"
+            )
         wanted.setdefault(hf_to_ours[module_name], {})[part.split(".")[0]] = value
     if not has_lora(model):
         layers = sorted({int(ours.split(".")[1]) for ours in wanted})
         projections = sorted({ours.rsplit(".", 1)[1] for ours in wanted})
-        add_lora(model, rank=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
-                 projections=projections, layers=layers)
+        add_lora(
+            model,
+            rank=config.r,
+            alpha=config.lora_alpha,
+            dropout=config.lora_dropout,
+            projections=projections,
+            layers=layers,
+        )
     layers = lora_layers(model)
     missing = set(layers) - set(wanted)
     if missing:
@@ -143,7 +151,11 @@ def save_merged(model, folder: str | Path, save_processor: bool = True) -> Path:
             processor.save_pretrained(str(folder))
         except Exception as err:  # noqa: BLE001 - weights are saved; say why the processor is not
             (folder / "PROCESSOR_NOT_SAVED.txt").write_text(f"processor.save_pretrained failed: {err!r}\n")
-    info = {"merged_from": "vlens LoRA adapters", "lora": json.loads(lora_config(model).to_json_string())
-            if hasattr(lora_config(model), "to_json_string") else str(lora_config(model))}
+    info = {
+        "merged_from": "vlens LoRA adapters",
+        "lora": json.loads(lora_config(model).to_json_string())
+        if hasattr(lora_config(model), "to_json_string")
+        else str(lora_config(model)),
+    }
     (folder / "vlens_merge.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
     return folder

@@ -16,15 +16,22 @@ ATTENTION_PROJECTIONS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"
 ADAPTER_NAME = "default"
 
 
-def lora_target_regex(projections: Sequence[str] = ATTENTION_PROJECTIONS,
-                      layers: Sequence[int] | None = None) -> str:
+def lora_target_regex(
+    projections: Sequence[str] = ATTENTION_PROJECTIONS, layers: Sequence[int] | None = None
+) -> str:
     """peft `target_modules` regex for our decoder attention (never the vision tower)."""
     layer_part = r"\d+" if layers is None else "(?:" + "|".join(str(int(layer)) for layer in layers) + ")"
     return rf"blocks\.{layer_part}\.attn\.(?:{'|'.join(projections)})"
 
 
-def add_lora(model, rank: int = 64, alpha: float | None = None, dropout: float = 0.0,
-             projections: Sequence[str] = ATTENTION_PROJECTIONS, layers: Sequence[int] | None = None):
+def add_lora(
+    model,
+    rank: int = 64,
+    alpha: float | None = None,
+    dropout: float = 0.0,
+    projections: Sequence[str] = ATTENTION_PROJECTIONS,
+    layers: Sequence[int] | None = None,
+):
     """Inject LoRA (peft) into the decoder attention projections; freeze everything else.
 
     alpha: LoRA scaling numerator (scale = alpha / rank); default 2 * rank (the paper is silent;
@@ -39,8 +46,13 @@ def add_lora(model, rank: int = 64, alpha: float | None = None, dropout: float =
         raise ValueError(f"unknown projections {sorted(unknown)}; choose from {ATTENTION_PROJECTIONS}")
     if rank < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {rank}")
-    config = LoraConfig(r=rank, lora_alpha=2 * rank if alpha is None else alpha, lora_dropout=dropout,
-                        target_modules=lora_target_regex(projections, layers), bias="none")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank if alpha is None else alpha,
+        lora_dropout=dropout,
+        target_modules=lora_target_regex(projections, layers),
+        bias="none",
+    )
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)

@@ -136,7 +136,7 @@ class StepPlan:
         size, accum = self.config.batch_size, self.config.grad_accum
         first = within * accum
         last = min(first + accum, self.micro_per_epoch)
-        return [order[m * size:(m + 1) * size] for m in range(first, last)]
+        return [order[m * size : (m + 1) * size] for m in range(first, last)]
 
 
 def _query_positions(batch: SFTBatch, mode: str) -> torch.Tensor:
@@ -152,7 +152,9 @@ def _query_positions(batch: SFTBatch, mode: str) -> torch.Tensor:
     return torch.maximum(positions[None, :].expand(len(n_answer), -1), first)
 
 
-def batch_losses(model, batch: SFTBatch, config: SFTConfig, layers: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def batch_losses(
+    model, batch: SFTBatch, config: SFTConfig, layers: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(L_SFT, L_focus or None) of one micro-batch."""
     if config.focus_weight > 0 and batch.prior is not None:
         with capture_patterns(model, layers, _query_positions(batch, config.focus_query)) as captured:
@@ -186,15 +188,25 @@ def train_sft(
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     if not has_lora(model):
-        add_lora(model, rank=config.lora_rank, alpha=config.lora_alpha, dropout=config.lora_dropout,
-                 projections=config.projections)
+        add_lora(
+            model,
+            rank=config.lora_rank,
+            alpha=config.lora_alpha,
+            dropout=config.lora_dropout,
+            projections=config.projections,
+        )
     params = lora_parameters(model)
     optimizer = torch.optim.AdamW(params.values(), lr=config.learning_rate, weight_decay=config.weight_decay)
     plan = StepPlan(len(examples), config)
-    layers = default_focus_layers(model.cfg.n_layers) if config.focus_layers is None else list(config.focus_layers)
+    layers = (
+        default_focus_layers(model.cfg.n_layers) if config.focus_layers is None else list(config.focus_layers)
+    )
     device = model.W_U.device
-    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16(config.bf16, device)
-                else nullcontext())
+    autocast = (
+        torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        if use_bf16(config.bf16, device)
+        else nullcontext()
+    )
 
     start_step, resumed_from = 0, None
     latest = latest_checkpoint(out_dir) if resume else None
@@ -205,9 +217,14 @@ def train_sft(
         start_step = resumed_from = info["step"]
 
     def checkpoint(step: int, losses: dict) -> None:
-        save_checkpoint(out_dir, step, params, optimizer,
-                        {"config": asdict(config), "n_examples": len(examples), "losses": losses},
-                        keep=config.keep_checkpoints)
+        save_checkpoint(
+            out_dir,
+            step,
+            params,
+            optimizer,
+            {"config": asdict(config), "n_examples": len(examples), "losses": losses},
+            keep=config.keep_checkpoints,
+        )
 
     model.train()
     log_path = out_dir / "train_log.jsonl"
@@ -215,10 +232,27 @@ def train_sft(
     last = {"sft": None, "focus": None}
     step = start_step
     try:
-        with log_path.open("a") as log, tqdm(total=plan.total_steps, initial=start_step, disable=not progress,
-                                             desc="sft" + (" + focus" if config.focus_weight > 0 else "")) as bar:
-            log.write(json.dumps({"event": "start", "step": start_step, "total_steps": plan.total_steps,
-                                  "config": asdict(config), "focus_layers": layers}) + "\n")
+        with (
+            log_path.open("a") as log,
+            tqdm(
+                total=plan.total_steps,
+                initial=start_step,
+                disable=not progress,
+                desc="sft" + (" + focus" if config.focus_weight > 0 else ""),
+            ) as bar,
+        ):
+            log.write(
+                json.dumps(
+                    {
+                        "event": "start",
+                        "step": start_step,
+                        "total_steps": plan.total_steps,
+                        "config": asdict(config),
+                        "focus_layers": layers,
+                    }
+                )
+                + "\n"
+            )
             while step < plan.total_steps:
                 if stop_after is not None and step - start_step >= stop_after:
                     break
@@ -230,8 +264,12 @@ def train_sft(
                 sft_total, focus_total = 0.0, 0.0
                 optimizer.zero_grad(set_to_none=True)
                 for rows in micro:
-                    batch = collate(model, [examples[i] for i in rows], sigma=config.focus_sigma,
-                                    with_prior=config.focus_weight > 0)
+                    batch = collate(
+                        model,
+                        [examples[i] for i in rows],
+                        sigma=config.focus_sigma,
+                        with_prior=config.focus_weight > 0,
+                    )
                     with autocast:
                         sft, focus = batch_losses(model, batch, config, layers)
                     loss = sft + config.focus_weight * focus if focus is not None else sft
@@ -252,21 +290,40 @@ def train_sft(
                 bar.update(1)
                 bar.set_postfix(sft=f"{sft_total:.4f}", focus=f"{focus_total:.4f}", lr=f"{lr:.2e}")
                 if step % config.log_every == 0 or step == plan.total_steps:
-                    log.write(json.dumps({"step": step, "sft_loss": sft_total, "focus_loss": last["focus"],
-                                          "lr": lr, "grad_norm": float(grad_norm),
-                                          "step_time_s": round(step_times[-1], 4)}) + "\n")
+                    log.write(
+                        json.dumps(
+                            {
+                                "step": step,
+                                "sft_loss": sft_total,
+                                "focus_loss": last["focus"],
+                                "lr": lr,
+                                "grad_norm": float(grad_norm),
+                                "step_time_s": round(step_times[-1], 4),
+                            }
+                        )
+                        + "\n"
+                    )
                     log.flush()
-                if step % config.checkpoint_every == 0 or step == plan.total_steps or (
-                        stop_after is not None and step - start_step >= stop_after):
+                if (
+                    step % config.checkpoint_every == 0
+                    or step == plan.total_steps
+                    or (stop_after is not None and step - start_step >= stop_after)
+                ):
                     checkpoint(step, last)
     finally:
         model.eval()
     if step == plan.total_steps:
         save_adapters(model, out_dir / "adapter")
-    result = SFTResult(steps=step, total_steps=plan.total_steps, final_sft_loss=last["sft"],
-                       final_focus_loss=last["focus"],
-                       mean_step_time_s=sum(step_times) / len(step_times) if step_times else 0.0,
-                       resumed_from=resumed_from, out_dir=str(out_dir), config=asdict(config))
+    result = SFTResult(
+        steps=step,
+        total_steps=plan.total_steps,
+        final_sft_loss=last["sft"],
+        final_focus_loss=last["focus"],
+        mean_step_time_s=sum(step_times) / len(step_times) if step_times else 0.0,
+        resumed_from=resumed_from,
+        out_dir=str(out_dir),
+        config=asdict(config),
+    )
     (out_dir / "sft_result.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
     return result
 

@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from vlens.training.data import SFTExample, example_from_sample
@@ -88,10 +87,17 @@ class StudySettings:
             raise ValueError("+SFT+L_focus+beta is applied to the +SFT+L_focus model: keep 'sft_focus' too")
 
     def sft_config(self, seed: int, focus: bool) -> SFTConfig:
-        return SFTConfig(lora_rank=self.lora_rank, focus_weight=self.focus_weight if focus else 0.0,
-                         focus_layers=self.focus_layers, learning_rate=self.learning_rate,
-                         batch_size=self.batch_size, grad_accum=self.grad_accum, epochs=self.epochs, seed=seed,
-                         checkpoint_every=10_000)
+        return SFTConfig(
+            lora_rank=self.lora_rank,
+            focus_weight=self.focus_weight if focus else 0.0,
+            focus_layers=self.focus_layers,
+            learning_rate=self.learning_rate,
+            batch_size=self.batch_size,
+            grad_accum=self.grad_accum,
+            epochs=self.epochs,
+            seed=seed,
+            checkpoint_every=10_000,
+        )
 
 
 # ---------------------------------------------------------------------- data
@@ -109,8 +115,9 @@ def training_examples(settings: StudySettings, seed: int) -> list[SFTExample]:
     for style_index, style in enumerate(("syndot", "synpoly")):
         for i in range(settings.n_train_per_style):
             sample_seed = TRAIN_SEED_BASE + 10_000_000 * seed + 100_000 * style_index + i
-            examples.append(example_from_sample(*_counting_sample(style, sample_seed, 1 + i % 10,
-                                                                  settings.image_size)))
+            examples.append(
+                example_from_sample(*_counting_sample(style, sample_seed, 1 + i % 10, settings.image_size))
+            )
     return examples
 
 
@@ -135,8 +142,14 @@ def evaluation_sets(settings: StudySettings) -> dict[str, list[tuple]]:
 # ---------------------------------------------------------------------- evaluation
 
 
-def evaluate_sets(model, sets: dict[str, list[tuple]], fwd_hooks: Sequence = (), batch_size: int = 50,
-                  max_new_tokens: int = 3, progress: bool = True) -> dict[str, dict]:
+def evaluate_sets(
+    model,
+    sets: dict[str, list[tuple]],
+    fwd_hooks: Sequence = (),
+    batch_size: int = 50,
+    max_new_tokens: int = 3,
+    progress: bool = True,
+) -> dict[str, dict]:
     """Greedy answers -> per set: accuracy (and MAE, n_unparsed for counting sets).
 
     Counting: the first number parsed from the answer (lmms-eval's parser); MAE over parsed
@@ -149,17 +162,24 @@ def evaluate_sets(model, sets: dict[str, list[tuple]], fwd_hooks: Sequence = (),
     for name, samples in sets.items():
         outputs = []
         for start in tqdm(range(0, len(samples), batch_size), desc=f"eval {name}", disable=not progress):
-            chunk = samples[start:start + batch_size]
-            outputs += backend.generate([[image] for image, _ in chunk], [r["question"] for _, r in chunk],
-                                        max_new_tokens)
+            chunk = samples[start : start + batch_size]
+            outputs += backend.generate(
+                [[image] for image, _ in chunk], [r["question"] for _, r in chunk], max_new_tokens
+            )
         records = [record for _, record in samples]
         if EVAL_SETS.get(name, ("",))[0] == "counting":
             metrics = counting_metrics([parse_count(o) for o in outputs], [int(r["answer"]) for r in records])
-            results[name] = {"accuracy": metrics.accuracy, "mae": metrics.mae, "n": metrics.n,
-                             "n_unparsed": metrics.n_unparsed}
+            results[name] = {
+                "accuracy": metrics.accuracy,
+                "mae": metrics.mae,
+                "n": metrics.n,
+                "n_unparsed": metrics.n_unparsed,
+            }
         else:
-            hits = [(o.split() or [""])[0].lower() == str(r["answer"]).lower() for o, r in zip(outputs, records,
-                                                                                               strict=True)]
+            hits = [
+                (o.split() or [""])[0].lower() == str(r["answer"]).lower()
+                for o, r in zip(outputs, records, strict=True)
+            ]
             results[name] = {"accuracy": sum(hits) / len(hits), "n": len(hits)}
     return results
 
@@ -170,12 +190,24 @@ def head_importance(model, settings: StudySettings, seed: int, progress: bool = 
 
     n = settings.importance_examples
     base = IMPORTANCE_SEED_BASE + 10_000 * seed
-    task = TaskBatch.concat("counting (SynDot + SynPoly)", [
-        build_task_batch(model, "counting@syndot", n, seed=base, image_size=settings.image_size),
-        build_task_batch(model, "counting@synpoly", n, seed=base, image_size=settings.image_size)])
-    reference = TaskBatch.concat("reference", [
-        build_task_batch(model, "counting@syndot", n, seed=base, image_size=settings.image_size, reference=True),
-        build_task_batch(model, "counting@synpoly", n, seed=base, image_size=settings.image_size, reference=True)])
+    task = TaskBatch.concat(
+        "counting (SynDot + SynPoly)",
+        [
+            build_task_batch(model, "counting@syndot", n, seed=base, image_size=settings.image_size),
+            build_task_batch(model, "counting@synpoly", n, seed=base, image_size=settings.image_size),
+        ],
+    )
+    reference = TaskBatch.concat(
+        "reference",
+        [
+            build_task_batch(
+                model, "counting@syndot", n, seed=base, image_size=settings.image_size, reference=True
+            ),
+            build_task_batch(
+                model, "counting@synpoly", n, seed=base, image_size=settings.image_size, reference=True
+            ),
+        ],
+    )
     means = collect_reference(model, reference, alignment="region", progress=progress)
     return head_ablation_sweep(model, task, method="mean", reference=means, progress=progress)
 
@@ -213,8 +245,11 @@ class StudyResult:
         return cls(**data)
 
     def mean(self, condition: str, name: str, key: str) -> float | None:
-        values = [r[condition][name].get(key) for r in self.results.values()
-                  if condition in r and name in r[condition]]
+        values = [
+            r[condition][name].get(key)
+            for r in self.results.values()
+            if condition in r and name in r[condition]
+        ]
         values = [v for v in values if v is not None]
         return sum(values) / len(values) if values else None
 
@@ -235,7 +270,9 @@ class StudyResult:
                     continue
                 if name in SET_ROLES:
                     mae = self.mean(condition, name, "mae")
-                    cells.append(f"{100 * acc:.1f} / {mae:.2f}" if mae is not None else f"{100 * acc:.1f} / -")
+                    cells.append(
+                        f"{100 * acc:.1f} / {mae:.2f}" if mae is not None else f"{100 * acc:.1f} / -"
+                    )
                 else:
                     general.append(acc)
                     cells.append(f"{100 * acc:.1f}")
@@ -267,10 +304,12 @@ class StudyResult:
             heads = ", ".join(f"L{e['layer']}H{e['head']} beta={e['beta']:.2f}" for e in temp["heads"])
             lines.append(f"Seed {seed} heads: {heads}.")
         for seed, runs in self.training.items():
-            parts = [f"{CONDITIONS[c]}: {r['steps']} steps, {r['mean_step_time_s'] * 1000:.0f} ms/step, final "
-                     f"L_SFT {r['final_sft_loss']:.3f}" + (f", L_focus {r['final_focus_loss']:.3f}"
-                                                          if r.get("final_focus_loss") is not None else "")
-                     for c, r in runs.items()]
+            parts = [
+                f"{CONDITIONS[c]}: {r['steps']} steps, {r['mean_step_time_s'] * 1000:.0f} ms/step, final "
+                f"L_SFT {r['final_sft_loss']:.3f}"
+                + (f", L_focus {r['final_focus_loss']:.3f}" if r.get("final_focus_loss") is not None else "")
+                for c, r in runs.items()
+            ]
             lines.append(f"Seed {seed} training: " + "; ".join(parts) + ".")
         lines.append(f"Wall time: {self.wall_time_s / 60:.1f} min.")
         return "\n".join(lines)
@@ -297,26 +336,40 @@ def run_study(
     sets = evaluation_sets(settings)
     result = StudyResult(settings=asdict(settings), results={}, model=model_name)
     evaluate = lambda model, hooks=(): evaluate_sets(  # noqa: E731
-        model, sets, hooks, settings.eval_batch_size, settings.max_new_tokens, progress)
+        model, sets, hooks, settings.eval_batch_size, settings.max_new_tokens, progress
+    )
     for seed in settings.seeds:
         rows, training = {}, {}
         if "baseline" in settings.conditions:
             rows["baseline"] = evaluate(load_model())
-        examples = training_examples(settings, seed) if any(c != "baseline" for c in settings.conditions) else []
+        examples = (
+            training_examples(settings, seed) if any(c != "baseline" for c in settings.conditions) else []
+        )
         for condition, focus in (("sft", False), ("sft_focus", True)):
             if condition not in settings.conditions:
                 continue
             model = load_model()
-            run = train_sft(model, examples, settings.sft_config(seed, focus), out_dir / f"seed{seed}" / condition,
-                            resume=False, progress=progress)
+            run = train_sft(
+                model,
+                examples,
+                settings.sft_config(seed, focus),
+                out_dir / f"seed{seed}" / condition,
+                resume=False,
+                progress=progress,
+            )
             training[condition] = run.to_json()
             rows[condition] = evaluate(model)
             if condition == "sft_focus" and "sft_focus_beta" in settings.conditions:
                 ablation = head_importance(model, settings, seed, progress)
-                temp = fit_temperature(importance_from_result(ablation), top_k=settings.top_k_heads,
-                                       alpha=settings.alpha,
-                                       source={"importance": "mean-ablation log-prob drop, SynDot+SynPoly counting",
-                                               "seed": seed})
+                temp = fit_temperature(
+                    importance_from_result(ablation),
+                    top_k=settings.top_k_heads,
+                    alpha=settings.alpha,
+                    source={
+                        "importance": "mean-ablation log-prob drop, SynDot+SynPoly counting",
+                        "seed": seed,
+                    },
+                )
                 temp.save(out_dir / f"seed{seed}" / "temperature.json")
                 result.temperatures[seed] = temp.to_json()
                 rows["sft_focus_beta"] = evaluate(model, temp.hooks(model))
