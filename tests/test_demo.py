@@ -207,6 +207,22 @@ def test_interventions_rows_accept_the_usual_shapes(stored):
     assert all("curve" not in r for r in rows)  # non-scalar fields stay out of the table
 
 
+def test_interventions_rows_read_a_study_json_as_means_over_seeds():
+    metrics = {0: {"baseline": {"synreal": {"accuracy": 0.2, "mae": 2.0}, "colour": {"accuracy": 0.5}},
+                   "sft": {"synreal": {"accuracy": 0.4, "mae": 1.0}, "colour": {"accuracy": 0.5}}},
+               1: {"baseline": {"synreal": {"accuracy": 0.4, "mae": 1.0}, "colour": {"accuracy": 0.7}},
+                   "sft": {"synreal": {"accuracy": 0.6, "mae": None}, "colour": {"accuracy": 0.9}}}}
+    study = {"settings": {"conditions": ["baseline", "sft"], "eval_sets": ["synreal", "colour"]},
+             "results": {str(seed): rows for seed, rows in metrics.items()}, "model": "hand-made"}
+    rows = interventions_rows(study)
+    assert rows == [
+        {"setting": "baseline", "synreal accuracy": pytest.approx(0.3), "synreal MAE": pytest.approx(1.5),
+         "colour accuracy": pytest.approx(0.6)},
+        {"setting": "+SFT", "synreal accuracy": pytest.approx(0.5), "synreal MAE": pytest.approx(1.0),
+         "colour accuracy": pytest.approx(0.7)},
+    ]
+
+
 def test_interventions_rows_reject_a_file_without_rows():
     with pytest.raises(ValueError, match="no rows"):
         interventions_rows({"note": "nothing"})
@@ -220,8 +236,8 @@ def test_interventions_section_reads_a_stored_file_and_says_so_when_absent(tmp_p
     (tmp_path / "interventions.json").write_text(json.dumps({"rows": rows}))
     section = interventions_section(tmp_path)
     assert section.status == "ok"
-    assert section.numbers["+SFT+L_focus+beta accuracy"] == 0.72
-    assert list(section.figure.data[0].y) == [0.4, 0.6, 0.7, 0.72]
+    assert section.numbers["+SFT+L_focus+beta: accuracy"] == 0.72
+    assert [list(bar.y) for bar in section.figure.data] == [[0.4], [0.6], [0.7], [0.72]]
 
 
 def test_sections_round_trip_into_report_and_results():
@@ -261,24 +277,24 @@ def test_cli_reports_a_missing_interventions_file(tmp_path, capsys):
 
 
 @pytest.mark.skipif(MODEL == "random-tiny", reason="the SFT study needs a model whose tokenizer knows the task answers")
-def test_train_measures_all_four_arms_from_fresh_copies():
-    from vlens.ablation import ablation_study
-    from vlens.demo.counting_stage import evaluate_counting
-    from vlens.demo.data_stage import counting_samples
-    from vlens.demo.interventions_stage import ARMS, train_interventions_section
+def test_train_measures_all_four_conditions_from_fresh_copies():
+    from vlens.demo.interventions_stage import TRAIN_EVAL_SETS, train_interventions_section
     from vlens.info_cli import load_model_arg
+    from vlens.training.study import CONDITIONS
 
     settings = DemoSettings.quick()
-    settings.n_count_images = 16
-    samples = counting_samples(settings)
-    model = load_model_arg(MODEL)
-    study = ablation_study(model, ["counting", "colour"], n_examples=8, n_reference=8, top_k=4, image_size=168,
-                           progress=False)
-    section = train_interventions_section(lambda: load_model_arg(MODEL), samples, settings, study, sft_steps=3,
-                                          progress=False)
+    settings.n_count_images = 40
+    loaded = []
+
+    def load():
+        loaded.append(load_model_arg(MODEL))
+        return loaded[-1]
+
+    section = train_interventions_section(load, settings, n_train_per_style=2, progress=False)
     rows = section.data["rows"]
-    assert [row["setting"] for row in rows] == list(ARMS)
-    baseline = evaluate_counting(model, samples, settings, progress=False).metrics.accuracy
-    assert rows[0]["accuracy"] == pytest.approx(baseline)  # the baseline arm is the untouched model
-    assert [row.get("steps") for row in rows[1:]] == [3, 3, 3]
-    assert not any("lora" in name for name, _ in model.named_parameters())  # the arms trained copies
+    assert [row["setting"] for row in rows] == list(CONDITIONS.values())
+    assert len(loaded) == 3  # baseline, +SFT, +SFT+L_focus each start from a fresh copy (beta reuses L_focus's)
+    assert not any("lora" in name for name, _ in loaded[0].named_parameters())  # the baseline stays untouched
+    for row in rows:
+        assert all(0.0 <= row[f"{name} accuracy"] <= 1.0 for name in TRAIN_EVAL_SETS)
+    assert section.numbers["settings compared"] == 4

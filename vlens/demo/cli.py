@@ -19,7 +19,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes: well under 5 minutes on 2 CPU cores (about 35 s with the embedded model)")
     parser.add_argument("--train", action="store_true",
                         help="measure the interventions table here (small LoRA SFT study) instead of reading it")
-    parser.add_argument("--train-steps", type=int, default=30, help="LoRA steps per SFT arm with --train (default 30)")
+    parser.add_argument("--train-images", type=int, default=16,
+                        help="with --train: SynDot and SynPoly counting images (each) to fine-tune on (default 16)")
     parser.add_argument("--interventions", default=None, metavar="FILE",
                         help="stored interventions JSON (default: interventions.json in the model folder)")
     parser.add_argument("--threads", type=int, default=1,
@@ -38,7 +39,7 @@ def run_demo_cli(args: argparse.Namespace) -> int:
     try:
         outcome = run_demo(args.model, args.out, quick=args.quick, train=args.train,
                            interventions_file=args.interventions, progress=not args.quiet, threads=args.threads,
-                           train_steps=args.train_steps)
+                           train_images=args.train_images)
     except (FileNotFoundError, ValueError) as err:
         print(f"vlens demo: error: {err}", file=sys.stderr)
         return 2

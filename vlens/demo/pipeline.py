@@ -75,7 +75,7 @@ class _Stages:
 def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", quick: bool = False,
              train: bool = False, interventions_file: str | Path | None = None,
              settings: DemoSettings | None = None, progress: bool = True, threads: int | None = None,
-             train_steps: int = 30) -> DemoOutcome:
+             train_images: int = 16) -> DemoOutcome:
     """Run every stage and write `report.html` + `results.json` into `out_dir`.
 
     Args:
@@ -103,8 +103,8 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
     stored = Path(interventions_file) if interventions_file is not None else None
     if stored is not None and not stored.is_file():
         raise FileNotFoundError(f"--interventions {stored}: no such file")
-    if train and train_steps < 1:
-        raise ValueError(f"--train-steps must be >= 1, got {train_steps}")
+    if train and train_images < 1:
+        raise ValueError(f"--train-images must be >= 1, got {train_images}")
     if train and not isinstance(model, str):
         raise ValueError("--train needs a model name or path (each SFT arm reloads the model)")
     if threads is not None:
@@ -133,11 +133,9 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
         sections.append(ablation)
         sections += stages.run("representation geometry", geometry_sections, hooked, samples, settings)
     if train:
-        if ablation.status != "ok":
-            raise ValueError(f"--train needs the ablation study for the head temperature: {ablation.reason}")
         section = stages.run("interventions (training)", train_interventions_section,
-                             lambda: load_model_arg(model_arg), samples, settings, ablation.data,
-                             sft_steps=train_steps, progress=progress)
+                             lambda: load_model_arg(model_arg), settings, train_images, progress=progress,
+                             model_name=name)
     else:
         section = stages.run("interventions table", interventions_section, folder, stored)
     sections.append(section)
