@@ -109,3 +109,24 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     latest = latest_checkpoint(tmp_path)
     assert latest.name == "step-000001"
     assert all(torch.isfinite(t).all() for t in load_file(str(latest / "lora.safetensors")).values())
+
+
+def test_answer_queries_two_image_rows_and_bf16_autocast(tmp_path):
+    from vlens.training.data import SFTExample
+
+    a, b = render_syndot(2, seed=1, size=84), render_synpoly(3, seed=2, size=56)
+    example = SFTExample(
+        [a[0], b[0]],
+        "How many dots are there?",
+        "5",
+        [example_from_sample(*a).objects[0], example_from_sample(*b).objects[0]],
+    )
+    model = _model()
+    batch = collate(model, [example, _examples(1)[0]])
+    regions = batch.inputs.regions
+    assert len(regions.images[0]) == 2
+    for positions in regions.images[0]:  # both images of the row carry part of g
+        assert batch.prior.weights[0, positions].sum() > 0.1
+    config = _config(focus_query="answer", bf16=True, max_steps=1)
+    result = train_sft(model, [example] + _examples(3), config, tmp_path, progress=False)
+    assert result.steps == 1 and result.final_focus_loss > 0
