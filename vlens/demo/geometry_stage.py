@@ -64,6 +64,7 @@ def geometry_sections(model, samples: list[CountingSample], settings: DemoSettin
                                                 for layer in layers}
         figure = representation_geometry_figure(residuals, counts, layers=shown, method=method, seed=settings.seed,
                                                 title=f"Final-position residual, {method.upper()} per layer")
+        figure.update_layout(width=1000)  # fit the report's column (the default grows with the panel count)
         sections.append(Section(key=f"geometry_{method}", title=title, explanation=explanation, figure=figure,
                                 numbers=numbers, data=data))
     return sections
