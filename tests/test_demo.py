@@ -298,3 +298,11 @@ def test_train_measures_all_four_conditions_from_fresh_copies():
     for row in rows:
         assert all(0.0 <= row[f"{name} accuracy"] <= 1.0 for name in TRAIN_EVAL_SETS)
     assert section.numbers["settings compared"] == 4
+
+
+@pytest.mark.skipif(EMBEDDED, reason="the embedded model is present")
+def test_cli_says_how_to_get_the_embedded_model_when_it_is_missing(tmp_path, capsys):
+    from vlens.cli import main
+
+    assert main(["demo", "--quick", "--out", str(tmp_path), "--quiet"]) == 2
+    assert "vlens zoo train" in capsys.readouterr().err
