@@ -65,7 +65,7 @@ def add_cli(subparsers) -> None:
     )
     study.add_argument("--n-eval", type=int, default=100, help="evaluation examples per set")
     study.add_argument("--epochs", type=int, default=1)
-    study.add_argument("--lr", type=float, default=2e-4)
+    study.add_argument("--lr", type=float, default=1e-3)
     study.add_argument("--lora-rank", type=int, default=64)
     study.add_argument("--top-k-heads", type=int, default=4)
     study.add_argument("--alpha", type=float, default=1.2)

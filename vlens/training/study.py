@@ -6,14 +6,15 @@ distribution), SynDot / SynPoly counting (in distribution) and the other task su
 (colour, shape, spatial, arithmetic, existence: the "general reasoning" side).
 
 Scaled down so it runs in minutes on a CPU (the paper: 8,000 images, 2 epochs, lr 2e-5,
-LoRA 64, a 7B model on a GPU). Our defaults: 150 + 150 images, 1 epoch, lr 2e-4 (a few
-hundred LoRA steps at 2e-5 barely move the adapters), LoRA rank 64 (d_model is 128 on the
-embedded model, so this is near full rank), batch 2, lambda 1, focus layers: the paper's
-mapped to the depth (`default_focus_layers`). beta: importance = mean-ablation answer log-prob
-drop per head on held-out SynDot + SynPoly counting, measured on the +SFT+L_focus model (the
-model it is applied to), top-4 heads, alpha 1.2, gamma normalised by the largest (see
-`vlens.interventions.temperature`). Seeds of every data split are disjoint from each other
-and from the embedded model's training and held-out seeds.
+LoRA 64, a 7B model on a GPU). Our defaults: 200 + 200 images, 1 epoch, lr 1e-3 (the embedded
+model was trained from scratch at 2e-3; LoRA at 2e-4 for 30 steps left every answer of an
+early checkpoint unchanged, at 2e-5 a few hundred steps barely move the adapters), LoRA rank 64
+(d_model is 128 on the embedded model, so this is near full rank), batch 2, lambda 1, focus
+layers: the paper's mapped to the depth (`default_focus_layers`: 0 and 2 of 4). beta: importance
+= mean-ablation answer log-prob drop per head on held-out SynDot + SynPoly counting, measured on
+the +SFT+L_focus model (the model it is applied to), top-4 heads, alpha 1.2, gamma normalised by
+the largest, beta floored at 1 (see `vlens.interventions.temperature`). Seeds of every data
+split are disjoint from each other and from the embedded model's training and held-out seeds.
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ class StudySettings:
     """Scaled-down settings (see the module docstring for the paper's)."""
 
     seeds: list[int] = field(default_factory=lambda: [0])
-    n_train_per_style: int = 150
+    n_train_per_style: int = 200
     epochs: int = 1
-    learning_rate: float = 2e-4
+    learning_rate: float = 1e-3
     lora_rank: int = 64
     batch_size: int = 2
     grad_accum: int = 1
