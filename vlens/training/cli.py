@@ -61,7 +61,7 @@ def add_cli(subparsers) -> None:
     study.add_argument("--out", required=True, type=Path)
     study.add_argument("--seeds", type=int, nargs="+", default=[0])
     study.add_argument(
-        "--n-train", type=int, default=150, help="fine-tuning images per style (SynDot, SynPoly)"
+        "--n-train", type=int, default=200, help="fine-tuning images per style (SynDot, SynPoly)"
     )
     study.add_argument("--n-eval", type=int, default=100, help="evaluation examples per set")
     study.add_argument("--epochs", type=int, default=1)
