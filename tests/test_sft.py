@@ -130,3 +130,26 @@ def test_answer_queries_two_image_rows_and_bf16_autocast(tmp_path):
     config = _config(focus_query="answer", bf16=True, max_steps=1)
     result = train_sft(model, [example] + _examples(3), config, tmp_path, progress=False)
     assert result.steps == 1 and result.final_focus_loss > 0
+
+
+def test_one_focus_step_on_the_other_families(tmp_path):
+    import vlens.testing as vt
+
+    builders = {
+        "qwen3_vl": ("tiny_qwen3_vl_model", "tiny_qwen3_vl_processor"),
+        "llava": ("tiny_llava_model", "tiny_llava_processor"),
+    }
+    ran = 0
+    for family, (model_builder, processor_builder) in builders.items():
+        if not hasattr(vt, model_builder):
+            continue
+        model = HookedVLM.from_hf(getattr(vt, model_builder)(), getattr(vt, processor_builder)())
+        batch = collate(model, _examples(2))
+        assert batch.prior.valid.all()
+        labelled = batch.labels[0][batch.labels[0] != IGNORE_INDEX].tolist()
+        assert labelled[-1] == model.tokenizer.eos_token_id and len(labelled) == 2
+        result = train_sft(model, _examples(2), _config(max_steps=1), tmp_path / family, progress=False)
+        assert result.steps == 1 and result.final_focus_loss > 0
+        ran += 1
+    if not ran:
+        pytest.skip("no Qwen3-VL / LLaVA test builders in vlens.testing")

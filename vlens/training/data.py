@@ -79,17 +79,30 @@ def _chat_prompt(model, question: str, n_images: int) -> str:
     return _chat_text(model, question, n_images)
 
 
-def answer_ids(model, answer: str) -> list[int]:
-    """Answer tokens followed by the end-of-turn token (tokenizer.eos_token)."""
+def answer_ids(model, prompt: str, answer: str) -> list[int]:
+    """The ids the answer and the end-of-turn token (tokenizer.eos_token) get *after this prompt*.
+
+    Tokenised in context (prompt + answer + eos minus the prompt's own ids), so tokenizers
+    that mark word starts (SentencePiece's "5" vs "▁5") give the ids the model generates.
+    """
     tokenizer = model.tokenizer
-    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
-    if not ids:
-        raise ValueError(f"answer {answer!r} is empty after tokenisation")
+    if tokenizer.eos_token is None:
+        raise ValueError("the tokenizer has no eos_token: set one so answers can be closed")
+    if not answer.strip():
+        raise ValueError("an answer is empty: every example needs a non-empty answer")
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    full_ids = tokenizer(prompt + answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    if full_ids[: len(prompt_ids)] != prompt_ids:
+        raise ValueError(
+            f"the answer {answer!r} merges with the end of the prompt when tokenised; start the answer "
+            "with a separator the tokenizer keeps apart (e.g. a space)"
+        )
+    ids = full_ids[len(prompt_ids) :]
+    if len(ids) < 2 or ids[-1] != tokenizer.eos_token_id:
+        raise ValueError(f"the answer {answer!r} did not tokenise to answer tokens + eos ({ids})")
     if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in ids:
         raise ValueError(f"answer {answer!r} has words outside the model's vocabulary ({ids})")
-    if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no eos_token: set one so answers can be closed")
-    return ids + [tokenizer.eos_token_id]
+    return ids
 
 
 def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prior: bool = True) -> SFTBatch:
@@ -99,11 +112,9 @@ def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prio
     tokenizer = model.tokenizer
     texts, answers = [], []
     for example in examples:
-        ids = answer_ids(model, example.answer)
-        answers.append(ids)
-        texts.append(
-            _chat_prompt(model, example.question, len(example.images)) + example.answer + tokenizer.eos_token
-        )
+        prompt = _chat_prompt(model, example.question, len(example.images))
+        answers.append(answer_ids(model, prompt, example.answer))
+        texts.append(prompt + example.answer + tokenizer.eos_token)
     images = [list(example.images) if example.images else None for example in examples]
     inputs = model.prepare(images=images, prompts=texts, chat=False)
     labels = torch.full_like(inputs.input_ids, IGNORE_INDEX)
@@ -113,8 +124,8 @@ def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prio
         tail = inputs.input_ids[row, seq - len(ids) :].tolist()
         if tail != ids:
             raise ValueError(
-                f"the answer {examples[row].answer!r} does not tokenise to the same ids after the prompt "
-                f"({tail} vs {ids}); the tokenizer merges across the prompt/answer boundary"
+                f"the answer {examples[row].answer!r} ends the processed sequence as {tail}, not {ids}: the "
+                "processor tokenises differently from its tokenizer"
             )
         labels[row, seq - len(ids) :] = torch.tensor(ids)
     prompt_final = torch.tensor(
