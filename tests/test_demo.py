@@ -105,8 +105,20 @@ def test_numbers_agree_with_the_data_behind_them(demo_run):
     rate = torch.tensor(vap["data"]["overwrite_rate"])
     assert rate.shape == (results["model"]["n_layers"], 4)
     assert vap["numbers"]["image: max rate"] == pytest.approx(float(rate[:, 0].max()))
+    # Patching every position at layer 0 turns the clean run into the corrupt run: the overwrite rate there
+    # is exactly the share of pairs with both runs correct.
+    baseline = vap["data"]["baseline"]
+    both = [a and b for a, b in zip(baseline["clean_correct"], baseline["corrupt_correct"], strict=True)]
+    assert float(rate[0, 3]) == pytest.approx(sum(both) / len(both), abs=1e-6)
     model = results["model"]
     assert len(sections["vap_layer_head"]["data"]["patch_effect"]) == model["n_layers"]
+
+    # Greedy generation's first token is the last layer's top token, so the logit lens's final-layer top-1
+    # agrees example by example with "the answer starts with the true count" (same images, same batches).
+    if sections["logit_lens"]["status"] == "ok":
+        last_ranks = sections["logit_lens"]["data"]["ranks"][-1]
+        starts_right = [(p["output"].split() or [""])[0] == str(p["target"]) for p in predictions]
+        assert [rank == 1 for rank in last_ranks] == starts_right
 
     geometry = sections["geometry_pca"]
     assert len(geometry["data"]["alignment_per_layer"]) == model["n_layers"]

@@ -7,8 +7,8 @@ from vlens.demo.settings import DemoSettings
 
 VAP_TITLE = "VAP: overwrite rate per layer and region"
 VAP_EXPLANATION = ("Patch the corrupt image's residual (entering each layer) into the clean run at the image, text, "
-                   "final or all positions; the overwrite rate is the share of correct clean runs that now give the "
-                   "corrupt count.")
+                   "final or all positions; the overwrite rate is the share of pairs whose correct clean answer now "
+                   "becomes the corrupt count.")
 HEADS_TITLE = "VAP: layer x head sweep"
 HEADS_EXPLANATION = ("Patch one head's output (hook_z, all positions) from the corrupt run; the patch effect is the "
                      "move of the logit difference toward the corrupt run (1 = fully corrupt, 0 = unchanged).")
