@@ -318,3 +318,32 @@ def test_cli_says_how_to_get_the_embedded_model_when_it_is_missing(tmp_path, cap
 
     assert main(["demo", "--quick", "--out", str(tmp_path), "--quiet"]) == 2
     assert "vlens zoo train" in capsys.readouterr().err
+
+
+def test_final_position_readouts_match_the_cache_by_hand(qwen_pair):
+    from vlens.data import render_syndot
+    from vlens.demo.attention_stage import final_to_image_attention, image_attention_share
+    from vlens.demo.data_stage import CountingSample
+    from vlens.demo.geometry_stage import final_residuals
+
+    _, model = qwen_pair("qwen2_5_vl")
+    samples = []
+    for count, seed, question in ((2, 0, "How many dots are there?"), (5, 1, "Count the dots.")):
+        image, record = render_syndot(count=count, seed=seed, size=168)
+        samples.append(CountingSample(image, question, count, record))
+    inputs = model.prepare(images=[s.image for s in samples], prompts=[s.question for s in samples], chat=True)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(inputs)
+    maps = final_to_image_attention(model, inputs)  # [batch, L, H, n_image]
+    residuals = final_residuals(model, samples, batch_size=2)  # [L, batch, d_model]
+    for row in range(2):
+        final, image = int(inputs.regions.final[row]), inputs.regions.image[row]
+        for layer in range(model.cfg.n_layers):
+            pattern = cache[f"blocks.{layer}.attn.hook_pattern"][row]
+            assert torch.allclose(maps[row, layer], pattern[:, final, image])
+            resid = cache[f"blocks.{layer}.hook_resid_post"][row, final]
+            assert torch.allclose(residuals[layer, row], resid, atol=1e-5)
+    share = image_attention_share(model, samples, batch_size=1)  # one image per batch: no padding
+    alone = [final_to_image_attention(model, model.prepare(images=[s.image], prompts=[s.question], chat=True))[0]
+             for s in samples]
+    assert torch.allclose(share, (alone[0].sum(-1) + alone[1].sum(-1)) / 2, atol=1e-6)
