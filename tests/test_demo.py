@@ -24,7 +24,7 @@ from vlens.demo.settings import DemoSettings
 
 CHROMIUM = Path("/usr/bin/chromium")
 SECTION_KEYS = [
-    "model", "data", "counting_accuracy", "confusion_matrix", "attention_share", "attention_image",
+    "model", "key_numbers", "data", "counting_accuracy", "confusion_matrix", "attention_share", "attention_image",
     "attention_circuitsvis", "vap_layer_region", "vap_layer_head", "logit_lens", "headlens", "ablation_jaccard",
     "geometry_pca", "geometry_tsne", "interventions",
 ]
@@ -347,3 +347,18 @@ def test_final_position_readouts_match_the_cache_by_hand(qwen_pair):
     alone = [final_to_image_attention(model, model.prepare(images=[s.image], prompts=[s.question], chat=True))[0]
              for s in samples]
     assert torch.allclose(share, (alone[0].sum(-1) + alone[1].sum(-1)) / 2, atol=1e-6)
+
+
+def test_key_numbers_copy_headlines_and_leave_out_skipped_stages():
+    from vlens.demo.report_sections import key_numbers_section
+
+    sections = [
+        Section("counting_accuracy", "Counting", "x", numbers={"accuracy": 0.75, "MAE": 0.3}),
+        Section.skipped("logit_lens", "Lens", "x", "no tokens"),
+        Section("geometry_pca", "PCA", "x", numbers={"most count-ordered layer": 2}),
+    ]
+    section = key_numbers_section(sections)
+    assert section.numbers == {"Counting: accuracy": 0.75, "PCA: most count-ordered layer": 2}
+    assert [row["value"] for row in section.table] == [0.75, 2]
+    assert section.data["source_sections"] == {"Counting: accuracy": "counting_accuracy",
+                                               "PCA: most count-ordered layer": "geometry_pca"}

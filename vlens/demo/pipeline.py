@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from vlens.demo.report_sections import Section, write_outputs
+from vlens.demo.report_sections import Section, key_numbers_section, write_outputs
 from vlens.demo.settings import DemoSettings
 
 REPORT_TITLE = "vlens demo: the counting circuit"
@@ -139,6 +139,7 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
     else:
         section = stages.run("interventions table", interventions_section, folder, stored)
     sections.append(section)
+    sections.insert(1, key_numbers_section(sections))
 
     intro = (f"Model: {summary['summary']}. Settings: {'quick' if quick else 'full'} "
              f"({settings.n_count_images} counting images, {settings.n_pairs} pairs, "

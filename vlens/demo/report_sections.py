@@ -121,3 +121,39 @@ def write_outputs(sections: list[Section], out_dir: str | Path, title: str, intr
     document = results_document(sections, model, settings, timings)
     results_path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return report_path, results_path
+
+
+# (section key, headline number) picked for the summary at the top of the report
+KEY_NUMBERS: tuple[tuple[str, str], ...] = (
+    ("counting_accuracy", "accuracy"),
+    ("counting_accuracy", "subitizing limit (acc >= 0.8)"),
+    ("attention_share", "top head"),
+    ("vap_layer_region", "image: max rate"),
+    ("vap_layer_region", "image: at layer"),
+    ("vap_layer_region", "final: at layer"),
+    ("logit_lens", "first layer with median rank 1"),
+    ("ablation_jaccard", "mean off-diagonal Jaccard"),
+    ("geometry_pca", "most count-ordered layer"),
+)
+
+
+def key_numbers_section(sections: list[Section]) -> Section:
+    """A table of one headline number per stage (copied from the sections it names)."""
+    by_key = {s.key: s for s in sections}
+    rows, numbers, sources = [], {}, {}
+    for key, name in KEY_NUMBERS:
+        section = by_key.get(key)
+        if section is None or section.status != "ok" or name not in section.numbers:
+            continue
+        label = f"{section.title}: {name}"
+        rows.append({"section": section.title, "number": name, "value": jsonable(section.numbers[name])})
+        numbers[label] = section.numbers[name]
+        sources[label] = key
+    return Section(
+        key="key_numbers",
+        title="Key numbers at a glance",
+        explanation="One headline number from each stage below (each is explained in its own section).",
+        table=rows or [{"section": "-", "number": "no stage produced numbers", "value": None}],
+        numbers=numbers,
+        data={"source_sections": sources},
+    )
