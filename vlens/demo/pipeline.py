@@ -80,10 +80,13 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
 
     Args:
         model: "tiny" (the embedded model), "random-tiny", a model folder / hub id, or a HookedVLM.
-        quick: use `DemoSettings.quick()` (about two minutes on 2 CPU cores) unless `settings` is given.
+        quick: use `DemoSettings.quick()` (well under 5 minutes on 2 CPU cores; about 35 s with the
+            embedded model) unless `settings` is given.
         train: measure the interventions table here (LoRA SFT, L_focus, head temperature) instead of
-            reading the stored one.
-        interventions_file: a stored interventions JSON to show (default: `interventions.json` in the model folder).
+            reading the stored one (`vlens.training.study.run_study` with `train_images` SynDot + SynPoly
+            counting images per style).
+        interventions_file: a stored interventions JSON to show (default: `interventions.json` or
+            `study.json` in the model folder).
         progress: stage lines and progress bars on stderr.
         threads: torch CPU threads (None: leave as is).
     """

@@ -43,7 +43,7 @@ class DemoSettings:
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        """Small enough for about two minutes on 2 CPU cores with the embedded model."""
+        """Small enough for well under 5 minutes on 2 CPU cores (about 35 s with the embedded model)."""
         return cls(
             n_count_images=96,
             counts=(1, 2, 3, 4, 5, 6, 7, 8),
