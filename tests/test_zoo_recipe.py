@@ -119,3 +119,39 @@ def test_learning_rate_warms_up_then_decays():
     rates = [learning_rate_at(step, settings) for step in range(100)]
     assert rates[0] == pytest.approx(0.1) and rates[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(rates[9:], rates[10:], strict=False)) and rates[-1] >= 0.05
+
+
+def test_a_second_stage_continues_the_folder_and_the_card_lists_both(smoke_run, tmp_path):
+    first, _ = smoke_run
+    argv = [
+        "zoo",
+        "train",
+        "--out",
+        str(tmp_path),
+        "--seed",
+        "4",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--examples",
+        "8",
+        "--warmup",
+        "1",
+        "--held-out",
+        "1",
+        "--threads",
+        "1",
+        "--quiet",
+        "--init-from",
+        str(first),
+    ]
+    threads = torch.get_num_threads()
+    try:
+        assert main(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    card = (tmp_path / "MODEL_CARD.md").read_text()
+    assert "stage 1 (from scratch): seed 3, 20 steps" in card
+    assert "stage 2 (continuing stage 1): seed 4, 2 steps" in card
+    assert "--init-from stage1" in card

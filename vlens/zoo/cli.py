@@ -18,6 +18,7 @@ def _train(args: argparse.Namespace) -> int:
         threads=args.threads,
         held_out_per_source=args.held_out,
         checkpoint_every=args.checkpoint_every,
+        init_from=args.init_from,
         train=TrainSettings(
             steps=args.steps,
             batch_size=args.batch_size,
@@ -71,6 +72,7 @@ def add_cli(subparsers) -> None:
     train.add_argument("--held-out", type=int, default=300, help="held-out samples per source")
     train.add_argument("--log-every", type=int, default=defaults.log_every, help="log every N steps")
     train.add_argument("--checkpoint-every", type=int, default=0, help="refresh the folder every N steps")
+    train.add_argument("--init-from", default=None, help="continue training a folder this command wrote")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=_train)
 

@@ -35,15 +35,46 @@ def _count_table(per_count: dict) -> list[str]:
     return lines
 
 
+def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
+    command = (
+        f"vlens zoo train --out {out} --seed {stage['seed']} --steps {stage['steps']} "
+        f"--batch-size {stage['batch_size']} --lr {stage['learning_rate']} --warmup {stage['warmup_steps']} "
+        f"--examples {stage['n_examples']} --threads {stage['threads']}"
+    )
+    return command + (f" --init-from {init_from}" if init_from else "")
+
+
+def _training_lines(summary: dict) -> list[str]:
+    """One line per training stage (a continued model lists its earlier stages first) and
+    the commands that reproduce them."""
+    current = {**summary["training"], "n_examples": summary["data"]["n_examples"]}
+    stages = [*summary.get("previous_stages", []), current]
+    lines = []
+    for index, stage in enumerate(stages, start=1):
+        start = "from scratch" if index == 1 else "continuing stage " + str(index - 1)
+        lines.append(
+            f"- stage {index} ({start}): seed {stage['seed']}, {stage['steps']} steps of batch {stage['batch_size']} "
+            f"on {stage['n_examples']:,} examples, AdamW lr {stage['learning_rate']} ({stage['warmup_steps']} warm-up "
+            f"steps, cosine decay), {stage['threads']} torch thread(s), {stage['wall_time_s'] / 60:.1f} min"
+        )
+    total_minutes = sum(stage["wall_time_s"] for stage in stages) / 60
+    lines += [
+        f"- loss on answer tokens only; total training wall time {total_minutes:.1f} min on a shared 2-core CPU; "
+        f"final smoothed loss {current['final_loss']:.4f}",
+        "- reproduce (deterministic for a given seed and thread count):",
+        "```",
+    ]
+    for index, stage in enumerate(stages, start=1):
+        out = "DIR" if index == len(stages) else f"stage{index}"
+        lines.append(_stage_command(stage, out, f"stage{index - 1}" if index > 1 else None))
+    lines.append("```")
+    return lines
+
+
 def render_model_card(summary: dict) -> str:
     """Markdown text from the recipe's summary dict (keys: config, parameters, data,
-    training, evaluation, status)."""
-    config, training, evaluation, data = (
-        summary["config"],
-        summary["training"],
-        summary["evaluation"],
-        summary["data"],
-    )
+    training, evaluation, status, previous_stages)."""
+    config, evaluation, data = summary["config"], summary["evaluation"], summary["data"]
     lines = [
         "# tiny-qwen2.5-vl: vlens's embedded model",
         "",
@@ -85,14 +116,7 @@ def render_model_card(summary: dict) -> str:
         "  (counting sources cycle through counts 1-10 evenly)",
         "",
         "## Training",
-        f"- seed {training['seed']}, {training['steps']} steps of batch {training['batch_size']}, AdamW lr "
-        f"{training['learning_rate']} ({training['warmup_steps']} warm-up steps, cosine decay), loss on answer tokens only",
-        f"- torch threads: {training['threads']}; wall time {training['wall_time_s'] / 60:.1f} min "
-        f"(training loop) on a shared 2-core CPU; final smoothed loss {training['final_loss']:.4f}",
-        f"- reproduce: `vlens zoo train --out DIR --seed {training['seed']} --steps {training['steps']} "
-        f"--batch-size {training['batch_size']} --lr {training['learning_rate']} --warmup {training['warmup_steps']} "
-        f"--examples {data['n_examples']} --threads {training['threads']}` (deterministic for a given seed and "
-        "thread count)",
+        *_training_lines(summary),
         "",
         "## Held-out accuracy (greedy generation, exact match)",
         *_accuracy_table(evaluation["per_task"]),

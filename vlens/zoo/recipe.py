@@ -41,6 +41,7 @@ class RecipeSettings:
     held_out_per_source: int = 300
     checkpoint_every: int = 0  # steps; 0: no intermediate checkpoints
     checkpoint_held_out_per_source: int = 40
+    init_from: str | None = None  # continue from a trained folder (a second stage) instead of scratch
     train: TrainSettings = field(default_factory=TrainSettings)
 
 
@@ -50,6 +51,28 @@ def build_untrained(seed: int):
     processor = assemble_processor(tokenizer, build_image_processor())
     model = arch.build_model(arch.build_config(tokenizer), seed)
     return tokenizer, processor, model
+
+
+def load_for_continuation(folder: str | Path):
+    """(tokenizer, processor, model) of a folder the recipe wrote, to train it further.
+
+    Raises ValueError if its vocabulary is not the recipe's current one (token ids would
+    no longer match the data)."""
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = build_tokenizer(vocabulary_words())
+    if AutoTokenizer.from_pretrained(folder).get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"{folder}: its tokenizer differs from the recipe's vocabulary; cannot continue it")
+    processor = assemble_processor(tokenizer, build_image_processor())
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    return tokenizer, processor, model
+
+
+def previous_stages(folder: str | Path) -> list[dict]:
+    """Training stages (each a summary "training" dict with n_examples) behind a folder."""
+    summary = json.loads((Path(folder) / "evaluation.json").read_text())
+    stage = {**summary["training"], "n_examples": summary["data"]["n_examples"]}
+    return [*summary.get("previous_stages", []), stage]
 
 
 def save_model_folder(model, processor, folder: str | Path) -> None:
@@ -108,10 +131,12 @@ def _summary(
             "learning_rate": settings.train.learning_rate,
             "warmup_steps": settings.train.warmup_steps,
             "threads": settings.threads,
+            "init_from": settings.init_from,
             "wall_time_s": training["wall_time_s"],
             "final_loss": training["final_loss"] if training["final_loss"] is not None else float("nan"),
         },
         "evaluation": evaluation,
+        "previous_stages": previous_stages(settings.init_from) if settings.init_from else [],
     }
 
 
@@ -131,7 +156,10 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads)
     settings.train.seed = settings.seed
-    tokenizer, processor, model = build_untrained(settings.seed)
+    if settings.init_from:
+        tokenizer, processor, model = load_for_continuation(settings.init_from)
+    else:
+        tokenizer, processor, model = build_untrained(settings.seed)
     rendered = render_training_set(processor, settings.n_examples, settings.seed, progress=progress)
     log_path = out / TRAINING_LOG
     log_path.unlink(missing_ok=True)
