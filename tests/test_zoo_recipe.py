@@ -12,7 +12,7 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 from vlens.cli import main
 from vlens.zoo.recipe import build_untrained
 from vlens.zoo.train import TrainSettings, learning_rate_at, train_model
-from vlens.zoo.training_set import held_out_samples, render_training_set, training_sources
+from vlens.zoo.training_set import held_out_samples, parse_mix, render_training_set, training_sources
 
 
 @pytest.fixture(scope="module")
@@ -20,29 +20,8 @@ def smoke_run(tmp_path_factory):
     """`vlens zoo train` for 20 steps on 32 examples (the recipe's CI check)."""
     out = tmp_path_factory.mktemp("zoo_smoke")
     threads = torch.get_num_threads()
-    argv = [
-        "zoo",
-        "train",
-        "--out",
-        str(out),
-        "--seed",
-        "3",
-        "--steps",
-        "20",
-        "--batch-size",
-        "4",
-        "--examples",
-        "32",
-        "--warmup",
-        "5",
-        "--held-out",
-        "1",
-        "--log-every",
-        "1",
-        "--threads",
-        "1",
-        "--quiet",
-    ]
+    options = "--seed 3 --steps 20 --batch-size 4 --examples 32 --warmup 5 --held-out 1 --log-every 1"
+    argv = ["zoo", "train", "--out", str(out), *options.split(), "--threads", "1", "--quiet"]
     try:
         assert main(argv) == 0
     finally:
@@ -123,29 +102,9 @@ def test_learning_rate_warms_up_then_decays():
 
 def test_a_second_stage_continues_the_folder_and_the_card_lists_both(smoke_run, tmp_path):
     first, _ = smoke_run
-    argv = [
-        "zoo",
-        "train",
-        "--out",
-        str(tmp_path),
-        "--seed",
-        "4",
-        "--steps",
-        "2",
-        "--batch-size",
-        "2",
-        "--examples",
-        "8",
-        "--warmup",
-        "1",
-        "--held-out",
-        "1",
-        "--threads",
-        "1",
-        "--quiet",
-        "--init-from",
-        str(first),
-    ]
+    options = "--seed 4 --steps 2 --batch-size 2 --examples 8 --warmup 1 --held-out 1 --threads 1 --quiet"
+    argv = ["zoo", "train", "--out", str(tmp_path), *options.split(), "--init-from", str(first)]
+    argv += ["--mix", "colour=1,shape=1"]
     threads = torch.get_num_threads()
     try:
         assert main(argv) == 0
@@ -154,4 +113,12 @@ def test_a_second_stage_continues_the_folder_and_the_card_lists_both(smoke_run, 
     card = (tmp_path / "MODEL_CARD.md").read_text()
     assert "stage 1 (from scratch): seed 3, 20 steps" in card
     assert "stage 2 (continuing stage 1): seed 4, 2 steps" in card
-    assert "--init-from stage1" in card
+    assert "--init-from stage1" in card and "--mix colour=0.5,shape=0.5" in card
+
+
+def test_mix_parsing_and_weights():
+    assert parse_mix("colour=2, shape=1") == {"colour": 2.0, "shape": 1.0}
+    with pytest.raises(ValueError, match="bad mix entry"):
+        parse_mix("zebras=1")
+    picks = [name for name, _ in training_sources(400, seed=0, mix={"colour": 3.0, "shape": 1.0})]
+    assert set(picks) == {"colour", "shape"} and picks.count("colour") > 2 * picks.count("shape")

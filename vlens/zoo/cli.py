@@ -11,6 +11,7 @@ from vlens.zoo.train import TrainSettings
 
 def _train(args: argparse.Namespace) -> int:
     from vlens.zoo.recipe import RecipeSettings, run_recipe
+    from vlens.zoo.training_set import parse_mix
 
     settings = RecipeSettings(
         seed=args.seed,
@@ -19,6 +20,7 @@ def _train(args: argparse.Namespace) -> int:
         held_out_per_source=args.held_out,
         checkpoint_every=args.checkpoint_every,
         init_from=args.init_from,
+        mix=parse_mix(args.mix) if args.mix else None,
         train=TrainSettings(
             steps=args.steps,
             batch_size=args.batch_size,
@@ -72,6 +74,9 @@ def add_cli(subparsers) -> None:
     train.add_argument("--held-out", type=int, default=300, help="held-out samples per source")
     train.add_argument("--log-every", type=int, default=defaults.log_every, help="log every N steps")
     train.add_argument("--checkpoint-every", type=int, default=0, help="refresh the folder every N steps")
+    train.add_argument(
+        "--mix", default=None, help="source weights, e.g. colour=0.2,shape=0.2 (default: recipe mix)"
+    )
     train.add_argument("--init-from", default=None, help="continue training a folder this command wrote")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=_train)

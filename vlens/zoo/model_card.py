@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vlens.zoo.training_set import TRAINING_MIX
+
 # Held-out accuracy targets of issue 5 (SynReal-lite counting is reported, not targeted).
 TARGETS: dict[str, float] = {
     "counting/syndot": 0.95,
@@ -35,19 +37,32 @@ def _count_table(per_count: dict) -> list[str]:
     return lines
 
 
+def _is_default_mix(mix: dict[str, float]) -> bool:
+    total = sum(TRAINING_MIX.values())
+    return mix.keys() == TRAINING_MIX.keys() and all(
+        abs(mix[name] - weight / total) < 1e-9 for name, weight in TRAINING_MIX.items()
+    )
+
+
 def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
     command = (
         f"vlens zoo train --out {out} --seed {stage['seed']} --steps {stage['steps']} "
         f"--batch-size {stage['batch_size']} --lr {stage['learning_rate']} --warmup {stage['warmup_steps']} "
         f"--examples {stage['n_examples']} --threads {stage['threads']}"
     )
+    if stage.get("mix") is not None and not _is_default_mix(stage["mix"]):
+        command += " --mix " + ",".join(f"{name}={share:.4g}" for name, share in stage["mix"].items())
     return command + (f" --init-from {init_from}" if init_from else "")
 
 
 def _training_lines(summary: dict) -> list[str]:
     """One line per training stage (a continued model lists its earlier stages first) and
     the commands that reproduce them."""
-    current = {**summary["training"], "n_examples": summary["data"]["n_examples"]}
+    current = {
+        **summary["training"],
+        "n_examples": summary["data"]["n_examples"],
+        "mix": summary["data"]["mix"],
+    }
     stages = [*summary.get("previous_stages", []), current]
     lines = []
     for index, stage in enumerate(stages, start=1):
@@ -108,7 +123,7 @@ def render_model_card(summary: dict) -> str:
         f"- tokenizer: word level, {config['vocab_size']} tokens (Qwen special tokens, task-suite words, numbers 0-20)",
         "",
         "## Data",
-        f"- {data['n_examples']:,} pre-rendered training examples, mix: "
+        f"- {data['n_examples']:,} pre-rendered training examples (last stage), mix: "
         + ", ".join(f"{name} {share:.0%}" for name, share in data["mix"].items()),
         "- variety: image sizes 140-280 px before the resize, SynDot radius range widened, and an independent",
         "  dot renderer (radius, antialiasing, ink and paper tone, canvas size) so counting does not rely on one renderer",

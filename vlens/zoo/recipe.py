@@ -41,6 +41,7 @@ class RecipeSettings:
     held_out_per_source: int = 300
     checkpoint_every: int = 0  # steps; 0: no intermediate checkpoints
     checkpoint_held_out_per_source: int = 40
+    mix: dict[str, float] | None = None  # source weights; default TRAINING_MIX
     init_from: str | None = None  # continue from a trained folder (a second stage) instead of scratch
     train: TrainSettings = field(default_factory=TrainSettings)
 
@@ -71,7 +72,11 @@ def load_for_continuation(folder: str | Path):
 def previous_stages(folder: str | Path) -> list[dict]:
     """Training stages (each a summary "training" dict with n_examples) behind a folder."""
     summary = json.loads((Path(folder) / "evaluation.json").read_text())
-    stage = {**summary["training"], "n_examples": summary["data"]["n_examples"]}
+    stage = {
+        **summary["training"],
+        "n_examples": summary["data"]["n_examples"],
+        "mix": summary["data"]["mix"],
+    }
     return [*summary.get("previous_stages", []), stage]
 
 
@@ -111,6 +116,11 @@ def describe_config(model, tokenizer) -> dict:
     }
 
 
+def _normalised(mix: dict[str, float]) -> dict[str, float]:
+    total = sum(mix.values())
+    return {name: weight / total for name, weight in mix.items()}
+
+
 def _summary(
     settings: RecipeSettings, model, tokenizer, training: dict, evaluation: dict, status: str
 ) -> dict:
@@ -120,7 +130,7 @@ def _summary(
         "parameters": arch.parameter_count(model),
         "data": {
             "n_examples": settings.n_examples,
-            "mix": TRAINING_MIX,
+            "mix": _normalised(settings.mix or TRAINING_MIX),
             "held_out_per_source": evaluation.get("held_out_per_source", settings.held_out_per_source),
             "held_out_size": DEFAULT_SIZE,
         },
@@ -160,7 +170,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
         tokenizer, processor, model = load_for_continuation(settings.init_from)
     else:
         tokenizer, processor, model = build_untrained(settings.seed)
-    rendered = render_training_set(processor, settings.n_examples, settings.seed, progress=progress)
+    rendered = render_training_set(processor, settings.n_examples, settings.seed, progress, settings.mix)
     log_path = out / TRAINING_LOG
     log_path.unlink(missing_ok=True)
     checkpoint_samples = (

@@ -107,24 +107,43 @@ class RenderedSet:
     sources: list[str]
 
 
-def training_sources(n_examples: int, seed: int) -> list[tuple[str, int]]:
-    """(source, sample seed) for each training example, deterministic in `seed`."""
+def parse_mix(text: str) -> dict[str, float]:
+    """ "colour=0.2,shape=0.2" -> {"colour": 0.2, "shape": 0.2}; unknown sources are an error."""
+    mix = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, weight = item.partition("=")
+        if name not in TRAINING_MIX or not weight:
+            raise ValueError(f"bad mix entry {item!r}: use source=weight with sources {sorted(TRAINING_MIX)}")
+        mix[name] = float(weight)
+    if not mix or min(mix.values()) < 0 or sum(mix.values()) <= 0:
+        raise ValueError(f"mix {text!r} needs non-negative weights with a positive sum")
+    return mix
+
+
+def training_sources(
+    n_examples: int, seed: int, mix: dict[str, float] | None = None
+) -> list[tuple[str, int]]:
+    """(source, sample seed) for each training example, deterministic in `seed`; `mix`
+    (default TRAINING_MIX) gives each source's relative weight."""
+    mix = mix or TRAINING_MIX
     rng = np.random.default_rng(seed)
-    names = list(TRAINING_MIX)
-    weights = np.array([TRAINING_MIX[name] for name in names])
+    names = list(mix)
+    weights = np.array([mix[name] for name in names])
     picks = rng.choice(len(names), size=n_examples, p=weights / weights.sum())
     base = TRAIN_SEED_BASE * (seed + 1)
     return [(names[pick], base + index) for index, pick in enumerate(picks)]
 
 
-def render_training_set(processor, n_examples: int, seed: int, progress: bool = True) -> RenderedSet:
+def render_training_set(
+    processor, n_examples: int, seed: int, progress: bool = True, mix: dict[str, float] | None = None
+) -> RenderedSet:
     """Render and encode `n_examples` training examples once (images kept as uint8)."""
     if n_examples < 1:
         raise ValueError(f"n_examples must be positive, got {n_examples}")
     makers = source_makers(vary=True)
     images, examples, sources = [], [], []
     for index, (name, sample_seed) in enumerate(
-        tqdm(training_sources(n_examples, seed), desc="render training set", disable=not progress)
+        tqdm(training_sources(n_examples, seed, mix), desc="render training set", disable=not progress)
     ):
         image, record = makers[name](sample_seed)
         images.append(to_model_image(image))
