@@ -141,12 +141,15 @@ def test_report_is_self_contained(demo_run):
 def test_embedded_model_subitizes_and_the_circuit_is_visible(demo_run):
     _, results, _ = demo_run
     sections = results["sections"]
-    per_count = dict(zip(sections["counting_accuracy"]["data"]["counts"],
-                         sections["counting_accuracy"]["data"]["accuracy_per_count"], strict=True))
-    assert min(per_count[c] for c in (1, 2, 3)) >= 0.8  # small counts are subitized
-    assert sections["vap_layer_region"]["numbers"]["clean accuracy"] > 0.5
-    assert sections["vap_layer_region"]["numbers"]["all: max rate"] > 0.5  # patching everything flips the count
-    assert sections["logit_lens"]["numbers"]["final-layer top-1"] > 0.5
+    counting = sections["counting_accuracy"]
+    per_count = dict(zip(counting["data"]["counts"], counting["data"]["accuracy_per_count"], strict=True))
+    assert min(per_count[1], per_count[2]) >= 0.8  # the smallest counts are subitized
+    assert counting["numbers"]["accuracy"] > 0.4  # chance is 1/8
+    vap = sections["vap_layer_region"]["numbers"]
+    assert vap["clean accuracy"] > 0.5
+    assert vap["image: max rate"] > 0.2  # the count travels through the image tokens
+    lens = sections["logit_lens"]["data"]["mean_probability"]
+    assert lens[-1] > lens[0] + 0.2  # the true count becomes readable with depth
 
 
 _ERROR_RECORDER = """<script>
