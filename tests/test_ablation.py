@@ -215,7 +215,7 @@ def test_report_jaccard_json_roundtrip_and_patching_overlap(tmp_path):
     assert data["results"]["a"]["ranked_heads"][0] == {"rank": 1, "layer": 0, "head": 0, "logprob_drop": 3.0,
                                                        "accuracy_drop": 1.0}
     markdown = report.to_markdown()
-    assert "| a | 1.00 | 0.33 |" in markdown and "| b | 1.000 | L1H0, L0H1 |" in markdown
+    assert "| a | 1.00 | 0.33 |" in markdown and "| b | 1.000 | 3.000 | L1H0, L0H1 |" in markdown
     figure = report.jaccard_figure()
     assert figure.data[0].z.shape == (2, 2)
 

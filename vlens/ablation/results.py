@@ -74,12 +74,19 @@ class HeadAblation:
         other = "accuracy" if rank_by == "logprob" else "logprob"
         return top_k_heads(self.scores(rank_by), k, tiebreak=self.scores(other))
 
+    @property
+    def max_drop(self) -> float:
+        """The largest answer log-prob drop of any single head: near 0, the ranking is noise
+        (e.g. a task the model has not learned, or one no single head carries)."""
+        return float(torch.nan_to_num(self.logprob_drop, nan=float("-inf")).max())
+
     def to_dict(self, top_k: int | None = None, rank_by: str = "logprob") -> dict:
         ranked = self.ranking(rank_by)
         lp, acc = self.logprob_drop, self.accuracy_drop
         return {
             "task": self.task, "method": self.method, "alignment": self.alignment, "n_examples": self.n_examples,
             "clean_logprob": self.clean_logprob, "clean_accuracy": self.clean_accuracy,
+            "max_logprob_drop": _number(self.max_drop),
             "ranked_heads": [
                 {"rank": i + 1, "layer": layer, "head": head, "logprob_drop": _number(lp[layer, head]),
                  "accuracy_drop": _number(acc[layer, head])}
@@ -211,10 +218,10 @@ class AblationReport:
                  "| task | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         lines += [f"| {name} | " + " | ".join(f"{float(v):.2f}" for v in row) + " |"
                   for name, row in zip(names, matrix, strict=True)]
-        lines += ["", "| task | clean accuracy | most important heads |", "|---|---|---|"]
+        lines += ["", "| task | clean accuracy | largest log-prob drop | most important heads |", "|---|---|---|---|"]
         for task, r in self.results.items():
             top = ", ".join(f"L{layer}H{head}" for layer, head in r.top_heads(min(5, self.top_k), self.rank_by))
-            lines.append(f"| {task} | {r.clean_accuracy:.3f} | {top} |")
+            lines.append(f"| {task} | {r.clean_accuracy:.3f} | {r.max_drop:.3f} | {top} |")
         return "\n".join(lines) + "\n"
 
     def summary(self) -> str:
@@ -224,7 +231,7 @@ class AblationReport:
         for task, r in self.results.items():
             top = ", ".join(f"L{layer}H{head}" for layer, head in r.top_heads(min(5, self.top_k), self.rank_by))
             lines.append(f"  {task:<18} n={r.n_examples:<4} clean acc {r.clean_accuracy:.3f} "
-                         f"logp {r.clean_logprob:.3f} | top: {top}")
+                         f"logp {r.clean_logprob:.3f} max drop {r.max_drop:.3f} | top: {top}")
         matrix, names = self.jaccard()
         lines.append("Jaccard".ljust(18) + "".join(f"{n[:17]:>18}" for n in names))
         for name, row in zip(names, matrix, strict=True):
