@@ -214,6 +214,10 @@ def test_report_jaccard_json_roundtrip_and_patching_overlap(tmp_path):
     assert data["jaccard"]["matrix"][0][1] == pytest.approx(1 / 3, abs=1e-6)
     assert data["results"]["a"]["ranked_heads"][0] == {"rank": 1, "layer": 0, "head": 0, "logprob_drop": 3.0,
                                                        "accuracy_drop": 1.0}
+    assert report.reliability() is None
+    report.retest = {"a": _report_with_known_sets().results["b"]}  # top-2 {(1,0),(0,1)} vs {(0,0),(0,1)}
+    assert report.reliability() == {"a": pytest.approx(1 / 3)}
+    assert AblationReport.from_json(report.to_json()).reliability() == {"a": pytest.approx(1 / 3)}
     markdown = report.to_markdown()
     assert "| a | 1.00 | 0.33 |" in markdown and "| b | 1.000 | 3.000 | L1H0, L0H1 |" in markdown
     figure = report.jaccard_figure()
@@ -231,7 +235,7 @@ def test_vlens_ablate_command(tmp_path, monkeypatch, model):
     code = main(["ablate", "--model", "random", "--tasks", "counting,colour,counting@synreal", "--top-k", "3",
                  "--n-examples", "3", "--n-reference", "3", "--image-size", str(SIZE), "--quiet",
                  "--patching", str(patching), "--out", str(out), "--html", str(tmp_path / "j.html"),
-                 "--markdown", str(tmp_path / "j.md")])
+                 "--markdown", str(tmp_path / "j.md"), "--retest-seed", "50"])
     assert code == 0
     data = json.loads(out.read_text())
     assert data["tasks"] == ["counting", "colour", "counting@synreal"] and data["top_k"] == 3
@@ -242,6 +246,10 @@ def test_vlens_ablate_command(tmp_path, monkeypatch, model):
         assert len(data["results"][task]["top_heads"]) == 3
         assert len(data["results"][task]["ranked_heads"]) == 8
     assert set(data["patching"]["jaccard"]) == set(data["tasks"])
+    assert set(data["reliability"]) == set(data["tasks"])
+    assert all(0.0 <= v <= 1.0 for v in data["reliability"].values())
+    with pytest.raises(ValueError, match="overlap the evaluation seeds"):
+        main(["ablate", "--model", "random", "--tasks", "counting", "--n-examples", "3", "--retest-seed", "2"])
     html = (tmp_path / "j.html").read_text()
     assert (tmp_path / "j.md").read_text().startswith("Jaccard overlap of each task's top-3 heads (of 8)")
     assert "Jaccard overlap of top-k head sets" in html and "counting@synreal: damage per head" in html

@@ -42,6 +42,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--heads-per-pass", type=int, default=8, help="heads of one layer run in one stacked batch")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--retest-seed", type=int, default=None,
+                        help="also sweep a second evaluation set from this seed and report, per task, the Jaccard "
+                             "of the two top-k sets (reliability); use a seed >= seed + n-examples")
     parser.add_argument("--device", default=None, help="e.g. cuda (default: where the model loads)")
     parser.add_argument("--patching", type=Path, default=None,
                         help="JSON of a VAP head sweep (head score grid or head list, optionally per task): "
@@ -73,7 +76,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         model, tasks, n_examples=args.n_examples, n_reference=args.n_reference, method=args.method,
         alignment=args.alignment, reference_mode=args.reference, top_k=args.top_k, rank_by=args.rank_by,
         image_size=args.image_size, batch_size=args.batch_size, heads_per_pass=args.heads_per_pass,
-        seed=args.seed, progress=not args.quiet,
+        seed=args.seed, retest_seed=args.retest_seed, progress=not args.quiet,
     )
     report.settings["model_arg"] = args.model
     if args.patching is not None:

@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.ablation.overlap import Head, chance_jaccard, jaccard_matrix, rank_heads, top_k_heads
+from vlens.ablation.overlap import Head, chance_jaccard, jaccard, jaccard_matrix, rank_heads, top_k_heads
 
 RANK_BY: tuple[str, ...] = ("logprob", "accuracy")
 
@@ -119,6 +119,9 @@ class AblationReport:
     """Per-task head rankings, their top-k sets and the Jaccard matrix across tasks.
 
     patching: optional {"source", "top_k", "heads", "jaccard": {task: J(patching set, task set)}}.
+    retest: optional second sweep per task on independent evaluation examples (same
+        reference); `reliability()` is the Jaccard of the two top-k sets of each task, the
+        ceiling a cross-task Jaccard can be read against.
     settings: how the report was made (model, method, alignment, sizes, seed, ...).
     """
 
@@ -127,6 +130,7 @@ class AblationReport:
     rank_by: str = "logprob"
     settings: dict = field(default_factory=dict)
     patching: dict | None = None
+    retest: dict[str, HeadAblation] | None = None
 
     @property
     def tasks(self) -> list[str]:
@@ -147,6 +151,14 @@ class AblationReport:
         """Jaccard two random top-k sets would have: the baseline to read the matrix against."""
         return chance_jaccard(min(self.top_k, self.n_heads_total), self.n_heads_total)
 
+    def reliability(self) -> dict[str, float] | None:
+        """Per task, Jaccard of the top-k sets from the two evaluation sets (None without a retest)."""
+        if not self.retest:
+            return None
+        return {task: jaccard(self.results[task].top_heads(self.top_k, self.rank_by),
+                              again.top_heads(self.top_k, self.rank_by))
+                for task, again in self.retest.items() if task in self.results}
+
     def to_dict(self) -> dict:
         matrix, names = self.jaccard()
         return {
@@ -155,6 +167,9 @@ class AblationReport:
             "jaccard": {"tasks": names, "matrix": _grid(matrix), "chance": round(self.chance_jaccard(), 6)},
             "results": {task: r.to_dict(self.top_k, self.rank_by) for task, r in self.results.items()},
             "patching": self.patching,
+            "reliability": self.reliability(),
+            "retest_results": None if not self.retest else {
+                task: r.to_dict(self.top_k, self.rank_by) for task, r in self.retest.items()},
         }
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -170,7 +185,9 @@ class AblationReport:
             text = Path(text_or_path).read_text()
         data = json.loads(text)
         results = {task: HeadAblation.from_dict(r) for task, r in data["results"].items()}
-        return cls(results, data["top_k"], data["rank_by"], data.get("settings", {}), data.get("patching"))
+        retest = {task: HeadAblation.from_dict(r) for task, r in (data.get("retest_results") or {}).items()}
+        return cls(results, data["top_k"], data["rank_by"], data.get("settings", {}), data.get("patching"),
+                   retest or None)
 
     def jaccard_figure(self, title: str | None = None):
         """Plotly heatmap of the Jaccard matrix (values in the cells)."""
@@ -194,6 +211,9 @@ class AblationReport:
         report.add_section("Jaccard overlap of top-k head sets",
                            "How many of their most important heads two tasks share (1: the same set).",
                            figure=self.jaccard_figure(), numbers=pairs)
+        if self.retest:
+            report.add_section("Reliability", "Jaccard of each task's top-k set on two independent evaluation "
+                               "sets: how far a cross-task Jaccard can be trusted.", numbers=self.reliability())
         if self.patching:
             report.add_section("Patching vs ablation", "Jaccard of the VAP head set and each task's ablation set.",
                                numbers=self.patching["jaccard"])
@@ -236,6 +256,9 @@ class AblationReport:
         lines.append("Jaccard".ljust(18) + "".join(f"{n[:17]:>18}" for n in names))
         for name, row in zip(names, matrix, strict=True):
             lines.append(f"{name[:17]:<18}" + "".join(f"{float(v):>18.2f}" for v in row))
+        if self.retest:
+            lines.append(f"reliability (top-{self.top_k} Jaccard, two evaluation sets): " +
+                         ", ".join(f"{t} {v:.2f}" for t, v in self.reliability().items()))
         if self.patching:
             lines.append(f"patching vs ablation (top-{self.patching['top_k']}): " +
                          ", ".join(f"{t} {v:.2f}" for t, v in self.patching["jaccard"].items()))

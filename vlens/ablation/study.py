@@ -30,6 +30,7 @@ def ablation_study(
     batch_size: int = 16,
     heads_per_pass: int = 8,
     seed: int = 0,
+    retest_seed: int | None = None,
     progress: bool = True,
 ) -> AblationReport:
     """Ablate every head on every task; rank heads per task; compare top-k sets by Jaccard.
@@ -42,6 +43,8 @@ def ablation_study(
         reference_mode: "per-task" (each task's own reference set) or "pooled" (all tasks'
             reference sets together, one mean for every task).
         top_k, rank_by: size of each task's head set; rank by "logprob" or "accuracy" drop.
+        retest_seed: also sweep a second evaluation set (seeds retest_seed, retest_seed + 1, ...;
+            task-suite names only) with the same reference: `report.reliability()`.
     """
     if reference_mode not in REFERENCE_MODES:
         raise ValueError(f"reference_mode must be one of {REFERENCE_MODES}, got {reference_mode!r}")
@@ -61,19 +64,28 @@ def ablation_study(
     if method != "zero" and reference_mode == "pooled":
         pooled = collect_reference(model, TaskBatch.concat("pooled", [ref for _, ref in sets.values()]),
                                    alignment, batch_size, keep_samples, progress)
-    results = {}
+    if retest_seed is not None and isinstance(tasks, Mapping):
+        raise ValueError("retest_seed needs task-suite names (the second evaluation set is drawn from them)")
+    if retest_seed is not None and abs(retest_seed - seed) < n_examples:
+        raise ValueError(f"retest seeds {retest_seed}..{retest_seed + n_examples - 1} overlap the evaluation seeds "
+                         f"{seed}..{seed + n_examples - 1}: use a retest seed >= {seed + n_examples}")
+    results, retest = {}, {}
     for name, (evaluation, ref_set) in sets.items():
         reference = pooled
         if method != "zero" and reference is None:
             reference = collect_reference(model, ref_set, alignment, batch_size, keep_samples, progress)
         results[name] = head_ablation_sweep(model, evaluation, method, reference, batch_size, heads_per_pass,
                                             seed=seed, progress=progress)
+        if retest_seed is not None:
+            again = build_task_batch(model, name, n_examples, retest_seed, image_size)
+            retest[name] = head_ablation_sweep(model, again, method, reference, batch_size, heads_per_pass,
+                                               seed=retest_seed, progress=progress)
     settings = {
         "model": model.summary(), "method": method, "alignment": alignment if method != "zero" else "none",
         "reference_mode": reference_mode, "n_examples": n_examples, "n_reference": n_reference,
-        "image_size": image_size, "seed": seed,
+        "image_size": image_size, "seed": seed, "retest_seed": retest_seed,
     }
-    return AblationReport(results, top_k, rank_by, settings)
+    return AblationReport(results, top_k, rank_by, settings, retest=retest or None)
 
 
 def add_patching_overlap(report: AblationReport, patching, source: str = "", k: int | None = None,
