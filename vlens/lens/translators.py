@@ -213,7 +213,8 @@ def train_translators(
     Args:
         resid: residual streams after each block at the training positions (fp32, any device).
         readout: the frozen final norm + unembedding (``LensReadout.from_model(model)``).
-        final: the final residual per row (default ``resid[:, -1]``).
+        final: the final residual per row (default ``resid[:, -1]``, and then the last layer's
+            translator is not trained: it is the identity exactly).
         val_fraction: held-out share; training stops after `patience` evaluations without a
             better mean held-out KL and the best weights are kept.
     Returns:
@@ -221,6 +222,8 @@ def train_translators(
     """
     if resid.ndim != 3 or resid.shape[1:] != (translators.n_layers, translators.d_model):
         raise ValueError(f"resid must be [n, {translators.n_layers}, {translators.d_model}], got {tuple(resid.shape)}")
+    # the last layer's residual *is* the final residual: its translator stays the exact identity
+    trained_layers = range(translators.n_layers - 1) if final is None else range(translators.n_layers)
     final = resid[:, -1] if final is None else final
     n = resid.shape[0]
     if n < 2:
@@ -247,7 +250,7 @@ def train_translators(
         h, target = resid[rows].to(device), readout.logits(final[rows].to(device))
         optimizer.zero_grad(set_to_none=True)
         loss_value = 0.0
-        for layer in range(translators.n_layers):  # layers are independent: backward one at a time saves memory
+        for layer in trained_layers:  # layers are independent: backward one at a time saves memory
             loss = _kl_from_logits(target, readout.logits(translators(h[:, layer], layer))).mean()
             loss.backward()
             loss_value += loss.item()
@@ -255,7 +258,7 @@ def train_translators(
         if step % eval_every == 0 or step == steps:
             val = float(layer_kl(translators, resid[val_idx], readout, final[val_idx]).mean())
             history.append(val)
-            bar.set_postfix(train_kl=f"{loss_value / translators.n_layers:.4f}", val_kl=f"{val:.4f}")
+            bar.set_postfix(train_kl=f"{loss_value / max(len(trained_layers), 1):.4f}", val_kl=f"{val:.4f}")
             if val < best_val - 1e-6:
                 best_val, best_step, bad_evals = val, step, 0
                 best_state = {k: v.detach().clone() for k, v in translators.state_dict().items()}
