@@ -38,7 +38,8 @@ def test_headlens_trains_its_lens_when_none_is_given(tmp_path, capsys):
     out = tmp_path / "run"
     only_grounding = tmp_path / "thresholds.json"  # every other rule unreachable, grounding always true
     only_grounding.write_text(json.dumps({"existence_min": 1, "difficulty_min": 1, "alignment_min": 1,
-                                          "routing_image_min": 1, "routing_cter_min": 1, "grounding_vgs_min": 0}))
+                                          "routing_image_min": 1, "routing_cter_min": 1, "grounding_vgs_min": 0,
+                                          "chance_corrected": False}))
     args = ["headlens", "--make", "6", "--lens-make", "6", "--lens-steps", "10", "--out", str(out),
             "--thresholds", str(only_grounding), *COMMON]
     assert main(args) == 0

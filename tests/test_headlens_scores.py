@@ -120,6 +120,19 @@ def test_classification_rules(values, expected):
     assert classify_head(_scores(**values)) == expected
 
 
+def test_chance_correction_of_token_shares():
+    grid = {name: torch.zeros(1, 2) for name in SCORE_NAMES}
+    grid["image_attention"][:] = 0.9
+    grid["cter"][0] = torch.tensor([0.6, 0.9])  # half the vocabulary are numbers: chance 0.5
+    scores = HeadScores(scores=grid, top_tokens={}, n_examples=1, k=10, vocab_sizes={"number": 50, "visual": 0},
+                        d_vocab=100)
+    corrected = classify_heads(scores)  # lifts (0.6 - 0.5) / 0.5 = 0.2 < 0.3 and 0.8
+    assert [corrected.classes[(0, 0)], corrected.classes[(0, 1)]] == ["other", "cross-modal routing"]
+    assert corrected.to_json()["chance"] == {"cter": 0.5, "vgs": 0.0}
+    raw = classify_heads(scores, TaxonomyThresholds(chance_corrected=False))
+    assert raw.classes[(0, 0)] == "cross-modal routing"
+
+
 def test_thresholds_are_configurable_and_validated():
     assert classify_head(_scores(vgs=0.2), TaxonomyThresholds(grounding_vgs_min=0.2)) == "visual grounding"
     with pytest.raises(ValueError, match="grounding_vgs_min"):

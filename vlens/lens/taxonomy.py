@@ -14,6 +14,12 @@ Rules, checked in this order (the most specific behaviour first; the first match
 4. **visual grounding** — ``vgs >= grounding_vgs_min``: decodes colours/shapes/edges/sizes.
 5. **other** — everything else.
 
+Chance correction (``chance_corrected=True``, the default): VGS and CTER are shares of a
+top-k list, and a random top-k already holds ``c = |vocabulary| / d_vocab`` of them (22% of
+a 99-token toy vocabulary, ~0 of Qwen's 152k). The VGS/CTER rules compare the lift above
+chance ``(share - c) / (1 - c)`` with the threshold, so the thresholds mean the same on a
+tiny model as on a 7B one. The table and heads.json report the raw shares.
+
 Layer depth is *not* a rule: the paper reports where each class sits (grounding in early
 layers, routing in the middle, aggregation late) as a finding, so it is left to be checked
 against the result rather than imposed. Undefined scores (NaN) never satisfy a rule.
@@ -46,18 +52,41 @@ class TaxonomyThresholds:
     routing_image_min: float = 0.3
     routing_cter_min: float = 0.3
     grounding_vgs_min: float = 0.3
+    chance_corrected: bool = True  # compare VGS / CTER lifts above chance (see the module docstring)
 
     def __post_init__(self):
         for name, value in asdict(self).items():
-            if not 0.0 <= value <= 1.0:
+            if name == "chance_corrected":
+                if not isinstance(value, bool):
+                    raise ValueError(f"chance_corrected must be true or false, got {value!r}")
+            elif not 0.0 <= value <= 1.0:
                 raise ValueError(f"threshold {name} must lie in [0, 1], got {value}")
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def classify_head(scores: dict[str, float | None], thresholds: TaxonomyThresholds = TaxonomyThresholds()) -> str:
-    """The class of one head from its scores (None / NaN = undefined, never passes a rule)."""
+def token_share_chance(scores: HeadScores) -> dict[str, float]:
+    """Chance level of VGS and CTER: the share a uniformly random top-k list would have."""
+    if not scores.d_vocab:
+        return {}
+    sizes = scores.vocab_sizes
+    return {score: sizes[vocab] / scores.d_vocab for score, vocab in (("vgs", "visual"), ("cter", "number"))
+            if vocab in sizes}
+
+
+def classify_head(scores: dict[str, float | None], thresholds: TaxonomyThresholds = TaxonomyThresholds(),
+                  chance: dict[str, float] | None = None) -> str:
+    """The class of one head from its scores (None / NaN = undefined, never passes a rule).
+
+    chance: ``{"vgs": c, "cter": c}`` chance levels; with ``thresholds.chance_corrected`` those
+    scores are compared as ``(score - c) / (1 - c)``.
+    """
+    if thresholds.chance_corrected and chance:
+        scores = dict(scores)
+        for name, c in chance.items():
+            if scores.get(name) is not None and c < 1:
+                scores[name] = (scores[name] - c) / (1 - c)
     def at_least(name, value):
         x = scores.get(name)
         return x is not None and x == x and x >= value
@@ -141,12 +170,14 @@ class HeadTaxonomy:
     def to_json(self) -> dict:
         return {"thresholds": self.thresholds.to_json(), "counts": self.counts(),
                 "n_examples": self.scores.n_examples, "k": self.scores.k, "vocab_sizes": self.scores.vocab_sizes,
-                "d_vocab": self.scores.d_vocab, "heads": self.heads_json()}
+                "d_vocab": self.scores.d_vocab, "chance": token_share_chance(self.scores),
+                "heads": self.heads_json()}
 
 
 def classify_heads(scores: HeadScores, thresholds: TaxonomyThresholds = TaxonomyThresholds()) -> HeadTaxonomy:
     """Apply the rules to every head."""
     n_layers, n_heads = scores.shape
-    classes = {(layer, head): classify_head(scores.head(layer, head), thresholds)
+    chance = token_share_chance(scores)
+    classes = {(layer, head): classify_head(scores.head(layer, head), thresholds, chance)
                for layer in range(n_layers) for head in range(n_heads)}
     return HeadTaxonomy(classes=classes, scores=scores, thresholds=thresholds)
