@@ -98,8 +98,9 @@ def bench_rss() -> dict:
         del hf
         gc.collect()
         size = os.path.getsize(os.path.join(folder, "model.safetensors"))
-        code = ("import json, sys; sys.path.insert(0, %r); import bench_forward, vlens.model; "
-                "print(json.dumps({'peak_rss_kb': bench_forward.peak_rss_kb()}))" % os.path.dirname(__file__))
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = (f"import json, sys; sys.path.insert(0, {here!r}); import bench_forward, vlens.model; "
+                "print(json.dumps({'peak_rss_kb': bench_forward.peak_rss_kb()}))")
         base = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                          check=True).stdout.strip().splitlines()[-1])["peak_rss_kb"]
         out = subprocess.run([sys.executable, __file__, "--rss-child", folder], capture_output=True, text=True,

@@ -27,7 +27,15 @@ _LAZY = {
     "act_name": "vlens.hooks",
 }
 
-__all__ = [*_LAZY, "load"]
+__all__ = [
+    "HookedVLM",
+    "HookedVisionLanguageModel",
+    "TokenRegions",
+    "VLMConfig",
+    "VLMInputs",
+    "act_name",
+    "load",
+]
 
 if TYPE_CHECKING:
     from vlens.config import VLMConfig
