@@ -7,14 +7,13 @@ folder to run them on another model) or when nbclient / ipykernel are not instal
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 DEMOS = Path(__file__).resolve().parent.parent / "demos"
 NOTEBOOKS = ["01_quickstart.ipynb", "02_counting_circuit.ipynb", "03_headlens.ipynb", "04_interventions.ipynb"]
-TIMEOUT_S = 120  # per notebook; all four take well under 4 minutes on 2 cores
+TIMEOUT_S = 120  # per cell; each notebook takes 15-20 s on 2 busy cores
 
 
 def _model_available() -> tuple[bool, str]:
@@ -50,9 +49,6 @@ def test_notebook_runs(name, tmp_path):
     notebook = nbformat.read(DEMOS / name, as_version=4)
     client = nbclient.NotebookClient(notebook, timeout=TIMEOUT_S, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
-    start = time.perf_counter()
-    client.execute()  # raises CellExecutionError naming the failing cell
-    elapsed = time.perf_counter() - start
-    assert elapsed < TIMEOUT_S, f"{name} took {elapsed:.0f} s"
+    client.execute()  # raises CellExecutionError naming the failing cell (or a timeout)
     errors = [out for cell in notebook.cells for out in cell.get("outputs", []) if out.get("output_type") == "error"]
     assert not errors

@@ -25,8 +25,8 @@ class DemoSettings:
         seed: base seed of every generated example.
     """
 
-    n_count_images: int = 90
-    counts: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+    n_count_images: int = 150
+    counts: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)  # the embedded model was trained on 1-10
     style: str = "syndot"
     image_size: int = 168
     n_pairs: int = 48
@@ -45,8 +45,7 @@ class DemoSettings:
     def quick(cls) -> DemoSettings:
         """Small enough for well under 5 minutes on 2 CPU cores (about 35 s with the embedded model)."""
         return cls(
-            n_count_images=96,
-            counts=(1, 2, 3, 4, 5, 6, 7, 8),
+            n_count_images=100,
             n_pairs=32,
             lens_samples=64,
             lens_steps=100,
