@@ -40,7 +40,7 @@ def test_headlens_trains_its_lens_when_none_is_given(tmp_path, capsys):
     only_grounding.write_text(json.dumps({"existence_min": 1, "difficulty_min": 1, "alignment_min": 1,
                                           "routing_image_min": 1, "routing_cter_min": 1, "grounding_vgs_min": 0,
                                           "chance_corrected": False}))
-    args = ["headlens", "--make", "6", "--lens-make", "6", "--lens-steps", "10", "--out", str(out),
+    args = ["headlens", "--make", "6", "--tasks", "counting", "--lens-make", "6", "--lens-steps", "10", "--out", str(out),
             "--thresholds", str(only_grounding), *COMMON]
     assert main(args) == 0
     assert json.loads((out / "heads.json").read_text())["counts"]["visual grounding"] == 8
@@ -58,3 +58,5 @@ def test_cli_errors_are_explained(tmp_path, capsys):
     assert "keys among" in capsys.readouterr().err
     assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "missing"), "--out", str(tmp_path), *COMMON]) == 2
     assert "holds no config.json" in capsys.readouterr().err
+    assert main(["lens", "train", "--make", "2", "--tasks", "counting,juggling", "--out", str(tmp_path), *COMMON]) == 2
+    assert "unknown task(s) ['juggling']" in capsys.readouterr().err

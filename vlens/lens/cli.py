@@ -28,6 +28,8 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of generated samples (default 0)")
     parser.add_argument("--size", type=int, default=168, help="image size of generated samples (default 168)")
     parser.add_argument("--style", default="synpoly", help="style of generated samples (default synpoly)")
+    parser.add_argument("--tasks", default=None,
+                        help="comma-separated tasks of generated samples (default: all task suites)")
     parser.add_argument("--model", default="tiny", help="'tiny' (embedded), 'random-tiny', or a path / hub id")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -71,7 +73,19 @@ def _samples(args: argparse.Namespace):
 
     if args.data is not None:
         return imagefolder_samples(args.data, limit=args.limit)
-    return task_samples(args.make, seed=args.seed, size=args.size, style=args.style)
+    return task_samples(args.make, seed=args.seed, size=args.size, style=args.style, tasks=_tasks(args))
+
+
+def _tasks(args: argparse.Namespace) -> tuple[str, ...] | None:
+    from vlens.data import TASKS
+
+    if args.tasks is None:
+        return None
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"unknown task(s) {unknown} in --tasks; choose from {','.join(TASKS)}")
+    return tasks
 
 
 def _train(model, samples, args, steps, lr, positions):
@@ -146,7 +160,7 @@ def run_headlens(args: argparse.Namespace) -> int:
             translators = Translators.load(args.lens, model=model)
         else:
             lens_samples = task_samples(args.lens_make, seed=args.seed + LENS_SEED_OFFSET, size=args.size,
-                                        style=args.style)
+                                        style=args.style, tasks=_tasks(args))
             translators, report = _train(model, lens_samples, args, args.lens_steps, args.lens_lr,
                                          args.lens_positions)
             translators.save(out / "lens")
