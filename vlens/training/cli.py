@@ -121,8 +121,9 @@ def run_study_cli(args: argparse.Namespace) -> int:
         top_k_heads=args.top_k_heads,
         alpha=args.alpha,
     )
+    name = "vlens.load() (the embedded tiny Qwen2.5-VL)" if args.model == "tiny" else args.model
     result = run_study(
-        lambda: load_model_arg(args.model), settings, args.out, progress=not args.quiet, model_name=args.model
+        lambda: load_model_arg(args.model), settings, args.out, progress=not args.quiet, model_name=name
     )
     print(result.report())
     if args.model_card:

@@ -301,6 +301,14 @@ class StudyResult:
             f"SynPoly counting ({2 * s['importance_examples']} examples), measured on the +SFT+L_focus model, "
             f"alpha {s['alpha']}, gamma = importance / max.",
         ]
+        if len(self.results) > 1:
+            for name in [n for n in s["eval_sets"] if n in SET_ROLES][:1]:
+                per_seed = "; ".join(
+                    f"{CONDITIONS[c]} "
+                    + "/".join(f"{100 * rows[c][name]['accuracy']:.1f}" for rows in self.results.values())
+                    for c in s["conditions"]
+                )
+                lines.append(f"{name} accuracy per seed ({seeds}): {per_seed}.")
         for seed, temp in self.temperatures.items():
             heads = ", ".join(f"L{e['layer']}H{e['head']} beta={e['beta']:.2f}" for e in temp["heads"])
             lines.append(f"Seed {seed} heads: {heads}.")
