@@ -29,12 +29,12 @@ class DemoSettings:
     counts: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)  # the embedded model was trained on 1-10
     style: str = "syndot"
     image_size: int = 168
-    n_pairs: int = 48
+    n_pairs: int = 64
     lens_samples: int = 200
     lens_steps: int = 300
     headlens_samples: int = 120
     ablation_tasks: tuple[str, ...] = ("counting", "colour", "shape", "spatial", "arithmetic", "existence")
-    ablation_examples: int = 48
+    ablation_examples: int = 64
     ablation_top_k: int = 8
     max_new_tokens: int = 6
     batch_size: int = 16
