@@ -132,6 +132,12 @@ class AblationReport:
     patching: dict | None = None
     retest: dict[str, HeadAblation] | None = None
 
+    def __post_init__(self):
+        if not self.results:
+            raise ValueError("an AblationReport needs at least one task's results")
+        if self.top_k < 1 or self.rank_by not in RANK_BY:
+            raise ValueError(f"top_k must be >= 1 and rank_by one of {RANK_BY}; got {self.top_k}, {self.rank_by!r}")
+
     @property
     def tasks(self) -> list[str]:
         return list(self.results)
