@@ -105,6 +105,8 @@ def test_numbers_agree_with_the_data_behind_them(demo_run):
     rate = torch.tensor(vap["data"]["overwrite_rate"])
     assert rate.shape == (results["model"]["n_layers"], 4)
     assert vap["numbers"]["image: max rate"] == pytest.approx(float(rate[:, 0].max()))
+    handover = next((layer for layer in range(rate.shape[0]) if rate[layer, 2] > rate[layer, 0]), "none")
+    assert vap["numbers"]["handover layer (final > image)"] == handover
     # Patching every position at layer 0 turns the clean run into the corrupt run: the overwrite rate there
     # is exactly the share of pairs with both runs correct.
     baseline = vap["data"]["baseline"]
@@ -148,6 +150,7 @@ def test_embedded_model_subitizes_and_the_circuit_is_visible(demo_run):
     vap = sections["vap_layer_region"]["numbers"]
     assert vap["clean accuracy"] > 0.5
     assert vap["image: max rate"] > 0.2  # the count travels through the image tokens
+    assert vap["handover layer (final > image)"] != "none"  # ... and then into the final position
     lens = sections["logit_lens"]["data"]["mean_probability"]
     assert lens[-1] > lens[0] + 0.2  # the true count becomes readable with depth
 
@@ -198,6 +201,14 @@ def test_subitizing_limit_on_hand_made_curves():
     assert subitizing_limit({1: 0.7, 2: 1.0}) == 0
     assert subitizing_limit({1: 1.0, 2: 1.0, 3: 0.8}) == 3
     assert subitizing_limit({2: 0.9, 3: 0.95}, threshold=0.9) == 3
+
+
+def test_handover_layer_on_hand_made_rates():
+    from vlens.demo.patching_stage import handover_layer
+
+    assert handover_layer(torch.tensor([0.8, 0.8, 0.1]), torch.tensor([0.0, 0.1, 0.8]), [0, 1, 2]) == 2
+    assert handover_layer(torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.4]), [3, 4]) == "none"
+    assert handover_layer(torch.tensor([0.0, 0.9]), torch.tensor([0.2, 0.0]), [5, 6]) == 5
 
 
 def test_count_alignment_is_one_for_points_ordered_by_count_and_zero_when_flat():

@@ -57,7 +57,8 @@ def counting_sections(model, samples: list[CountingSample], settings: DemoSettin
         key="counting_accuracy",
         title="Counting accuracy per count (subitizing curve)",
         explanation=(f"Share of the {metrics.n} images answered with the exact count, per true count; a "
-                     f"subitizing model is near-perfect up to a small count and then falls off (here up to {limit})."),
+                     f"subitizing model is near-perfect up to a small count and then falls off (here every count "
+                     f"up to {limit} is answered with accuracy >= {SUBITIZING_ACCURACY})."),
         figure=count_accuracy_figure(counts, {"accuracy": [accuracy[c] for c in counts]},
                                      title="Exact-match accuracy per true count").update_yaxes(range=[0, 1.05]),
         table=[{"count": c, "n": metrics.per_count[c].n, "accuracy": accuracy[c], "MAE": metrics.per_count[c].mae,

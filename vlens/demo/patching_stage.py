@@ -14,6 +14,18 @@ HEADS_EXPLANATION = ("Patch one head's output (hook_z, all positions) from the c
                      "move of the logit difference toward the corrupt run (1 = fully corrupt, 0 = unchanged).")
 
 
+def handover_layer(image_rate, final_rate, layers) -> int | str:
+    """First layer where patching the final position overwrites more than patching the image tokens
+    (the count has moved from the image into the text stream), or "none".
+
+    Example: image [0.8, 0.8, 0.1], final [0.0, 0.1, 0.8], layers [0, 1, 2] -> 2.
+    """
+    for layer, image, final in zip(layers, image_rate.tolist(), final_rate.tolist(), strict=True):
+        if final > image:
+            return int(layer)
+    return "none"
+
+
 def patching_sections(model, settings: DemoSettings, progress: bool = True) -> list[Section]:
     from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head, patch_layer_region
 
@@ -34,6 +46,9 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
         best = float(rate[:, column].max())
         numbers[f"{region}: max rate"] = best
         numbers[f"{region}: at layer"] = int(regions.layers[int(rate[:, column].argmax())]) if best > 0 else "none"
+    numbers["handover layer (final > image)"] = handover_layer(rate[:, list(regions.cells).index("image")],
+                                                               rate[:, list(regions.cells).index("final")],
+                                                               regions.layers)
     note = "" if clean_accuracy > 0 else " (no clean run is correct, so every rate is 0 here)"
     as_json = regions.to_json()
     region_section = Section(
