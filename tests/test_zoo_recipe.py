@@ -122,3 +122,36 @@ def test_mix_parsing_and_weights():
         parse_mix("zebras=1")
     picks = [name for name, _ in training_sources(400, seed=0, mix={"colour": 3.0, "shape": 1.0})]
     assert set(picks) == {"colour", "shape"} and picks.count("colour") > 2 * picks.count("shape")
+
+
+def test_stop_after_and_finalizing_a_checkpoint(tmp_path):
+    options = "--seed 6 --steps 12 --stop-after 8 --checkpoint-every 4 --batch-size 2 --examples 8 --warmup 2"
+    argv = [
+        "zoo",
+        "train",
+        "--out",
+        str(tmp_path),
+        *options.split(),
+        "--held-out",
+        "1",
+        "--threads",
+        "1",
+        "--quiet",
+    ]
+    threads = torch.get_num_threads()
+    try:
+        assert main(argv) == 0
+        # pretend the folder was a checkpoint taken at step 4: cut back and re-evaluate it
+        summary = json.loads((tmp_path / "evaluation.json").read_text())
+        assert summary["training"]["steps"] == 8 and summary["training"]["schedule_steps"] == 12
+        summary["training"]["steps"] = 4
+        (tmp_path / "evaluation.json").write_text(json.dumps(summary))
+        assert main(["zoo", "evaluate", "--model", str(tmp_path), "--write", "--held-out", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    card = (tmp_path / "MODEL_CARD.md").read_text()
+    assert "4 steps (of a 12-step schedule)" in card and "--steps 12 " in card and "--stop-after 4" in card
+    log_steps = [
+        json.loads(line).get("step", 0) for line in (tmp_path / "training_log.jsonl").read_text().splitlines()
+    ]
+    assert max(log_steps) == 4

@@ -23,6 +23,7 @@ def _train(args: argparse.Namespace) -> int:
         mix=parse_mix(args.mix) if args.mix else None,
         train=TrainSettings(
             steps=args.steps,
+            stop_after=args.stop_after,
             batch_size=args.batch_size,
             learning_rate=args.lr,
             warmup_steps=args.warmup,
@@ -41,6 +42,19 @@ def _train(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     import torch
+
+    if args.write:
+        from vlens.zoo.finalize import finalize_folder
+
+        if not args.model:
+            print(
+                "vlens zoo evaluate --write needs --model DIR (the shipped folder is not rewritten in place)"
+            )
+            return 2
+        torch.set_num_threads(args.threads)
+        summary = finalize_folder(args.model, args.held_out)
+        print(json.dumps({name: row["accuracy"] for name, row in summary["evaluation"]["per_task"].items()}))
+        return 0
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     from vlens.zoo import model_path
@@ -66,6 +80,9 @@ def add_cli(subparsers) -> None:
     train.add_argument("--out", required=True, help="output folder (HF model folder + MODEL_CARD.md + log)")
     train.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and batches")
     train.add_argument("--steps", type=int, default=defaults.steps)
+    train.add_argument(
+        "--stop-after", type=int, default=None, help="stop at this step (schedule spans --steps)"
+    )
     train.add_argument("--batch-size", type=int, default=defaults.batch_size)
     train.add_argument("--lr", type=float, default=defaults.learning_rate)
     train.add_argument("--warmup", type=int, default=defaults.warmup_steps)
@@ -85,4 +102,9 @@ def add_cli(subparsers) -> None:
     evaluate.add_argument("--model", default=None, help="model folder (default: the shipped model)")
     evaluate.add_argument("--held-out", type=int, default=100, help="held-out samples per source")
     evaluate.add_argument("--threads", type=int, default=1)
+    evaluate.add_argument(
+        "--write",
+        action="store_true",
+        help="update the folder's evaluation.json, log and MODEL_CARD.md (needs --model)",
+    )
     evaluate.set_defaults(func=_evaluate)

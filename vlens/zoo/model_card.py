@@ -45,11 +45,14 @@ def _is_default_mix(mix: dict[str, float]) -> bool:
 
 
 def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
+    schedule = stage.get("schedule_steps") or stage["steps"]
     command = (
-        f"vlens zoo train --out {out} --seed {stage['seed']} --steps {stage['steps']} "
+        f"vlens zoo train --out {out} --seed {stage['seed']} --steps {schedule} "
         f"--batch-size {stage['batch_size']} --lr {stage['learning_rate']} --warmup {stage['warmup_steps']} "
         f"--examples {stage['n_examples']} --threads {stage['threads']}"
     )
+    if stage["steps"] < schedule:
+        command += f" --stop-after {stage['steps']}"
     if stage.get("mix") is not None and not _is_default_mix(stage["mix"]):
         command += " --mix " + ",".join(f"{name}={share:.4g}" for name, share in stage["mix"].items())
     return command + (f" --init-from {init_from}" if init_from else "")
@@ -68,7 +71,13 @@ def _training_lines(summary: dict) -> list[str]:
     for index, stage in enumerate(stages, start=1):
         start = "from scratch" if index == 1 else "continuing stage " + str(index - 1)
         lines.append(
-            f"- stage {index} ({start}): seed {stage['seed']}, {stage['steps']} steps of batch {stage['batch_size']} "
+            f"- stage {index} ({start}): seed {stage['seed']}, {stage['steps']} steps"
+            + (
+                f" (of a {stage['schedule_steps']}-step schedule)"
+                if stage["steps"] < (stage.get("schedule_steps") or stage["steps"])
+                else ""
+            )
+            + f" of batch {stage['batch_size']} "
             f"on {stage['n_examples']:,} examples, AdamW lr {stage['learning_rate']} ({stage['warmup_steps']} warm-up "
             f"steps, cosine decay), {stage['threads']} torch thread(s), {stage['wall_time_s'] / 60:.1f} min"
         )

@@ -137,6 +137,7 @@ def _summary(
         "training": {
             "seed": settings.seed,
             "steps": training["steps"],
+            "schedule_steps": settings.train.steps,
             "batch_size": settings.train.batch_size,
             "learning_rate": settings.train.learning_rate,
             "warmup_steps": settings.train.warmup_steps,

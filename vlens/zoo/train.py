@@ -28,6 +28,11 @@ class TrainSettings:
     grad_clip: float = 1.0
     seed: int = 0
     log_every: int = 25
+    stop_after: int | None = None  # stop early at this step; the schedule still spans `steps`
+
+    @property
+    def steps_to_run(self) -> int:
+        return self.steps if self.stop_after is None else min(self.stop_after, self.steps)
 
 
 def learning_rate_at(step: int, settings: TrainSettings) -> float:
@@ -67,11 +72,14 @@ def train_model(
     model.train()
     start = time.time()
     running_loss = None
-    with log_path.open("a") as log, tqdm(total=settings.steps, disable=not progress, desc="zoo train") as bar:
+    with (
+        log_path.open("a") as log,
+        tqdm(total=settings.steps_to_run, disable=not progress, desc="zoo train") as bar,
+    ):
         log.write(
             json.dumps({"event": "start", "settings": asdict(settings), "examples": len(examples)}) + "\n"
         )
-        for step in range(settings.steps):
+        for step in range(settings.steps_to_run):
             rows = torch.randint(len(examples), (settings.batch_size,), generator=generator).tolist()
             batch = collate([examples[row] for row in rows], images, pad_id, image_token_id)
             for group in optimizer.param_groups:
@@ -86,7 +94,7 @@ def train_model(
             running_loss = value if running_loss is None else 0.98 * running_loss + 0.02 * value
             bar.update(1)
             bar.set_postfix(loss=f"{running_loss:.4f}")
-            if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
+            if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps_to_run:
                 record = {
                     "step": step + 1,
                     "loss": value,
@@ -96,11 +104,15 @@ def train_model(
                 }
                 log.write(json.dumps(record) + "\n")
                 log.flush()
-            if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < settings.steps:
+            if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < settings.steps_to_run:
                 model.eval()
                 extra = on_checkpoint(step + 1) if on_checkpoint else {}
                 model.train()
                 log.write(json.dumps({"event": "checkpoint", "step": step + 1, **extra}) + "\n")
                 log.flush()
     model.eval()
-    return {"steps": settings.steps, "wall_time_s": round(time.time() - start, 1), "final_loss": running_loss}
+    return {
+        "steps": settings.steps_to_run,
+        "wall_time_s": round(time.time() - start, 1),
+        "final_loss": running_loss,
+    }
