@@ -203,3 +203,14 @@ def test_weight_views_have_transformer_lens_shapes(qwen_pair):
     torch.testing.assert_close(torch.einsum("pm,hmd->phd", x, model.W_Q[0]) + model.b_Q[0], q, atol=1e-5, rtol=0)
     # parameters are shared with HF, not copied
     assert model.blocks[0].attn.q_proj.weight is hf.model.language_model.layers[0].self_attn.q_proj.weight
+
+
+def test_unknown_hook_name_is_a_clear_error(qwen_pair):
+    hf, model = qwen_pair("qwen2_5_vl")
+    inputs = _inputs(model)
+    with pytest.raises(ValueError, match=r"No hook point named 'blocks.7.attn.hook_z'.*2 layers"):
+        model.run_with_hooks(inputs, fwd_hooks=[("blocks.7.attn.hook_z", lambda x, hook: x)])
+    with pytest.raises(ValueError, match="Did you mean 'blocks.0.attn.hook_z'"):
+        with model.hooks(fwd_hooks=[("blocks.0.attn.hook_zz", lambda x, hook: x)]):
+            pass
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())

@@ -6,7 +6,9 @@ not copied); the vision tower stays HF's, wrapped with hooks. Logits equal HF's.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
@@ -191,6 +193,19 @@ class HookedVLM(HookedRootModule):
             return self.unembed(normalized)
         raise ValueError(f"Unknown return_type {return_type!r}: use 'logits', 'resid' or None.")
 
+    @contextmanager
+    def hooks(self, fwd_hooks: Sequence = (), bwd_hooks: Sequence = (), reset_hooks_end: bool = True,
+              clear_contexts: bool = False):
+        """Temporary hooks (TransformerLens semantics: removed on exit, also on error).
+
+        Unknown hook names fail before anything runs, with the closest existing names.
+        """
+        for name, _ in [*fwd_hooks, *bwd_hooks]:
+            if isinstance(name, str) and name not in self.hook_dict:
+                raise ValueError(unknown_hook_message(name, list(self.hook_dict), self.cfg.n_layers))
+        with super().hooks(list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts) as model:
+            yield model
+
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, remove_batch_dim: bool = False,
                        **kwargs: Any):
         """Run and cache activations: (logits, `transformer_lens.ActivationCache`).
@@ -307,6 +322,13 @@ class HookedVLM(HookedRootModule):
         return (f"HookedVLM({c.architecture}: {c.n_layers} layers, d_model={c.d_model}, "
                 f"{c.n_heads} heads ({c.n_key_value_heads} kv), d_head={c.d_head}, "
                 f"{len(self.hook_dict)} hook points)")
+
+
+def unknown_hook_message(name: str, known: list[str], n_layers: int) -> str:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return (f"No hook point named {name!r} (this model has {n_layers} layers, blocks.0 .. blocks.{n_layers - 1})."
+            f"{hint} List them with model.hook_dict or `vlens info --hooks`.")
 
 
 HookedVisionLanguageModel = HookedVLM
