@@ -28,6 +28,23 @@ def _accuracy_table(per_task: dict) -> list[str]:
     return lines
 
 
+def _unmet_target_lines(per_task: dict) -> list[str]:
+    """A plain statement of the targets this model misses (none: no line)."""
+    missed = [
+        f"{name} ({per_task[name]['accuracy']:.0%} < {target:.0%})"
+        for name, target in TARGETS.items()
+        if name in per_task and per_task[name]["accuracy"] < target
+    ]
+    if not missed:
+        return []
+    return [
+        "- Targets missed: " + ", ".join(missed) + ". Questions about one object picked out by a word",
+        '  ("What colour is the star?", "How many red objects...") need the answer position to bind a question',
+        "  word to image tokens; where these sit near chance the model has not learned that binding, and counts",
+        "  or guesses instead.",
+    ]
+
+
 def _count_table(per_count: dict) -> list[str]:
     counts = sorted({count for rows in per_count.values() for count in rows})
     lines = ["| source | " + " | ".join(str(c) for c in counts) + " |", "|---" * (len(counts) + 1) + "|"]
@@ -152,6 +169,7 @@ def render_model_card(summary: dict) -> str:
         "other people's dot generators); counting/synreal is the held-out SynReal-lite style.",
         "",
         "## Limits",
+        *_unmet_target_lines(evaluation["per_task"]),
         "- A toy: it knows only the task-suite vocabulary and question templates, and counts 1-10.",
         "- Images are always resized to the fixed input size; very small objects may vanish.",
         "",
