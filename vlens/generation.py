@@ -105,8 +105,9 @@ def _decode_step(model: HookedVLM, token: Tensor, attention_mask: Tensor, prefil
 def _decode_texts(model: HookedVLM, tokens: Tensor, eos: Tensor) -> list[str]:
     if model.processor is None:
         return ["" for _ in range(tokens.shape[0])]
+    eos_ids = set(eos.tolist())
     texts = []
     for row in tokens.tolist():
-        cut = next((i for i, t in enumerate(row) if t in set(eos.tolist())), len(row))
+        cut = next((i for i, t in enumerate(row) if t in eos_ids), len(row))
         texts.append(model.tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
     return texts

@@ -138,10 +138,12 @@ class HookedVLM(HookedRootModule):
         return self.finish(resid, return_type)
 
     def start_run(self, inputs: VLMInputs, kv_cache: KVCache | None = None) -> RunState:
-        """Embed tokens, encode and merge images, build positions and masks."""
+        """Embed tokens, encode and merge images, build positions and masks.
+
+        `inputs` as `prepare` / `coerce_inputs` return them (already checked by the adapter).
+        """
         cfg = self.cfg
         ids = inputs.input_ids
-        self.adapter.check_inputs(cfg, inputs)
         resid = self.hook_embed(self.embed(ids))
         deepstack: dict[int, tuple[Tensor, Tensor]] = {}
         image_mask = ids == cfg.image_token_id if cfg.image_token_id is not None else None

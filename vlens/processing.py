@@ -121,12 +121,14 @@ def coerce_inputs(model: HookedVLM, inputs: Any = None, **hf_kwargs: Any) -> VLM
     model.adapter.check_inputs(model.cfg, out)
     if out.mm_token_type_ids is None:
         out.mm_token_type_ids = model.adapter.mm_token_type_ids(model.cfg, out.input_ids)
-    if out.regions is None and model.cfg.image_token_id is not None:
-        counts, grids = model.adapter.image_token_counts(model.cfg, out)
-        if out.pixel_values is None:
-            counts, grids = [], []
-        if out.pixel_values is not None or not bool((out.input_ids == model.cfg.image_token_id).any()):
-            out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), model.cfg.image_token_id,
+    image_token_id = model.cfg.image_token_id
+    if out.regions is None and image_token_id is not None:
+        # placeholders without pixel_values get no regions: start_run raises the clear error for them
+        if out.pixel_values is not None:
+            counts, grids = model.adapter.image_token_counts(model.cfg, out)
+            out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id,
                                           counts, grids)
+        elif not bool((out.input_ids == image_token_id).any()):
+            out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id, [], [])
     device = model.W_U.device
     return out.to(device) if out.input_ids.device != device else out

@@ -46,6 +46,7 @@ def build_masks(attention_mask: Tensor | None, batch: int, q_len: int, past_len:
     padding = attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None else None
     common = dict(batch_size=batch, q_length=q_len, kv_length=kv_len, q_offset=past_len, kv_offset=0,
                   attention_mask=padding, device=device)
-    allowed = sdpa_mask(allow_is_causal_skip=False, **common)
     sdpa_form = sdpa_mask(allow_is_causal_skip=True, **common)  # None -> sdpa's is_causal, as HF
+    # when HF materialises the sdpa mask it is exactly the bool mask; only a plain causal one is skipped
+    allowed = sdpa_form if sdpa_form is not None else sdpa_mask(allow_is_causal_skip=False, **common)
     return AttentionMasks(sdpa=sdpa_form, allowed=allowed, dtype=dtype)

@@ -9,8 +9,6 @@ Qwen2-VL/Qwen2.5-VL blocks see [n_patches, width] for all images of the batch co
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import Tensor, nn
 
 from vlens.hooks import HookPoint
@@ -35,18 +33,17 @@ class HookedVisionTower(nn.Module):
             image placeholders (merger / projector output), all images of the batch concatenated.
     """
 
-    def __init__(self, tower: nn.Module, hf_blocks: list[nn.Module], projector: nn.Module | None = None,
-                 block_output: Callable[[object], Tensor] | None = None):
+    def __init__(self, tower: nn.Module, hf_blocks: list[nn.Module], projector: nn.Module | None = None):
         super().__init__()
         self.tower = tower
         self.projector = projector
         self.blocks = nn.ModuleList(VisionBlockHooks() for _ in hf_blocks)
         self.hook_image_embeds = HookPoint()
         for hf_block, hooks in zip(hf_blocks, self.blocks, strict=True):
-            hf_block.register_forward_hook(_route_through(hooks.hook_resid_post, block_output))
+            hf_block.register_forward_hook(_route_through(hooks.hook_resid_post))
 
 
-def _route_through(hook_point: HookPoint, block_output: Callable | None):
+def _route_through(hook_point: HookPoint):
     """A PyTorch forward hook that passes a block's output tensor through `hook_point`."""
 
     def forward_hook(module: nn.Module, inputs: tuple, output):
@@ -56,8 +53,6 @@ def _route_through(hook_point: HookPoint, block_output: Callable | None):
             return hook_point(output)
         if isinstance(output, tuple):  # e.g. (hidden_states, attn_weights)
             return (hook_point(output[0]), *output[1:])
-        if block_output is not None:
-            return block_output(output, hook_point)
         raise TypeError(f"Cannot hook vision block output of type {type(output).__name__}")
 
     return forward_hook
