@@ -64,6 +64,8 @@ def assert_hook_shapes(model, inputs) -> dict:
         "blocks.0.hook_attn_out": (b, p, c.d_model),
         "blocks.0.hook_mlp_out": (b, p, c.d_model),
         "blocks.0.ln1.hook_scale": (b, p, 1),
+        "blocks.0.ln1.hook_normalized": (b, p, c.d_model),
+        f"blocks.{c.n_layers - 1}.hook_resid_mid": (b, p, c.d_model),
         "blocks.0.attn.hook_q": (b, p, c.n_heads, c.d_head),
         "blocks.0.attn.hook_k": (b, p, c.n_key_value_heads, c.d_head),
         "blocks.0.attn.hook_v": (b, p, c.n_key_value_heads, c.d_head),
@@ -73,8 +75,11 @@ def assert_hook_shapes(model, inputs) -> dict:
         "blocks.0.attn.hook_pattern": (b, c.n_heads, p, p),
         "blocks.0.attn.hook_z": (b, p, c.n_heads, c.d_head),
         "blocks.0.attn.hook_result": (b, p, c.n_heads, c.d_model),
+        "blocks.0.mlp.hook_pre": (b, p, c.d_mlp),
+        "blocks.0.mlp.hook_pre_linear": (b, p, c.d_mlp),
         "blocks.0.mlp.hook_post": (b, p, c.d_mlp),
         f"blocks.{c.n_layers - 1}.hook_resid_post": (b, p, c.d_model),
+        "ln_final.hook_scale": (b, p, 1),
         "ln_final.hook_normalized": (b, p, c.d_model),
     }
     for name, shape in expected.items():

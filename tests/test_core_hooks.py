@@ -5,6 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests._arch_parity import (
+    assert_head_decomposition,
+    assert_hook_shapes,
+    assert_hook_z_edit_matches_hf,
+    assert_no_hooks_left_after_exception,
+    assert_scores_edit_matches_scaling_q,
+)
 from tests.conftest import QWEN_FAMILIES
 from vlens.testing import random_image
 
@@ -16,39 +23,8 @@ def _inputs(model):
 
 def test_hook_shapes(qwen_pair):
     hf, model = qwen_pair("qwen2_5_vl")
-    model.set_use_attn_result(True)
     inputs = _inputs(model)
-    _, cache = model.run_with_cache(inputs)
-    c = model.cfg
-    b, p = inputs.input_ids.shape
-    n_img = sum(len(r) for r in inputs.regions.image)
-    expected = {
-        "hook_embed": (b, p, c.d_model),
-        "hook_inputs_embeds": (b, p, c.d_model),
-        "vision.hook_image_embeds": (n_img, c.d_model),
-        "blocks.0.hook_resid_pre": (b, p, c.d_model),
-        "blocks.1.hook_resid_mid": (b, p, c.d_model),
-        "blocks.1.hook_resid_post": (b, p, c.d_model),
-        "blocks.0.hook_attn_out": (b, p, c.d_model),
-        "blocks.0.hook_mlp_out": (b, p, c.d_model),
-        "blocks.0.ln1.hook_scale": (b, p, 1),
-        "blocks.0.ln1.hook_normalized": (b, p, c.d_model),
-        "ln_final.hook_scale": (b, p, 1),
-        "blocks.0.attn.hook_q": (b, p, c.n_heads, c.d_head),
-        "blocks.0.attn.hook_k": (b, p, c.n_key_value_heads, c.d_head),
-        "blocks.0.attn.hook_v": (b, p, c.n_key_value_heads, c.d_head),
-        "blocks.0.attn.hook_rot_q": (b, p, c.n_heads, c.d_head),
-        "blocks.0.attn.hook_rot_k": (b, p, c.n_key_value_heads, c.d_head),
-        "blocks.0.attn.hook_attn_scores": (b, c.n_heads, p, p),
-        "blocks.0.attn.hook_pattern": (b, c.n_heads, p, p),
-        "blocks.0.attn.hook_z": (b, p, c.n_heads, c.d_head),
-        "blocks.0.attn.hook_result": (b, p, c.n_heads, c.d_model),
-        "blocks.0.mlp.hook_pre": (b, p, c.d_mlp),
-        "blocks.0.mlp.hook_pre_linear": (b, p, c.d_mlp),
-        "blocks.0.mlp.hook_post": (b, p, c.d_mlp),
-    }
-    for name, shape in expected.items():
-        assert tuple(cache[name].shape) == shape, name
+    cache = assert_hook_shapes(model, inputs)
     assert cache["vision.blocks.0.hook_resid_post"].ndim == 2
     assert torch.allclose(cache["blocks.0.attn.hook_pattern"].sum(-1), torch.ones(()), atol=1e-5)
 
@@ -56,12 +32,7 @@ def test_hook_shapes(qwen_pair):
 @pytest.mark.parametrize("family", QWEN_FAMILIES)
 def test_head_decomposition_sums_to_attn_out(qwen_pair, family):
     hf, model = qwen_pair(family)
-    _, cache = model.run_with_cache(_inputs(model))
-    for layer in range(model.cfg.n_layers):
-        z = cache[f"blocks.{layer}.attn.hook_z"]
-        per_head = torch.einsum("bphd,hdm->bphm", z, model.blocks[layer].attn.W_O)
-        recon = per_head.sum(2) + model.blocks[layer].attn.b_O
-        torch.testing.assert_close(recon, cache[f"blocks.{layer}.hook_attn_out"], atol=1e-5, rtol=0)
+    assert_head_decomposition(model, _inputs(model))
 
 
 def test_hook_result_sums_to_attn_out_and_keeps_logits(qwen_pair):
@@ -81,76 +52,20 @@ def test_hook_result_sums_to_attn_out_and_keeps_logits(qwen_pair):
 @pytest.mark.parametrize("family", QWEN_FAMILIES)
 def test_hook_z_edit_equals_hf_o_proj_input_edit(qwen_pair, family):
     hf, model = qwen_pair(family)
-    inputs = _inputs(model)
-    layer, head, d_head = 1, 2, model.cfg.d_head
-
-    def ablate_z(z, hook):
-        z = z.clone()
-        z[:, :, head] = 0.5 * z[:, :, head] + 0.1
-        return z
-
-    def ablate_o_proj_input(module, args):
-        x = args[0].clone()
-        x[..., head * d_head:(head + 1) * d_head] = 0.5 * x[..., head * d_head:(head + 1) * d_head] + 0.1
-        return (x,)
-
-    with torch.no_grad():
-        ours = model.run_with_hooks(inputs, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", ablate_z)])
-        handle = hf.model.language_model.layers[layer].self_attn.o_proj.register_forward_pre_hook(ablate_o_proj_input)
-        try:
-            expected = hf(**inputs.to_hf_kwargs()).logits
-        finally:
-            handle.remove()
-    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+    assert_hook_z_edit_matches_hf(model, hf, _inputs(model), layer=1, head=2)
 
 
 @pytest.mark.parametrize("family", QWEN_FAMILIES)
 def test_attn_scores_edit_equals_scaling_q_in_hf(qwen_pair, family):
     hf, model = qwen_pair(family)
-    inputs = _inputs(model)
-    layer, head, beta, d_head = 0, 1, 1.7, model.cfg.d_head
-
-    def scale_scores(scores, hook):
-        scores = scores.clone()
-        scores[:, head] = scores[:, head] * beta
-        return scores
-
-    def scale_q(module, args, output):
-        output = output.clone()
-        output[..., head * d_head:(head + 1) * d_head] *= beta  # rotary is linear: scaling before == after
-        return output
-
-    with torch.no_grad():
-        ours = model.run_with_hooks(inputs, fwd_hooks=[(f"blocks.{layer}.attn.hook_attn_scores", scale_scores)])
-        handle = hf.model.language_model.layers[layer].self_attn.q_proj.register_forward_hook(scale_q)
-        try:
-            expected = hf(**inputs.to_hf_kwargs()).logits
-        finally:
-            handle.remove()
-    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
-    with torch.no_grad():
-        assert (ours - model(inputs)).abs().max() > 1e-4  # the edit did something
+    assert_scores_edit_matches_scaling_q(model, hf, _inputs(model), layer=0, head=1, beta=1.7)
 
 
 def test_no_hook_left_after_exception_in_hook(qwen_pair):
     hf, model = qwen_pair("qwen2_5_vl")
-    inputs = _inputs(model)
-
-    def boom(x, hook):
-        raise RuntimeError("hook failed")
-
-    with pytest.raises(RuntimeError, match="hook failed"):
-        model.run_with_hooks(inputs, fwd_hooks=[("blocks.0.attn.hook_pattern", boom)])
-    with pytest.raises(RuntimeError, match="hook failed"):
-        with model.hooks(fwd_hooks=[("vision.blocks.0.hook_resid_post", boom)]):
-            model(inputs)
-    with pytest.raises(RuntimeError, match="hook failed"):
-        model.run_with_hooks(inputs, fwd_hooks=[("hook_embed", boom)])
-    with pytest.raises(RuntimeError, match="hook failed"):
-        model.generate(inputs, max_new_tokens=3, fwd_hooks=[("blocks.1.attn.hook_z", boom)])
-    leftover = [name for name, hp in model.hook_dict.items() if hp.fwd_hooks or hp.bwd_hooks]
-    assert leftover == []
-    assert not model.blocks[0].attn.needs_pattern()
+    # the first name is also raised from inside generate
+    assert_no_hooks_left_after_exception(model, _inputs(model), ["blocks.1.attn.hook_z", "blocks.0.attn.hook_pattern",
+                                                                 "vision.blocks.0.hook_resid_post", "hook_embed"])
 
 
 def test_vision_hooks_can_edit_the_tower(qwen_pair):

@@ -5,32 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests._arch_parity import assert_logits_match, input_matrix
 from tests.conftest import QWEN_FAMILIES
 from vlens.testing import random_image
 
 
 def _cases(model):
-    img = random_image
-    return {
-        "one_image": model.prepare(images=[img(56, 56, 1)], prompts=["How many dots are there?"]),
-        "two_images_different_sizes": model.prepare(images=[[img(56, 84, 2), img(112, 56, 3)]],
-                                                    prompts=["What colour is the"]),
-        "left_padded_batch": model.prepare(images=[img(56, 56, 4), img(84, 84, 5)],
-                                           prompts=["How many dots are there?", "red"]),
-        "text_only": model.prepare(prompts=["How many dots are there?"]),
-        "text_only_padded_batch": model.prepare(prompts=["How many dots are there?", "red"]),
-    }
+    return input_matrix(model, [(56, 56), (56, 84), (112, 56), (56, 56), (84, 84), (56, 56)])
 
 
 @pytest.mark.parametrize("family", QWEN_FAMILIES)
 def test_logits_match_hf_eager(qwen_pair, family):
     hf, model = qwen_pair(family)
-    for name, inputs in _cases(model).items():
-        with torch.no_grad():
-            expected = hf(**inputs.to_hf_kwargs()).logits
-            ours = model(inputs)
-        assert ours.shape == expected.shape, name
-        torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0, msg=f"{family}/{name}")
+    assert_logits_match(model, hf, _cases(model))  # both attention paths, every position
 
 
 @pytest.mark.parametrize("family", QWEN_FAMILIES)
