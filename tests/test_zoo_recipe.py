@@ -12,7 +12,13 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 from vlens.cli import main
 from vlens.zoo.recipe import build_untrained
 from vlens.zoo.train import TrainSettings, learning_rate_at, train_model
-from vlens.zoo.training_set import held_out_samples, parse_mix, render_training_set, training_sources
+from vlens.zoo.training_set import (
+    held_out_samples,
+    parse_mix,
+    render_training_set,
+    source_makers,
+    training_sources,
+)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +110,7 @@ def test_a_second_stage_continues_the_folder_and_the_card_lists_both(smoke_run, 
     first, _ = smoke_run
     options = "--seed 4 --steps 2 --batch-size 2 --examples 8 --warmup 1 --held-out 1 --threads 1 --quiet"
     argv = ["zoo", "train", "--out", str(tmp_path), *options.split(), "--init-from", str(first)]
-    argv += ["--mix", "colour=1,shape=1"]
+    argv += ["--mix", "colour=1,shape=1", "--max-objects", "2"]
     threads = torch.get_num_threads()
     try:
         assert main(argv) == 0
@@ -113,7 +119,20 @@ def test_a_second_stage_continues_the_folder_and_the_card_lists_both(smoke_run, 
     card = (tmp_path / "MODEL_CARD.md").read_text()
     assert "stage 1 (from scratch): seed 3, 20 steps" in card
     assert "stage 2 (continuing stage 1): seed 4, 2 steps" in card
-    assert "--init-from stage1" in card and "--mix colour=0.5,shape=0.5" in card
+    assert "--init-from stage1" in card and "--mix colour=0.5,shape=0.5 --max-objects 2" in card
+    assert "curriculum: non-counting tasks with at most 2 objects" in card
+
+
+@pytest.mark.parametrize("max_objects", [1, 2, 3])
+def test_curriculum_caps_objects_of_non_counting_tasks_only(max_objects):
+    makers = source_makers(vary=True, max_objects=max_objects)
+    for task, floor in (("colour", 1), ("shape", 1), ("existence", 1), ("spatial", 2), ("arithmetic", 3)):
+        sizes = {len(makers[task](seed)[1]["objects"]) for seed in range(40)}
+        assert max(sizes) == max(max_objects, floor), (task, sizes)
+    counts = {makers["counting/synpoly"](seed)[1]["count"] for seed in range(60)}
+    assert max(counts) > 5  # counting keeps its 1..10 answers
+    with pytest.raises(ValueError, match="max_objects must be a positive integer"):
+        source_makers(vary=True, max_objects=0)
 
 
 def test_mix_parsing_and_weights():

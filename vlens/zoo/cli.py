@@ -21,6 +21,7 @@ def _train(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         init_from=args.init_from,
         mix=parse_mix(args.mix) if args.mix else None,
+        max_objects=args.max_objects,
         train=TrainSettings(
             steps=args.steps,
             stop_after=args.stop_after,
@@ -95,6 +96,13 @@ def add_cli(subparsers) -> None:
         "--mix", default=None, help="source weights, e.g. colour=0.2,shape=0.2 (default: recipe mix)"
     )
     train.add_argument("--init-from", default=None, help="continue training a folder this command wrote")
+    train.add_argument(
+        "--max-objects",
+        type=int,
+        default=None,
+        help="curriculum stage: at most this many objects in colour/shape/spatial/arithmetic/existence "
+        "images (spatial keeps >= 2, arithmetic >= 3; counting always 1-10)",
+    )
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=_train)
 

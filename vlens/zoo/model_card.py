@@ -72,6 +72,8 @@ def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
         command += f" --stop-after {stage['steps']}"
     if stage.get("mix") is not None and not _is_default_mix(stage["mix"]):
         command += " --mix " + ",".join(f"{name}={share:.4g}" for name, share in stage["mix"].items())
+    if stage.get("max_objects") is not None:
+        command += f" --max-objects {stage['max_objects']}"
     return command + (f" --init-from {init_from}" if init_from else "")
 
 
@@ -82,6 +84,7 @@ def _training_lines(summary: dict) -> list[str]:
         **summary["training"],
         "n_examples": summary["data"]["n_examples"],
         "mix": summary["data"]["mix"],
+        "max_objects": summary["data"].get("max_objects"),
     }
     stages = [*summary.get("previous_stages", []), current]
     lines = []
@@ -97,6 +100,11 @@ def _training_lines(summary: dict) -> list[str]:
             + f" of batch {stage['batch_size']} "
             f"on {stage['n_examples']:,} examples, AdamW lr {stage['learning_rate']} ({stage['warmup_steps']} warm-up "
             f"steps, cosine decay), {stage['threads']} torch thread(s), {stage['wall_time_s'] / 60:.1f} min"
+            + (
+                f"; curriculum: non-counting tasks with at most {stage['max_objects']} objects"
+                if stage.get("max_objects") is not None
+                else ""
+            )
         )
     total_minutes = sum(stage["wall_time_s"] for stage in stages) / 60
     lines += [

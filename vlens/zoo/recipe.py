@@ -43,6 +43,7 @@ class RecipeSettings:
     checkpoint_held_out_per_source: int = 40
     mix: dict[str, float] | None = None  # source weights; default TRAINING_MIX
     init_from: str | None = None  # continue from a trained folder (a second stage) instead of scratch
+    max_objects: int | None = None  # curriculum: cap the objects of non-counting tasks (None: up to 10)
     train: TrainSettings = field(default_factory=TrainSettings)
 
 
@@ -76,6 +77,7 @@ def previous_stages(folder: str | Path) -> list[dict]:
         **summary["training"],
         "n_examples": summary["data"]["n_examples"],
         "mix": summary["data"]["mix"],
+        "max_objects": summary["data"].get("max_objects"),
     }
     return [*summary.get("previous_stages", []), stage]
 
@@ -131,6 +133,7 @@ def _summary(
         "data": {
             "n_examples": settings.n_examples,
             "mix": _normalised(settings.mix or TRAINING_MIX),
+            "max_objects": settings.max_objects,
             "held_out_per_source": evaluation.get("held_out_per_source", settings.held_out_per_source),
             "held_out_size": DEFAULT_SIZE,
         },
@@ -171,7 +174,9 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
         tokenizer, processor, model = load_for_continuation(settings.init_from)
     else:
         tokenizer, processor, model = build_untrained(settings.seed)
-    rendered = render_training_set(processor, settings.n_examples, settings.seed, progress, settings.mix)
+    rendered = render_training_set(
+        processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects
+    )
     log_path = out / TRAINING_LOG
     log_path.unlink(missing_ok=True)
     checkpoint_samples = (

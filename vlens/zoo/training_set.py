@@ -36,11 +36,29 @@ def _size_for(rng: np.random.Generator) -> int:
     return int(rng.integers(140, 281))
 
 
-def _task_source(task: str, style: str, vary: bool) -> Callable[..., Sample]:
+# Fewest objects a capped (curriculum) task still needs: spatial compares two objects;
+# arithmetic needs room for a non-trivial sum and difference.
+MIN_OBJECTS = {"spatial": 2, "arithmetic": 3}
+
+
+def _object_counts(task: str, max_objects: int | None) -> tuple[int, ...]:
+    """Allowed object counts of a non-counting task: 1..10, or 1..max_objects (at least the
+    task's minimum) in a curriculum stage."""
+    if max_objects is None:
+        return tuple(range(1, 11))
+    return tuple(range(1, max(max_objects, MIN_OBJECTS.get(task, 1)) + 1))
+
+
+def _task_source(task: str, style: str, vary: bool, max_objects: int | None = None) -> Callable[..., Sample]:
     def make(seed: int, count: int | None = None) -> Sample:
         rng = np.random.default_rng([seed, 7])
         size = _size_for(rng) if vary else DEFAULT_SIZE
-        counts = (count,) if count is not None else tuple(range(1, 11))
+        if count is not None:
+            counts = (count,)
+        elif task == "counting":  # counting always spans 1..10: its answers are the counts
+            counts = tuple(range(1, 11))
+        else:
+            counts = _object_counts(task, max_objects)
         if vary and style == "syndot" and rng.random() < 0.5:
             # dots a little smaller or larger than SynDot's default 2.5%-5.5% of the side
             low = rng.uniform(0.018, 0.04)
@@ -68,19 +86,22 @@ def _dot_variant_source(seed: int, count: int | None = None) -> Sample:
     }
 
 
-def source_makers(vary: bool) -> dict[str, Callable[..., Sample]]:
+def source_makers(vary: bool, max_objects: int | None = None) -> dict[str, Callable[..., Sample]]:
     """name -> (seed, count=None) -> (image, record); `count` fixes the object count of
-    counting sources. `vary`: training variety of image size and dot radius."""
+    counting sources. `vary`: training variety of image size and dot radius.
+    `max_objects` (a curriculum stage) caps the objects of the non-counting tasks."""
+    if max_objects is not None and max_objects < 1:
+        raise ValueError(f"max_objects must be a positive integer or None, got {max_objects}")
+
+    def task(name: str) -> Callable[..., Sample]:
+        return _task_source(name, "synpoly", vary, max_objects)
+
     return {
         "counting/syndot": _task_source("counting", "syndot", vary),
         "counting/dot_variants": _dot_variant_source,
         "counting/synpoly": _task_source("counting", "synpoly", vary),
         "counting/synreal": _task_source("counting", "synreal", vary),
-        "colour": _task_source("colour", "synpoly", vary),
-        "shape": _task_source("shape", "synpoly", vary),
-        "spatial": _task_source("spatial", "synpoly", vary),
-        "arithmetic": _task_source("arithmetic", "synpoly", vary),
-        "existence": _task_source("existence", "synpoly", vary),
+        **{name: task(name) for name in ("colour", "shape", "spatial", "arithmetic", "existence")},
     }
 
 
@@ -135,12 +156,18 @@ def training_sources(
 
 
 def render_training_set(
-    processor, n_examples: int, seed: int, progress: bool = True, mix: dict[str, float] | None = None
+    processor,
+    n_examples: int,
+    seed: int,
+    progress: bool = True,
+    mix: dict[str, float] | None = None,
+    max_objects: int | None = None,
 ) -> RenderedSet:
-    """Render and encode `n_examples` training examples once (images kept as uint8)."""
+    """Render and encode `n_examples` training examples once (images kept as uint8);
+    `max_objects` caps the non-counting tasks' objects (see :func:`source_makers`)."""
     if n_examples < 1:
         raise ValueError(f"n_examples must be positive, got {n_examples}")
-    makers = source_makers(vary=True)
+    makers = source_makers(vary=True, max_objects=max_objects)
     images, examples, sources = [], [], []
     for index, (name, sample_seed) in enumerate(
         tqdm(training_sources(n_examples, seed, mix), desc="render training set", disable=not progress)
