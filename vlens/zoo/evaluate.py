@@ -40,30 +40,39 @@ def answer_questions(
 
 
 def accuracy_report(records: list[dict], predictions: list[str], group_key: str = "source") -> dict:
-    """Exact-match accuracy per group (record[group_key], else record["task"]), and per
-    true count (the answer) for counting groups.
+    """Exact-match accuracy per group (record[group_key], else record["task"]), per true
+    count (the answer) for counting groups, and per number of objects in the image for the
+    other groups whose records list their "objects" (how accuracy falls with distractors).
 
     Returns {"per_task": {group: {"accuracy", "n"}},
-             "per_count": {counting group: {count: {"accuracy", "n"}}}}.
+             "per_count": {counting group: {count: {"accuracy", "n"}}},
+             "per_objects": {other group: {n_objects: {"accuracy", "n"}}}}.
     """
     hits: dict[str, list[bool]] = defaultdict(list)
     count_hits: dict[str, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    object_hits: dict[str, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for record, prediction in zip(records, predictions, strict=True):
         group = record.get(group_key, record["task"])
         correct = prediction.strip().lower() == str(record["answer"]).strip().lower()
         hits[group].append(correct)
         if record["task"] == "counting":
             count_hits[group][int(record["answer"])].append(correct)
+        elif "objects" in record:
+            object_hits[group][len(record["objects"])].append(correct)
 
     def summary(values: list[bool]) -> dict:
         return {"accuracy": sum(values) / len(values), "n": len(values)}
 
+    def breakdown(grouped: dict[str, dict[int, list[bool]]]) -> dict:
+        return {
+            group: {key: summary(values) for key, values in sorted(by_key.items())}
+            for group, by_key in sorted(grouped.items())
+        }
+
     return {
         "per_task": {group: summary(values) for group, values in sorted(hits.items())},
-        "per_count": {
-            group: {count: summary(values) for count, values in sorted(by_count.items())}
-            for group, by_count in sorted(count_hits.items())
-        },
+        "per_count": breakdown(count_hits),
+        "per_objects": breakdown(object_hits),
     }
 
 

@@ -45,13 +45,30 @@ def _unmet_target_lines(per_task: dict) -> list[str]:
     ]
 
 
-def _count_table(per_count: dict) -> list[str]:
+def _count_table(per_count: dict, with_n: bool = False) -> list[str]:
+    """Accuracy per source (rows) and per count or object number (columns)."""
     counts = sorted({count for rows in per_count.values() for count in rows})
     lines = ["| source | " + " | ".join(str(c) for c in counts) + " |", "|---" * (len(counts) + 1) + "|"]
     for source, rows in per_count.items():
-        cells = [f"{rows[c]['accuracy']:.0%}" if c in rows else "" for c in counts]
+        cells = [
+            f"{rows[c]['accuracy']:.0%}" + (f" ({rows[c]['n']})" if with_n else "") if c in rows else ""
+            for c in counts
+        ]
         lines.append(f"| {source} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _objects_section(per_objects: dict) -> list[str]:
+    """Other tasks' accuracy by number of objects in the image (none recorded: no section)."""
+    if not per_objects:
+        return []
+    return [
+        "## Other tasks by number of objects in the image",
+        "Accuracy (n) per number of objects; one object needs no binding of a question word to an object.",
+        "",
+        *_count_table(per_objects, with_n=True),
+        "",
+    ]
 
 
 def _is_default_mix(mix: dict[str, float]) -> bool:
@@ -176,6 +193,7 @@ def render_model_card(summary: dict) -> str:
         "counting/dot_variants are dots from vlens.zoo.dot_variants, a second renderer (a stand-in for",
         "other people's dot generators); counting/synreal is the held-out SynReal-lite style.",
         "",
+        *_objects_section(evaluation.get("per_objects", {})),
         "## Limits",
         *_unmet_target_lines(evaluation["per_task"]),
         "- A toy: it knows only the task-suite vocabulary and question templates, and counts 1-10.",
@@ -188,9 +206,10 @@ def render_model_card(summary: dict) -> str:
 def rewrite_model_card(folder: str | Path) -> Path:
     """Re-render MODEL_CARD.md from the folder's evaluation.json (the recipe's summary)."""
     summary = json.loads((Path(folder) / "evaluation.json").read_text())
-    for rows in summary["evaluation"]["per_count"].values():  # JSON turned the counts into strings
-        for count in list(rows):
-            rows[int(count)] = rows.pop(count)
+    for key in ("per_count", "per_objects"):
+        for rows in summary["evaluation"].get(key, {}).values():  # JSON turned the counts into strings
+            for count in list(rows):
+                rows[int(count)] = rows.pop(count)
     return write_model_card(summary, folder)
 
 

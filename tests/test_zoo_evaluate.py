@@ -1,0 +1,40 @@
+"""Held-out accuracy bookkeeping of the embedded model, on hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlens.zoo.evaluate import accuracy_report
+from vlens.zoo.model_card import _objects_section
+
+
+def _record(task: str, answer: str, n_objects: int, source: str | None = None) -> dict:
+    record = {"task": task, "answer": answer, "objects": [{}] * n_objects}
+    return record if source is None else {**record, "source": source}
+
+
+def test_accuracy_per_task_per_count_and_per_number_of_objects():
+    records = [
+        _record("counting", "3", 3, "counting/syndot"),
+        _record("counting", "3", 3, "counting/syndot"),
+        _record("counting", "5", 5, "counting/syndot"),
+        _record("colour", "red", 1),
+        _record("colour", "blue", 1),
+        _record("colour", "green", 3),
+    ]
+    predictions = ["3", "4", "5", "red", " Blue ", "red"]
+    report = accuracy_report(records, predictions)
+    assert report["per_task"]["counting/syndot"] == {"accuracy": pytest.approx(2 / 3), "n": 3}
+    assert report["per_task"]["colour"] == {"accuracy": pytest.approx(2 / 3), "n": 3}
+    assert report["per_count"] == {
+        "counting/syndot": {3: {"accuracy": 0.5, "n": 2}, 5: {"accuracy": 1.0, "n": 1}}
+    }
+    # counting is broken down by its answer, the other tasks by objects in the image
+    assert report["per_objects"] == {"colour": {1: {"accuracy": 1.0, "n": 2}, 3: {"accuracy": 0.0, "n": 1}}}
+
+
+def test_objects_section_of_the_model_card():
+    assert _objects_section({}) == []
+    lines = _objects_section({"colour": {1: {"accuracy": 1.0, "n": 2}, 3: {"accuracy": 0.0, "n": 1}}})
+    assert "| source | 1 | 3 |" in lines
+    assert "| colour | 100% (2) | 0% (1) |" in lines
