@@ -22,6 +22,7 @@ def _train(args: argparse.Namespace) -> int:
         init_from=args.init_from,
         mix=parse_mix(args.mix) if args.mix else None,
         max_objects=args.max_objects,
+        grow_vision_depth=args.grow_vision_depth,
         train=TrainSettings(
             steps=args.steps,
             stop_after=args.stop_after,
@@ -102,6 +103,12 @@ def add_cli(subparsers) -> None:
         default=None,
         help="curriculum stage: at most this many objects in colour/shape/spatial/arithmetic/existence "
         "images (spatial keeps >= 2, arithmetic >= 3; counting always 1-10)",
+    )
+    train.add_argument(
+        "--grow-vision-depth",
+        type=int,
+        default=None,
+        help="with --init-from: first grow the vision tower to this many blocks (new ones start as identity)",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=_train)

@@ -91,6 +91,8 @@ def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
         command += " --mix " + ",".join(f"{name}={share:.4g}" for name, share in stage["mix"].items())
     if stage.get("max_objects") is not None:
         command += f" --max-objects {stage['max_objects']}"
+    if stage.get("grow_vision_depth") is not None:
+        command += f" --grow-vision-depth {stage['grow_vision_depth']}"
     return command + (f" --init-from {init_from}" if init_from else "")
 
 
@@ -120,6 +122,11 @@ def _training_lines(summary: dict) -> list[str]:
             + (
                 f"; curriculum: non-counting tasks with at most {stage['max_objects']} objects"
                 if stage.get("max_objects") is not None
+                else ""
+            )
+            + (
+                f"; vision tower first grown to {stage['grow_vision_depth']} blocks (new blocks start as the identity)"
+                if stage.get("grow_vision_depth") is not None
                 else ""
             )
         )

@@ -14,6 +14,7 @@ from transformers import GenerationConfig
 
 from vlens.zoo import architecture as arch
 from vlens.zoo.evaluate import evaluate_samples
+from vlens.zoo.growth import grow_vision_tower
 from vlens.zoo.model_card import write_model_card
 from vlens.zoo.processor import (
     IMAGE_SIZE,
@@ -44,6 +45,7 @@ class RecipeSettings:
     mix: dict[str, float] | None = None  # source weights; default TRAINING_MIX
     init_from: str | None = None  # continue from a trained folder (a second stage) instead of scratch
     max_objects: int | None = None  # curriculum: cap the objects of non-counting tasks (None: up to 10)
+    grow_vision_depth: int | None = None  # with init_from: add identity-initialised vision blocks first
     train: TrainSettings = field(default_factory=TrainSettings)
 
 
@@ -99,21 +101,23 @@ def save_model_folder(model, processor, folder: str | Path) -> None:
 
 
 def describe_config(model, tokenizer) -> dict:
-    """The numbers MODEL_CARD.md reports about the architecture."""
+    """The numbers MODEL_CARD.md reports about the architecture (read from the model's
+    config: a grown vision tower is described as it is)."""
+    vision, text = model.config.vision_config, model.config.text_config
     return {
         "image_size": IMAGE_SIZE,
         "patch_size": PATCH_SIZE,
         "merged_grid": MERGED_GRID,
-        "vision_depth": arch.VISION_DEPTH,
-        "vision_width": arch.VISION_WIDTH,
-        "vision_heads": arch.VISION_HEADS,
-        "vision_full_attention_blocks": arch.VISION_FULL_ATTENTION_BLOCKS,
-        "text_layers": arch.TEXT_LAYERS,
-        "text_width": arch.TEXT_WIDTH,
-        "text_heads": arch.TEXT_HEADS,
-        "text_kv_heads": arch.TEXT_KV_HEADS,
-        "text_mlp": arch.TEXT_MLP,
-        "mrope_section": arch.MROPE_SECTION,
+        "vision_depth": vision.depth,
+        "vision_width": vision.hidden_size,
+        "vision_heads": vision.num_heads,
+        "vision_full_attention_blocks": list(vision.fullatt_block_indexes),
+        "text_layers": text.num_hidden_layers,
+        "text_width": text.hidden_size,
+        "text_heads": text.num_attention_heads,
+        "text_kv_heads": text.num_key_value_heads,
+        "text_mlp": text.intermediate_size,
+        "mrope_section": list(text.rope_parameters["mrope_section"]),
         "vocab_size": len(tokenizer),
     }
 
@@ -146,6 +150,7 @@ def _summary(
             "warmup_steps": settings.train.warmup_steps,
             "threads": settings.threads,
             "init_from": settings.init_from,
+            "grow_vision_depth": settings.grow_vision_depth,
             "wall_time_s": training["wall_time_s"],
             "final_loss": training["final_loss"] if training["final_loss"] is not None else float("nan"),
         },
@@ -170,8 +175,12 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(settings.threads)
     settings.train.seed = settings.seed
+    if settings.grow_vision_depth is not None and not settings.init_from:
+        raise ValueError("growing the vision tower needs a trained folder to grow (--init-from)")
     if settings.init_from:
         tokenizer, processor, model = load_for_continuation(settings.init_from)
+        if settings.grow_vision_depth is not None:
+            model = grow_vision_tower(model, settings.grow_vision_depth, settings.seed)
     else:
         tokenizer, processor, model = build_untrained(settings.seed)
     rendered = render_training_set(

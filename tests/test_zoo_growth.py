@@ -1,0 +1,46 @@
+"""Growing the embedded model's vision tower keeps what the model computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vlens.zoo.batches import collate, encode_example, to_model_image
+from vlens.zoo.growth import full_attention_blocks_after_growth, grow_vision_tower
+from vlens.zoo.recipe import build_untrained
+from vlens.zoo.training_set import source_makers
+
+
+def _batch(processor, n: int = 3) -> dict:
+    makers = source_makers(vary=False)
+    samples = [makers["colour"](seed) for seed in range(n)]
+    images = torch.from_numpy(np.stack([to_model_image(image) for image, _ in samples]))
+    examples = [encode_example(processor, r["question"], r["answer"], i) for i, (_, r) in enumerate(samples)]
+    return collate(examples, images, processor.tokenizer.pad_token_id, processor.image_token_id)
+
+
+def test_grown_tower_starts_as_the_identity_and_then_trains():
+    _, processor, model = build_untrained(seed=1)
+    with torch.no_grad():  # a non-trivial model: perturb the weights away from init
+        for parameter in model.parameters():
+            parameter.add_(0.02 * torch.randn_like(parameter))
+    model.eval()
+    grown = grow_vision_tower(model, depth=4)
+    assert grown.config.vision_config.depth == 4 and len(grown.model.visual.blocks) == 4
+    assert grown.config.vision_config.fullatt_block_indexes == [1, 3]
+    batch = _batch(processor)
+    with torch.no_grad():
+        torch.testing.assert_close(grown(**batch).logits, model(**batch).logits, rtol=0, atol=1e-6)
+    grown.train()
+    grown(**batch).loss.backward()
+    new_block = grown.model.visual.blocks[3]
+    assert new_block.attn.proj.weight.grad.abs().sum() > 0  # the zero projections receive gradient
+    assert new_block.mlp.down_proj.weight.grad.abs().sum() > 0
+
+
+def test_growth_needs_a_larger_depth_and_keeps_full_attention_blocks():
+    _, _, model = build_untrained(seed=1)
+    with pytest.raises(ValueError, match="more than its 2 blocks"):
+        grow_vision_tower(model, depth=2)
+    assert full_attention_blocks_after_growth([1], 2, 5) == [1, 4]

@@ -1,0 +1,52 @@
+"""Growing a trained model's vision tower (a curriculum step between training stages).
+
+New vision blocks are appended with their output projections (attention `proj`, MLP
+`down_proj`) set to zero, so each new block starts as the identity on the residual stream
+and the grown model computes exactly what the smaller one did; training then gives the
+tower the depth it needs for harder visual features (shapes) without starting over.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen2_5_VLForConditionalGeneration
+
+
+def full_attention_blocks_after_growth(old_full: list[int], old_depth: int, new_depth: int) -> list[int]:
+    """Keep the old full-attention blocks and make the new last block full attention too
+    (Qwen2.5-VL alternates windowed blocks with a periodic full-attention block)."""
+    return sorted(set(old_full) | {new_depth - 1}) if new_depth > old_depth else list(old_full)
+
+
+def grow_vision_tower(
+    model: Qwen2_5_VLForConditionalGeneration, depth: int, seed: int = 0
+) -> Qwen2_5_VLForConditionalGeneration:
+    """A copy of `model` whose vision tower has `depth` blocks (the first ones are the
+    model's; the rest start as the identity). Raises ValueError if `depth` is not larger."""
+    vision = model.config.vision_config
+    if depth <= vision.depth:
+        raise ValueError(f"grow the vision tower to more than its {vision.depth} blocks, got depth {depth}")
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    config.vision_config.fullatt_block_indexes = full_attention_blocks_after_growth(
+        list(vision.fullatt_block_indexes), vision.depth, depth
+    )
+    config.vision_config.depth = depth
+    torch.manual_seed(seed)
+    grown = Qwen2_5_VLForConditionalGeneration(config).to(next(model.parameters()).dtype)
+    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    new_blocks = range(vision.depth, depth)
+    expected_missing = {name for name, _ in grown.named_parameters() if _in_blocks(name, new_blocks)}
+    if unexpected or set(missing) - expected_missing:
+        raise RuntimeError(f"growing the vision tower lost weights: missing {missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        for index in new_blocks:
+            block = grown.model.visual.blocks[index]
+            for layer in (block.attn.proj, block.mlp.down_proj):
+                layer.weight.zero_()
+                layer.bias.zero_()
+    grown.generation_config = model.generation_config
+    return grown.eval() if not model.training else grown
+
+
+def _in_blocks(name: str, blocks: range) -> bool:
+    return any(f"visual.blocks.{index}." in name for index in blocks)
