@@ -30,6 +30,7 @@ def _train(args: argparse.Namespace) -> int:
             learning_rate=args.lr,
             warmup_steps=args.warmup,
             log_every=args.log_every,
+            vision_aux_weight=args.vision_aux_weight,
         ),
     )
     summary = run_recipe(Path(args.out), settings, progress=not args.quiet)
@@ -109,6 +110,12 @@ def add_cli(subparsers) -> None:
         type=int,
         default=None,
         help="with --init-from: first grow the vision tower to this many blocks (new ones start as identity)",
+    )
+    train.add_argument(
+        "--vision-aux-weight",
+        type=float,
+        default=0.0,
+        help="weight of the dense shape/colour loss on the vision tower's image tokens (0: answer tokens only)",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=_train)

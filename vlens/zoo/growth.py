@@ -37,7 +37,9 @@ def grow_vision_tower(
     new_blocks = range(vision.depth, depth)
     expected_missing = {name for name, _ in grown.named_parameters() if _in_blocks(name, new_blocks)}
     if unexpected or set(missing) - expected_missing:
-        raise RuntimeError(f"growing the vision tower lost weights: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(
+            f"growing the vision tower lost weights: missing {missing}, unexpected {unexpected}"
+        )
     with torch.no_grad():
         for index in new_blocks:
             block = grown.model.visual.blocks[index]

@@ -93,6 +93,8 @@ def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
         command += f" --max-objects {stage['max_objects']}"
     if stage.get("grow_vision_depth") is not None:
         command += f" --grow-vision-depth {stage['grow_vision_depth']}"
+    if stage.get("vision_aux_weight"):
+        command += f" --vision-aux-weight {stage['vision_aux_weight']}"
     return command + (f" --init-from {init_from}" if init_from else "")
 
 
@@ -127,6 +129,12 @@ def _training_lines(summary: dict) -> list[str]:
             + (
                 f"; vision tower first grown to {stage['grow_vision_depth']} blocks (new blocks start as the identity)"
                 if stage.get("grow_vision_depth") is not None
+                else ""
+            )
+            + (
+                f"; plus the dense vision-token shape/colour loss (weight {stage['vision_aux_weight']}, "
+                "vlens.zoo.vision_aux; its heads are not saved)"
+                if stage.get("vision_aux_weight")
                 else ""
             )
         )

@@ -151,6 +151,7 @@ def _summary(
             "threads": settings.threads,
             "init_from": settings.init_from,
             "grow_vision_depth": settings.grow_vision_depth,
+            "vision_aux_weight": settings.train.vision_aux_weight,
             "wall_time_s": training["wall_time_s"],
             "final_loss": training["final_loss"] if training["final_loss"] is not None else float("nan"),
         },
@@ -216,6 +217,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
         on_checkpoint=on_checkpoint,
         checkpoint_every=settings.checkpoint_every,
         progress=progress,
+        cell_labels=rendered.cell_labels,
     )
     del rendered
     evaluation = evaluate_samples(model, processor, held_out_samples(settings.held_out_per_source))

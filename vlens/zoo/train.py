@@ -7,6 +7,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from vlens.zoo.batches import EncodedExample, collate
+from vlens.zoo.vision_aux import VisionAuxHeads, captured_image_tokens
 
 
 @dataclass
@@ -29,6 +31,7 @@ class TrainSettings:
     seed: int = 0
     log_every: int = 25
     stop_after: int | None = None  # stop early at this step; the schedule still spans `steps`
+    vision_aux_weight: float = 0.0  # > 0: add the dense vision-token loss of vlens.zoo.vision_aux
 
     @property
     def steps_to_run(self) -> int:
@@ -54,20 +57,29 @@ def train_model(
     on_checkpoint: Callable[[int], dict] | None = None,
     checkpoint_every: int = 0,
     progress: bool = True,
+    cell_labels: torch.Tensor | None = None,
 ) -> dict:
     """Train `model` in place on `examples` (sampled uniformly with replacement).
 
     images: uint8 [n_images, H, W, 3] indexed by the examples. Every `checkpoint_every`
     steps (0: never) `on_checkpoint(step)` is called; what it returns is logged.
-    Returns {"steps", "wall_time_s", "final_loss"}.
+    cell_labels: int [n_images, 2, cells] (vlens.zoo.vision_aux.cell_labels), needed when
+    settings.vision_aux_weight > 0; the auxiliary heads are trained alongside and dropped.
+    Returns {"steps", "wall_time_s", "final_loss"} (final_loss: the answer-token loss).
     """
     if not examples:
         raise ValueError("train_model needs at least one example")
+    heads = None
+    if settings.vision_aux_weight > 0:
+        if cell_labels is None:
+            raise ValueError("vision_aux_weight > 0 needs cell_labels for the images")
+        heads = VisionAuxHeads(model.config.vision_config.out_hidden_size, settings.seed)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(settings.seed)
+    parameters = [*model.parameters(), *(heads.parameters() if heads is not None else [])]
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay, betas=(0.9, 0.98)
+        parameters, lr=settings.learning_rate, weight_decay=settings.weight_decay, betas=(0.9, 0.98)
     )
     model.train()
     start = time.time()
@@ -84,13 +96,19 @@ def train_model(
             batch = collate([examples[row] for row in rows], images, pad_id, image_token_id)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate_at(step, settings)
-            loss = model(**batch).loss
+            capture = captured_image_tokens(model) if heads is not None else nullcontext([])
+            with capture as image_tokens:
+                loss = answer_loss = model(**batch).loss
+            if heads is not None:
+                labels = cell_labels[torch.tensor(rows)].permute(1, 0, 2).reshape(2, -1)
+                aux_loss = heads.loss(image_tokens[0], labels)
+                loss = answer_loss + settings.vision_aux_weight * aux_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+            torch.nn.utils.clip_grad_norm_(parameters, settings.grad_clip)
             optimizer.step()
 
-            value = loss.item()
+            value = answer_loss.item()
             running_loss = value if running_loss is None else 0.98 * running_loss + 0.02 * value
             bar.update(1)
             bar.set_postfix(loss=f"{running_loss:.4f}")
@@ -100,6 +118,7 @@ def train_model(
                     "loss": value,
                     "smoothed_loss": running_loss,
                     "lr": optimizer.param_groups[0]["lr"],
+                    **({"vision_aux_loss": aux_loss.item()} if heads is not None else {}),
                     "elapsed_s": round(time.time() - start, 1),
                 }
                 log.write(json.dumps(record) + "\n")

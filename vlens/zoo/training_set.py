@@ -19,6 +19,8 @@ from vlens.data import LayoutError, make_task_sample
 from vlens.data.templates import COUNT_DOTS
 from vlens.zoo.batches import EncodedExample, encode_example, to_model_image
 from vlens.zoo.dot_variants import render_dot_variant
+from vlens.zoo.processor import MERGED_GRID
+from vlens.zoo.vision_aux import cell_labels
 
 Sample = tuple[Image.Image, dict]
 DEFAULT_SIZE = 224  # the data module's default image size: what users and the checks draw
@@ -121,11 +123,14 @@ TRAINING_MIX: dict[str, float] = {
 
 @dataclass
 class RenderedSet:
-    """Pre-rendered examples: uint8 images [n, H, W, 3] and their encoded token sequences."""
+    """Pre-rendered examples: uint8 images [n, H, W, 3], their encoded token sequences, and
+    per image the (shape, colour) class of each merged-token cell [n, 2, cells] for the
+    optional vision objective (vlens.zoo.vision_aux)."""
 
     images: torch.Tensor
     examples: list[EncodedExample]
     sources: list[str]
+    cell_labels: torch.Tensor
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -168,7 +173,7 @@ def render_training_set(
     if n_examples < 1:
         raise ValueError(f"n_examples must be positive, got {n_examples}")
     makers = source_makers(vary=True, max_objects=max_objects)
-    images, examples, sources = [], [], []
+    images, examples, sources, labels = [], [], [], []
     for index, (name, sample_seed) in enumerate(
         tqdm(training_sources(n_examples, seed, mix), desc="render training set", disable=not progress)
     ):
@@ -176,7 +181,10 @@ def render_training_set(
         images.append(to_model_image(image))
         examples.append(encode_example(processor, record["question"], record["answer"], index))
         sources.append(name)
-    return RenderedSet(torch.from_numpy(np.stack(images)), examples, sources)
+        labels.append(cell_labels(record, MERGED_GRID))
+    return RenderedSet(
+        torch.from_numpy(np.stack(images)), examples, sources, torch.from_numpy(np.stack(labels))
+    )
 
 
 def held_out_samples(per_source: int, sources: list[str] | None = None) -> list[tuple[Image.Image, dict]]:
