@@ -38,3 +38,26 @@ def test_objects_section_of_the_model_card():
     lines = _objects_section({"colour": {1: {"accuracy": 1.0, "n": 2}, 3: {"accuracy": 0.0, "n": 1}}})
     assert "| source | 1 | 3 |" in lines
     assert "| colour | 100% (2) | 0% (1) |" in lines
+
+
+def test_training_lines_name_the_device_and_the_vision_objective():
+    from vlens.zoo.model_card import _training_lines
+
+    stage = {
+        "seed": 1,
+        "steps": 10,
+        "schedule_steps": 10,
+        "batch_size": 4,
+        "learning_rate": 0.001,
+        "warmup_steps": 1,
+        "threads": 1,
+        "wall_time_s": 60.0,
+        "final_loss": 0.5,
+        "device": "cuda",
+        "vision_aux_weight": 0.5,
+    }
+    summary = {"training": stage, "data": {"n_examples": 100, "mix": {"colour": 1.0}, "max_objects": 2}}
+    text = "\n".join(_training_lines(summary))
+    assert "1 torch thread(s) on cuda" in text and "(devices as listed)" in text
+    assert "--max-objects 2 --vision-aux-weight 0.5 --device cuda" in text
+    assert "plus the vision-token loss" in text and "dense vision-token shape/colour loss (weight 0.5" in text

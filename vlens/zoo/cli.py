@@ -23,6 +23,7 @@ def _train(args: argparse.Namespace) -> int:
         mix=parse_mix(args.mix) if args.mix else None,
         max_objects=args.max_objects,
         grow_vision_depth=args.grow_vision_depth,
+        device=args.device,
         train=TrainSettings(
             steps=args.steps,
             stop_after=args.stop_after,
@@ -116,6 +117,11 @@ def add_cli(subparsers) -> None:
         type=float,
         default=0.0,
         help="weight of the dense shape/colour loss on the vision tower's image tokens (0: answer tokens only)",
+    )
+    train.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device to train on, e.g. cuda (CPU runs are bitwise reproducible)",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=_train)

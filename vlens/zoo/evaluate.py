@@ -31,7 +31,7 @@ def answer_questions(
         ]
         inputs = processor(
             images=images[start : start + batch_size], text=prompts, padding=True, return_tensors="pt"
-        )
+        ).to(model.device)
         with torch.no_grad():
             output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
         new_tokens = output[:, inputs["input_ids"].shape[1] :]

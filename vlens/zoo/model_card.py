@@ -95,7 +95,14 @@ def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
         command += f" --grow-vision-depth {stage['grow_vision_depth']}"
     if stage.get("vision_aux_weight"):
         command += f" --vision-aux-weight {stage['vision_aux_weight']}"
+    if stage.get("device", "cpu") != "cpu":
+        command += f" --device {stage['device']}"
     return command + (f" --init-from {init_from}" if init_from else "")
+
+
+def _where(stage: dict) -> str:
+    device = stage.get("device", "cpu")
+    return f"{stage['threads']} torch thread(s)" + ("" if device == "cpu" else f" on {device}")
 
 
 def _training_lines(summary: dict) -> list[str]:
@@ -120,7 +127,7 @@ def _training_lines(summary: dict) -> list[str]:
             )
             + f" of batch {stage['batch_size']} "
             f"on {stage['n_examples']:,} examples, AdamW lr {stage['learning_rate']} ({stage['warmup_steps']} warm-up "
-            f"steps, cosine decay), {stage['threads']} torch thread(s), {stage['wall_time_s'] / 60:.1f} min"
+            f"steps, cosine decay), {_where(stage)}, {stage['wall_time_s'] / 60:.1f} min"
             + (
                 f"; curriculum: non-counting tasks with at most {stage['max_objects']} objects"
                 if stage.get("max_objects") is not None
@@ -139,9 +146,16 @@ def _training_lines(summary: dict) -> list[str]:
             )
         )
     total_minutes = sum(stage["wall_time_s"] for stage in stages) / 60
+    on_cpu = all(stage.get("device", "cpu") == "cpu" for stage in stages)
+    loss = (
+        "loss on answer tokens (plus the vision-token loss in the stages that say so)"
+        if any(stage.get("vision_aux_weight") for stage in stages)
+        else "loss on answer tokens only"
+    )
     lines += [
-        f"- loss on answer tokens only; total training wall time {total_minutes:.1f} min on a shared 2-core CPU; "
-        f"final smoothed loss {current['final_loss']:.4f}",
+        f"- {loss}; total training wall time {total_minutes:.1f} min "
+        f"{'on a shared 2-core CPU' if on_cpu else '(devices as listed)'}; "
+        f"final smoothed (answer-token) loss {current['final_loss']:.4f}",
         "- reproduce (deterministic for a given seed and thread count):",
         "```",
     ]

@@ -46,6 +46,7 @@ class RecipeSettings:
     init_from: str | None = None  # continue from a trained folder (a second stage) instead of scratch
     max_objects: int | None = None  # curriculum: cap the objects of non-counting tasks (None: up to 10)
     grow_vision_depth: int | None = None  # with init_from: add identity-initialised vision blocks first
+    device: str = "cpu"  # e.g. "cuda": train and evaluate there (bitwise determinism: CPU only)
     train: TrainSettings = field(default_factory=TrainSettings)
 
 
@@ -149,6 +150,7 @@ def _summary(
             "learning_rate": settings.train.learning_rate,
             "warmup_steps": settings.train.warmup_steps,
             "threads": settings.threads,
+            "device": settings.device,
             "init_from": settings.init_from,
             "grow_vision_depth": settings.grow_vision_depth,
             "vision_aux_weight": settings.train.vision_aux_weight,
@@ -161,7 +163,7 @@ def _summary(
 
 
 def _write_outputs(folder: Path, model, processor, summary: dict) -> None:
-    save_model_folder(model, processor, folder)
+    save_model_folder(model, processor, folder)  # safetensors are written from any device
     write_model_card(summary, folder)
     (folder / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
@@ -184,6 +186,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
             model = grow_vision_tower(model, settings.grow_vision_depth, settings.seed)
     else:
         tokenizer, processor, model = build_untrained(settings.seed)
+    model.to(settings.device)
     rendered = render_training_set(
         processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects
     )

@@ -69,11 +69,12 @@ def train_model(
     """
     if not examples:
         raise ValueError("train_model needs at least one example")
+    device = next(model.parameters()).device  # batches are built on the CPU and moved there
     heads = None
     if settings.vision_aux_weight > 0:
         if cell_labels is None:
             raise ValueError("vision_aux_weight > 0 needs cell_labels for the images")
-        heads = VisionAuxHeads(model.config.vision_config.out_hidden_size, settings.seed)
+        heads = VisionAuxHeads(model.config.vision_config.out_hidden_size, settings.seed).to(device)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(settings.seed)
@@ -94,13 +95,14 @@ def train_model(
         for step in range(settings.steps_to_run):
             rows = torch.randint(len(examples), (settings.batch_size,), generator=generator).tolist()
             batch = collate([examples[row] for row in rows], images, pad_id, image_token_id)
+            batch = {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate_at(step, settings)
             capture = captured_image_tokens(model) if heads is not None else nullcontext([])
             with capture as image_tokens:
                 loss = answer_loss = model(**batch).loss
             if heads is not None:
-                labels = cell_labels[torch.tensor(rows)].permute(1, 0, 2).reshape(2, -1)
+                labels = cell_labels[torch.tensor(rows)].permute(1, 0, 2).reshape(2, -1).to(device)
                 aux_loss = heads.loss(image_tokens[0], labels)
                 loss = answer_loss + settings.vision_aux_weight * aux_loss
             optimizer.zero_grad(set_to_none=True)
