@@ -129,7 +129,8 @@ def _training_lines(summary: dict) -> list[str]:
             f"on {stage['n_examples']:,} examples, AdamW lr {stage['learning_rate']} ({stage['warmup_steps']} warm-up "
             f"steps, cosine decay), {_where(stage)}, {stage['wall_time_s'] / 60:.1f} min"
             + (
-                f"; curriculum: non-counting tasks with at most {stage['max_objects']} objects"
+                f"; curriculum: non-counting tasks with at most {stage['max_objects']} "
+                + ("object" if stage["max_objects"] == 1 else "objects")
                 if stage.get("max_objects") is not None
                 else ""
             )
