@@ -102,7 +102,8 @@ def train_model(
             with capture as image_tokens:
                 loss = answer_loss = model(**batch).loss
             if heads is not None:
-                labels = cell_labels[torch.tensor(rows)].permute(1, 0, 2).reshape(2, -1).to(device)
+                image_rows = torch.tensor([examples[row].image_index for row in rows])
+                labels = cell_labels[image_rows].permute(1, 0, 2).reshape(2, -1).to(device)
                 aux_loss = heads.loss(image_tokens[0], labels)
                 loss = answer_loss + settings.vision_aux_weight * aux_loss
             optimizer.zero_grad(set_to_none=True)
