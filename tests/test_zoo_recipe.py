@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from PIL import Image
 from transformers import Qwen2_5_VLForConditionalGeneration
 
 from vlens.cli import main
@@ -136,6 +137,28 @@ def test_curriculum_caps_objects_of_non_counting_tasks_only(max_objects):
     assert max(counts) > 5  # counting keeps its 1..10 answers
     with pytest.raises(ValueError, match="max_objects must be a positive integer"):
         source_makers(vary=True, max_objects=0)
+
+
+def test_a_stage_can_change_the_image_size(smoke_run, tmp_path):
+    first, _ = smoke_run
+    options = "--seed 4 --steps 2 --batch-size 2 --examples 4 --warmup 1 --held-out 1 --threads 1 --quiet"
+    argv = ["zoo", "train", "--out", str(tmp_path), *options.split(), "--init-from", str(first)]
+    threads = torch.get_num_threads()
+    try:
+        assert main([*argv, "--image-size", "224"]) == 0
+        with pytest.raises(ValueError, match="multiple of 28 px"):
+            main([*argv, "--image-size", "200"])
+    finally:
+        torch.set_num_threads(threads)
+    card = (tmp_path / "MODEL_CARD.md").read_text()
+    assert "resized to 224 px" in card and "8x8 = 64 image tokens" in card
+    assert "images at 224 px" in card and "--image-size 224 --init-from stage1" in card
+    from vlens.zoo.processor import image_size_of, load_processor
+
+    processor = load_processor(tmp_path)
+    assert image_size_of(processor) == 224
+    out = processor(images=[Image.new("RGB", (50, 50))], text=["<|vision_start|><|image_pad|><|vision_end|>"])
+    assert out["input_ids"][0].count(processor.image_token_id) == 64
 
 
 def test_mix_parsing_and_weights():

@@ -17,6 +17,7 @@ from vlens.zoo.processor import (
     MERGED_GRID,
     assemble_processor,
     build_image_processor,
+    image_size_of,
     load_processor,
     save_processor_files,
 )
@@ -76,12 +77,15 @@ def test_any_image_size_becomes_the_fixed_grid(processor):
         assert n_pad == MERGED_GRID**2 == 36
 
 
-def test_patchify_and_encoding_match_the_processor(processor):
+@pytest.mark.parametrize("size", [IMAGE_SIZE, 224])
+def test_patchify_and_encoding_match_the_processor(size):
+    processor = assemble_processor(build_tokenizer(vocabulary_words()), build_image_processor(size))
+    assert image_size_of(processor) == size
     rng = np.random.default_rng(0)
-    images = [Image.fromarray(rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)) for _ in range(2)]
+    images = [Image.fromarray(rng.integers(0, 256, (200, 200, 3), dtype=np.uint8)) for _ in range(2)]
     reference = processor(images=images, text=[EXPECTED_PROMPT + "3<|im_end|>"] * 2, return_tensors="pt")
-    arrays = torch.from_numpy(np.stack([to_model_image(image) for image in images]))
-    assert arrays.shape == (2, IMAGE_SIZE, IMAGE_SIZE, 3)
+    arrays = torch.from_numpy(np.stack([to_model_image(image, size) for image in images]))
+    assert arrays.shape == (2, size, size, 3)
     pixel_values, grid = patchify(arrays)
     assert torch.equal(pixel_values, reference["pixel_values"])
     assert torch.equal(grid, reference["image_grid_thw"])
@@ -90,9 +94,18 @@ def test_patchify_and_encoding_match_the_processor(processor):
     batch = collate(examples, arrays, processor.tokenizer.pad_token_id, processor.image_token_id)
     assert torch.equal(batch["input_ids"], reference["input_ids"])
     assert torch.equal(batch["mm_token_type_ids"], reference["mm_token_type_ids"])
+    assert int((batch["input_ids"][0] == processor.image_token_id).sum()) == (size // 28) ** 2
     supervised = batch["labels"][0][batch["labels"][0] != IGNORE_INDEX].tolist()
     assert processor.tokenizer.decode(supervised[:1]) == "3"
     assert supervised[1] == processor.tokenizer.eos_token_id
+
+
+def test_image_sizes_must_be_multiples_of_the_token_cell():
+    for bad in (0, 100, 170):
+        with pytest.raises(ValueError, match="multiple of 28 px"):
+            build_image_processor(bad)
+    with pytest.raises(ValueError, match="square images"):
+        patchify(torch.zeros(1, 168, 196, 3, dtype=torch.uint8))
 
 
 def test_unknown_words_are_rejected(processor):

@@ -1,6 +1,6 @@
 """Training examples and batches for the embedded model.
 
-Images are kept as uint8 [IMAGE_SIZE, IMAGE_SIZE, 3] arrays (85 kB each) and turned into
+Images are kept as uint8 [size, size, 3] arrays (85 kB each at 168 px) and turned into
 Qwen's flattened patches per batch (`patchify`, identical to the processor), so a large
 pre-rendered training set fits in memory.
 """
@@ -14,32 +14,42 @@ import torch
 from PIL import Image
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
-from vlens.zoo.processor import IMAGE_SIZE, MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
+from vlens.zoo.processor import (
+    CELL,
+    IMAGE_SIZE,
+    MERGE_SIZE,
+    PATCH_SIZE,
+    TEMPORAL_PATCH_SIZE,
+    check_image_size,
+    image_size_of,
+)
 
 IGNORE_INDEX = -100
 _MEAN = torch.tensor(OPENAI_CLIP_MEAN, dtype=torch.float32).view(1, 3, 1, 1)
 _STD = torch.tensor(OPENAI_CLIP_STD, dtype=torch.float32).view(1, 3, 1, 1)
 
 
-def to_model_image(image: Image.Image) -> np.ndarray:
-    """RGB uint8 array [IMAGE_SIZE, IMAGE_SIZE, 3]: the image resized as the processor does
-    (bicubic) when it is not already IMAGE_SIZE square."""
+def to_model_image(image: Image.Image, size: int = IMAGE_SIZE) -> np.ndarray:
+    """RGB uint8 array [size, size, 3]: the image resized as the processor does (bicubic)
+    when it is not already `size` square."""
     image = image.convert("RGB")
-    if image.size != (IMAGE_SIZE, IMAGE_SIZE):
-        image = image.resize((IMAGE_SIZE, IMAGE_SIZE), Image.Resampling.BICUBIC)
+    if image.size != (size, size):
+        image = image.resize((size, size), Image.Resampling.BICUBIC)
     return np.array(image, dtype=np.uint8)
 
 
 def patchify(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen2-VL patches for a batch of square images.
 
-    images: uint8 [batch, IMAGE_SIZE, IMAGE_SIZE, 3].
+    images: uint8 [batch, size, size, 3], size a multiple of 28 px.
     Returns pixel_values [batch * grid**2, 3 * TEMPORAL_PATCH_SIZE * PATCH_SIZE**2] (the
     processor's layout: merge-unit-major, channel, time, row, column) and image_grid_thw
-    [batch, 3] = (1, grid, grid), grid = IMAGE_SIZE // PATCH_SIZE.
+    [batch, 3] = (1, grid, grid), grid = size // PATCH_SIZE.
     """
-    batch = images.shape[0]
-    grid = IMAGE_SIZE // PATCH_SIZE
+    batch, height, width = images.shape[:3]
+    if height != width:
+        raise ValueError(f"patchify needs square images, got {height} x {width}")
+    grid = check_image_size(height) // PATCH_SIZE
     pixels = images.permute(0, 3, 1, 2).float() / 255.0
     pixels = (pixels - _MEAN) / _STD  # [batch, 3, H, W]
     pixels = pixels.reshape(
@@ -69,7 +79,7 @@ def encode_example(processor, question: str, answer: str, image_index: int) -> E
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
     # Expand the single <|image_pad|> to one token per merged patch, as the processor does.
-    n_image_tokens = (IMAGE_SIZE // (PATCH_SIZE * MERGE_SIZE)) ** 2
+    n_image_tokens = (image_size_of(processor) // CELL) ** 2
     prompt = prompt.replace(processor.image_token, processor.image_token * n_image_tokens)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -87,7 +97,7 @@ def collate(
 ) -> dict[str, torch.Tensor]:
     """Right-padded batch for `Qwen2_5_VLForConditionalGeneration.forward`.
 
-    images: uint8 [n_images, IMAGE_SIZE, IMAGE_SIZE, 3], indexed by example.image_index.
+    images: uint8 [n_images, size, size, 3], indexed by example.image_index.
     Returns input_ids / attention_mask / labels / mm_token_type_ids [batch, max_len],
     pixel_values, image_grid_thw. mm_token_type_ids (1 at image tokens, as the processor
     makes it) is what makes HF compute M-RoPE's 2-D image positions; without it the model

@@ -24,6 +24,7 @@ def _train(args: argparse.Namespace) -> int:
         max_objects=args.max_objects,
         grow_vision_depth=args.grow_vision_depth,
         device=args.device,
+        image_size=args.image_size,
         train=TrainSettings(
             steps=args.steps,
             stop_after=args.stop_after,
@@ -122,6 +123,12 @@ def add_cli(subparsers) -> None:
         "--device",
         default="cpu",
         help="torch device to train on, e.g. cuda (CPU runs are bitwise reproducible)",
+    )
+    train.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help="square input size in px, a multiple of 28 (default 168, or the --init-from folder's)",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=_train)

@@ -97,6 +97,8 @@ def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
         command += f" --vision-aux-weight {stage['vision_aux_weight']}"
     if stage.get("device", "cpu") != "cpu":
         command += f" --device {stage['device']}"
+    if stage.get("image_size") is not None:
+        command += f" --image-size {stage['image_size']}"
     return command + (f" --init-from {init_from}" if init_from else "")
 
 
@@ -139,6 +141,7 @@ def _training_lines(summary: dict) -> list[str]:
                 if stage.get("grow_vision_depth") is not None
                 else ""
             )
+            + (f"; images at {stage['image_size']} px" if stage.get("image_size") is not None else "")
             + (
                 f"; plus the dense vision-token shape/colour loss (weight {stage['vision_aux_weight']}, "
                 "vlens.zoo.vision_aux; its heads are not saved)"

@@ -1,13 +1,16 @@
 """The embedded model's processor: Qwen2.5-VL's processor over our word-level tokenizer
 and the PIL image processor (no torchvision needed).
 
-Every image is resized to IMAGE_SIZE x IMAGE_SIZE pixels (min_pixels = max_pixels), i.e.
-12 x 12 patches of 14 px, merged 2 x 2 into a 6 x 6 grid = 36 image tokens.
+Every image is resized to a fixed square size (min_pixels = max_pixels): by default
+IMAGE_SIZE = 168 px, i.e. 12 x 12 patches of 14 px, merged 2 x 2 into a 6 x 6 grid = 36
+image tokens. A recipe stage may choose another multiple of 28 px (`--image-size`); the
+folder's image-processor config records it, and `image_size_of` reads it back.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen2_5_VLProcessor
@@ -19,17 +22,38 @@ PATCH_SIZE = 14
 MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
 MERGED_GRID = IMAGE_SIZE // (PATCH_SIZE * MERGE_SIZE)  # 6: rows and columns of image tokens
+CELL = PATCH_SIZE * MERGE_SIZE  # pixels per image token along each side
 
 
-def build_image_processor() -> Qwen2VLImageProcessorPil:
-    """Qwen2-VL's PIL image processor pinned to IMAGE_SIZE**2 pixels."""
+def check_image_size(image_size: int) -> int:
+    """`image_size` if it is a positive multiple of CELL (28 px), else a ValueError."""
+    if image_size < CELL or image_size % CELL:
+        raise ValueError(
+            f"image size {image_size} px must be a positive multiple of {CELL} px "
+            f"({PATCH_SIZE} px patches merged {MERGE_SIZE} x {MERGE_SIZE}), e.g. 168 or 224"
+        )
+    return image_size
+
+
+def build_image_processor(image_size: int = IMAGE_SIZE) -> Qwen2VLImageProcessorPil:
+    """Qwen2-VL's PIL image processor pinned to image_size**2 pixels."""
+    check_image_size(image_size)
     return Qwen2VLImageProcessorPil(
-        min_pixels=IMAGE_SIZE * IMAGE_SIZE,
-        max_pixels=IMAGE_SIZE * IMAGE_SIZE,
+        min_pixels=image_size * image_size,
+        max_pixels=image_size * image_size,
         patch_size=PATCH_SIZE,
         merge_size=MERGE_SIZE,
         temporal_patch_size=TEMPORAL_PATCH_SIZE,
     )
+
+
+def image_size_of(processor) -> int:
+    """The square input size (px) a processor (or its image processor) pins images to."""
+    image_processor = getattr(processor, "image_processor", processor)
+    pixels = image_processor.size["longest_edge"]
+    if pixels != image_processor.size["shortest_edge"] or math.isqrt(pixels) ** 2 != pixels:
+        raise ValueError(f"image processor does not pin a square size: {image_processor.size}")
+    return check_image_size(math.isqrt(pixels))
 
 
 def save_processor_files(tokenizer, image_processor: Qwen2VLImageProcessorPil, folder: str | Path) -> None:
@@ -47,7 +71,10 @@ def save_processor_files(tokenizer, image_processor: Qwen2VLImageProcessorPil, f
     video_config = {
         "video_processor_type": "Qwen2VLVideoProcessor",
         "processor_class": "Qwen2_5_VLProcessor",
-        "size": {"shortest_edge": IMAGE_SIZE * IMAGE_SIZE, "longest_edge": IMAGE_SIZE * IMAGE_SIZE},
+        "size": {
+            "shortest_edge": image_size_of(image_processor) ** 2,
+            "longest_edge": image_size_of(image_processor) ** 2,
+        },
         "patch_size": PATCH_SIZE,
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         "merge_size": MERGE_SIZE,

@@ -17,11 +17,12 @@ from vlens.zoo.evaluate import evaluate_samples
 from vlens.zoo.growth import grow_vision_tower
 from vlens.zoo.model_card import write_model_card
 from vlens.zoo.processor import (
+    CELL,
     IMAGE_SIZE,
-    MERGED_GRID,
     PATCH_SIZE,
     assemble_processor,
     build_image_processor,
+    image_size_of,
     save_processor_files,
 )
 from vlens.zoo.tokenizer import build_tokenizer
@@ -47,28 +48,32 @@ class RecipeSettings:
     max_objects: int | None = None  # curriculum: cap the objects of non-counting tasks (None: up to 10)
     grow_vision_depth: int | None = None  # with init_from: add identity-initialised vision blocks first
     device: str = "cpu"  # e.g. "cuda": train and evaluate there (bitwise determinism: CPU only)
+    image_size: int | None = None  # square input px; None: IMAGE_SIZE, or the continued folder's
     train: TrainSettings = field(default_factory=TrainSettings)
 
 
-def build_untrained(seed: int):
+def build_untrained(seed: int, image_size: int = IMAGE_SIZE):
     """(tokenizer, processor, freshly initialised model) of the recipe."""
     tokenizer = build_tokenizer(vocabulary_words())
-    processor = assemble_processor(tokenizer, build_image_processor())
+    processor = assemble_processor(tokenizer, build_image_processor(image_size))
     model = arch.build_model(arch.build_config(tokenizer), seed)
     return tokenizer, processor, model
 
 
-def load_for_continuation(folder: str | Path):
-    """(tokenizer, processor, model) of a folder the recipe wrote, to train it further.
+def load_for_continuation(folder: str | Path, image_size: int | None = None):
+    """(tokenizer, processor, model) of a folder the recipe wrote, to train it further, at
+    the folder's image size or at `image_size` (Qwen's vision tower takes any grid).
 
     Raises ValueError if its vocabulary is not the recipe's current one (token ids would
     no longer match the data)."""
-    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
     tokenizer = build_tokenizer(vocabulary_words())
     if AutoTokenizer.from_pretrained(folder).get_vocab() != tokenizer.get_vocab():
         raise ValueError(f"{folder}: its tokenizer differs from the recipe's vocabulary; cannot continue it")
-    processor = assemble_processor(tokenizer, build_image_processor())
+    if image_size is None:
+        image_size = image_size_of(AutoImageProcessor.from_pretrained(folder))
+    processor = assemble_processor(tokenizer, build_image_processor(image_size))
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
     return tokenizer, processor, model
 
@@ -101,14 +106,15 @@ def save_model_folder(model, processor, folder: str | Path) -> None:
     save_processor_files(tokenizer, processor.image_processor, folder)
 
 
-def describe_config(model, tokenizer) -> dict:
+def describe_config(model, processor) -> dict:
     """The numbers MODEL_CARD.md reports about the architecture (read from the model's
     config: a grown vision tower is described as it is)."""
     vision, text = model.config.vision_config, model.config.text_config
+    image_size = image_size_of(processor)
     return {
-        "image_size": IMAGE_SIZE,
+        "image_size": image_size,
         "patch_size": PATCH_SIZE,
-        "merged_grid": MERGED_GRID,
+        "merged_grid": image_size // CELL,
         "vision_depth": vision.depth,
         "vision_width": vision.hidden_size,
         "vision_heads": vision.num_heads,
@@ -119,7 +125,7 @@ def describe_config(model, tokenizer) -> dict:
         "text_kv_heads": text.num_key_value_heads,
         "text_mlp": text.intermediate_size,
         "mrope_section": list(text.rope_parameters["mrope_section"]),
-        "vocab_size": len(tokenizer),
+        "vocab_size": len(processor.tokenizer),
     }
 
 
@@ -129,11 +135,11 @@ def _normalised(mix: dict[str, float]) -> dict[str, float]:
 
 
 def _summary(
-    settings: RecipeSettings, model, tokenizer, training: dict, evaluation: dict, status: str
+    settings: RecipeSettings, model, processor, training: dict, evaluation: dict, status: str
 ) -> dict:
     return {
         "status": status,
-        "config": describe_config(model, tokenizer),
+        "config": describe_config(model, processor),
         "parameters": arch.parameter_count(model),
         "data": {
             "n_examples": settings.n_examples,
@@ -151,6 +157,7 @@ def _summary(
             "warmup_steps": settings.train.warmup_steps,
             "threads": settings.threads,
             "device": settings.device,
+            "image_size": settings.image_size,
             "init_from": settings.init_from,
             "grow_vision_depth": settings.grow_vision_depth,
             "vision_aux_weight": settings.train.vision_aux_weight,
@@ -181,11 +188,11 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     if settings.grow_vision_depth is not None and not settings.init_from:
         raise ValueError("growing the vision tower needs a trained folder to grow (--init-from)")
     if settings.init_from:
-        tokenizer, processor, model = load_for_continuation(settings.init_from)
+        tokenizer, processor, model = load_for_continuation(settings.init_from, settings.image_size)
         if settings.grow_vision_depth is not None:
             model = grow_vision_tower(model, settings.grow_vision_depth, settings.seed)
     else:
-        tokenizer, processor, model = build_untrained(settings.seed)
+        tokenizer, processor, model = build_untrained(settings.seed, settings.image_size or IMAGE_SIZE)
     model.to(settings.device)
     rendered = render_training_set(
         processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects
@@ -205,7 +212,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
         training = {"steps": step, "wall_time_s": round(time.time() - start, 1), "final_loss": None}
         status = f"intermediate checkpoint at step {step} of {settings.train.steps} (quick evaluation)"
         _write_outputs(
-            out, model, processor, _summary(settings, model, tokenizer, training, evaluation, status)
+            out, model, processor, _summary(settings, model, processor, training, evaluation, status)
         )
         return {name: round(row["accuracy"], 3) for name, row in evaluation["per_task"].items()}
 
@@ -225,7 +232,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     del rendered
     evaluation = evaluate_samples(model, processor, held_out_samples(settings.held_out_per_source))
     evaluation["held_out_per_source"] = settings.held_out_per_source
-    summary = _summary(settings, model, tokenizer, training, evaluation, "final")
+    summary = _summary(settings, model, processor, training, evaluation, "final")
     _write_outputs(out, model, processor, summary)
     with log_path.open("a") as log:
         log.write(json.dumps({"event": "final", **evaluation["per_task"]}) + "\n")

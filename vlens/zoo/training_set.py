@@ -19,7 +19,7 @@ from vlens.data import LayoutError, make_task_sample
 from vlens.data.templates import COUNT_DOTS
 from vlens.zoo.batches import EncodedExample, encode_example, to_model_image
 from vlens.zoo.dot_variants import render_dot_variant
-from vlens.zoo.processor import MERGED_GRID
+from vlens.zoo.processor import CELL, image_size_of
 from vlens.zoo.vision_aux import cell_labels
 
 Sample = tuple[Image.Image, dict]
@@ -173,15 +173,16 @@ def render_training_set(
     if n_examples < 1:
         raise ValueError(f"n_examples must be positive, got {n_examples}")
     makers = source_makers(vary=True, max_objects=max_objects)
+    size = image_size_of(processor)
     images, examples, sources, labels = [], [], [], []
     for index, (name, sample_seed) in enumerate(
         tqdm(training_sources(n_examples, seed, mix), desc="render training set", disable=not progress)
     ):
         image, record = makers[name](sample_seed)
-        images.append(to_model_image(image))
+        images.append(to_model_image(image, size))
         examples.append(encode_example(processor, record["question"], record["answer"], index))
         sources.append(name)
-        labels.append(cell_labels(record, MERGED_GRID))
+        labels.append(cell_labels(record, size // CELL))
     return RenderedSet(
         torch.from_numpy(np.stack(images)), examples, sources, torch.from_numpy(np.stack(labels))
     )
