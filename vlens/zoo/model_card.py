@@ -107,16 +107,44 @@ def _where(stage: dict) -> str:
     return f"{stage['threads']} torch thread(s)" + ("" if device == "cpu" else f" on {device}")
 
 
+def training_stages(summary: dict) -> list[dict]:
+    """Every training stage behind a recipe summary, oldest first: each stage's "training"
+    dict with its data settings (n_examples, mix, max_objects) merged in."""
+    data = summary["data"]
+    current = {
+        **summary["training"],
+        "n_examples": data["n_examples"],
+        "mix": data["mix"],
+        "max_objects": data.get("max_objects"),
+    }
+    return [*summary.get("previous_stages", []), current]
+
+
+def _stage_notes(stage: dict) -> list[str]:
+    """What set a stage apart from plain training (curriculum, growth, size, vision loss)."""
+    notes = []
+    if stage.get("max_objects") is not None:
+        noun = "object" if stage["max_objects"] == 1 else "objects"
+        notes.append(f"curriculum: non-counting tasks with at most {stage['max_objects']} {noun}")
+    if stage.get("grow_vision_depth") is not None:
+        notes.append(
+            f"vision tower first grown to {stage['grow_vision_depth']} blocks (new blocks start as the identity)"
+        )
+    if stage.get("image_size") is not None:
+        notes.append(f"images at {stage['image_size']} px")
+    if stage.get("vision_aux_weight"):
+        notes.append(
+            f"plus the dense vision-token shape/colour loss (weight {stage['vision_aux_weight']}, "
+            "vlens.zoo.vision_aux; its heads are not saved)"
+        )
+    return notes
+
+
 def _training_lines(summary: dict) -> list[str]:
     """One line per training stage (a continued model lists its earlier stages first) and
     the commands that reproduce them."""
-    current = {
-        **summary["training"],
-        "n_examples": summary["data"]["n_examples"],
-        "mix": summary["data"]["mix"],
-        "max_objects": summary["data"].get("max_objects"),
-    }
-    stages = [*summary.get("previous_stages", []), current]
+    stages = training_stages(summary)
+    current = stages[-1]
     lines = []
     for index, stage in enumerate(stages, start=1):
         start = "from scratch" if index == 1 else "continuing stage " + str(index - 1)
@@ -130,24 +158,7 @@ def _training_lines(summary: dict) -> list[str]:
             + f" of batch {stage['batch_size']} "
             f"on {stage['n_examples']:,} examples, AdamW lr {stage['learning_rate']} ({stage['warmup_steps']} warm-up "
             f"steps, cosine decay), {_where(stage)}, {stage['wall_time_s'] / 60:.1f} min"
-            + (
-                f"; curriculum: non-counting tasks with at most {stage['max_objects']} "
-                + ("object" if stage["max_objects"] == 1 else "objects")
-                if stage.get("max_objects") is not None
-                else ""
-            )
-            + (
-                f"; vision tower first grown to {stage['grow_vision_depth']} blocks (new blocks start as the identity)"
-                if stage.get("grow_vision_depth") is not None
-                else ""
-            )
-            + (f"; images at {stage['image_size']} px" if stage.get("image_size") is not None else "")
-            + (
-                f"; plus the dense vision-token shape/colour loss (weight {stage['vision_aux_weight']}, "
-                "vlens.zoo.vision_aux; its heads are not saved)"
-                if stage.get("vision_aux_weight")
-                else ""
-            )
+            + "".join(f"; {note}" for note in _stage_notes(stage))
         )
     total_minutes = sum(stage["wall_time_s"] for stage in stages) / 60
     on_cpu = all(stage.get("device", "cpu") == "cpu" for stage in stages)

@@ -68,13 +68,11 @@ def save_processor_files(tokenizer, image_processor: Qwen2VLImageProcessorPil, f
     (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     # Where torchvision is installed, transformers also builds Qwen's video processor; give
     # it the same geometry so it never falls back to the 7B defaults.
+    pixels = image_size_of(image_processor) ** 2
     video_config = {
         "video_processor_type": "Qwen2VLVideoProcessor",
         "processor_class": "Qwen2_5_VLProcessor",
-        "size": {
-            "shortest_edge": image_size_of(image_processor) ** 2,
-            "longest_edge": image_size_of(image_processor) ** 2,
-        },
+        "size": {"shortest_edge": pixels, "longest_edge": pixels},
         "patch_size": PATCH_SIZE,
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         "merge_size": MERGE_SIZE,

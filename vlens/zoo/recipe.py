@@ -15,7 +15,7 @@ from transformers import GenerationConfig
 from vlens.zoo import architecture as arch
 from vlens.zoo.evaluate import evaluate_samples
 from vlens.zoo.growth import grow_vision_tower
-from vlens.zoo.model_card import write_model_card
+from vlens.zoo.model_card import training_stages, write_model_card
 from vlens.zoo.processor import (
     CELL,
     IMAGE_SIZE,
@@ -79,15 +79,8 @@ def load_for_continuation(folder: str | Path, image_size: int | None = None):
 
 
 def previous_stages(folder: str | Path) -> list[dict]:
-    """Training stages (each a summary "training" dict with n_examples) behind a folder."""
-    summary = json.loads((Path(folder) / "evaluation.json").read_text())
-    stage = {
-        **summary["training"],
-        "n_examples": summary["data"]["n_examples"],
-        "mix": summary["data"]["mix"],
-        "max_objects": summary["data"].get("max_objects"),
-    }
-    return [*summary.get("previous_stages", []), stage]
+    """Training stages (each a summary "training" dict with its data settings) behind a folder."""
+    return training_stages(json.loads((Path(folder) / "evaluation.json").read_text()))
 
 
 def save_model_folder(model, processor, folder: str | Path) -> None:

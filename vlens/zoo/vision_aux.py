@@ -70,7 +70,8 @@ class VisionAuxHeads(nn.Module):
     def loss(
         self, tokens: Float[torch.Tensor, "n_tokens width"], labels: Int[torch.Tensor, "2 n_tokens"]
     ) -> torch.Tensor:
-        """Mean cross-entropy of both heads (0 when every label is IGNORE)."""
+        """Sum of the two heads' mean cross-entropies over their labelled tokens (a head
+        whose labels are all IGNORE adds 0)."""
         total = tokens.new_zeros(())
         for head, target in ((self.shape, labels[0]), (self.colour, labels[1])):
             if (target != IGNORE).any():
