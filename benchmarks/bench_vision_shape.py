@@ -1,0 +1,152 @@
+"""Where the embedded model's attribute binding stalls: the experiments behind RESULTS.md's
+"Embedded model: why attribute binding is slow to learn".
+
+    python benchmarks/bench_vision_shape.py capped FOLDER [--n 30]
+        held-out accuracy of colour/shape/existence/spatial/arithmetic with at most 1, 2, 3
+        objects and uncapped (greedy generation, exact match)
+    python benchmarks/bench_vision_shape.py probe FOLDER
+        linear probe (scikit-learn logistic regression; pip install scikit-learn) for the
+        shape and colour of a lone object from the merged image tokens
+    python benchmarks/bench_vision_shape.py supervise FOLDER [--steps 600] [--size 168]
+        train the vision tower alone (plus a linear head on soft-max-pooled image tokens)
+        on single-object shape labels; held-out accuracy every 100 steps
+
+All run on one torch thread; FOLDER is a model folder `vlens zoo train` wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from transformers import Qwen2_5_VLForConditionalGeneration
+
+from vlens.zoo.batches import patchify, to_model_image
+from vlens.zoo.evaluate import evaluate_samples
+from vlens.zoo.processor import CELL, image_size_of, load_processor
+from vlens.zoo.training_set import HELD_OUT_SEED_BASE, source_makers
+from vlens.zoo.vision_aux import COLOUR_CLASSES, SHAPE_CLASSES
+
+CAPPED_TASKS = ("colour", "shape", "existence", "spatial", "arithmetic")
+
+
+def capped(folder: str, n: int) -> None:
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
+    processor = load_processor(folder)
+    for cap in (1, 2, 3, None):
+        makers = source_makers(False, cap)
+        samples = []
+        for task in CAPPED_TASKS:
+            for i in range(n):
+                image, record = makers[task](HELD_OUT_SEED_BASE + 77_000_000 + i)
+                samples.append((image, {**record, "source": task}))
+        report = evaluate_samples(model, processor, samples)
+        print(cap, {task: round(row["accuracy"], 2) for task, row in report["per_task"].items()}, flush=True)
+
+
+def _single_object_images(
+    n: int, seed_base: int, size: int, vary: bool
+) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """uint8 images [n, size, size, 3] of one object each, with shape and colour class ids
+    (`vary`: the training variety of drawn image sizes)."""
+    makers = source_makers(vary, 1)
+    images, shapes, colours = [], [], []
+    for i in range(n):
+        image, record = makers["shape"](seed_base + i)
+        obj = record["objects"][0]
+        images.append(to_model_image(image, size))
+        shapes.append(SHAPE_CLASSES.index(obj["shape"]) - 1)  # without "background"
+        colours.append(COLOUR_CLASSES.index(obj["color"]) - 1)
+    return torch.from_numpy(np.stack(images)), np.array(shapes), np.array(colours)
+
+
+def _image_tokens(vision, images: torch.Tensor) -> torch.Tensor:
+    """Merged image tokens [n_images, cells, width]."""
+    pixel_values, grid_thw = patchify(images)
+    tokens = vision(pixel_values, grid_thw=grid_thw).pooler_output
+    return tokens.view(len(images), -1, tokens.shape[-1])
+
+
+def probe(folder: str) -> None:
+    try:
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.metrics import confusion_matrix
+    except ImportError:
+        raise SystemExit("the probe needs scikit-learn: pip install scikit-learn") from None
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
+    size = image_size_of(load_processor(folder))
+    images, shapes, colours = _single_object_images(1500, 123_000_000, size, vary=False)
+    features = []
+    with torch.no_grad():
+        for start in range(0, len(images), 100):
+            tokens = _image_tokens(model.model.visual, images[start : start + 100])
+            # the two tokens farthest from the image's median token (the object), and the mean
+            farthest = (
+                (tokens - tokens.median(dim=1, keepdim=True).values).norm(dim=-1).topk(2, dim=1).indices
+            )
+            rows = torch.arange(len(tokens))
+            features.append(
+                torch.cat([tokens[rows, farthest[:, 0]], tokens[rows, farthest[:, 1]], tokens.mean(1)], -1)
+            )
+    features = torch.cat(features).numpy()
+    for name, target in (("shape", shapes), ("colour", colours)):
+        classifier = LogisticRegression(max_iter=3000).fit(features[:1200], target[:1200])
+        print(name, "probe accuracy", classifier.score(features[1200:], target[1200:]))
+        print(confusion_matrix(target[1200:], classifier.predict(features[1200:])))
+
+
+def supervise(folder: str, steps: int, size: int) -> None:
+    vision = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).model.visual.train()
+    start = time.time()
+    train_images, train_shapes, _ = _single_object_images(6000, 40_000_000, size, vary=True)
+    test_images, test_shapes, _ = _single_object_images(600, 41_000_000, size, vary=True)
+    train_shapes, test_shapes = torch.from_numpy(train_shapes), torch.from_numpy(test_shapes)
+    torch.manual_seed(0)  # the head's initialisation
+    head = torch.nn.Linear(vision.config.out_hidden_size, len(SHAPE_CLASSES) - 1)
+    optimizer = torch.optim.AdamW([*vision.parameters(), *head.parameters()], lr=1e-3)
+
+    def logits(images: torch.Tensor) -> torch.Tensor:
+        return head(_image_tokens(vision, images)).logsumexp(1)  # soft max-pool over the cells
+
+    generator = torch.Generator().manual_seed(0)
+    print(f"{size} px: {(size // CELL) ** 2} image tokens", flush=True)
+    for step in range(steps + 1):
+        if step % 100 == 0:
+            vision.eval()
+            with torch.no_grad():
+                predicted = torch.cat(
+                    [logits(test_images[i : i + 100]).argmax(-1) for i in range(0, 600, 100)]
+                )
+            vision.train()
+            accuracy = (predicted == test_shapes).float().mean().item()
+            print(step, round(time.time() - start), "test accuracy", accuracy, flush=True)
+        rows = torch.randint(len(train_images), (64,), generator=generator)
+        loss = torch.nn.functional.cross_entropy(logits(train_images[rows]), train_shapes[rows])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("experiment", choices=["capped", "probe", "supervise"])
+    parser.add_argument("folder", help="a model folder written by `vlens zoo train`")
+    parser.add_argument("--n", type=int, default=30, help="capped: samples per task and cap")
+    parser.add_argument("--steps", type=int, default=600, help="supervise: training steps of batch 64")
+    parser.add_argument("--size", type=int, default=168, help="supervise: input size in px (multiple of 28)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.experiment == "capped":
+        capped(args.folder, args.n)
+    elif args.experiment == "probe":
+        probe(args.folder)
+    else:
+        supervise(args.folder, args.steps, args.size)
+
+
+if __name__ == "__main__":
+    main()
