@@ -34,7 +34,7 @@ def main() -> None:
 
         model = vlens.load()
     else:
-        from vlens.zoo.recipe import build_untrained
+        from vlens.recipes.embedded.recipe import build_untrained
 
         _, processor, hf = build_untrained(seed=0)
         model = HookedVLM.from_hf(hf.eval(), processor)

@@ -37,24 +37,28 @@ from vlens.testing import tiny_hf_model, tiny_qwen_processor
 # 1280 vs 28 decoder layers of width 3584: about as deep, ~1/3 as wide); "medium-light-vision" has a
 # token vision tower, the case where only resuming and batching can help.
 MEDIUM_CONFIGS = {
-    "medium": dict(n_layers=8, d_model=256, n_heads=8, n_kv_heads=2, d_mlp=768, vision_depth=8, vision_width=96),
-    "medium-light-vision": dict(n_layers=8, d_model=256, n_heads=8, n_kv_heads=2, d_mlp=768, vision_depth=2,
-                                vision_width=64),
+    "medium": dict(
+        n_layers=8, d_model=256, n_heads=8, n_kv_heads=2, d_mlp=768, vision_depth=8, vision_width=96
+    ),
+    "medium-light-vision": dict(
+        n_layers=8, d_model=256, n_heads=8, n_kv_heads=2, d_mlp=768, vision_depth=2, vision_width=64
+    ),
 }
 
 
 def medium_model(name: str = "medium") -> HookedVLM:
     """A random Qwen2.5-VL of `MEDIUM_CONFIGS[name]`."""
-    return HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", **MEDIUM_CONFIGS[name]),
-                             tiny_qwen_processor(max_pixels=168 * 168))
+    return HookedVLM.from_hf(
+        tiny_hf_model("qwen2_5_vl", **MEDIUM_CONFIGS[name]), tiny_qwen_processor(max_pixels=168 * 168)
+    )
 
 
 def embedded_architecture_model(seed: int = 0) -> HookedVLM:
     """The embedded model's exact architecture, tokenizer and processor with random weights (speed proxy)."""
-    from vlens.zoo.architecture import build_config, build_model
+    from vlens.recipes.embedded.architecture import build_config, build_model
+    from vlens.recipes.embedded.tokenizer import build_tokenizer
+    from vlens.recipes.embedded.vocabulary import vocabulary_words
     from vlens.zoo.processor import assemble_processor, build_image_processor
-    from vlens.zoo.tokenizer import build_tokenizer
-    from vlens.zoo.vocabulary import vocabulary_words
 
     tokenizer = build_tokenizer(vocabulary_words())
     hf = build_model(build_config(tokenizer), seed).eval()
@@ -84,12 +88,23 @@ def bench_sweep(model: HookedVLM, n_pairs: int, repeats: int, max_batch: int, sw
     t_naive, naive = _timed(lambda: sweep(model, batch, method="naive"), repeats)
     t_fast, fast = _timed(lambda: sweep(model, batch, method="fast", max_batch=max_batch), repeats)
     diff = float((fast.per_pair_logit_diff - naive.per_pair_logit_diff).abs().max())
-    return {"sweep": sweep.__name__, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
-            "d_model": model.cfg.d_model, "device": str(model.cfg.device), "n_pairs": n_pairs,
-            "seq_len": batch.seq_len, "conditions": naive.per_pair_logit_diff.shape[:2].numel(),
-            "naive_wall_s": t_naive[0], "fast_wall_s": t_fast[0], "speedup_wall": t_naive[0] / t_fast[0],
-            "naive_cpu_s": t_naive[1], "fast_cpu_s": t_fast[1], "speedup_cpu": t_naive[1] / t_fast[1],
-            "max_abs_diff_logit_diff": diff}
+    return {
+        "sweep": sweep.__name__,
+        "n_layers": model.cfg.n_layers,
+        "n_heads": model.cfg.n_heads,
+        "d_model": model.cfg.d_model,
+        "device": str(model.cfg.device),
+        "n_pairs": n_pairs,
+        "seq_len": batch.seq_len,
+        "conditions": naive.per_pair_logit_diff.shape[:2].numel(),
+        "naive_wall_s": t_naive[0],
+        "fast_wall_s": t_fast[0],
+        "speedup_wall": t_naive[0] / t_fast[0],
+        "naive_cpu_s": t_naive[1],
+        "fast_cpu_s": t_fast[1],
+        "speedup_cpu": t_naive[1] / t_fast[1],
+        "max_abs_diff_logit_diff": diff,
+    }
 
 
 def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
@@ -106,7 +121,9 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
     exact_pos = positions.metrics["logit_diff"] - positions.baseline.clean_logit_diff.mean()
     from vlens.data import make_task_sample
 
-    samples = [make_task_sample("counting", seed=10_000 + i, size=168, style="syndot") for i in range(n_pairs)]
+    samples = [
+        make_task_sample("counting", seed=10_000 + i, size=168, style="syndot") for i in range(n_pairs)
+    ]
     lens = logit_lens_records(model, [{**r, "image": im} for im, r in samples], batch_size=16)
     others = {c: patch_layer_region(model, batch, component=c) for c in ("attn_out", "mlp_out")}
     out = {
@@ -115,8 +132,10 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
         "components_patch_effect": {c: r.metrics["patch_effect"].tolist() for c, r in others.items()},
         "clean_accuracy": float(region.baseline.clean_correct.float().mean()),
         "corrupt_accuracy": float(region.baseline.corrupt_correct.float().mean()),
-        "layer_region": {name: region.metrics[name].tolist() for name in ("overwrite_rate", "flip_away_rate",
-                                                                             "logit_diff", "patch_effect")},
+        "layer_region": {
+            name: region.metrics[name].tolist()
+            for name in ("overwrite_rate", "flip_away_rate", "logit_diff", "patch_effect")
+        },
         "regions": region.cells,
         "head_overwrite_rate": heads.metrics["overwrite_rate"].tolist(),
         "head_delta_logit_diff": exact.tolist(),
@@ -125,14 +144,19 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
         "atp_resid_spearman_vs_exact_positions": spearman(atp.resid_pre, exact_pos),
         "layer_pos_overwrite_rate": positions.metrics["overwrite_rate"].tolist(),
         "layer_pos_tokens": positions.tokens,
-        "logit_lens": {k: v for k, v in lens.to_json().items() if k in ("mean_probability", "median_rank",
-                                                                        "top1_accuracy", "n_examples")},
+        "logit_lens": {
+            k: v
+            for k, v in lens.to_json().items()
+            if k in ("mean_probability", "median_rank", "top1_accuracy", "n_examples")
+        },
     }
     if figures is not None:
         figures.mkdir(parents=True, exist_ok=True)
         region.plot("overwrite_rate").write_html(figures / "vap_layer_region.html", include_plotlyjs="cdn")
         heads.plot("overwrite_rate").write_html(figures / "vap_layer_head.html", include_plotlyjs="cdn")
-        positions.plot_image_grid("patch_effect").write_html(figures / "vap_image_grid.html", include_plotlyjs="cdn")
+        positions.plot_image_grid("patch_effect").write_html(
+            figures / "vap_image_grid.html", include_plotlyjs="cdn"
+        )
         atp.plot("z").write_html(figures / "atp_z.html", include_plotlyjs="cdn")
         lens.plot().write_html(figures / "logit_lens.html", include_plotlyjs="cdn")
     return out
@@ -141,7 +165,9 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=8, help="pairs in the speed benchmark")
-    parser.add_argument("--finding-pairs", type=int, default=64, help="pairs for the findings on the embedded model")
+    parser.add_argument(
+        "--finding-pairs", type=int, default=64, help="pairs for the findings on the embedded model"
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
@@ -149,8 +175,11 @@ def main() -> None:
     parser.add_argument("--figures", default=None, help="folder for HTML figures of the findings")
     parser.add_argument("--skip-embedded", action="store_true")
     parser.add_argument("--skip-medium", action="store_true")
-    parser.add_argument("--random-embedded", action="store_true",
-                        help="speed only: the embedded architecture with random weights (no trained weights needed)")
+    parser.add_argument(
+        "--random-embedded",
+        action="store_true",
+        help="speed only: the embedded architecture with random weights (no trained weights needed)",
+    )
     parser.add_argument("--device", default=None, help="e.g. cuda (default: CPU)")
     parser.add_argument("--model", default=None, help="a model folder instead of the embedded model")
     args = parser.parse_args()
@@ -159,22 +188,38 @@ def main() -> None:
     device = args.device
     if args.random_embedded:
         model = embedded_architecture_model().to(device or "cpu")
-        results["embedded_architecture_random_speed"] = bench_sweep(model, args.pairs, args.repeats, args.max_batch)
-        print("embedded architecture (random) head sweep:", json.dumps(results["embedded_architecture_random_speed"]))
-        results["embedded_architecture_random_layer_pos"] = bench_sweep(model, args.pairs, 1, args.max_batch,
-                                                                        patch_layer_position)
-        print("embedded architecture (random) layer-pos:", json.dumps(results["embedded_architecture_random_layer_pos"]))
+        results["embedded_architecture_random_speed"] = bench_sweep(
+            model, args.pairs, args.repeats, args.max_batch
+        )
+        print(
+            "embedded architecture (random) head sweep:",
+            json.dumps(results["embedded_architecture_random_speed"]),
+        )
+        results["embedded_architecture_random_layer_pos"] = bench_sweep(
+            model, args.pairs, 1, args.max_batch, patch_layer_position
+        )
+        print(
+            "embedded architecture (random) layer-pos:",
+            json.dumps(results["embedded_architecture_random_layer_pos"]),
+        )
     elif not args.skip_embedded:
         import vlens
 
-        model = vlens.HookedVLM.from_pretrained(args.model, device=device) if args.model else vlens.load(device=device)
+        model = (
+            vlens.HookedVLM.from_pretrained(args.model, device=device)
+            if args.model
+            else vlens.load(device=device)
+        )
         results["embedded_speed"] = bench_sweep(model, args.pairs, args.repeats, args.max_batch)
         print("embedded head sweep:", json.dumps(results["embedded_speed"]))
-        results["embedded_layer_pos_speed"] = bench_sweep(model, args.pairs, 1, args.max_batch, patch_layer_position)
+        results["embedded_layer_pos_speed"] = bench_sweep(
+            model, args.pairs, 1, args.max_batch, patch_layer_position
+        )
         print("embedded layer-pos sweep:", json.dumps(results["embedded_layer_pos_speed"]))
         if args.finding_pairs > 0:
-            results["embedded_findings"] = findings(model, args.finding_pairs,
-                                                    Path(args.figures) if args.figures else None)
+            results["embedded_findings"] = findings(
+                model, args.finding_pairs, Path(args.figures) if args.figures else None
+            )
             print("embedded findings:", json.dumps(results["embedded_findings"], indent=1))
     if not args.skip_medium:
         for name in MEDIUM_CONFIGS:

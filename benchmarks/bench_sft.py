@@ -33,7 +33,7 @@ from vlens.training.sft import SFTConfig, batch_losses
 
 
 def _embedded():
-    from vlens.zoo.recipe import build_untrained
+    from vlens.recipes.embedded.recipe import build_untrained
 
     _, processor, hf = build_untrained(0)
     return HookedVLM.from_hf(hf.eval(), processor), 224, 1

@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
 
-from vlens.zoo.batches import patchify, to_model_image
-from vlens.zoo.evaluate import evaluate_samples
+from vlens.recipes.embedded.batches import patchify, to_model_image
+from vlens.recipes.embedded.evaluate import evaluate_samples
+from vlens.recipes.embedded.training_set import HELD_OUT_SEED_BASE, source_makers
+from vlens.recipes.embedded.vision_aux import COLOUR_CLASSES, SHAPE_CLASSES
 from vlens.zoo.processor import CELL, image_size_of, load_processor
-from vlens.zoo.training_set import HELD_OUT_SEED_BASE, source_makers
-from vlens.zoo.vision_aux import COLOUR_CLASSES, SHAPE_CLASSES
 
 CAPPED_TASKS = ("colour", "shape", "existence", "spatial", "arithmetic")
 

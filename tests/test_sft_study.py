@@ -84,8 +84,8 @@ def test_data_splits_are_balanced_and_disjoint():
 @pytest.mark.slow
 def test_full_study_on_an_untrained_embedded_architecture(tmp_path):
     from vlens import HookedVLM
+    from vlens.recipes.embedded.recipe import build_untrained
     from vlens.training.study import run_study
-    from vlens.zoo.recipe import build_untrained
 
     def load():
         _, processor, hf = build_untrained(0)

@@ -15,7 +15,7 @@ COMMAND_MODULES: list[str] = [
     "vlens.info_cli",
     "vlens.data.cli",
     "vlens.evaluation.cli",
-    "vlens.zoo.cli",
+    "vlens.recipes.embedded.cli",
     "vlens.lens.cli",
     "vlens.ablation.cli",
     "vlens.patching.cli",

@@ -2,7 +2,9 @@
 
 `load()` returns it as a `HookedVLM`; `model_path()` is its folder, a normal Hugging Face
 model folder (config, safetensors, tokenizer, processor, MODEL_CARD.md) that plain
-`transformers` loads too. `vlens zoo train --out DIR --seed S` reproduces it.
+`transformers` loads too; `vlens.zoo.processor` builds and loads its processor. The recipe
+that trains it lives outside the library proper, in `vlens.recipes.embedded`
+(`vlens zoo train --out DIR --seed S`; the model card lists the exact commands).
 """
 
 from __future__ import annotations

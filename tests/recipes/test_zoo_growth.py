@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from vlens.zoo.batches import collate, encode_example, to_model_image
-from vlens.zoo.growth import full_attention_blocks_after_growth, grow_vision_tower
-from vlens.zoo.recipe import build_untrained
-from vlens.zoo.training_set import source_makers
+from vlens.recipes.embedded.batches import collate, encode_example, to_model_image
+from vlens.recipes.embedded.growth import full_attention_blocks_after_growth, grow_vision_tower
+from vlens.recipes.embedded.recipe import build_untrained
+from vlens.recipes.embedded.training_set import source_makers
 
 
 def _batch(processor, n: int = 3) -> dict:

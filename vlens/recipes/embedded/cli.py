@@ -6,12 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from vlens.zoo.train import TrainSettings
+from vlens.recipes.embedded.train import TrainSettings
 
 
 def _train(args: argparse.Namespace) -> int:
-    from vlens.zoo.recipe import RecipeSettings, run_recipe
-    from vlens.zoo.training_set import parse_mix
+    from vlens.recipes.embedded.recipe import RecipeSettings, run_recipe
+    from vlens.recipes.embedded.training_set import parse_mix
 
     settings = RecipeSettings(
         seed=args.seed,
@@ -49,7 +49,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     import torch
 
     if args.write:
-        from vlens.zoo.finalize import finalize_folder
+        from vlens.recipes.embedded.finalize import finalize_folder
 
         if not args.model:
             print(
@@ -62,10 +62,10 @@ def _evaluate(args: argparse.Namespace) -> int:
         return 0
     from transformers import Qwen2_5_VLForConditionalGeneration
 
+    from vlens.recipes.embedded.evaluate import evaluate_samples
+    from vlens.recipes.embedded.training_set import held_out_samples
     from vlens.zoo import model_path
-    from vlens.zoo.evaluate import evaluate_samples
     from vlens.zoo.processor import load_processor
-    from vlens.zoo.training_set import held_out_samples
 
     torch.set_num_threads(args.threads)
     folder = Path(args.model) if args.model else model_path()

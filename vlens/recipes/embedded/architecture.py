@@ -3,7 +3,7 @@
 The real HF class with small numbers: a 2-block vision tower (block 0 windowed, as
 Qwen2.5-VL does, block 1 full attention) feeding a 4-layer decoder with 8 query heads
 over 2 key/value heads (grouped-query attention) and M-RoPE. This is the from-scratch
-build; later recipe stages may grow the vision tower (vlens.zoo.growth), so the shipped
+build; later recipe stages may grow the vision tower (vlens.recipes.embedded.growth), so the shipped
 model's config, not these constants, is the reference for its shape.
 """
 

@@ -8,10 +8,10 @@ import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
 
 from vlens.data import COLOR_PALETTE, REAL_SHAPES, SHAPES
+from vlens.recipes.embedded.evaluate import answer_questions
+from vlens.recipes.embedded.training_set import held_out_samples
 from vlens.zoo import model_path
-from vlens.zoo.evaluate import answer_questions
 from vlens.zoo.processor import load_processor
-from vlens.zoo.training_set import held_out_samples
 
 MAX_FOLDER_BYTES = 20 * 1024 * 1024
 

@@ -17,10 +17,10 @@ from tqdm.auto import tqdm
 
 from vlens.data import LayoutError, make_task_sample
 from vlens.data.templates import COUNT_DOTS
-from vlens.zoo.batches import EncodedExample, encode_example, to_model_image
-from vlens.zoo.dot_variants import render_dot_variant
+from vlens.recipes.embedded.batches import EncodedExample, encode_example, to_model_image
+from vlens.recipes.embedded.dot_variants import render_dot_variant
+from vlens.recipes.embedded.vision_aux import cell_labels
 from vlens.zoo.processor import CELL, image_size_of
-from vlens.zoo.vision_aux import cell_labels
 
 Sample = tuple[Image.Image, dict]
 DEFAULT_SIZE = 224  # the data module's default image size: what users and the checks draw
@@ -125,7 +125,7 @@ TRAINING_MIX: dict[str, float] = {
 class RenderedSet:
     """Pre-rendered examples: uint8 images [n, H, W, 3], their encoded token sequences, and
     per image the (shape, colour) class of each merged-token cell [n, 2, cells] for the
-    optional vision objective (vlens.zoo.vision_aux)."""
+    optional vision objective (vlens.recipes.embedded.vision_aux)."""
 
     images: torch.Tensor
     examples: list[EncodedExample]

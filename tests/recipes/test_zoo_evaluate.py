@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vlens.zoo.evaluate import accuracy_report
-from vlens.zoo.model_card import _objects_section
+from vlens.recipes.embedded.evaluate import accuracy_report
+from vlens.recipes.embedded.model_card import _objects_section
 
 
 def _record(task: str, answer: str, n_objects: int, source: str | None = None) -> dict:
@@ -41,7 +41,7 @@ def test_objects_section_of_the_model_card():
 
 
 def test_training_lines_name_the_device_and_the_vision_objective():
-    from vlens.zoo.model_card import _training_lines
+    from vlens.recipes.embedded.model_card import _training_lines
 
     stage = {
         "seed": 1,

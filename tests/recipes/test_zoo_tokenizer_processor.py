@@ -11,7 +11,9 @@ import torch
 from PIL import Image
 
 from vlens.data import TEMPLATES, all_template_words
-from vlens.zoo.batches import IGNORE_INDEX, collate, encode_example, patchify, to_model_image
+from vlens.recipes.embedded.batches import IGNORE_INDEX, collate, encode_example, patchify, to_model_image
+from vlens.recipes.embedded.tokenizer import QWEN_SPECIAL_TOKENS, build_tokenizer, split_words
+from vlens.recipes.embedded.vocabulary import vocabulary_words
 from vlens.zoo.processor import (
     IMAGE_SIZE,
     MERGED_GRID,
@@ -21,8 +23,6 @@ from vlens.zoo.processor import (
     load_processor,
     save_processor_files,
 )
-from vlens.zoo.tokenizer import QWEN_SPECIAL_TOKENS, build_tokenizer, split_words
-from vlens.zoo.vocabulary import vocabulary_words
 
 EXPECTED_PROMPT = (
     "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>How many dots are there?<|im_end|>\n"

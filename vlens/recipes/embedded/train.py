@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from vlens.zoo.batches import EncodedExample, collate
-from vlens.zoo.vision_aux import VisionAuxHeads, captured_image_tokens
+from vlens.recipes.embedded.batches import EncodedExample, collate
+from vlens.recipes.embedded.vision_aux import VisionAuxHeads, captured_image_tokens
 
 
 @dataclass
 class TrainSettings:
-    """Optimisation hyper-parameters (the recipe's defaults are in vlens.zoo.recipe)."""
+    """Optimisation hyper-parameters (the recipe's defaults are in vlens.recipes.embedded.recipe)."""
 
     steps: int = 3500
     batch_size: int = 48
@@ -31,7 +31,9 @@ class TrainSettings:
     seed: int = 0
     log_every: int = 25
     stop_after: int | None = None  # stop early at this step; the schedule still spans `steps`
-    vision_aux_weight: float = 0.0  # > 0: add the dense vision-token loss of vlens.zoo.vision_aux
+    vision_aux_weight: float = (
+        0.0  # > 0: add the dense vision-token loss of vlens.recipes.embedded.vision_aux
+    )
 
     @property
     def steps_to_run(self) -> int:
@@ -63,7 +65,7 @@ def train_model(
 
     images: uint8 [n_images, H, W, 3] indexed by the examples. Every `checkpoint_every`
     steps (0: never) `on_checkpoint(step)` is called; what it returns is logged.
-    cell_labels: int [n_images, 2, cells] (vlens.zoo.vision_aux.cell_labels), needed when
+    cell_labels: int [n_images, 2, cells] (vlens.recipes.embedded.vision_aux.cell_labels), needed when
     settings.vision_aux_weight > 0; the auxiliary heads are trained alongside and dropped.
     Returns {"steps", "wall_time_s", "final_loss"} (final_loss: the answer-token loss).
     """

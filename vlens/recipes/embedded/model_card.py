@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vlens.zoo.training_set import TRAINING_MIX
+from vlens.recipes.embedded.training_set import TRAINING_MIX
 
 # Held-out accuracy targets of issue 5 (SynReal-lite counting is reported, not targeted).
 TARGETS: dict[str, float] = {
@@ -135,7 +135,7 @@ def _stage_notes(stage: dict) -> list[str]:
     if stage.get("vision_aux_weight"):
         notes.append(
             f"plus the dense vision-token shape/colour loss (weight {stage['vision_aux_weight']}, "
-            "vlens.zoo.vision_aux; its heads are not saved)"
+            "vlens.recipes.embedded.vision_aux; its heads are not saved)"
         )
     return notes
 
@@ -234,7 +234,7 @@ def render_model_card(summary: dict) -> str:
         "## Counting accuracy per count (the subitizing curve)",
         *_count_table(evaluation["per_count"]),
         "",
-        "counting/dot_variants are dots from vlens.zoo.dot_variants, a second renderer (a stand-in for",
+        "counting/dot_variants are dots from vlens.recipes.embedded.dot_variants, a second renderer (a stand-in for",
         "other people's dot generators); counting/synreal is the held-out SynReal-lite style.",
         "",
         *_objects_section(evaluation.get("per_objects", {})),

@@ -12,10 +12,19 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig
 
-from vlens.zoo import architecture as arch
-from vlens.zoo.evaluate import evaluate_samples
-from vlens.zoo.growth import grow_vision_tower
-from vlens.zoo.model_card import training_stages, write_model_card
+from vlens.recipes.embedded import architecture as arch
+from vlens.recipes.embedded.evaluate import evaluate_samples
+from vlens.recipes.embedded.growth import grow_vision_tower
+from vlens.recipes.embedded.model_card import training_stages, write_model_card
+from vlens.recipes.embedded.tokenizer import build_tokenizer
+from vlens.recipes.embedded.train import TrainSettings, train_model
+from vlens.recipes.embedded.training_set import (
+    DEFAULT_SIZE,
+    TRAINING_MIX,
+    held_out_samples,
+    render_training_set,
+)
+from vlens.recipes.embedded.vocabulary import vocabulary_words
 from vlens.zoo.processor import (
     CELL,
     IMAGE_SIZE,
@@ -25,10 +34,6 @@ from vlens.zoo.processor import (
     image_size_of,
     save_processor_files,
 )
-from vlens.zoo.tokenizer import build_tokenizer
-from vlens.zoo.train import TrainSettings, train_model
-from vlens.zoo.training_set import DEFAULT_SIZE, TRAINING_MIX, held_out_samples, render_training_set
-from vlens.zoo.vocabulary import vocabulary_words
 
 TRAINING_LOG = "training_log.jsonl"
 

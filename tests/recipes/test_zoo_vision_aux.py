@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from vlens.zoo.recipe import build_untrained
-from vlens.zoo.train import TrainSettings, train_model
-from vlens.zoo.training_set import render_training_set
-from vlens.zoo.vision_aux import (
+from vlens.recipes.embedded.recipe import build_untrained
+from vlens.recipes.embedded.train import TrainSettings, train_model
+from vlens.recipes.embedded.training_set import render_training_set
+from vlens.recipes.embedded.vision_aux import (
     BACKGROUND,
     COLOUR_CLASSES,
     IGNORE,

@@ -11,9 +11,9 @@ from PIL import Image
 from transformers import Qwen2_5_VLForConditionalGeneration
 
 from vlens.cli import main
-from vlens.zoo.recipe import build_untrained
-from vlens.zoo.train import TrainSettings, learning_rate_at, train_model
-from vlens.zoo.training_set import (
+from vlens.recipes.embedded.recipe import build_untrained
+from vlens.recipes.embedded.train import TrainSettings, learning_rate_at, train_model
+from vlens.recipes.embedded.training_set import (
     held_out_samples,
     parse_mix,
     render_training_set,
