@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-DEMOS = Path(__file__).resolve().parent.parent / "demos"
+DEMOS = Path(__file__).resolve().parents[2] / "demos"
 NOTEBOOKS = ["01_quickstart.ipynb", "02_counting_circuit.ipynb", "03_headlens.ipynb", "04_interventions.ipynb"]
 TIMEOUT_S = 120  # per cell; each notebook takes 15-20 s on 2 busy cores
 

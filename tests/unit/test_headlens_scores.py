@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tests._headlens_models import tiny_model
+from tests.helpers.headlens_models import tiny_model
 from vlens.lens.head_scores import SCORE_NAMES, HeadScores, compute_head_scores
 from vlens.lens.headlens import HeadLensOutput
 from vlens.lens.taxonomy import HEAD_CLASSES, TaxonomyThresholds, classify_head, classify_heads

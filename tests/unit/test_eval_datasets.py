@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from _eval_data import pixmo_rows, write_countbenchqa, write_imagefolder, write_jsonl, write_mcq, write_png
+from tests.helpers.eval_data import pixmo_rows, write_countbenchqa, write_imagefolder, write_jsonl, write_mcq, write_png
 
 from vlens.evaluation.datasets import read_countbenchqa, read_imagefolder, read_mcq, read_pixmo
 from vlens.evaluation.examples import MissingImageError, open_image

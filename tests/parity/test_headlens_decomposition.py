@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests._headlens_models import BUILDERS, tiny_model, two_image_batch
+from tests.helpers.headlens_models import BUILDERS, tiny_model, two_image_batch
 from vlens.architectures.registry import supported_architectures
 from vlens.lens.decomposition import (
     flat_W_O,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests._headlens_models import (
+from tests.helpers.headlens_models import (
     PLANTED_HEAD,
     PLANTED_LAYER,
     planted_three_model,

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from tests._headlens_models import tiny_model, two_image_batch
+from tests.helpers.headlens_models import tiny_model, two_image_batch
 from vlens import HookedVLM
 from vlens.lens.corpus import collect_residuals, task_samples
 from vlens.lens.readout import LensReadout, unembedding_hash

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests._arch_parity import (
+from tests.helpers.arch_parity import (
     assert_head_decomposition,
     assert_hook_shapes,
     assert_hook_z_edit_matches_hf,

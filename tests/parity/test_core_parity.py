@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests._arch_parity import assert_logits_match, input_matrix
+from tests.helpers.arch_parity import assert_logits_match, input_matrix
 from tests.conftest import QWEN_FAMILIES
 from vlens.testing import random_image
 

@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from tests._arch_parity import (
+from tests.helpers.arch_parity import (
     assert_generate_matches_hf,
     assert_head_decomposition,
     assert_hook_shapes,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from _eval_data import write_imagefolder, write_mcq
+from tests.helpers.eval_data import write_imagefolder, write_mcq
 
 from vlens.evaluation import (
     HFBackend,
