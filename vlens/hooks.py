@@ -6,10 +6,65 @@ vlens reuses TransformerLens's `HookPoint` and `HookedRootModule`, so hooks, `ru
 
 from __future__ import annotations
 
-from transformer_lens.hook_points import HookPoint
+from typing import Any
+
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint as _TLHookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-__all__ = ["HookPoint", "HookedRootModule", "act_name", "ATTENTION_PATTERN_HOOKS"]
+__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "act_name", "ATTENTION_PATTERN_HOOKS"]
+
+
+class HookResultError(ValueError):
+    """A forward hook returned something other than a tensor of its input's shape and dtype."""
+
+
+def _hook_label(hook: Any) -> str:
+    func = getattr(hook, "func", hook)  # functools.partial
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+
+
+def _checked(hook: Any, point: _TLHookPoint):
+    """`hook` wrapped so a returned value must match the activation's shape, dtype and device.
+
+    Returning None (TransformerLens: keep the activation, possibly edited in place) is fine. A
+    wrong shape would otherwise be broadcast by the next operation (a [b, 1, q, k] pattern would
+    give every head head 0's pattern) and a wrong dtype silently promoted.
+    """
+
+    def checked_hook(activation: Tensor, hook: Any = None) -> Any:
+        result = inner(activation, hook=hook)
+        if result is None or not isinstance(activation, Tensor):
+            return result
+        if not isinstance(result, Tensor):
+            problem = f"a {type(result).__name__}"
+        elif result.shape != activation.shape:
+            problem = f"shape {tuple(result.shape)}"
+        elif result.dtype != activation.dtype:
+            problem = f"dtype {result.dtype}"
+        elif result.device != activation.device:
+            problem = f"device {result.device}"
+        else:
+            return result
+        name = getattr(hook, "name", None) or point.name
+        raise HookResultError(
+            f"hook {_hook_label(inner)} on {name} returned {problem}, but the activation is a tensor of shape "
+            f"{tuple(activation.shape)}, dtype {activation.dtype} on {activation.device}. Return a tensor of the "
+            "same shape, dtype and device (e.g. edit it in place and return it, or return None)."
+        )
+
+    inner = hook
+    checked_hook.__name__ = f"checked({_hook_label(hook)})"
+    return checked_hook
+
+
+class HookPoint(_TLHookPoint):
+    """TransformerLens's `HookPoint`, with forward hook results checked (see `_checked`)."""
+
+    def add_hook(self, hook: Any, dir: str = "fwd", *args: Any, **kwargs: Any):
+        if dir == "fwd":
+            hook = _checked(hook, self)
+        return super().add_hook(hook, dir, *args, **kwargs)
 
 # hooks that need the attention probabilities materialised (the explicit attention path)
 ATTENTION_PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern")
