@@ -9,6 +9,7 @@ from vlens.ablation.reference import collect_reference
 from vlens.ablation.results import RANK_BY, AblationReport
 from vlens.ablation.sweep import head_ablation_sweep
 from vlens.ablation.tasks import TaskBatch, build_task_batch, canonical_task_name
+from vlens.parallel import Sharding
 
 DEFAULT_TASKS: tuple[str, ...] = (
     "counting", "colour", "shape", "spatial", "arithmetic", "existence", "counting@synreal",
@@ -32,6 +33,7 @@ def ablation_study(
     seed: int = 0,
     retest_seed: int | None = None,
     progress: bool = True,
+    sharding: Sharding | None = None,
 ) -> AblationReport:
     """Ablate every head on every task; rank heads per task; compare top-k sets by Jaccard.
 
@@ -45,7 +47,11 @@ def ablation_study(
         top_k, rank_by: size of each task's head set; rank by "logprob" or "accuracy" drop.
         retest_seed: also sweep a second evaluation set (seeds retest_seed, retest_seed + 1, ...;
             task-suite names only) with the same reference: `report.reliability()`.
+        sharding: split each sweep across processes (`vlens.parallel`); every process builds the
+            same examples and reference means and returns the full report (rank 0 writes it).
     """
+    sharding = sharding or Sharding()
+    shown = sharding.progress(progress)
     if reference_mode not in REFERENCE_MODES:
         raise ValueError(f"reference_mode must be one of {REFERENCE_MODES}, got {reference_mode!r}")
     if rank_by not in RANK_BY:
@@ -63,7 +69,7 @@ def ablation_study(
     pooled = None
     if method != "zero" and reference_mode == "pooled":
         pooled = collect_reference(model, TaskBatch.concat("pooled", [ref for _, ref in sets.values()]),
-                                   alignment, batch_size, keep_samples, progress)
+                                   alignment, batch_size, keep_samples, shown)
     if retest_seed is not None and isinstance(tasks, Mapping):
         raise ValueError("retest_seed needs task-suite names (the second evaluation set is drawn from them)")
     if retest_seed is not None and abs(retest_seed - seed) < n_examples:
@@ -73,17 +79,17 @@ def ablation_study(
     for name, (evaluation, ref_set) in sets.items():
         reference = pooled
         if method != "zero" and reference is None:
-            reference = collect_reference(model, ref_set, alignment, batch_size, keep_samples, progress)
+            reference = collect_reference(model, ref_set, alignment, batch_size, keep_samples, shown)
         results[name] = head_ablation_sweep(model, evaluation, method, reference, batch_size, heads_per_pass,
-                                            seed=seed, progress=progress)
+                                            seed=seed, progress=progress, sharding=sharding)
         if retest_seed is not None:
             again = build_task_batch(model, name, n_examples, retest_seed, image_size)
             retest[name] = head_ablation_sweep(model, again, method, reference, batch_size, heads_per_pass,
-                                               seed=retest_seed, progress=progress)
+                                               seed=retest_seed, progress=progress, sharding=sharding)
     settings = {
         "model": model.summary(), "method": method, "alignment": alignment if method != "zero" else "none",
         "reference_mode": reference_mode, "n_examples": n_examples, "n_reference": n_reference,
-        "image_size": image_size, "seed": seed, "retest_seed": retest_seed,
+        "image_size": image_size, "seed": seed, "retest_seed": retest_seed, "world_size": sharding.world_size,
     }
     return AblationReport(results, top_k, rank_by, settings, retest=retest or None)
 

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from vlens.ablation.hooks import check_method, replacement_values, stacked_head_hook
 from vlens.ablation.reference import ReferenceActivations, resample_partners
@@ -20,6 +19,7 @@ from vlens.ablation.results import HeadAblation
 from vlens.ablation.tasks import TaskBatch
 from vlens.hooks import act_name
 from vlens.inputs import VLMInputs
+from vlens.parallel import Sharding
 from vlens.runtime import RunState, build_masks
 
 
@@ -67,6 +67,7 @@ def head_ablation_sweep(
     layers: Sequence[int] | None = None,
     seed: int = 0,
     progress: bool = True,
+    sharding: Sharding | None = None,
 ) -> HeadAblation:
     """Ablate each head of `layers` (default all) alone on `task`; mean damage per head.
 
@@ -80,53 +81,89 @@ def head_ablation_sweep(
             together (the chunk stacked once per head).
         resume: resume from the cached clean residual at the ablated layer; False runs the
             whole model with `run_with_hooks` per head (the plain, slower reference path).
+        sharding: split the work, one unit per (chunk of examples, layer), across processes
+            (`vlens.parallel`); every process returns the full result.
     Heads outside `layers` keep NaN.
     """
     check_method(method, reference)
     if batch_size < 1 or heads_per_pass < 1:
         raise ValueError(f"batch_size and heads_per_pass must be >= 1, got {batch_size} and {heads_per_pass}")
+    sharding = sharding or Sharding()
     cfg = model.cfg
     layers = list(range(cfg.n_layers)) if layers is None else list(layers)
     n = len(task)
     partners = resample_partners(n, reference.n_examples, seed) if method == "resample" else None
+    chunks = [range(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+    clean_runs: dict[int, _CleanChunk] = {}  # the current chunk's clean run
+
+    def run(unit: tuple[int, int]) -> dict:
+        c, layer = unit
+        if c not in clean_runs:
+            clean_runs.clear()
+            clean_runs[c] = _CleanChunk(model, task, chunks[c], reference, partners)
+        chunk = clean_runs[c]
+        out = chunk.ablate_layer(model, method, layer, heads_per_pass, resume)
+        if layer == layers[0]:
+            out["clean"] = (chunk.clean_lp, chunk.clean_acc)
+        return out
+
+    units = [(c, layer) for c in range(len(chunks)) for layer in layers]
+    with torch.no_grad():
+        results = sharding.map(units, run, desc=f"ablate {task.name}", progress=progress)
+    clean_runs.clear()
     clean_lp, clean_acc = torch.zeros(n), torch.zeros(n)
     abl_lp = torch.full((cfg.n_layers, cfg.n_heads, n), float("nan"))
     abl_acc = torch.full((cfg.n_layers, cfg.n_heads, n), float("nan"))
-    chunks = [range(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
-    bar = tqdm(total=len(chunks) * len(layers) * cfg.n_heads, desc=f"ablate {task.name}", disable=not progress)
-    with torch.no_grad():
-        for rows in chunks:
-            inputs = task.inputs(model, rows)
-            answers = task.answer_ids[list(rows)]
-            final = inputs.regions.final
-            state = model.start_run(inputs)
-            resid, layer_inputs = state.resid, []
-            for layer in range(cfg.n_layers):
-                layer_inputs.append(resid)
-                resid = model.run_blocks(resid, state, layer, layer + 1)
-            clean_lp[list(rows)], clean_acc[list(rows)] = answer_metrics(
-                final_position_logits(model, resid, final), answers)
-            slot_ids = reference.slot_ids(inputs) if reference is not None else None
-            chunk_partners = None if partners is None else [partners[r] for r in rows]
-            stacked: dict[int, RunState] = {}  # copies -> the chunk's run state stacked that often
-            for layer in layers:
-                values = replacement_values(model, method, layer, inputs, reference, chunk_partners, slot_ids)
-                for start in range(0, cfg.n_heads, heads_per_pass if resume else 1):
-                    heads = list(range(start, min(start + heads_per_pass, cfg.n_heads))) if resume else [start]
-                    if resume and len(heads) not in stacked:
-                        stacked[len(heads)] = stack_state(state, inputs.attention_mask, len(heads))
-                    logits = _ablated_final_logits(model, inputs, stacked.get(len(heads)), layer_inputs[layer],
-                                                   layer, heads, values, resume)
-                    for g, head in enumerate(heads):
-                        lp, acc = answer_metrics(logits[g * len(rows):(g + 1) * len(rows)], answers)
-                        abl_lp[layer, head, list(rows)], abl_acc[layer, head, list(rows)] = lp, acc
-                    bar.update(len(heads))
-    bar.close()
+    for (c, layer), out in zip(units, results, strict=True):
+        rows = list(chunks[c])
+        if "clean" in out:
+            clean_lp[rows], clean_acc[rows] = out["clean"]
+        for head, (lp, acc) in enumerate(zip(out["logprob"], out["accuracy"], strict=True)):
+            abl_lp[layer, head, rows], abl_acc[layer, head, rows] = lp, acc
     return HeadAblation(
         task=task.name, method=method, alignment=reference.alignment if reference is not None else "none",
         n_examples=n, clean_logprob=float(clean_lp.mean()), clean_accuracy=float(clean_acc.mean()),
         ablated_logprob=abl_lp.mean(dim=-1).double(), ablated_accuracy=abl_acc.mean(dim=-1).double(),
     )
+
+
+class _CleanChunk:
+    """One chunk of evaluation examples: its clean run (the residual entering every layer), the
+    answer metrics without ablation, and what ablating a head of any layer needs."""
+
+    def __init__(self, model, task: TaskBatch, rows: range, reference: ReferenceActivations | None,
+                 partners: list[int] | None):
+        self.inputs = task.inputs(model, rows)
+        self.answers = task.answer_ids[list(rows)]
+        self.n_rows = len(rows)
+        self.state = model.start_run(self.inputs)
+        resid, self.layer_inputs = self.state.resid, []
+        for layer in range(model.cfg.n_layers):
+            self.layer_inputs.append(resid)
+            resid = model.run_blocks(resid, self.state, layer, layer + 1)
+        self.clean_lp, self.clean_acc = answer_metrics(
+            final_position_logits(model, resid, self.inputs.regions.final), self.answers)
+        self.reference = reference
+        self.slot_ids = reference.slot_ids(self.inputs) if reference is not None else None
+        self.partners = None if partners is None else [partners[r] for r in rows]
+        self.stacked: dict[int, RunState] = {}  # copies -> the chunk's run state stacked that often
+
+    def ablate_layer(self, model, method: str, layer: int, heads_per_pass: int, resume: bool) -> dict:
+        """Answer log-prob and accuracy [n_rows] with each head of `layer` ablated alone, head by head."""
+        n_heads = model.cfg.n_heads
+        values = replacement_values(model, method, layer, self.inputs, self.reference, self.partners, self.slot_ids)
+        logprob, accuracy = [], []
+        for start in range(0, n_heads, heads_per_pass if resume else 1):
+            heads = list(range(start, min(start + heads_per_pass, n_heads))) if resume else [start]
+            if resume and len(heads) not in self.stacked:
+                self.stacked[len(heads)] = stack_state(self.state, self.inputs.attention_mask, len(heads))
+            logits = _ablated_final_logits(model, self.inputs, self.stacked.get(len(heads)), self.layer_inputs[layer],
+                                           layer, heads, values, resume)
+            for g in range(len(heads)):
+                lp, acc = answer_metrics(logits[g * self.n_rows:(g + 1) * self.n_rows], self.answers)
+                logprob.append(lp)
+                accuracy.append(acc)
+        return {"logprob": logprob, "accuracy": accuracy}
 
 
 def _ablated_final_logits(model, inputs: VLMInputs, stacked: RunState | None, layer_input: Tensor, layer: int,

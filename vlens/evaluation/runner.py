@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
-
-from tqdm.auto import tqdm
 
 from vlens.evaluation.backends import GenerationBackend
 from vlens.evaluation.examples import EvalDataset, open_images
 from vlens.evaluation.formats import EvalFormat, format_prompt, get_format
 from vlens.evaluation.metrics import ChoiceMetrics, CountingMetrics, choice_metrics, counting_metrics
 from vlens.evaluation.parsing import get_parser
+from vlens.parallel import Sharding
 
 
 @dataclass
@@ -42,6 +42,11 @@ class EvalResult:
     metrics: CountingMetrics | ChoiceMetrics
 
 
+def _plain(extra: dict) -> dict:
+    """Row fields as JSON types (what predictions.jsonl holds anyway), so they can be stored and gathered."""
+    return json.loads(json.dumps(extra, default=str))
+
+
 def score_predictions(
     task: str,
     predictions: list[Prediction],
@@ -71,6 +76,7 @@ def evaluate(
     unparsed_value: int | None = None,
     category_field: str | None = None,
     progress: bool = True,
+    sharding: Sharding | None = None,
 ) -> EvalResult:
     """Generate an answer for every example and score it.
 
@@ -86,6 +92,8 @@ def evaluate(
         unparsed_value: count that an unparsed answer is scored as in MAE (None: left out).
         category_field: ``extra`` field to break multiple-choice accuracy down by.
         progress: show a progress bar.
+        sharding: split the batches across processes (`vlens.parallel`); every process
+            returns the full result, in example order (rank 0 writes it).
     """
     fmt = (
         get_format(data_format or dataset.format) if not isinstance(data_format, EvalFormat) else data_format
@@ -101,9 +109,9 @@ def evaluate(
     if not examples:
         raise ValueError(f"{dataset.source} has no examples to evaluate ({len(dataset.skipped)} skipped)")
 
-    predictions: list[Prediction] = []
-    batches = range(0, len(examples), batch_size)
-    for start in tqdm(batches, desc=f"eval {fmt.name}", unit="batch", disable=not progress):
+    sharding = sharding or Sharding()
+
+    def run(start: int) -> list[dict]:
         batch = examples[start : start + batch_size]
         prompts = [format_prompt(example, instruction) for example in batch]
         outputs = backend.generate([open_images(e.images) for e in batch], prompts, max_new_tokens)
@@ -111,9 +119,10 @@ def evaluate(
             raise RuntimeError(
                 f"the backend returned {len(outputs)} answers for a batch of {len(batch)} prompts"
             )
+        done = []
         for example, prompt, output in zip(batch, prompts, outputs, strict=True):
             parsed = parse(output, example.options)
-            predictions.append(
+            done.append(
                 Prediction(
                     id=example.id,
                     prompt=prompt,
@@ -121,9 +130,13 @@ def evaluate(
                     parsed=parsed,
                     target=example.target,
                     correct=parsed is not None and parsed == example.target,
-                    extra=example.extra,
-                )
+                    extra=_plain(example.extra),
+                ).to_dict()
             )
+        return done
+
+    batches = sharding.map(range(0, len(examples), batch_size), run, desc=f"eval {fmt.name}", progress=progress)
+    predictions = [Prediction(**fields) for batch in batches for fields in batch]
 
     settings = {
         "backend": getattr(backend, "name", type(backend).__name__),
@@ -134,6 +147,7 @@ def evaluate(
         "limit": limit,
         "unparsed_value": unparsed_value,
         "n_examples_in_data": len(dataset.examples),
+        "world_size": sharding.world_size,
     }
     return EvalResult(
         format=fmt.name,

@@ -15,6 +15,8 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from vlens.parallel import Sharding
+
 Sample = tuple[Any, str, dict]
 POSITION_KINDS = ("final", "text", "all")
 DEFAULT_IMAGE_SIZE = 168  # the embedded model's image size (6x6 merged grid)
@@ -57,9 +59,13 @@ def iter_batches(model, samples: Sequence[Sample], batch_size: int = 8,
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     starts = range(0, len(samples), batch_size)
     for start in tqdm(starts, desc=desc, disable=not progress):
-        chunk = samples[start:start + batch_size]
-        inputs = model.prepare(images=[s[0] for s in chunk], prompts=[s[1] for s in chunk])
-        yield inputs.to(model.W_U.device), [s[2] for s in chunk]
+        yield prepare_batch(model, samples[start:start + batch_size])
+
+
+def prepare_batch(model, chunk: Sequence[Sample]) -> tuple[Any, list[dict]]:
+    """``(VLMInputs, records)`` of some samples (left-padded, chat format)."""
+    inputs = model.prepare(images=[s[0] for s in chunk], prompts=[s[1] for s in chunk])
+    return inputs.to(model.W_U.device), [s[2] for s in chunk]
 
 
 def position_mask(inputs, positions: str) -> Tensor:
@@ -70,17 +76,24 @@ def position_mask(inputs, positions: str) -> Tensor:
 
 
 def collect_residuals(model, samples: Sequence[Sample], positions: str = "text", batch_size: int = 8,
-                      progress: bool = True) -> Float[Tensor, "n n_layers d_model"]:
+                      progress: bool = True, sharding: Sharding | None = None) -> Float[Tensor, "n n_layers d_model"]:
     """``blocks.{l}.hook_resid_post`` for every layer at the chosen positions, fp32 on CPU.
 
     The last layer's column is the final residual (input of ``ln_final``): the lens target.
+    sharding: split the batches across processes (`vlens.parallel`); every process gets all rows.
     """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    sharding = sharding or Sharding()
     names = {f"blocks.{layer}.hook_resid_post" for layer in range(model.cfg.n_layers)}
-    rows = []
-    with torch.no_grad():
-        for inputs, _ in iter_batches(model, samples, batch_size, progress, desc="collecting residuals"):
+
+    def run(start: int) -> Tensor:
+        inputs, _ = prepare_batch(model, samples[start:start + batch_size])
+        with torch.no_grad():
             _, cache = model.run_with_cache(inputs, names_filter=lambda name: name in names)
-            mask = position_mask(inputs, positions).to(model.W_U.device)
-            stacked = torch.stack([cache[f"blocks.{layer}.hook_resid_post"] for layer in range(model.cfg.n_layers)], 2)
-            rows.append(stacked[mask].float().cpu())  # [n_positions, n_layers, d_model]
+        mask = position_mask(inputs, positions).to(model.W_U.device)
+        stacked = torch.stack([cache[f"blocks.{layer}.hook_resid_post"] for layer in range(model.cfg.n_layers)], 2)
+        return stacked[mask].float().cpu()  # [n_positions, n_layers, d_model]
+
+    rows = sharding.map(range(0, len(samples), batch_size), run, desc="collecting residuals", progress=progress)
     return torch.cat(rows)

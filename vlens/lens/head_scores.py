@@ -30,9 +30,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.lens.corpus import Sample, iter_batches
+from vlens.lens.corpus import Sample, prepare_batch
 from vlens.lens.headlens import HeadLens
 from vlens.lens.vocabularies import vocabulary_token_ids
+from vlens.parallel import Sharding
 
 SCORE_NAMES: tuple[str, ...] = (
     "vgs", "cter", "image_attention", "answer_alignment", "existence_response", "difficulty_response",
@@ -105,28 +106,36 @@ def compute_head_scores(
     large_count: int = DEFAULT_LARGE_COUNT,
     n_top_tokens: int = 10,
     progress: bool = True,
+    sharding: Sharding | None = None,
 ) -> HeadScores:
-    """Run HeadLens at the final position over `samples` and score every head (see module docstring)."""
+    """Run HeadLens at the final position over `samples` and score every head (see module docstring).
+
+    sharding: split the batches across processes (`vlens.parallel`); each batch's sums are added
+    in batch order, as in one process, and every process returns the full scores.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
     lens = lens or HeadLens(model)
+    sharding = sharding or Sharding()
     vocab = vocabulary_token_ids(model.tokenizer, vocabularies)
     for needed in ("visual", "number", "existence", "difficulty"):
         vocab.setdefault(needed, set())
     L, H = model.cfg.n_layers, model.cfg.n_heads
     accumulators = [*SCORE_NAMES, "_difficulty_crowded", "_difficulty_uncrowded"]
-    sums = {name: torch.zeros(L, H) for name in accumulators}
-    counts = {name: torch.zeros(L, H) for name in accumulators}
-    frequent: dict[tuple[int, int], Counter] = {(layer, head): Counter() for layer in range(L) for head in range(H)}
     existence_ids = torch.tensor(sorted(vocab["existence"])) if vocab["existence"] else torch.empty(0, dtype=torch.long)
-    n_examples = 0
 
-    def add(name: str, values: Tensor, rows: Tensor) -> None:
-        """values [batch, L, H] for the rows that count ([batch] bool)."""
-        sums[name] += values[rows].sum(0)
-        counts[name] += rows.sum()
-
-    for inputs, records in iter_batches(model, samples, batch_size, progress, desc="head scores"):
+    def run(start: int) -> dict:
+        """One batch's sums and counts per accumulator ([L, H] each) and its top-k ids [batch, L, H]."""
+        inputs, records = prepare_batch(model, samples[start:start + batch_size])
         out = lens.run(inputs, positions="final", k=k)
         ids = out.top_ids[:, 0]  # [batch, L, H, k]
+        part: dict = {"sums": {}, "counts": {}}
+
+        def add(name: str, values: Tensor, rows: Tensor) -> None:
+            """values [batch, L, H] for the rows that count ([batch] bool)."""
+            part["sums"][name] = values[rows].sum(0)
+            part["counts"][name] = rows.sum()
+
         everyone = torch.ones(ids.shape[0], dtype=torch.bool)
         add("vgs", _share_in(ids, vocab["visual"]), everyone)
         add("cter", _share_in(ids, vocab["number"]), everyone)
@@ -144,6 +153,19 @@ def compute_head_scores(
             says_difficult = _share_in(ids[..., :1], vocab["difficulty"])  # top-1 in the vocabulary: 0 / 1
             add("_difficulty_crowded", says_difficult, crowded)
             add("_difficulty_uncrowded", says_difficult, uncrowded)
+        part["ids"] = ids
+        return part
+
+    parts = sharding.map(range(0, len(samples), batch_size), run, desc="head scores", progress=progress)
+    sums = {name: torch.zeros(L, H) for name in accumulators}
+    counts = {name: torch.zeros(L, H) for name in accumulators}
+    frequent: dict[tuple[int, int], Counter] = {(layer, head): Counter() for layer in range(L) for head in range(H)}
+    n_examples = 0
+    for part in parts:  # in batch order: the same float sums as one process
+        for name, value in part["sums"].items():
+            sums[name] += value
+            counts[name] += part["counts"][name]
+        ids = part["ids"]
         for layer in range(L):
             for head in range(H):
                 frequent[(layer, head)].update(ids[:, layer, head].reshape(-1).tolist())

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
+
+from vlens.parallel import Sharding
 
 if TYPE_CHECKING:
     from vlens.inputs import VLMInputs
@@ -148,20 +149,33 @@ def first_answer_token(model: HookedVLM, answer: str) -> int:
 
 
 def logit_lens_records(model: HookedVLM, records: Sequence[dict], batch_size: int = 8, chat: bool = True,
-                       progress: bool = False) -> LogitLensResult:
-    """Logit lens over imagefolder records (`question`, `answer`, `image_path` or `image`)."""
+                       progress: bool = False, sharding: Sharding | None = None) -> LogitLensResult:
+    """Logit lens over imagefolder records (`question`, `answer`, `image_path` or `image`).
+
+    records: any sequence (e.g. `vlens.parallel.LazyItems`: only the batches a process runs are built).
+    sharding: split the batches across processes (`vlens.parallel`); every process gets the full result.
+    """
     from vlens.patching.pairs import _record_image
 
     if not records:
         raise ValueError("no records given to the logit lens")
-    for index, record in enumerate(records):
-        if "question" not in record or "answer" not in record:
-            raise ValueError(f"record {index} has no 'question' / 'answer' column: the logit lens needs both")
-    results = []
-    for start in tqdm(range(0, len(records), batch_size), desc="logit lens", disable=not progress):
+    sharding = sharding or Sharding()
+
+    def check(chunk: Sequence[dict], first: int) -> None:
+        for index, record in enumerate(chunk, first):
+            if "question" not in record or "answer" not in record:
+                raise ValueError(f"record {index} has no 'question' / 'answer' column: the logit lens needs both")
+
+    if isinstance(records, list):  # fail before any forward; generated records are checked as built
+        check(records, 0)
+
+    def run(start: int) -> dict:
         chunk = records[start:start + batch_size]
+        check(chunk, start)
         images = [_record_image(r) if ("image_path" in r or "image" in r) else None for r in chunk]
         inputs = model.prepare(images=images, prompts=[r["question"] for r in chunk], chat=chat)
         tokens = torch.tensor([first_answer_token(model, r["answer"]) for r in chunk], dtype=torch.long)
-        results.append(logit_lens(model, inputs, tokens, answers=[str(r["answer"]) for r in chunk]))
-    return LogitLensResult.concat(results)
+        return vars(logit_lens(model, inputs, tokens, answers=[str(r["answer"]) for r in chunk]))
+
+    parts = sharding.map(range(0, len(records), batch_size), run, desc="logit lens", progress=progress)
+    return LogitLensResult.concat([LogitLensResult(**part) for part in parts])

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -103,6 +104,78 @@ def _first_change(spec: PatchSpec, differs: Tensor, last: int) -> int:
     return int(changed[0]) if len(changed) else last
 
 
+def count_chunks(specs: Sequence[PatchSpec], n_pairs: int, max_batch: int = 64) -> int:
+    """How many forwards `FastPlan` splits `specs` into (known before running anything)."""
+    sizes: dict[tuple[int, str], int] = defaultdict(int)
+    for spec in specs:
+        sizes[(spec.layer, spec.component)] += 1
+    per_chunk = max(1, max_batch // n_pairs)
+    return sum(-(-size // per_chunk) for size in sizes.values())
+
+
+class FastPlan:
+    """The shared part of a fast sweep over one pair batch, and its forwards one chunk at a time.
+
+    Building it runs the corrupt and the clean batch once (activations, residuals, keys /
+    values) and splits the conditions into `chunks` (spec indices run in one forward, at most
+    `max_batch` rows, grouped by layer, chunk mates sharing long unchanged prefixes). Every
+    chunk is independent: `run_chunk(c)` gives the same numbers whichever process runs it.
+    """
+
+    def __init__(self, model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max_batch: int = 64):
+        self.model, self.batch, self.specs = model, batch, list(specs)
+        n = batch.n_pairs
+        names = {s.hook_name for s in self.specs}
+        corrupt_logits, self.cache = corrupt_activations(model, batch, names)
+        self.final = batch.final
+        self.n_layers = model.cfg.n_layers
+        with torch.no_grad():
+            self.state = model.start_run(batch.clean)
+            self.resids, self.clean_kv, clean_acts = _clean_run(model, self.state, names)
+            clean_logits = final_logits(model, self.resids[-1], self.final)
+            # where the corrupt activation differs from the clean one: [n, pos] or [n, pos, heads]
+            differs = {}
+            for name in names:
+                diff = self.cache[name].to(clean_acts[name].device) != clean_acts[name]
+                differs[name] = diff.any(-1).cpu()
+        first_final = int(self.final.min())
+        self.starts = [min(_first_change(s, differs[s.hook_name], first_final), first_final) for s in self.specs]
+        groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for index in sorted(range(len(self.specs)), key=lambda i: self.starts[i]):  # chunk mates share prefixes
+            groups[(self.specs[index].layer, self.specs[index].component)].append(index)
+        per_chunk = max(1, max_batch // n)
+        self.chunks = [idx[i:i + per_chunk] for idx in groups.values() for i in range(0, len(idx), per_chunk)]
+        self.baseline = Baseline(clean_logits, corrupt_logits, batch.clean_tokens, batch.corrupt_tokens)
+        self._repeated: dict[int, tuple[RunState, Tensor]] = {}
+        self._last_block_free = not block_has_hooks(model.blocks[self.n_layers - 1])
+
+    def run_chunk(self, chunk: int) -> tuple[list[int], Float[Tensor, "k n_pairs d_vocab"]]:
+        """(spec indices, their patched final logits [k, n_pairs, d_vocab]) for chunk number `chunk`."""
+        model, specs, indices = self.model, self.specs, self.chunks[chunk]
+        n, last = self.batch.n_pairs, self.n_layers - 1
+        k, layer, name = len(indices), specs[indices[0]].layer, specs[indices[0]].hook_name
+        start = min(self.starts[i] for i in indices)
+        with torch.no_grad():
+            if k not in self._repeated:
+                mask = self.batch.clean.attention_mask.to(self.state.cos.device).repeat(k, 1)
+                self._repeated[k] = (repeat_run_state(self.state, k), mask)
+            full_state, attention_mask = self._repeated[k]
+            prefix = {l_: (kk[:, :start].repeat(k, 1, 1, 1), vv[:, :start].repeat(k, 1, 1, 1))
+                      for l_, (kk, vv) in enumerate(self.clean_kv) if l_ >= layer}
+            run_state = suffix_state(full_state, attention_mask, start, prefix, self.n_layers)
+            resid = self.resids[layer][:, start:].repeat(k, 1, 1)
+            finals = self.final.to(resid.device).repeat(k) - start
+            chunk_specs = [specs[i] for i in indices]
+            with model.hooks(fwd_hooks=[(name, patch_hook(chunk_specs, self.cache[name], start))]):
+                if layer < last and self._last_block_free:
+                    resid = model.run_blocks(resid, run_state, layer, last)
+                    resid = last_block_at_final(model, resid, run_state, finals)[:, None]
+                    finals = torch.zeros_like(finals)
+                else:
+                    resid = model.run_blocks(resid, run_state, layer, None)
+            return indices, final_logits(model, resid, finals).view(k, n, -1)
+
+
 def run_fast(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max_batch: int = 64,
              progress: bool = False):
     """Same result as `run_naive` (within float noise); see the module docstring.
@@ -110,51 +183,11 @@ def run_fast(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max
     max_batch: most rows (conditions x pairs) in one forward; conditions are batched in chunks.
     Returns (patched final logits [n_specs, n_pairs, d_vocab], Baseline).
     """
-    n = batch.n_pairs
-    names = {s.hook_name for s in specs}
-    corrupt_logits, cache = corrupt_activations(model, batch, names)
-    final = batch.final
-    n_layers, last = model.cfg.n_layers, model.cfg.n_layers - 1
-    with torch.no_grad():
-        state = model.start_run(batch.clean)
-        resids, clean_kv, clean_acts = _clean_run(model, state, names)
-        clean_logits = final_logits(model, resids[-1], final)
-        # where the corrupt activation differs from the clean one: [n, pos] or [n, pos, heads]
-        differs = {}
-        for name in names:
-            diff = cache[name].to(clean_acts[name].device) != clean_acts[name]
-            differs[name] = diff.any(-1).cpu()
-        first_final = int(final.min())
-        starts = [min(_first_change(s, differs[s.hook_name], first_final), first_final) for s in specs]
-        groups: dict[tuple[int, str], list[int]] = defaultdict(list)
-        for index in sorted(range(len(specs)), key=lambda i: starts[i]):  # chunk mates share long prefixes
-            groups[(specs[index].layer, specs[index].component)].append(index)
-        per_chunk = max(1, max_batch // n)
-        chunks = [idx[i:i + per_chunk] for idx in groups.values() for i in range(0, len(idx), per_chunk)]
-        out: list[Tensor | None] = [None] * len(specs)
-        repeated: dict[int, tuple[RunState, Tensor]] = {}
-        last_block_free = not block_has_hooks(model.blocks[last])
-        for indices in tqdm(chunks, desc="patching (fast)", disable=not progress):
-            k, layer, name = len(indices), specs[indices[0]].layer, specs[indices[0]].hook_name
-            start = min(starts[i] for i in indices)
-            if k not in repeated:
-                repeated[k] = (repeat_run_state(state, k), batch.clean.attention_mask.to(state.cos.device).repeat(k, 1))
-            full_state, attention_mask = repeated[k]
-            prefix = {l_: (kk[:, :start].repeat(k, 1, 1, 1), vv[:, :start].repeat(k, 1, 1, 1))
-                      for l_, (kk, vv) in enumerate(clean_kv) if l_ >= layer}
-            run_state = suffix_state(full_state, attention_mask, start, prefix, n_layers)
-            resid = resids[layer][:, start:].repeat(k, 1, 1)
-            finals = final.to(resid.device).repeat(k) - start
-            chunk_specs = [specs[i] for i in indices]
-            with model.hooks(fwd_hooks=[(name, patch_hook(chunk_specs, cache[name], start))]):
-                if layer < last and last_block_free:
-                    resid = model.run_blocks(resid, run_state, layer, last)
-                    resid = last_block_at_final(model, resid, run_state, finals)[:, None]
-                    finals = torch.zeros_like(finals)
-                else:
-                    resid = model.run_blocks(resid, run_state, layer, None)
-            logits = final_logits(model, resid, finals).view(k, n, -1)
-            for j, i in enumerate(indices):
-                out[i] = logits[j]
-    baseline = Baseline(clean_logits, corrupt_logits, batch.clean_tokens, batch.corrupt_tokens)
-    return torch.stack(out) if out else clean_logits.new_zeros(0, *clean_logits.shape), baseline
+    plan = FastPlan(model, batch, specs, max_batch)
+    out: list[Tensor | None] = [None] * len(specs)
+    for chunk in tqdm(range(len(plan.chunks)), desc="patching (fast)", disable=not progress):
+        indices, logits = plan.run_chunk(chunk)
+        for j, i in enumerate(indices):
+            out[i] = logits[j]
+    clean_logits = plan.baseline.clean_logits
+    return torch.stack(out) if out else clean_logits.new_zeros(0, *clean_logits.shape), plan.baseline

@@ -61,18 +61,33 @@ class Baseline:
         return self.corrupt_logits.argmax(-1).cpu() == self.corrupt_tokens.cpu()
 
 
+def reduce_patched(patched_logits: Float[Tensor, "... n_pairs d_vocab"], clean_tokens: Int[Tensor, "n_pairs"],
+                   corrupt_tokens: Int[Tensor, "n_pairs"]) -> tuple[Float[Tensor, "... n_pairs"], Int[Tensor, "... n_pairs"]]:
+    """What the metrics read of patched logits: (per-pair logit difference, argmax token), on CPU.
+
+    Elementwise per pair, so reducing chunks of conditions or pairs separately gives the same values.
+    """
+    patched_logits = patched_logits.float().cpu()
+    per_pair = logit_diff(patched_logits, clean_tokens.cpu(), corrupt_tokens.cpu())
+    return per_pair, patched_logits.argmax(-1)
+
+
 def patch_metrics(patched_logits: Float[Tensor, "... n_pairs d_vocab"], baseline: Baseline) -> dict[str, Tensor]:
     """All metrics for patched final-position logits; each is [...] (leading condition dims).
 
     Also returns "per_pair_logit_diff" and "per_pair_prediction" (argmax token), both [..., n_pairs].
     """
-    patched_logits = patched_logits.float().cpu()
+    per_pair, prediction = reduce_patched(patched_logits, baseline.clean_tokens, baseline.corrupt_tokens)
+    return metrics_from_reduced(per_pair, prediction, baseline)
+
+
+def metrics_from_reduced(per_pair: Float[Tensor, "... n_pairs"], prediction: Int[Tensor, "... n_pairs"],
+                         baseline: Baseline) -> dict[str, Tensor]:
+    """`patch_metrics` from `reduce_patched`'s output (per-pair logit difference and argmax token)."""
     clean_tokens, corrupt_tokens = baseline.clean_tokens.cpu(), baseline.corrupt_tokens.cpu()
-    prediction = patched_logits.argmax(-1)
     clean_correct = baseline.clean_correct
     overwrite = clean_correct & (prediction == corrupt_tokens)
     flip_away = clean_correct & (prediction != clean_tokens)
-    per_pair = logit_diff(patched_logits, clean_tokens, corrupt_tokens)
     clean_mean = baseline.clean_logit_diff.float().cpu().mean()
     corrupt_mean = baseline.corrupt_logit_diff.float().cpu().mean()
     denominator = corrupt_mean - clean_mean

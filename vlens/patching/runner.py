@@ -95,22 +95,36 @@ def corrupt_activations(model: HookedVLM, batch: PairBatch, names: set[str]):
 
 
 # ---------------------------------------------------------------------- naive
+class NaivePlan:
+    """The naive loop over one pair batch: the unpatched runs once, then one hooked forward per
+    condition (`run_chunk(c)` runs condition c; the same interface as `fast.FastPlan`)."""
+
+    def __init__(self, model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec]):
+        self.model, self.batch, self.specs = model, batch, list(specs)
+        corrupt_logits, self.cache = corrupt_activations(model, batch, {s.hook_name for s in self.specs})
+        self.rows = torch.arange(batch.n_pairs)
+        with torch.no_grad():
+            clean_logits = model(batch.clean)[self.rows, batch.final.to(corrupt_logits.device)]
+        self.chunks = [[i] for i in range(len(self.specs))]
+        self.baseline = Baseline(clean_logits, corrupt_logits, batch.clean_tokens, batch.corrupt_tokens)
+
+    def run_chunk(self, chunk: int) -> tuple[list[int], Float[Tensor, "1 n_pairs d_vocab"]]:
+        spec = self.specs[chunk]
+        with torch.no_grad():
+            logits = self.model.run_with_hooks(self.batch.clean, fwd_hooks=[
+                (spec.hook_name, patch_hook([spec], self.cache[spec.hook_name]))])
+        return [chunk], logits[self.rows, self.batch.final.to(logits.device)][None]
+
+
 def run_naive(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], progress: bool = False):
     """Reference implementation: one full `run_with_hooks` forward per condition.
 
     Returns (patched final logits [n_specs, n_pairs, d_vocab], Baseline).
     """
-    corrupt_logits, cache = corrupt_activations(model, batch, {s.hook_name for s in specs})
-    rows = torch.arange(batch.n_pairs)
-    final = batch.final
-    outs = []
-    with torch.no_grad():
-        clean_logits = model(batch.clean)[rows, final.to(corrupt_logits.device)]
-        for spec in tqdm(specs, desc="patching (naive)", disable=not progress):
-            logits = model.run_with_hooks(batch.clean, fwd_hooks=[(spec.hook_name, patch_hook([spec], cache[spec.hook_name]))])
-            outs.append(logits[rows, final.to(logits.device)])
-    baseline = Baseline(clean_logits, corrupt_logits, batch.clean_tokens, batch.corrupt_tokens)
-    return torch.stack(outs) if outs else clean_logits.new_zeros(0, *clean_logits.shape), baseline
+    plan = NaivePlan(model, batch, specs)
+    outs = [plan.run_chunk(c)[1][0] for c in tqdm(range(len(specs)), desc="patching (naive)", disable=not progress)]
+    clean_logits = plan.baseline.clean_logits
+    return torch.stack(outs) if outs else clean_logits.new_zeros(0, *clean_logits.shape), plan.baseline
 
 
 def run_specs(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], method: str = "fast",

@@ -8,7 +8,8 @@
 Every cell patches the corrupt run's activation into the clean run (see `runner`); method
 "fast" (default) and "naive" give equal numbers, "naive" being the one-forward-per-cell loop.
 Common keywords: `max_batch` (rows per forward in the fast path), `pair_batch_size` (run the
-pairs in chunks of this many, for memory), `progress` (tqdm bars).
+pairs in chunks of this many, for memory), `progress` (tqdm bars), `sharding` (a
+`vlens.parallel.Sharding`: split the forwards across processes; every process gets the result).
 """
 
 from __future__ import annotations
@@ -18,13 +19,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vlens.patching.metrics import patch_metrics
+from vlens.patching.metrics import metrics_from_reduced
 from vlens.patching.pairs import PairBatch
 from vlens.patching.results import PatchingResult, stack_metrics
-from vlens.patching.runner import PatchSpec, check_component, run_specs
+from vlens.patching.runner import PatchSpec, check_component
+from vlens.patching.sharded import run_specs_reduced
 
 if TYPE_CHECKING:
     from vlens.model import HookedVLM
+    from vlens.parallel import Sharding
 
 REGIONS: tuple[str, ...] = ("image", "text", "final", "all")
 
@@ -39,10 +42,12 @@ def _layers(model: HookedVLM, layers: Sequence[int] | None) -> list[int]:
 
 
 def _result(model, batch, specs, mode, component, layers, cells, method, max_batch, progress, pair_batch_size,
-            **extra) -> PatchingResult:
-    logits, baseline = run_specs(model, batch, specs, method=method, max_batch=max_batch, progress=progress,
-                                 pair_batch_size=pair_batch_size)
-    metrics, per_pair, predictions = stack_metrics(patch_metrics(logits, baseline), len(layers), len(cells))
+            sharding, **extra) -> PatchingResult:
+    per_pair, prediction, baseline = run_specs_reduced(model, batch, specs, method=method, max_batch=max_batch,
+                                                       progress=progress, pair_batch_size=pair_batch_size,
+                                                       sharding=sharding)
+    reduced = metrics_from_reduced(per_pair, prediction, baseline)
+    metrics, per_pair, predictions = stack_metrics(reduced, len(layers), len(cells))
     return PatchingResult(mode=mode, component=component, layers=layers, cells=cells, metrics=metrics,
                           per_pair_logit_diff=per_pair, per_pair_prediction=predictions,
                           pair_ids=list(batch.pair_ids), baseline=baseline, **extra)
@@ -51,7 +56,7 @@ def _result(model, batch, specs, mode, component, layers, cells, method, max_bat
 def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
                        regions: Sequence[str] = REGIONS, layers: Sequence[int] | None = None,
                        method: str = "fast", max_batch: int = 64, progress: bool = False,
-                       pair_batch_size: int | None = None) -> PatchingResult:
+                       pair_batch_size: int | None = None, sharding: Sharding | None = None) -> PatchingResult:
     """Patch `component` ("resid_pre", "attn_out", "mlp_out") of each layer at each region.
 
     Returns a PatchingResult with metrics [n_layers, n_regions].
@@ -64,7 +69,7 @@ def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "res
     masks = {r: batch.region_mask(r) for r in regions}
     specs = [PatchSpec(layer, component, masks[r]) for layer in layers for r in regions]
     return _result(model, batch, specs, "layer-region", component, layers, list(regions), method, max_batch, progress,
-                   pair_batch_size)
+                   pair_batch_size, sharding)
 
 
 def patch_layer_region_components(model: HookedVLM, batch: PairBatch,
@@ -76,7 +81,8 @@ def patch_layer_region_components(model: HookedVLM, batch: PairBatch,
 
 def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
                          layers: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
-                         progress: bool = False, pair_batch_size: int | None = None) -> PatchingResult:
+                         progress: bool = False, pair_batch_size: int | None = None,
+                         sharding: Sharding | None = None) -> PatchingResult:
     """Patch `component` of each layer at each position (a column of the left-padded batch).
 
     Rows are left-padded, so column p is the same slot counted from the final token in every
@@ -106,12 +112,13 @@ def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "r
             and all(regions.image_grid[r] == regions.image_grid[0] for r in rows):
         image_positions, grid = first, tuple(regions.image_grid[0][0])
     return _result(model, batch, specs, "layer-pos", component, layers, positions, method, max_batch, progress,
-                   pair_batch_size, tokens=token_strings, image_positions=image_positions, image_grid=grid)
+                   pair_batch_size, sharding, tokens=token_strings, image_positions=image_positions, image_grid=grid)
 
 
 def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", layers: Sequence[int] | None = None,
                      heads: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
-                     progress: bool = False, pair_batch_size: int | None = None) -> PatchingResult:
+                     progress: bool = False, pair_batch_size: int | None = None,
+                     sharding: Sharding | None = None) -> PatchingResult:
     """Patch one head's `hook_z` at a time (at `region`'s positions: "all", "image", "text", "final").
 
     Returns a PatchingResult with metrics [n_layers, n_heads].
@@ -126,4 +133,4 @@ def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", la
     mask = batch.region_mask(region)
     specs = [PatchSpec(layer, "z", mask, head=h) for layer in layers for h in heads]
     return _result(model, batch, specs, "layer-head", "z", layers, heads, method, max_batch,
-                   progress, pair_batch_size, region=region)
+                   progress, pair_batch_size, sharding, region=region)

@@ -1,0 +1,141 @@
+"""Finished work units on disk, so that a failed or killed run resumes where it stopped.
+
+A `UnitStore` is one folder per run. It holds `manifest.json` (the run's settings: a rerun
+with other settings must not pick up these results) and one sub-folder per stage (one
+`Sharding.map` call), which holds one file per finished unit, named by the unit's index.
+The index identifies a unit independently of how many processes run it, so a run killed
+with 4 processes can resume with 2, or with 1.
+
+Files are written to a temporary name and renamed (atomic on POSIX), so a unit file is either
+complete or absent. They are read back with `torch.load(weights_only=True)`: a unit result
+must be plain data (tensors, numbers, strings, None, and lists / tuples / dicts of them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MANIFEST = "manifest.json"
+STAGE_FILE = "stage.json"
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor)
+
+
+def plain_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON-comparable settings: values JSON cannot hold become their repr."""
+    return json.loads(json.dumps(dict(settings), sort_keys=True, default=repr))
+
+
+def check_plain(value: Any, where: str = "unit result") -> None:
+    """Raise TypeError if `value` is not plain data that `torch.load(weights_only=True)` reads back."""
+    if isinstance(value, _PLAIN):
+        return
+    if isinstance(value, list | tuple):
+        for item in value:
+            check_plain(item, where)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            check_plain(key, where)
+            check_plain(item, where)
+        return
+    raise TypeError(f"a {where} must be plain data (tensors, numbers, strings, None, lists / tuples / dicts of "
+                    f"them) to be stored for resuming; got {type(value).__name__}")
+
+
+def _atomic_write_bytes(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    _atomic_write_bytes(path, lambda p: p.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n"))
+
+
+class StageStore:
+    """The finished units of one stage (one `Sharding.map` call)."""
+
+    def __init__(self, folder: Path, name: str, n_units: int):
+        self.folder, self.name, self.n_units = folder, name, n_units
+
+    def path(self, index: int) -> Path:
+        return self.folder / f"unit-{index:07d}.pt"
+
+    def has(self, index: int) -> bool:
+        return self.path(index).is_file()
+
+    def count(self) -> int:
+        """Finished units on disk."""
+        return sum(1 for i in range(self.n_units) if self.has(i))
+
+    def save(self, index: int, result: Any) -> None:
+        check_plain(result)
+        _atomic_write_bytes(self.path(index), lambda p: torch.save(result, p))
+
+    def load(self, index: int) -> Any:
+        return torch.load(self.path(index), weights_only=True)
+
+
+class UnitStore:
+    """A run's folder of finished units (see the module docstring).
+
+    Args:
+        folder: where to keep them (created when first used), e.g. next to the run's output.
+        settings: what the results depend on (the command's arguments); a folder written
+            with other settings is refused with the differing keys named, never mixed in.
+    """
+
+    def __init__(self, folder: str | Path, settings: Mapping[str, Any]):
+        self.folder = Path(folder)
+        self.settings = plain_settings(settings)
+        self._checked = False
+
+    def _open(self) -> None:
+        if self._checked:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        manifest = self.folder / MANIFEST
+        if manifest.is_file():
+            found = json.loads(manifest.read_text()).get("settings", {})
+            if found != self.settings:
+                keys = sorted(k for k in set(found) | set(self.settings) if found.get(k) != self.settings.get(k))
+                raise ValueError(
+                    f"{self.folder} holds the finished units of a run with other settings (they differ in "
+                    f"{', '.join(keys)}); resuming would mix two runs. Delete that folder to start over, or "
+                    "rerun with the same arguments to resume it.")
+        else:  # every rank may write it: the content is the same, the rename atomic
+            _write_json(manifest, {"settings": self.settings})
+        self._checked = True
+
+    def stage(self, index: int, name: str, n_units: int) -> StageStore:
+        """The store of the `index`-th stage of the run (named `name`, `n_units` units)."""
+        self._open()
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")[:60] or "stage"
+        folder = self.folder / f"{index:03d}-{slug}"
+        folder.mkdir(exist_ok=True)
+        info = {"name": name, "n_units": n_units}
+        stage_file = folder / STAGE_FILE
+        if stage_file.is_file():
+            found = json.loads(stage_file.read_text())
+            if found != info:
+                raise ValueError(f"{folder} was written for {found['n_units']} units of {found['name']!r}, this run "
+                                 f"has {n_units} units of {name!r}: delete {self.folder} to start over.")
+        else:
+            _write_json(stage_file, info)
+        return StageStore(folder, name, n_units)
+
+    def remove(self) -> None:
+        """Delete the folder (after the run's output is written)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
