@@ -1,0 +1,101 @@
+"""vlens.parallel: splitting, resume files, and a real 2-process gloo group (failures included)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import pytest
+import torch
+
+from vlens.parallel import LazyItems, Sharding, UnitStore, split_evenly
+from vlens.parallel.launch import rank_device
+
+
+def test_split_evenly_covers_every_unit_once_in_order():
+    for n in range(0, 12):
+        for world in range(1, 5):
+            shares = [split_evenly(n, world, r) for r in range(world)]
+            assert [i for s in shares for i in s] == list(range(n))
+            sizes = [len(s) for s in shares]
+            assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    with pytest.raises(ValueError, match="rank 2 is not in a world of 2"):
+        split_evenly(4, 2, 2)
+
+
+def test_single_process_map_is_a_loop_and_resumes_from_the_store(tmp_path):
+    store = UnitStore(tmp_path / "units", {"seed": 0})
+    calls = []
+
+    def fn(u):
+        calls.append(u)
+        if u == 3 and len(calls) == 4:
+            raise RuntimeError("stopped")
+        return {"u": torch.tensor([u]), "label": f"unit {u}"}
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        Sharding(store=store).map(range(5), fn, progress=False)
+    assert calls == [0, 1, 2, 3]
+    calls.clear()
+    out = Sharding(store=UnitStore(tmp_path / "units", {"seed": 0})).map(range(5), fn, progress=False)
+    assert calls == [3, 4]  # units 0..2 come from the store
+    assert [int(o["u"]) for o in out] == [0, 1, 2, 3, 4] and out[2]["label"] == "unit 2"
+
+
+def test_store_refuses_other_settings_and_other_stages(tmp_path):
+    UnitStore(tmp_path / "u", {"seed": 0, "mode": "a"}).stage(0, "sweep", 4)
+    with pytest.raises(ValueError, match="differ in mode, seed"):
+        UnitStore(tmp_path / "u", {"seed": 1, "mode": "b"}).stage(0, "sweep", 4)
+    with pytest.raises(ValueError, match="written for 4 units of 'sweep'"):
+        UnitStore(tmp_path / "u", {"seed": 0, "mode": "a"}).stage(0, "sweep", 5)
+    with pytest.raises(TypeError, match="plain data"):
+        UnitStore(tmp_path / "u", {"seed": 0, "mode": "a"}).stage(0, "sweep", 4).save(0, object())
+
+
+def test_lazy_items_build_only_what_is_read():
+    built = []
+    items = LazyItems(6, lambda i: built.append(i) or i * 10)
+    assert len(items) == 6 and items[2:4] == [20, 30] and items[-1] == 50
+    assert built == [2, 3, 5]
+    with pytest.raises(IndexError):
+        items[6]
+
+
+def test_rank_device():
+    assert rank_device(Sharding(), None) is None and rank_device(Sharding(), "cuda:3") == "cuda:3"
+    two = Sharding(rank=1, world_size=2, local_rank=1)
+    if not torch.cuda.is_available():
+        assert rank_device(two, None) == "cpu"
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            rank_device(two, "cuda")
+    with pytest.raises(ValueError, match="each process takes its own GPU"):
+        rank_device(two, "cuda:0")
+
+
+def test_two_gloo_processes_gather_fail_together_and_resume(tmp_path):
+    from tests.helpers.parallel_workers import worker
+
+    context = multiprocessing.get_context("spawn")
+    store = tmp_path / "units"
+    processes = [context.Process(target=worker, args=(rank, 2, str(tmp_path / "init"), str(tmp_path), str(store)))
+                 for rank in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=240)
+    assert processes[1].exitcode == -9  # killed on purpose
+    assert processes[0].exitcode == 0
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report["world_size"] == 2 and report["squares"] == [u * u for u in range(7)]
+        assert report["calls"] == ([0, 1, 2, 3] if rank == 0 else [4, 5, 6])  # contiguous shares
+        assert "failing failed on 1 of 2 processes (rank 1: ZeroDivisionError" in report["failing"]
+        assert report["broadcast"] == {"from": 0}
+    killed = (tmp_path / "killed0.txt").read_text()
+    assert "lost contact with another process" in killed and "rerun the same command" in killed
+    # units 0..3 (rank 0) and 4 (rank 1, before it died) are on disk: one process finishes the rest
+    calls = []
+    out = Sharding(store=UnitStore(store, {"run": "killed"})).map(
+        range(8), lambda u: calls.append(u) or torch.tensor([float(u)]), desc="killed", progress=False)
+    assert calls == [5, 6, 7]
+    assert [float(t) for t in out] == [float(u) for u in range(8)]
