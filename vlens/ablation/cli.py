@@ -13,7 +13,9 @@ from vlens.ablation.hooks import METHODS
 from vlens.ablation.reference import ALIGNMENTS
 from vlens.ablation.results import RANK_BY
 from vlens.ablation.study import DEFAULT_TASKS, REFERENCE_MODES, ablation_study, add_patching_overlap
+from vlens.finite import add_allow_nan_argument, collect_non_finite, non_finite_exit
 from vlens.info_cli import load_model_arg
+from vlens.validation import arg_int, check_output_file, check_top_k
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +29,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                         help="comma-separated tasks, TASK or TASK@STYLE (e.g. counting@synreal); "
                              f"default {','.join(DEFAULT_TASKS)}")
-    parser.add_argument("--top-k", type=int, default=20, help="size of each task's head set (default 20)")
+    parser.add_argument("--top-k", type=arg_int(min=1), default=20, help="size of each task's head set (default 20)")
     parser.add_argument("--method", choices=METHODS, default="mean", help="ablation (default mean)")
     parser.add_argument("--alignment", choices=ALIGNMENTS, default="region",
                         help="how reference means are aligned: one mean over all positions, per position "
@@ -35,12 +37,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--reference", choices=REFERENCE_MODES, default="per-task",
                         help="reference set: each task's own held-out examples, or all tasks' pooled")
     parser.add_argument("--rank-by", choices=RANK_BY, default="logprob", help="damage metric for the ranking")
-    parser.add_argument("--n-examples", type=int, default=64, help="evaluation examples per task")
-    parser.add_argument("--n-reference", type=int, default=64, help="reference examples per task (other seeds)")
-    parser.add_argument("--image-size", type=int, default=224,
+    parser.add_argument("--n-examples", type=arg_int(min=1), default=64, help="evaluation examples per task")
+    parser.add_argument("--n-reference", type=arg_int(min=1), default=64, help="reference examples per task (other seeds)")
+    parser.add_argument("--image-size", type=arg_int(min=28), default=224,
                         help="rendered image size in pixels (the processor resizes: 168 px on the embedded model)")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--heads-per-pass", type=int, default=8, help="heads of one layer run in one stacked batch")
+    parser.add_argument("--batch-size", type=arg_int(min=1), default=16)
+    parser.add_argument("--heads-per-pass", type=arg_int(min=1), default=8, help="heads of one layer run in one stacked batch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--retest-seed", type=int, default=None,
                         help="also sweep a second evaluation set from this seed and report, per task, the Jaccard "
@@ -57,6 +59,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--markdown", type=Path, default=None,
                         help="also write the Jaccard matrix and top heads as Markdown tables (e.g. for a model card)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_allow_nan_argument(parser)
     parser.set_defaults(func=run_ablate)
 
 
@@ -64,20 +67,22 @@ def run_ablate(args: argparse.Namespace) -> int:
     tasks = [t for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise SystemExit("--tasks is empty: give e.g. --tasks counting,colour")
-    for flag in ("top_k", "n_examples", "n_reference", "batch_size", "heads_per_pass"):
-        if getattr(args, flag) < 1:
-            raise SystemExit(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.patching is not None and not args.patching.is_file():
         raise SystemExit(f"--patching {args.patching}: no such file")
+    for flag, path in (("--out", args.out), ("--html", args.html), ("--markdown", args.markdown)):
+        if path is not None:
+            check_output_file(path, flag)
     model = load_model_arg(args.model)
+    check_top_k(args.top_k, "--top-k", model.cfg.n_layers * model.cfg.n_heads)  # before the sweep
     if args.device:
         model.to(args.device)
-    report = ablation_study(
-        model, tasks, n_examples=args.n_examples, n_reference=args.n_reference, method=args.method,
-        alignment=args.alignment, reference_mode=args.reference, top_k=args.top_k, rank_by=args.rank_by,
-        image_size=args.image_size, batch_size=args.batch_size, heads_per_pass=args.heads_per_pass,
-        seed=args.seed, retest_seed=args.retest_seed, progress=not args.quiet,
-    )
+    with collect_non_finite() as problems:
+        report = ablation_study(
+            model, tasks, n_examples=args.n_examples, n_reference=args.n_reference, method=args.method,
+            alignment=args.alignment, reference_mode=args.reference, top_k=args.top_k, rank_by=args.rank_by,
+            image_size=args.image_size, batch_size=args.batch_size, heads_per_pass=args.heads_per_pass,
+            seed=args.seed, retest_seed=args.retest_seed, progress=not args.quiet,
+        )
     report.settings["model_arg"] = args.model
     if args.patching is not None:
         add_patching_overlap(report, json.loads(args.patching.read_text()), source=str(args.patching),
@@ -90,4 +95,4 @@ def run_ablate(args: argparse.Namespace) -> int:
         args.markdown.write_text(report.to_markdown())
     print(report.summary())
     print("wrote " + ", ".join(str(p) for p in (args.out, args.html, args.markdown) if p is not None))
-    return 0
+    return non_finite_exit(problems, args.allow_nan, "vlens ablate")

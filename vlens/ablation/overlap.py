@@ -31,10 +31,15 @@ def rank_heads(scores: Float[Tensor, "n_layers n_heads"], absolute: bool = False
 
 def top_k_heads(scores: Float[Tensor, "n_layers n_heads"], k: int = 20, absolute: bool = False,
                 tiebreak: Tensor | None = None) -> list[Head]:
-    """The k most important heads (see `rank_heads`); all heads if k exceeds their number."""
+    """The k most important heads (see `rank_heads`); all heads if k exceeds their number.
+
+    Heads whose score is NaN (not measured, or non-finite) are never in the set, so it may hold
+    fewer than k heads.
+    """
     if k < 1:
         raise ValueError(f"top-k needs k >= 1, got {k}")
-    return rank_heads(scores, absolute, tiebreak)[:k]
+    measured = ~torch.as_tensor(scores, dtype=torch.float64).isnan()
+    return [head for head in rank_heads(scores, absolute, tiebreak) if bool(measured[head])][:k]
 
 
 def jaccard(a: Iterable[Head], b: Iterable[Head]) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from vlens.ablation.overlap import Head, chance_jaccard, jaccard, jaccard_matrix, rank_heads, top_k_heads
+from vlens.validation import check_top_k
 
 RANK_BY: tuple[str, ...] = ("logprob", "accuracy")
 
@@ -22,7 +24,11 @@ def _grid(values) -> list[list[float | None]]:
 
 def _number(value) -> float | None:
     value = float(value)
-    return None if value != value else round(value, 6)
+    return round(value, 6) if math.isfinite(value) else None  # JSON has no NaN / inf
+
+
+def _float(value) -> float:
+    return float("nan") if value is None else float(value)
 
 
 def _tensor(grid: list[list[float | None]]) -> Tensor:
@@ -75,6 +81,11 @@ class HeadAblation:
         return top_k_heads(self.scores(rank_by), k, tiebreak=self.scores(other))
 
     @property
+    def finite(self) -> bool:
+        """False when the unablated run itself was not finite (NaN activations): nothing measured."""
+        return self.clean_logprob == self.clean_logprob and self.clean_accuracy == self.clean_accuracy
+
+    @property
     def max_drop(self) -> float:
         """The largest answer log-prob drop of any single head: near 0, the ranking is noise
         (e.g. a task the model has not learned, or one no single head carries)."""
@@ -85,7 +96,7 @@ class HeadAblation:
         lp, acc = self.logprob_drop, self.accuracy_drop
         return {
             "task": self.task, "method": self.method, "alignment": self.alignment, "n_examples": self.n_examples,
-            "clean_logprob": self.clean_logprob, "clean_accuracy": self.clean_accuracy,
+            "clean_logprob": _number(self.clean_logprob), "clean_accuracy": _number(self.clean_accuracy),
             "max_logprob_drop": _number(self.max_drop),
             "ranked_heads": [
                 {"rank": i + 1, "layer": layer, "head": head, "logprob_drop": _number(lp[layer, head]),
@@ -100,8 +111,8 @@ class HeadAblation:
     @classmethod
     def from_dict(cls, data: dict) -> HeadAblation:
         return cls(task=data["task"], method=data["method"], alignment=data["alignment"],
-                   n_examples=data["n_examples"], clean_logprob=data["clean_logprob"],
-                   clean_accuracy=data["clean_accuracy"],
+                   n_examples=data["n_examples"], clean_logprob=_float(data["clean_logprob"]),
+                   clean_accuracy=_float(data["clean_accuracy"]),
                    ablated_logprob=_tensor(data["ablated_logprob"]),
                    ablated_accuracy=_tensor(data["ablated_accuracy"]))
 
@@ -135,8 +146,9 @@ class AblationReport:
     def __post_init__(self):
         if not self.results:
             raise ValueError("an AblationReport needs at least one task's results")
-        if self.top_k < 1 or self.rank_by not in RANK_BY:
-            raise ValueError(f"top_k must be >= 1 and rank_by one of {RANK_BY}; got {self.top_k}, {self.rank_by!r}")
+        if self.rank_by not in RANK_BY:
+            raise ValueError(f"rank_by must be one of {RANK_BY}; got {self.rank_by!r}")
+        check_top_k(self.top_k, "top_k", self.n_heads_total)
 
     @property
     def tasks(self) -> list[str]:
@@ -146,8 +158,13 @@ class AblationReport:
         return {task: r.top_heads(self.top_k, self.rank_by) for task, r in self.results.items()}
 
     def jaccard(self) -> tuple[Float[Tensor, "n_tasks n_tasks"], list[str]]:
-        """Jaccard similarity of the tasks' top-k head sets -> (matrix, task names)."""
-        return jaccard_matrix(self.head_sets())
+        """Jaccard similarity of the tasks' top-k head sets -> (matrix, task names); NaN for a
+        task whose unablated run was not finite."""
+        matrix, names = jaccard_matrix(self.head_sets())
+        for i, name in enumerate(names):
+            if not self.results[name].finite:
+                matrix[i, :] = matrix[:, i] = float("nan")
+        return matrix, names
 
     @property
     def n_heads_total(self) -> int:

@@ -10,6 +10,7 @@ from vlens.ablation.results import RANK_BY, AblationReport
 from vlens.ablation.sweep import head_ablation_sweep
 from vlens.ablation.tasks import TaskBatch, build_task_batch, canonical_task_name
 from vlens.parallel import Sharding
+from vlens.validation import check_count, check_top_k
 
 DEFAULT_TASKS: tuple[str, ...] = (
     "counting", "colour", "shape", "spatial", "arithmetic", "existence", "counting@synreal",
@@ -52,6 +53,10 @@ def ablation_study(
     """
     sharding = sharding or Sharding()
     shown = sharding.progress(progress)
+    check_top_k(top_k, "top_k", model.cfg.n_layers * model.cfg.n_heads)
+    for name, value in (("n_examples", n_examples), ("n_reference", n_reference), ("batch_size", batch_size),
+                        ("heads_per_pass", heads_per_pass), ("image_size", image_size)):
+        check_count(value, name, min=28 if name == "image_size" else 1)
     if reference_mode not in REFERENCE_MODES:
         raise ValueError(f"reference_mode must be one of {REFERENCE_MODES}, got {reference_mode!r}")
     if rank_by not in RANK_BY:

@@ -17,6 +17,7 @@ from vlens.ablation.hooks import check_method, replacement_values, stacked_head_
 from vlens.ablation.reference import ReferenceActivations, resample_partners
 from vlens.ablation.results import HeadAblation
 from vlens.ablation.tasks import TaskBatch
+from vlens.finite import finite_rows, warn_non_finite
 from vlens.hooks import act_name
 from vlens.inputs import VLMInputs
 from vlens.parallel import Sharding
@@ -26,11 +27,13 @@ from vlens.runtime import RunState, build_masks
 def answer_metrics(
     final_logits: Float[Tensor, "batch d_vocab"], answer_ids: Int[Tensor, "batch"]
 ) -> tuple[Float[Tensor, "batch"], Float[Tensor, "batch"]]:
-    """(log-probability of the answer token, 1.0 where it is the argmax) per row."""
+    """(log-probability of the answer token, 1.0 where it is the argmax) per row; both NaN where
+    the row's logits are not finite."""
     log_probs = final_logits.float().log_softmax(dim=-1)
     answer_ids = answer_ids.to(log_probs.device)
-    logprob = log_probs.gather(-1, answer_ids[:, None])[:, 0]
-    correct = (log_probs.argmax(dim=-1) == answer_ids).float()
+    ok = finite_rows(final_logits)
+    logprob = log_probs.gather(-1, answer_ids[:, None])[:, 0].masked_fill(~ok, torch.nan)
+    correct = (log_probs.argmax(dim=-1) == answer_ids).float().masked_fill(~ok, torch.nan)
     return logprob.cpu(), correct.cpu()
 
 
@@ -120,11 +123,28 @@ def head_ablation_sweep(
             clean_lp[rows], clean_acc[rows] = out["clean"]
         for head, (lp, acc) in enumerate(zip(out["logprob"], out["accuracy"], strict=True)):
             abl_lp[layer, head, rows], abl_acc[layer, head, rows] = lp, acc
+    _report_non_finite(model, task, chunks, clean_lp, abl_lp, layers)
     return HeadAblation(
         task=task.name, method=method, alignment=reference.alignment if reference is not None else "none",
         n_examples=n, clean_logprob=float(clean_lp.mean()), clean_accuracy=float(clean_acc.mean()),
         ablated_logprob=abl_lp.mean(dim=-1).double(), ablated_accuracy=abl_acc.mean(dim=-1).double(),
     )
+
+
+def _report_non_finite(model, task: TaskBatch, chunks: list[range], clean_lp: Tensor, abl_lp: Tensor,
+                       layers: list[int]) -> None:
+    """Warn about NaN answer metrics: the unablated run (located in the model), else ablated heads."""
+    bad_rows = clean_lp.isnan().nonzero().flatten().tolist()
+    if bad_rows:
+        chunk = next(rows for rows in chunks if bad_rows[0] in rows)
+        warn_non_finite(f"ablation ({task.name})", f"the unablated run of examples {bad_rows[:6]}", model,
+                        task.inputs(model, chunk))
+        return
+    broken = [(layer, head) for layer in layers for head in range(abl_lp.shape[1])
+              if bool(abl_lp[layer, head].isnan().any())]
+    if broken:
+        warn_non_finite(f"ablation ({task.name})", "ablating heads " + ", ".join(f"L{a}H{b}" for a, b in broken[:6])
+                        + (f" (+{len(broken) - 6} more)" if len(broken) > 6 else ""))
 
 
 class _CleanChunk:

@@ -17,27 +17,30 @@ import json
 import sys
 from pathlib import Path
 
+from vlens.finite import add_allow_nan_argument, collect_non_finite, json_safe, non_finite_exit
+from vlens.validation import arg_float, arg_int, check_output_folder
+
 LENS_SEED_OFFSET = 1_000_003  # lens-training samples never coincide with scored samples
 
 
 def _data_args(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", help="imagefolder with a 'question' per image (vlens data tasks --out DIR)")
-    source.add_argument("--make", type=int, metavar="N", help="generate N task-suite samples on the fly")
-    parser.add_argument("--limit", type=int, default=None, help="use at most this many images of --data")
+    source.add_argument("--make", type=arg_int(min=1), metavar="N", help="generate N task-suite samples on the fly")
+    parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many images of --data")
     parser.add_argument("--seed", type=int, default=0, help="seed of generated samples (default 0)")
-    parser.add_argument("--size", type=int, default=168, help="image size of generated samples (default 168)")
+    parser.add_argument("--size", type=arg_int(min=28), default=168, help="image size of generated samples (default 168)")
     parser.add_argument("--style", default="synpoly", help="style of generated samples (default synpoly)")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated tasks of generated samples (default: all task suites)")
     parser.add_argument("--model", default="tiny", help="'tiny' (embedded), 'random-tiny', or a path / hub id")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=arg_int(min=1), default=8)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _train_args(parser: argparse.ArgumentParser, prefix: str = "") -> None:
-    parser.add_argument(f"--{prefix}steps", type=int, default=300, help="translator training steps (default 300)")
-    parser.add_argument(f"--{prefix}lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    parser.add_argument(f"--{prefix}steps", type=arg_int(min=1), default=300, help="translator training steps (default 300)")
+    parser.add_argument(f"--{prefix}lr", type=arg_float(min=0, min_open=True), default=1e-3, help="Adam learning rate (default 1e-3)")
     parser.add_argument(f"--{prefix}positions", choices=("text", "final", "all"), default="text",
                         help="training positions: all text positions (default), final positions, or all")
 
@@ -56,15 +59,16 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     _data_args(head)
     head.add_argument("--out", required=True, help="output folder (heads.json, taxonomy.md, taxonomy.html)")
     head.add_argument("--lens", default=None, help="a trained lens folder; default: train one first")
-    head.add_argument("--lens-make", type=int, default=300,
+    head.add_argument("--lens-make", type=arg_int(min=1), default=300,
                       help="task samples to train the lens on when --lens is not given (default 300)")
     _train_args(head, prefix="lens-")
-    head.add_argument("--k", type=int, default=10, help="top-k tokens per head (default 10)")
+    head.add_argument("--k", type=arg_int(min=1), default=10, help="top-k tokens per head (default 10)")
     head.add_argument("--vocab", default=None,
                       help="JSON file {name: [words]} replacing vocabularies (visual, number, existence, difficulty)")
     head.add_argument("--thresholds", default=None,
                       help="JSON file overriding taxonomy thresholds, e.g. {\"grounding_vgs_min\": 0.4} "
                            "(fields of vlens.lens.taxonomy.TaxonomyThresholds)")
+    add_allow_nan_argument(head)
     head.set_defaults(func=run_headlens)
 
 
@@ -106,6 +110,7 @@ def run_lens_train(args: argparse.Namespace) -> int:
     from vlens.info_cli import load_model_arg
 
     try:
+        check_output_folder(args.out, "--out")
         model = load_model_arg(args.model)
         translators, report = _train(model, _samples(args), args, args.steps, args.lr, args.positions)
     except (ValueError, FileNotFoundError) as err:
@@ -152,6 +157,7 @@ def run_headlens(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     try:
+        check_output_folder(out, "--out")
         model = load_model_arg(args.model)
         samples = _samples(args)
         vocabularies = _load_vocab(args.vocab)
@@ -168,15 +174,17 @@ def run_headlens(args: argparse.Namespace) -> int:
             (out / "lens_kl.json").write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
             print("per-layer KL(final || lens), held-out, nats:")
             print(report.table())
-        scores = compute_head_scores(model, samples, HeadLens(model, translators), k=args.k,
-                                     batch_size=args.batch_size, vocabularies=vocabularies,
-                                     progress=not args.quiet)
+        with collect_non_finite() as problems:
+            scores = compute_head_scores(model, samples, HeadLens(model, translators), k=args.k,
+                                         batch_size=args.batch_size, vocabularies=vocabularies,
+                                         progress=not args.quiet)
     except (ValueError, FileNotFoundError, LensMismatchError) as err:
         print(f"vlens headlens: error: {err}", file=sys.stderr)
         return 2
     taxonomy = classify_heads(scores, thresholds)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "heads.json").write_text(json.dumps(taxonomy.to_json(), indent=2) + "\n", encoding="utf-8")
+    (out / "heads.json").write_text(json.dumps(json_safe(taxonomy.to_json()), indent=2, allow_nan=False) + "\n",
+                                   encoding="utf-8")
     (out / "taxonomy.md").write_text(taxonomy.table() + "\n", encoding="utf-8")
     try:
         taxonomy.figure().write_html(str(out / "taxonomy.html"), include_plotlyjs="cdn")
@@ -185,4 +193,4 @@ def run_headlens(args: argparse.Namespace) -> int:
     print(f"{scores.n_examples} examples; classes: {taxonomy.counts()}")
     print(taxonomy.table())
     print(f"wrote {out / 'heads.json'}")
-    return 0
+    return non_finite_exit(problems, args.allow_nan, "vlens headlens")

@@ -17,7 +17,9 @@ For each head (all at the chosen position, default the final prompt position; k 
   it is ``P(top-1 in vocab)`` over the rows there are. None when the tokenizer has no
   difficulty word. (Top-1, like the existence response: "the head says it".)
 
-Scores are ``[n_layers, n_heads]`` tensors; NaN stands for "undefined" (None in JSON).
+Scores are ``[n_layers, n_heads]`` tensors; NaN stands for "undefined" (None in JSON). A head
+whose decoded logits were not finite on any example (NaN activations) has every score NaN and
+is flagged in ``HeadScores.non_finite`` (the taxonomy then gives it the class "non-finite").
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.finite import warn_non_finite
 from vlens.lens.corpus import Sample, prepare_batch
 from vlens.lens.headlens import HeadLens
 from vlens.lens.vocabularies import vocabulary_token_ids
@@ -51,6 +54,7 @@ class HeadScores:
     k: int
     vocab_sizes: dict[str, int] = field(default_factory=dict)
     d_vocab: int | None = None  # vocab_sizes / d_vocab is the chance level of vgs / cter
+    non_finite: Tensor | None = None  # bool [n_layers, n_heads]: NaN/inf logits on some example
 
     def __getattr__(self, name: str):
         scores = self.__dict__.get("scores", {})
@@ -70,11 +74,15 @@ class HeadScores:
             out[name] = None if value != value else round(value, 6)
         return out
 
+    def head_non_finite(self, layer: int, head: int) -> bool:
+        return self.non_finite is not None and bool(self.non_finite[layer, head])
+
     def to_json(self) -> dict:
         n_layers, n_heads = self.shape
         return {
             "n_examples": self.n_examples, "k": self.k, "vocab_sizes": self.vocab_sizes, "d_vocab": self.d_vocab,
             "heads": [{"layer": layer, "head": head, "scores": self.head(layer, head),
+                       "non_finite": self.head_non_finite(layer, head),
                        "top_tokens": [[t, c] for t, c in self.top_tokens.get((layer, head), [])]}
                       for layer in range(n_layers) for head in range(n_heads)],
         }
@@ -154,6 +162,10 @@ def compute_head_scores(
             add("_difficulty_crowded", says_difficult, crowded)
             add("_difficulty_uncrowded", says_difficult, uncrowded)
         part["ids"] = ids
+        bad = (ids < 0).any(-1)  # [batch, L, H]: HeadLens found non-finite head logits
+        if bool(bad.any()):
+            rows = [start + r for r in bad.any(-1).any(-1).nonzero().flatten().tolist()]
+            warn_non_finite("HeadLens", f"head logits of examples {rows[:6]}", model, inputs)
         return part
 
     parts = sharding.map(range(0, len(samples), batch_size), run, desc="head scores", progress=progress)
@@ -161,23 +173,26 @@ def compute_head_scores(
     counts = {name: torch.zeros(L, H) for name in accumulators}
     frequent: dict[tuple[int, int], Counter] = {(layer, head): Counter() for layer in range(L) for head in range(H)}
     n_examples = 0
+    broken = torch.zeros(L, H, dtype=torch.bool)  # heads with non-finite logits on some example
     for part in parts:  # in batch order: the same float sums as one process
         for name, value in part["sums"].items():
             sums[name] += value
             counts[name] += part["counts"][name]
         ids = part["ids"]
+        broken |= (ids < 0).any(-1).any(0)
         for layer in range(L):
             for head in range(H):
-                frequent[(layer, head)].update(ids[:, layer, head].reshape(-1).tolist())
+                frequent[(layer, head)].update(i for i in ids[:, layer, head].reshape(-1).tolist() if i >= 0)
         n_examples += ids.shape[0]
 
     means = {name: torch.where(counts[name] > 0, sums[name] / counts[name].clamp(min=1), torch.nan)
              for name in accumulators}
     crowded, uncrowded = means.pop("_difficulty_crowded"), means.pop("_difficulty_uncrowded")
     means["difficulty_response"] = torch.where(counts["_difficulty_uncrowded"] > 0, crowded - uncrowded, crowded)
-    scores = {name: means[name] for name in SCORE_NAMES}
+    scores = {name: means[name].masked_fill(broken, torch.nan) for name in SCORE_NAMES}
     decode = model.tokenizer.decode
     top_tokens = {key: [(decode([i]), c) for i, c in counter.most_common(n_top_tokens)]
                   for key, counter in frequent.items()}
     return HeadScores(scores=scores, top_tokens=top_tokens, n_examples=n_examples, k=k,
-                      vocab_sizes={name: len(ids) for name, ids in vocab.items()}, d_vocab=model.cfg.d_vocab)
+                      vocab_sizes={name: len(ids) for name, ids in vocab.items()}, d_vocab=model.cfg.d_vocab,
+                      non_finite=broken)

@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.finite import finite_rows
 from vlens.lens.decomposition import head_contributions
 from vlens.lens.readout import LensReadout
 from vlens.lens.translators import Translators
@@ -41,7 +42,8 @@ class HeadLensOutput:
 
     Shapes (p = positions per row, L = decoded layers, H = heads, k = top-k):
         positions [batch, p]; top_ids / top_logits [batch, p, L, H, k];
-        model_top1 [batch, p] (the model's own next-token prediction there);
+        model_top1 [batch, p] (the model's own next-token prediction there; -1 where the model's
+        logits are not finite); top_ids are -1 and top_logits NaN where a head's logits are not finite;
         image_attention [batch, p, L, H] attention mass from the position onto image tokens;
         image_share [batch, p] share of the visible keys that are image tokens (uniform baseline);
         has_image [batch]; logits [batch, p, L, H, d_vocab] only with ``return_logits=True``.
@@ -174,14 +176,16 @@ class HeadLens:
                 hooks.append((f"blocks.{layer}.attn.hook_pattern", keep_image_mass(f"img{layer}")))
         with torch.no_grad():
             logits = model.run_with_hooks(inputs, fwd_hooks=hooks)
-        model_top1 = _gather(logits, pos).argmax(-1).cpu()
+        final_logits = _gather(logits, pos)
+        model_top1 = final_logits.argmax(-1).masked_fill(~finite_rows(final_logits), -1).cpu()
 
         tops, values, full = [], [], []
         for layer in layers:
             head_logits = self.decode_heads(store[f"z{layer}"], store[f"resid{layer}"], layer)  # [b, p, H, V]
             top = head_logits.topk(k, dim=-1)
-            tops.append(top.indices.cpu())
-            values.append(top.values.cpu())
+            broken = ~finite_rows(head_logits)[..., None]  # NaN logits: no token, no value
+            tops.append(top.indices.masked_fill(broken, -1).cpu())
+            values.append(top.values.masked_fill(broken, torch.nan).cpu())
             if return_logits:
                 full.append(head_logits.cpu())
         mass = torch.stack([store[f"img{x}"].cpu() for x in layers], 2) if image_attention else None

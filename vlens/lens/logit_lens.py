@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.finite import finite_rows, json_safe, warn_non_finite
 from vlens.parallel import Sharding
 
 if TYPE_CHECKING:
@@ -33,12 +34,14 @@ if TYPE_CHECKING:
 class LogitLensResult:
     """Per layer x example: the answer's probability and rank, and the top token.
 
-    probabilities: [n_layers, n_examples]; ranks: [n_layers, n_examples] (1 = most likely);
-    top_tokens: [n_layers, n_examples]; answer_tokens: [n_examples].
+    probabilities: [n_layers, n_examples]; ranks: [n_layers, n_examples] (1 = most likely; a
+    float tensor so that it can hold NaN); top_tokens: [n_layers, n_examples]; answer_tokens: [n_examples].
+    Where a layer's logits are not finite (a NaN activation) the probability and rank are NaN,
+    the top token is -1 (None in JSON), and every summary over that layer is NaN.
     """
 
     probabilities: Float[Tensor, "n_layers n_examples"]
-    ranks: Int[Tensor, "n_layers n_examples"]
+    ranks: Float[Tensor, "n_layers n_examples"]
     top_tokens: Int[Tensor, "n_layers n_examples"]
     answer_tokens: Int[Tensor, "n_examples"]
     answers: list[str]
@@ -62,8 +65,14 @@ class LogitLensResult:
 
     @property
     def top1_accuracy(self) -> Float[Tensor, "n_layers"]:
-        """Share of examples whose top token at that layer is the answer."""
-        return (self.ranks == 1).double().mean(1)
+        """Share of examples whose top token at that layer is the answer (NaN if a rank is NaN)."""
+        hits = (self.ranks == 1).double()
+        return torch.where(self.ranks.isnan(), torch.nan, hits).mean(1)
+
+    @property
+    def non_finite(self) -> Tensor:
+        """bool [n_layers, n_examples]: the layer's logits were not finite for that example."""
+        return self.ranks.isnan()
 
     @staticmethod
     def concat(results: Sequence[LogitLensResult]) -> LogitLensResult:
@@ -79,7 +88,8 @@ class LogitLensResult:
         )
 
     def to_json(self) -> dict:
-        return {
+        """JSON-ready dict; NaN (non-finite logits) is written as None."""
+        return json_safe({
             "n_examples": len(self.answers),
             "layers": list(range(self.n_layers)),
             "position": "final prompt position (inputs.regions.final)",
@@ -91,13 +101,15 @@ class LogitLensResult:
             "answer_tokens": self.answer_tokens.tolist(),
             "probabilities": self.probabilities.tolist(),
             "ranks": self.ranks.tolist(),
-            "top_tokens": [[self.token_strings.get(int(t), str(int(t))) for t in row] for row in self.top_tokens],
-        }
+            "top_tokens": [[None if int(t) < 0 else self.token_strings.get(int(t), str(int(t))) for t in row]
+                           for row in self.top_tokens],
+            "non_finite": int(self.non_finite.sum()),
+        })
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1))
+        path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
         return path
 
     def plot(self, title: str = "Logit lens at the final prompt position"):
@@ -112,8 +124,11 @@ class LogitLensResult:
 
 
 def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "batch"],
-               answers: Sequence[str] | None = None) -> LogitLensResult:
-    """Logit lens of one batch at each row's final position."""
+               answers: Sequence[str] | None = None, first_example: int = 0) -> LogitLensResult:
+    """Logit lens of one batch at each row's final position.
+
+    first_example: index of the batch's first row in a larger dataset (for warnings only).
+    """
     n_layers = model.cfg.n_layers
     names = [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
     inputs = model.coerce_inputs(inputs)
@@ -128,10 +143,17 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
         log_probs = logits.log_softmax(-1)
         answer = answer_tokens.to(logits.device)
         answer_logit = logits.gather(-1, answer[None, :, None].expand(n_layers, -1, 1))
-        ranks = (logits > answer_logit).sum(-1) + 1
+        ranks = ((logits > answer_logit).sum(-1) + 1).double()
         probabilities = log_probs.gather(-1, answer[None, :, None].expand(n_layers, -1, 1))[..., 0].exp()
         top = logits.argmax(-1)
-    ids = sorted(set(top.flatten().tolist()) | set(answer_tokens.tolist()))
+        ok = finite_rows(logits)  # [L, b]
+        if not bool(ok.all()):
+            ranks, probabilities = ranks.masked_fill(~ok, torch.nan), probabilities.masked_fill(~ok, torch.nan)
+            top = top.masked_fill(~ok, -1)
+            bad = (~ok).nonzero().tolist()
+            warn_non_finite("logit lens", "(layer, example) " + ", ".join(f"({a}, {b + first_example})" for a, b in bad[:6])
+                            + (f" (+{len(bad) - 6} more)" if len(bad) > 6 else ""), model, inputs)
+    ids = sorted(set(top.flatten().tolist()) - {-1} | set(answer_tokens.tolist()))
     strings = dict(zip(ids, model.to_str_tokens(ids), strict=True)) if model.processor is not None else {}
     return LogitLensResult(
         probabilities=probabilities.cpu(), ranks=ranks.cpu(), top_tokens=top.cpu(), answer_tokens=answer_tokens.cpu(),
@@ -175,7 +197,8 @@ def logit_lens_records(model: HookedVLM, records: Sequence[dict], batch_size: in
         images = [_record_image(r) if ("image_path" in r or "image" in r) else None for r in chunk]
         inputs = model.prepare(images=images, prompts=[r["question"] for r in chunk], chat=chat)
         tokens = torch.tensor([first_answer_token(model, r["answer"]) for r in chunk], dtype=torch.long)
-        return vars(logit_lens(model, inputs, tokens, answers=[str(r["answer"]) for r in chunk]))
+        return vars(logit_lens(model, inputs, tokens, answers=[str(r["answer"]) for r in chunk],
+                               first_example=start))
 
     parts = sharding.map(range(0, len(records), batch_size), run, desc="logit lens", progress=progress)
     return LogitLensResult.concat([LogitLensResult(**part) for part in parts])

@@ -13,21 +13,25 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vlens.finite import add_allow_nan_argument, collect_non_finite, non_finite_exit
+from vlens.validation import arg_int, check_output_file
+
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("logit-lens", help="Logit lens per layer at the final prompt position.")
     parser.add_argument("--model", default="tiny", help="'tiny' (embedded), 'random-tiny', or a path / hub id")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", metavar="DIR", help="imagefolder with question / answer columns")
-    source.add_argument("--make", type=int, metavar="N", help="render N counting samples on the fly")
+    source.add_argument("--make", type=arg_int(min=1), metavar="N", help="render N counting samples on the fly")
     parser.add_argument("--out", required=True, help="results JSON path")
     parser.add_argument("--html", help="also write the plotly figure as HTML")
-    parser.add_argument("--limit", type=int, default=None, help="use at most this many records of --data")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many records of --data")
+    parser.add_argument("--batch-size", type=arg_int(min=1), default=16)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--size", type=int, default=168)
+    parser.add_argument("--size", type=arg_int(min=28), default=168)
     parser.add_argument("--style", default="syndot")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_allow_nan_argument(parser)
     parser.set_defaults(func=run_logit_lens)
 
 
@@ -51,8 +55,12 @@ def run_logit_lens(args: argparse.Namespace) -> int:
     from vlens.lens.logit_lens import logit_lens_records
 
     try:
+        for flag, path in (("--out", args.out), ("--html", args.html)):
+            if path is not None:
+                check_output_file(path, flag)
         model = load_model_arg(args.model)
-        result = logit_lens_records(model, _records(args), batch_size=args.batch_size, progress=not args.quiet)
+        with collect_non_finite() as problems:
+            result = logit_lens_records(model, _records(args), batch_size=args.batch_size, progress=not args.quiet)
     except (ValueError, FileNotFoundError) as error:
         print(f"vlens logit-lens: {error}", file=sys.stderr)
         return 2
@@ -67,4 +75,4 @@ def run_logit_lens(args: argparse.Namespace) -> int:
         Path(args.html).parent.mkdir(parents=True, exist_ok=True)
         result.plot().write_html(args.html, include_plotlyjs="cdn")
         print(f"wrote {args.html}")
-    return 0
+    return non_finite_exit(problems, args.allow_nan, "vlens logit-lens")

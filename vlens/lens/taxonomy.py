@@ -37,8 +37,9 @@ from torch import Tensor
 from vlens.lens.head_scores import SCORE_NAMES, HeadScores
 
 HEAD_CLASSES: tuple[str, ...] = (
-    "visual grounding", "cross-modal routing", "counting aggregation", "awareness", "other",
-)  # the legend order of vlens.viz.figures.HEAD_CLASSES
+    "visual grounding", "cross-modal routing", "counting aggregation", "awareness", "non-finite", "other",
+)  # "non-finite": the head's logits were NaN/inf (its scores are NaN), so it has no class.
+# The legend order of vlens.viz.figures.HEAD_CLASSES.
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,9 @@ class HeadTaxonomy:
         return grid
 
     def counts(self) -> dict[str, int]:
+        """Heads per class ("non-finite" only listed when some head is)."""
         counter = Counter(self.classes.values())
-        return {name: counter.get(name, 0) for name in HEAD_CLASSES}
+        return {name: counter.get(name, 0) for name in HEAD_CLASSES if name != "non-finite" or counter.get(name)}
 
     def heads_of(self, name: str) -> list[tuple[int, int]]:
         if name not in HEAD_CLASSES:
@@ -178,6 +180,7 @@ def classify_heads(scores: HeadScores, thresholds: TaxonomyThresholds = Taxonomy
     """Apply the rules to every head."""
     n_layers, n_heads = scores.shape
     chance = token_share_chance(scores)
-    classes = {(layer, head): classify_head(scores.head(layer, head), thresholds, chance)
+    classes = {(layer, head): "non-finite" if scores.head_non_finite(layer, head)
+               else classify_head(scores.head(layer, head), thresholds, chance)
                for layer in range(n_layers) for head in range(n_heads)}
     return HeadTaxonomy(classes=classes, scores=scores, thresholds=thresholds)

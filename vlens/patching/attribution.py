@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.finite import json_safe, warn_non_finite
 from vlens.hooks import act_name
 from vlens.patching.metrics import logit_diff
 from vlens.patching.pairs import PairBatch
@@ -63,8 +64,9 @@ class AttributionResult:
         return None if self.exact_z is None else spearman(self.z, self.exact_z)
 
     def to_json(self) -> dict:
+        """JSON-ready dict; non-finite estimates are None."""
         extra = {} if self.exact_z is None else {"exact_z": self.exact_z.tolist(), "spearman_z_vs_exact": self.spearman_z}
-        return {
+        return json_safe({
             "mode": "atp",
             "n_pairs": len(self.pair_ids),
             "pair_ids": list(self.pair_ids),
@@ -78,7 +80,7 @@ class AttributionResult:
             "resid_pre": self.resid_pre.tolist(),
             "clean_logit_diff": self.clean_logit_diff.tolist(),
             **extra,
-        }
+        })
 
     def plot(self, node: str = "z"):
         """Layer x head heatmap of the z (or q) estimates; layer x position for "resid_pre"."""
@@ -140,10 +142,23 @@ def attribution_patching(model: HookedVLM, batch: PairBatch, qk_fix: bool = True
         else:
             q_est = torch.stack([atp(n, (1, 3)) for n in names["rot_q"]], dim=1).float().cpu().mean(0)
             k_est = torch.stack([atp(n, (1, 3)) for n in names["rot_k"]], dim=1).float().cpu().mean(0)
+    _report_non_finite(model, batch, per_pair_ld.detach(), {"z": per_pair_z, "q": q_est, "k": k_est,
+                                                            "resid_pre": resid_est})
     return AttributionResult(
         z=per_pair_z.mean(0), q=q_est, k=k_est, resid_pre=resid_est.mean(0), per_pair_z=per_pair_z,
         pair_ids=list(batch.pair_ids), clean_logit_diff=per_pair_ld.detach().float().cpu(), qk_fix=qk_fix,
     )
+
+
+def _report_non_finite(model: HookedVLM, batch: PairBatch, clean_ld: Tensor, estimates: dict[str, Tensor]) -> None:
+    """Warn when the clean or corrupt run, or an estimate, is not finite (the estimates are then NaN)."""
+    if not bool(torch.isfinite(clean_ld).all()):
+        warn_non_finite("attribution patching", "the clean run's logit difference", model, batch.clean)
+        return
+    bad = [name for name, values in estimates.items() if not bool(torch.isfinite(values).all())]
+    if bad:
+        warn_non_finite("attribution patching", f"estimates for {', '.join(bad)} (the corrupt run or the gradients)",
+                        model, batch.corrupt)
 
 
 def _softmax_pattern(q: Tensor, k: Tensor, masks, scaling: float) -> Tensor:

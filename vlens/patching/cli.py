@@ -16,6 +16,9 @@ import json
 import sys
 from pathlib import Path
 
+from vlens.finite import add_allow_nan_argument, collect_non_finite, json_safe, non_finite_exit
+from vlens.validation import arg_int, check_choice, check_output_file
+
 MODES = ("layer-region", "layer-pos", "layer-head", "atp")
 
 
@@ -24,7 +27,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="tiny", help="'tiny' (embedded), 'random-tiny', or a path / hub id")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--pairs", metavar="DIR", help="imagefolder of pairs (pair_id / role columns)")
-    source.add_argument("--make-pairs", type=int, metavar="N", help="generate N controlled counting pairs")
+    source.add_argument("--make-pairs", type=arg_int(min=1), metavar="N", help="generate N controlled counting pairs")
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--out", required=True, help="results JSON path")
     parser.add_argument("--html", help="also write the plotly figure as HTML")
@@ -37,14 +40,15 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--compare-exact", action="store_true", help="atp: also run the exact head sweep, report Spearman")
     parser.add_argument("--only-correct", action="store_true",
                         help="keep only pairs whose clean and corrupt runs both predict their own answer")
-    parser.add_argument("--limit", type=int, default=None, help="use at most this many pairs of --pairs")
+    parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many pairs of --pairs")
     parser.add_argument("--seed", type=int, default=0, help="seed of --make-pairs (default 0)")
-    parser.add_argument("--size", type=int, default=168, help="image size of --make-pairs (default 168)")
+    parser.add_argument("--size", type=arg_int(min=28), default=168, help="image size of --make-pairs (default 168)")
     parser.add_argument("--style", default="syndot", help="style of --make-pairs (default syndot)")
-    parser.add_argument("--max-batch", type=int, default=64, help="rows per forward in the fast path (default 64)")
-    parser.add_argument("--pair-batch-size", type=int, default=None,
+    parser.add_argument("--max-batch", type=arg_int(min=1), default=64, help="rows per forward in the fast path (default 64)")
+    parser.add_argument("--pair-batch-size", type=arg_int(min=1), default=None,
                         help="run the pairs in chunks of this many (memory); default all at once")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_allow_nan_argument(parser)
     parser.set_defaults(func=run_patch)
 
 
@@ -84,8 +88,14 @@ def load_batch(model, args: argparse.Namespace):
 def run_patch(args: argparse.Namespace) -> int:
     from vlens.info_cli import load_model_arg
     from vlens.patching import sweeps
+    from vlens.patching.metrics import METRICS
 
-    try:
+    try:  # everything the user gave is checked before the model loads
+        if args.mode != "atp":
+            check_choice(args.metric, "--metric", METRICS)
+        for flag, path in (("--out", args.out), ("--html", args.html)):
+            if path is not None:
+                check_output_file(path, flag)
         model = load_model_arg(args.model)
         batch = load_batch(model, args)
     except (ValueError, FileNotFoundError) as error:
@@ -93,26 +103,27 @@ def run_patch(args: argparse.Namespace) -> int:
         return 2
     common = dict(method=args.method, max_batch=args.max_batch, progress=not args.quiet,
                   pair_batch_size=args.pair_batch_size)
-    if args.mode == "layer-region":
-        result = sweeps.patch_layer_region(model, batch, component=args.component, **common)
-    elif args.mode == "layer-pos":
-        result = sweeps.patch_layer_position(model, batch, component=args.component, **common)
-    elif args.mode == "layer-head":
-        result = sweeps.patch_layer_head(model, batch, region=args.region, **common)
-    else:
-        result = _run_atp(model, batch, args, common)
+    with collect_non_finite() as problems:
+        if args.mode == "layer-region":
+            result = sweeps.patch_layer_region(model, batch, component=args.component, **common)
+        elif args.mode == "layer-pos":
+            result = sweeps.patch_layer_position(model, batch, component=args.component, **common)
+        elif args.mode == "layer-head":
+            result = sweeps.patch_layer_head(model, batch, region=args.region, **common)
+        else:
+            result = _run_atp(model, batch, args, common)
     payload = result.to_json()
     payload["model"] = args.model
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=1))
+    out.write_text(json.dumps(json_safe(payload), indent=1, allow_nan=False))
     print(f"wrote {out} ({args.mode}, {batch.n_pairs} pairs)")
     if args.html:
         figure = result.plot("z") if args.mode == "atp" else result.plot(args.metric)
         Path(args.html).parent.mkdir(parents=True, exist_ok=True)
         figure.write_html(args.html, include_plotlyjs="cdn")
         print(f"wrote {args.html}")
-    return 0
+    return non_finite_exit(problems, args.allow_nan, "vlens patch")
 
 
 def _run_atp(model, batch, args, common):

@@ -11,6 +11,9 @@ is the argmax token at the final position):
   the overwrite rate when the model gets every clean prompt right).
 - normalised patch effect: (LD_patched - LD_clean) / (LD_corrupt - LD_clean), on the pair
   means of LD: 0 = no effect, 1 = the patched run is as "corrupt" as the corrupt run.
+
+Non-finite logits (a NaN activation) are never turned into predictions: such a pair's logit
+difference is NaN, its prediction -1, and every rate over it NaN (see `vlens.finite`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from vlens.finite import finite_rows
 
 METRICS: tuple[str, ...] = ("overwrite_rate", "flip_away_rate", "logit_diff", "patch_effect", "corrupt_answer_rate")
 
@@ -44,21 +49,31 @@ class Baseline:
 
     @property
     def clean_logit_diff(self) -> Float[Tensor, "n_pairs"]:
-        return logit_diff(self.clean_logits, self.clean_tokens, self.corrupt_tokens)
+        """NaN for pairs whose clean logits are not finite."""
+        values = logit_diff(self.clean_logits, self.clean_tokens, self.corrupt_tokens)
+        return values.masked_fill(~finite_rows(self.clean_logits), torch.nan)
 
     @property
     def corrupt_logit_diff(self) -> Float[Tensor, "n_pairs"]:
-        return logit_diff(self.corrupt_logits, self.clean_tokens, self.corrupt_tokens)
+        """NaN for pairs whose corrupt logits are not finite."""
+        values = logit_diff(self.corrupt_logits, self.clean_tokens, self.corrupt_tokens)
+        return values.masked_fill(~finite_rows(self.corrupt_logits), torch.nan)
+
+    @property
+    def finite(self) -> Tensor:
+        """bool [n_pairs]: both unpatched runs gave finite logits."""
+        return (finite_rows(self.clean_logits) & finite_rows(self.corrupt_logits)).cpu()
 
     @property
     def clean_correct(self) -> Tensor:
-        """bool [n_pairs]: the clean run predicts the clean answer."""
-        return self.clean_logits.argmax(-1).cpu() == self.clean_tokens.cpu()
+        """bool [n_pairs]: the clean run predicts the clean answer (False where its logits are not finite)."""
+        return (self.clean_logits.argmax(-1).cpu() == self.clean_tokens.cpu()) & finite_rows(self.clean_logits).cpu()
 
     @property
     def corrupt_correct(self) -> Tensor:
-        """bool [n_pairs]: the corrupt run predicts the corrupt answer."""
-        return self.corrupt_logits.argmax(-1).cpu() == self.corrupt_tokens.cpu()
+        """bool [n_pairs]: the corrupt run predicts the corrupt answer (False where its logits are not finite)."""
+        return ((self.corrupt_logits.argmax(-1).cpu() == self.corrupt_tokens.cpu())
+                & finite_rows(self.corrupt_logits).cpu())
 
 
 def reduce_patched(patched_logits: Float[Tensor, "... n_pairs d_vocab"], clean_tokens: Int[Tensor, "n_pairs"],
@@ -68,8 +83,9 @@ def reduce_patched(patched_logits: Float[Tensor, "... n_pairs d_vocab"], clean_t
     Elementwise per pair, so reducing chunks of conditions or pairs separately gives the same values.
     """
     patched_logits = patched_logits.float().cpu()
-    per_pair = logit_diff(patched_logits, clean_tokens.cpu(), corrupt_tokens.cpu())
-    return per_pair, patched_logits.argmax(-1)
+    ok = finite_rows(patched_logits)  # non-finite logits: NaN difference, prediction -1
+    per_pair = logit_diff(patched_logits, clean_tokens.cpu(), corrupt_tokens.cpu()).masked_fill(~ok, torch.nan)
+    return per_pair, patched_logits.argmax(-1).masked_fill(~ok, -1)
 
 
 def patch_metrics(patched_logits: Float[Tensor, "... n_pairs d_vocab"], baseline: Baseline) -> dict[str, Tensor]:
@@ -85,9 +101,16 @@ def metrics_from_reduced(per_pair: Float[Tensor, "... n_pairs"], prediction: Int
                          baseline: Baseline) -> dict[str, Tensor]:
     """`patch_metrics` from `reduce_patched`'s output (per-pair logit difference and argmax token)."""
     clean_tokens, corrupt_tokens = baseline.clean_tokens.cpu(), baseline.corrupt_tokens.cpu()
+    # a pair is undefined where its patched (prediction -1), clean or corrupt logits are not all finite
+    ok = (prediction >= 0) & baseline.finite
     clean_correct = baseline.clean_correct
+
+    def rate(hit: Tensor) -> Tensor:
+        return torch.where(ok, hit.float(), torch.nan).mean(-1)
+
     overwrite = clean_correct & (prediction == corrupt_tokens)
     flip_away = clean_correct & (prediction != clean_tokens)
+    per_pair, prediction = per_pair.masked_fill(~ok, torch.nan), prediction.masked_fill(~ok, -1)
     clean_mean = baseline.clean_logit_diff.float().cpu().mean()
     corrupt_mean = baseline.corrupt_logit_diff.float().cpu().mean()
     denominator = corrupt_mean - clean_mean
@@ -96,11 +119,11 @@ def metrics_from_reduced(per_pair: Float[Tensor, "... n_pairs"], prediction: Int
     else:
         effect = (per_pair.mean(-1) - clean_mean) / denominator
     return {
-        "overwrite_rate": overwrite.float().mean(-1),
-        "flip_away_rate": flip_away.float().mean(-1),
+        "overwrite_rate": rate(overwrite),
+        "flip_away_rate": rate(flip_away),
         "logit_diff": per_pair.mean(-1),
         "patch_effect": effect,
-        "corrupt_answer_rate": (prediction == corrupt_tokens).float().mean(-1),
+        "corrupt_answer_rate": rate(prediction == corrupt_tokens),
         "per_pair_logit_diff": per_pair,
         "per_pair_prediction": prediction,
     }

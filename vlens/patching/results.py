@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.finite import json_safe
 from vlens.patching.metrics import METRICS, Baseline
 
 # mode -> name of the cell axis in JSON
@@ -17,13 +17,8 @@ CELL_AXIS = {"layer-region": "regions", "layer-pos": "positions", "layer-head": 
 
 
 def _jsonable(values: Tensor) -> list:
-    """Nested lists with NaN -> None (JSON has no NaN)."""
-    def clean(x):
-        if isinstance(x, list):
-            return [clean(v) for v in x]
-        return None if isinstance(x, float) and math.isnan(x) else x
-
-    return clean(values.detach().cpu().double().tolist())
+    """Nested lists with NaN / inf -> None (JSON has no NaN)."""
+    return json_safe(values.detach().cpu().double())
 
 
 @dataclass
@@ -102,6 +97,7 @@ class PatchingResult:
         out["baseline"] = {
             "clean_logit_diff": _jsonable(b.clean_logit_diff),
             "corrupt_logit_diff": _jsonable(b.corrupt_logit_diff),
+            "finite": b.finite.tolist(),
             "clean_correct": b.clean_correct.tolist(),
             "corrupt_correct": b.corrupt_correct.tolist(),
             "clean_tokens": b.clean_tokens.tolist(),
@@ -113,7 +109,7 @@ class PatchingResult:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1))
+        path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
         return path
 
     # ------------------------------------------------------------------ plots

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vlens.finite import finite_rows, warn_non_finite
 from vlens.patching.metrics import metrics_from_reduced
 from vlens.patching.pairs import PairBatch
 from vlens.patching.results import PatchingResult, stack_metrics
@@ -41,6 +42,24 @@ def _layers(model: HookedVLM, layers: Sequence[int] | None) -> list[int]:
     return chosen
 
 
+def report_non_finite(model, batch: PairBatch, baseline, per_pair: torch.Tensor, layers: list[int], cells: list,
+                      component: str) -> None:
+    """Warn (`NonFiniteWarning`) about pairs whose unpatched runs, or cells whose patched runs, gave
+    non-finite logits; their metrics are NaN already."""
+    if not bool(baseline.finite.all()):
+        bad = (~baseline.finite).nonzero().flatten().tolist()
+        clean_bad = not bool(finite_rows(baseline.clean_logits).all())
+        inputs = batch.clean if clean_bad else batch.corrupt
+        warn_non_finite("patching", f"the unpatched {'clean' if clean_bad else 'corrupt'} run of pairs "
+                        f"{[batch.pair_ids[i] for i in bad[:6]]}", model, inputs)
+        return
+    broken = per_pair.isnan().any(-1).nonzero().tolist()  # [(layer index, cell index)]
+    if broken:
+        where = ", ".join(f"layer {layers[a]} {cells[b]}" for a, b in broken[:6])
+        warn_non_finite("patching", f"patched {component} at {where}" + (f" (+{len(broken) - 6} more)"
+                                                                         if len(broken) > 6 else ""))
+
+
 def _result(model, batch, specs, mode, component, layers, cells, method, max_batch, progress, pair_batch_size,
             sharding, **extra) -> PatchingResult:
     per_pair, prediction, baseline = run_specs_reduced(model, batch, specs, method=method, max_batch=max_batch,
@@ -48,6 +67,7 @@ def _result(model, batch, specs, mode, component, layers, cells, method, max_bat
                                                        sharding=sharding)
     reduced = metrics_from_reduced(per_pair, prediction, baseline)
     metrics, per_pair, predictions = stack_metrics(reduced, len(layers), len(cells))
+    report_non_finite(model, batch, baseline, per_pair, layers, cells, component)
     return PatchingResult(mode=mode, component=component, layers=layers, cells=cells, metrics=metrics,
                           per_pair_logit_diff=per_pair, per_pair_prediction=predictions,
                           pair_ids=list(batch.pair_ids), baseline=baseline, **extra)

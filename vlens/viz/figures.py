@@ -29,6 +29,7 @@ HEAD_CLASS_COLORS: dict[str, str] = {
     "counting aggregation": "#2ca02c",
     "awareness": "#d62728",
     "other": "#e5e5e5",
+    "non-finite": "#000000",
 }
 _FALLBACK_COLORS = ["#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
