@@ -247,9 +247,15 @@ class HookedVLM(HookedRootModule):
             return [self.tokenizer.decode(row) for row in tokens]
         return self.tokenizer.decode(tokens)
 
-    def to_str_tokens(self, tokens: Tensor | Sequence[int]) -> list[str]:
-        ids = tokens.tolist() if isinstance(tokens, Tensor) else list(tokens)
-        return self.tokenizer.convert_ids_to_tokens(ids)
+    def to_str_tokens(self, tokens: str | int | Tensor | Sequence) -> list[str] | list[list[str]]:
+        """Each token decoded on its own, as TransformerLens does (' many', '\\n', not 'Ġmany', 'Ċ').
+
+        Takes a string (tokenised without special tokens), an int, a list of ids, a 1-D tensor
+        (-> list[str]) or a 2-D tensor / list of lists (-> one list per row).
+        """
+        from vlens.token_labels import str_tokens
+
+        return str_tokens(self.tokenizer, tokens)
 
     def to_single_token(self, text: str) -> int:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -57,6 +57,7 @@ class AttributionResult:
     clean_logit_diff: Float[Tensor, "n_pairs"]
     qk_fix: bool = True
     exact_z: Tensor | None = None  # optional: an exact head sweep's delta logit diff, to compare
+    answers: dict | None = None  # the pairs' answers and tokens (PairBatch.answers_json)
 
     @property
     def spearman_z(self) -> float | None:
@@ -79,6 +80,7 @@ class AttributionResult:
             "k": self.k.tolist(),
             "resid_pre": self.resid_pre.tolist(),
             "clean_logit_diff": self.clean_logit_diff.tolist(),
+            **({"answers": self.answers} if self.answers is not None else {}),
             **extra,
         })
 
@@ -147,6 +149,7 @@ def attribution_patching(model: HookedVLM, batch: PairBatch, qk_fix: bool = True
     return AttributionResult(
         z=per_pair_z.mean(0), q=q_est, k=k_est, resid_pre=resid_est.mean(0), per_pair_z=per_pair_z,
         pair_ids=list(batch.pair_ids), clean_logit_diff=per_pair_ld.detach().float().cpu(), qk_fix=qk_fix,
+        answers=batch.answers_json(),
     )
 
 

@@ -6,11 +6,11 @@ every pair is aligned: the same sequence length and the same image / text / fina
 positions in both roles, so that "position p" means the same token slot in both runs.
 
 Answer tokens: the clean answer is the clean record's ground-truth ``answer`` and the
-corrupt answer the corrupt record's (e.g. "3" and "5"). Both are tokenised without special
-tokens; the metric token is the first token where the two differ. If they share a prefix
-(multi-token answers such as "12" vs "13" under a digit tokenizer), that prefix is appended
-to the chat-formatted prompt (teacher forcing), so the final position is the one that
-predicts the first differing token.
+corrupt answer the corrupt record's (e.g. "3" and "5"). They follow vlens's one answer rule
+(`vlens.answers.contrast`): each is tokenised as it continues the chat prompt, their shared
+prefix is teacher-forced (appended to the prompt: "12" vs "13" under Qwen's digit tokenizer
+appends "1"), and the metric token is the first token where they differ, read at the final
+position; "1" vs "12" compares the end-of-turn token with "2".
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from vlens.answers import append_tokens, contrast
 from vlens.inputs import VLMInputs
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class PairBatch:
 
     clean_tokens / corrupt_tokens: [n_pairs] the answer token ids read at the final position.
     answer_prefix_len: per pair, how many shared answer tokens were appended to the prompt.
+    clean_answer_ids / corrupt_answer_ids: per pair, every token of each answer.
     """
 
     pair_ids: list[str]
@@ -59,6 +61,8 @@ class PairBatch:
     clean_answers: list[str]
     corrupt_answers: list[str]
     answer_prefix_len: list[int]
+    clean_answer_ids: list[list[int]] | None = None
+    corrupt_answer_ids: list[list[int]] | None = None
 
     @property
     def n_pairs(self) -> int:
@@ -90,7 +94,20 @@ class PairBatch:
             clean_answers=[self.clean_answers[r] for r in rows],
             corrupt_answers=[self.corrupt_answers[r] for r in rows],
             answer_prefix_len=[self.answer_prefix_len[r] for r in rows],
+            clean_answer_ids=None if self.clean_answer_ids is None else [self.clean_answer_ids[r] for r in rows],
+            corrupt_answer_ids=None if self.corrupt_answer_ids is None else [self.corrupt_answer_ids[r] for r in rows],
         )
+
+    def answers_json(self) -> dict:
+        """The answers and their tokens (lists), as results.json records them."""
+        return {
+            "answer_rule": "vlens.answers.contrast: shared answer prefix teacher-forced, first differing token "
+                           "(end-of-turn closes an answer that is a prefix of the other)",
+            "clean_answers": list(self.clean_answers), "corrupt_answers": list(self.corrupt_answers),
+            "clean_answer_tokens": self.clean_answer_ids, "corrupt_answer_tokens": self.corrupt_answer_ids,
+            "answer_prefix_len": list(self.answer_prefix_len),
+            "clean_metric_token": self.clean_tokens.tolist(), "corrupt_metric_token": self.corrupt_tokens.tolist(),
+        }
 
 
 # ---------------------------------------------------------------------- sources of pairs
@@ -181,18 +198,9 @@ def _record_image(record: dict):
 
 # ---------------------------------------------------------------------- tokenisation + validation
 def answer_tokens(model: HookedVLM, clean_answer: str, corrupt_answer: str, pair_id: str = "?") -> tuple[list[int], int, int]:
-    """(shared prefix ids, clean token, corrupt token): the first answer tokens that differ."""
-    tokenizer = model.tokenizer
-    clean_ids = tokenizer(clean_answer, add_special_tokens=False)["input_ids"]
-    corrupt_ids = tokenizer(corrupt_answer, add_special_tokens=False)["input_ids"]
-    for i, (a, b) in enumerate(zip(clean_ids, corrupt_ids, strict=False)):
-        if a != b:
-            return list(clean_ids[:i]), int(a), int(b)
-    raise ValueError(
-        f"pair {pair_id!r}: the clean answer {clean_answer!r} and the corrupt answer {corrupt_answer!r} have no "
-        "differing token, so nothing can flip. Patching metrics need pairs whose answers differ (count pairs, "
-        "not move/colour controls)."
-    )
+    """(shared prefix ids, clean token, corrupt token): see `vlens.answers.contrast`."""
+    c = contrast(model, clean_answer, corrupt_answer, example=pair_id)
+    return c.prefix, c.clean_id, c.corrupt_id
 
 
 def build_pair_batch(model: HookedVLM, examples: Sequence[Any], chat: bool = True) -> PairBatch:
@@ -208,7 +216,8 @@ def build_pair_batch(model: HookedVLM, examples: Sequence[Any], chat: bool = Tru
     if not examples:
         raise ValueError("build_pair_batch got no pairs")
     n = len(examples)
-    tokens = [answer_tokens(model, e.clean_answer, e.corrupt_answer, e.pair_id) for e in examples]
+    contrasts = [contrast(model, e.clean_answer, e.corrupt_answer, example=e.pair_id, chat=chat) for e in examples]
+    tokens = [(c.prefix, c.clean_id, c.corrupt_id) for c in contrasts]
     # Alignment is checked on each pair alone first, so the error names the pair.
     for e, (prefix, _, _) in zip(examples, tokens, strict=True):
         single = _prepare(model, [e.clean_image, e.corrupt_image], [e.clean_prompt, e.corrupt_prompt],
@@ -230,6 +239,8 @@ def build_pair_batch(model: HookedVLM, examples: Sequence[Any], chat: bool = Tru
         clean_answers=[e.clean_answer for e in examples],
         corrupt_answers=[e.corrupt_answer for e in examples],
         answer_prefix_len=[len(t[0]) for t in tokens],
+        clean_answer_ids=[c.clean_ids for c in contrasts],
+        corrupt_answer_ids=[c.corrupt_ids for c in contrasts],
     )
 
 
@@ -237,28 +248,7 @@ def _prepare(model: HookedVLM, images: list, prompts: list[str], prefixes: list[
     inputs = model.prepare(images=images, prompts=prompts, chat=chat)
     if not any(prefixes):
         return inputs
-    return _append_tokens(model, inputs, prefixes)
-
-
-def _append_tokens(model: HookedVLM, inputs: VLMInputs, suffixes: list[list[int]]) -> VLMInputs:
-    """Append token ids after each row's prompt, keeping the batch left-padded."""
-    pad_id = model.tokenizer.pad_token_id or 0
-    rows = []
-    for row, suffix in enumerate(suffixes):
-        keep = inputs.attention_mask[row].bool()
-        rows.append(torch.cat([inputs.input_ids[row][keep].cpu(), torch.tensor(suffix, dtype=torch.long)]))
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = r
-        mask[i, width - len(r):] = 1
-    hf = {"input_ids": ids, "attention_mask": mask}
-    for key in ("pixel_values", "image_grid_thw"):
-        if getattr(inputs, key) is not None:
-            hf[key] = getattr(inputs, key).cpu()
-    hf.update(inputs.extra)
-    return model.coerce_inputs(hf)
+    return append_tokens(model, inputs, prefixes)
 
 
 def _check_aligned(inputs: VLMInputs, a: int, b: int, pair_id: str) -> None:

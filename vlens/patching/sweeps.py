@@ -70,7 +70,8 @@ def _result(model, batch, specs, mode, component, layers, cells, method, max_bat
     report_non_finite(model, batch, baseline, per_pair, layers, cells, component)
     return PatchingResult(mode=mode, component=component, layers=layers, cells=cells, metrics=metrics,
                           per_pair_logit_diff=per_pair, per_pair_prediction=predictions,
-                          pair_ids=list(batch.pair_ids), baseline=baseline, **extra)
+                          pair_ids=list(batch.pair_ids), baseline=baseline, extra={"answers": batch.answers_json()},
+                          **extra)
 
 
 def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
