@@ -102,14 +102,18 @@ class HookedVLM(HookedRootModule):
         images: Any = None,
         prompts: str | Sequence[str] = (),
         chat: bool = True,
+        allow_urls: bool = False,
     ) -> VLMInputs:
         """Processor + chat format -> `VLMInputs` (left-padded batch, with token regions).
 
-        images: one image per prompt, a list of images per prompt, or None for text only.
+        images: one image per prompt, a list of images per prompt, or None for text only. An
+            image is a PIL image (16-bit, float, palette and alpha modes are scaled / composited
+            to 8-bit RGB, see `vlens.images`), a local file path, or a numpy array / tensor.
+        allow_urls: fetch "http(s)://" images (refused by default: nothing is downloaded unasked).
         """
         from vlens.processing import prepare_inputs
 
-        return prepare_inputs(self, images=images, prompts=prompts, chat=chat)
+        return prepare_inputs(self, images=images, prompts=prompts, chat=chat, allow_urls=allow_urls)
 
     def coerce_inputs(self, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:
         """Accept `VLMInputs`, a processor output (dict / BatchFeature) or HF keywords."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from vlens.images import to_rgb
 from vlens.inputs import VLMInputs, compute_regions
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def _chat_text(model: HookedVLM, prompt: str, n_images: int) -> str:
 
 
 def prepare_inputs(model: HookedVLM, images: Any = None, prompts: str | Sequence[str] = (),
-                   chat: bool = True) -> VLMInputs:
+                   chat: bool = True, allow_urls: bool = False) -> VLMInputs:
     """Format prompts (chat template or the family's format), run the processor, add regions.
 
     The batch is left-padded so the final prompt position is the last column of every row.
@@ -71,7 +72,9 @@ def prepare_inputs(model: HookedVLM, images: Any = None, prompts: str | Sequence
             texts.append(placeholder * len(row_images) + prompt)
         else:
             texts.append(prompt)
-    flat = [img.convert("RGB") if hasattr(img, "convert") else img for row in rows for img in row]
+    # 16-bit, float, palette and alpha images scaled / composited correctly (vlens.images)
+    flat = [to_rgb(img, allow_urls=allow_urls, what=f"image {i} of prompt {p}")
+            for p, row in enumerate(rows) for i, img in enumerate(row)]
     tokenizer = model.tokenizer
     old_side = tokenizer.padding_side
     tokenizer.padding_side = "left"
