@@ -17,13 +17,35 @@ _PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "tokeni
                     "tokenizer.json")
 
 
+class MissingWeightsError(ValueError):
+    """A checkpoint lacks tensors the model needs (HF would initialise them randomly)."""
+
+
+def from_pretrained_checked(hf_class: Any, name_or_path: str, allow_missing: bool = False, **kwargs: Any):
+    """`hf_class.from_pretrained(...)`, but a checkpoint missing any of the model's tensors is an
+    error (HF only logs it and fills them with random values) unless `allow_missing`."""
+    model, info = hf_class.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing and not allow_missing:
+        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise MissingWeightsError(
+            f"{name_or_path}: the checkpoint has no weights for {len(missing)} tensor(s) of the model: {shown}. "
+            "They would be random. Use a complete checkpoint, or pass allow_missing=True to accept random values."
+        )
+    if missing:
+        logger.warning("%s: %d tensor(s) missing from the checkpoint are randomly initialised (allow_missing=True)",
+                       name_or_path, len(missing))
+    return model
+
+
 def load_hf_model_and_processor(name_or_path: str, dtype: torch.dtype | None = None,
                                 trust_remote_code: bool = False, load_processor: bool = True,
-                                **hf_kwargs: Any):
+                                allow_missing: bool = False, **hf_kwargs: Any):
     """(hf_model, processor or None) from a local folder or hub id.
 
     The architecture is checked from the config before any weight is read, so an unsupported
-    model fails fast with the list of supported ones.
+    model fails fast with the list of supported ones. A checkpoint that lacks some of the
+    model's tensors raises `MissingWeightsError` unless `allow_missing`.
     """
     config = transformers.AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     architectures = getattr(config, "architectures", None) or []
@@ -35,7 +57,8 @@ def load_hf_model_and_processor(name_or_path: str, dtype: torch.dtype | None = N
     hf_kwargs.setdefault("use_safetensors", True)  # never unpickle weights
     if dtype is not None:
         hf_kwargs["dtype"] = dtype
-    hf_model = hf_class.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **hf_kwargs)
+    hf_model = from_pretrained_checked(hf_class, name_or_path, allow_missing=allow_missing,
+                                       trust_remote_code=trust_remote_code, **hf_kwargs)
     hf_model.eval()
     processor = None
     if load_processor:

@@ -72,7 +72,11 @@ class HookedVLM(HookedRootModule):
         load_processor: bool = True,
         **hf_kwargs: Any,
     ) -> HookedVLM:
-        """Load an HF checkpoint (local folder or hub id) and its processor, safetensors only."""
+        """Load an HF checkpoint (local folder or hub id) and its processor, safetensors only.
+
+        A checkpoint missing some of the model's tensors raises `vlens.loading.MissingWeightsError`
+        (HF would fill them with random values); pass ``allow_missing=True`` to accept that.
+        """
         from vlens.loading import load_hf_model_and_processor
 
         hf_model, processor = load_hf_model_and_processor(

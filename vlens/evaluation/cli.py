@@ -91,9 +91,9 @@ def load_hf_model(model: str, device: str, torch_dtype):
     """Any HF image-text-to-text model (safetensors only) and its processor."""
     from transformers import AutoModelForImageTextToText
 
-    from vlens.loading import load_processor_for
+    from vlens.loading import from_pretrained_checked, load_processor_for
 
-    hf_model = AutoModelForImageTextToText.from_pretrained(model, dtype=torch_dtype, use_safetensors=True)
+    hf_model = from_pretrained_checked(AutoModelForImageTextToText, model, dtype=torch_dtype, use_safetensors=True)
     # the processor fallback covers machines without torchvision (Qwen's video processor needs it)
     return hf_model.to(device).eval(), load_processor_for(model)
 

@@ -36,10 +36,11 @@ def load_hf(device=None, dtype=None):
     """The embedded model with plain transformers: (Qwen2_5_VLForConditionalGeneration, processor)."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
+    from vlens.loading import from_pretrained_checked
     from vlens.zoo.processor import load_processor
 
     folder = model_path()
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype)
+    model = from_pretrained_checked(Qwen2_5_VLForConditionalGeneration, folder, dtype=dtype)
     if device is not None:
         model = model.to(device)
     return model.eval(), load_processor(folder)
