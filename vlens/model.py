@@ -7,6 +7,7 @@ not copied); the vision tower stays HF's, wrapped with hooks. Logits equal HF's.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from vlens.components.attention import KVCache
 from vlens.config import VLMConfig
 from vlens.hooks import HookedRootModule, HookPoint
 from vlens.inputs import VLMInputs
-from vlens.runtime import RunState, build_masks
+from vlens.runtime import RunState, build_masks, module_device
 
 
 class HookedVLM(HookedRootModule):
@@ -70,15 +71,34 @@ class HookedVLM(HookedRootModule):
         dtype: torch.dtype | None = None,
         trust_remote_code: bool = False,
         load_processor: bool = True,
+        device_map: str | dict[str, Any] | None = None,
+        max_memory: dict[Any, int | str] | None = None,
+        offload_folder: str | None = None,
         **hf_kwargs: Any,
     ) -> HookedVLM:
         """Load an HF checkpoint (local folder or hub id) and its processor, safetensors only.
 
         A checkpoint missing some of the model's tensors raises `vlens.loading.MissingWeightsError`
         (HF would fill them with random values); pass ``allow_missing=True`` to accept that.
+
+        device_map: place one model across devices with HF/accelerate ("auto", "balanced",
+            "sequential", or {module name: device | "cpu" | "disk"}); each block runs where it
+            was placed and the residual stream moves between blocks. Entries "cpu" (next to GPU
+            entries) and "disk" are offloaded: accelerate streams their weights to the execution
+            device on each call. Needs `accelerate` (extra `distributed`). Not with `device`.
+        max_memory: per-device budget for "auto" maps, e.g. {0: "70GiB", 1: "70GiB", "cpu": "200GiB"}.
+        offload_folder: where "disk" entries are kept when the checkpoint cannot be read in place.
         """
         from vlens.loading import load_hf_model_and_processor
 
+        if device_map is not None and device is not None:
+            raise ValueError("give either device (one device) or device_map (a placement across devices), not both")
+        if device_map is not None and importlib.util.find_spec("accelerate") is None:
+            raise ImportError("device_map places the model with accelerate, which is not installed: "
+                              "pip install 'vlens[distributed]'")
+        for name, value in (("device_map", device_map), ("max_memory", max_memory), ("offload_folder", offload_folder)):
+            if value is not None:
+                hf_kwargs[name] = value
         hf_model, processor = load_hf_model_and_processor(
             name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,
             load_processor=load_processor, **hf_kwargs,
@@ -88,7 +108,22 @@ class HookedVLM(HookedRootModule):
             model.to(device)
         return model
 
+    @property
+    def device_map(self) -> dict[str, Any] | None:
+        """HF's placement of the model's modules when loaded with a device_map (else None)."""
+        return getattr(self.hf_model, "hf_device_map", None)
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where inputs go: the token embedding's device (where each forward starts)."""
+        return module_device(self.embed)
+
     def to(self, *args, **kwargs) -> HookedVLM:  # keep cfg.device/dtype truthful
+        placement = self.device_map
+        if placement is not None:  # accelerate's hooks keep each module's execution device: moving breaks them
+            raise ValueError(f"this model was placed across devices by device_map "
+                             f"({sorted(set(map(str, placement.values())))}); it cannot be moved as a whole. "
+                             "Load it again with device=... instead of device_map.")
         super().to(*args, **kwargs)
         weight = self.unembed.lm_head.weight
         self.cfg.device, self.cfg.dtype = str(weight.device), weight.dtype
@@ -151,6 +186,9 @@ class HookedVLM(HookedRootModule):
         `inputs` as `prepare` / `coerce_inputs` return them (already checked by the adapter).
         """
         cfg = self.cfg
+        home = self.input_device
+        if inputs.input_ids.device != home:  # e.g. a model split by a device map starts on its first device
+            inputs = inputs.to(home)
         ids = inputs.input_ids
         resid = self.hook_embed(self.embed(ids))
         deepstack: dict[int, tuple[Tensor, Tensor]] = {}
@@ -186,21 +224,29 @@ class HookedVLM(HookedRootModule):
         start_at_layer: int = 0,
         stop_at_layer: int | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        """Run blocks [start_at_layer, stop_at_layer) on a residual stream."""
+        """Run blocks [start_at_layer, stop_at_layer) on a residual stream.
+
+        Each block runs on its own device (one device, or where a device map placed it): the residual
+        and the run state move there first.
+        """
         for block in self.blocks[start_at_layer:stop_at_layer]:
-            resid = block(resid, state.cos, state.sin, state.masks, state.kv_cache,
-                          deepstack=state.deepstack.get(block.layer))
+            device = module_device(block)
+            if resid.device != device:
+                resid = resid.to(device)
+            local = state.on(device)
+            resid = block(resid, local.cos, local.sin, local.masks, local.kv_cache,
+                          deepstack=local.deepstack.get(block.layer))
         return resid
 
     def finish(self, resid: Tensor, return_type: str | None = "logits") -> Tensor | None:
         """Final norm and unembedding."""
         if return_type is None:
             return None
-        normalized = self.ln_final(resid)
+        normalized = self.ln_final(resid.to(module_device(self.ln_final)))
         if return_type == "resid":
             return normalized
         if return_type == "logits":
-            return self.unembed(normalized)
+            return self.unembed(normalized.to(module_device(self.unembed)))
         raise ValueError(f"Unknown return_type {return_type!r}: use 'logits', 'resid' or None.")
 
     @contextmanager

@@ -133,5 +133,5 @@ def coerce_inputs(model: HookedVLM, inputs: Any = None, **hf_kwargs: Any) -> VLM
                                           counts, grids)
         elif not bool((out.input_ids == image_token_id).any()):
             out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id, [], [])
-    device = model.W_U.device
+    device = model.input_device
     return out.to(device) if out.input_ids.device != device else out

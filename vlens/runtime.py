@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers.masking_utils import sdpa_mask
 
 from vlens.components.attention import AttentionMasks, KVCache
@@ -34,6 +34,44 @@ class RunState:
     rope_deltas: Tensor | None = None
     deepstack: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
     kv_cache: KVCache | None = None
+    _moved: dict = field(default_factory=dict, repr=False)
+
+    def on(self, device: torch.device) -> RunState:
+        """This state with the tables, masks and DeepStack features on `device` (a block placed there by a
+        device map); copies are made once per device and forward. The KV cache stays per layer."""
+        if self.cos.device == device:
+            return self
+        if device not in self._moved:
+            deltas = None if self.rope_deltas is None else self.rope_deltas.to(device)
+            deepstack = {layer: (mask.to(device), feats.to(device)) for layer, (mask, feats) in self.deepstack.items()}
+            self._moved[device] = RunState(resid=self.resid, cos=self.cos.to(device), sin=self.sin.to(device),
+                                           masks=self.masks.to(device), position_ids=self.position_ids.to(device),
+                                           rope_deltas=deltas, deepstack=deepstack, kv_cache=self.kv_cache)
+        return self._moved[device]
+
+
+def hook_device(module: nn.Module) -> torch.device | None:
+    """The device HF/accelerate runs `module` on (its dispatch hook's execution device), if it has one."""
+    device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+    if device is None:
+        return None
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """Where `module` computes: its weights' device or, where HF/accelerate offloaded them (meta tensors
+    loaded on each call), the device its dispatch hooks run it on."""
+    for param in module.parameters():
+        if param.device.type != "meta":
+            return param.device
+        break
+    for sub in module.modules():
+        device = hook_device(sub) or hook_device(getattr(sub, "source", None))
+        if device is not None:
+            return device
+    raise ValueError(f"cannot tell where {type(module).__name__} runs: its weights are on the meta device and "
+                     "no accelerate hook places them; load the model with a device_map (and offload_folder) "
+                     "or materialise its weights")
 
 
 def build_masks(attention_mask: Tensor | None, batch: int, q_len: int, past_len: int,

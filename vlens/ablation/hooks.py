@@ -71,7 +71,7 @@ def stacked_head_hook(
         mask = real.to(z.device)[..., None]
         for g, head in enumerate(heads):
             rows = slice(g * batch, (g + 1) * batch)
-            z[rows, :, head] = torch.where(mask, values[:, :, head].to(z.dtype), z[rows, :, head])
+            z[rows, :, head] = torch.where(mask, values[:, :, head].to(z.device, z.dtype), z[rows, :, head])
         return z
 
     return hook

@@ -69,7 +69,7 @@ class ArchitectureAdapter:
         return DecoderParts(
             embed=Embed(lm.embed_tokens),
             blocks=blocks,
-            ln_final=RMSNorm(lm.norm.weight, cfg.eps),
+            ln_final=RMSNorm(lm.norm.weight, cfg.eps, source=lm.norm),
             unembed=Unembed(hf_model.lm_head),
             rotary=RotaryEmbedding(lm.rotary_emb, cfg.rope_kind),
         )
@@ -82,9 +82,10 @@ class ArchitectureAdapter:
         )
         return TransformerBlock(
             layer,
-            ln1=RMSNorm(hf_layer.input_layernorm.weight, cfg.eps),
+            ln1=RMSNorm(hf_layer.input_layernorm.weight, cfg.eps, source=hf_layer.input_layernorm),
             attn=attn,
-            ln2=RMSNorm(hf_layer.post_attention_layernorm.weight, cfg.eps),
+            ln2=RMSNorm(hf_layer.post_attention_layernorm.weight, cfg.eps,
+                        source=hf_layer.post_attention_layernorm),
             mlp=GatedMLP(mlp.gate_proj, mlp.up_proj, mlp.down_proj, cfg.act_fn),
         )
 

@@ -32,6 +32,11 @@ class AttentionMasks:
         self.fully_masked = ~allowed.any(dim=-1).squeeze(1)  # [batch, q]
         self.any_fully_masked = bool(self.fully_masked.any())
 
+    def to(self, device: torch.device) -> AttentionMasks:
+        """The same masks on `device` (for a block that a device map placed there)."""
+        sdpa = None if self.sdpa is None else self.sdpa.to(device)
+        return AttentionMasks(sdpa=sdpa, allowed=self.allowed.to(device), dtype=self.dtype)
+
     @property
     def additive(self) -> Tensor:
         """float [batch, 1, q, k]: 0 where allowed, the dtype's min elsewhere (HF's eager mask)."""

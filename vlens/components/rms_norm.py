@@ -14,16 +14,30 @@ from vlens.hooks import HookPoint
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, weight: nn.Parameter, eps: float):
+    """`source`: the HF norm module owning `weight`; where HF/accelerate offloaded it (disk or CPU
+    offload, the parameter left on the meta device), the weight is read from there on each call."""
+
+    def __init__(self, weight: nn.Parameter, eps: float, source: nn.Module | None = None):
         super().__init__()
         self.w = weight  # the HF parameter itself
         self.eps = eps
+        self.__dict__["source"] = source  # not a submodule: its parameter is already ours
         self.hook_scale = HookPoint()  # [..., 1]
         self.hook_normalized = HookPoint()  # [..., d]
 
     @property
     def weight(self) -> nn.Parameter:
         return self.w
+
+    def _weight(self) -> Tensor:
+        """The weight to compute with: `w`, or the offloaded copy on the execution device."""
+        if self.w.device.type != "meta":
+            return self.w
+        hook = getattr(self.source, "_hf_hook", None)
+        weights = getattr(hook, "weights_map", None)
+        if weights is None:
+            raise ValueError("this RMSNorm's weight is on the meta device and no accelerate offload hook holds it")
+        return weights["weight"].to(hook.execution_device)
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
         input_dtype = x.dtype
@@ -35,4 +49,4 @@ class RMSNorm(nn.Module):
         else:
             x = x * torch.rsqrt(variance)  # HF's exact arithmetic
         x = self.hook_normalized(x.to(input_dtype))
-        return self.w * x
+        return self._weight() * x

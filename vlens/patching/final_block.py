@@ -17,7 +17,7 @@ from torch import Tensor
 from transformers.integrations.sdpa_attention import repeat_kv
 
 from vlens.components.rotary import apply_rotary
-from vlens.runtime import RunState
+from vlens.runtime import RunState, module_device
 
 if TYPE_CHECKING:
     from vlens.model import HookedVLM
@@ -36,6 +36,8 @@ def last_block_at_final(model: HookedVLM, resid: Float[Tensor, "batch pos d_mode
     and `final` counts from the suffix's start).
     """
     block = model.blocks[-1]
+    device = module_device(block)  # where a device map placed it
+    resid, state = resid.to(device), state.on(device)
     attn = block.attn
     batch, pos, _ = resid.shape
     rows = torch.arange(batch, device=resid.device)
