@@ -79,9 +79,9 @@ def test_importance_from_ablation_and_patching_json():
         "heads": ["H0", "H1"],
         "overwrite_rate": [[0.1, 0.4], [None, 0.2]],
     }
-    torch.testing.assert_close(
+    torch.testing.assert_close(  # unpatched layers 0; a null (non-finite) cell stays NaN, never selected
         importance_from_result(patching, n_layers=4),
-        torch.tensor([[0, 0], [0.1, 0.4], [0, 0], [0, 0.2]], dtype=torch.float64),
+        torch.tensor([[0, 0], [0.1, 0.4], [0, 0], [float("nan"), 0.2]], dtype=torch.float64), equal_nan=True,
     )
 
 

@@ -32,6 +32,7 @@ Where it acts:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,6 +41,10 @@ from pathlib import Path
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
+
+from vlens.errors import UserInputError
+from vlens.finite import warn_non_finite
+from vlens.validation import check_count, check_float
 
 Head = tuple[int, int]
 NORMALISATIONS = ("max", "mean", "none")
@@ -280,10 +285,10 @@ def importance_from_result(
         if task is not None and task not in result["results"]:
             raise ValueError(f"task {task!r} is not in the ablation report ({tasks})")
         result = result["results"][task or tasks[0]]
-    if "ablated_logprob" in result:  # HeadAblation JSON
-        if metric == "accuracy":
-            return result["clean_accuracy"] - torch.tensor(result["ablated_accuracy"], dtype=torch.float64)
-        return result["clean_logprob"] - torch.tensor(result["ablated_logprob"], dtype=torch.float64)
+    if "ablated_logprob" in result:  # HeadAblation JSON (null: NaN, a head not measured or not finite)
+        clean, ablated = ("clean_accuracy", "ablated_accuracy") if metric == "accuracy" else \
+            ("clean_logprob", "ablated_logprob")
+        return _nan_if_none(result[clean]) - torch.tensor(_nan_if_none(result[ablated]), dtype=torch.float64)
     if result.get("mode") == "layer-head":  # PatchingResult JSON
         name = metric or "overwrite_rate"
         values = torch.tensor(
@@ -292,9 +297,9 @@ def importance_from_result(
         layers = result["layers"]
         heads = [int(str(cell).lstrip("H")) for cell in result["heads"]]
         out = torch.zeros(max(n_layers or 0, max(layers) + 1), max(heads) + 1, dtype=torch.float64)
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(layers):  # unpatched layers stay 0; NaN cells of the result stay NaN
             out[layer, heads] = values[i]
-        return torch.nan_to_num(out, nan=0.0)
+        return out
     if "scores" in result:
         return torch.tensor(result["scores"], dtype=torch.float64)
     if "mode" in result:
@@ -306,6 +311,12 @@ def importance_from_result(
         "unrecognised importance result: expected an ablation report / head ablation, "
         "a layer-head patching result, or {'scores': [[...]]}"
     )
+
+
+def _nan_if_none(value):
+    if isinstance(value, list):
+        return [_nan_if_none(v) for v in value]
+    return float("nan") if value is None else value
 
 
 def fit_temperature(
@@ -325,14 +336,27 @@ def fit_temperature(
         raise ValueError(f"importance must be [n_layers, n_heads], got shape {tuple(importance.shape)}")
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
-    if alpha <= 0:
-        raise ValueError(f"alpha must be positive, got {alpha}")
+    alpha = check_float(alpha, "alpha", min=0, min_open=True)
+    if floor is not None:
+        floor = check_float(floor, "floor", min=0, min_open=True)
+    if top_k is not None:
+        top_k = check_count(top_k, "top_k")
+    broken = [(layer, head) for layer, head in (~torch.isfinite(importance)).nonzero().tolist()]
+    if heads is not None:
+        bad = [head for head in heads if tuple(head) in set(broken)]
+        if bad:
+            raise UserInputError(f"the importance of heads {bad} is NaN/inf (their result was not finite); "
+                                 "choose other heads or recompute the result")
+    elif broken:
+        warn_non_finite("temperature fit", f"the importance of heads {broken[:6]}"
+                        + (f" (+{len(broken) - 6} more)" if len(broken) > 6 else "") + ", never selected")
     if heads is None:
         candidates = [
             (float(importance[layer, head]), layer, head)
             for layer in range(importance.shape[0])
             for head in range(importance.shape[1])
             if (layers is None or layer in layers) and float(importance[layer, head]) > 0
+            and math.isfinite(float(importance[layer, head]))
         ]
         candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
         heads = [(layer, head) for _, layer, head in candidates[:top_k]]

@@ -52,6 +52,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     _data_args(train)
     _train_args(train)
     train.add_argument("--out", required=True, help="output folder (config.json + translators.safetensors)")
+    train.add_argument("--overwrite", action="store_true", help="replace a lens already in --out")
     train.set_defaults(func=run_lens_train)
     lens.set_defaults(func=lambda args: (lens.print_help(), 1)[1])
 
@@ -110,13 +111,13 @@ def run_lens_train(args: argparse.Namespace) -> int:
     from vlens.info_cli import load_model_arg
 
     try:
-        check_output_folder(args.out, "--out")
+        check_output_folder(args.out, "--out", overwrite=args.overwrite, model_folder=True)
         model = load_model_arg(args.model)
         translators, report = _train(model, _samples(args), args, args.steps, args.lr, args.positions)
     except (ValueError, FileNotFoundError) as err:
         print(f"vlens lens train: error: {err}", file=sys.stderr)
         return 2
-    out = translators.save(args.out)
+    out = translators.save(args.out, overwrite=args.overwrite)
     print(report.table())
     print(f"saved lens to {out}")
     return 0
@@ -169,7 +170,7 @@ def run_headlens(args: argparse.Namespace) -> int:
                                         style=args.style, tasks=_tasks(args))
             translators, report = _train(model, lens_samples, args, args.lens_steps, args.lens_lr,
                                          args.lens_positions)
-            translators.save(out / "lens")
+            translators.save(out / "lens", overwrite=True)  # this command's own sub-folder
             out.mkdir(parents=True, exist_ok=True)
             (out / "lens_kl.json").write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
             print("per-layer KL(final || lens), held-out, nats:")

@@ -103,17 +103,20 @@ class Translators(nn.Module):
             )
 
     # ---------------------------------------------------------------- save / load
-    def save(self, folder: str | Path) -> Path:
-        """Write ``config.json`` + ``translators.safetensors`` into `folder`."""
+    def save(self, folder: str | Path, overwrite: bool = False) -> Path:
+        """Write ``config.json`` + ``translators.safetensors`` as `folder`, whole or not at all
+        (`vlens.fileio.atomic_folder`); replacing an existing lens folder needs `overwrite`."""
         from safetensors.torch import save_file
 
-        out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
-        config = {"format_version": FORMAT_VERSION, "n_layers": self.n_layers, "d_model": self.d_model, **self.info}
-        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        save_file({"A": self.A.detach().float().cpu().contiguous(), "b": self.b.detach().float().cpu().contiguous()},
-                  str(out / WEIGHTS_FILE))
-        return out
+        from vlens.fileio import atomic_folder
+
+        with atomic_folder(folder, overwrite=overwrite, name="lens folder") as out:
+            config = {"format_version": FORMAT_VERSION, "n_layers": self.n_layers, "d_model": self.d_model,
+                      **self.info}
+            (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+            save_file({"A": self.A.detach().float().cpu().contiguous(),
+                       "b": self.b.detach().float().cpu().contiguous()}, str(out / WEIGHTS_FILE))
+        return Path(folder)
 
     @classmethod
     def load(cls, folder: str | Path, model=None, device=None) -> Translators:

@@ -103,7 +103,7 @@ def run_train(args: argparse.Namespace) -> int:
     result = train_sft(model, examples, config, args.out, resume=not args.no_resume, progress=not args.quiet)
     print(json.dumps({k: v for k, v in result.to_json().items() if k != "config"}, indent=1))
     if args.merged and result.steps == result.total_steps:
-        print(f"merged checkpoint: {save_merged(model, args.out / 'merged')}")
+        print(f"merged checkpoint: {save_merged(model, args.out / 'merged', overwrite=True)}")
     return 0
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from vlens.fileio import atomic_folder
 from vlens.training.lora import ADAPTER_NAME, add_lora, has_lora, lora_config, lora_layers
 
 PEFT_PREFIX = "base_model.model."
@@ -61,13 +62,17 @@ def adapter_state_dict(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_adapters(model, folder: str | Path, base_model_name_or_path: str | None = None) -> Path:
-    """Write the adapters in peft format for the plain HF model; returns the folder."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(adapter_state_dict(model), str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-    _hf_config(model, base_model_name_or_path).save_pretrained(str(folder))
-    return folder
+def save_adapters(model, folder: str | Path, base_model_name_or_path: str | None = None,
+                  overwrite: bool = False) -> Path:
+    """Write the adapters in peft format for the plain HF model; returns the folder.
+
+    Written whole or not at all (`vlens.fileio.atomic_folder`); replacing an existing adapter or
+    model folder needs `overwrite`.
+    """
+    with atomic_folder(folder, overwrite=overwrite, name="adapter folder") as staging:
+        save_file(adapter_state_dict(model), str(staging / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        _hf_config(model, base_model_name_or_path).save_pretrained(str(staging))
+    return Path(folder)
 
 
 def load_adapters(model, folder: str | Path):
@@ -140,10 +145,18 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_merged(model, folder: str | Path, save_processor: bool = True) -> Path:
-    """A merged HF checkpoint (`from_pretrained` loads it with plain transformers)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+def save_merged(model, folder: str | Path, save_processor: bool = True, overwrite: bool = False) -> Path:
+    """A merged HF checkpoint (`from_pretrained` loads it with plain transformers).
+
+    Written whole or not at all (`vlens.fileio.atomic_folder`): a failure leaves an existing
+    folder as it was; replacing an existing model folder needs `overwrite`.
+    """
+    with atomic_folder(folder, overwrite=overwrite, name="merged folder") as staging:
+        _write_merged(model, staging, save_processor)
+    return Path(folder)
+
+
+def _write_merged(model, folder: Path, save_processor: bool) -> None:
     model.hf_model.save_pretrained(str(folder), state_dict=merged_state_dict(model))
     processor = model.processor
     if save_processor and processor is not None and hasattr(processor, "save_pretrained"):
@@ -158,4 +171,3 @@ def save_merged(model, folder: str | Path, save_processor: bool = True) -> Path:
         else str(lora_config(model)),
     }
     (folder / "vlens_merge.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-    return folder

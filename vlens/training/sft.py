@@ -313,7 +313,7 @@ def train_sft(
     finally:
         model.eval()
     if step == plan.total_steps:
-        save_adapters(model, out_dir / "adapter")
+        save_adapters(model, out_dir / "adapter", overwrite=True)  # this run's own folder
     result = SFTResult(
         steps=step,
         total_steps=plan.total_steps,
