@@ -90,7 +90,7 @@ def answer_ids(model: Any, answer: str, context: str | None = None, example: str
         raise ValueError(f"example {example!r}: the answer {answer!r} tokenises to nothing")
     unknown = getattr(tokenizer, "unk_token_id", None)
     if unknown is not None and unknown in ids:
-        raise ValueError(f"example {example!r}: the answer {answer!r} is not expressible in the model's vocabulary: "
+        raise ValueError(f"example {example!r}: the answer {answer!r} is not in the model's vocabulary (the tokenizer cannot express it): "
                          f"it tokenises to {_describe(tokenizer, ids)} with the unknown token "
                          f"{tokenizer.unk_token!r}. Use answers the tokenizer covers (e.g. counts the embedded "
                          "model knows, 0-10) or a model with a byte-level vocabulary.")

@@ -50,7 +50,7 @@ def test_contrast_rule():
 
 def test_unknown_answer_is_an_error_naming_the_example():
     processor = tiny_qwen_processor()  # word-level: no "37"
-    with pytest.raises(ValueError, match="example 'row-5'.*'37'.*not expressible.*UNK"):
+    with pytest.raises(ValueError, match="example 'row-5'.*'37'.*not in the model's vocabulary.*UNK"):
         answer_ids(processor.tokenizer, "37", example="row-5")
 
 

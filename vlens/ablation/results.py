@@ -44,8 +44,11 @@ class HeadAblation:
             aligned ("all" | "position" | "region"); n_examples: evaluation examples.
         clean_logprob, clean_accuracy: mean answer log-probability / accuracy without ablation.
         ablated_logprob, ablated_accuracy: [n_layers, n_heads] the same with that head ablated.
-    The answer log-probability is log-softmax at the final prompt position of the answer's
-    first token; accuracy is argmax == that token.
+        answers / answer_tokens: the evaluation answers and each one's token ids.
+    The answer log-probability is the whole answer's teacher-forced log-probability (vlens.answers:
+    the sum over its tokens of log-softmax at the position that predicts each); accuracy is 1 when
+    every answer token is the argmax there. A one-token answer: log-softmax at the final prompt
+    position, argmax == the answer.
     """
 
     task: str
@@ -56,6 +59,8 @@ class HeadAblation:
     clean_accuracy: float
     ablated_logprob: Float[Tensor, "n_layers n_heads"]
     ablated_accuracy: Float[Tensor, "n_layers n_heads"]
+    answers: list[str] | None = None
+    answer_tokens: list[list[int]] | None = None
 
     @property
     def logprob_drop(self) -> Float[Tensor, "n_layers n_heads"]:
@@ -106,6 +111,8 @@ class HeadAblation:
             "top_heads": [list(h) for h in ranked[: top_k or len(ranked)]],
             "ablated_logprob": _grid(self.ablated_logprob),
             "ablated_accuracy": _grid(self.ablated_accuracy),
+            "answer_rule": "vlens.answers: whole answer teacher-forced (sum of its tokens' log-probabilities)",
+            "answers": self.answers, "answer_tokens": self.answer_tokens,
         }
 
     @classmethod
@@ -114,7 +121,8 @@ class HeadAblation:
                    n_examples=data["n_examples"], clean_logprob=_float(data["clean_logprob"]),
                    clean_accuracy=_float(data["clean_accuracy"]),
                    ablated_logprob=_tensor(data["ablated_logprob"]),
-                   ablated_accuracy=_tensor(data["ablated_accuracy"]))
+                   ablated_accuracy=_tensor(data["ablated_accuracy"]), answers=data.get("answers"),
+                   answer_tokens=data.get("answer_tokens"))
 
     def figure(self, rank_by: str = "logprob"):
         """Layer x head heatmap of the damage (plotly)."""

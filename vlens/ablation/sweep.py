@@ -25,23 +25,30 @@ from vlens.runtime import RunState, build_masks
 
 
 def answer_metrics(
-    final_logits: Float[Tensor, "batch d_vocab"], answer_ids: Int[Tensor, "batch"]
+    answer_logits: Float[Tensor, "batch k d_vocab"], answers: Sequence[Sequence[int]]
 ) -> tuple[Float[Tensor, "batch"], Float[Tensor, "batch"]]:
-    """(log-probability of the answer token, 1.0 where it is the argmax) per row; both NaN where
-    the row's logits are not finite."""
-    log_probs = final_logits.float().log_softmax(dim=-1)
-    answer_ids = answer_ids.to(log_probs.device)
-    ok = finite_rows(final_logits)
-    logprob = log_probs.gather(-1, answer_ids[:, None])[:, 0].masked_fill(~ok, torch.nan)
-    correct = (log_probs.argmax(dim=-1) == answer_ids).float().masked_fill(~ok, torch.nan)
-    return logprob.cpu(), correct.cpu()
+    """(whole-answer teacher-forced log-probability, 1.0 where every answer token is the argmax)
+    per row, from the logits of the last k >= len(answer) positions (`vlens.answers.answer_logprobs`);
+    both NaN where the row's logits are not finite."""
+    from vlens.answers import answer_logprobs
+
+    if answer_logits.ndim == 2:  # [batch, d_vocab]: one position
+        answer_logits = answer_logits[:, None]
+    logprob, exact = answer_logprobs(answer_logits, answers)
+    ok = finite_rows(answer_logits.flatten(1)).cpu()
+    return logprob.masked_fill(~ok, torch.nan), exact.float().masked_fill(~ok, torch.nan)
 
 
 def final_position_logits(model, resid: Float[Tensor, "batch pos d_model"],
-                          final: Int[Tensor, "batch"]) -> Float[Tensor, "batch d_vocab"]:
-    """Logits at each row's final prompt position (unembeds only that position)."""
-    picked = resid[torch.arange(resid.shape[0], device=resid.device), final.to(resid.device)]
-    return model.finish(picked[:, None])[:, 0]
+                          final: Int[Tensor, "batch"], k: int = 1) -> Float[Tensor, "batch k d_vocab"]:
+    """Logits at each row's last k positions ending at `final` (unembeds only those)."""
+    return model.finish(last_positions(resid, final, k))
+
+
+def last_positions(values: Tensor, final: Int[Tensor, "batch"], k: int) -> Tensor:
+    """values[b, final[b] - k + 1 .. final[b]] -> [batch, k, ...]."""
+    positions = final.to(values.device)[:, None] + torch.arange(1 - k, 1, device=values.device)
+    return values[torch.arange(values.shape[0], device=values.device)[:, None], positions.clamp(min=0)]
 
 
 def stack_state(state: RunState, attention_mask: Tensor, copies: int) -> RunState:
@@ -76,7 +83,7 @@ def head_ablation_sweep(
 
     Args:
         model: a HookedVLM.
-        task: evaluation examples with single-token answers.
+        task: evaluation examples (answers of any length: whole-answer log-probability, `vlens.answers`).
         method: "mean" (reference means), "zero", or "resample" (a seeded reference example
             per evaluation example, aligned like the means).
         reference: from `collect_reference` on a reference set disjoint from `task`.
@@ -128,6 +135,7 @@ def head_ablation_sweep(
         task=task.name, method=method, alignment=reference.alignment if reference is not None else "none",
         n_examples=n, clean_logprob=float(clean_lp.mean()), clean_accuracy=float(clean_acc.mean()),
         ablated_logprob=abl_lp.mean(dim=-1).double(), ablated_accuracy=abl_acc.mean(dim=-1).double(),
+        answers=list(task.answers), answer_tokens=[list(a) for a in task.answer_tokens],
     )
 
 
@@ -154,7 +162,8 @@ class _CleanChunk:
     def __init__(self, model, task: TaskBatch, rows: range, reference: ReferenceActivations | None,
                  partners: list[int] | None):
         self.inputs = task.inputs(model, rows)
-        self.answers = task.answer_ids[list(rows)]
+        self.answers = [task.answer_tokens[r] for r in rows]
+        self.k = max(len(a) for a in self.answers)
         self.n_rows = len(rows)
         self.state = model.start_run(self.inputs)
         resid, self.layer_inputs = self.state.resid, []
@@ -162,7 +171,7 @@ class _CleanChunk:
             self.layer_inputs.append(resid)
             resid = model.run_blocks(resid, self.state, layer, layer + 1)
         self.clean_lp, self.clean_acc = answer_metrics(
-            final_position_logits(model, resid, self.inputs.regions.final), self.answers)
+            final_position_logits(model, resid, self.inputs.regions.final, self.k), self.answers)
         self.reference = reference
         self.slot_ids = reference.slot_ids(self.inputs) if reference is not None else None
         self.partners = None if partners is None else [partners[r] for r in rows]
@@ -178,7 +187,7 @@ class _CleanChunk:
             if resume and len(heads) not in self.stacked:
                 self.stacked[len(heads)] = stack_state(self.state, self.inputs.attention_mask, len(heads))
             logits = _ablated_final_logits(model, self.inputs, self.stacked.get(len(heads)), self.layer_inputs[layer],
-                                           layer, heads, values, resume)
+                                           layer, heads, values, resume, self.k)
             for g in range(len(heads)):
                 lp, acc = answer_metrics(logits[g * self.n_rows:(g + 1) * self.n_rows], self.answers)
                 logprob.append(lp)
@@ -187,17 +196,17 @@ class _CleanChunk:
 
 
 def _ablated_final_logits(model, inputs: VLMInputs, stacked: RunState | None, layer_input: Tensor, layer: int,
-                          heads: list[int], values: Tensor, resume: bool) -> Tensor:
-    """Final-position logits with each of `heads` ablated in its own copy of the batch.
+                          heads: list[int], values: Tensor, resume: bool, k: int = 1) -> Tensor:
+    """Logits [copies * batch, k, d_vocab] of the last k positions with each of `heads` ablated in its
+    own copy of the batch.
 
     stacked: the chunk's run state repeated len(heads) times (resume only)."""
     real = inputs.attention_mask.bool()
     hook = (act_name("z", layer), stacked_head_hook(heads, values, real))
     final = inputs.regions.final
     if not resume:
-        logits = model.run_with_hooks(inputs, fwd_hooks=[hook])
-        return logits[torch.arange(logits.shape[0], device=logits.device), final.to(logits.device)]
+        return last_positions(model.run_with_hooks(inputs, fwd_hooks=[hook]), final, k)
     copies = len(heads)
     with model.hooks(fwd_hooks=[hook]):
         resid = model.run_blocks(layer_input.repeat(copies, 1, 1), stacked, layer, None)
-    return final_position_logits(model, resid, final.repeat(copies))
+    return final_position_logits(model, resid, final.repeat(copies), k)

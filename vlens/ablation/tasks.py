@@ -1,4 +1,8 @@
-"""Evaluation sets for head ablation: prompts, images and single-token answers per task.
+"""Evaluation sets for head ablation: prompts, images and answers (their tokens) per task.
+
+Answers follow vlens's answer rule (`vlens.answers`): each is tokenised as it continues the
+chat prompt, its tokens but the last are teacher-forced after the prompt (`TaskBatch.inputs`),
+and the ablation metrics score the whole answer's log-probability.
 
 A task name is a task of the suites (`vlens.data.TASKS`), optionally with a style after "@":
 "counting" (SynPoly), "counting@synreal" (counting on SynReal-lite), "counting@syndot".
@@ -27,13 +31,14 @@ TASK_ALIASES = {"counting_synreal": "counting@synreal", "synreal": "counting@syn
 
 @dataclass
 class TaskBatch:
-    """Examples of one task with single-token answers.
+    """Examples of one task with their answers' tokens.
 
     Attributes:
         name: the task name as given ("counting", "counting@synreal", or any label).
         prompts: one question per example (chat-formatted by `model.prepare`).
         images: per example an image, a list of images, or None (text-only).
-        answers: the answer strings; `answer_ids` [n] the id of each answer's first token.
+        answers: the answer strings; `answer_tokens` per example the answer's token ids
+            (a [n] tensor of single tokens is accepted too).
         records: the generator's metadata per example (may be empty dicts).
         chat: whether prompts go through the chat template.
     """
@@ -42,28 +47,46 @@ class TaskBatch:
     prompts: list[str]
     images: list[Any]
     answers: list[str]
-    answer_ids: Int[Tensor, "n"]
+    answer_tokens: list[list[int]]
     records: list[dict] = field(default_factory=list)
     chat: bool = True
 
     def __post_init__(self):
         n = len(self.prompts)
-        if not (len(self.images) == len(self.answers) == len(self.answer_ids) == n):
+        if isinstance(self.answer_tokens, Tensor):
+            self.answer_tokens = [[int(t)] for t in self.answer_tokens.reshape(-1).tolist()]
+        self.answer_tokens = [[int(t) for t in a] for a in self.answer_tokens]
+        if not (len(self.images) == len(self.answers) == len(self.answer_tokens) == n):
             raise ValueError(
                 f"TaskBatch {self.name!r}: {n} prompts, {len(self.images)} images, {len(self.answers)} answers "
-                f"and {len(self.answer_ids)} answer ids; give one of each per example."
+                f"and {len(self.answer_tokens)} answer token lists; give one of each per example."
             )
+        if any(not a for a in self.answer_tokens):
+            raise ValueError(f"TaskBatch {self.name!r}: an answer has no tokens")
         if n == 0:
             raise ValueError(f"TaskBatch {self.name!r} has no examples.")
 
     def __len__(self) -> int:
         return len(self.prompts)
 
+    @property
+    def answer_ids(self) -> Int[Tensor, "n"]:
+        """[n] each answer's token, for single-token answers; a clear error naming a longer one."""
+        for answer, ids in zip(self.answers, self.answer_tokens, strict=True):
+            if len(ids) != 1:
+                raise ValueError(f"TaskBatch {self.name!r}: answer_ids needs single-token answers, but {answer!r} is "
+                                 f"{len(ids)} tokens {ids}; use answer_tokens")
+        return torch.tensor([a[0] for a in self.answer_tokens], dtype=torch.long)
+
     def inputs(self, model, rows: Sequence[int] | range) -> VLMInputs:
-        """`VLMInputs` (left-padded) for the given example rows."""
+        """`VLMInputs` (left-padded) for the given example rows, each answer teacher-forced but its
+        last token (the last len(answer) positions predict the answer; single tokens add nothing)."""
+        from vlens.answers import teacher_force
+
         rows = list(rows)
-        return model.prepare(images=[self.images[r] for r in rows], prompts=[self.prompts[r] for r in rows],
-                             chat=self.chat)
+        inputs = model.prepare(images=[self.images[r] for r in rows], prompts=[self.prompts[r] for r in rows],
+                               chat=self.chat)
+        return teacher_force(model, inputs, [self.answer_tokens[r] for r in rows])
 
     @staticmethod
     def concat(name: str, batches: Sequence[TaskBatch]) -> TaskBatch:
@@ -73,29 +96,21 @@ class TaskBatch:
             prompts=[p for b in batches for p in b.prompts],
             images=[i for b in batches for i in b.images],
             answers=[a for b in batches for a in b.answers],
-            answer_ids=torch.cat([b.answer_ids for b in batches]),
+            answer_tokens=[a for b in batches for a in b.answer_tokens],
             records=[r for b in batches for r in b.records],
             chat=batches[0].chat,
         )
 
 
-def answer_token_ids(model, answers: Sequence[str]) -> Int[Tensor, "n"]:
-    """The first token id of each answer as the model would generate it.
+def answer_token_ids(model, answers: Sequence[str], chat: bool = True) -> list[list[int]]:
+    """Each answer's token ids as the model would generate them (`vlens.answers.answer_ids`).
 
     Raises:
-        ValueError: if an answer is outside the vocabulary (the tokenizer's unknown token).
+        ValueError: naming the example, if an answer is outside the vocabulary (the unknown token).
     """
-    tokenizer = model.tokenizer
-    ids = []
-    for answer in answers:
-        tokens = tokenizer(answer, add_special_tokens=False)["input_ids"]
-        if not tokens or (tokenizer.unk_token_id is not None and tokens[0] == tokenizer.unk_token_id):
-            raise ValueError(
-                f"answer {answer!r} is not in the model's vocabulary (tokens {tokens}); use a model whose "
-                "tokenizer covers the task-suite words (vlens.load()) or tasks whose answers it knows."
-            )
-        ids.append(tokens[0])
-    return torch.tensor(ids, dtype=torch.long)
+    from vlens.answers import answer_ids
+
+    return [answer_ids(model, answer, example=f"#{i}", chat=chat) for i, answer in enumerate(answers)]
 
 
 def parse_task(name: str) -> tuple[str, str]:

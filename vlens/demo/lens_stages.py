@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
@@ -23,22 +21,19 @@ HEADLENS_EXPLANATION = ("Each head's output at the final position decoded throug
 
 
 def logit_lens_section(model, samples: list[CountingSample], settings: DemoSettings) -> Section:
-    from vlens.lens.logit_lens import LogitLensResult, first_answer_token, logit_lens
+    from vlens.answers import answer_ids
+    from vlens.lens.logit_lens import LogitLensResult, logit_lens
 
     answers = [s.answer for s in samples]
-    tokens = [first_answer_token(model, a) for a in answers]
-    unknown = getattr(model.tokenizer, "unk_token_id", None)
-    decoded = [model.tokenizer.decode([t]).strip() for t in tokens]
-    if (unknown is not None and unknown in tokens) or any(d != a for d, a in zip(decoded, answers, strict=True)):
-        bad = sorted({a for a, d in zip(answers, decoded, strict=True) if d != a})
-        return Section.skipped("logit_lens", LOGIT_TITLE, LOGIT_EXPLANATION,
-                               f"the tokenizer has no single token for the answers {bad}, so there is no "
-                               "'true count token' to follow")
+    try:  # multi-token answers ("12" -> "1", "2") are scored whole (vlens.answers)
+        tokens = [answer_ids(model, a, example=f"count-{i}") for i, a in enumerate(answers)]
+    except ValueError as err:  # e.g. a word-level vocabulary without the count
+        return Section.skipped("logit_lens", LOGIT_TITLE, LOGIT_EXPLANATION, str(err))
     results = []
     for start in range(0, len(samples), settings.batch_size):
         chunk = samples[start:start + settings.batch_size]
         inputs = model.prepare(images=[s.image for s in chunk], prompts=[s.question for s in chunk], chat=True)
-        results.append(logit_lens(model, inputs, torch.tensor(tokens[start:start + len(chunk)]),
+        results.append(logit_lens(model, inputs, tokens[start:start + len(chunk)],
                                   answers=answers[start:start + len(chunk)]))
     result = LogitLensResult.concat(results)
     median_rank = result.median_rank

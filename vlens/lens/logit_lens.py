@@ -5,6 +5,13 @@ final prompt position (`inputs.regions.final`); the last layer's reading is the 
 output. For each example it records the correct answer's probability and rank (1 = top) and
 the top token per layer.
 
+Answers of several tokens (Qwen writes "12" as "1", "2") follow vlens's answer rule
+(`vlens.answers`): the answer is teacher-forced after the prompt and each layer's reading
+at every answer position is scored. The probability is the whole answer's,
+``prod_j p_l(a_j | prompt, a_<j)``; the rank is the worst rank of its tokens (1 = that layer's
+greedy readout reproduces the whole answer); the top token is the one read at the final
+prompt position. One-token answers score exactly as before.
+
     result = logit_lens(model, inputs, answer_tokens)      # one batch
     result = logit_lens_records(model, read_imagefolder(DIR))  # a dataset, batched
     result.mean_probability, result.median_rank, result.plot()
@@ -43,7 +50,7 @@ class LogitLensResult:
     probabilities: Float[Tensor, "n_layers n_examples"]
     ranks: Float[Tensor, "n_layers n_examples"]
     top_tokens: Int[Tensor, "n_layers n_examples"]
-    answer_tokens: Int[Tensor, "n_examples"]
+    answer_tokens: list[list[int]]
     answers: list[str]
     token_strings: dict[int, str]
 
@@ -82,7 +89,7 @@ class LogitLensResult:
             probabilities=torch.cat([r.probabilities for r in results], 1),
             ranks=torch.cat([r.ranks for r in results], 1),
             top_tokens=torch.cat([r.top_tokens for r in results], 1),
-            answer_tokens=torch.cat([r.answer_tokens for r in results]),
+            answer_tokens=[a for r in results for a in r.answer_tokens],
             answers=[a for r in results for a in r.answers],
             token_strings={k: v for r in results for k, v in r.token_strings.items()},
         )
@@ -98,7 +105,9 @@ class LogitLensResult:
             "mean_rank": self.mean_rank.tolist(),
             "top1_accuracy": self.top1_accuracy.tolist(),
             "answers": list(self.answers),
-            "answer_tokens": self.answer_tokens.tolist(),
+            "answer_rule": "vlens.answers: whole answer teacher-forced; probability = product over its tokens, "
+                           "rank = worst rank of its tokens",
+            "answer_tokens": [list(a) for a in self.answer_tokens],
             "probabilities": self.probabilities.tolist(),
             "ranks": self.ranks.tolist(),
             "top_tokens": [[None if int(t) < 0 else self.token_strings.get(int(t), str(int(t))) for t in row]
@@ -123,51 +132,71 @@ class LogitLensResult:
         )
 
 
-def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "batch"],
+def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "batch"] | Sequence[Sequence[int]],
                answers: Sequence[str] | None = None, first_example: int = 0) -> LogitLensResult:
-    """Logit lens of one batch at each row's final position.
+    """Logit lens of one batch at each row's final position (and, for multi-token answers, at the
+    teacher-forced answer positions that follow it).
 
+    answer_tokens: [batch] one token per row, or per row the answer's token ids
+        (`vlens.answers.answer_ids`).
     first_example: index of the batch's first row in a larger dataset (for warnings only).
     """
+    from vlens.answers import teacher_force
+
     n_layers = model.cfg.n_layers
     names = [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
     inputs = model.coerce_inputs(inputs)
-    if answer_tokens.shape[0] != inputs.batch_size:
-        raise ValueError(f"got {answer_tokens.shape[0]} answer tokens for a batch of {inputs.batch_size}")
+    answer_ids = ([[int(t)] for t in answer_tokens.tolist()] if isinstance(answer_tokens, Tensor)
+                  else [[int(t) for t in a] for a in answer_tokens])
+    if len(answer_ids) != inputs.batch_size:
+        raise ValueError(f"got {len(answer_ids)} answers for a batch of {inputs.batch_size}")
+    if any(not a for a in answer_ids):
+        raise ValueError("an answer has no tokens")
+    forced = teacher_force(model, inputs, answer_ids)
+    # row r's answer token j is predicted at position final - (n_r - 1) + j
+    rows = torch.tensor([r for r, a in enumerate(answer_ids) for _ in a])
+    final = forced.regions.final.cpu()
+    positions = torch.tensor([int(final[r]) - len(a) + 1 + j for r, a in enumerate(answer_ids) for j in range(len(a))])
+    targets = torch.tensor([t for a in answer_ids for t in a])
+    first = torch.tensor([sum(len(a) for a in answer_ids[:r]) for r in range(len(answer_ids))])
     with torch.no_grad():
-        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n in set(names))
-        rows = torch.arange(inputs.batch_size)
-        final = inputs.regions.final
-        stack = torch.stack([cache[n][rows, final.to(cache[n].device)] for n in names])  # [L, b, d]
-        logits = model.finish(stack).float()  # [L, b, d_vocab]
-        log_probs = logits.log_softmax(-1)
-        answer = answer_tokens.to(logits.device)
-        answer_logit = logits.gather(-1, answer[None, :, None].expand(n_layers, -1, 1))
-        ranks = ((logits > answer_logit).sum(-1) + 1).double()
-        probabilities = log_probs.gather(-1, answer[None, :, None].expand(n_layers, -1, 1))[..., 0].exp()
-        top = logits.argmax(-1)
-        ok = finite_rows(logits)  # [L, b]
-        if not bool(ok.all()):
-            ranks, probabilities = ranks.masked_fill(~ok, torch.nan), probabilities.masked_fill(~ok, torch.nan)
-            top = top.masked_fill(~ok, -1)
-            bad = (~ok).nonzero().tolist()
-            warn_non_finite("logit lens", "(layer, example) " + ", ".join(f"({a}, {b + first_example})" for a, b in bad[:6])
-                            + (f" (+{len(bad) - 6} more)" if len(bad) > 6 else ""), model, inputs)
-    ids = sorted(set(top.flatten().tolist()) - {-1} | set(answer_tokens.tolist()))
+        _, cache = model.run_with_cache(forced, names_filter=lambda n: n in set(names))
+        stack = torch.stack([cache[n][rows.to(cache[n].device), positions.to(cache[n].device)] for n in names])
+        logits = model.finish(stack).float()  # [L, n_answer_tokens, d_vocab]
+        target = targets.to(logits.device)[None, :, None].expand(n_layers, -1, 1)
+        token_ranks = ((logits > logits.gather(-1, target)).sum(-1) + 1).double().cpu()
+        token_logprobs = logits.log_softmax(-1).gather(-1, target)[..., 0].double().cpu()
+        top = logits.argmax(-1).cpu()[:, first]  # read at the final prompt position
+        ok_tokens = finite_rows(logits).cpu()  # [L, n_answer_tokens]
+    owner = rows  # answer token -> row
+    batch = len(answer_ids)
+    probabilities = torch.zeros(n_layers, batch, dtype=torch.double).index_add_(1, owner, token_logprobs).exp()
+    ranks = torch.full((n_layers, batch), float("-inf"), dtype=torch.double).scatter_reduce(
+        1, owner[None].expand(n_layers, -1), token_ranks, reduce="amax")
+    ok = torch.ones(n_layers, batch, dtype=torch.bool).scatter_reduce(
+        1, owner[None].expand(n_layers, -1), ok_tokens, reduce="amin")
+    if not bool(ok.all()):
+        ranks, probabilities = ranks.masked_fill(~ok, torch.nan), probabilities.masked_fill(~ok, torch.nan)
+        top = top.masked_fill(~ok, -1)
+        bad = (~ok).nonzero().tolist()
+        warn_non_finite("logit lens", "(layer, example) " + ", ".join(f"({a}, {b + first_example})" for a, b in bad[:6])
+                        + (f" (+{len(bad) - 6} more)" if len(bad) > 6 else ""), model, forced)
+    ids = sorted(set(top.flatten().tolist()) - {-1} | set(targets.tolist()))
     strings = dict(zip(ids, model.to_str_tokens(ids), strict=True)) if model.processor is not None else {}
     return LogitLensResult(
-        probabilities=probabilities.cpu(), ranks=ranks.cpu(), top_tokens=top.cpu(), answer_tokens=answer_tokens.cpu(),
-        answers=list(answers) if answers is not None else [strings.get(int(t), str(int(t))) for t in answer_tokens],
+        probabilities=probabilities.float(), ranks=ranks, top_tokens=top, answer_tokens=answer_ids,
+        answers=list(answers) if answers is not None
+        else ["".join(strings.get(t, str(t)) for t in a) for a in answer_ids],
         token_strings=strings,
     )
 
 
 def first_answer_token(model: HookedVLM, answer: str) -> int:
-    """The first token of an answer text (what the model must produce at the final position)."""
-    ids = model.tokenizer(str(answer), add_special_tokens=False)["input_ids"]
-    if not ids:
-        raise ValueError(f"answer {answer!r} tokenises to nothing")
-    return int(ids[0])
+    """The answer's token when it is a single token; otherwise a clear error naming its tokens
+    (multi-token answers: pass `vlens.answers.answer_ids(model, answer)` to `logit_lens`)."""
+    from vlens.answers import single_token
+
+    return single_token(model, str(answer), "first_answer_token (one-token logit lens)")
 
 
 def logit_lens_records(model: HookedVLM, records: Sequence[dict], batch_size: int = 8, chat: bool = True,
@@ -177,6 +206,7 @@ def logit_lens_records(model: HookedVLM, records: Sequence[dict], batch_size: in
     records: any sequence (e.g. `vlens.parallel.LazyItems`: only the batches a process runs are built).
     sharding: split the batches across processes (`vlens.parallel`); every process gets the full result.
     """
+    from vlens.answers import answer_ids
     from vlens.patching.pairs import _record_image
 
     if not records:
@@ -196,7 +226,8 @@ def logit_lens_records(model: HookedVLM, records: Sequence[dict], batch_size: in
         check(chunk, start)
         images = [_record_image(r) if ("image_path" in r or "image" in r) else None for r in chunk]
         inputs = model.prepare(images=images, prompts=[r["question"] for r in chunk], chat=chat)
-        tokens = torch.tensor([first_answer_token(model, r["answer"]) for r in chunk], dtype=torch.long)
+        tokens = [answer_ids(model, str(r["answer"]), example=str(r.get("file_name", index)), chat=chat)
+                  for index, r in enumerate(chunk, start)]
         return vars(logit_lens(model, inputs, tokens, answers=[str(r["answer"]) for r in chunk],
                                first_example=start))
 

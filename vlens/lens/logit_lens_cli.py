@@ -4,8 +4,9 @@
     vlens logit-lens --model tiny --make 64 --out runs/logit_lens.json
 
 ``--data DIR`` reads an imagefolder with ``question`` and ``answer`` columns (``vlens data``);
-``--make N`` renders N counting images on the fly. The correct answer is the first token of
-each record's ``answer``.
+``--make N`` renders N counting images on the fly. Each record's ``answer`` is scored whole
+(vlens.answers: teacher-forced over all its tokens, so "12" under Qwen's digit tokenizer is
+"1" then "2"); results.json lists every answer's tokens.
 """
 
 from __future__ import annotations
