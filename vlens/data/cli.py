@@ -6,14 +6,16 @@ Example: ``vlens data pairs --n 500 --seed 0 --out data/pairs --counts 1-10 --wo
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
 from vlens.data.backgrounds import POLY_BACKGROUNDS, REAL_BACKGROUNDS
-from vlens.data.generate import DatasetSpec, generate_dataset
+from vlens.data.generate import MAX_SAMPLES, DatasetSpec, generate_dataset
 from vlens.data.pairs import PAIR_KINDS
 from vlens.data.styles import STYLES
 from vlens.data.templates import TASKS
+from vlens.validation import arg_float, arg_int
 
 
 def parse_int_list(text: str) -> tuple[int, ...]:
@@ -34,11 +36,14 @@ def parse_radius(text: str) -> float | tuple[float, float]:
     """ "6" -> 6.0; "4-12" -> (4.0, 12.0) pixels."""
     try:
         lo, _, hi = text.partition("-")
-        return (float(lo), float(hi)) if hi else float(lo)
+        values = (float(lo), float(hi)) if hi else (float(lo),)
     except ValueError:
+        values = ()
+    if not values or not all(math.isfinite(v) and v > 0 for v in values) or values[0] > values[-1]:
         raise argparse.ArgumentTypeError(
-            f"expected a radius like '6' or '4-12' (pixels), got {text!r}"
+            f"expected a positive radius like '6' or '4-12' (pixels), got {text!r}"
         ) from None
+    return values if len(values) == 2 else values[0]
 
 
 def parse_tasks(text: str) -> tuple[str, ...]:
@@ -50,17 +55,18 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 
 
 def _common(p: argparse.ArgumentParser, n_help: str = "number of images") -> None:
-    p.add_argument("--n", type=int, required=True, help=n_help)
+    p.add_argument("--n", type=arg_int(min=1, max=MAX_SAMPLES), required=True, help=n_help)
     p.add_argument("--seed", type=int, default=0, help="dataset seed (default 0)")
     p.add_argument("--out", required=True, help="output directory (imagefolder)")
-    p.add_argument("--size", type=int, default=224, help="image side in pixels (default 224)")
+    p.add_argument("--size", type=arg_int(min=28), default=224, help="image side in pixels (default 224)")
     p.add_argument(
         "--counts", type=parse_int_list, default=tuple(range(1, 11)), help="object counts, e.g. 1-10"
     )
-    p.add_argument("--workers", type=int, default=1, help="processes (output is identical for any value)")
+    p.add_argument("--workers", type=arg_int(min=1), default=1, help="processes (output is identical for any value)")
     p.add_argument("--radius", type=parse_radius, default=None, help="object radius in px: '6' or '4-12'")
-    p.add_argument("--min-gap", type=float, default=None, help="smallest gap between objects in px (>= 2)")
-    p.add_argument("--overwrite", action="store_true", help="replace a dataset already in --out")
+    p.add_argument("--min-gap", type=arg_float(min=2), default=None, help="smallest gap between objects in px (>= 2)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset vlens data wrote in --out (only its own files are removed)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -113,7 +119,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--style", choices=sorted(STYLES), default="syndot")
     p.add_argument("--kind", choices=PAIR_KINDS, default="count", help="count difference, or a control pair")
     p.add_argument("--delta", type=parse_int_list, default=(1, 2, 3), help="count differences, e.g. 1-3")
-    p.add_argument("--n-changed", type=int, default=1, help="objects moved/recoloured in control pairs")
+    p.add_argument("--n-changed", type=arg_int(min=1), default=1, help="objects moved/recoloured in control pairs")
     p.add_argument("--background", default=None, help="background kind (default: the style's)")
     p.add_argument("--allow-empty", action="store_true", help="allow count 0 (empty images)")
     p.set_defaults(func=_run)

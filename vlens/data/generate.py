@@ -3,13 +3,16 @@
 Sample ``i`` of a dataset with seed ``s`` uses its own seed (:func:`sample_seed`) and its
 own count (``counts[i % len(counts)]``, so counts are balanced), so workers never share
 randomness and the output does not depend on how samples are split between them.
+
+Generation streams: each sample's PNG and metadata row are on disk before the next window of
+samples is rendered, so memory stays flat whatever ``n`` (at most `MAX_SAMPLES`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,13 +20,16 @@ import numpy as np
 from tqdm import tqdm
 
 from vlens.data.generators import RENDERERS
-from vlens.data.imagefolder import image_file_name, prepare_out_dir, save_png, write_metadata
+from vlens.data.imagefolder import MetadataWriter, image_file_name, prepare_out_dir, save_png
 from vlens.data.pairs import make_pair
 from vlens.data.scene import check_seed
 from vlens.data.tasks import DEFAULT_COUNTS, make_task_sample
 from vlens.data.templates import TASKS
+from vlens.validation import check_count
 
 DATASET_KINDS: tuple[str, ...] = ("syndot", "synpoly", "synreal", "pairs", "tasks")
+MAX_SAMPLES = 10_000_000  # a sanity bound on --n (about 10^7 PNGs); split larger sets into folders
+_WINDOW_PER_WORKER = 64  # samples in flight per worker: bounds the memory of a parallel run
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -46,8 +52,8 @@ class DatasetSpec:
     def __post_init__(self) -> None:
         if self.kind not in DATASET_KINDS:
             raise ValueError(f"unknown dataset kind {self.kind!r}; choose one of {DATASET_KINDS}")
-        if self.n < 1:
-            raise ValueError(f"--n must be at least 1, got {self.n}")
+        check_count(self.n, "--n", max=MAX_SAMPLES)
+        check_count(self.size, "--size", min=28)
         if not self.counts:
             raise ValueError("counts must not be empty")
         check_seed(self.seed)
@@ -100,13 +106,18 @@ def _write_sample(job: tuple[DatasetSpec, int, str]) -> list[tuple[str, dict]]:
     return rows
 
 
-def _run_jobs(jobs: Sequence, workers: int) -> Iterator[list[tuple[str, dict]]]:
+def _run_jobs(spec: DatasetSpec, out_dir: str, workers: int) -> Iterator[list[tuple[str, dict]]]:
+    """Rows of each sample in index order, rendering at most a window of samples ahead."""
     if workers <= 1:
-        yield from map(_write_sample, jobs)
+        for index in range(spec.n):
+            yield _write_sample((spec, index, out_dir))
         return
-    chunksize = max(1, min(64, len(jobs) // (workers * 8)))
+    window = workers * _WINDOW_PER_WORKER
+    chunksize = max(1, min(64, spec.n // (workers * 8)))
     with multiprocessing.get_context("fork" if os.name == "posix" else "spawn").Pool(workers) as pool:
-        yield from pool.imap(_write_sample, jobs, chunksize=chunksize)
+        for start in range(0, spec.n, window):  # Pool.imap would queue every job at once
+            jobs = [(spec, i, out_dir) for i in range(start, min(start + window, spec.n))]
+            yield from pool.imap(_write_sample, jobs, chunksize=min(chunksize, max(1, len(jobs) // workers)))
 
 
 def generate_dataset(
@@ -120,15 +131,18 @@ def generate_dataset(
 
     Returns the directory. The bytes written do not depend on ``workers``.
     """
-    if workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {workers}")
-    out = prepare_out_dir(out_dir, overwrite)
-    jobs = [(spec, i, str(out)) for i in range(spec.n)]
-    rows: list[tuple[str, dict]] = []
+    check_count(workers, "--workers")
+    out = prepare_out_dir(out_dir, overwrite, info={"kind": spec.kind, "n": spec.n, "seed": spec.seed})
     unit = "pairs" if spec.kind == "pairs" else "images"
-    with tqdm(total=spec.n, unit=unit, disable=not progress, desc=f"vlens data {spec.kind}") as bar:
-        for sample_rows in _run_jobs(jobs, workers):
-            rows.extend(sample_rows)
-            bar.update(1)
-    write_metadata(out, rows)
+    writer = MetadataWriter(out)
+    try:
+        with tqdm(total=spec.n, unit=unit, disable=not progress, desc=f"vlens data {spec.kind}") as bar:
+            for sample_rows in _run_jobs(spec, str(out), workers):
+                for name, record in sample_rows:
+                    writer.write(name, record)
+                bar.update(1)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
     return out

@@ -2,18 +2,30 @@
 
 ``datasets.load_dataset("imagefolder", data_dir=DIR)`` reads what this writes; vlens reads
 it back with :func:`read_imagefolder`, without ``datasets``.
+
+Writers only write into a new or empty folder, or one vlens wrote before (it holds the marker
+file ``.vlens_dataset.json``, or only vlens-named files); ``overwrite`` then removes only the
+files vlens writes (numbered PNGs, ``metadata.jsonl``, the marker), never anything else.
+Rows are streamed to ``metadata.jsonl.partial`` as samples are written and renamed to
+``metadata.jsonl`` at the end, so a dataset is complete exactly when ``metadata.jsonl`` exists.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from PIL import Image
 
+from vlens.errors import UserInputError
+
 METADATA_FILE = "metadata.jsonl"
+PARTIAL_METADATA = METADATA_FILE + ".partial"
+MARKER_FILE = ".vlens_dataset.json"  # hidden: imagefolder readers skip it
+_OWN_NAME = re.compile(r"^\d{6,}(_clean|_corrupt)?\.png$")  # what the writers name images
 # zlib level 1: several times faster than the default 6, files ~20% larger; still lossless
 PNG_COMPRESS_LEVEL = 1
 
@@ -35,34 +47,80 @@ def metadata_line(file_name: str, record: dict) -> str:
     return json.dumps({"file_name": file_name, **record}, separators=(",", ":"))
 
 
-def prepare_out_dir(out_dir: str | os.PathLike, overwrite: bool) -> Path:
-    """Create ``out_dir``; refuse to mix with an existing dataset unless ``overwrite``."""
+def is_own_file(name: str) -> bool:
+    """A file name the dataset writers produce (and may remove on overwrite)."""
+    return name in (METADATA_FILE, PARTIAL_METADATA, MARKER_FILE) or bool(_OWN_NAME.match(name))
+
+
+def prepare_out_dir(out_dir: str | os.PathLike, overwrite: bool, info: dict | None = None) -> Path:
+    """Create ``out_dir`` for a new dataset and write the marker file.
+
+    Refuses a file, a folder holding files vlens did not write (even with ``overwrite``), and
+    an existing dataset unless ``overwrite`` (which then removes only vlens's own files).
+    """
     out = Path(out_dir)
-    if (out / METADATA_FILE).exists() and not overwrite:
-        raise FileExistsError(
-            f"{out} already holds a dataset ({METADATA_FILE}); choose another directory or overwrite"
-        )
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"--out {out} is a file; give a folder for the dataset")
+    existing = [p for p in out.iterdir()] if out.is_dir() else []
+    if existing:
+        foreign = sorted(p.name for p in existing if not is_own_file(p.name) or not p.is_file())
+        if foreign and not (out / MARKER_FILE).is_file():
+            raise UserInputError(
+                f"--out {out} is not empty and was not written by vlens data ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}); choose a new or empty folder (nothing was written)"
+            )
+        if not overwrite:
+            state = "a dataset" if (out / METADATA_FILE).exists() else "an unfinished dataset"
+            raise FileExistsError(f"{out} already holds {state} written by vlens data; choose another folder "
+                                  "or pass --overwrite to replace it")
+        for old in existing:
+            if is_own_file(old.name) and old.is_file():
+                old.unlink()
     out.mkdir(parents=True, exist_ok=True)
-    if overwrite:
-        for old in out.glob("*.png"):
-            old.unlink()
+    (out / MARKER_FILE).write_text(json.dumps({"vlens_dataset": 1, **(info or {})}) + "\n", encoding="utf-8")
     return out
+
+
+class MetadataWriter:
+    """Streams ``metadata.jsonl`` rows to disk, checking that they share one schema; `close()`
+    publishes the file (renamed from ``metadata.jsonl.partial``)."""
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.keys: set[str] | None = None
+        self.n_rows = 0
+        self.file = open(self.out / PARTIAL_METADATA, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, file_name: str, record: dict) -> None:
+        if self.keys is None:
+            self.keys = set(record)
+        elif set(record) != self.keys:
+            raise ValueError(
+                f"record for {file_name} has keys {sorted(set(record) ^ self.keys)} that the first one "
+                "does not (or lacks them): one dataset needs one schema; write pairs, tasks and "
+                "plain images to separate directories"
+            )
+        self.file.write(metadata_line(file_name, record) + "\n")
+        self.n_rows += 1
+
+    def close(self) -> None:
+        self.file.close()
+        os.replace(self.out / PARTIAL_METADATA, self.out / METADATA_FILE)
+
+    def abort(self) -> None:
+        self.file.close()
 
 
 def write_metadata(out: Path, lines: Iterable[tuple[str, dict]]) -> None:
     """Write ``metadata.jsonl`` from (file name, record) pairs, checking they share one schema."""
-    keys: set[str] | None = None
-    with open(out / METADATA_FILE, "w", encoding="utf-8") as f:
+    writer = MetadataWriter(out)
+    try:
         for file_name, record in lines:
-            if keys is None:
-                keys = set(record)
-            elif set(record) != keys:
-                raise ValueError(
-                    f"record for {file_name} has keys {sorted(set(record) ^ keys)} that the first one "
-                    "does not (or lacks them): one dataset needs one schema; write pairs, tasks and "
-                    "plain images to separate directories"
-                )
-            f.write(metadata_line(file_name, record) + "\n")
+            writer.write(file_name, record)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
 
 
 def write_imagefolder(
@@ -74,12 +132,16 @@ def write_imagefolder(
     have the same keys (so ``datasets`` infers one schema).
     """
     out = prepare_out_dir(out_dir, overwrite)
-    rows = []
-    for index, (image, record) in enumerate(samples):
-        name = image_file_name(index)
-        save_png(image, out / name)
-        rows.append((name, record))
-    write_metadata(out, rows)
+    writer = MetadataWriter(out)
+    try:
+        for index, (image, record) in enumerate(samples):
+            name = image_file_name(index)
+            save_png(image, out / name)
+            writer.write(name, record)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
     return out
 
 
