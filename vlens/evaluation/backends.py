@@ -59,6 +59,21 @@ class HookedVLMBackend:
             )
         return [text.strip() for text in out.texts]
 
+    def score_answers(self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str],
+                      answers: Sequence[str], ids: Sequence[str]) -> list[tuple[list[int], float]]:
+        """Per prompt: the answer's tokens and its teacher-forced log-probability (vlens.answers),
+        with ``fwd_hooks`` active, as in `generate`."""
+        from vlens.answers import answer_ids, answer_logprobs, teacher_force
+
+        tokens = [answer_ids(self.model, a, example=i, chat=self.chat) for a, i in zip(answers, ids, strict=True)]
+        per_prompt = [imgs[0] if len(imgs) == 1 else list(imgs) for imgs in images]
+        inputs = teacher_force(self.model, self.model.prepare(images=per_prompt, prompts=list(prompts),
+                                                              chat=self.chat), tokens)
+        with torch.no_grad():
+            logits = self.model.run_with_hooks(inputs, fwd_hooks=self.fwd_hooks)
+        logprob, _ = answer_logprobs(logits[:, -max(len(t) for t in tokens):], tokens)
+        return [(t, float(lp)) for t, lp in zip(tokens, logprob.tolist(), strict=True)]
+
 
 class HFBackend:
     """Generate with a Hugging Face image-text-to-text model and its processor.

@@ -15,7 +15,11 @@ from vlens.parallel import Sharding
 
 @dataclass
 class Prediction:
-    """One example's prompt, the model's raw output, the parsed answer and its score."""
+    """One example's prompt, the model's raw output, the parsed answer and its score.
+
+    target_tokens / target_logprob: the target answer's token ids and its teacher-forced
+    log-probability after the prompt (vlens.answers), where the backend can score answers.
+    """
 
     id: str
     prompt: str
@@ -24,6 +28,8 @@ class Prediction:
     target: int | str
     correct: bool
     extra: dict = field(default_factory=dict)
+    target_tokens: list[int] | None = None
+    target_logprob: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,7 +63,11 @@ def score_predictions(
     parsed = [p.parsed for p in predictions]
     targets = [p.target for p in predictions]
     if task == "count":
-        return counting_metrics(parsed, targets, unparsed_value=unparsed_value)
+        metrics = counting_metrics(parsed, targets, unparsed_value=unparsed_value)
+        scored = [p.target_logprob for p in predictions if p.target_logprob is not None]
+        if scored:
+            metrics.mean_target_logprob = sum(scored) / len(scored)
+        return metrics
     if task == "choice":
         categories = [p.extra.get(category_field) for p in predictions] if category_field else None
         return choice_metrics(parsed, targets, categories=categories)
@@ -119,8 +129,12 @@ def evaluate(
             raise RuntimeError(
                 f"the backend returned {len(outputs)} answers for a batch of {len(batch)} prompts"
             )
+        scores = [(None, None)] * len(batch)
+        if hasattr(backend, "score_answers") and fmt.task == "count":
+            scores = backend.score_answers([open_images(e.images) for e in batch], prompts,
+                                           [str(e.target) for e in batch], [e.id for e in batch])
         done = []
-        for example, prompt, output in zip(batch, prompts, outputs, strict=True):
+        for example, prompt, output, (tokens, logprob) in zip(batch, prompts, outputs, scores, strict=True):
             parsed = parse(output, example.options)
             done.append(
                 Prediction(
@@ -131,6 +145,8 @@ def evaluate(
                     target=example.target,
                     correct=parsed is not None and parsed == example.target,
                     extra=_plain(example.extra),
+                    target_tokens=tokens,
+                    target_logprob=logprob,
                 ).to_dict()
             )
         return done

@@ -79,30 +79,17 @@ def _chat_prompt(model, question: str, n_images: int) -> str:
     return _chat_text(model, question, n_images)
 
 
-def answer_ids(model, prompt: str, answer: str) -> list[int]:
+def answer_ids(model, prompt: str, answer: str, example: str = "?") -> list[int]:
     """The ids the answer and the end-of-turn token (tokenizer.eos_token) get *after this prompt*.
 
-    Tokenised in context (prompt + answer + eos minus the prompt's own ids), so tokenizers
-    that mark word starts (SentencePiece's "5" vs "▁5") give the ids the model generates.
+    vlens's answer rule (`vlens.answers.answer_ids` with the prompt as context, so tokenizers
+    that mark word starts give the ids the model generates), then the end-of-turn token. Errors
+    name the example for an empty, unknown-token or prompt-merging answer.
     """
-    tokenizer = model.tokenizer
-    if tokenizer.eos_token is None:
-        raise ValueError("the tokenizer has no eos_token: set one so answers can be closed")
-    if not answer.strip():
-        raise ValueError("an answer is empty: every example needs a non-empty answer")
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    full_ids = tokenizer(prompt + answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-    if full_ids[: len(prompt_ids)] != prompt_ids:
-        raise ValueError(
-            f"the answer {answer!r} merges with the end of the prompt when tokenised; start the answer "
-            "with a separator the tokenizer keeps apart (e.g. a space)"
-        )
-    ids = full_ids[len(prompt_ids) :]
-    if len(ids) < 2 or ids[-1] != tokenizer.eos_token_id:
-        raise ValueError(f"the answer {answer!r} did not tokenise to answer tokens + eos ({ids})")
-    if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in ids:
-        raise ValueError(f"answer {answer!r} has words outside the model's vocabulary ({ids})")
-    return ids
+    from vlens.answers import answer_ids as rule_ids
+    from vlens.answers import end_token_id
+
+    return rule_ids(model, answer, context=prompt, example=example) + [end_token_id(model)]
 
 
 def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prior: bool = True) -> SFTBatch:
@@ -111,9 +98,9 @@ def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prio
         raise ValueError("collate got no examples")
     tokenizer = model.tokenizer
     texts, answers = [], []
-    for example in examples:
+    for index, example in enumerate(examples):
         prompt = _chat_prompt(model, example.question, len(example.images))
-        answers.append(answer_ids(model, prompt, example.answer))
+        answers.append(answer_ids(model, prompt, example.answer, example=str(example.meta.get("seed", index))))
         texts.append(prompt + example.answer + tokenizer.eos_token)
     images = [list(example.images) if example.images else None for example in examples]
     inputs = model.prepare(images=images, prompts=texts, chat=False)
