@@ -13,6 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
+from vlens.validation import arg_float, arg_int, check_output_folder
+
 
 def add_cli(subparsers) -> None:
     from vlens.interventions.cli import add_cli as add_temperature_cli
@@ -26,25 +28,27 @@ def add_cli(subparsers) -> None:
     train.add_argument(
         "--data", required=True, nargs="+", type=Path, help="imagefolders written by `vlens data`"
     )
-    train.add_argument("--limit", type=int, help="use only the first N examples of each folder")
+    train.add_argument("--limit", type=arg_int(min=1), help="use only the first N examples of each folder")
     train.add_argument("--out", required=True, type=Path)
-    train.add_argument("--focus-weight", type=float, default=1.0, help="lambda (default 1.0)")
+    train.add_argument("--focus-weight", type=arg_float(min=0), default=1.0, help="lambda (default 1.0)")
     train.add_argument("--no-focus", action="store_true", help="plain LoRA SFT (lambda = 0)")
     train.add_argument(
         "--focus-layers", help="comma-separated layers (default: the paper's, mapped to the depth)"
     )
     train.add_argument("--focus-query", choices=["final", "answer"], default="final")
-    train.add_argument("--sigma", type=float, default=1.0, help="prior width in grid units (default 1)")
-    train.add_argument("--lora-rank", type=int, default=64)
-    train.add_argument("--lr", type=float, default=2e-5)
-    train.add_argument("--epochs", type=int, default=2)
-    train.add_argument("--batch-size", type=int, default=2)
-    train.add_argument("--grad-accum", type=int, default=1)
-    train.add_argument("--max-steps", type=int)
-    train.add_argument("--checkpoint-every", type=int, default=50)
+    train.add_argument("--sigma", type=arg_float(min=0, min_open=True), default=1.0, help="prior width in grid units (default 1)")
+    train.add_argument("--lora-rank", type=arg_int(min=1), default=64)
+    train.add_argument("--lr", type=arg_float(min=0, min_open=True), default=2e-5)
+    train.add_argument("--epochs", type=arg_int(min=1), default=2)
+    train.add_argument("--batch-size", type=arg_int(min=1), default=2)
+    train.add_argument("--grad-accum", type=arg_int(min=1), default=1)
+    train.add_argument("--max-steps", type=arg_int(min=1), help="stop after N optimizer steps")
+    train.add_argument("--checkpoint-every", type=arg_int(min=1), default=50)
     train.add_argument("--bf16", choices=["auto", "on", "off"], default="auto")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --out")
+    train.add_argument("--force-resume", action="store_true",
+                       help="resume even if --out's checkpoint was written with other data or settings")
     train.add_argument(
         "--merged", action="store_true", help="also write a merged HF checkpoint to OUT/merged"
     )
@@ -59,16 +63,16 @@ def add_cli(subparsers) -> None:
     )
     study.add_argument("--model", default="tiny")
     study.add_argument("--out", required=True, type=Path)
-    study.add_argument("--seeds", type=int, nargs="+", default=[0])
+    study.add_argument("--seeds", type=arg_int(min=0), nargs="+", default=[0])
     study.add_argument(
-        "--n-train", type=int, default=200, help="fine-tuning images per style (SynDot, SynPoly)"
+        "--n-train", type=arg_int(min=1), default=200, help="fine-tuning images per style (SynDot, SynPoly)"
     )
-    study.add_argument("--n-eval", type=int, default=100, help="evaluation examples per set")
-    study.add_argument("--epochs", type=int, default=1)
-    study.add_argument("--lr", type=float, default=1e-3)
-    study.add_argument("--lora-rank", type=int, default=64)
-    study.add_argument("--top-k-heads", type=int, default=4)
-    study.add_argument("--alpha", type=float, default=1.2)
+    study.add_argument("--n-eval", type=arg_int(min=1), default=100, help="evaluation examples per set")
+    study.add_argument("--epochs", type=arg_int(min=1), default=1)
+    study.add_argument("--lr", type=arg_float(min=0, min_open=True), default=1e-3)
+    study.add_argument("--lora-rank", type=arg_int(min=1), default=64)
+    study.add_argument("--top-k-heads", type=arg_int(min=1), default=4)
+    study.add_argument("--alpha", type=arg_float(min=0, min_open=True), default=1.2)
     study.add_argument("--model-card", type=Path, help="also put the results table into this model card")
     study.add_argument("--quiet", action="store_true")
     study.set_defaults(func=run_study_cli)
@@ -82,6 +86,7 @@ def run_train(args: argparse.Namespace) -> int:
     from vlens.training.export import save_merged
     from vlens.training.sft import SFTConfig, train_sft
 
+    check_output_folder(args.out, "--out")
     examples = [example for folder in args.data for example in read_sft_folder(folder, args.limit)]
     layers = [int(x) for x in args.focus_layers.split(",")] if args.focus_layers else None
     config = SFTConfig(
@@ -99,8 +104,10 @@ def run_train(args: argparse.Namespace) -> int:
         bf16={"auto": "auto", "on": True, "off": False}[args.bf16],
         seed=args.seed,
     )
+    config.check()  # before the model loads
     model = load_model_arg(args.model)
-    result = train_sft(model, examples, config, args.out, resume=not args.no_resume, progress=not args.quiet)
+    result = train_sft(model, examples, config, args.out, resume=not args.no_resume, progress=not args.quiet,
+                       force_resume=args.force_resume)
     print(json.dumps({k: v for k, v in result.to_json().items() if k != "config"}, indent=1))
     if args.merged and result.steps == result.total_steps:
         print(f"merged checkpoint: {save_merged(model, args.out / 'merged', overwrite=True)}")

@@ -50,7 +50,9 @@ def example_from_sample(image: Image.Image, record: dict) -> SFTExample:
 def read_sft_folder(folder: str | Path, limit: int | None = None) -> list[SFTExample]:
     """Examples from an imagefolder written by `vlens data` (question, answer, objects)."""
     from vlens.data import read_imagefolder
+    from vlens.validation import check_count
 
+    limit = check_count(limit, "limit", allow_none=True)  # a negative limit would slice from the end
     records = read_imagefolder(folder)[:limit]
     if not records:
         raise ValueError(f"{folder} holds no examples")

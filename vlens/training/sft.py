@@ -17,6 +17,7 @@ training with `NonFiniteLossError` before the optimizer step, so the last checkp
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -28,10 +29,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from vlens.errors import UserInputError
 from vlens.interventions.focus import capture_patterns, default_focus_layers, focus_loss
 from vlens.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from vlens.training.data import SFTBatch, SFTExample, answer_loss, collate
 from vlens.training.lora import ATTENTION_PROJECTIONS, add_lora, has_lora, lora_parameters
+from vlens.validation import check_count, check_float
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -74,10 +77,18 @@ class SFTConfig:
     log_every: int = 1
 
     def check(self) -> None:
-        if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:
-            raise ValueError("batch_size, grad_accum and epochs must be >= 1")
-        if self.focus_weight < 0:
-            raise ValueError(f"focus_weight (lambda) must be >= 0, got {self.focus_weight}")
+        """Every field in its range (integers >= 1, finite floats), else `UserInputError`."""
+        for name in ("lora_rank", "batch_size", "grad_accum", "epochs", "checkpoint_every", "log_every"):
+            check_count(getattr(self, name), name)
+        check_count(self.max_steps, "max_steps", allow_none=True)
+        check_count(self.keep_checkpoints, "keep_checkpoints", min=0)
+        check_float(self.focus_weight, "focus_weight (lambda)", min=0)
+        for name in ("learning_rate", "focus_sigma", "focus_eps", "max_grad_norm"):
+            check_float(getattr(self, name), name, min=0, min_open=True)
+        check_float(self.weight_decay, "weight_decay", min=0)
+        check_float(self.lora_dropout, "lora_dropout", min=0, max=1, max_open=True)
+        if self.lora_alpha is not None:
+            check_float(self.lora_alpha, "lora_alpha", min=0, min_open=True)
         if self.focus_query not in ("final", "answer"):
             raise ValueError(f"focus_query must be 'final' or 'answer', got {self.focus_query!r}")
         if not 0 <= self.warmup_ratio < 1:
@@ -171,12 +182,15 @@ def train_sft(
     resume: bool = True,
     stop_after: int | None = None,
     progress: bool = True,
+    force_resume: bool = False,
 ) -> SFTResult:
     """Fine-tune `model` (a HookedVLM) in place with LoRA; writes checkpoints, a JSONL log and
     the final adapters (peft format for the HF model) under `out_dir`.
 
     stop_after: return after this many optimizer steps of *this call* (a checkpoint is written
         first), e.g. to split a run; a later call with resume=True continues.
+    force_resume: resume even if the checkpoint was written with other data or settings (each
+        checkpoint records a hash of both; by default a mismatch is an error, not a silent mix).
     """
     from vlens.training.export import save_adapters
 
@@ -209,11 +223,11 @@ def train_sft(
     )
 
     start_step, resumed_from = 0, None
+    fingerprint = run_fingerprint(config, examples)
     latest = latest_checkpoint(out_dir) if resume else None
     if latest is not None:
+        check_resume(latest, config, fingerprint, len(examples), force=force_resume)  # before touching weights
         info = load_checkpoint(latest, params, optimizer)
-        if info.get("config", {}).get("seed") != config.seed or info.get("n_examples") != len(examples):
-            raise ValueError(f"{latest} was written with another seed or data size; use a fresh out_dir")
         start_step = resumed_from = info["step"]
 
     def checkpoint(step: int, losses: dict) -> None:
@@ -222,7 +236,7 @@ def train_sft(
             step,
             params,
             optimizer,
-            {"config": asdict(config), "n_examples": len(examples), "losses": losses},
+            {"config": asdict(config), "n_examples": len(examples), "fingerprint": fingerprint, "losses": losses},
             keep=config.keep_checkpoints,
         )
 
@@ -326,6 +340,46 @@ def train_sft(
     )
     (out_dir / "sft_result.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
     return result
+
+
+# settings that may change between a run and its resumption without changing its result
+_RESUME_FREE_FIELDS = ("checkpoint_every", "keep_checkpoints", "log_every")
+
+
+def run_fingerprint(config: SFTConfig, examples: Sequence[SFTExample]) -> dict:
+    """sha256 of the settings that shape the result and of the data (questions, answers, objects,
+    image pixels), stored in every checkpoint so a resume can tell it continues the same run."""
+    settings = {k: v for k, v in asdict(config).items() if k not in _RESUME_FREE_FIELDS}
+    data = hashlib.sha256()
+    for example in examples:
+        data.update(json.dumps([example.question, example.answer, example.objects], default=str).encode())
+        for image in example.images:
+            data.update(f"{image.mode}{image.size}".encode())
+            data.update(image.tobytes())
+    return {"settings": hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest(),
+            "data": data.hexdigest()}
+
+
+def check_resume(folder: Path, config: SFTConfig, fingerprint: dict, n_examples: int, force: bool = False) -> None:
+    """Refuse (`UserInputError`) to resume from a checkpoint of a run with other data or settings."""
+    info = json.loads((folder / "state.json").read_text())
+    stored = info.get("fingerprint")
+    if stored is None:  # a checkpoint from before fingerprints: only seed and data size can be compared
+        same = info.get("config", {}).get("seed") == config.seed and info.get("n_examples") == n_examples
+    else:
+        same = stored == fingerprint
+    if same or force:
+        return
+    old = {k: v for k, v in info.get("config", {}).items() if k not in _RESUME_FREE_FIELDS}
+    new = {k: v for k, v in asdict(config).items() if k not in _RESUME_FREE_FIELDS}
+    changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    if (stored or {}).get("data") != fingerprint.get("data"):
+        changed.append(f"the data ({info.get('n_examples')} -> {n_examples} examples, or their content)")
+    raise UserInputError(
+        f"{folder} belongs to a run with other settings ({'; '.join(changed) or 'settings hash differs'}); "
+        "resuming would mix two runs. Use a fresh --out, --no-resume to start over, or --force-resume to "
+        "continue anyway."
+    )
 
 
 def _non_finite(step: int, sft: float, focus: float | None, out_dir: Path, what: str = "loss") -> None:

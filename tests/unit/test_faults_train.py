@@ -1,0 +1,44 @@
+"""Fault family "vlens train": bad settings are refused before anything runs (NaN focus weight,
+--max-steps 0 / -5, --checkpoint-every 0, --limit -2), and a run resumes only with the data and
+settings its checkpoint was written with, unless forced."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_sft import _config, _examples, _model
+from vlens.errors import UserInputError
+from vlens.training.data import read_sft_folder
+from vlens.training.sft import SFTConfig, train_sft
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("focus_weight", float("nan"), "focus_weight"), ("max_steps", 0, "max_steps"), ("max_steps", -5, "max_steps"),
+    ("checkpoint_every", 0, "checkpoint_every"), ("log_every", 0, "log_every"), ("learning_rate", float("inf"), "learning_rate"),
+])
+def test_bad_settings_are_refused(field, value, message):
+    with pytest.raises(UserInputError, match=message):
+        SFTConfig(**{field: value}).check()
+
+
+def test_negative_limit_is_refused(tmp_path):
+    with pytest.raises(UserInputError, match="limit must be an integer >= 1"):
+        read_sft_folder(tmp_path, limit=-2)
+
+
+def test_resume_refuses_other_data_or_settings(tmp_path):
+    examples = _examples(4)
+    train_sft(_model(), examples, _config(), tmp_path, stop_after=1, progress=False)
+    with pytest.raises(UserInputError, match=r"learning_rate 0\.01 -> 0\.5.*--force-resume"):
+        train_sft(_model(), examples, _config(learning_rate=0.5), tmp_path, progress=False)
+    with pytest.raises(UserInputError, match=r"batch_size 2 -> 1"):
+        train_sft(_model(), examples, _config(batch_size=1), tmp_path, progress=False)
+    other = _examples(5)[1:]  # as many examples, other images
+    with pytest.raises(UserInputError, match=r"the data \(4 -> 4 examples"):
+        train_sft(_model(), other, _config(), tmp_path, progress=False)
+    # harmless settings may change; forcing is explicit
+    assert train_sft(_model(), examples, _config(checkpoint_every=5), tmp_path, progress=False).resumed_from == 1
+    forced = train_sft(_model(), other, _config(), tmp_path / "forced", progress=False, stop_after=1)
+    assert train_sft(_model(), examples, _config(), tmp_path / "forced", progress=False,
+                     force_resume=True).resumed_from == 1
+    assert forced.steps == 1
