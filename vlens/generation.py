@@ -12,6 +12,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from vlens.components.attention import KVCache
+from vlens.finite import finite_rows, warn_non_finite
 from vlens.inputs import VLMInputs
 from vlens.runtime import RunState, build_masks
 
@@ -22,11 +23,14 @@ if TYPE_CHECKING:
 @dataclass
 class GenerationOutput:
     """tokens: [batch, n_new] new token ids (padding after EOS); texts: decoded new text per row,
-    cut at EOS, special tokens removed; sequences: [batch, prompt + n_new]."""
+    cut at EOS, special tokens removed; sequences: [batch, prompt + n_new]; non_finite: [batch]
+    bool, True where some step's logits were NaN/inf (the row's tokens are then meaningless and
+    a `NonFiniteWarning` was issued)."""
 
     tokens: Int[Tensor, "batch new"]
     texts: list[str]
     sequences: Int[Tensor, "batch total"]
+    non_finite: Tensor | None = None
 
 
 def _choose(logits: Tensor, do_sample: bool, temperature: float, top_p: float, top_k: int | None,
@@ -69,11 +73,13 @@ def generate(model: HookedVLM, inputs: VLMInputs, max_new_tokens: int = 16, do_s
     cache = KVCache(cfg.n_layers)
     new_tokens = []
     finished = torch.zeros(batch, dtype=torch.bool, device=inputs.input_ids.device)
+    non_finite = torch.zeros(batch, dtype=torch.bool, device=inputs.input_ids.device)
     attention_mask = inputs.attention_mask
     with model.hooks(fwd_hooks=list(fwd_hooks)):
         state = model.start_run(inputs, kv_cache=cache)
         logits = model.finish(model.run_blocks(state.resid, state))[:, -1]
         for _ in tqdm(range(max_new_tokens), desc="generate", disable=not verbose):
+            non_finite |= ~finite_rows(logits).to(non_finite.device) & ~finished
             token = _choose(logits, do_sample, temperature, top_p, top_k, generator).to(finished.device)
             token = torch.where(finished, torch.full_like(token, pad_id), token)
             new_tokens.append(token)
@@ -84,8 +90,11 @@ def generate(model: HookedVLM, inputs: VLMInputs, max_new_tokens: int = 16, do_s
             attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
             logits = _decode_step(model, token, attention_mask, state, cache)
     tokens = torch.stack(new_tokens, dim=1)
+    if bool(non_finite.any()):
+        rows = non_finite.nonzero().flatten().tolist()
+        warn_non_finite("generate", f"the next-token logits of batch rows {rows[:6]}", model, inputs, fwd_hooks)
     return GenerationOutput(tokens=tokens, texts=_decode_texts(model, tokens, eos),
-                            sequences=torch.cat([inputs.input_ids, tokens], dim=1))
+                            sequences=torch.cat([inputs.input_ids, tokens], dim=1), non_finite=non_finite.cpu())
 
 
 def _decode_step(model: HookedVLM, token: Tensor, attention_mask: Tensor, prefill: RunState,

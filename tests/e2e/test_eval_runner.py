@@ -97,7 +97,7 @@ def test_mcq_loop_prompts_with_options(tmp_path):
 
 def test_bad_arguments_are_clear_errors(tmp_path):
     data = read_imagefolder(write_imagefolder(tmp_path, [1]))
-    with pytest.raises(ValueError, match="batch_size and max_new_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         evaluate(ScriptedBackend([]), data, batch_size=0)
     with pytest.raises(ValueError, match="unknown answer parser"):
         evaluate(ScriptedBackend([]), data, parser="regex")

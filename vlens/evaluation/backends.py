@@ -57,6 +57,8 @@ class HookedVLMBackend:
             out = self.model.generate(
                 inputs, max_new_tokens=max_new_tokens, fwd_hooks=self.fwd_hooks, **self.generate_kwargs
             )
+        # rows whose logits were NaN/inf: their text is meaningless (read by the evaluation loop)
+        self.last_non_finite = out.non_finite.tolist() if out.non_finite is not None else [False] * len(prompts)
         return [text.strip() for text in out.texts]
 
     def score_answers(self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str],

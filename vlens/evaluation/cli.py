@@ -8,12 +8,16 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from vlens.evaluation.formats import FORMATS, get_format
 from vlens.evaluation.parsing import ANSWER_PARSERS
+from vlens.finite import add_allow_nan_argument, collect_non_finite, non_finite_exit
+from vlens.validation import arg_int, check_output_folder
 
 EMBEDDED_MODEL = "tiny"
+PARTIAL_PREDICTIONS = "predictions.partial.jsonl"  # written batch by batch while evaluating
 # reader options each format accepts; any other given option is an error, not ignored
 _READER_OPTIONS = {
     "imagefolder": set(),
@@ -49,18 +53,19 @@ def add_cli(subparsers) -> None:
     parser.add_argument(
         "--skip-missing", action="store_true", help="skip rows whose image is missing (counted in the report)"
     )
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--limit", type=int, help="evaluate only the first N examples")
+    parser.add_argument("--batch-size", type=arg_int(min=1), default=8)
+    parser.add_argument("--max-new-tokens", type=arg_int(min=1), default=32)
+    parser.add_argument("--limit", type=arg_int(min=1), help="evaluate only the first N examples")
     parser.add_argument(
         "--parser", choices=sorted(ANSWER_PARSERS), help="answer parser (default: the format's)"
     )
     parser.add_argument("--post-prompt", help="instruction appended to each question (default: the format's)")
-    parser.add_argument("--unparsed-value", type=int, help="score unparsed answers as this count in MAE")
+    parser.add_argument("--unparsed-value", type=arg_int(min=0), help="score unparsed answers as this count in MAE")
     parser.add_argument("--category-field", help="mcq: row field to break accuracy down by (e.g. subject)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_allow_nan_argument(parser)
     parser.set_defaults(func=run_eval)
 
 
@@ -117,29 +122,39 @@ def run_eval(args: argparse.Namespace) -> int:
     from vlens.evaluation.report import write_report
     from vlens.evaluation.runner import evaluate
 
+    check_output_folder(args.out, "--out")  # before reading data or loading the model
     fmt = get_format(args.data_format)
     options = reader_options(args)
     dataset = fmt.reader(args.data, skip_missing=args.skip_missing, **options)
     if dataset.skipped:
         print(f"skipped {len(dataset.skipped)} rows with missing images (listed in the report)")
     backend = load_backend(args.model, args.backend, args.device, args.dtype)
-    result = evaluate(
-        backend,
-        dataset,
-        fmt,
-        batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
-        parser=args.parser,
-        post_prompt=args.post_prompt,
-        limit=args.limit,
-        unparsed_value=args.unparsed_value,
-        category_field=args.category_field,
-        progress=not args.no_progress,
-    )
+    partial = args.out / PARTIAL_PREDICTIONS
+    with collect_non_finite() as problems:
+        try:
+            result = evaluate(
+                backend,
+                dataset,
+                fmt,
+                batch_size=args.batch_size,
+                max_new_tokens=args.max_new_tokens,
+                parser=args.parser,
+                post_prompt=args.post_prompt,
+                limit=args.limit,
+                unparsed_value=args.unparsed_value,
+                category_field=args.category_field,
+                progress=not args.no_progress,
+                stream_to=partial,
+            )
+        except BaseException:
+            if partial.is_file() and partial.stat().st_size:
+                print(f"vlens eval: the predictions made before the failure are in {partial}", file=sys.stderr)
+            raise
     paths = write_report(result, args.out, model_name=args.model)
+    partial.unlink(missing_ok=True)  # predictions.jsonl holds them all now
     metrics = result.metrics
     summary = f"{fmt.name}: n={metrics.n} accuracy={metrics.accuracy * 100:.2f}%"
     if fmt.task == "count":
         summary += f" MAE={'n/a' if metrics.mae is None else f'{metrics.mae:.3f}'}"
     print(f"{summary} unparsed={metrics.n_unparsed} skipped={len(result.skipped)} -> {paths['markdown']}")
-    return 0
+    return non_finite_exit(problems, args.allow_nan, "vlens eval")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vlens.evaluation.metrics import CountingMetrics, confusion_matrix
 from vlens.evaluation.runner import EvalResult, Prediction
+from vlens.finite import json_safe
 
 PREDICTIONS_FILE = "predictions.jsonl"
 REPORT_JSON = "report.json"
@@ -116,9 +117,10 @@ def write_report(
     }
     with paths["predictions"].open("w", encoding="utf-8") as handle:
         for prediction in result.predictions:
-            handle.write(json.dumps(prediction.to_dict(), default=str) + "\n")
+            handle.write(json.dumps(json_safe(prediction.to_dict()), default=str, allow_nan=False) + "\n")
     summary = report_dict(result, model_name)
-    paths["json"].write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    paths["json"].write_text(json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False) + "\n",
+                             encoding="utf-8")
 
     figure_note = None
     if figures and isinstance(result.metrics, CountingMetrics):

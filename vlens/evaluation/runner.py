@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from vlens.evaluation.backends import GenerationBackend
 from vlens.evaluation.examples import EvalDataset, open_images
 from vlens.evaluation.formats import EvalFormat, format_prompt, get_format
 from vlens.evaluation.metrics import ChoiceMetrics, CountingMetrics, choice_metrics, counting_metrics
 from vlens.evaluation.parsing import get_parser
+from vlens.finite import json_safe
 from vlens.parallel import Sharding
+from vlens.validation import check_count
 
 
 @dataclass
@@ -87,6 +90,7 @@ def evaluate(
     category_field: str | None = None,
     progress: bool = True,
     sharding: Sharding | None = None,
+    stream_to: str | Path | None = None,
 ) -> EvalResult:
     """Generate an answer for every example and score it.
 
@@ -104,14 +108,18 @@ def evaluate(
         progress: show a progress bar.
         sharding: split the batches across processes (`vlens.parallel`); every process
             returns the full result, in example order (rank 0 writes it).
+        stream_to: append each batch's predictions to this JSONL file as soon as they are made
+            (single-process runs), so a failure late in a long run keeps the earlier answers.
+
+    A row whose logits were NaN/inf while generating (`HookedVLMBackend`) is never parsed: its
+    ``parsed`` is None, ``extra["non_finite"]`` True, and ``settings["n_non_finite"]`` counts them.
     """
     fmt = (
         get_format(data_format or dataset.format) if not isinstance(data_format, EvalFormat) else data_format
     )
-    if batch_size < 1 or max_new_tokens < 1:
-        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size} and {max_new_tokens}")
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be >= 1 (or None for all), got {limit}")
+    check_count(batch_size, "batch_size")
+    check_count(max_new_tokens, "max_new_tokens")
+    check_count(limit, "limit", allow_none=True)
     parser_name = parser or fmt.parser
     parse = get_parser(parser_name)
     instruction = fmt.post_prompt if post_prompt is None else post_prompt
@@ -120,6 +128,10 @@ def evaluate(
         raise ValueError(f"{dataset.source} has no examples to evaluate ({len(dataset.skipped)} skipped)")
 
     sharding = sharding or Sharding()
+    stream = Path(stream_to) if stream_to is not None and sharding.world_size == 1 else None
+    if stream is not None:
+        stream.parent.mkdir(parents=True, exist_ok=True)
+        stream.write_text("", encoding="utf-8")
 
     def run(start: int) -> list[dict]:
         batch = examples[start : start + batch_size]
@@ -129,13 +141,15 @@ def evaluate(
             raise RuntimeError(
                 f"the backend returned {len(outputs)} answers for a batch of {len(batch)} prompts"
             )
+        broken = list(getattr(backend, "last_non_finite", None) or [False] * len(batch))
         scores = [(None, None)] * len(batch)
         if hasattr(backend, "score_answers") and fmt.task == "count":
             scores = backend.score_answers([open_images(e.images) for e in batch], prompts,
                                            [str(e.target) for e in batch], [e.id for e in batch])
         done = []
-        for example, prompt, output, (tokens, logprob) in zip(batch, prompts, outputs, scores, strict=True):
-            parsed = parse(output, example.options)
+        for example, prompt, output, (tokens, logprob), bad in zip(batch, prompts, outputs, scores, broken,
+                                                                   strict=True):
+            parsed = None if bad else parse(output, example.options)  # NaN logits answer nothing
             done.append(
                 Prediction(
                     id=example.id,
@@ -144,11 +158,15 @@ def evaluate(
                     parsed=parsed,
                     target=example.target,
                     correct=parsed is not None and parsed == example.target,
-                    extra=_plain(example.extra),
+                    extra={**_plain(example.extra), "non_finite": True} if bad else _plain(example.extra),
                     target_tokens=tokens,
                     target_logprob=logprob,
                 ).to_dict()
             )
+        if stream is not None:
+            with stream.open("a", encoding="utf-8") as handle:
+                for fields in done:
+                    handle.write(json.dumps(json_safe(fields), default=str, allow_nan=False) + "\n")
         return done
 
     batches = sharding.map(range(0, len(examples), batch_size), run, desc=f"eval {fmt.name}", progress=progress)
@@ -164,6 +182,7 @@ def evaluate(
         "unparsed_value": unparsed_value,
         "n_examples_in_data": len(dataset.examples),
         "world_size": sharding.world_size,
+        "n_non_finite": sum(bool(p.extra.get("non_finite")) for p in predictions),
     }
     return EvalResult(
         format=fmt.name,
