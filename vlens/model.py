@@ -74,9 +74,16 @@ class HookedVLM(HookedRootModule):
         device_map: str | dict[str, Any] | None = None,
         max_memory: dict[Any, int | str] | None = None,
         offload_folder: str | None = None,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        image_size: int | None = None,
         **hf_kwargs: Any,
     ) -> HookedVLM:
         """Load an HF checkpoint (local folder or hub id) and its processor, safetensors only.
+
+        device / dtype: default ``cuda`` when available, else ``cpu``; bf16 on a GPU, fp32 on the
+        CPU (`vlens.devices`); dtype may be a name ("bfloat16"). min_pixels / max_pixels /
+        image_size: the processor's image resolution (`vlens.devices.configure_resolution`).
 
         A checkpoint missing some of the model's tensors raises `vlens.loading.MissingWeightsError`
         (HF would fill them with random values); pass ``allow_missing=True`` to accept that.
@@ -89,8 +96,12 @@ class HookedVLM(HookedRootModule):
         max_memory: per-device budget for "auto" maps, e.g. {0: "70GiB", 1: "70GiB", "cpu": "200GiB"}.
         offload_folder: where "disk" entries are kept when the checkpoint cannot be read in place.
         """
+        from vlens.devices import configure_resolution, resolve_device, resolve_dtype
         from vlens.loading import load_hf_model_and_processor
 
+        if device_map is None:
+            device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device if device_map is None else None)
         if device_map is not None and device is not None:
             raise ValueError("give either device (one device) or device_map (a placement across devices), not both")
         if device_map is not None and importlib.util.find_spec("accelerate") is None:
@@ -103,6 +114,8 @@ class HookedVLM(HookedRootModule):
             name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,
             load_processor=load_processor, **hf_kwargs,
         )
+        if processor is not None and (min_pixels, max_pixels, image_size) != (None, None, None):
+            configure_resolution(processor, min_pixels, max_pixels, image_size)
         model = cls(hf_model, processor=processor)
         if device is not None:
             model.to(device)

@@ -98,12 +98,35 @@ class AttributionResult:
         return figure.update_layout(title=title, xaxis_title="position", yaxis_title="layer")
 
 
-def attribution_patching(model: HookedVLM, batch: PairBatch, qk_fix: bool = True) -> AttributionResult:
+def attribution_patching(model: HookedVLM, batch: PairBatch, qk_fix: bool = True,
+                         batch_size: int | None = None) -> AttributionResult:
     """AtP for every head's hook_z, queries and keys and every residual position (one backward).
 
     Estimates are of mean_pairs(LD_patched - LD_clean); compare them with an exact sweep's
     `metrics["logit_diff"] - baseline.clean_logit_diff.mean()`.
+    batch_size: pairs per forward/backward (default all at once); the estimates are the same
+    pair means, so memory is bounded by batch_size pairs on long prompts.
     """
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if batch_size is None or batch_size >= batch.n_pairs:
+        return _attribution_chunk(model, batch, qk_fix)
+    parts = [_attribution_chunk(model, batch.select(range(s, min(s + batch_size, batch.n_pairs))), qk_fix)
+             for s in range(0, batch.n_pairs, batch_size)]
+    weights = torch.tensor([len(p.pair_ids) for p in parts], dtype=torch.float32) / batch.n_pairs
+
+    def mean(name: str) -> Tensor:
+        return sum(w * getattr(p, name) for w, p in zip(weights, parts, strict=True))
+
+    per_pair_z = torch.cat([p.per_pair_z for p in parts])
+    return AttributionResult(
+        z=per_pair_z.mean(0), q=mean("q"), k=mean("k"), resid_pre=mean("resid_pre"), per_pair_z=per_pair_z,
+        pair_ids=list(batch.pair_ids), clean_logit_diff=torch.cat([p.clean_logit_diff for p in parts]),
+        qk_fix=qk_fix, answers=batch.answers_json(),
+    )
+
+
+def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool) -> AttributionResult:
     cfg = model.cfg
     n_layers = cfg.n_layers
     names = {kind: [act_name(kind, layer) for layer in range(n_layers)] for kind in ("z", "resid_pre", "rot_q", "rot_k")}

@@ -130,7 +130,7 @@ def _run_atp(model, batch, args, common):
     from vlens.patching.attribution import attribution_patching
     from vlens.patching.sweeps import patch_layer_head
 
-    result = attribution_patching(model, batch)
+    result = attribution_patching(model, batch, batch_size=args.pair_batch_size)
     if args.compare_exact:
         exact = patch_layer_head(model, batch, region="all", **common)
         result.exact_z = exact.metrics["logit_diff"] - exact.baseline.clean_logit_diff.mean()

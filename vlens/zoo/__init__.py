@@ -25,11 +25,12 @@ def model_path() -> Path:
     return WEIGHTS_FOLDER
 
 
-def load(device=None, dtype=None):
-    """The embedded model as a `vlens.HookedVLM` (on `device`, in `dtype`; default CPU fp32)."""
+def load(device=None, dtype=None, **kwargs):
+    """The embedded model as a `vlens.HookedVLM` on `device` in `dtype` (default: cuda when
+    available, else cpu; bf16 on a GPU, fp32 on the CPU; see `vlens.devices`)."""
     from vlens.model import HookedVLM  # lazy: vlens/__init__ re-exports this function
 
-    return HookedVLM.from_pretrained(str(model_path()), device=device, dtype=dtype)
+    return HookedVLM.from_pretrained(str(model_path()), device=device, dtype=dtype, **kwargs)
 
 
 def load_hf(device=None, dtype=None):

@@ -1,0 +1,63 @@
+"""Default devices / dtypes, the processor's resolution, caches on another device, AtP in chunks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlens.devices import configure_resolution, resolve_device, resolve_dtype
+
+
+def test_defaults_follow_the_machine():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device(None).type == expected
+    assert resolve_dtype(None, "cpu") == torch.float32
+    assert resolve_dtype("bf16") == torch.bfloat16 and resolve_dtype("float16") == torch.float16
+    assert resolve_dtype(torch.float64) == torch.float64
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        resolve_dtype("int8")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+def test_resolution_sets_the_image_grid():
+    from vlens.real_vocab import real_image_processor
+    from vlens.testing import random_image
+
+    processor = real_image_processor("qwen2_5_vl")
+    image = random_image(448, 448)
+    assert processor(images=[image], return_tensors="pt")["image_grid_thw"].tolist() == [[1, 32, 32]]
+    configure_resolution(processor, image_size=224)
+    assert processor(images=[image], return_tensors="pt")["image_grid_thw"].tolist() == [[1, 16, 16]]
+    configure_resolution(processor, max_pixels=112 * 112)
+    assert processor(images=[image], return_tensors="pt")["image_grid_thw"].tolist() == [[1, 8, 8]]
+    with pytest.raises(ValueError, match="min_pixels .* larger than max_pixels"):
+        configure_resolution(processor, min_pixels=200, max_pixels=100)
+    with pytest.raises(ValueError, match="no pixel budget"):
+        configure_resolution(real_image_processor("llava"), max_pixels=100)
+
+
+def test_load_in_bfloat16_at_a_resolution_and_cache_on_cpu():
+    import vlens
+    from vlens.testing import random_image
+
+    model = vlens.load(device="cpu", dtype="bfloat16", image_size=56)
+    assert model.cfg.dtype == torch.bfloat16 and model.W_U.dtype == torch.bfloat16
+    inputs = model.prepare(images=[random_image(168, 168)], prompts=["How many dots are there?"])
+    assert inputs.regions.image_grid[0] == [(2, 2)]
+    _, cache = model.run_with_cache(inputs, device="cpu", names_filter=lambda n: n.endswith("hook_z"))
+    assert all(v.device.type == "cpu" and v.dtype == torch.bfloat16 for v in cache.values())
+
+
+def test_attribution_in_chunks_equals_one_batch():
+    from tests.helpers.real_vocab import real_model
+    from vlens.patching import attribution_patching, build_pair_batch, make_count_pairs
+
+    model = real_model()
+    batch = build_pair_batch(model, make_count_pairs(5, seed=1, size=56, counts=[9, 10, 11, 12, 13]))
+    whole = attribution_patching(model, batch)
+    chunked = attribution_patching(model, batch, batch_size=2)
+    for name in ("z", "q", "k", "resid_pre", "per_pair_z", "clean_logit_diff"):
+        assert torch.allclose(getattr(whole, name), getattr(chunked, name), atol=1e-5), name
+    assert whole.to_json()["answers"]["clean_answer_tokens"] == chunked.to_json()["answers"]["clean_answer_tokens"]
