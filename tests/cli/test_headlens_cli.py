@@ -58,5 +58,6 @@ def test_cli_errors_are_explained(tmp_path, capsys):
     assert "keys among" in capsys.readouterr().err
     assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "missing"), "--out", str(tmp_path), *COMMON]) == 2
     assert "holds no config.json" in capsys.readouterr().err
-    assert main(["lens", "train", "--make", "2", "--tasks", "counting,juggling", "--out", str(tmp_path), *COMMON]) == 2
+    assert main(["lens", "train", "--make", "2", "--tasks", "counting,juggling", "--out", str(tmp_path / "lens"),
+                 *COMMON]) == 2
     assert "unknown task(s) ['juggling']" in capsys.readouterr().err

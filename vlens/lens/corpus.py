@@ -40,7 +40,9 @@ def task_samples(n: int, seed: int = 0, size: int = DEFAULT_IMAGE_SIZE, style: s
 def imagefolder_samples(folder: str | Path, limit: int | None = None) -> list[Sample]:
     """Samples from an imagefolder written by ``vlens data ...`` (needs a ``question`` per row)."""
     from vlens.data import read_imagefolder
+    from vlens.validation import check_count
 
+    limit = check_count(limit, "limit", allow_none=True)  # a negative limit would slice from the end
     records = read_imagefolder(folder)
     if limit is not None:
         records = records[:limit]

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from vlens.finite import finite_rows, json_safe, warn_non_finite
 from vlens.parallel import Sharding
+from vlens.validation import check_count
 
 if TYPE_CHECKING:
     from vlens.inputs import VLMInputs
@@ -211,6 +212,7 @@ def logit_lens_records(model: HookedVLM, records: Sequence[dict], batch_size: in
 
     if not records:
         raise ValueError("no records given to the logit lens")
+    check_count(batch_size, "batch_size")  # range(0, n, -1) would silently run nothing
     sharding = sharding or Sharding()
 
     def check(chunk: Sequence[dict], first: int) -> None:

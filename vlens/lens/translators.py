@@ -28,7 +28,9 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from vlens.finite import finite_rows, warn_non_finite
 from vlens.lens.readout import LensReadout, unembedding_hash
+from vlens.validation import check_count, check_float
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "translators.safetensors"
@@ -225,9 +227,21 @@ def train_translators(
     """
     if resid.ndim != 3 or resid.shape[1:] != (translators.n_layers, translators.d_model):
         raise ValueError(f"resid must be [n, {translators.n_layers}, {translators.d_model}], got {tuple(resid.shape)}")
+    check_count(steps, "steps")
+    check_count(batch_size, "batch_size")
+    check_count(eval_every, "eval_every")
+    check_count(patience, "patience")
+    check_float(lr, "lr", min=0, min_open=True)
+    check_float(val_fraction, "val_fraction", min=0, max=1, min_open=True, max_open=True)
     # the last layer's residual *is* the final residual: its translator stays the exact identity
     trained_layers = range(translators.n_layers - 1) if final is None else range(translators.n_layers)
     final = resid[:, -1] if final is None else final
+    ok = finite_rows(resid, dims=2) & finite_rows(final)
+    if not bool(ok.all()):  # NaN rows would make every translator NaN
+        bad_layers = sorted(set((~torch.isfinite(resid)).any(-1).nonzero()[:, 1].tolist()))
+        warn_non_finite("lens training", f"{int((~ok).sum())} of {len(ok)} residual rows (layers {bad_layers[:6]}); "
+                        "those rows are left out of training")
+        resid, final = resid[ok.to(resid.device)], final[ok.to(final.device)]
     n = resid.shape[0]
     if n < 2:
         raise ValueError(f"need at least 2 residual rows to train and hold out, got {n}: use more samples")

@@ -29,6 +29,7 @@ from vlens.patching.metrics import Baseline
 from vlens.patching.pairs import PairBatch
 from vlens.patching.runner import PatchSpec, corrupt_activations, final_logits, patch_hook
 from vlens.runtime import RunState, build_masks
+from vlens.validation import check_count
 
 if TYPE_CHECKING:
     from vlens.model import HookedVLM
@@ -106,6 +107,7 @@ def _first_change(spec: PatchSpec, differs: Tensor, last: int) -> int:
 
 def count_chunks(specs: Sequence[PatchSpec], n_pairs: int, max_batch: int = 64) -> int:
     """How many forwards `FastPlan` splits `specs` into (known before running anything)."""
+    check_count(max_batch, "max_batch")
     sizes: dict[tuple[int, str], int] = defaultdict(int)
     for spec in specs:
         sizes[(spec.layer, spec.component)] += 1

@@ -180,7 +180,9 @@ def examples_from_records(records: Sequence[dict]) -> list[PairExample]:
 def load_pair_examples(data_dir: str | Path, limit: int | None = None) -> list[PairExample]:
     """Pairs from an imagefolder written by `vlens data` (columns pair_id, role, question, answer)."""
     from vlens.data import read_imagefolder
+    from vlens.validation import check_count
 
+    limit = check_count(limit, "limit", allow_none=True)  # a negative limit would slice from the end
     examples = examples_from_records(read_imagefolder(data_dir))
     return examples[:limit] if limit is not None else examples
 
