@@ -72,8 +72,11 @@ def run_ablate(args: argparse.Namespace) -> int:
     for flag, path in (("--out", args.out), ("--html", args.html), ("--markdown", args.markdown)):
         if path is not None:
             check_output_file(path, flag)
+    patching = json.loads(args.patching.read_text()) if args.patching is not None else None
     model = load_model_arg(args.model)
     check_top_k(args.top_k, "--top-k", model.cfg.n_layers * model.cfg.n_heads)  # before the sweep
+    if patching is not None:  # a wrong --patching-metric or grid fails now, not after the sweep
+        _check_patching(patching, model, args)
     if args.device:
         model.to(args.device)
     with collect_non_finite() as problems:
@@ -85,8 +88,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         )
     report.settings["model_arg"] = args.model
     if args.patching is not None:
-        add_patching_overlap(report, json.loads(args.patching.read_text()), source=str(args.patching),
-                             metric=args.patching_metric)
+        add_patching_overlap(report, patching, source=str(args.patching), metric=args.patching_metric)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report.to_json(args.out)
     if args.html is not None:
@@ -96,3 +98,18 @@ def run_ablate(args: argparse.Namespace) -> int:
     print(report.summary())
     print("wrote " + ", ".join(str(p) for p in (args.out, args.html, args.markdown) if p is not None))
     return non_finite_exit(problems, args.allow_nan, "vlens ablate")
+
+
+def _check_patching(patching, model, args: argparse.Namespace) -> None:
+    """Read the patching head set(s) as `add_patching_overlap` will, so their errors come first."""
+    from collections.abc import Mapping
+
+    from vlens.ablation.overlap import head_set_from_json
+
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    per_task = patching.get("tasks") if isinstance(patching, Mapping) else None
+    named = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if per_task is None and isinstance(patching, Mapping) and set(patching) & set(named):
+        per_task = {task: patching[task] for task in named if task in patching}
+    for data in (per_task.values() if isinstance(per_task, Mapping) else [patching]):
+        head_set_from_json(data, n_layers, n_heads, args.top_k, args.patching_metric)

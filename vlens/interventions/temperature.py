@@ -291,6 +291,9 @@ def importance_from_result(
         return _nan_if_none(result[clean]) - torch.tensor(_nan_if_none(result[ablated]), dtype=torch.float64)
     if result.get("mode") == "layer-head":  # PatchingResult JSON
         name = metric or "overwrite_rate"
+        if name not in result:
+            raise UserInputError(f"the patching result has no metric {name!r}; choose one of "
+                                 f"{sorted(k for k in result if isinstance(result[k], list) and k not in ('layers', 'heads', 'pair_ids'))}")
         values = torch.tensor(
             [[float("nan") if v is None else v for v in row] for row in result[name]], dtype=torch.float64
         )

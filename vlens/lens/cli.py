@@ -159,10 +159,10 @@ def run_headlens(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         check_output_folder(out, "--out")
+        vocabularies = _load_vocab(args.vocab)  # the user's files are read before the model loads
+        thresholds = _load_thresholds(args.thresholds)
         model = load_model_arg(args.model)
         samples = _samples(args)
-        vocabularies = _load_vocab(args.vocab)
-        thresholds = _load_thresholds(args.thresholds)
         if args.lens is not None:
             translators = Translators.load(args.lens, model=model)
         else:
