@@ -37,6 +37,7 @@ from vlens.lens.corpus import Sample, prepare_batch
 from vlens.lens.headlens import HeadLens
 from vlens.lens.vocabularies import vocabulary_token_ids
 from vlens.parallel import Sharding
+from vlens.token_labels import str_tokens
 
 SCORE_NAMES: tuple[str, ...] = (
     "vgs", "cter", "image_attention", "answer_alignment", "existence_response", "difficulty_response",
@@ -190,9 +191,10 @@ def compute_head_scores(
     crowded, uncrowded = means.pop("_difficulty_crowded"), means.pop("_difficulty_uncrowded")
     means["difficulty_response"] = torch.where(counts["_difficulty_uncrowded"] > 0, crowded - uncrowded, crowded)
     scores = {name: means[name].masked_fill(broken, torch.nan) for name in SCORE_NAMES}
-    decode = model.tokenizer.decode
-    top_tokens = {key: [(decode([i]), c) for i, c in counter.most_common(n_top_tokens)]
-                  for key, counter in frequent.items()}
+    common = {key: counter.most_common(n_top_tokens) for key, counter in frequent.items()}
+    ids = sorted({i for pairs in common.values() for i, _ in pairs})
+    label = dict(zip(ids, str_tokens(model.tokenizer, ids), strict=True))  # readable, as to_str_tokens
+    top_tokens = {key: [(label[i], c) for i, c in pairs] for key, pairs in common.items()}
     return HeadScores(scores=scores, top_tokens=top_tokens, n_examples=n_examples, k=k,
                       vocab_sizes={name: len(ids) for name, ids in vocab.items()}, d_vocab=model.cfg.d_vocab,
                       non_finite=broken)

@@ -60,9 +60,10 @@ class HeadLensOutput:
     logits: Float[Tensor, "batch p L H d_vocab"] | None = None
 
     def top_tokens(self, tokenizer, row: int, layer: int, head: int, position_index: int = 0) -> list[str]:
-        """Decoded top-k tokens of one head (layer is a model layer index)."""
-        ids = self.top_ids[row, position_index, self.layers.index(layer), head].tolist()
-        return [tokenizer.decode([i]) for i in ids]
+        """Decoded top-k tokens of one head (layer is a model layer index), as `to_str_tokens` labels them."""
+        from vlens.token_labels import str_tokens
+
+        return str_tokens(tokenizer, self.top_ids[row, position_index, self.layers.index(layer), head].tolist())
 
     def to_json(self) -> dict:
         return {
