@@ -79,14 +79,15 @@ def rank_device(sharding: Sharding, requested: str | None = None) -> str | None:
     """The device this process should run on.
 
     One process: `requested` unchanged (None: wherever the model loads). Several: a bare
-    "cuda" or None become ``cuda:{local_rank}`` when CUDA is available (one GPU per process);
-    "cpu" stays "cpu"; an explicit "cuda:N" is refused (all processes would share one GPU).
+    "cuda", "auto" or None become ``cuda:{local_rank}`` when CUDA is available (one GPU per
+    process), else "cpu"; "cpu" stays "cpu"; an explicit "cuda:N" is refused (all processes
+    would share one GPU).
     """
     if not sharding.distributed:
         return requested
     import torch
 
-    if requested is None or requested == "cuda":
+    if requested is None or requested in ("cuda", "auto"):
         if torch.cuda.is_available():
             return f"cuda:{sharding.local_rank}"
         if requested == "cuda":

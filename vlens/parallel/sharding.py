@@ -124,6 +124,8 @@ class Sharding:
                         if stage is not None:
                             stage.save(index, results[index])
                     bar.update(1)
+            except DistributedRunError:  # stopped by torchrun (SIGTERM): the others are going down too
+                raise
             except Exception as caught:  # reported to every process below, then raised
                 if not self.distributed:
                     raise
@@ -181,7 +183,8 @@ class Sharding:
         try:
             return call()
         except RuntimeError as error:  # gloo / nccl report a dead or silent peer as RuntimeError subclasses
+            detail = " ".join(str(error).split())
             raise DistributedRunError(
-                f"{desc}: lost contact with another process of this run on rank {self.rank} (it was killed, ran out "
-                f"of memory, or did not answer within the process group's timeout): {error}. No result was "
-                f"written.{self.resume_hint()}") from error
+                f"{desc}: rank {self.rank} lost contact with another process of this run (it was killed, ran out "
+                f"of memory, or did not answer within the process group's timeout; torchrun's summary names it): "
+                f"{detail}. No result was written.{self.resume_hint()}") from error

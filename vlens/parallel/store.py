@@ -102,7 +102,8 @@ class UnitStore:
         self.settings = plain_settings(settings)
         self._checked = False
 
-    def _open(self) -> None:
+    def open(self) -> None:
+        """Create the folder, or check that its manifest has this run's settings."""
         if self._checked:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -121,7 +122,7 @@ class UnitStore:
 
     def stage(self, index: int, name: str, n_units: int) -> StageStore:
         """The store of the `index`-th stage of the run (named `name`, `n_units` units)."""
-        self._open()
+        self.open()
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")[:60] or "stage"
         folder = self.folder / f"{index:03d}-{slug}"
         folder.mkdir(exist_ok=True)

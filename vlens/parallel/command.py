@@ -1,0 +1,87 @@
+"""One command's life under torchrun: join the group, keep finished units in --out, fail cleanly.
+
+    with sharded_command("vlens patch", shardable=True) as sharding:
+        ...  # the command, passing `sharding` to the method; only sharding.is_main writes
+        sharding.store = run_store(out, settings)   # before the first map: finished units for resume
+
+A command that does not split its work refuses to run on more than one process (N copies
+would all write the same output). A `DistributedRunError` becomes one line on stderr and
+exit status 1 on every process; the resume folder is kept. After the main process wrote the
+output, `done(sharding)` removes the resume folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from vlens.parallel.launch import finish, from_env, stop_on_sigterm
+from vlens.parallel.sharding import DistributedRunError, Sharding
+from vlens.parallel.store import UnitStore, plain_settings
+
+logger = logging.getLogger(__name__)
+
+STORE_FOLDER = ".vlens-shards"  # inside --out: finished work units of an unfinished run
+# arguments that change no number of the results (where and how they are written or shown)
+NOT_SETTINGS = frozenset({"out", "overwrite", "quiet", "verbose", "func", "command_prog", "sharding", "html",
+                          "markdown", "no_progress", "metric", "allow_nan"})
+
+
+class CommandExit(SystemExit):
+    """A sharded command failed on some process (exit status 1, message already printed)."""
+
+
+def run_settings(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
+    """What a resumed run must share with the run that wrote the finished units: the arguments that
+    change results (not --out, --overwrite, --quiet, ...)."""
+    items = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    return plain_settings({k: v for k, v in items.items() if k not in NOT_SETTINGS and not callable(v)})
+
+
+def run_store(out: str | Path, settings: Mapping[str, Any], overwrite: bool = False) -> UnitStore:
+    """The store of finished units in OUT/.vlens-shards.
+
+    A store left by a run with other settings is an error, or, with `overwrite`, deleted first.
+    """
+    store = UnitStore(Path(out) / STORE_FOLDER, settings)
+    try:
+        store.open()
+    except ValueError:
+        if not overwrite:
+            raise
+        logger.warning("--overwrite: discarding the finished units of another run in %s", store.folder)
+        store.remove()
+        store = UnitStore(Path(out) / STORE_FOLDER, settings)
+    return store
+
+
+def done(sharding: Sharding) -> None:
+    """After the output is written: the main process deletes the resume folder."""
+    if sharding.store is not None and sharding.is_main:
+        sharding.store.remove()
+
+
+@contextmanager
+def sharded_command(name: str, shardable: bool) -> Iterator[Sharding]:
+    """The command's `Sharding` (from torchrun's environment; one process without torchrun)."""
+    sharding = from_env()
+    try:
+        if sharding.distributed and not shardable:
+            from vlens.errors import UserInputError
+
+            raise UserInputError(f"{name} does not split its work across processes; run it without torchrun "
+                                 "(or with --nproc-per-node 1)")
+        with stop_on_sigterm(sharding):
+            yield sharding
+    except DistributedRunError as error:  # the process group may be broken: exit without leaving it
+        print(f"{name}: error: {error}", file=sys.stderr, flush=True)
+        raise CommandExit(1) from error
+    finish(sharding)
+
+
+__all__ = ["STORE_FOLDER", "CommandExit", "done", "run_settings", "run_store", "sharded_command"]
