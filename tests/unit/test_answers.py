@@ -66,3 +66,21 @@ def test_teacher_forced_logprob_equals_hand_computation(model):
         assert float(logprob[row]) == pytest.approx(expected, abs=1e-4)
         greedy = all(int(logits[len(prompt) - 1 + j].argmax()) == t for j, t in enumerate(ids))
         assert bool(exact[row]) == greedy
+
+
+def test_eval_warns_and_skips_scoring_an_inexpressible_target(tmp_path):
+    from vlens import HookedVLM
+    from vlens.evaluation import EvalDataset, EvalExample, HookedVLMBackend, evaluate
+    from vlens.testing import random_image, tiny_hf_model
+
+    model = HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=1), tiny_qwen_processor())
+    path = tmp_path / "a.png"
+    random_image(56, 56).save(path)
+    dataset = EvalDataset(format="imagefolder", source="t", examples=[
+        EvalExample(id="three", images=[str(path)], question="How many dots are there?", target=3),
+        EvalExample(id="thirty-seven", images=[str(path)], question="How many dots are there?", target=37)])
+    with pytest.warns(UserWarning, match="example 'thirty-seven'.*'37'.*not in the model's vocabulary"):
+        result = evaluate(HookedVLMBackend(model), dataset, max_new_tokens=2, post_prompt="", progress=False)
+    three, other = result.predictions
+    assert three.target_tokens == answer_ids(model, "3") and three.target_logprob is not None
+    assert other.target_tokens is None and other.target_logprob is None

@@ -7,6 +7,7 @@ or ablations kept active during generation) or a plain Hugging Face model + proc
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -62,19 +63,34 @@ class HookedVLMBackend:
         return [text.strip() for text in out.texts]
 
     def score_answers(self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str],
-                      answers: Sequence[str], ids: Sequence[str]) -> list[tuple[list[int], float]]:
+                      answers: Sequence[str], ids: Sequence[str]) -> list[tuple[list[int] | None, float | None]]:
         """Per prompt: the answer's tokens and its teacher-forced log-probability (vlens.answers),
-        with ``fwd_hooks`` active, as in `generate`."""
+        with ``fwd_hooks`` active, as in `generate`. An answer the tokenizer cannot express (a
+        word-level vocabulary without "37") gets (None, None) and a warning naming the example:
+        the generated answer is still parsed and scored."""
         from vlens.answers import answer_ids, answer_logprobs, teacher_force
 
-        tokens = [answer_ids(self.model, a, example=i, chat=self.chat) for a, i in zip(answers, ids, strict=True)]
-        per_prompt = [imgs[0] if len(imgs) == 1 else list(imgs) for imgs in images]
-        inputs = teacher_force(self.model, self.model.prepare(images=per_prompt, prompts=list(prompts),
-                                                              chat=self.chat), tokens)
+        tokens: list[list[int] | None] = []
+        for answer, example in zip(answers, ids, strict=True):
+            try:
+                tokens.append(answer_ids(self.model, answer, example=example, chat=self.chat))
+            except ValueError as error:
+                warnings.warn(f"not scoring the target's log-probability: {error}", stacklevel=2)
+                tokens.append(None)
+        rows = [i for i, t in enumerate(tokens) if t is not None]
+        out: list[tuple[list[int] | None, float | None]] = [(None, None)] * len(tokens)
+        if not rows:
+            return out
+        kept = [tokens[i] for i in rows]
+        per_prompt = [images[i][0] if len(images[i]) == 1 else list(images[i]) for i in rows]
+        inputs = teacher_force(self.model, self.model.prepare(images=per_prompt, prompts=[prompts[i] for i in rows],
+                                                              chat=self.chat), kept)
         with torch.no_grad():
             logits = self.model.run_with_hooks(inputs, fwd_hooks=self.fwd_hooks)
-        logprob, _ = answer_logprobs(logits[:, -max(len(t) for t in tokens):], tokens)
-        return [(t, float(lp)) for t, lp in zip(tokens, logprob.tolist(), strict=True)]
+        logprob, _ = answer_logprobs(logits[:, -max(len(t) for t in kept):], kept)
+        for i, t, lp in zip(rows, kept, logprob.tolist(), strict=True):
+            out[i] = (t, float(lp))
+        return out
 
 
 class HFBackend:
