@@ -6,11 +6,16 @@ vlens reuses TransformerLens's `HookPoint` and `HookedRootModule`, so hooks, `ru
 
 from __future__ import annotations
 
+import re
+from numbers import Integral
 from typing import Any
 
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint as _TLHookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
+from transformer_lens.utilities import get_act_name
+
+from vlens.errors import UserInputError
 
 __all__ = ["HookPoint", "HookResultError", "HookedRootModule", "act_name", "ATTENTION_PATTERN_HOOKS"]
 
@@ -69,29 +74,59 @@ class HookPoint(_TLHookPoint):
 # hooks that need the attention probabilities materialised (the explicit attention path)
 ATTENTION_PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern")
 
-_BLOCK_LEVEL = {"resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "deepstack"}
-_ATTN_LEVEL = {"q", "k", "v", "rot_q", "rot_k", "attn_scores", "pattern", "z", "result"}
-_MLP_LEVEL = {"pre", "pre_linear", "post"}
+# every hook name of the language side (vision.* names depend on the family and pass through)
+_TOP_LEVEL = {"hook_embed", "hook_inputs_embeds", "ln_final.hook_scale", "ln_final.hook_normalized"}
+_PER_LAYER = re.compile(
+    r"blocks\.\d+\.("
+    r"hook_(resid_pre|resid_mid|resid_post|attn_out|mlp_out|deepstack)"
+    r"|ln[12]\.hook_(scale|normalized)"
+    r"|attn\.hook_(q|k|v|rot_q|rot_k|attn_scores|pattern|z|result)"
+    r"|mlp\.hook_(pre|pre_linear|post))"
+)
+# short names vlens adds on top of TransformerLens's
+_VLENS_ALIASES = {"image_embeds": "vision.hook_image_embeds", "image_features": "vision.hook_image_features"}
+# TransformerLens names with no counterpart here, and what to use instead
+_MISSING = {
+    "hook_pos_embed": "rotary models have no positional embedding hook",
+    "mlp.hook_mid": "hook_mid exists only in SoLU MLPs",
+    "hook_attn_in": "use blocks.{l}.ln1.hook_normalized",
+    "hook_q_input": "use blocks.{l}.attn.hook_q", "hook_k_input": "use blocks.{l}.attn.hook_k",
+    "hook_v_input": "use blocks.{l}.attn.hook_v",
+    "hook_mlp_in": "use blocks.{l}.hook_resid_mid or blocks.{l}.ln2.hook_normalized",
+}
 
 
-def act_name(name: str, layer: int | None = None) -> str:
-    """Full hook name from a short one, TransformerLens `get_act_name` style.
+def act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """Full hook name from a short one, with TransformerLens `get_act_name` semantics.
+
+    Accepts everything `transformer_lens.utils.get_act_name` does that names a vlens hook:
+    aliases ("attn" -> pattern, "attn_logits", "key"/"query"/"value", "mlp_pre"/"mlp_post"),
+    the compact forms ("k6", "scale4ln1"), `layer_type` ("ln1", "ln2", "a", "m") and full
+    names; plus "deepstack", "inputs_embeds", "image_embeds" and "image_features".
 
     >>> act_name("z", 3)
     'blocks.3.attn.hook_z'
-    >>> act_name("resid_pre", 0)
-    'blocks.0.hook_resid_pre'
+    >>> act_name("mlp_post", 0)
+    'blocks.0.mlp.hook_post'
+    >>> act_name("normalized", 2, "ln1")
+    'blocks.2.ln1.hook_normalized'
+
+    Raises:
+        UserInputError: a name vlens has no hook for (e.g. "pos_embed", "mid", "attn_in").
     """
-    short = name.removeprefix("hook_")
-    if layer is None:
-        return name if name.startswith(("blocks.", "vision.", "hook_")) else f"hook_{short}"
-    if short in _BLOCK_LEVEL:
-        return f"blocks.{layer}.hook_{short}"
-    if short in _ATTN_LEVEL:
-        return f"blocks.{layer}.attn.hook_{short}"
-    if short in _MLP_LEVEL:
-        return f"blocks.{layer}.mlp.hook_{short}"
-    raise ValueError(
-        f"Unknown activation name {name!r}. Known per-layer names: "
-        f"{sorted(_BLOCK_LEVEL | _ATTN_LEVEL | _MLP_LEVEL)}"
+    if not isinstance(name, str):
+        raise UserInputError(f"act_name takes a string name, got {name!r}.")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, Integral) or layer < 0):
+        raise UserInputError(f"act_name: layer must be a non-negative int, got {layer!r}.")
+    if layer is None and layer_type is None and name.removeprefix("hook_") in _VLENS_ALIASES:
+        return _VLENS_ALIASES[name.removeprefix("hook_")]
+    full = get_act_name(name, layer, layer_type)
+    if full in _TOP_LEVEL or _PER_LAYER.fullmatch(full) or full.startswith("vision."):
+        return full
+    why = next((reason for suffix, reason in _MISSING.items() if full.endswith(suffix)), None)
+    raise UserInputError(
+        f"act_name({name!r}, {layer!r}) -> {full!r}, which is not a vlens hook"
+        + (f" ({why})" if why else "")
+        + ". Per-layer names: resid_pre/mid/post, attn_out, mlp_out, deepstack, q, k, v, rot_q, rot_k, attn_scores, "
+        "pattern, z, result, pre, pre_linear, post, scale/normalized (with ln1/ln2); model.hook_dict lists all."
     )

@@ -75,6 +75,15 @@ class VLMInputs:
     def seq_len(self) -> int:
         return self.input_ids.shape[1]
 
+    @property
+    def shape(self) -> torch.Size:
+        """``input_ids.shape`` ([batch, pos]): what TransformerLens's patching reads from its tokens."""
+        return self.input_ids.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
     def to(self, device) -> VLMInputs:
         moved = {}
         for f in fields(self):

@@ -6,34 +6,41 @@ not copied); the vision tower stays HF's, wrapped with hooks. Logits equal HF's.
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 from collections.abc import Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Literal
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor, nn
 
 from vlens.architectures import adapter_for
 from vlens.architectures.base import ArchitectureAdapter
 from vlens.components.attention import KVCache
 from vlens.config import VLMConfig
+from vlens.errors import UserInputError
 from vlens.hooks import HookedRootModule, HookPoint
 from vlens.inputs import VLMInputs
 from vlens.runtime import RunState, build_masks, module_device
+from vlens.tl_surface import TransformerLensSurface
+from vlens.weights import WeightsMixin
+
+ReturnType = Literal["logits", "loss", "both", "resid"] | None
 
 
-class HookedVLM(HookedRootModule):
+class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
     """A vision-language model whose decoder exposes every TransformerLens hook.
 
     Build one with `HookedVLM.from_pretrained(path_or_hub_id)`, `HookedVLM.from_hf(hf_model,
-    processor)` or `vlens.load()` (the embedded tiny model). See DESIGN.md for hook names.
+    processor)` or `vlens.load()` (the embedded tiny model). `model.hook_dict` lists the hook names.
+    TransformerLens's tools work on it (README, "Coming from TransformerLens"); the weight views
+    and TransformerLens methods live in `vlens.weights` and `vlens.tl_surface`.
 
     Attributes:
         cfg: `VLMConfig` (TransformerLens field names).
-        embed, vision, rotary, blocks, ln_final, unembed: the model's parts.
+        embed, vision, rotary, blocks, ln_final, unembed: the model's parts. `ln_final` only
+            normalizes; `unembed` applies the final norm's HF weight, then lm_head.
         hf_model: the HF model (shares every parameter with this one).
         processor: the HF processor, if known (needed by `prepare` and `generate` texts).
     """
@@ -177,21 +184,37 @@ class HookedVLM(HookedRootModule):
     def forward(
         self,
         inputs: Any = None,
-        return_type: Literal["logits", "resid"] | None = "logits",
+        return_type: ReturnType = "logits",
         stop_at_layer: int | None = None,
+        loss_per_token: bool = False,
+        labels: Tensor | None = None,
         **hf_kwargs: Any,
-    ) -> Float[Tensor, "batch pos d_vocab"] | Tensor | None:
+    ) -> Float[Tensor, "batch pos d_vocab"] | Tensor | tuple[Tensor, Tensor] | None:
         """Logits [batch, pos, d_vocab] for `VLMInputs` or the HF keyword form.
 
-        stop_at_layer: return the residual stream entering that block instead of logits.
-        return_type: "logits"; "resid" for the final normalized residual; None for nothing.
+        return_type: "logits"; "loss" (next-token loss, see `vlens.loss`: every next text token,
+            or the tokens `labels` marks); "both" for (logits, loss); "resid" for the final
+            residual after the final norm (what lm_head reads); None for nothing.
+        stop_at_layer: return the residual stream entering that block instead.
+        loss_per_token: the loss as [batch, pos - 1] (0 where nothing is predicted).
+        labels: [batch, pos] HF-style targets (-100 = ignore) for the loss.
         """
+        if return_type not in ("logits", "loss", "both", "resid", None):
+            raise UserInputError(f"Unknown return_type {return_type!r}: use 'logits', 'loss', 'both', 'resid' or None.")
         run_inputs = self.coerce_inputs(inputs, **hf_kwargs)
         state = self.start_run(run_inputs)
         resid = self.run_blocks(state.resid, state, 0, stop_at_layer)
         if stop_at_layer is not None:
             return resid
-        return self.finish(resid, return_type)
+        if return_type not in ("loss", "both"):
+            return self.finish(resid, return_type)
+        from vlens.loss import next_token_loss, next_token_targets
+
+        logits = self.finish(resid, "logits")
+        placeholders = tuple(t for t in (self.cfg.image_token_id, self.cfg.video_token_id) if t is not None)
+        targets = next_token_targets(run_inputs.input_ids, run_inputs.attention_mask, placeholders, labels)
+        loss = next_token_loss(logits, targets, per_token=loss_per_token)
+        return (logits, loss) if return_type == "both" else loss
 
     def start_run(self, inputs: VLMInputs, kv_cache: KVCache | None = None) -> RunState:
         """Embed tokens, encode and merge images, build positions and masks.
@@ -252,15 +275,19 @@ class HookedVLM(HookedRootModule):
         return resid
 
     def finish(self, resid: Tensor, return_type: str | None = "logits") -> Tensor | None:
-        """Final norm and unembedding."""
+        """Final norm and unembedding (the norm's weight is applied by `unembed`, see `vlens.weights`).
+
+        return_type: "logits"; "resid" for ``ln_final_w * ln_final(resid)`` (lm_head's input); None.
+        """
         if return_type is None:
             return None
-        normalized = self.ln_final(resid.to(module_device(self.ln_final)))
+        # the norm has no weight of its own: it runs where lm_head does, as does its HF weight
+        normalized = self.ln_final(resid.to(module_device(self.unembed.lm_head)))
         if return_type == "resid":
-            return normalized
+            return self.unembed.apply_norm_weight(normalized)
         if return_type == "logits":
-            return self.unembed(normalized.to(module_device(self.unembed)))
-        raise ValueError(f"Unknown return_type {return_type!r}: use 'logits', 'resid' or None.")
+            return self.unembed(normalized)
+        raise UserInputError(f"Unknown return_type {return_type!r}: use 'logits', 'resid' or None.")
 
     @contextmanager
     def hooks(self, fwd_hooks: Sequence = (), bwd_hooks: Sequence = (), reset_hooks_end: bool = True,
@@ -270,19 +297,22 @@ class HookedVLM(HookedRootModule):
         Unknown hook names fail before anything runs, with the closest existing names.
         """
         for name, _ in [*fwd_hooks, *bwd_hooks]:
-            if isinstance(name, str) and name not in self.hook_dict:
-                raise ValueError(unknown_hook_message(name, list(self.hook_dict), self.cfg.n_layers))
+            self.check_hook_name(name)
         with super().hooks(list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts) as model:
             yield model
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, remove_batch_dim: bool = False,
-                       **kwargs: Any):
-        """Run and cache activations: (logits, `transformer_lens.ActivationCache`).
+                       incl_bwd: bool = False, **kwargs: Any):
+        """Run and cache activations: (output, `VLMActivationCache`, a TransformerLens ActivationCache).
 
         Same keywords as TransformerLens (names_filter, device, remove_batch_dim, incl_bwd, pos_slice).
-        Hooks are removed when it returns, also on error.
+        incl_bwd=True needs return_type="loss": the loss is backpropagated and every hook's gradient
+        is cached as "<name>_grad" (also when the weights are frozen: the residual stream then
+        starts the graph). Hooks are removed when it returns, also on error.
         """
-        out, cache_dict = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim, **kwargs)
+        with self.backward_ready(model_args, kwargs) if incl_bwd else nullcontext():
+            out, cache_dict = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim,
+                                                     incl_bwd=incl_bwd, **kwargs)
         if not return_cache_object:
             return out, cache_dict
         from vlens.cache import VLMActivationCache
@@ -301,14 +331,7 @@ class HookedVLM(HookedRootModule):
                         fwd_hooks=fwd_hooks, seed=seed, verbose=verbose)
 
     # ------------------------------------------------------------------ TransformerLens conveniences
-    def set_use_attn_result(self, use_attn_result: bool) -> None:
-        """Toggle per-head `hook_result` [batch, pos, n_heads, d_model] (costs memory)."""
-        self.cfg.use_attn_result = use_attn_result
-
-    def to_tokens(self, text: str | Sequence[str]) -> Int[Tensor, "batch pos"]:
-        texts = [text] if isinstance(text, str) else list(text)
-        return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)["input_ids"]
-
+    # (more in vlens.tl_surface and vlens.weights, mixed in above)
     def to_string(self, tokens: Tensor | Sequence[int]) -> str | list[str]:
         if isinstance(tokens, Tensor) and tokens.ndim == 2:
             return [self.tokenizer.decode(row) for row in tokens]
@@ -330,80 +353,12 @@ class HookedVLM(HookedRootModule):
             raise ValueError(f"{text!r} is {len(ids)} tokens ({ids}), not one.")
         return ids[0]
 
-    def tokens_to_residual_directions(self, tokens: int | str | Tensor) -> Tensor:
-        if isinstance(tokens, str):
-            tokens = self.to_single_token(tokens)
-        return self.W_U[:, tokens].T if isinstance(tokens, Tensor) else self.W_U[:, tokens]
-
-    def _stack(self, name: str, sub: str = "attn") -> Tensor:
-        return torch.stack([getattr(getattr(block, sub), name) for block in self.blocks])
-
-    @property
-    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
-        return self.embed.W_E
-
-    @property
-    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
-        return self.unembed.W_U
-
-    @property
-    def b_U(self) -> Float[Tensor, "d_vocab"]:
-        return self.unembed.b_U
-
-    @property
-    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        return self._stack("W_Q")
-
-    @property
-    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        return self._stack("W_K")
-
-    @property
-    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        return self._stack("W_V")
-
-    @property
-    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
-        return self._stack("W_O")
-
-    @property
-    def b_Q(self) -> Float[Tensor, "n_layers n_heads d_head"]:
-        return self._stack("b_Q")
-
-    @property
-    def b_K(self) -> Float[Tensor, "n_layers n_heads d_head"]:
-        return self._stack("b_K")
-
-    @property
-    def b_V(self) -> Float[Tensor, "n_layers n_heads d_head"]:
-        return self._stack("b_V")
-
-    @property
-    def b_O(self) -> Float[Tensor, "n_layers d_model"]:
-        return self._stack("b_O")
-
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
-        """Sum of the output biases up to `layer` (TransformerLens API; used by decompose_resid)."""
-        total = torch.zeros(self.cfg.d_model, dtype=self.cfg.dtype, device=self.W_U.device)
-        for i in range(layer):
-            total = total + self.blocks[i].attn.b_O
-        if mlp_input and layer < self.cfg.n_layers:
-            total = total + self.blocks[layer].attn.b_O
-        return total
-
     def summary(self) -> str:
         """One line: architecture, sizes and the number of hook points."""
         c = self.cfg
         return (f"HookedVLM({c.architecture}: {c.n_layers} layers, d_model={c.d_model}, "
                 f"{c.n_heads} heads ({c.n_key_value_heads} kv), d_head={c.d_head}, "
                 f"{len(self.hook_dict)} hook points)")
-
-
-def unknown_hook_message(name: str, known: list[str], n_layers: int) -> str:
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return (f"No hook point named {name!r} (this model has {n_layers} layers, blocks.0 .. blocks.{n_layers - 1})."
-            f"{hint} List them with model.hook_dict or `vlens info --hooks`.")
 
 
 HookedVisionLanguageModel = HookedVLM

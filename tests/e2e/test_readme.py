@@ -23,3 +23,21 @@ def test_readme_quick_tour_runs():
     assert namespace["patched"].shape == (1, inputs.seq_len, model.cfg.d_vocab)
     assert inputs.regions.image_grid[0] == [(6, 6)]
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+
+
+def test_readme_transformer_lens_section_runs_and_adds_up():
+    from vlens.zoo import WEIGHTS_FOLDER
+
+    if not (WEIGHTS_FOLDER / "model.safetensors").exists():
+        pytest.skip("embedded model weights are absent")
+    section = README.read_text().split("## Coming from TransformerLens", 1)[1]
+    block = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    model, logits, attrs = namespace["model"], namespace["logits"], namespace["attrs"]
+    three, five = model.to_single_token("3"), model.to_single_token("5")
+    logit_diff = logits[0, -1, three] - logits[0, -1, five]
+    assert abs(float(attrs.sum(0)[0] - logit_diff)) <= 1e-4 * abs(float(logit_diff))
+    assert namespace["heads"].shape == (model.cfg.n_layers, model.cfg.n_heads)
+    assert namespace["loss"].ndim == 0 and "blocks.0.hook_resid_pre_grad" in namespace["grad_cache"].cache_dict
+    assert all(not hp.fwd_hooks and not hp.bwd_hooks for hp in model.hook_dict.values())

@@ -93,10 +93,9 @@ def test_activation_cache_methods(qwen_pair):
     components = cache.decompose_resid()
     # embeddings + attn + mlp per layer add up to the final residual
     torch.testing.assert_close(components.sum(0), cache[f"blocks.{n_layers - 1}.hook_resid_post"], atol=1e-4, rtol=0)
-    # apply_ln_to_stack divides by the cached scale; weights are not folded (HF-identical), so the
-    # RMSNorm weight is applied explicitly before W_U
+    # apply_ln_to_stack divides by the cached scale; the final norm's weight is folded into W_U
     normed = cache.apply_ln_to_stack(resid[-1:], layer=-1)[0]
-    torch.testing.assert_close((normed * model.ln_final.w) @ model.W_U, logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(normed @ model.W_U + model.b_U, logits, atol=1e-4, rtol=0)
 
 
 def test_weight_views_have_transformer_lens_shapes(qwen_pair):

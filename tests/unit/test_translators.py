@@ -74,7 +74,7 @@ def test_training_on_a_tiny_model_lowers_kl_with_early_stopping():
 
 def test_unembedding_hash_is_sha256_of_fp32_bytes():
     model = tiny_model(QWEN)
-    expected = hashlib.sha256(model.W_U.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+    expected = hashlib.sha256(model.unembed.W_U_unfolded.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
     assert unembedding_hash(model) == expected
 
 

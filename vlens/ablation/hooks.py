@@ -47,7 +47,7 @@ def replacement_values(
     if method == "zero":
         cfg = model.cfg
         return torch.zeros(*inputs.input_ids.shape, cfg.n_heads, cfg.d_head, dtype=cfg.dtype,
-                           device=model.W_U.device)
+                           device=model.unembed.device)
     if method == "mean":
         return reference.mean_values(layer, inputs, slot_ids)
     if partners is None:

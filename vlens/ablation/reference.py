@@ -169,7 +169,7 @@ def collect_reference(
     else:
         batches, total = iter(reference), None
     lookup: dict[Key, int] = {}
-    device = model.W_U.device
+    device = model.unembed.device
     sums = torch.zeros(cfg.n_layers, 0, cfg.n_heads, cfg.d_head, dtype=torch.float32, device=device)
     counts = torch.zeros(0, dtype=torch.long)
     samples: list[list[Tensor]] = [[] for _ in range(cfg.n_layers)]

@@ -19,6 +19,7 @@ from vlens.components import (
     GatedMLP,
     HookedVisionTower,
     RMSNorm,
+    RMSNormPre,
     RotaryEmbedding,
     TransformerBlock,
     Unembed,
@@ -43,7 +44,7 @@ class ImageFeatures:
 class DecoderParts:
     embed: Embed
     blocks: list[TransformerBlock]
-    ln_final: RMSNorm
+    ln_final: RMSNormPre
     unembed: Unembed
     rotary: RotaryEmbedding
 
@@ -69,8 +70,10 @@ class ArchitectureAdapter:
         return DecoderParts(
             embed=Embed(lm.embed_tokens),
             blocks=blocks,
-            ln_final=RMSNorm(lm.norm.weight, cfg.eps, source=lm.norm),
-            unembed=Unembed(hf_model.lm_head),
+            # the final norm's weight is applied by the unembedding (an effective W_U, as after
+            # TransformerLens's fold_ln), with HF's arithmetic
+            ln_final=RMSNormPre(cfg.eps),
+            unembed=Unembed(hf_model.lm_head, lm.norm.weight, ln_final_source=lm.norm),
             rotary=RotaryEmbedding(lm.rotary_emb, cfg.rope_kind),
         )
 

@@ -8,7 +8,7 @@ from vlens.components.attention import Attention
 from vlens.components.block import TransformerBlock
 from vlens.components.embed import Embed
 from vlens.components.mlp import GatedMLP
-from vlens.components.rms_norm import RMSNorm
+from vlens.components.rms_norm import RMSNorm, RMSNormPre
 from vlens.components.rotary import RotaryEmbedding, apply_rotary
 from vlens.components.unembed import Unembed
 from vlens.components.vision import HookedVisionTower
@@ -19,6 +19,7 @@ __all__ = [
     "GatedMLP",
     "HookedVisionTower",
     "RMSNorm",
+    "RMSNormPre",
     "RotaryEmbedding",
     "TransformerBlock",
     "Unembed",

@@ -12,6 +12,9 @@ from vlens.hooks import HookPoint
 
 
 class TransformerBlock(nn.Module):
+    # read by TransformerLens's logit lens: hook_resid_post is the one residual stream
+    hook_out_is_single_residual_stream = True
+
     def __init__(self, layer: int, ln1: RMSNorm, attn: Attention, ln2: RMSNorm, mlp: GatedMLP):
         super().__init__()
         self.layer = layer

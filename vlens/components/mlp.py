@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
@@ -38,8 +39,27 @@ class GatedMLP(nn.Module):
     def W_out(self) -> Float[Tensor, "d_mlp d_model"]:
         return self.down_proj.weight.T
 
+    @property
+    def b_in(self) -> Float[Tensor, "d_mlp"]:
+        return _bias(self.up_proj)
+
+    @property
+    def b_gate(self) -> Float[Tensor, "d_mlp"]:
+        return _bias(self.gate_proj)
+
+    @property
+    def b_out(self) -> Float[Tensor, "d_model"]:
+        """The down projection's bias (zeros when it has none): what the MLP adds besides its neurons."""
+        return _bias(self.down_proj)
+
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         gate = self.hook_pre(self.gate_proj(x))
         up = self.hook_pre_linear(self.up_proj(x))
         post = self.hook_post(self.act(gate) * up)
         return self.down_proj(post)
+
+
+def _bias(linear: nn.Linear) -> Tensor:
+    if linear.bias is not None:
+        return linear.bias
+    return torch.zeros(linear.out_features, dtype=linear.weight.dtype, device=linear.weight.device)

@@ -67,7 +67,7 @@ def iter_batches(model, samples: Sequence[Sample], batch_size: int = 8,
 def prepare_batch(model, chunk: Sequence[Sample]) -> tuple[Any, list[dict]]:
     """``(VLMInputs, records)`` of some samples (left-padded, chat format)."""
     inputs = model.prepare(images=[s[0] for s in chunk], prompts=[s[1] for s in chunk])
-    return inputs.to(model.W_U.device), [s[2] for s in chunk]
+    return inputs.to(model.unembed.device), [s[2] for s in chunk]
 
 
 def position_mask(inputs, positions: str) -> Tensor:
@@ -93,7 +93,7 @@ def collect_residuals(model, samples: Sequence[Sample], positions: str = "text",
         inputs, _ = prepare_batch(model, samples[start:start + batch_size])
         with torch.no_grad():
             _, cache = model.run_with_cache(inputs, names_filter=lambda name: name in names)
-        mask = position_mask(inputs, positions).to(model.W_U.device)
+        mask = position_mask(inputs, positions).to(model.unembed.device)
         stacked = torch.stack([cache[f"blocks.{layer}.hook_resid_post"] for layer in range(model.cfg.n_layers)], 2)
         return stacked[mask].float().cpu()  # [n_positions, n_layers, d_model]
 

@@ -117,8 +117,8 @@ class HeadLens:
             translators = Translators.for_model(model)
         else:
             translators.check_model(model)
-        self.translators = translators.to(model.W_U.device)
-        self.readout = LensReadout.from_model(model).to(model.W_U.device)
+        self.translators = translators.to(model.unembed.device)
+        self.readout = LensReadout.from_model(model).to(model.unembed.device)
         self.include_bias = include_bias
 
     def decode_heads(

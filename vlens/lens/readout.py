@@ -2,7 +2,8 @@
 
 Lenses train through the read-out but must never change (or accumulate gradients in) the
 model, so the read-out is copied once, detached, in fp32. ``LensReadout.from_model`` mirrors
-``model.ln_final`` (RMSNorm: ``w * x / sqrt(mean(x^2) + eps)``) and ``model.unembed``.
+the model's final RMSNorm (``w * x / sqrt(mean(x^2) + eps)``, ``w = model.unembed.ln_final_w``) and
+its lm_head (``W_U`` here is lm_head's own, without ``w``; ``model.W_U`` has ``w`` folded in).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def unembedding_hash(model_or_W_U) -> str:
 
     A lens stores this so it is never applied to a model whose unembedding differs.
     """
-    W_U = model_or_W_U.W_U if hasattr(model_or_W_U, "W_U") else model_or_W_U
+    # a model's lm_head weight, without the final norm's weight folded in (model.W_U has it)
+    W_U = model_or_W_U.unembed.W_U_unfolded if hasattr(model_or_W_U, "unembed") else model_or_W_U
     data = W_U.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
     return hashlib.sha256(data).hexdigest()[:UNEMBED_HASH_CHARS]
 
@@ -46,15 +48,15 @@ class LensReadout:
 
     @classmethod
     def from_model(cls, model) -> LensReadout:
-        ln = model.ln_final
-        weight = getattr(ln, "w", None)
-        if weight is None or not hasattr(ln, "eps"):
+        """The final RMSNorm (weight ``model.unembed.ln_final_w``, ``model.ln_final.eps``) and lm_head."""
+        weight = getattr(model.unembed, "ln_final_w", None)
+        if weight is None or not hasattr(model.ln_final, "eps"):
             raise TypeError(
-                f"model.ln_final is {type(ln).__name__}; lenses expect an RMSNorm with `w` and `eps` "
-                "(vlens.components.rms_norm.RMSNorm)."
+                f"model.ln_final is {type(model.ln_final).__name__} and the unembedding holds no final-norm "
+                "weight; lenses expect an RMSNorm read-out (vlens.components: RMSNormPre + Unembed)."
             )
         b_U = model.b_U if getattr(model.unembed.lm_head, "bias", None) is not None else None
-        return cls(model.W_U, b_U, weight, ln.eps)
+        return cls(model.unembed.W_U_unfolded, b_U, weight, model.ln_final.eps)
 
     @property
     def d_model(self) -> int:

@@ -62,7 +62,7 @@ class Translators(nn.Module):
         """Identity translators for `model`, stamped with its name and unembedding hash."""
         cfg = model.cfg
         info = {"model_name": cfg.model_name or cfg.architecture, "unembed_hash": unembedding_hash(model)}
-        return cls(cfg.n_layers, cfg.d_model, info).to(model.W_U.device)
+        return cls(cfg.n_layers, cfg.d_model, info).to(model.unembed.device)
 
     @property
     def n_layers(self) -> int:
@@ -142,7 +142,7 @@ class Translators(nn.Module):
             lens.b.copy_(tensors["b"])
         if model is not None:
             lens.check_model(model)
-            device = device or model.W_U.device
+            device = device or model.unembed.device
         return lens.to(device) if device is not None else lens
 
 

@@ -51,7 +51,7 @@ def planted_model(n_layers: int = 3, d_model: int = 32, n_heads: int = 4, n_kv_h
             block.mlp.down_proj.weight.zero_()
             if getattr(block.mlp.down_proj, "bias", None) is not None:
                 block.mlp.down_proj.bias.zero_()
-        model.ln_final.weight.fill_(1.0)  # equal-norm final residuals (see plant_answers)
+        model.unembed.ln_final_w.fill_(1.0)  # equal-norm final residuals (see plant_answers)
     return model
 
 

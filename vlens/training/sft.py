@@ -215,7 +215,7 @@ def train_sft(
     layers = (
         default_focus_layers(model.cfg.n_layers) if config.focus_layers is None else list(config.focus_layers)
     )
-    device = model.W_U.device
+    device = model.unembed.device
     autocast = (
         torch.autocast(device_type=device.type, dtype=torch.bfloat16)
         if use_bf16(config.bf16, device)
