@@ -29,6 +29,10 @@ from transformer_lens.utilities import Slice
 from vlens.errors import UserInputError
 
 
+# hooks laid out [n_image_tokens, d_model] over all images of the batch, in row order
+_IMAGE_TOKEN_HOOKS = ("hook_deepstack", "vision.hook_image_embeds")
+
+
 def _as_slice(pos_slice) -> Slice:
     return pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
 
@@ -146,5 +150,17 @@ class VLMActivationCache(ActivationCache):
         return (stack, labels) if return_labels else stack
 
     def apply_slice_to_batch_dim(self, batch_slice) -> VLMActivationCache:
-        sliced = super().apply_slice_to_batch_dim(batch_slice)
+        """TransformerLens's batch slicing; features flattened over the batch's image tokens
+        ([n_image_tokens, d_model]: DeepStack, ``vision.hook_image_embeds``) keep the chosen rows' tokens."""
+        flat = {k: v for k, v in self.cache_dict.items() if k.endswith(_IMAGE_TOKEN_HOOKS)}
+        if not flat or not self.has_batch_dim:
+            sliced = super().apply_slice_to_batch_dim(batch_slice)
+            return VLMActivationCache(sliced.cache_dict, self.model, has_batch_dim=sliced.has_batch_dim)
+        counts = self.image_positions().sum(-1).tolist()  # image tokens per row
+        rows = _as_slice(batch_slice).apply(torch.arange(len(counts))).reshape(-1).tolist()
+        rest = ActivationCache({k: v for k, v in self.cache_dict.items() if k not in flat}, self.model)
+        sliced = rest.apply_slice_to_batch_dim(batch_slice)
+        for key, features in flat.items():
+            per_row = features.split(counts)
+            sliced.cache_dict[key] = torch.cat([per_row[r] for r in rows]) if rows else features[:0]
         return VLMActivationCache(sliced.cache_dict, self.model, has_batch_dim=sliced.has_batch_dim)

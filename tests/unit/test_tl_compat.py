@@ -171,6 +171,23 @@ def test_decompositions_add_up_at_every_position(family):
     torch.testing.assert_close(accumulated[-1] @ model.W_U + model.b_U, logits, rtol=0, atol=1e-5)
 
 
+def test_batch_sliced_and_batchless_caches_still_add_up():
+    model = _model_fresh("qwen3_vl")  # DeepStack features are flattened over the batch's image tokens
+    inputs = _inputs(model)
+    _, cache = model.run_with_cache(inputs)
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    for batch_slice in (1, [1], [0, 1]):
+        sliced = cache.apply_slice_to_batch_dim(batch_slice)
+        error = (sliced.decompose_resid().sum(0) - sliced[last]).abs().max()
+        assert float(error) <= 1e-5 * float(sliced[last].abs().max()), batch_slice
+    one = model.prepare(images=[random_image(64, 64, 1)], prompts=["How many dots are there?"])
+    logits, batchless = model.run_with_cache(one, remove_batch_dim=True)
+    stack = batchless.get_full_resid_decomposition(pos_slice=-1)
+    attrs = batchless.logit_attrs(stack, tokens="3", incorrect_tokens="5", pos_slice=-1, has_batch_dim=False)
+    three, five = model.to_single_token("3"), model.to_single_token("5")
+    torch.testing.assert_close(attrs.sum(0), logits[0, -1, three] - logits[0, -1, five], rtol=1e-4, atol=1e-6)
+
+
 def test_decomposition_needs_the_embedding_hooks():
     model = _model_fresh("qwen2_5_vl")
     _, cache = model.run_with_cache(_inputs(model), names_filter=lambda n: "hook_inputs_embeds" not in n)
