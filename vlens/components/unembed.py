@@ -46,7 +46,7 @@ class Unembed(nn.Module):
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
         """Effective unembedding ``diag(ln_final_w) @ lm_head.weight.T``, computed on access."""
         weight = self.lm_head.weight.T
-        return weight if self.ln_final_w is None else self._norm_weight()[:, None] * weight
+        return weight if self.ln_final_w is None else self._norm_weight().to(weight.device)[:, None] * weight
 
     @property
     def W_U_unfolded(self) -> Float[Tensor, "d_model d_vocab"]:
