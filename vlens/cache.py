@@ -28,7 +28,6 @@ from transformer_lens.utilities import Slice
 
 from vlens.errors import UserInputError
 
-
 # hooks laid out [n_image_tokens, d_model] over all images of the batch, in row order
 _IMAGE_TOKEN_HOOKS = ("hook_deepstack", "vision.hook_image_embeds")
 
