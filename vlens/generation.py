@@ -3,21 +3,59 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from jaxtyping import Int
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from vlens.architectures.base import ArchitectureAdapter
 from vlens.components.attention import KVCache
+from vlens.config import VLMConfig
 from vlens.finite import finite_rows, warn_non_finite
+from vlens.hooks import HookPoint
 from vlens.inputs import VLMInputs
 from vlens.runtime import RunState, build_masks
 
-if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+
+class DecodingModel(Protocol):
+    """What decoding uses of a model (`HookedVLM` has all of it)."""
+
+    @property
+    def cfg(self) -> VLMConfig: ...
+
+    @property
+    def adapter(self) -> ArchitectureAdapter: ...
+
+    @property
+    def processor(self) -> Any: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def embed(self) -> nn.Module: ...
+
+    @property
+    def rotary(self) -> nn.Module: ...
+
+    @property
+    def hook_embed(self) -> HookPoint: ...
+
+    @property
+    def hook_inputs_embeds(self) -> HookPoint: ...
+
+    def hooks(self, fwd_hooks: Sequence = ...) -> AbstractContextManager[Any]: ...
+
+    def start_run(self, inputs: VLMInputs, kv_cache: KVCache | None = None) -> RunState: ...
+
+    def run_blocks(self, resid: Tensor, state: RunState, start_at_layer: int = 0,
+                   stop_at_layer: int | None = None) -> Tensor: ...
+
+    def finish(self, resid: Tensor, return_type: str | None = "logits") -> Tensor | None: ...
 
 
 @dataclass
@@ -55,7 +93,7 @@ def _choose(logits: Tensor, do_sample: bool, temperature: float, top_p: float, t
 
 
 @torch.no_grad()
-def generate(model: HookedVLM, inputs: VLMInputs, max_new_tokens: int = 16, do_sample: bool = False,
+def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, do_sample: bool = False,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = None,
              fwd_hooks: Sequence = (), seed: int | None = None, verbose: bool = False) -> GenerationOutput:
     """Greedy (default) or sampled decoding; stops when every row has emitted an EOS token.
@@ -97,7 +135,7 @@ def generate(model: HookedVLM, inputs: VLMInputs, max_new_tokens: int = 16, do_s
                             sequences=torch.cat([inputs.input_ids, tokens], dim=1), non_finite=non_finite.cpu())
 
 
-def _decode_step(model: HookedVLM, token: Tensor, attention_mask: Tensor, prefill: RunState,
+def _decode_step(model: DecodingModel, token: Tensor, attention_mask: Tensor, prefill: RunState,
                  cache: KVCache) -> Tensor:
     """Run one new token per row through the cached decoder; returns last logits [batch, d_vocab]."""
     resid = model.hook_inputs_embeds(model.hook_embed(model.embed(token[:, None])))
@@ -111,7 +149,7 @@ def _decode_step(model: HookedVLM, token: Tensor, attention_mask: Tensor, prefil
     return model.finish(model.run_blocks(resid, state))[:, -1]
 
 
-def _decode_texts(model: HookedVLM, tokens: Tensor, eos: Tensor) -> list[str]:
+def _decode_texts(model: DecodingModel, tokens: Tensor, eos: Tensor) -> list[str]:
     if model.processor is None:
         return ["" for _ in range(tokens.shape[0])]
     eos_ids = set(eos.tolist())

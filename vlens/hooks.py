@@ -17,7 +17,7 @@ from transformer_lens.utilities import get_act_name
 
 from vlens.errors import UserInputError
 
-__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "act_name", "ATTENTION_PATTERN_HOOKS"]
+__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "act_name"]
 
 
 class HookResultError(ValueError):
@@ -71,8 +71,7 @@ class HookPoint(_TLHookPoint):
             hook = _checked(hook, self)
         return super().add_hook(hook, dir, *args, **kwargs)
 
-# hooks that need the attention probabilities materialised (the explicit attention path)
-ATTENTION_PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern")
+
 
 # every hook name of the language side (vision.* names depend on the family and pass through)
 _TOP_LEVEL = {"hook_embed", "hook_inputs_embeds", "ln_final.hook_scale", "ln_final.hook_normalized"}

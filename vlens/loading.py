@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from vlens.architectures.registry import adapter_for
+from vlens.processors import SimpleVLProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,6 @@ def load_processor_for(name_or_path: str, trust_remote_code: bool = False):
             return processor
     except (ImportError, AttributeError, ValueError, TypeError, OSError) as error:
         logger.info("AutoProcessor unavailable for %s (%s); using SimpleVLProcessor", name_or_path, error)
-    from vlens.processors import SimpleVLProcessor
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     image_processor = transformers.AutoImageProcessor.from_pretrained(name_or_path,

@@ -17,13 +17,20 @@ from torch import Tensor, nn
 
 from vlens.architectures import adapter_for
 from vlens.architectures.base import ArchitectureAdapter
+from vlens.cache import VLMActivationCache
 from vlens.components.attention import KVCache
 from vlens.config import VLMConfig
+from vlens.devices import configure_resolution, resolve_device, resolve_dtype
 from vlens.errors import UserInputError
+from vlens.generation import GenerationOutput, generate
 from vlens.hooks import HookedRootModule, HookPoint
 from vlens.inputs import VLMInputs
+from vlens.loading import load_hf_model_and_processor
+from vlens.loss import next_token_loss, next_token_targets
+from vlens.processing import coerce_inputs, prepare_inputs
 from vlens.runtime import RunState, build_masks, module_device
 from vlens.tl_surface import TransformerLensSurface
+from vlens.token_labels import str_tokens
 from vlens.weights import WeightsMixin
 
 ReturnType = Literal["logits", "loss", "both", "resid"] | None
@@ -103,9 +110,6 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
         max_memory: per-device budget for "auto" maps, e.g. {0: "70GiB", 1: "70GiB", "cpu": "200GiB"}.
         offload_folder: where "disk" entries are kept when the checkpoint cannot be read in place.
         """
-        from vlens.devices import configure_resolution, resolve_device, resolve_dtype
-        from vlens.loading import load_hf_model_and_processor
-
         if device_map is None:
             device = resolve_device(device)
         dtype = resolve_dtype(dtype, device if device_map is None else None)
@@ -170,14 +174,10 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
             to 8-bit RGB, see `vlens.images`), a local file path, or a numpy array / tensor.
         allow_urls: fetch "http(s)://" images (refused by default: nothing is downloaded unasked).
         """
-        from vlens.processing import prepare_inputs
-
         return prepare_inputs(self, images=images, prompts=prompts, chat=chat, allow_urls=allow_urls)
 
     def coerce_inputs(self, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:
         """Accept `VLMInputs`, a processor output (dict / BatchFeature) or HF keywords."""
-        from vlens.processing import coerce_inputs
-
         return coerce_inputs(self, inputs, **hf_kwargs)
 
     # ------------------------------------------------------------------ forward
@@ -208,7 +208,6 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
             return resid
         if return_type not in ("loss", "both"):
             return self.finish(resid, return_type)
-        from vlens.loss import next_token_loss, next_token_targets
 
         logits = self.finish(resid, "logits")
         placeholders = tuple(t for t in (self.cfg.image_token_id, self.cfg.video_token_id) if t is not None)
@@ -315,17 +314,14 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
                                                      incl_bwd=incl_bwd, **kwargs)
         if not return_cache_object:
             return out, cache_dict
-        from vlens.cache import VLMActivationCache
-
         return out, VLMActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
 
     # ------------------------------------------------------------------ generation
     def generate(self, inputs: Any = None, max_new_tokens: int = 16, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = None,
-                 fwd_hooks: Sequence = (), seed: int | None = None, verbose: bool = False, **hf_kwargs: Any):
+                 fwd_hooks: Sequence = (), seed: int | None = None, verbose: bool = False,
+                 **hf_kwargs: Any) -> GenerationOutput:
         """Autoregressive decoding with a KV cache (M-RoPE deltas handled); see `vlens.generation`."""
-        from vlens.generation import generate
-
         return generate(self, self.coerce_inputs(inputs, **hf_kwargs), max_new_tokens=max_new_tokens,
                         do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
                         fwd_hooks=fwd_hooks, seed=seed, verbose=verbose)
@@ -343,8 +339,6 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
         Takes a string (tokenised without special tokens), an int, a list of ids, a 1-D tensor
         (-> list[str]) or a 2-D tensor / list of lists (-> one list per row).
         """
-        from vlens.token_labels import str_tokens
-
         return str_tokens(self.tokenizer, tokens)
 
     def to_single_token(self, text: str) -> int:

@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from vlens.architectures.base import ArchitectureAdapter
+from vlens.config import VLMConfig
 from vlens.images import to_rgb
 from vlens.inputs import VLMInputs, compute_regions
 
-if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+
+class PreparingModel(Protocol):
+    """What input preparation reads from a model (`HookedVLM` has all of it)."""
+
+    @property
+    def cfg(self) -> VLMConfig: ...
+
+    @property
+    def adapter(self) -> ArchitectureAdapter: ...
+
+    @property
+    def processor(self) -> Any: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def W_U(self) -> Tensor: ...
 
 
 def _images_per_row(images: Any, batch: int) -> list[list]:
@@ -37,18 +56,38 @@ def _images_per_row(images: Any, batch: int) -> list[list]:
     return rows
 
 
-def _chat_text(model: HookedVLM, prompt: str, n_images: int) -> str:
+def chat_messages(prompt: str, n_images: int = 1) -> list[dict]:
+    """One user turn in the chat-template format: `n_images` image slots, then the text."""
+    content: list[dict] = [{"type": "image"} for _ in range(n_images)]
+    content.append({"type": "text", "text": prompt})
+    return [{"role": "user", "content": content}]
+
+
+def chat_prompt(model: PreparingModel, prompt: str, n_images: int) -> str:
+    """The prompt text a chat model gets: its processor's chat template (with the generation
+    prompt), or the family's own format when the processor has no template."""
     processor = model.processor
     template = getattr(processor, "chat_template", None) or getattr(getattr(processor, "tokenizer", None),
                                                                     "chat_template", None)
     if template:
-        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": prompt}]
-        messages = [{"role": "user", "content": content}]
-        return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return processor.apply_chat_template(chat_messages(prompt, n_images), add_generation_prompt=True,
+                                             tokenize=False)
     return model.adapter.fallback_chat_prompt(prompt, n_images)
 
 
-def prepare_inputs(model: HookedVLM, images: Any = None, prompts: str | Sequence[str] = (),
+@contextmanager
+def left_padding(tokenizer: Any) -> Iterator[Any]:
+    """Pad on the left inside the block (generation continues from the last column); the
+    tokenizer's own side is restored on exit, also on error."""
+    previous = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.padding_side = previous
+
+
+def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Sequence[str] = (),
                    chat: bool = True, allow_urls: bool = False) -> VLMInputs:
     """Format prompts (chat template or the family's format), run the processor, add regions.
 
@@ -67,7 +106,7 @@ def prepare_inputs(model: HookedVLM, images: Any = None, prompts: str | Sequence
     texts = []
     for prompt, row_images in zip(prompts, rows, strict=True):
         if chat:
-            texts.append(_chat_text(model, prompt, len(row_images)))
+            texts.append(chat_prompt(model, prompt, len(row_images)))
         elif row_images and placeholder not in prompt:
             texts.append(placeholder * len(row_images) + prompt)
         else:
@@ -75,18 +114,13 @@ def prepare_inputs(model: HookedVLM, images: Any = None, prompts: str | Sequence
     # 16-bit, float, palette and alpha images scaled / composited correctly (vlens.images)
     flat = [to_rgb(img, allow_urls=allow_urls, what=f"image {i} of prompt {p}")
             for p, row in enumerate(rows) for i, img in enumerate(row)]
-    tokenizer = model.tokenizer
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        kwargs = {"images": flat} if flat else {}
+    kwargs = {"images": flat} if flat else {}
+    with left_padding(model.tokenizer):
         encoded = model.processor(text=texts, return_tensors="pt", padding=True, **kwargs)
-    finally:
-        tokenizer.padding_side = old_side
     return coerce_inputs(model, dict(encoded))
 
 
-def coerce_inputs(model: HookedVLM, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:
+def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:
     """`VLMInputs` from VLMInputs, a mapping (processor output) or HF keyword arguments.
 
     Fills what HF would leave implicit: attention_mask (all ones), mm_token_type_ids (from the

@@ -8,9 +8,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessorPil
+from transformers import (
+    CLIPImageProcessorPil,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen2VLImageProcessorPil,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
 
 from vlens.processors import SimpleVLProcessor
 
@@ -71,8 +86,6 @@ def tiny_qwen_config(family: str = "qwen2_5_vl", vocab_size: int | None = None, 
                      mrope_section: list[int] | None = None, vision_depth: int = 2, vision_width: int = 32,
                      tokenizer=None, **text_overrides: Any):
     """A tiny Qwen2-VL / Qwen2.5-VL config whose special-token ids match `word_level_tokenizer`."""
-    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
-
     tokenizer = tokenizer or word_level_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     d_head = d_model // n_heads
@@ -110,8 +123,6 @@ def _default_mrope_section(d_head: int) -> list[int]:
 def tiny_hf_model(family: str = "qwen2_5_vl", seed: int = 0, attn_implementation: str = "eager",
                   dtype: torch.dtype = torch.float32, **config_kwargs: Any):
     """A randomly initialised tiny HF model (eval mode) of the given family."""
-    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
-
     config = tiny_qwen_config(family, **config_kwargs)
     config._attn_implementation = attn_implementation
     cls = {"qwen2_vl": Qwen2VLForConditionalGeneration,
@@ -135,9 +146,6 @@ def _perturb_norms(model: torch.nn.Module, seed: int) -> None:
 
 def random_image(width: int = 56, height: int = 56, seed: int = 0):
     """A random RGB PIL image (deterministic in seed)."""
-    import numpy as np
-    from PIL import Image
-
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8))
 
@@ -167,8 +175,6 @@ def tiny_qwen3_vl_config(vocab_size: int | None = None, n_layers: int = 3, d_mod
     d_head is independent of d_model / n_heads, as in Qwen3. DeepStack defaults to vision blocks
     [0, 1] feeding decoder layers 0 and 1.
     """
-    from transformers import Qwen3VLConfig
-
     tokenizer = tokenizer or word_level_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     section = mrope_section or _default_mrope_section(d_head)
@@ -192,8 +198,6 @@ def tiny_qwen3_vl_config(vocab_size: int | None = None, n_layers: int = 3, d_mod
 def tiny_qwen3_vl_model(seed: int = 0, attn_implementation: str = "eager", dtype: torch.dtype = torch.float32,
                         **config_kwargs: Any):
     """A randomly initialised tiny `Qwen3VLForConditionalGeneration` (eval mode, norms perturbed)."""
-    from transformers import Qwen3VLForConditionalGeneration
-
     config = tiny_qwen3_vl_config(**config_kwargs)
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
@@ -232,8 +236,6 @@ def tiny_llava_processor(image_size: int = 32, patch_size: int = 8, strategy: st
 
     Each `<image>` expands to (image_size // patch_size)**2 tokens (+1 with strategy "full").
     """
-    from transformers import CLIPImageProcessorPil, LlavaProcessor
-
     image_processor = CLIPImageProcessorPil(size={"shortest_edge": image_size},
                                             crop_size={"height": image_size, "width": image_size})
     return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer or llava_tokenizer(),
@@ -247,8 +249,6 @@ def tiny_llava_config(vocab_size: int | None = None, n_layers: int = 2, d_model:
                       vision_depth: int = 3, vision_width: int = 32, vision_heads: int = 2, tokenizer=None,
                       **text_overrides: Any):
     """A tiny LLaVA-1.5 config (Llama text model, CLIP tower) whose token ids match `llava_tokenizer`."""
-    from transformers import LlavaConfig
-
     tokenizer = tokenizer or llava_tokenizer()
     text = dict(model_type="llama", vocab_size=vocab_size or len(tokenizer), hidden_size=d_model,
                 intermediate_size=d_mlp, num_hidden_layers=n_layers, num_attention_heads=n_heads,
@@ -268,8 +268,6 @@ def tiny_llava_config(vocab_size: int | None = None, n_layers: int = 2, d_model:
 def tiny_llava_model(seed: int = 0, attn_implementation: str = "eager", dtype: torch.dtype = torch.float32,
                      **config_kwargs: Any):
     """A randomly initialised tiny `LlavaForConditionalGeneration` (eval mode, norms and biases perturbed)."""
-    from transformers import LlavaForConditionalGeneration
-
     config = tiny_llava_config(**config_kwargs)
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)

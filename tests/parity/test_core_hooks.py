@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import QWEN_FAMILIES
 from tests.helpers.arch_parity import (
     assert_head_decomposition,
     assert_hook_shapes,
@@ -12,7 +13,6 @@ from tests.helpers.arch_parity import (
     assert_no_hooks_left_after_exception,
     assert_scores_edit_matches_scaling_q,
 )
-from tests.conftest import QWEN_FAMILIES
 from vlens.testing import random_image
 
 

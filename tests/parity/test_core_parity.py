@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.arch_parity import assert_logits_match, input_matrix
 from tests.conftest import QWEN_FAMILIES
+from tests.helpers.arch_parity import assert_logits_match, input_matrix
 from vlens.testing import random_image
 
 

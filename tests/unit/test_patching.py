@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from tests.helpers.planted import PLANTED_HEAD, PLANTED_LAYER, plant_answers, planted_model, planted_pairs
 from vlens import HookedVLM
 from vlens.data import make_pair, write_imagefolder
 from vlens.patching import (
@@ -22,7 +23,6 @@ from vlens.patching import (
     patch_layer_region_components,
     patch_metrics,
 )
-from vlens.patching.planted import PLANTED_HEAD, PLANTED_LAYER, plant_answers, planted_model, planted_pairs
 from vlens.testing import tiny_hf_model, tiny_qwen_processor
 
 torch.set_num_threads(1)

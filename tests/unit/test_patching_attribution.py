@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.planted import PLANTED_HEAD, PLANTED_LAYER, plant_answers, planted_model, planted_pairs
 from vlens.patching import (
     PatchSpec,
     attribution_patching,
@@ -13,7 +14,6 @@ from vlens.patching import (
     patch_metrics,
     spearman,
 )
-from vlens.patching.planted import PLANTED_HEAD, PLANTED_LAYER, plant_answers, planted_model, planted_pairs
 from vlens.patching.runner import run_specs
 
 torch.set_num_threads(1)

@@ -13,6 +13,8 @@ from torch import Tensor
 
 from vlens.ablation.overlap import Head, chance_jaccard, jaccard, jaccard_matrix, rank_heads, top_k_heads
 from vlens.validation import check_top_k
+from vlens.viz.figures import jaccard_matrix_figure, layer_head_heatmap
+from vlens.viz.report import Report
 
 RANK_BY: tuple[str, ...] = ("logprob", "accuracy")
 
@@ -126,8 +128,6 @@ class HeadAblation:
 
     def figure(self, rank_by: str = "logprob"):
         """Layer x head heatmap of the damage (plotly)."""
-        from vlens.viz.figures import layer_head_heatmap
-
         label = "answer log-prob drop" if rank_by == "logprob" else "accuracy drop"
         return layer_head_heatmap(self.scores(rank_by).float(), title=f"{self.task}: {self.method} ablation",
                                   value_label=label)
@@ -222,16 +222,12 @@ class AblationReport:
 
     def jaccard_figure(self, title: str | None = None):
         """Plotly heatmap of the Jaccard matrix (values in the cells)."""
-        from vlens.viz.figures import jaccard_matrix_figure
-
         matrix, names = self.jaccard()
         return jaccard_matrix_figure(matrix.float(), names,
                                      title or f"Jaccard overlap of top-{self.top_k} heads ({self.rank_by} drop)")
 
     def html_report(self, title: str = "Head ablation across tasks"):
         """A `vlens.viz.Report`: the Jaccard heatmap, then per task the damage heatmap and top heads."""
-        from vlens.viz.report import Report
-
         matrix, names = self.jaccard()
         report = Report(title, intro=f"{self.settings.get('method', '')} ablation of every attention head alone; "
                                      f"top-{self.top_k} heads per task by {self.rank_by} drop. "

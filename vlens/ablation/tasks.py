@@ -20,6 +20,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from vlens.data import TASKS, make_task_sample
 from vlens.inputs import VLMInputs
 
 DEFAULT_STYLE = "synpoly"
@@ -115,8 +116,6 @@ def answer_token_ids(model, answers: Sequence[str], chat: bool = True) -> list[l
 
 def parse_task(name: str) -> tuple[str, str]:
     """'counting@synreal' -> ('counting', 'synreal'); 'colour' -> ('colour', 'synpoly')."""
-    from vlens.data import TASKS
-
     name = TASK_ALIASES.get(name.strip(), name.strip())
     task, _, style = name.partition("@")
     style = style or DEFAULT_STYLE
@@ -138,8 +137,6 @@ def build_task_batch(model, name: str, n: int, seed: int = 0, image_size: int = 
     reference: draw from the reference seed range (seed + REFERENCE_SEED_OFFSET + i) instead
     of the evaluation range (seed + i); the two never overlap for n < REFERENCE_SEED_OFFSET.
     """
-    from vlens.data import make_task_sample
-
     if n < 1:
         raise ValueError(f"need at least one example per task, got n={n}")
     task, style = parse_task(name)

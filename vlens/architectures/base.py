@@ -131,3 +131,14 @@ class ArchitectureAdapter:
 
     def check_inputs(self, cfg: VLMConfig, inputs) -> None:
         """Raise a clear error for inputs the family cannot run."""
+
+
+def token_id_list(value) -> list[int]:
+    """Token id(s) as a list of ints: None -> [], an int, a list / tuple or a tensor of ids."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return [int(v) for v in value.flatten().tolist()]
+    return [int(value)]

@@ -24,8 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vlens.architectures.base import ArchitectureAdapter, ImageFeatures
-from vlens.architectures.qwen2_vl import _as_list
+from vlens.architectures.base import ArchitectureAdapter, ImageFeatures, token_id_list
 from vlens.components import HookedVisionTower
 from vlens.components.vision import attach_vision_head_hooks
 from vlens.config import VLMConfig
@@ -68,7 +67,7 @@ class LlavaAdapter(ArchitectureAdapter):
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             image_token_id=config.image_token_id,
             pad_token_id=pad if pad is not None else getattr(config, "pad_token_id", None),
-            eos_token_ids=_as_list(eos),
+            eos_token_ids=token_id_list(eos),
             spatial_merge_size=1,
             n_ctx=text.max_position_embeddings,
             model_name=getattr(config, "_name_or_path", "") or "",

@@ -6,10 +6,9 @@ The two families share the decoder and the bookkeeping; they differ in the visio
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from vlens.architectures.base import ArchitectureAdapter, ImageFeatures
+from vlens.architectures.base import ArchitectureAdapter, ImageFeatures, token_id_list
 from vlens.components import HookedVisionTower
 from vlens.config import VLMConfig
 
@@ -48,7 +47,7 @@ class Qwen2VLAdapter(ArchitectureAdapter):
             vision_start_token_id=getattr(config, "vision_start_token_id", None),
             vision_end_token_id=getattr(config, "vision_end_token_id", None),
             pad_token_id=getattr(text, "pad_token_id", None),
-            eos_token_ids=_as_list(eos),
+            eos_token_ids=token_id_list(eos),
             spatial_merge_size=config.vision_config.spatial_merge_size,
             n_ctx=text.max_position_embeddings,
             model_name=getattr(config, "_name_or_path", "") or "",
@@ -112,12 +111,3 @@ class Qwen2_5_VLAdapter(Qwen2VLAdapter):
     hf_class_names = ("Qwen2_5_VLForConditionalGeneration",)
     family = "qwen2_5_vl"
 
-
-def _as_list(value) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return [int(v) for v in value.flatten().tolist()]
-    return [int(value)]

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from vlens.architectures.base import ImageFeatures
-from vlens.architectures.qwen2_vl import Qwen2VLAdapter, _as_list
+from vlens.architectures.base import ImageFeatures, token_id_list
+from vlens.architectures.qwen2_vl import Qwen2VLAdapter
 from vlens.components import HookedVisionTower
 from vlens.components.vision import attach_vision_head_hooks
 from vlens.config import VLMConfig
@@ -42,7 +42,7 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
         cfg.attn_out_bias = bias
         cfg.n_deepstack_layers = len(getattr(config.vision_config, "deepstack_visual_indexes", None) or [])
         if not cfg.eos_token_ids:
-            cfg.eos_token_ids = _as_list(getattr(text, "eos_token_id", None) or getattr(config, "eos_token_id", None))
+            cfg.eos_token_ids = token_id_list(getattr(text, "eos_token_id", None) or getattr(config, "eos_token_id", None))
         return cfg
 
     def build_vision(self, hf_model: nn.Module) -> HookedVisionTower:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
@@ -20,7 +19,3 @@ class Embed(nn.Module):
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
         return self.embedding(tokens)
-
-
-def module_dtype(module: nn.Module) -> torch.dtype:
-    return next(module.parameters()).dtype

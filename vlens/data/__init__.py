@@ -8,7 +8,7 @@ controlled pairs, task suites and imagefolder I/O.
 """
 
 from vlens.data.generators import render_syndot, render_synpoly, render_synreal
-from vlens.data.imagefolder import ImageRecord, read_imagefolder, write_imagefolder
+from vlens.data.imagefolder import ImageRecord, read_imagefolder, record_image, write_imagefolder
 from vlens.data.layout import LayoutError
 from vlens.data.pairs import PAIR_KINDS, Pair, make_pair
 from vlens.data.palette import COLOR_PALETTE, OBJECT_COLORS, REAL_SHAPES, SHAPES, plural
@@ -34,6 +34,7 @@ __all__ = [
     "make_task_sample",
     "plural",
     "read_imagefolder",
+    "record_image",
     "render_syndot",
     "render_synpoly",
     "render_synreal",

@@ -154,6 +154,16 @@ class ImageRecord(dict):
             return image.convert("RGB")
 
 
+def record_image(record: dict) -> Image.Image:
+    """The image of a record: its in-memory ``image``, else the file at ``image_path`` (as RGB)."""
+    if record.get("image") is not None:
+        return record["image"]
+    if "image_path" not in record:
+        raise ValueError(f"the record has neither 'image' nor 'image_path' (keys: {sorted(record)})")
+    with Image.open(record["image_path"]) as image:
+        return image.convert("RGB")
+
+
 def read_imagefolder(data_dir: str | os.PathLike) -> list[ImageRecord]:
     """Records of an imagefolder written by vlens, in file order, each with an absolute
     ``image_path``; images are opened only on :meth:`ImageRecord.open_image`."""

@@ -91,7 +91,7 @@ def _accuracy_columns(rows: list[dict]) -> list[str]:
 
 
 def _section_from_rows(rows: list[dict], source: str, raw) -> Section:
-    from vlens.viz._optional import require_plotly
+    from vlens.viz.optional import require_plotly
 
     go = require_plotly()
     columns = _accuracy_columns(rows)

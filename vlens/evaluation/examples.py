@@ -71,8 +71,3 @@ def open_image(source: ImageSource) -> Image.Image:
 def open_images(sources: Sequence[ImageSource]) -> list[Image.Image]:
     """Load an example's images in order."""
     return [open_image(source) for source in sources]
-
-
-def describe_image(source: ImageSource) -> str:
-    """A short printable name: the path, or ``<N embedded bytes>``."""
-    return str(source) if isinstance(source, Path) else f"<{len(source)} embedded bytes>"

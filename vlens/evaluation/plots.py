@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vlens.viz.figures import confusion_matrix_figure
+
 
 def plot_confusion_matrix(
     predictions: Sequence[int | None], targets: Sequence[int], title: str = "Counting confusion matrix"
@@ -17,7 +19,5 @@ def plot_confusion_matrix(
     Returns:
         a ``plotly.graph_objects.Figure``; cells show the number of examples.
     """
-    from vlens.viz.figures import confusion_matrix_figure
-
     labels = sorted(set(targets) | {p for p in predictions if p is not None})
     return confusion_matrix_figure(list(targets), list(predictions), labels=labels, title=title)

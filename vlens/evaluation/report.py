@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from vlens.evaluation.metrics import CountingMetrics, confusion_matrix
+from vlens.evaluation.plots import plot_confusion_matrix
 from vlens.evaluation.runner import EvalResult, Prediction
 from vlens.finite import json_safe
 
@@ -125,8 +126,6 @@ def write_report(
     figure_note = None
     if figures and isinstance(result.metrics, CountingMetrics):
         try:
-            from vlens.evaluation.plots import plot_confusion_matrix
-
             figure = plot_confusion_matrix(
                 [p.parsed for p in result.predictions], [p.target for p in result.predictions]
             )

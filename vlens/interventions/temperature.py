@@ -42,6 +42,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from vlens.architectures import adapter_for
 from vlens.errors import UserInputError
 from vlens.finite import warn_non_finite
 from vlens.validation import check_count, check_float
@@ -121,8 +122,6 @@ class HeadTemperature:
 
         Works for any family the registry knows (the decoder layers come from its adapter).
         """
-        from vlens.architectures import adapter_for
-
         adapter = adapter_for(hf_model)
         layers = adapter.language_model(hf_model).layers
         self._check(len(layers))
@@ -145,8 +144,6 @@ class HeadTemperature:
         without a q norm only: with one, the norm would undo a scaled projection (use
         `export_to_hf`'s hooks there). The live model is not changed.
         """
-        from vlens.architectures import adapter_for
-
         layers = adapter_for(hf_model).language_model(hf_model).layers
         self._check(len(layers))
         by_id = {id(m): name for name, m in hf_model.named_modules()}

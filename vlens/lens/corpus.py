@@ -15,7 +15,9 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from vlens.data import TASKS, make_task_sample, read_imagefolder
 from vlens.parallel import Sharding
+from vlens.validation import check_count
 
 Sample = tuple[Any, str, dict]
 POSITION_KINDS = ("final", "text", "all")
@@ -25,8 +27,6 @@ DEFAULT_IMAGE_SIZE = 168  # the embedded model's image size (6x6 merged grid)
 def task_samples(n: int, seed: int = 0, size: int = DEFAULT_IMAGE_SIZE, style: str = "synpoly",
                  tasks: Sequence[str] | None = None) -> list[Sample]:
     """`n` task-suite samples, cycling through `tasks` (default: all of ``vlens.data.TASKS``)."""
-    from vlens.data import TASKS, make_task_sample
-
     tasks = tuple(tasks or TASKS)
     if n < 1:
         raise ValueError(f"need at least one sample, got n={n}")
@@ -39,9 +39,6 @@ def task_samples(n: int, seed: int = 0, size: int = DEFAULT_IMAGE_SIZE, style: s
 
 def imagefolder_samples(folder: str | Path, limit: int | None = None) -> list[Sample]:
     """Samples from an imagefolder written by ``vlens data ...`` (needs a ``question`` per row)."""
-    from vlens.data import read_imagefolder
-    from vlens.validation import check_count
-
     limit = check_count(limit, "limit", allow_none=True)  # a negative limit would slice from the end
     records = read_imagefolder(folder)
     if limit is not None:

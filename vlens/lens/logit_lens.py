@@ -29,9 +29,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.answers import answer_ids, single_token, teacher_force
+from vlens.data import record_image
 from vlens.finite import finite_rows, json_safe, warn_non_finite
 from vlens.parallel import Sharding
 from vlens.validation import check_count
+from vlens.viz.figures import logit_lens_figure
 
 if TYPE_CHECKING:
     from vlens.inputs import VLMInputs
@@ -124,8 +127,6 @@ class LogitLensResult:
 
     def plot(self, title: str = "Logit lens at the final prompt position"):
         """Mean probability (top) and median rank (bottom) of the correct answer per layer."""
-        from vlens.viz.figures import logit_lens_figure
-
         return logit_lens_figure(
             probabilities={"correct answer (mean p)": self.mean_probability.tolist()},
             ranks={"correct answer (median rank)": self.median_rank.tolist()},
@@ -142,8 +143,6 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
         (`vlens.answers.answer_ids`).
     first_example: index of the batch's first row in a larger dataset (for warnings only).
     """
-    from vlens.answers import teacher_force
-
     n_layers = model.cfg.n_layers
     names = [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
     inputs = model.coerce_inputs(inputs)
@@ -195,8 +194,6 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
 def first_answer_token(model: HookedVLM, answer: str) -> int:
     """The answer's token when it is a single token; otherwise a clear error naming its tokens
     (multi-token answers: pass `vlens.answers.answer_ids(model, answer)` to `logit_lens`)."""
-    from vlens.answers import single_token
-
     return single_token(model, str(answer), "first_answer_token (one-token logit lens)")
 
 
@@ -207,9 +204,6 @@ def logit_lens_records(model: HookedVLM, records: Sequence[dict], batch_size: in
     records: any sequence (e.g. `vlens.parallel.LazyItems`: only the batches a process runs are built).
     sharding: split the batches across processes (`vlens.parallel`); every process gets the full result.
     """
-    from vlens.answers import answer_ids
-    from vlens.patching.pairs import _record_image
-
     if not records:
         raise ValueError("no records given to the logit lens")
     check_count(batch_size, "batch_size")  # range(0, n, -1) would silently run nothing
@@ -226,7 +220,7 @@ def logit_lens_records(model: HookedVLM, records: Sequence[dict], batch_size: in
     def run(start: int) -> dict:
         chunk = records[start:start + batch_size]
         check(chunk, start)
-        images = [_record_image(r) if ("image_path" in r or "image" in r) else None for r in chunk]
+        images = [record_image(r) if ("image_path" in r or "image" in r) else None for r in chunk]
         inputs = model.prepare(images=images, prompts=[r["question"] for r in chunk], chat=chat)
         tokens = [answer_ids(model, str(r["answer"]), example=str(r.get("file_name", index)), chat=chat)
                   for index, r in enumerate(chunk, start)]

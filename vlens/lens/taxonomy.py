@@ -35,6 +35,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from vlens.lens.head_scores import SCORE_NAMES, HeadScores
+from vlens.viz.figures import layer_head_heatmap
 
 HEAD_CLASSES: tuple[str, ...] = (
     "visual grounding", "cross-modal routing", "counting aggregation", "awareness", "non-finite", "other",
@@ -153,8 +154,6 @@ class HeadTaxonomy:
 
     def figure(self, title: str = "HeadLens head taxonomy", value: str | None = None):
         """Plotly layer x head map coloured by class; hover shows the class (and score `value`, e.g. "cter")."""
-        from vlens.viz.figures import layer_head_heatmap
-
         if value is not None and value not in self.scores.scores:
             raise ValueError(f"value must be one of {sorted(self.scores.scores)}, got {value!r}")
         values = None if value is None else torch.nan_to_num(self.scores.scores[value], nan=0.0)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 from jaxtyping import Float
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -108,7 +109,6 @@ class Translators(nn.Module):
     def save(self, folder: str | Path, overwrite: bool = False) -> Path:
         """Write ``config.json`` + ``translators.safetensors`` as `folder`, whole or not at all
         (`vlens.fileio.atomic_folder`); replacing an existing lens folder needs `overwrite`."""
-        from safetensors.torch import save_file
 
         from vlens.fileio import atomic_folder
 
@@ -123,8 +123,6 @@ class Translators(nn.Module):
     @classmethod
     def load(cls, folder: str | Path, model=None, device=None) -> Translators:
         """Read a saved lens; with `model`, check it belongs to that model (`LensMismatchError`)."""
-        from safetensors.torch import load_file
-
         folder = Path(folder)
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (folder / name).is_file():

@@ -5,11 +5,13 @@
     result = patch_layer_region(model, batch)        # result["overwrite_rate"]: [n_layers, 4]
     result.plot().show(); result.to_json()
 
-Submodules: `pairs` (pair batches + validation), `metrics`, `runner` (naive and fast
-execution), `sweeps`, `results`, `attribution`, `planted` (a known-answer toy model), `cli`.
+Submodules: `pairs` (pair batches + validation), `conditions` (what one patch does),
+`metrics`, `runner` (the naive loop and the dispatcher), `fast` (the fast exact path),
+`sweeps`, `results`, `attribution`, `cli`.
 """
 
 from vlens.patching.attribution import AttributionResult, attribution_patching, spearman
+from vlens.patching.conditions import PatchSpec
 from vlens.patching.fast import repeat_run_state, run_fast
 from vlens.patching.metrics import METRICS, Baseline, logit_diff, patch_metrics
 from vlens.patching.pairs import (
@@ -22,7 +24,7 @@ from vlens.patching.pairs import (
     make_count_pairs,
 )
 from vlens.patching.results import PatchingResult
-from vlens.patching.runner import PatchSpec, run_naive, run_specs
+from vlens.patching.runner import run_naive, run_specs
 from vlens.patching.sweeps import (
     REGIONS,
     patch_layer_head,

@@ -29,9 +29,11 @@ from torch import Tensor
 
 from vlens.finite import json_safe, warn_non_finite
 from vlens.hooks import act_name
+from vlens.patching.conditions import final_logits
 from vlens.patching.metrics import logit_diff
 from vlens.patching.pairs import PairBatch
-from vlens.patching.runner import final_logits
+from vlens.viz.figures import layer_head_heatmap
+from vlens.viz.optional import require_plotly
 
 if TYPE_CHECKING:
     from vlens.model import HookedVLM
@@ -86,12 +88,9 @@ class AttributionResult:
 
     def plot(self, node: str = "z"):
         """Layer x head heatmap of the z (or q) estimates; layer x position for "resid_pre"."""
-        from vlens.viz.figures import layer_head_heatmap
-
         title = f"attribution patching ({'AtP*' if self.qk_fix and node in ('q', 'k') else 'AtP'}): {node}"
         if node in ("z", "q", "k"):
             return layer_head_heatmap(getattr(self, node), title=title, value_label="est. delta logit diff")
-        from vlens.viz._optional import require_plotly
 
         go = require_plotly()
         figure = go.Figure(go.Heatmap(z=self.resid_pre.numpy(), colorscale="RdBu_r", zmid=0.0))

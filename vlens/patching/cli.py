@@ -72,7 +72,7 @@ def load_batch(model, args: argparse.Namespace):
     if args.only_correct:
         import torch
 
-        from vlens.patching.runner import corrupt_activations, final_logits
+        from vlens.patching.conditions import corrupt_activations, final_logits
 
         with torch.no_grad():
             clean = final_logits(model, model(batch.clean, stop_at_layer=model.cfg.n_layers), batch.final)

@@ -24,10 +24,10 @@ from tqdm.auto import tqdm
 
 from vlens.components.attention import AttentionMasks, KVCache
 from vlens.hooks import act_name
+from vlens.patching.conditions import PatchSpec, corrupt_activations, final_logits, patch_hook
 from vlens.patching.final_block import block_has_hooks, last_block_at_final
 from vlens.patching.metrics import Baseline
 from vlens.patching.pairs import PairBatch
-from vlens.patching.runner import PatchSpec, corrupt_activations, final_logits, patch_hook
 from vlens.runtime import RunState, build_masks
 from vlens.validation import check_count
 

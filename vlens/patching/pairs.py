@@ -20,12 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from vlens.answers import append_tokens, contrast
-from vlens.inputs import VLMInputs
+from vlens.data import make_pair, read_imagefolder, record_image
+from vlens.inputs import TokenRegions, VLMInputs
+from vlens.validation import check_count
 
 if TYPE_CHECKING:
     from vlens.model import HookedVLM
@@ -126,10 +129,6 @@ def make_count_pairs(n: int, seed: int = 0, size: int = 168, style: str = "syndo
 
     size: image side in pixels (168 gives the embedded model its 6x6 image-token grid).
     """
-    import numpy as np
-
-    from vlens.data import make_pair
-
     if n < 1:
         raise ValueError(f"make_count_pairs needs n >= 1, got {n}")
     rng = np.random.default_rng(seed)
@@ -170,7 +169,7 @@ def examples_from_records(records: Sequence[dict]) -> list[PairExample]:
             raise ValueError(f"pair {pair_id!r} has no {sorted(missing)[0]!r} record; each pair needs one clean "
                              "and one corrupt record")
         clean, corrupt = roles["clean"], roles["corrupt"]
-        examples.append(PairExample(pair_id, _record_image(clean), _record_image(corrupt), clean["question"],
+        examples.append(PairExample(pair_id, record_image(clean), record_image(corrupt), clean["question"],
                                     corrupt["question"], str(clean["answer"]), str(corrupt["answer"])))
     if not examples:
         raise ValueError("no pairs found (the dataset is empty)")
@@ -179,23 +178,9 @@ def examples_from_records(records: Sequence[dict]) -> list[PairExample]:
 
 def load_pair_examples(data_dir: str | Path, limit: int | None = None) -> list[PairExample]:
     """Pairs from an imagefolder written by `vlens data` (columns pair_id, role, question, answer)."""
-    from vlens.data import read_imagefolder
-    from vlens.validation import check_count
-
     limit = check_count(limit, "limit", allow_none=True)  # a negative limit would slice from the end
     examples = examples_from_records(read_imagefolder(data_dir))
     return examples[:limit] if limit is not None else examples
-
-
-def _record_image(record: dict):
-    if "image" in record and record["image"] is not None:
-        return record["image"]
-    if hasattr(record, "open_image"):
-        return record.open_image()
-    from PIL import Image
-
-    with Image.open(record["image_path"]) as image:
-        return image.convert("RGB")
 
 
 # ---------------------------------------------------------------------- tokenisation + validation
@@ -298,7 +283,6 @@ def _select_rows(inputs: VLMInputs, rows: list[int]) -> VLMInputs:
             pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in chosen]) if chosen else None
             grid_thw = grid_thw[torch.tensor(chosen, dtype=torch.long, device=grid_thw.device)] if chosen else None
     sub = {k: v[index.to(v.device)] for k, v in inputs.extra.items() if isinstance(v, Tensor) and v.shape[:1] == inputs.input_ids.shape[:1]}
-    from vlens.inputs import TokenRegions
 
     new_regions = TokenRegions(
         image=[regions.image[r] for r in rows],

@@ -6,11 +6,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from vlens.finite import json_safe
 from vlens.patching.metrics import METRICS, Baseline
+from vlens.viz.figures import layer_head_heatmap, layer_region_figure
+from vlens.viz.optional import require_make_subplots, require_plotly
 
 # mode -> name of the cell axis in JSON
 CELL_AXIS = {"layer-region": "regions", "layer-pos": "positions", "layer-head": "heads"}
@@ -65,8 +68,6 @@ class PatchingResult:
     @property
     def tensor(self) -> Float[Tensor, "n_layers n_cells n_metrics"]:
         """All metrics stacked in `METRICS` order."""
-        import torch
-
         return torch.stack([self.metrics[name] for name in METRICS], dim=-1)
 
     def image_grid_values(self, metric: str = "overwrite_rate") -> Float[Tensor, "n_layers rows cols"]:
@@ -116,8 +117,6 @@ class PatchingResult:
     def plot(self, metric: str = "overwrite_rate", kind: str | None = None):
         """layer-region: lines per region (or kind="heatmap"); layer-head: layer x head heatmap;
         layer-pos: layer x position heatmap (see `plot_image_grid` for the image positions)."""
-        from vlens.viz.figures import layer_head_heatmap, layer_region_figure
-
         values = self.metrics[metric]
         title = f"{metric} — patching {self.component} ({self.mode}, {self.n_pairs} pairs)"
         if self.mode == "layer-region":
@@ -125,7 +124,6 @@ class PatchingResult:
                                        kind=kind or "lines", layer_labels=[str(x) for x in self.layers])
         if self.mode == "layer-head":
             return layer_head_heatmap(values, title=title, value_label=metric)
-        from vlens.viz._optional import require_plotly
 
         go = require_plotly()
         labels = [f"{p}:{t}" for p, t in zip(self.cells, self.tokens or [""] * len(self.cells), strict=True)]
@@ -136,8 +134,6 @@ class PatchingResult:
 
     def plot_image_grid(self, metric: str = "overwrite_rate"):
         """layer-pos: one image-grid heatmap per layer (row 0 at the top, as in the image)."""
-        from vlens.viz._optional import require_make_subplots, require_plotly
-
         go, make_subplots = require_plotly(), require_make_subplots()
         grids = self.image_grid_values(metric)
         figure = make_subplots(rows=1, cols=len(self.layers), subplot_titles=[f"layer {x}" for x in self.layers])

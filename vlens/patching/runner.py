@@ -1,9 +1,5 @@
-"""Patch conditions, the patching hook, and the naive loop (one hooked forward per condition).
-
-A condition (`PatchSpec`) writes the corrupt run's activation at one hook point, at some
-positions (and for `hook_z` one head), into the clean run. Its semantics are exactly
-``model.run_with_hooks(clean_inputs, fwd_hooks=[(name, hook)])`` where the hook sets
-``act[row, pos(, head)] = corrupt_cache[name][row, pos(, head)]``.
+"""Running patch conditions (`vlens.patching.conditions`): the naive loop (one hooked forward
+per condition) and the dispatcher `run_specs`.
 
 `vlens.patching.fast.run_fast` gives the same logits (within float noise) with far less work.
 """
@@ -11,7 +7,7 @@ positions (and for `hook_z` one head), into the clean run. Its semantics are exa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,80 +15,13 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from vlens.hooks import act_name
+from vlens.patching.conditions import PatchSpec, corrupt_activations, patch_hook
+from vlens.patching.fast import run_fast
 from vlens.patching.metrics import Baseline
 from vlens.patching.pairs import PairBatch
 
 if TYPE_CHECKING:
     from vlens.model import HookedVLM
-
-COMPONENTS: tuple[str, ...] = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v")
-
-
-@dataclass(frozen=True)
-class PatchSpec:
-    """One condition: patch `component` of `layer` at `positions` (bool [n_pairs, seq_len]), one head for "z"."""
-
-    layer: int
-    component: str
-    positions: Tensor
-    head: int | None = None
-
-    @property
-    def hook_name(self) -> str:
-        return act_name(self.component, self.layer)
-
-
-def check_component(component: str) -> None:
-    if component not in COMPONENTS:
-        raise ValueError(f"unknown component {component!r}: patch one of {COMPONENTS}")
-
-
-def _patch_mask(specs: Sequence[PatchSpec], act: Tensor, start: int = 0) -> Tensor:
-    """bool mask broadcastable to `act` ([k*n, pos, d] or [k*n, pos, H, d]) for k stacked specs."""
-    masks = []
-    for spec in specs:
-        positions = spec.positions[:, start:].to(act.device)
-        if act.ndim == 4:  # per-head activation: only this spec's head
-            per_head = torch.zeros(*positions.shape, act.shape[2], dtype=torch.bool, device=act.device)
-            if spec.head is None:
-                per_head[:] = positions[..., None]
-            else:
-                per_head[..., spec.head] = positions
-            masks.append(per_head)
-        else:
-            masks.append(positions)
-    return torch.cat(masks)[..., None]
-
-
-def patch_hook(specs: Sequence[PatchSpec], corrupt_act: Tensor, start: int = 0):
-    """A forward hook writing `corrupt_act` ([n, pos, ...]) into each stacked copy where its spec says.
-
-    start: the hooked activation holds positions [start, pos) only (the fast path's suffix runs).
-    """
-    source_all = corrupt_act[:, start:]
-
-    def hook(act: Tensor, hook=None) -> Tensor:
-        mask = _patch_mask(specs, act, start)
-        source = source_all.to(act.device, act.dtype).repeat(len(specs), *([1] * (act.ndim - 1)))
-        return torch.where(mask, source, act)
-
-    return hook
-
-
-def final_logits(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], final: Tensor) -> Float[Tensor, "batch d_vocab"]:
-    """Logits at each row's final position from the last residual stream."""
-    rows = torch.arange(resid.shape[0], device=resid.device)
-    return model.finish(resid[rows, final.to(resid.device)][:, None, :])[:, 0]
-
-
-def corrupt_activations(model: HookedVLM, batch: PairBatch, names: set[str]):
-    """Corrupt-run final logits [n, d_vocab] and the cached activations at `names`."""
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(batch.corrupt, names_filter=lambda n: n in names)
-    rows = torch.arange(batch.n_pairs)
-    return logits[rows, batch.corrupt.regions.final.to(logits.device)], cache
-
 
 # ---------------------------------------------------------------------- naive
 class NaivePlan:
@@ -139,8 +68,6 @@ def run_specs(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], me
         raise ValueError(f"pair_batch_size must be >= 1, got {pair_batch_size}")
     if pair_batch_size is None or pair_batch_size >= batch.n_pairs:
         if method == "fast":
-            from vlens.patching.fast import run_fast
-
             return run_fast(model, batch, specs, max_batch=max_batch, progress=progress)
         return run_naive(model, batch, specs, progress=progress)
     parts = []

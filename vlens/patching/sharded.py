@@ -19,10 +19,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from vlens.parallel import Sharding
+from vlens.patching.conditions import PatchSpec
 from vlens.patching.fast import FastPlan, count_chunks
 from vlens.patching.metrics import Baseline, reduce_patched
 from vlens.patching.pairs import PairBatch
-from vlens.patching.runner import NaivePlan, PatchSpec
+from vlens.patching.runner import NaivePlan
 
 if TYPE_CHECKING:
     from vlens.model import HookedVLM

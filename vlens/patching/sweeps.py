@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from vlens.finite import finite_rows, warn_non_finite
+from vlens.patching.conditions import PatchSpec, check_component
 from vlens.patching.metrics import metrics_from_reduced
 from vlens.patching.pairs import PairBatch
 from vlens.patching.results import PatchingResult, stack_metrics
-from vlens.patching.runner import PatchSpec, check_component
 from vlens.patching.sharded import run_specs_reduced
 
 if TYPE_CHECKING:

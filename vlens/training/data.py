@@ -18,8 +18,13 @@ from jaxtyping import Int
 from PIL import Image
 from torch import Tensor
 
+from vlens.answers import answer_ids as rule_ids
+from vlens.answers import end_token_id
+from vlens.data import read_imagefolder
 from vlens.inputs import VLMInputs
 from vlens.interventions.focus import FocusPrior, ImageObjects, focus_prior, objects_from_record
+from vlens.processing import chat_prompt
+from vlens.validation import check_count
 
 IGNORE_INDEX = -100
 
@@ -49,9 +54,6 @@ def example_from_sample(image: Image.Image, record: dict) -> SFTExample:
 
 def read_sft_folder(folder: str | Path, limit: int | None = None) -> list[SFTExample]:
     """Examples from an imagefolder written by `vlens data` (question, answer, objects)."""
-    from vlens.data import read_imagefolder
-    from vlens.validation import check_count
-
     limit = check_count(limit, "limit", allow_none=True)  # a negative limit would slice from the end
     records = read_imagefolder(folder)[:limit]
     if not records:
@@ -75,12 +77,6 @@ class SFTBatch:
     prior: FocusPrior | None
 
 
-def _chat_prompt(model, question: str, n_images: int) -> str:
-    from vlens.processing import _chat_text
-
-    return _chat_text(model, question, n_images)
-
-
 def answer_ids(model, prompt: str, answer: str, example: str = "?") -> list[int]:
     """The ids the answer and the end-of-turn token (tokenizer.eos_token) get *after this prompt*.
 
@@ -88,9 +84,6 @@ def answer_ids(model, prompt: str, answer: str, example: str = "?") -> list[int]
     that mark word starts give the ids the model generates), then the end-of-turn token. Errors
     name the example for an empty, unknown-token or prompt-merging answer.
     """
-    from vlens.answers import answer_ids as rule_ids
-    from vlens.answers import end_token_id
-
     return rule_ids(model, answer, context=prompt, example=example) + [end_token_id(model)]
 
 
@@ -101,7 +94,7 @@ def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prio
     tokenizer = model.tokenizer
     texts, answers = [], []
     for index, example in enumerate(examples):
-        prompt = _chat_prompt(model, example.question, len(example.images))
+        prompt = chat_prompt(model, example.question, len(example.images))
         answers.append(answer_ids(model, prompt, example.answer, example=str(example.meta.get("seed", index))))
         texts.append(prompt + example.answer + tokenizer.eos_token)
     images = [list(example.images) if example.images else None for example in examples]

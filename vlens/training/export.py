@@ -13,7 +13,9 @@ found by identity (the HF module that *is* its base layer), for any family, e.g.
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -24,7 +26,6 @@ from vlens.training.lora import ADAPTER_NAME, add_lora, has_lora, lora_config, l
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def hf_names(model) -> dict[str, str]:
@@ -40,9 +41,6 @@ def hf_names(model) -> dict[str, str]:
 
 
 def _hf_config(model, base_model_name_or_path: str | None):
-    import copy
-    import re
-
     config = copy.deepcopy(lora_config(model))
     # exact HF names: a bare "q_proj" would also match e.g. a CLIP vision tower's projections
     config.target_modules = "|".join(re.escape(name) for name in sorted(hf_names(model).values()))

@@ -10,8 +10,8 @@ from pathlib import Path
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from vlens.viz._inputs import as_float_tensor, as_grid
-from vlens.viz._optional import require_circuitsvis_attention
+from vlens.viz.checks import as_float_tensor, as_grid
+from vlens.viz.optional import require_circuitsvis_attention
 
 
 def token_labels(

@@ -12,8 +12,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from vlens.viz._inputs import as_float_tensor, as_grid, check_labels
-from vlens.viz._optional import require_make_subplots, require_plotly
+from vlens.viz.checks import as_float_tensor, as_grid, check_labels
+from vlens.viz.optional import require_make_subplots, require_plotly
 
 # The head taxonomy of the paper (HeadLens, section 2), in legend order, with fixed colours.
 HEAD_CLASSES: tuple[str, ...] = (

@@ -16,9 +16,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from vlens.viz._inputs import as_float_tensor
-from vlens.viz._optional import require_make_subplots, require_plotly
+from vlens.viz.checks import as_float_tensor
 from vlens.viz.colormaps import sample_colors
+from vlens.viz.optional import require_make_subplots, require_plotly
 
 
 class PCAResult(NamedTuple):

@@ -16,9 +16,9 @@ from jaxtyping import Float, Int
 from PIL import Image, ImageDraw
 from torch import Tensor
 
-from vlens.viz._inputs import as_float_tensor, as_grid
-from vlens.viz._optional import require_plotly
+from vlens.viz.checks import as_float_tensor, as_grid
 from vlens.viz.colormaps import PLOTLY_NAMES, apply_colormap
+from vlens.viz.optional import require_plotly
 
 
 def attention_to_image(

@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vlens.viz._optional import require_plotly
+from vlens.viz.circuits import circuitsvis_bundle_js, circuitsvis_html
 from vlens.viz.image_attention import image_to_data_uri
+from vlens.viz.optional import require_plotly
 
 Number = int | float | bool | str | None
 
@@ -163,8 +164,6 @@ class Report:
         if isinstance(content, str):
             return content, False
         if isinstance(getattr(content, "local_src", None), str):
-            from vlens.viz.circuits import circuitsvis_html
-
             return circuitsvis_html(content, div_id=f"{anchor}-circuitsvis"), True
         raise TypeError(f"html must be a string or a circuitsvis view, got {type(content).__name__}")
 
@@ -191,8 +190,6 @@ class Report:
         if any(section.figure is not None for section in self._sections):
             scripts.append(_inline_script(require_plotly_js()))
         if any(section.is_circuitsvis for section in self._sections):
-            from vlens.viz.circuits import circuitsvis_bundle_js
-
             scripts.append(_inline_script(circuitsvis_bundle_js()))
         escape = html_lib.escape
         contents = "".join(f'<li><a href="#{s.anchor}">{escape(s.title)}</a></li>' for s in self._sections)

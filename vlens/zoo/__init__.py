@@ -11,6 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from transformers import Qwen2_5_VLForConditionalGeneration
+
+from vlens.loading import from_pretrained_checked
+from vlens.model import HookedVLM
+from vlens.zoo.processor import load_processor
+
 MODEL_NAME = "tiny-qwen2.5-vl"
 WEIGHTS_FOLDER = Path(__file__).resolve().parent / "weights" / MODEL_NAME
 
@@ -28,18 +34,11 @@ def model_path() -> Path:
 def load(device=None, dtype=None, **kwargs):
     """The embedded model as a `vlens.HookedVLM` on `device` in `dtype` (default: cuda when
     available, else cpu; bf16 on a GPU, fp32 on the CPU; see `vlens.devices`)."""
-    from vlens.model import HookedVLM  # lazy: vlens/__init__ re-exports this function
-
     return HookedVLM.from_pretrained(str(model_path()), device=device, dtype=dtype, **kwargs)
 
 
 def load_hf(device=None, dtype=None):
     """The embedded model with plain transformers: (Qwen2_5_VLForConditionalGeneration, processor)."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    from vlens.loading import from_pretrained_checked
-    from vlens.zoo.processor import load_processor
-
     folder = model_path()
     model = from_pretrained_checked(Qwen2_5_VLForConditionalGeneration, folder, dtype=dtype)
     if device is not None:

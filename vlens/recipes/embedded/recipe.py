@@ -5,7 +5,6 @@ folder with MODEL_CARD.md. `vlens zoo train` runs it."""
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,12 +234,3 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     with log_path.open("a") as log:
         log.write(json.dumps({"event": "final", **evaluation["per_task"]}) + "\n")
     return summary
-
-
-def copy_model_folder(source: str | Path, destination: str | Path) -> None:
-    """Copy a trained folder's shippable files (everything but the training log) to `destination`."""
-    source, destination = Path(source), Path(destination)
-    destination.mkdir(parents=True, exist_ok=True)
-    for path in source.iterdir():
-        if path.is_file():
-            shutil.copy2(path, destination / path.name)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 _INSTALL_HINT = 'pip install "vlens[viz]"'
 
 
 def _import_or_explain(module_name: str, feature: str) -> ModuleType:
-    import importlib
-
     try:
         return importlib.import_module(module_name)
     except ImportError as error:

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from vlens.model import HookedVLM
+from vlens.patching.conditions import final_logits
 from vlens.patching.pairs import PairBatch, PairExample
+from vlens.testing import tiny_hf_model, tiny_qwen_processor
 
 PLANTED_LAYER = 1
 PLANTED_HEAD = 2
@@ -30,9 +33,6 @@ def planted_model(n_layers: int = 3, d_model: int = 32, n_heads: int = 4, n_kv_h
 
     query_scale: multiplies the planted head's query weights (larger -> sharper, more saturated attention).
     """
-    from vlens.model import HookedVLM
-    from vlens.testing import tiny_hf_model, tiny_qwen_processor
-
     hf = tiny_hf_model("qwen2_5_vl", seed=seed, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
                        n_kv_heads=n_kv_heads)
     model = HookedVLM.from_hf(hf, tiny_qwen_processor())
@@ -71,8 +71,6 @@ def plant_answers(model, batch: PairBatch, scale: float = 10.0) -> None:
     itself wins (Cauchy-Schwarz), so a patch that makes the final residual equal the corrupt
     run's flips the prediction to the corrupt answer.
     """
-    from vlens.patching.runner import final_logits
-
     with torch.no_grad():
         clean_resid = model(batch.clean, return_type="resid")
         corrupt_resid = model(batch.corrupt, return_type="resid")
