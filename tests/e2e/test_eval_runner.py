@@ -5,14 +5,14 @@ import json
 
 import pytest
 import torch
-from tests.helpers.eval_data import write_imagefolder, write_mcq
 
+from tests.helpers.eval_data import write_imagefolder, write_mcq
 from vlens.evaluation import (
     HFBackend,
     HookedVLMBackend,
     evaluate,
     load_predictions,
-    read_imagefolder,
+    read_counting_imagefolder,
     read_mcq,
     write_report,
 )
@@ -42,7 +42,7 @@ def tiny_hf():
 
 
 def test_counting_loop_scores_and_reports(tmp_path):
-    data = read_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 3, 5]))
+    data = read_counting_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 3, 5]))
     backend = ScriptedBackend(["1", "There are three dots.", "3", "no idea", "four"])
     result = evaluate(backend, data, batch_size=2, progress=False)
     assert [b[0] for b in backend.batches] == [2, 2, 1]
@@ -70,7 +70,7 @@ def test_counting_loop_scores_and_reports(tmp_path):
 def test_skipped_rows_reach_the_report(tmp_path):
     write_imagefolder(tmp_path / "data", [1, 2, 3])
     (tmp_path / "data" / "img_002.png").unlink()
-    data = read_imagefolder(tmp_path / "data", skip_missing=True)
+    data = read_counting_imagefolder(tmp_path / "data", skip_missing=True)
     result = evaluate(ScriptedBackend(["1", "2"]), data, progress=False)
     paths = write_report(result, tmp_path / "out")
     report = json.loads(paths["json"].read_text())
@@ -96,7 +96,7 @@ def test_mcq_loop_prompts_with_options(tmp_path):
 
 
 def test_bad_arguments_are_clear_errors(tmp_path):
-    data = read_imagefolder(write_imagefolder(tmp_path, [1]))
+    data = read_counting_imagefolder(write_imagefolder(tmp_path, [1]))
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         evaluate(ScriptedBackend([]), data, batch_size=0)
     with pytest.raises(ValueError, match="unknown answer parser"):
@@ -105,7 +105,7 @@ def test_bad_arguments_are_clear_errors(tmp_path):
 
 def test_tiny_hf_model_end_to_end(tmp_path, tiny_hf):
     model, processor = tiny_hf
-    data = read_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 4, 5]))
+    data = read_counting_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 4, 5]))
     result = evaluate(HFBackend(model, processor), data, batch_size=3, max_new_tokens=3, progress=False)
     assert processor.tokenizer.padding_side == "right"  # restored after left-padded generation
     assert [p.id for p in result.predictions] == [e.id for e in data.examples]
@@ -121,7 +121,7 @@ def test_tiny_hf_model_end_to_end(tmp_path, tiny_hf):
 
 def test_batching_does_not_change_greedy_answers(tmp_path, tiny_hf):
     model, processor = tiny_hf
-    data = read_imagefolder(write_imagefolder(tmp_path, [1, 2, 3]))
+    data = read_counting_imagefolder(write_imagefolder(tmp_path, [1, 2, 3]))
     one = evaluate(HFBackend(model, processor), data, batch_size=1, max_new_tokens=3, progress=False)
     three = evaluate(HFBackend(model, processor), data, batch_size=3, max_new_tokens=3, progress=False)
     assert [p.output for p in one.predictions] == [p.output for p in three.predictions]
@@ -163,7 +163,7 @@ def test_hooked_backend_matches_hf_and_keeps_hooks_on(tmp_path, tiny_hf):
 
     model, processor = tiny_hf
     hooked = HookedVLM.from_hf(model, processor)
-    data = read_imagefolder(write_imagefolder(tmp_path, [1, 2, 3]))
+    data = read_counting_imagefolder(write_imagefolder(tmp_path, [1, 2, 3]))
     kwargs = {"batch_size": 2, "max_new_tokens": 3, "progress": False}
     plain = evaluate(HFBackend(model, processor), data, **kwargs)
     through_hooks = evaluate(HookedVLMBackend(hooked), data, **kwargs)

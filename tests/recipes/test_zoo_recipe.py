@@ -12,7 +12,7 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 
 from vlens.cli import main
 from vlens.recipes.embedded.recipe import build_untrained
-from vlens.recipes.embedded.train import TrainSettings, learning_rate_at, train_model
+from vlens.recipes.embedded.train import TrainSettings, train_model
 from vlens.recipes.embedded.training_set import (
     held_out_samples,
     parse_mix,
@@ -102,7 +102,7 @@ def test_training_and_held_out_seeds_are_disjoint():
 
 def test_learning_rate_warms_up_then_decays():
     settings = TrainSettings(steps=100, learning_rate=1.0, warmup_steps=10)
-    rates = [learning_rate_at(step, settings) for step in range(100)]
+    rates = [settings.rate_at(step) for step in range(100)]
     assert rates[0] == pytest.approx(0.1) and rates[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(rates[9:], rates[10:], strict=False)) and rates[-1] >= 0.05
 

@@ -3,15 +3,22 @@
 import json
 
 import pytest
-from tests.helpers.eval_data import pixmo_rows, write_countbenchqa, write_imagefolder, write_jsonl, write_mcq, write_png
 
-from vlens.evaluation.datasets import read_countbenchqa, read_imagefolder, read_mcq, read_pixmo
+from tests.helpers.eval_data import (
+    pixmo_rows,
+    write_countbenchqa,
+    write_imagefolder,
+    write_jsonl,
+    write_mcq,
+    write_png,
+)
+from vlens.evaluation.datasets import read_countbenchqa, read_counting_imagefolder, read_mcq, read_pixmo
 from vlens.evaluation.examples import MissingImageError, open_image
 from vlens.evaluation.formats import format_prompt
 
 
 def test_imagefolder(tmp_path):
-    data = read_imagefolder(write_imagefolder(tmp_path, [1, 4, 2]))
+    data = read_counting_imagefolder(write_imagefolder(tmp_path, [1, 4, 2]))
     assert [e.target for e in data.examples] == [1, 4, 2]
     first = data.examples[0]
     assert first.id == "img_000.png" and first.images == [tmp_path / "img_000.png"]
@@ -24,8 +31,8 @@ def test_missing_image_is_named_or_skipped_and_counted(tmp_path):
     write_imagefolder(tmp_path, [1, 2, 3])
     (tmp_path / "img_001.png").unlink()
     with pytest.raises(MissingImageError, match=r"img_001\.png does not exist.*--skip-missing"):
-        read_imagefolder(tmp_path)
-    data = read_imagefolder(tmp_path, skip_missing=True)
+        read_counting_imagefolder(tmp_path)
+    data = read_counting_imagefolder(tmp_path, skip_missing=True)
     assert [e.id for e in data.examples] == ["img_000.png", "img_002.png"]
     assert len(data.skipped) == 1 and "img_001.png" in data.skipped[0].reason
 
@@ -34,7 +41,7 @@ def test_missing_field_is_a_clear_error(tmp_path):
     write_png(tmp_path / "a.png", 0)
     write_jsonl(tmp_path / "metadata.jsonl", [{"file_name": "a.png", "question": "How many?"}])
     with pytest.raises(ValueError, match=r"lacks \['count'\]"):
-        read_imagefolder(tmp_path)
+        read_counting_imagefolder(tmp_path)
 
 
 def test_pixmo_jsonl_with_images_named_by_sha256(tmp_path):
@@ -147,7 +154,7 @@ def test_imagefolder_written_by_vlens_data_targets_the_answer(tmp_path):
     from vlens.data import write_imagefolder as write_vlens_imagefolder
 
     samples = [make_task_sample("counting", seed=seed, style="synpoly") for seed in range(3)]
-    data = read_imagefolder(write_vlens_imagefolder(samples, tmp_path / "suite"))
+    data = read_counting_imagefolder(write_vlens_imagefolder(samples, tmp_path / "suite"))
     # "How many squares?" asks for the answer, not for `count` (all objects in the image)
     assert [e.target for e in data.examples] == [int(record["answer"]) for _, record in samples]
     assert [e.extra["count"] for e in data.examples] == [record["count"] for _, record in samples]
@@ -159,4 +166,4 @@ def test_imagefolder_with_word_answers_is_refused(tmp_path):
 
     write_vlens_imagefolder([make_task_sample("colour", seed=0, style="synpoly")], tmp_path / "colour")
     with pytest.raises(ValueError, match="task 'colour'.*is not a count"):
-        read_imagefolder(tmp_path / "colour")
+        read_counting_imagefolder(tmp_path / "colour")

@@ -15,7 +15,7 @@ from vlens.testing import tiny_hf_model, tiny_qwen_processor
 from vlens.training.checkpoint import latest_checkpoint
 from vlens.training.data import IGNORE_INDEX, collate, example_from_sample
 from vlens.training.lora import lora_parameters
-from vlens.training.sft import NonFiniteLossError, SFTConfig, StepPlan, learning_rate_at, train_sft
+from vlens.training.sft import NonFiniteLossError, SFTConfig, StepPlan, train_sft
 
 
 def _model() -> HookedVLM:
@@ -51,8 +51,9 @@ def test_collate_labels_answers_and_finds_the_prompt_end():
 
 
 def test_schedule_warms_up_then_decays_linearly():
-    config = SFTConfig(learning_rate=1.0, warmup_ratio=0.1)
-    rates = [learning_rate_at(s, 20, config) for s in range(20)]
+    plan = StepPlan(20, SFTConfig(learning_rate=1.0, warmup_ratio=0.1, batch_size=1, grad_accum=1, epochs=1))
+    assert plan.total_steps == 20 and plan.warmup_steps == 2
+    rates = [plan.rate_at(s) for s in range(20)]
     assert rates[:2] == [0.5, 1.0] and rates[-1] == pytest.approx(1 / 18)
     plan = StepPlan(7, SFTConfig(batch_size=2, grad_accum=2, epochs=2))
     assert plan.steps_per_epoch == 2 and plan.total_steps == 4
@@ -153,3 +154,14 @@ def test_one_focus_step_on_the_other_families(tmp_path):
         ran += 1
     if not ran:
         pytest.skip("no Qwen3-VL / LLaVA test builders in vlens.testing")
+
+
+def test_learning_rate_schedules_by_hand():
+    from vlens.training.schedule import learning_rate_at
+
+    # warm-up 2 of 10 steps to peak 1.0, then linear to 0 or half a cosine to the floor
+    assert [learning_rate_at(s, 10, 1.0, 2) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+    cosine = [learning_rate_at(s, 10, 1.0, 2, "cosine", floor=0.05) for s in (2, 6, 10)]
+    assert cosine == pytest.approx([1.0, 0.05 + 0.95 * 0.5, 0.05])
+    with pytest.raises(ValueError, match="decay"):
+        learning_rate_at(5, 10, 1.0, 2, "step")

@@ -9,7 +9,7 @@ write_report(result, "out/pixmo", model_name="Qwen2.5-VL-7B + temperature")
 """
 
 from vlens.evaluation.backends import GenerationBackend, HFBackend, HookedVLMBackend
-from vlens.evaluation.datasets import read_countbenchqa, read_imagefolder, read_mcq, read_pixmo
+from vlens.evaluation.datasets import read_countbenchqa, read_counting_imagefolder, read_mcq, read_pixmo
 from vlens.evaluation.examples import EvalDataset, EvalExample, MissingImageError, SkippedExample, open_image
 from vlens.evaluation.formats import FORMATS, EvalFormat, format_prompt, get_format
 from vlens.evaluation.metrics import (
@@ -59,7 +59,7 @@ __all__ = [
     "parse_count_strict",
     "plot_confusion_matrix",
     "read_countbenchqa",
-    "read_imagefolder",
+    "read_counting_imagefolder",
     "read_mcq",
     "read_pixmo",
     "score_predictions",

@@ -14,6 +14,8 @@ from typing import Protocol
 import torch
 from PIL import Image
 
+from vlens.processing import chat_messages, left_padding
+
 
 class GenerationBackend(Protocol):
     """Greedy (by default) generation for a batch of image + question prompts."""
@@ -112,24 +114,18 @@ class HFBackend:
         self.processor = processor
         self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
 
-    def _chat_text(self, n_images: int, prompt: str) -> str:
-        content = [{"type": "image"} for _ in range(n_images)] + [{"type": "text", "text": prompt}]
-        messages = [{"role": "user", "content": content}]
-        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
     def generate(
         self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str], max_new_tokens: int
     ) -> list[str]:
-        texts = [self._chat_text(len(imgs), prompt) for imgs, prompt in zip(images, prompts, strict=True)]
-        tokenizer = self.processor.tokenizer
-        previous_side = tokenizer.padding_side
-        tokenizer.padding_side = "left"  # generation continues from the last column
-        try:  # images flat, in prompt order: what every HF VLM processor accepts
+        texts = [
+            self.processor.apply_chat_template(chat_messages(prompt, len(imgs)), add_generation_prompt=True,
+                                               tokenize=False)
+            for imgs, prompt in zip(images, prompts, strict=True)
+        ]
+        with left_padding(self.processor.tokenizer):  # images flat, in prompt order: what HF VLM processors take
             batch = self.processor(
                 text=texts, images=[img for imgs in images for img in imgs], return_tensors="pt", padding=True
             )
-        finally:
-            tokenizer.padding_side = previous_side
         batch = batch.to(self.model.device)
         with torch.no_grad():
             tokens = self.model.generate(**batch, max_new_tokens=max_new_tokens, **self.generate_kwargs)

@@ -26,6 +26,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from vlens.data.imagefolder import read_imagefolder
 from vlens.evaluation.examples import (
     EvalDataset,
     EvalExample,
@@ -122,13 +123,12 @@ def _imagefolder_target(row: dict, where: str) -> int:
     return int(answer)
 
 
-def read_imagefolder(path: str | Path, skip_missing: bool = False) -> EvalDataset:
-    """A vlens imagefolder (a folder with ``metadata.jsonl``, or that file itself).
+def read_counting_imagefolder(path: str | Path, skip_missing: bool = False) -> EvalDataset:
+    """A vlens counting imagefolder (a folder with ``metadata.jsonl``, or that file itself) as an
+    `EvalDataset` (the records themselves: `vlens.data.read_imagefolder`).
 
     The target is the row's ``answer`` as an integer (``count`` when there is no answer).
     """
-    from vlens.data.imagefolder import read_imagefolder as read_imagefolder_records
-
     path = Path(path)
     folder = path.parent if path.is_file() else path
     metadata = folder / "metadata.jsonl"
@@ -143,7 +143,7 @@ def read_imagefolder(path: str | Path, skip_missing: bool = False) -> EvalDatase
             extra=_extra(row, {"file_name", "image_path", "question"}),
         )
 
-    rows = [dict(record) for record in read_imagefolder_records(folder)]
+    rows = [dict(record) for record in read_imagefolder(folder)]
     return _collect("imagefolder", metadata, rows, build, skip_missing)
 
 

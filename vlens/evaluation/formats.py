@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vlens.evaluation.datasets import read_countbenchqa, read_imagefolder, read_mcq, read_pixmo
+from vlens.evaluation.datasets import read_countbenchqa, read_counting_imagefolder, read_mcq, read_pixmo
 from vlens.evaluation.examples import EvalDataset, EvalExample
 from vlens.evaluation.parsing import option_letters
 
@@ -35,7 +35,7 @@ class EvalFormat:
 
 
 FORMATS: dict[str, EvalFormat] = {
-    "imagefolder": EvalFormat("imagefolder", read_imagefolder, "count", "count", ""),
+    "imagefolder": EvalFormat("imagefolder", read_counting_imagefolder, "count", "count", ""),
     "pixmo": EvalFormat("pixmo", read_pixmo, "count", "count", "\nAnswer with a single number."),
     "countbenchqa": EvalFormat(
         "countbenchqa", read_countbenchqa, "count_strict", "count", "\nAnswer with a single number."

@@ -102,14 +102,14 @@ def run_fit(args: argparse.Namespace) -> int:
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    from vlens.evaluation import HookedVLMBackend, evaluate, read_imagefolder
+    from vlens.evaluation import HookedVLMBackend, evaluate, read_counting_imagefolder
     from vlens.info_cli import load_model_arg
     from vlens.interventions.temperature import HeadTemperature
 
     if args.out is not None:
         check_output_folder(args.out, "--out")
     temp = HeadTemperature.from_json(args.temps)
-    data = read_imagefolder(args.data)
+    data = read_counting_imagefolder(args.data)
     model = load_model_arg(args.model)
     summary = {}
     problems: list[str] = []

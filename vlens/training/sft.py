@@ -33,7 +33,9 @@ from vlens.errors import UserInputError
 from vlens.interventions.focus import capture_patterns, default_focus_layers, focus_loss
 from vlens.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from vlens.training.data import SFTBatch, SFTExample, answer_loss, collate
+from vlens.training.export import save_adapters
 from vlens.training.lora import ATTENTION_PROJECTIONS, add_lora, has_lora, lora_parameters
+from vlens.training.schedule import learning_rate_at
 from vlens.validation import check_count, check_float
 
 
@@ -118,14 +120,6 @@ def use_bf16(setting: str | bool, device: torch.device) -> bool:
     return bool(setting)
 
 
-def learning_rate_at(step: int, total_steps: int, config: SFTConfig) -> float:
-    """Linear warm-up over ceil(warmup_ratio * total) steps, then linear decay to 0 (HF's schedule)."""
-    warmup = math.ceil(config.warmup_ratio * total_steps)
-    if step < warmup:
-        return config.learning_rate * (step + 1) / warmup
-    return config.learning_rate * max(0.0, (total_steps - step) / max(1, total_steps - warmup))
-
-
 class StepPlan:
     """Which examples each optimizer step uses: a pure function of (seed, epoch, step)."""
 
@@ -136,6 +130,11 @@ class StepPlan:
         self.steps_per_epoch = math.ceil(self.micro_per_epoch / config.grad_accum)
         full = self.steps_per_epoch * config.epochs
         self.total_steps = min(full, config.max_steps) if config.max_steps else full
+        # linear warm-up over ceil(warmup_ratio * total) steps, then linear decay to 0 (HF's schedule)
+        self.warmup_steps = math.ceil(config.warmup_ratio * self.total_steps)
+
+    def rate_at(self, step: int) -> float:
+        return learning_rate_at(step, self.total_steps, self.config.learning_rate, self.warmup_steps, "linear")
 
     def order(self, epoch: int) -> list[int]:
         generator = torch.Generator().manual_seed(self.config.seed * 100_003 + epoch)
@@ -192,8 +191,6 @@ def train_sft(
     force_resume: resume even if the checkpoint was written with other data or settings (each
         checkpoint records a hash of both; by default a mismatch is an error, not a silent mix).
     """
-    from vlens.training.export import save_adapters
-
     config = config or SFTConfig()
     config.check()
     if not examples:
@@ -271,7 +268,7 @@ def train_sft(
                 if stop_after is not None and step - start_step >= stop_after:
                     break
                 begin = time.perf_counter()
-                lr = learning_rate_at(step, plan.total_steps, config)
+                lr = plan.rate_at(step)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 micro = plan.micro_batches(step)

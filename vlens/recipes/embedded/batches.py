@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
+from vlens.processing import chat_messages
 from vlens.zoo.processor import (
     CELL,
     IMAGE_SIZE,
@@ -76,8 +77,7 @@ class EncodedExample:
 def encode_example(processor, question: str, answer: str, image_index: int) -> EncodedExample:
     """Chat-format `question` about one image and append `answer` + <|im_end|>."""
     tokenizer = processor.tokenizer
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
-    prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+    prompt = processor.apply_chat_template(chat_messages(question, 1), add_generation_prompt=True)
     # Expand the single <|image_pad|> to one token per merged patch, as the processor does.
     n_image_tokens = (image_size_of(processor) // CELL) ** 2
     prompt = prompt.replace(processor.image_token, processor.image_token * n_image_tokens)

@@ -1,11 +1,13 @@
-"""Held-out accuracy of a VLM on task records, by greedy generation (HF `generate`)."""
+"""Held-out accuracy of a VLM on task records, by greedy generation (HF `generate` through
+`vlens.evaluation.HFBackend`)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-import torch
 from PIL import Image
+
+from vlens.evaluation.backends import HFBackend
 
 
 def answer_questions(
@@ -19,23 +21,11 @@ def answer_questions(
     """Greedy answers (decoded without special tokens, stripped) to one question per image."""
     if len(images) != len(questions):
         raise ValueError(f"{len(images)} images but {len(questions)} questions")
+    backend = HFBackend(model, processor)
     answers: list[str] = []
-    processor.tokenizer.padding_side = "left"
     for start in range(0, len(images), batch_size):
-        prompts = [
-            processor.apply_chat_template(
-                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
-                add_generation_prompt=True,
-            )
-            for question in questions[start : start + batch_size]
-        ]
-        inputs = processor(
-            images=images[start : start + batch_size], text=prompts, padding=True, return_tensors="pt"
-        ).to(model.device)
-        with torch.no_grad():
-            output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        new_tokens = output[:, inputs["input_ids"].shape[1] :]
-        answers += [text.strip() for text in processor.batch_decode(new_tokens, skip_special_tokens=True)]
+        batch = [[image] for image in images[start : start + batch_size]]
+        answers += backend.generate(batch, questions[start : start + batch_size], max_new_tokens)
     return answers
 
 

@@ -4,7 +4,6 @@ loss on answer tokens only, a tqdm bar and a JSONL training log."""
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -16,6 +15,7 @@ from tqdm.auto import tqdm
 
 from vlens.recipes.embedded.batches import EncodedExample, collate
 from vlens.recipes.embedded.vision_aux import VisionAuxHeads, captured_image_tokens
+from vlens.training.schedule import learning_rate_at
 
 
 @dataclass
@@ -39,13 +39,9 @@ class TrainSettings:
     def steps_to_run(self) -> int:
         return self.steps if self.stop_after is None else min(self.stop_after, self.steps)
 
-
-def learning_rate_at(step: int, settings: TrainSettings) -> float:
-    """Linear warm-up to settings.learning_rate, then cosine decay to 5% of it."""
-    if step < settings.warmup_steps:
-        return settings.learning_rate * (step + 1) / settings.warmup_steps
-    progress = (step - settings.warmup_steps) / max(1, settings.steps - settings.warmup_steps)
-    return settings.learning_rate * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    def rate_at(self, step: int) -> float:
+        """Linear warm-up to learning_rate, then cosine decay to 5% of it."""
+        return learning_rate_at(step, self.steps, self.learning_rate, self.warmup_steps, "cosine", floor=0.05)
 
 
 def train_model(
@@ -99,7 +95,7 @@ def train_model(
             batch = collate([examples[row] for row in rows], images, pad_id, image_token_id)
             batch = {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate_at(step, settings)
+                group["lr"] = settings.rate_at(step)
             capture = captured_image_tokens(model) if heads is not None else nullcontext([])
             with capture as image_tokens:
                 loss = answer_loss = model(**batch).loss
