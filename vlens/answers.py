@@ -38,6 +38,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.processing import chat_prompt
+from vlens.token_labels import str_tokens
+
 if TYPE_CHECKING:
     from vlens.inputs import VLMInputs
     from vlens.model import HookedVLM
@@ -54,14 +57,11 @@ def generation_context(model: HookedVLM, chat: bool = True) -> str:
     """The text an answer follows: the chat format's generation prompt (for a one-word question)."""
     if not chat:
         return ""
-    from vlens.processing import _chat_text
 
-    return _chat_text(model, "?", 0)
+    return chat_prompt(model, "?", 0)
 
 
 def _describe(tokenizer, ids: Sequence[int]) -> str:
-    from vlens.token_labels import str_tokens
-
     return f"{list(ids)} {str_tokens(tokenizer, list(ids))}"
 
 

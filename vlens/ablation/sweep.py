@@ -17,6 +17,7 @@ from vlens.ablation.hooks import check_method, replacement_values, stacked_head_
 from vlens.ablation.reference import ReferenceActivations, resample_partners
 from vlens.ablation.results import HeadAblation
 from vlens.ablation.tasks import TaskBatch
+from vlens.answers import answer_logprobs
 from vlens.finite import finite_rows, warn_non_finite
 from vlens.hooks import act_name
 from vlens.inputs import VLMInputs
@@ -30,8 +31,6 @@ def answer_metrics(
     """(whole-answer teacher-forced log-probability, 1.0 where every answer token is the argmax)
     per row, from the logits of the last k >= len(answer) positions (`vlens.answers.answer_logprobs`);
     both NaN where the row's logits are not finite."""
-    from vlens.answers import answer_logprobs
-
     if answer_logits.ndim == 2:  # [batch, d_vocab]: one position
         answer_logits = answer_logits[:, None]
     logprob, exact = answer_logprobs(answer_logits, answers)

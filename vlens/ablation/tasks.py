@@ -20,6 +20,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from vlens.answers import answer_ids, teacher_force
 from vlens.data import TASKS, make_task_sample
 from vlens.inputs import VLMInputs
 
@@ -82,8 +83,6 @@ class TaskBatch:
     def inputs(self, model, rows: Sequence[int] | range) -> VLMInputs:
         """`VLMInputs` (left-padded) for the given example rows, each answer teacher-forced but its
         last token (the last len(answer) positions predict the answer; single tokens add nothing)."""
-        from vlens.answers import teacher_force
-
         rows = list(rows)
         inputs = model.prepare(images=[self.images[r] for r in rows], prompts=[self.prompts[r] for r in rows],
                                chat=self.chat)
@@ -109,8 +108,6 @@ def answer_token_ids(model, answers: Sequence[str], chat: bool = True) -> list[l
     Raises:
         ValueError: naming the example, if an answer is outside the vocabulary (the unknown token).
     """
-    from vlens.answers import answer_ids
-
     return [answer_ids(model, answer, example=f"#{i}", chat=chat) for i, answer in enumerate(answers)]
 
 

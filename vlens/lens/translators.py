@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from vlens.fileio import atomic_folder
 from vlens.finite import finite_rows, warn_non_finite
 from vlens.lens.readout import LensReadout, unembedding_hash
 from vlens.validation import check_count, check_float
@@ -110,7 +111,6 @@ class Translators(nn.Module):
         """Write ``config.json`` + ``translators.safetensors`` as `folder`, whole or not at all
         (`vlens.fileio.atomic_folder`); replacing an existing lens folder needs `overwrite`."""
 
-        from vlens.fileio import atomic_folder
 
         with atomic_folder(folder, overwrite=overwrite, name="lens folder") as out:
             config = {"format_version": FORMAT_VERSION, "n_layers": self.n_layers, "d_model": self.d_model,
