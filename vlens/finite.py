@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # torch is imported where it is used, so the CLI can import this module cheaply
     from torch import Tensor
 
-    from vlens.model import HookedVLM
+    from vlens.hooks import HookedRootModule
 
 # exit status of a command whose results hold non-finite values (without --allow-nan)
 NON_FINITE_EXIT = 3
@@ -68,7 +68,7 @@ def describe_non_finite(name: str, values: Tensor, leading: int = 2) -> str:
     return f"{name}: {kinds} at {_indices_text(flat.nonzero())}"
 
 
-def locate_non_finite(model: HookedVLM, inputs: Any, fwd_hooks: Sequence = ()) -> str | None:
+def locate_non_finite(model: HookedRootModule, inputs: Any, fwd_hooks: Sequence = ()) -> str | None:
     """Run `inputs` once more and name the first hook point (in execution order) whose
     activation is not finite, with the (batch row, position) indices where it is not; None if
     the whole forward is finite. `fwd_hooks` are the hooks the analysis ran with."""
@@ -91,7 +91,7 @@ def locate_non_finite(model: HookedVLM, inputs: Any, fwd_hooks: Sequence = ()) -
     return None
 
 
-def warn_non_finite(what: str, detail: str, model: HookedVLM | None = None, inputs: Any = None,
+def warn_non_finite(what: str, detail: str, model: HookedRootModule | None = None, inputs: Any = None,
                     fwd_hooks: Sequence = (), stacklevel: int = 2) -> str:
     """Warn (`NonFiniteWarning`) that `what` is NaN for `detail`; with a model and inputs, also
     name where the activations first stop being finite. Returns the message."""

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 from PIL import Image
 
+from vlens.answers import answer_ids, answer_logprobs, teacher_force
 from vlens.processing import chat_messages, left_padding
 
 
@@ -70,8 +71,6 @@ class HookedVLMBackend:
         with ``fwd_hooks`` active, as in `generate`. An answer the tokenizer cannot express (a
         word-level vocabulary without "37") gets (None, None) and a warning naming the example:
         the generated answer is still parsed and scored."""
-        from vlens.answers import answer_ids, answer_logprobs, teacher_force
-
         tokens: list[list[int] | None] = []
         for answer, example in zip(answers, ids, strict=True):
             try:
