@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.helpers.eval_data import write_imagefolder
-from vlens.evaluation import evaluate, read_imagefolder
+from vlens.evaluation import evaluate, read_counting_imagefolder
 
 
 class FailsOnThirdBatch:
@@ -25,7 +25,7 @@ class FailsOnThirdBatch:
 
 
 def test_evaluation_streams_predictions_before_a_late_failure(tmp_path):
-    data = read_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 4, 5, 6]))
+    data = read_counting_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 4, 5, 6]))
     partial = tmp_path / "out" / "predictions.partial.jsonl"
     with pytest.raises(RuntimeError, match="out of memory"):
         evaluate(FailsOnThirdBatch(), data, batch_size=2, progress=False, stream_to=partial)

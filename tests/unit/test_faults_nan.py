@@ -115,9 +115,9 @@ def test_headlens_heads_are_non_finite_not_classified(model):
 
 def test_generation_and_evaluation_never_parse_nan_answers(model, tmp_path):
     from tests.helpers.eval_data import write_imagefolder
-    from vlens.evaluation import HookedVLMBackend, evaluate, read_imagefolder
+    from vlens.evaluation import HookedVLMBackend, evaluate, read_counting_imagefolder
 
-    data = read_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3]))
+    data = read_counting_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3]))
     with pytest.warns(NonFiniteWarning, match=r"generate.*rows \[0, 1\].*First non-finite activation"):
         result = evaluate(HookedVLMBackend(model), data, batch_size=2, max_new_tokens=2, progress=False)
     assert all(p.parsed is None and not p.correct and p.extra["non_finite"] for p in result.predictions)
