@@ -86,9 +86,11 @@ class HookedVLMBackend:
         per_prompt = [images[i][0] if len(images[i]) == 1 else list(images[i]) for i in rows]
         inputs = teacher_force(self.model, self.model.prepare(images=per_prompt, prompts=[prompts[i] for i in rows],
                                                               chat=self.chat), kept)
-        with torch.no_grad():
-            logits = self.model.run_with_hooks(inputs, fwd_hooks=self.fwd_hooks)
-        logprob, _ = answer_logprobs(logits[:, -max(len(t) for t in kept):], kept)
+        longest = max(len(t) for t in kept)
+        with torch.no_grad():  # unembed only the answer positions (left padding: the last columns)
+            resid = self.model.run_with_hooks(inputs, fwd_hooks=self.fwd_hooks, return_type="resid")
+            logits = self.model.unembed(resid[:, -longest:].to(self.model.W_U.device))
+        logprob, _ = answer_logprobs(logits, kept)
         for i, t, lp in zip(rows, kept, logprob.tolist(), strict=True):
             out[i] = (t, float(lp))
         return out

@@ -159,9 +159,15 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
     positions = torch.tensor([int(final[r]) - len(a) + 1 + j for r, a in enumerate(answer_ids) for j in range(len(a))])
     targets = torch.tensor([t for a in answer_ids for t in a])
     first = torch.tensor([sum(len(a) for a in answer_ids[:r]) for r in range(len(answer_ids))])
+    picked: dict[str, Tensor] = {}
+
+    def keep(resid: Tensor, hook) -> None:  # only the answer positions: memory stays O(layers x answers)
+        picked[hook.name] = resid[rows.to(resid.device), positions.to(resid.device)].detach()
+
     with torch.no_grad():
-        _, cache = model.run_with_cache(forced, names_filter=lambda n: n in set(names))
-        stack = torch.stack([cache[n][rows.to(cache[n].device), positions.to(cache[n].device)] for n in names])
+        with model.hooks(fwd_hooks=[(n, keep) for n in names]):
+            model(forced, return_type=None)  # no unembedding of every position
+        stack = torch.stack([picked[n].to(model.W_U.device) for n in names])
         logits = model.finish(stack).float()  # [L, n_answer_tokens, d_vocab]
         target = targets.to(logits.device)[None, :, None].expand(n_layers, -1, 1)
         token_ranks = ((logits > logits.gather(-1, target)).sum(-1) + 1).double().cpu()
