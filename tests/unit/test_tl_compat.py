@@ -30,7 +30,7 @@ from vlens.testing import (
 
 FAMILIES = ["qwen2_5_vl", "qwen3_vl", "llava"]
 # a second configuration per family: output biases on (Qwen3: o_proj; LLaVA: o_proj and MLP), tied embeddings
-VARIANTS = [(f, "plain") for f in FAMILIES] + [("qwen3_vl", "bias_tied"), ("llava", "bias_tied")]
+VARIANTS = [(f, "plain") for f in FAMILIES] + [("qwen3_vl", "bias_tied"), ("llava", "bias_tied"), ("qwen2_vl", "plain")]
 
 
 @functools.lru_cache(maxsize=8)
