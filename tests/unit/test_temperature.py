@@ -174,5 +174,21 @@ def test_baked_checkpoint_equals_hooks(tmp_path):
         theirs = baked(**inputs.to_hf_kwargs()).logits
     torch.testing.assert_close(theirs[real], hooked[real], atol=1e-4, rtol=1e-4)
     if "qwen3_vl" in FAMILIES:
-        with pytest.raises(ValueError, match="q_norm"):
+        with pytest.raises(ValueError, match="query norm"):
             temp.baked_state_dict(_pair("qwen3_vl")[0])
+
+
+def test_the_adapter_is_abstract_and_names_the_query_modules():
+    """Temperature code reaches HF modules only through the adapter (`query_projection`, `query_norm`)."""
+    from vlens.architectures import ArchitectureAdapter, adapter_for
+    from vlens.testing import tiny_hf_model, tiny_llava_model, tiny_qwen3_vl_model
+
+    with pytest.raises(TypeError, match="abstract"):
+        ArchitectureAdapter()  # type: ignore[abstract]
+    for hf, has_norm in ((tiny_hf_model("qwen2_5_vl"), False), (tiny_qwen3_vl_model(), True), (tiny_llava_model(), False)):
+        adapter = adapter_for(hf)
+        layers = adapter.decoder_layers(hf)
+        assert len(layers) == adapter.build_config(hf).n_layers
+        projection = adapter.query_projection(layers[0])
+        assert projection.out_features == adapter.n_heads(hf) * adapter.build_config(hf).d_head
+        assert (adapter.query_norm(layers[0]) is not None) == has_norm

@@ -8,6 +8,7 @@ its own file plus one line in `registry.py` (see CONTRIBUTING.md).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -49,19 +50,40 @@ class DecoderParts:
     rotary: RotaryEmbedding
 
 
-class ArchitectureAdapter:
-    """Base class; subclasses set `hf_class_names` and override the family-specific hooks."""
+class ArchitectureAdapter(ABC):
+    """What vlens needs to know about one HF model family; the only place that names HF modules.
+
+    Subclasses set `hf_class_names` and `family` and implement the abstract methods; the
+    others have defaults for the Llama / Qwen decoder layout (override where a family differs).
+    """
 
     hf_class_names: tuple[str, ...] = ()
     family: str = ""
 
     # ---- conversion ----
+    @abstractmethod
     def build_config(self, hf_model: nn.Module) -> VLMConfig:
-        raise NotImplementedError
+        """A `VLMConfig` (TransformerLens field names) from the HF model's config."""
 
     def language_model(self, hf_model: nn.Module) -> nn.Module:
         """The HF text decoder (has embed_tokens, layers, norm, rotary_emb)."""
         return hf_model.model.language_model
+
+    def decoder_layers(self, hf_model: nn.Module) -> nn.ModuleList:
+        """The HF decoder layers, in order."""
+        return self.language_model(hf_model).layers
+
+    def query_projection(self, hf_layer: nn.Module) -> nn.Linear:
+        """A decoder layer's query projection (output [..., n_heads * d_head])."""
+        return hf_layer.self_attn.q_proj
+
+    def query_norm(self, hf_layer: nn.Module) -> nn.Module | None:
+        """A decoder layer's per-head query norm (output [..., n_heads, d_head]), None if the family has none."""
+        return getattr(hf_layer.self_attn, "q_norm", None)
+
+    def n_heads(self, hf_model: nn.Module) -> int:
+        """Query heads per decoder layer."""
+        return self.build_config(hf_model).n_heads
 
     def build_decoder(self, hf_model: nn.Module, cfg: VLMConfig) -> DecoderParts:
         """Hooked modules around the HF parameters (Llama/Qwen layer layout)."""
@@ -80,8 +102,8 @@ class ArchitectureAdapter:
     def build_block(self, cfg: VLMConfig, layer: int, hf_layer: nn.Module) -> TransformerBlock:
         sa, mlp = hf_layer.self_attn, hf_layer.mlp
         attn = Attention(
-            cfg, layer, sa.q_proj, sa.k_proj, sa.v_proj, sa.o_proj,
-            q_norm=getattr(sa, "q_norm", None), k_norm=getattr(sa, "k_norm", None),
+            cfg, layer, self.query_projection(hf_layer), sa.k_proj, sa.v_proj, sa.o_proj,
+            q_norm=self.query_norm(hf_layer), k_norm=getattr(sa, "k_norm", None),
         )
         return TransformerBlock(
             layer,
@@ -92,16 +114,18 @@ class ArchitectureAdapter:
             mlp=GatedMLP(mlp.gate_proj, mlp.up_proj, mlp.down_proj, cfg.act_fn),
         )
 
+    @abstractmethod
     def build_vision(self, hf_model: nn.Module) -> HookedVisionTower:
-        raise NotImplementedError
+        """The HF vision tower (and projector / merger) wrapped with hook points."""
 
     # ---- running ----
+    @abstractmethod
     def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
-        raise NotImplementedError
+        """Image features in placeholder order (and DeepStack features where the family has them)."""
 
+    @abstractmethod
     def image_token_counts(self, cfg: VLMConfig, inputs) -> tuple[list[int], list[tuple[int, int]]]:
         """Per image (in order): number of placeholder tokens and merged grid (rows, cols)."""
-        raise NotImplementedError
 
     def mm_token_type_ids(self, cfg: VLMConfig, input_ids: Tensor) -> Tensor:
         """0 for text, 1 for image placeholders, 2 for video placeholders (HF's convention)."""
@@ -112,25 +136,26 @@ class ArchitectureAdapter:
             types[input_ids == cfg.video_token_id] = 2
         return types
 
-    def position_ids(self, hf_model: nn.Module, inputs) -> tuple[Tensor, Tensor]:
-        """Prefill position ids (family layout) and per-row deltas for decoding."""
-        raise NotImplementedError
+    @abstractmethod
+    def position_ids(self, hf_model: nn.Module, inputs) -> tuple[Tensor, Tensor | None]:
+        """Prefill position ids (family layout) and per-row deltas for decoding (None if unused)."""
 
-    def decode_position_ids(self, attention_mask: Tensor, n_new: int, deltas: Tensor) -> Tensor:
+    @abstractmethod
+    def decode_position_ids(self, attention_mask: Tensor, n_new: int, deltas: Tensor | None) -> Tensor:
         """Position ids of the last `n_new` tokens during cached decoding."""
-        raise NotImplementedError
 
     # ---- prompts ----
+    @abstractmethod
     def image_placeholder(self) -> str:
         """The text that stands for one image in a prompt (before processor expansion)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def fallback_chat_prompt(self, question: str, n_images: int) -> str:
         """The family's chat format, used when the processor has no chat template."""
-        raise NotImplementedError
 
     def check_inputs(self, cfg: VLMConfig, inputs) -> None:
-        """Raise a clear error for inputs the family cannot run."""
+        """Raise a clear error for inputs the family cannot run (default: every input is fine)."""
+        return None
 
 
 def token_id_list(value) -> list[int]:

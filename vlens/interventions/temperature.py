@@ -21,11 +21,12 @@ Where it acts:
   run_with_hooks / generate / evaluation backends, `applied(model)` as a context manager, or
   `attach(model)` persistently (returns a handle; `handle.remove()` takes it off).
 - on a plain HF model: `export_to_hf(hf_model)` scales each target head's query after any
-  q norm (a forward hook on `q_norm`, or on `q_proj` for families without one); rotary
+  per-head query norm (a forward hook on the module the family's adapter names in
+  `query_norm`, else on its `query_projection`); rotary
   embedding is linear, so scaling q before it scales the scores by exactly beta. Returns a
   removable handle. The HF modules hooked are shared with a `HookedVLM` built on that HF
   model, so while the handle is active the HookedVLM is scaled too: use one or the other.
-  Families without a q norm can also bake beta into the q_proj weights
+  Families without a query norm can also bake beta into the query projection's weights
   (`baked_state_dict`, written by `vlens temperature export`).
 """
 
@@ -123,41 +124,42 @@ class HeadTemperature:
         Works for any family the registry knows (the decoder layers come from its adapter).
         """
         adapter = adapter_for(hf_model)
-        layers = adapter.language_model(hf_model).layers
+        layers = adapter.decoder_layers(hf_model)
         self._check(len(layers))
+        n_heads = adapter.n_heads(hf_model)
         handles = []
         for layer in self.layers:
-            attn = layers[layer].self_attn
-            n_heads = _n_heads(hf_model, attn)
             scales = self.layer_scales(layer, n_heads)
-            q_norm = getattr(attn, "q_norm", None)
+            q_norm = adapter.query_norm(layers[layer])
             if q_norm is not None:  # output [..., n_heads, d_head]: the query just before rotary
                 handles.append(q_norm.register_forward_hook(_scale_normed(scales)))
             else:  # output [..., n_heads * d_head]
-                handles.append(attn.q_proj.register_forward_hook(_scale_projected(scales, n_heads)))
+                projection = adapter.query_projection(layers[layer])
+                handles.append(projection.register_forward_hook(_scale_projected(scales, n_heads)))
         return TemperatureHandle(lambda hs: [h.remove() for h in hs], handles)
 
     def baked_state_dict(self, hf_model: nn.Module) -> dict[str, Tensor]:
-        """The HF state dict with beta folded into each target head's q_proj rows (and bias).
+        """The HF state dict with beta folded into each target head's query-projection rows (and bias).
 
         A permanent export that `save_pretrained(state_dict=...)` can write, for families
         without a q norm only: with one, the norm would undo a scaled projection (use
         `export_to_hf`'s hooks there). The live model is not changed.
         """
-        layers = adapter_for(hf_model).language_model(hf_model).layers
+        adapter = adapter_for(hf_model)
+        layers = adapter.decoder_layers(hf_model)
         self._check(len(layers))
+        n_heads = adapter.n_heads(hf_model)
         by_id = {id(m): name for name, m in hf_model.named_modules()}
         state = {k: v.detach() for k, v in hf_model.state_dict().items()}
         for layer in self.layers:
-            attn = layers[layer].self_attn
-            if getattr(attn, "q_norm", None) is not None:
+            if adapter.query_norm(layers[layer]) is not None:
                 raise ValueError(
-                    "this family normalises q per head (q_norm): a temperature cannot be baked into "
+                    "this family normalises each head's query (a query norm): a temperature cannot be baked into "
                     "the weights; apply it with export_to_hf(hf_model) hooks instead"
                 )
-            n_heads = _n_heads(hf_model, attn)
-            rows = self.layer_scales(layer, n_heads).repeat_interleave(attn.q_proj.out_features // n_heads)
-            name = by_id[id(attn.q_proj)]
+            projection = adapter.query_projection(layers[layer])
+            rows = self.layer_scales(layer, n_heads).repeat_interleave(projection.out_features // n_heads)
+            name = by_id[id(projection)]
             for part in ("weight", "bias"):
                 key = f"{name}.{part}"
                 if key in state:
@@ -226,11 +228,6 @@ def _remove_lens_handles(handles) -> None:
     for hook_point, handle in handles:
         handle.hook.remove()
         hook_point.fwd_hooks = [h for h in hook_point.fwd_hooks if h is not handle]
-
-
-def _n_heads(hf_model: nn.Module, attn: nn.Module) -> int:
-    text = getattr(hf_model.config, "text_config", hf_model.config)
-    return int(getattr(attn, "num_heads", None) or text.num_attention_heads)
 
 
 def _scale_normed(scales: Tensor):
