@@ -32,8 +32,7 @@ from torch import Tensor
 
 from vlens.finite import finite_rows
 from vlens.lens.decomposition import head_contributions
-from vlens.lens.readout import LensReadout
-from vlens.lens.translators import Translators
+from vlens.lens.translators import Translators, TunedLens
 
 
 @dataclass
@@ -101,8 +100,11 @@ def _gather(x: Tensor, positions: Tensor) -> Tensor:
     return x.gather(1, index)
 
 
-class HeadLens:
+class HeadLens(TunedLens):
     """Per-head decoding through learned translators, the final norm and the unembedding.
+
+    As a `Lens`, ``forward(resid, layer)`` is the tuned lens of the whole residual;
+    `decode_heads` and `run` decode each head's contribution on its own.
 
     Args:
         model: a `HookedVLM`.
@@ -112,13 +114,9 @@ class HeadLens:
     """
 
     def __init__(self, model, translators: Translators | None = None, include_bias: bool = False):
-        self.model = model
-        if translators is None:
-            translators = Translators.for_model(model)
-        else:
-            translators.check_model(model)
-        self.translators = translators.to(model.unembed.device)
-        self.readout = LensReadout.from_model(model).to(model.unembed.device)
+        lens = TunedLens.from_model(model, translators)
+        super().__init__(lens.translators, lens.readout)
+        self.__dict__["model"] = model  # not a submodule: its parameters stay the model's
         self.include_bias = include_bias
 
     def decode_heads(
@@ -133,7 +131,7 @@ class HeadLens:
             translated = self.translators.linear(contributions, layer)
             if self.include_bias:
                 translated = translated + self.translators.b[layer]
-            scale = self.readout.scale(self.translators(resid_post.float(), layer)).unsqueeze(-2)  # [..., 1, 1]
+            scale = self.readout.scale(self.transform(resid_post, layer)).unsqueeze(-2)  # [..., 1, 1]
             return self.readout.logits(translated, scale=scale, add_bias=False)
 
     def run(

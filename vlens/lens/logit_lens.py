@@ -32,6 +32,7 @@ from torch import Tensor
 from vlens.answers import answer_ids, single_token, teacher_force
 from vlens.data import record_image
 from vlens.finite import finite_rows, json_safe, warn_non_finite
+from vlens.lens.base import Lens
 from vlens.parallel import Sharding
 from vlens.validation import check_count
 from vlens.viz.figures import logit_lens_figure
@@ -134,15 +135,39 @@ class LogitLensResult:
         )
 
 
+class LogitLens(Lens):
+    """The logit lens: the model's own final norm and unembedding applied to any layer's residual.
+
+    `transform` is the identity; `forward(resid, layer)` is ``model.finish(resid)``.
+    """
+
+    def __init__(self, model: HookedVLM):
+        super().__init__()
+        self.__dict__["model"] = model  # not a submodule: its parameters stay the model's
+
+    def transform(self, resid: Float[Tensor, "... d_model"], layer: int) -> Float[Tensor, "... d_model"]:
+        return resid
+
+    def forward(self, resid: Float[Tensor, "... d_model"], layer: int) -> Float[Tensor, "... d_vocab"]:
+        return self.model.finish(resid)
+
+    def forward_layers(self, resid: Float[Tensor, "n_layers ... d_model"]) -> Float[Tensor, "n_layers ... d_vocab"]:
+        return self.model.finish(resid)  # every layer in one call: the read-out does not depend on the layer
+
+
 def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "batch"] | Sequence[Sequence[int]],
-               answers: Sequence[str] | None = None, first_example: int = 0) -> LogitLensResult:
+               answers: Sequence[str] | None = None, first_example: int = 0,
+               lens: Lens | None = None) -> LogitLensResult:
     """Logit lens of one batch at each row's final position (and, for multi-token answers, at the
     teacher-forced answer positions that follow it).
 
     answer_tokens: [batch] one token per row, or per row the answer's token ids
         (`vlens.answers.answer_ids`).
     first_example: index of the batch's first row in a larger dataset (for warnings only).
+    lens: how each layer's residual is read (default `LogitLens(model)`); e.g. a
+        `vlens.lens.translators.TunedLens` gives the tuned lens with the same scoring.
     """
+    lens = LogitLens(model) if lens is None else lens
     n_layers = model.cfg.n_layers
     names = [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
     inputs = model.coerce_inputs(inputs)
@@ -168,7 +193,7 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
         with model.hooks(fwd_hooks=[(n, keep) for n in names]):
             model(forced, return_type=None)  # no unembedding of every position
         stack = torch.stack([picked[n].to(model.W_U.device) for n in names])
-        logits = model.finish(stack).float()  # [L, n_answer_tokens, d_vocab]
+        logits = lens.forward_layers(stack).float()  # [L, n_answer_tokens, d_vocab]
         target = targets.to(logits.device)[None, :, None].expand(n_layers, -1, 1)
         token_ranks = ((logits > logits.gather(-1, target)).sum(-1) + 1).double().cpu()
         token_logprobs = logits.log_softmax(-1).gather(-1, target)[..., 0].double().cpu()

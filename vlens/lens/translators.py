@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from vlens.fileio import atomic_folder
 from vlens.finite import finite_rows, warn_non_finite
+from vlens.lens.base import Lens
 from vlens.lens.readout import LensReadout, unembedding_hash
 from vlens.validation import check_count, check_float
 
@@ -142,6 +143,35 @@ class Translators(nn.Module):
             lens.check_model(model)
             device = device or model.unembed.device
         return lens.to(device) if device is not None else lens
+
+
+class TunedLens(Lens):
+    """The tuned lens: each layer's translator, then the frozen final norm and unembedding.
+
+    ``forward(resid, layer) = readout(T_l(resid))``; with identity translators (untrained) it
+    equals the logit lens up to the fp32 read-out.
+    """
+
+    def __init__(self, translators: Translators, readout: LensReadout):
+        super().__init__()
+        self.translators = translators
+        self.readout = readout
+
+    @classmethod
+    def from_model(cls, model, translators: Translators | None = None) -> TunedLens:
+        """A lens for `model`: `translators` (checked against its unembedding) or identity ones."""
+        if translators is None:
+            translators = Translators.for_model(model)
+        else:
+            translators.check_model(model)
+        device = model.unembed.device
+        return cls(translators.to(device), LensReadout.from_model(model).to(device))
+
+    def transform(self, resid: Float[Tensor, "... d_model"], layer: int) -> Float[Tensor, "... d_model"]:
+        return self.translators(resid.float(), layer)
+
+    def forward(self, resid: Float[Tensor, "... d_model"], layer: int) -> Float[Tensor, "... d_vocab"]:
+        return self.readout.logits(self.transform(resid, layer))
 
 
 # -------------------------------------------------------------------- training
