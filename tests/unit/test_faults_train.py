@@ -42,3 +42,13 @@ def test_resume_refuses_other_data_or_settings(tmp_path):
     assert train_sft(_model(), examples, _config(), tmp_path / "forced", progress=False,
                      force_resume=True).resumed_from == 1
     assert forced.steps == 1
+
+
+def test_starting_over_keeps_the_earlier_checkpoints(tmp_path):
+    examples = _examples(4)
+    train_sft(_model(), examples, _config(), tmp_path, stop_after=1, progress=False)
+    with pytest.warns(UserWarning, match=r"moved to .*checkpoints\.previous-1"):
+        result = train_sft(_model(), examples, _config(learning_rate=0.5), tmp_path, resume=False, progress=False,
+                           stop_after=1)
+    assert result.resumed_from is None
+    assert (tmp_path / "checkpoints.previous-1" / "step-000001" / "state.json").is_file()

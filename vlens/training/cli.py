@@ -46,7 +46,8 @@ def add_cli(subparsers) -> None:
     train.add_argument("--checkpoint-every", type=arg_int(min=1), default=50)
     train.add_argument("--bf16", choices=["auto", "on", "off"], default="auto")
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --out")
+    train.add_argument("--no-resume", action="store_true",
+                       help="start over; checkpoints already in --out are moved to OUT/checkpoints.previous-N")
     train.add_argument("--force-resume", action="store_true",
                        help="resume even if --out's checkpoint was written with other data or settings")
     train.add_argument(

@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -222,6 +223,10 @@ def train_sft(
     start_step, resumed_from = 0, None
     fingerprint = run_fingerprint(config, examples)
     latest = latest_checkpoint(out_dir) if resume else None
+    if not resume and (out_dir / "checkpoints").is_dir():
+        # starting over must neither mix with nor overwrite the earlier run's checkpoints: keep them aside
+        kept = _set_aside(out_dir / "checkpoints")
+        warnings.warn(f"resume=False: the checkpoints already in {out_dir} were moved to {kept}", stacklevel=2)
     if latest is not None:
         check_resume(latest, config, fingerprint, len(examples), force=force_resume)  # before touching weights
         info = load_checkpoint(latest, params, optimizer)
@@ -377,6 +382,15 @@ def check_resume(folder: Path, config: SFTConfig, fingerprint: dict, n_examples:
         "resuming would mix two runs. Use a fresh --out, --no-resume to start over, or --force-resume to "
         "continue anyway."
     )
+
+
+def _set_aside(folder: Path) -> Path:
+    """Rename `folder` to the first free `<name>.previous-N` beside it; returns the new path."""
+    n = 1
+    while (target := folder.with_name(f"{folder.name}.previous-{n}")).exists():
+        n += 1
+    folder.rename(target)
+    return target
 
 
 def _non_finite(step: int, sft: float, focus: float | None, out_dir: Path, what: str = "loss") -> None:
