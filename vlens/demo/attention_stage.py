@@ -32,7 +32,7 @@ def final_to_image_attention(model, inputs) -> Float[Tensor, "batch n_layers n_h
 
     names = _pattern_names(model)
     with torch.no_grad():
-        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n in set(names))
+        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n in set(names), return_type=None)
     final = inputs.regions.final
     image_positions = list(inputs.regions.image)
     if len({len(p) for p in image_positions}) != 1:
@@ -108,7 +108,7 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
 
     names = _pattern_names(model)
     with torch.no_grad():
-        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n == names[top_layer])
+        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n == names[top_layer], return_type=None)
     pattern = cache[names[top_layer]][0].float().cpu()  # [H, pos, pos]
     labels = token_labels(model.to_str_tokens(inputs.input_ids[0]), inputs.regions.images[0],
                           inputs.regions.image_grid[0])

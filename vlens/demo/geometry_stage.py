@@ -19,7 +19,7 @@ def final_residuals(model, samples: list[CountingSample], batch_size: int) -> Fl
         for start in range(0, len(samples), batch_size):
             chunk = samples[start:start + batch_size]
             inputs = model.prepare(images=[s.image for s in chunk], prompts=[s.question for s in chunk], chat=True)
-            _, cache = model.run_with_cache(inputs, names_filter=lambda n: n in set(names))
+            _, cache = model.run_with_cache(inputs, names_filter=lambda n: n in set(names), return_type=None)
             rows = torch.arange(len(chunk))
             chunks.append(torch.stack([cache[n][rows, inputs.regions.final.to(cache[n].device)].float().cpu()
                                        for n in names]))

@@ -89,7 +89,7 @@ def collect_residuals(model, samples: Sequence[Sample], positions: str = "text",
     def run(start: int) -> Tensor:
         inputs, _ = prepare_batch(model, samples[start:start + batch_size])
         with torch.no_grad():
-            _, cache = model.run_with_cache(inputs, names_filter=lambda name: name in names)
+            _, cache = model.run_with_cache(inputs, names_filter=lambda name: name in names, return_type=None)
         mask = position_mask(inputs, positions).to(model.unembed.device)
         stacked = torch.stack([cache[f"blocks.{layer}.hook_resid_post"] for layer in range(model.cfg.n_layers)], 2)
         return stacked[mask].float().cpu()  # [n_positions, n_layers, d_model]

@@ -174,8 +174,8 @@ class HeadLens(TunedLens):
             if image_attention:
                 hooks.append((f"blocks.{layer}.attn.hook_pattern", keep_image_mass(f"img{layer}")))
         with torch.no_grad():
-            logits = model.run_with_hooks(inputs, fwd_hooks=hooks)
-        final_logits = _gather(logits, pos)
+            resid = model.run_with_hooks(inputs, fwd_hooks=hooks, return_type="resid")
+            final_logits = model.unembed(_gather(resid, pos).to(model.W_U.device))  # only the read positions
         model_top1 = final_logits.argmax(-1).masked_fill(~finite_rows(final_logits), -1).cpu()
 
         tops, values, full = [], [], []

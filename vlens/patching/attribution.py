@@ -131,7 +131,7 @@ def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool) -> Attr
     names = {kind: [act_name(kind, layer) for layer in range(n_layers)] for kind in ("z", "resid_pre", "rot_q", "rot_k")}
     wanted = {n for group in names.values() for n in group}
     with torch.no_grad():
-        _, corrupt = model.run_with_cache(batch.corrupt, names_filter=lambda n: n in wanted)
+        _, corrupt = model.run_with_cache(batch.corrupt, names_filter=lambda n: n in wanted, return_type=None)
         state = model.start_run(batch.clean)
 
     clean: dict[str, Tensor] = {}
