@@ -56,7 +56,7 @@ def test_patching_contrast_tokens_and_logit_diff(model):
     pairs = make_count_pairs(6, seed=3, size=56, counts=COUNTS)
     batch = build_pair_batch(model, pairs)
     result = patch_layer_region(model, batch, layers=[0])
-    answers = result.to_json()["answers"]
+    answers = result.to_dict()["answers"]
     for i, example in enumerate(pairs):
         clean, corrupt = digits(int(example.clean_answer)), digits(int(example.corrupt_answer))
         assert answers["clean_answer_tokens"][i] == clean and answers["corrupt_answer_tokens"][i] == corrupt

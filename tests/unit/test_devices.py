@@ -60,4 +60,4 @@ def test_attribution_in_chunks_equals_one_batch():
     chunked = attribution_patching(model, batch, batch_size=2)
     for name in ("z", "q", "k", "resid_pre", "per_pair_z", "clean_logit_diff"):
         assert torch.allclose(getattr(whole, name), getattr(chunked, name), atol=1e-5), name
-    assert whole.to_json()["answers"]["clean_answer_tokens"] == chunked.to_json()["answers"]["clean_answer_tokens"]
+    assert whole.to_dict()["answers"]["clean_answer_tokens"] == chunked.to_dict()["answers"]["clean_answer_tokens"]

@@ -64,7 +64,7 @@ def test_patching_rates_are_nan(model):
     for name in ("overwrite_rate", "flip_away_rate", "corrupt_answer_rate", "logit_diff", "patch_effect"):
         assert result.metrics[name].isnan().all(), name
     assert (result.per_pair_prediction == -1).all()
-    data = json.loads(json.dumps(result.to_json(), allow_nan=False))
+    data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert data["overwrite_rate"][0][0] is None and data["baseline"]["finite"] == [False, False]
 
 
@@ -76,7 +76,7 @@ def test_attribution_patching_warns(model):
     with collect_non_finite() as problems, pytest.warns(NonFiniteWarning, match="attribution patching"):
         result = attribution_patching(model, batch)
     assert problems and result.clean_logit_diff.isnan().all()
-    json.dumps(result.to_json(), allow_nan=False)
+    json.dumps(result.to_dict(), allow_nan=False)
 
 
 def test_json_safe():

@@ -207,7 +207,7 @@ def test_result_json_and_plots(tiny, image_batch):
     result = patch_layer_position(tiny, image_batch.select([0, 2]))  # both 56 px: one image layout
     grid = result.image_grid_values("logit_diff")
     assert grid.shape == (2, 2, 2)
-    data = json.loads(json.dumps(result.to_json()))
+    data = json.loads(json.dumps(result.to_dict()))
     assert data["mode"] == "layer-pos" and data["n_pairs"] == 2 and len(data["overwrite_rate"]) == 2
     assert data["image_grid"] == [2, 2] and len(data["image_positions"]) == 4
     assert result.plot().data[0].z.shape == (2, result.per_pair_logit_diff.shape[1])

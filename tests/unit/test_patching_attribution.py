@@ -87,7 +87,7 @@ def test_atp_json(planted):
     model, batch = planted
     result = attribution_patching(model, batch)
     result.exact_z = result.z.clone()
-    data = result.to_json()
+    data = result.to_dict()
     assert data["mode"] == "atp" and data["spearman_z_vs_exact"] == pytest.approx(1.0)
     assert len(data["z"]) == model.cfg.n_layers and len(data["resid_pre"][0]) == batch.seq_len
     assert result.plot().data[0].z.shape == (model.cfg.n_layers, model.cfg.n_heads)

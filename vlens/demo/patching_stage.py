@@ -50,7 +50,7 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
                                                                rate[:, list(regions.cells).index("final")],
                                                                regions.layers)
     note = "" if clean_accuracy > 0 else " (no clean run is correct, so every rate is 0 here)"
-    as_json = regions.to_json()
+    as_json = regions.to_dict()
     region_section = Section(
         key="vap_layer_region", title=VAP_TITLE, explanation=VAP_EXPLANATION + note,
         figure=regions.plot("overwrite_rate").update_yaxes(range=[0, 1.05]), numbers=numbers,

@@ -269,7 +269,7 @@ def importance_from_result(
     elif hasattr(result, "logprob_drop"):  # HeadAblation
         return (result.accuracy_drop if metric == "accuracy" else result.logprob_drop).double()
     elif hasattr(result, "metrics") and hasattr(result, "mode"):  # PatchingResult
-        result = result.to_json()
+        result = result.to_dict()
     if not isinstance(result, dict):
         raise TypeError(f"cannot read head importance from a {type(result).__name__}")
     if "results" in result:  # AblationReport JSON

@@ -3,7 +3,7 @@
     from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_region
     batch = build_pair_batch(model, make_count_pairs(16))
     result = patch_layer_region(model, batch)        # result["overwrite_rate"]: [n_layers, 4]
-    result.plot().show(); result.to_json()
+    result.plot().show(); result.save("out/")
 
 Submodules: `pairs` (pair batches + validation), `conditions` (what one patch does),
 `metrics`, `runner` (the naive loop and the dispatcher), `fast` (the fast exact path),

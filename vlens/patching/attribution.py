@@ -27,11 +27,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.errors import UserInputError
 from vlens.finite import json_safe, warn_non_finite
 from vlens.hooks import act_name
-from vlens.patching.conditions import final_logits
-from vlens.patching.metrics import logit_diff
-from vlens.patching.pairs import PairBatch
+from vlens.patching.conditions import final_logits, readout_logits
+from vlens.patching.metrics import MetricFn, MetricFunction, logit_diff
+from vlens.patching.pairs import PairBatch, Readout
+from vlens.results import Result
 from vlens.viz.figures import layer_head_heatmap
 from vlens.viz.optional import require_plotly
 
@@ -40,14 +42,16 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class AttributionResult:
-    """AtP estimates of the change in mean logit difference (patched - clean) per node.
+class AttributionResult(Result):
+    """AtP estimates of the change in the mean metric (patched - clean) per node; the metric is
+    the logit difference (corrupt minus clean answer at the final position) unless one was given.
 
     z: [n_layers, n_heads] patching one head's hook_z at all positions.
     q: [n_layers, n_heads] patching one head's queries (AtP* softmax recomputation if `qk_fix`).
     k: [n_layers, n_key_value_heads] patching one key/value head's keys (same).
     resid_pre: [n_layers, seq_len] patching the residual stream entering a layer at one position.
-    per_pair_z: [n_pairs, n_layers, n_heads]; pair_ids; clean_logit_diff [n_pairs].
+    per_pair_z: [n_pairs, n_layers, n_heads]; pair_ids; clean_logit_diff [n_pairs] (the clean
+    run's metric per pair); metric: "logit_diff" or the metric's name.
     """
 
     z: Float[Tensor, "n_layers n_heads"]
@@ -60,13 +64,14 @@ class AttributionResult:
     qk_fix: bool = True
     exact_z: Tensor | None = None  # optional: an exact head sweep's delta logit diff, to compare
     answers: dict | None = None  # the pairs' answers and tokens (PairBatch.answers_json)
+    metric: str = "logit_diff"
 
     @property
     def spearman_z(self) -> float | None:
         """Spearman correlation of the z estimates with `exact_z` (None if not set)."""
         return None if self.exact_z is None else spearman(self.z, self.exact_z)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """JSON-ready dict; non-finite estimates are None."""
         extra = {} if self.exact_z is None else {"exact_z": self.exact_z.tolist(), "spearman_z_vs_exact": self.spearman_z}
         return json_safe({
@@ -76,7 +81,8 @@ class AttributionResult:
             "layers": list(range(self.z.shape[0])),
             "heads": list(range(self.z.shape[1])),
             "qk_fix": self.qk_fix,
-            "metric": "estimated change of the mean logit difference (corrupt - clean answer) vs the clean run",
+            "metric": self.metric,
+            "estimates": f"change of the mean {self.metric} (patched minus clean run), first order",
             "z": self.z.tolist(),
             "q": self.q.tolist(),
             "k": self.k.tolist(),
@@ -98,20 +104,28 @@ class AttributionResult:
 
 
 def attribution_patching(model: HookedVLM, batch: PairBatch, qk_fix: bool = True,
-                         batch_size: int | None = None) -> AttributionResult:
+                         batch_size: int | None = None, metric: MetricFn | None = None,
+                         readout: Readout = "final") -> AttributionResult:
     """AtP for every head's hook_z, queries and keys and every residual position (one backward).
 
-    Estimates are of mean_pairs(LD_patched - LD_clean); compare them with an exact sweep's
-    `metrics["logit_diff"] - baseline.clean_logit_diff.mean()`.
+    Estimates are of mean_pairs(M_patched - M_clean) for the metric M: by default the logit
+    difference at the final position (compare with an exact sweep's
+    `metrics["logit_diff"] - baseline.clean_logit_diff.mean()`), or a differentiable
+    ``metric(logits [n_pairs, n_readout, d_vocab]) -> [n_pairs]`` read at `readout`.
     batch_size: pairs per forward/backward (default all at once); the estimates are the same
     pair means, so memory is bounded by batch_size pairs on long prompts.
     """
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if metric is None and readout != "final":
+        raise UserInputError("the default metric (logit difference) reads the final position: pass metric=... "
+                             f"to read readout={readout!r}")
+    scorer = None if metric is None else MetricFunction(metric)
     if batch_size is None or batch_size >= batch.n_pairs:
-        return _attribution_chunk(model, batch, qk_fix)
-    parts = [_attribution_chunk(model, batch.select(range(s, min(s + batch_size, batch.n_pairs))), qk_fix)
-             for s in range(0, batch.n_pairs, batch_size)]
+        return _attribution_chunk(model, batch, qk_fix, scorer, readout)
+    chunks = [list(range(s, min(s + batch_size, batch.n_pairs))) for s in range(0, batch.n_pairs, batch_size)]
+    parts = [_attribution_chunk(model, batch.select(rows), qk_fix, None if scorer is None else scorer.subset(rows),
+                                readout) for rows in chunks]
     weights = torch.tensor([len(p.pair_ids) for p in parts], dtype=torch.float32) / batch.n_pairs
 
     def mean(name: str) -> Tensor:
@@ -121,11 +135,12 @@ def attribution_patching(model: HookedVLM, batch: PairBatch, qk_fix: bool = True
     return AttributionResult(
         z=per_pair_z.mean(0), q=mean("q"), k=mean("k"), resid_pre=mean("resid_pre"), per_pair_z=per_pair_z,
         pair_ids=list(batch.pair_ids), clean_logit_diff=torch.cat([p.clean_logit_diff for p in parts]),
-        qk_fix=qk_fix, answers=batch.answers_json(),
+        qk_fix=qk_fix, answers=batch.answers_json(), metric=parts[0].metric,
     )
 
 
-def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool) -> AttributionResult:
+def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool, metric: MetricFunction | None = None,
+                       readout: Readout = "final") -> AttributionResult:
     cfg = model.cfg
     n_layers = cfg.n_layers
     names = {kind: [act_name(kind, layer) for layer in range(n_layers)] for kind in ("z", "resid_pre", "rot_q", "rot_k")}
@@ -145,8 +160,16 @@ def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool) -> Attr
         resid_in = state.resid.detach().requires_grad_(True)
         with model.hooks(fwd_hooks=capture):
             resid = model.run_blocks(resid_in, state, 0, None)
-        logits = final_logits(model, resid, batch.final)
-        per_pair_ld = logit_diff(logits, batch.clean_tokens, batch.corrupt_tokens)
+        if metric is None:
+            logits = final_logits(model, resid, batch.final)
+            per_pair_ld = logit_diff(logits, batch.clean_tokens, batch.corrupt_tokens)
+        else:
+            values = metric.raw(readout_logits(model, resid, batch.readout_positions(readout)))
+            if not isinstance(values, Tensor) or values.shape != (batch.n_pairs,):
+                shape = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+                raise UserInputError(f"attribution patching needs one metric value per pair [{batch.n_pairs}], got "
+                                     f"{shape}")
+            per_pair_ld = values
         grad_names = names["z"] + names["resid_pre"] + pattern_names + names["rot_q"] + names["rot_k"]
         grads = dict(zip(grad_names, torch.autograd.grad(per_pair_ld.sum(), [clean[n] for n in grad_names],
                                                          allow_unused=True), strict=True))
@@ -171,7 +194,7 @@ def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool) -> Attr
     return AttributionResult(
         z=per_pair_z.mean(0), q=q_est, k=k_est, resid_pre=resid_est.mean(0), per_pair_z=per_pair_z,
         pair_ids=list(batch.pair_ids), clean_logit_diff=per_pair_ld.detach().float().cpu(), qk_fix=qk_fix,
-        answers=batch.answers_json(),
+        answers=batch.answers_json(), metric="logit_diff" if metric is None else metric.name,
     )
 
 

@@ -112,7 +112,7 @@ def run_patch(args: argparse.Namespace) -> int:
             result = sweeps.patch_layer_head(model, batch, region=args.region, **common)
         else:
             result = _run_atp(model, batch, args, common)
-    payload = result.to_json()
+    payload = result.to_dict()
     payload["model"] = args.model
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

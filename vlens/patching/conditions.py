@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from vlens.hooks import act_name
@@ -82,9 +82,25 @@ def final_logits(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], fi
     return model.finish(resid[rows, final.to(resid.device)][:, None, :])[:, 0]
 
 
-def corrupt_activations(model: HookedVLM, batch: PairBatch, names: set[str]):
-    """Corrupt-run final logits [n, d_vocab] and the cached activations at `names`."""
+def gather_positions(x: Float[Tensor, "batch pos ..."], positions: Int[Tensor, "batch k"]) -> Float[Tensor, "batch k ..."]:
+    """x at each row's positions: x[b, positions[b, j]]."""
+    index = positions.to(x.device).view(*positions.shape, *([1] * (x.ndim - 2))).expand(-1, -1, *x.shape[2:])
+    return x.gather(1, index)
+
+
+def readout_logits(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"],
+                   positions: Int[Tensor, "batch n_readout"]) -> Float[Tensor, "batch n_readout d_vocab"]:
+    """Logits at each row's readout positions from the last residual stream."""
+    return model.finish(gather_positions(resid, positions))
+
+
+def corrupt_activations(model: HookedVLM, batch: PairBatch, names: set[str],
+                        readout: Int[Tensor, "n_pairs n_readout"] | None = None):
+    """Corrupt-run logits at the readout positions [n, n_readout, d_vocab] (default: the final
+    position, [n, d_vocab]) and the cached activations at `names`."""
     with torch.no_grad():
         logits, cache = model.run_with_cache(batch.corrupt, names_filter=lambda n: n in names)
+    if readout is not None:
+        return gather_positions(logits, readout), cache
     rows = torch.arange(batch.n_pairs)
     return logits[rows, batch.corrupt.regions.final.to(logits.device)], cache

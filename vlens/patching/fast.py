@@ -18,15 +18,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from vlens.components.attention import AttentionMasks, KVCache
 from vlens.hooks import act_name
-from vlens.patching.conditions import PatchSpec, corrupt_activations, final_logits, patch_hook
-from vlens.patching.final_block import block_has_hooks, last_block_at_final
-from vlens.patching.metrics import Baseline
+from vlens.patching.conditions import PatchSpec, corrupt_activations, patch_hook, readout_logits
+from vlens.patching.final_block import block_has_hooks, last_block_at
+from vlens.patching.metrics import final_baseline
 from vlens.patching.pairs import PairBatch
 from vlens.runtime import RunState, build_masks
 from vlens.validation import check_count
@@ -124,35 +124,35 @@ class FastPlan:
     chunk is independent: `run_chunk(c)` gives the same numbers whichever process runs it.
     """
 
-    def __init__(self, model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max_batch: int = 64):
+    def __init__(self, model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max_batch: int = 64,
+                 readout: Int[Tensor, "n_pairs n_readout"] | None = None):
         self.model, self.batch, self.specs = model, batch, list(specs)
         n = batch.n_pairs
         names = {s.hook_name for s in self.specs}
-        corrupt_logits, self.cache = corrupt_activations(model, batch, names)
-        self.final = batch.final
+        self.readout = batch.readout_positions() if readout is None else readout
+        self.corrupt_logits, self.cache = corrupt_activations(model, batch, names, self.readout)
         self.n_layers = model.cfg.n_layers
         with torch.no_grad():
             self.state = model.start_run(batch.clean)
             self.resids, self.clean_kv, clean_acts = _clean_run(model, self.state, names)
-            clean_logits = final_logits(model, self.resids[-1], self.final)
+            self.clean_logits = readout_logits(model, self.resids[-1], self.readout)
             # where the corrupt activation differs from the clean one: [n, pos] or [n, pos, heads]
             differs = {}
             for name in names:
                 diff = self.cache[name].to(clean_acts[name].device) != clean_acts[name]
                 differs[name] = diff.any(-1).cpu()
-        first_final = int(self.final.min())
-        self.starts = [min(_first_change(s, differs[s.hook_name], first_final), first_final) for s in self.specs]
+        first_read = int(self.readout.min())  # nothing before the first change reaches a readout position
+        self.starts = [min(_first_change(s, differs[s.hook_name], first_read), first_read) for s in self.specs]
         groups: dict[tuple[int, str], list[int]] = defaultdict(list)
         for index in sorted(range(len(self.specs)), key=lambda i: self.starts[i]):  # chunk mates share prefixes
             groups[(self.specs[index].layer, self.specs[index].component)].append(index)
         per_chunk = max(1, max_batch // n)
         self.chunks = [idx[i:i + per_chunk] for idx in groups.values() for i in range(0, len(idx), per_chunk)]
-        self.baseline = Baseline(clean_logits, corrupt_logits, batch.clean_tokens, batch.corrupt_tokens)
         self._repeated: dict[int, tuple[RunState, Tensor]] = {}
         self._last_block_free = not block_has_hooks(model.blocks[self.n_layers - 1])
 
-    def run_chunk(self, chunk: int) -> tuple[list[int], Float[Tensor, "k n_pairs d_vocab"]]:
-        """(spec indices, their patched final logits [k, n_pairs, d_vocab]) for chunk number `chunk`."""
+    def run_chunk(self, chunk: int) -> tuple[list[int], Float[Tensor, "k n_pairs n_readout d_vocab"]]:
+        """(spec indices, their patched readout logits [k, n_pairs, n_readout, d_vocab]) for chunk `chunk`."""
         model, specs, indices = self.model, self.specs, self.chunks[chunk]
         n, last = self.batch.n_pairs, self.n_layers - 1
         k, layer, name = len(indices), specs[indices[0]].layer, specs[indices[0]].hook_name
@@ -166,16 +166,16 @@ class FastPlan:
                       for l_, (kk, vv) in enumerate(self.clean_kv) if l_ >= layer}
             run_state = suffix_state(full_state, attention_mask, start, prefix, self.n_layers)
             resid = self.resids[layer][:, start:].repeat(k, 1, 1)
-            finals = self.final.to(resid.device).repeat(k) - start
+            reads = self.readout.to(resid.device).repeat(k, 1) - start
             chunk_specs = [specs[i] for i in indices]
             with model.hooks(fwd_hooks=[(name, patch_hook(chunk_specs, self.cache[name], start))]):
                 if layer < last and self._last_block_free:
                     resid = model.run_blocks(resid, run_state, layer, last)
-                    resid = last_block_at_final(model, resid, run_state, finals)[:, None]
-                    finals = torch.zeros_like(finals)
+                    resid = last_block_at(model, resid, run_state, reads)
+                    reads = torch.arange(reads.shape[1], device=reads.device).expand_as(reads)
                 else:
                     resid = model.run_blocks(resid, run_state, layer, None)
-            return indices, final_logits(model, resid, finals).view(k, n, -1)
+            return indices, readout_logits(model, resid, reads).view(k, n, *reads.shape[1:], -1)
 
 
 def run_fast(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max_batch: int = 64,
@@ -190,6 +190,7 @@ def run_fast(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max
     for chunk in tqdm(range(len(plan.chunks)), desc="patching (fast)", disable=not progress):
         indices, logits = plan.run_chunk(chunk)
         for j, i in enumerate(indices):
-            out[i] = logits[j]
-    clean_logits = plan.baseline.clean_logits
-    return torch.stack(out) if out else clean_logits.new_zeros(0, *clean_logits.shape), plan.baseline
+            out[i] = logits[j, :, 0]
+    baseline = final_baseline(batch, plan.clean_logits, plan.corrupt_logits)
+    return torch.stack(out) if out else baseline.clean_logits.new_zeros(0, *baseline.clean_logits.shape), baseline
+

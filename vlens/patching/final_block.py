@@ -1,9 +1,10 @@
-"""Run the last decoder block for the final position only (the fast path's last step).
+"""Run the last decoder block for the readout positions only (the fast path's last step).
 
-The logits at the final position need the last block's output there alone: its attention
-still reads keys / values at every position, but the queries, the output projection and
-the MLP are only needed for one position per row. Numerically this is the block's own
-computation restricted to one query (SDPA over the same keys), equal within float noise.
+The logits at the readout positions (the final one by default) need the last block's output
+there alone: its attention still reads keys / values at every position, but the queries, the
+output projection and the MLP are only needed at those positions. Numerically this is the
+block's own computation restricted to those queries (SDPA over the same keys), equal within
+float noise.
 Used only when no hook is attached to the last block (its hooks would see a different shape).
 """
 
@@ -17,6 +18,7 @@ from torch import Tensor
 from transformers.integrations.sdpa_attention import repeat_kv
 
 from vlens.components.rotary import apply_rotary
+from vlens.patching.conditions import gather_positions
 from vlens.runtime import RunState, module_device
 
 if TYPE_CHECKING:
@@ -28,41 +30,41 @@ def block_has_hooks(block) -> bool:
     return any(getattr(m, "fwd_hooks", None) or getattr(m, "bwd_hooks", None) for m in block.modules())
 
 
-def last_block_at_final(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], state: RunState,
-                        final: Int[Tensor, "batch"]) -> Float[Tensor, "batch d_model"]:
-    """The last block's output residual at each row's final position.
+def last_block_at(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], state: RunState,
+                  positions: Int[Tensor, "batch k"]) -> Float[Tensor, "batch k d_model"]:
+    """The last block's output residual at each row's `positions` (e.g. its final position).
 
     `resid` may be a suffix of the sequence (then `state.kv_cache` holds the prefix's keys / values
-    and `final` counts from the suffix's start).
+    and `positions` count from the suffix's start).
     """
     block = model.blocks[-1]
     device = module_device(block)  # where a device map placed it
     resid, state = resid.to(device), state.on(device)
     attn = block.attn
     batch, pos, _ = resid.shape
-    rows = torch.arange(batch, device=resid.device)
-    final = final.to(resid.device)
+    n_read = positions.shape[1]
+    rows = torch.arange(batch, device=resid.device)[:, None]
+    positions = positions.to(resid.device)
     d_head = attn.cfg.d_head
     x = block.ln1(resid)
-    x_final = x[rows, final][:, None]  # [b, 1, d]
-    q = attn.q_proj(x_final).view(batch, 1, -1, d_head)
+    x_read = gather_positions(x, positions)  # [b, k, d]
+    q = attn.q_proj(x_read).view(batch, n_read, -1, d_head)
     k = attn.k_proj(x).view(batch, pos, -1, d_head)
     v = attn.v_proj(x).view(batch, pos, -1, d_head)
     if attn.q_norm is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q = apply_rotary(q, state.cos[rows, final][:, None], state.sin[rows, final][:, None])
+    q = apply_rotary(q, gather_positions(state.cos, positions), gather_positions(state.sin, positions))
     k = apply_rotary(k, state.cos, state.sin)
     if state.kv_cache is not None and state.kv_cache.keys[block.layer] is not None:  # a suffix run: prepend the prefix
         k = torch.cat([state.kv_cache.keys[block.layer], k], dim=1)
         v = torch.cat([state.kv_cache.values[block.layer], v], dim=1)
-    allowed = state.masks.allowed[rows, :, final][:, :, None]  # [b, 1, 1, kv_len]
+    allowed = state.masks.allowed[rows, :, positions].transpose(1, 2)  # [b, 1, k, kv_len]
     groups = attn.num_key_value_groups
     z = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(1, 2), repeat_kv(k.transpose(1, 2), groups), repeat_kv(v.transpose(1, 2), groups),
         attn_mask=allowed, scale=attn.scaling,
-    ).transpose(1, 2)  # [b, 1, H, d_head]
-    attn_out = attn.o_proj(z.reshape(batch, 1, -1)) if not attn.cfg.use_attn_result else \
+    ).transpose(1, 2)  # [b, k, H, d_head]
+    attn_out = attn.o_proj(z.reshape(batch, n_read, -1)) if not attn.cfg.use_attn_result else \
         torch.einsum("bphd,hdm->bpm", z, attn.W_O) + attn.b_O
-    mid = resid[rows, final][:, None] + attn_out
-    out = mid + block.mlp(block.ln2(mid))
-    return out[:, 0]
+    mid = gather_positions(resid, positions) + attn_out
+    return mid + block.mlp(block.ln2(mid))

@@ -1,4 +1,9 @@
-"""Patching metrics on the answer logits at the final prompt position.
+"""Patching metrics: the answer metrics at the final prompt position (the default), or any callable.
+
+A sweep reads the logits at its readout positions (default: the final prompt position) and
+hands them to its metric, TransformerLens style: ``metric(logits [n_pairs, n_readout, d_vocab])
+-> [n_pairs]`` (averaged over pairs), a number, or a dict of those. `AnswerMetrics` is the
+default; any other callable is wrapped in `MetricFunction`.
 
 Definitions (per pair i, with clean answer token c_i and corrupt answer token k_i; "prediction"
 is the argmax token at the final position):
@@ -18,13 +23,20 @@ difference is NaN, its prediction -1, and every rate over it NaN (see `vlens.fin
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.errors import UserInputError
 from vlens.finite import finite_rows
+
+if TYPE_CHECKING:
+    from vlens.patching.pairs import PairBatch
 
 METRICS: tuple[str, ...] = ("overwrite_rate", "flip_away_rate", "logit_diff", "patch_effect", "corrupt_answer_rate")
 
@@ -74,6 +86,12 @@ class Baseline:
         """bool [n_pairs]: the corrupt run predicts the corrupt answer (False where its logits are not finite)."""
         return ((self.corrupt_logits.argmax(-1).cpu() == self.corrupt_tokens.cpu())
                 & finite_rows(self.corrupt_logits).cpu())
+
+
+def final_baseline(batch: PairBatch, clean: Float[Tensor, "n_pairs 1 d_vocab"],
+                   corrupt: Float[Tensor, "n_pairs 1 d_vocab"]) -> Baseline:
+    """The answer metrics' `Baseline` from unpatched logits read at the final position."""
+    return Baseline(clean[:, -1], corrupt[:, -1], batch.clean_tokens, batch.corrupt_tokens)
 
 
 def reduce_patched(patched_logits: Float[Tensor, "... n_pairs d_vocab"], clean_tokens: Int[Tensor, "n_pairs"],
@@ -127,3 +145,127 @@ def metrics_from_reduced(per_pair: Float[Tensor, "... n_pairs"], prediction: Int
         "per_pair_logit_diff": per_pair,
         "per_pair_prediction": prediction,
     }
+
+
+# ---------------------------------------------------------------------- metric callables
+# A patching metric, TransformerLens style: logits at the readout positions -> one value per pair
+# (or one number for the batch), or a dict of such values under names.
+MetricFn = Callable[[Tensor], "Tensor | Mapping[str, Tensor]"]
+
+
+class AnswerMetrics:
+    """The default metric of every sweep: the answer metrics of `METRICS` at the final position.
+
+    Per condition it keeps what those metrics read (per pair: the logit difference of
+    the corrupt vs the clean answer token, and the argmax token); `summarize` turns them, with
+    the unpatched runs, into overwrite rate, flip-away rate, logit difference, normalised patch
+    effect and corrupt-answer rate. The answer tokens are the pair batch's (`vlens.answers`).
+    """
+
+    names: tuple[str, ...] = METRICS
+
+    def __init__(self, clean_tokens: Int[Tensor, "n_pairs"], corrupt_tokens: Int[Tensor, "n_pairs"]):
+        self.clean_tokens, self.corrupt_tokens = clean_tokens, corrupt_tokens
+
+    def subset(self, rows: Sequence[int]) -> AnswerMetrics:
+        """The same metric for some of the pairs (a pair chunk)."""
+        return AnswerMetrics(self.clean_tokens[list(rows)], self.corrupt_tokens[list(rows)])
+
+    def __call__(self, logits: Float[Tensor, "n_pairs n_readout d_vocab"]) -> dict[str, Tensor]:
+        if logits.shape[-2] != 1:
+            raise UserInputError("the answer metrics read one position (readout='final'); pass metric=... to "
+                                 "score several readout positions")
+        per_pair, prediction = reduce_patched(logits[..., -1, :], self.clean_tokens, self.corrupt_tokens)
+        return {"logit_diff": per_pair, "prediction": prediction}
+
+    def summarize(self, values: Mapping[str, Tensor], clean: Tensor, corrupt: Tensor) -> Summary:
+        """values: name -> [n_specs, n_pairs]; clean / corrupt: unpatched readout logits [n_pairs, 1, d_vocab]."""
+        baseline = Baseline(clean[:, -1], corrupt[:, -1], self.clean_tokens, self.corrupt_tokens)
+        reduced = metrics_from_reduced(values["logit_diff"], values["prediction"], baseline)
+        per_pair = {"logit_diff": reduced.pop("per_pair_logit_diff"), "prediction": reduced.pop("per_pair_prediction")}
+        return Summary(metrics=reduced, per_pair=per_pair, baseline=baseline)
+
+
+class MetricFunction:
+    """A user metric ``fn(logits [n_pairs, n_readout, d_vocab]) -> [n_pairs] | scalar | {name: ...}``.
+
+    Each name's value is averaged over pairs (a scalar is kept as is, and then the pairs must
+    run in one chunk); the unpatched runs' values are kept as the baseline. A metric that needs
+    per-pair data (answer tokens, ...) takes ``fn(logits, rows)``: `rows` are the batch indices
+    of the pairs in `logits`, so it stays right when the sweep runs the pairs in chunks.
+    """
+
+    def __init__(self, fn: MetricFn, name: str | None = None, rows: Sequence[int] | None = None):
+        if not callable(fn):
+            raise UserInputError(f"metric must be callable (logits -> values), got {type(fn).__name__}")
+        self.fn = fn
+        label = name or getattr(fn, "__name__", "metric")
+        self.name = "metric" if label == "<lambda>" else label
+        self.rows = None if rows is None else torch.as_tensor(list(rows), dtype=torch.long)
+        self.takes_rows = _positional_arity(fn) >= 2
+
+    def subset(self, rows: Sequence[int]) -> MetricFunction:
+        """The metric for a chunk of pairs (a metric without a `rows` argument sees no difference)."""
+        return MetricFunction(self.fn, self.name, rows)
+
+    def raw(self, logits: Float[Tensor, "n_pairs n_readout d_vocab"]) -> Tensor | Mapping[str, Tensor]:
+        """What the function returns (gradients kept, for attribution patching)."""
+        if self.takes_rows:
+            rows = torch.arange(logits.shape[0]) if self.rows is None else self.rows
+            return self.fn(logits, rows)  # type: ignore[call-arg]
+        return self.fn(logits)
+
+    def __call__(self, logits: Float[Tensor, "n_pairs n_readout d_vocab"]) -> dict[str, Tensor]:
+        out = self.raw(logits)
+        named = dict(out) if isinstance(out, Mapping) else {self.name: out}
+        values = {}
+        for key, value in named.items():
+            value = torch.as_tensor(value).detach().float().cpu()
+            if value.shape not in ((), (logits.shape[0],)):
+                raise UserInputError(f"metric {key!r} returned shape {tuple(value.shape)}: return one value per pair "
+                                     f"[{logits.shape[0]}] or one number")
+            values[str(key)] = value
+        return values
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ()  # known once the metric has run (a dict metric names its own values)
+
+    def summarize(self, values: Mapping[str, Tensor], clean: Tensor, corrupt: Tensor) -> Summary:
+        metrics = {k: v.mean(-1) if v.ndim == 2 else v for k, v in values.items()}
+        per_pair = {k: v for k, v in values.items() if v.ndim == 2}
+        unpatched = {"clean": self(clean), "corrupt": self(corrupt)}
+        return Summary(metrics=metrics, per_pair=per_pair, baseline=None,
+                       baseline_values={k: {role: unpatched[role][k] for role in unpatched} for k in values})
+
+
+def _positional_arity(fn: Callable) -> int:
+    """How many positional arguments `fn` takes (2 for ``metric(logits, rows)``)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: called with the logits only
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return 2
+    return sum(p.kind in kinds and p.default is inspect.Parameter.empty for p in parameters)
+
+
+@dataclass
+class Summary:
+    """A sweep's metrics (name -> [n_specs]), per-pair values (name -> [n_specs, n_pairs]) and its
+    unpatched runs (the answer metrics' `Baseline`, or a user metric's clean / corrupt values)."""
+
+    metrics: dict[str, Tensor]
+    per_pair: dict[str, Tensor]
+    baseline: Baseline | None
+    baseline_values: dict[str, dict[str, Tensor]] | None = None
+
+
+def as_metric(metric: MetricFn | AnswerMetrics | MetricFunction | None, batch: PairBatch) -> AnswerMetrics | MetricFunction:
+    """The sweep's metric: the answer metrics of `batch` by default, else the callable given."""
+    if metric is None:
+        return AnswerMetrics(batch.clean_tokens, batch.corrupt_tokens)
+    if isinstance(metric, (AnswerMetrics, MetricFunction)):
+        return metric
+    return MetricFunction(metric)

@@ -27,11 +27,16 @@ from torch import Tensor
 
 from vlens.answers import append_tokens, contrast
 from vlens.data import make_pair, read_imagefolder, record_image
+from vlens.errors import UserInputError
 from vlens.inputs import TokenRegions, VLMInputs
 from vlens.validation import check_count
 
 if TYPE_CHECKING:
     from vlens.model import HookedVLM
+
+
+# where patching reads the logits: "final" or column index / indices of the left-padded batch
+Readout = str | int | Sequence[int]
 
 
 @dataclass
@@ -82,6 +87,28 @@ class PairBatch:
     def region_mask(self, region: str) -> Tensor:
         """bool [n_pairs, seq_len]: where `region` ("image", "text", "final", "all") is, in both roles."""
         return self.clean.regions.mask(region, self.seq_len)
+
+    def readout_positions(self, readout: Readout = "final") -> Int[Tensor, "n_pairs n_readout"]:
+        """Where a patching metric reads the logits, per pair: "final" (each row's final prompt
+        position) or column index / indices of the left-padded batch (negative from the end:
+        -1 is the final column of every row)."""
+        if isinstance(readout, str):
+            if readout != "final":
+                raise UserInputError(f"readout must be 'final' or column indices, got {readout!r}")
+            return self.final.view(-1, 1).long().cpu()
+        columns = [int(readout)] if isinstance(readout, int) else [int(c) for c in readout]
+        if not columns:
+            raise UserInputError("readout names no position: give 'final' or at least one column")
+        bad = [c for c in columns if not -self.seq_len <= c < self.seq_len]
+        if bad:
+            raise UserInputError(f"readout columns {bad} lie outside the batch's {self.seq_len} positions")
+        columns = [c % self.seq_len for c in columns]
+        padded = [(self.pair_ids[row], c) for row in range(self.n_pairs) for c in columns
+                  if not bool(self.clean.attention_mask[row, c])]
+        if padded:
+            raise UserInputError(f"readout columns fall on padding for (pair, column) {padded[:4]}: read at "
+                                 "columns every pair fills (negative columns count from the final one)")
+        return torch.tensor(columns, dtype=torch.long).expand(self.n_pairs, -1).clone()
 
     def select(self, rows: Sequence[int]) -> PairBatch:
         """A batch of only some pairs (e.g. those the model answers correctly)."""

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from jaxtyping import Float
@@ -12,6 +10,7 @@ from torch import Tensor
 
 from vlens.finite import json_safe
 from vlens.patching.metrics import METRICS, Baseline
+from vlens.results import Result
 from vlens.viz.figures import layer_head_heatmap, layer_region_figure
 from vlens.viz.optional import require_make_subplots, require_plotly
 
@@ -25,7 +24,7 @@ def _jsonable(values: Tensor) -> list:
 
 
 @dataclass
-class PatchingResult:
+class PatchingResult(Result):
     """One exact sweep.
 
     Attributes:
@@ -33,11 +32,14 @@ class PatchingResult:
         component: the patched activation ("resid_pre", "attn_out", "mlp_out" or "z").
         layers: patched layers (rows of every metric).
         cells: column labels: region names, positions, or heads ("H0", ...).
-        metrics: name -> [n_layers, n_cells] for each of `METRICS`.
-        per_pair_logit_diff: [n_layers, n_cells, n_pairs].
-        per_pair_prediction: [n_layers, n_cells, n_pairs] the patched run's argmax token.
+        metrics: name -> [n_layers, n_cells]: each of `METRICS` for the default answer metrics,
+            else each value the sweep's metric returned (averaged over pairs).
+        per_pair: name -> [n_layers, n_cells, n_pairs]: the answer metrics' "logit_diff" and
+            "prediction" (the patched run's argmax token), or a metric's per-pair values.
         pair_ids: the pairs, in row order.
-        baseline: the unpatched clean / corrupt runs.
+        baseline: the unpatched clean / corrupt runs (answer metrics), else None.
+        baseline_values: a user metric's values on the unpatched runs: name -> {"clean", "corrupt"}.
+        metric: "answer" (the default metrics) or the metric's name; readout: where logits were read.
         region: for "layer-head", the positions patched ("all", "image", ...).
         tokens: for "layer-pos", the token string at each position (first pair).
         image_positions, image_grid: for "layer-pos", the image-token columns and their (rows, cols) grid.
@@ -48,10 +50,12 @@ class PatchingResult:
     layers: list[int]
     cells: list
     metrics: dict[str, Float[Tensor, "n_layers n_cells"]]
-    per_pair_logit_diff: Float[Tensor, "n_layers n_cells n_pairs"]
-    per_pair_prediction: Tensor
+    per_pair: dict[str, Tensor]
     pair_ids: list[str]
-    baseline: Baseline
+    baseline: Baseline | None
+    baseline_values: dict[str, dict[str, Tensor]] | None = None
+    metric: str = "answer"
+    readout: str | list[int] = "final"
     region: str | None = None
     tokens: list[str] | None = None
     image_positions: list[int] | None = None
@@ -62,27 +66,42 @@ class PatchingResult:
     def n_pairs(self) -> int:
         return len(self.pair_ids)
 
+    @property
+    def per_pair_logit_diff(self) -> Float[Tensor, "n_layers n_cells n_pairs"]:
+        """The answer metrics' per-pair logit difference (corrupt minus clean answer)."""
+        return self.per_pair["logit_diff"]
+
+    @property
+    def per_pair_prediction(self) -> Tensor:
+        """The answer metrics' per-pair argmax token of the patched run (-1 where not finite)."""
+        return self.per_pair["prediction"]
+
     def __getitem__(self, metric: str) -> Tensor:
         return self.metrics[metric]
 
     @property
-    def tensor(self) -> Float[Tensor, "n_layers n_cells n_metrics"]:
-        """All metrics stacked in `METRICS` order."""
-        return torch.stack([self.metrics[name] for name in METRICS], dim=-1)
+    def metric_names(self) -> list[str]:
+        return [name for name in METRICS if name in self.metrics] or list(self.metrics)
 
-    def image_grid_values(self, metric: str = "overwrite_rate") -> Float[Tensor, "n_layers rows cols"]:
+    @property
+    def tensor(self) -> Float[Tensor, "n_layers n_cells n_metrics"]:
+        """All metrics stacked in `metric_names` order (`METRICS` for the answer metrics)."""
+        return torch.stack([self.metrics[name] for name in self.metric_names], dim=-1)
+
+    def image_grid_values(self, metric: str | None = None) -> Float[Tensor, "n_layers rows cols"]:
         """For "layer-pos": the metric at the image positions laid out on the image grid."""
         if self.mode != "layer-pos" or self.image_positions is None or self.image_grid is None:
             raise ValueError("image_grid_values needs a layer-pos result whose pairs share one image layout")
         columns = [self.cells.index(p) for p in self.image_positions]
         rows, cols = self.image_grid
-        return self.metrics[metric][:, columns].reshape(len(self.layers), rows, cols)
+        return self.metrics[metric or self.metric_names[0]][:, columns].reshape(len(self.layers), rows, cols)
 
     # ------------------------------------------------------------------ I/O
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """A JSON-ready dict: mode, n_pairs, layers, the cell axis, and per metric a [layer][cell] list."""
         out: dict = {"mode": self.mode, "component": self.component, "n_pairs": self.n_pairs,
-                     "pair_ids": list(self.pair_ids), "layers": list(self.layers), CELL_AXIS[self.mode]: list(self.cells)}
+                     "pair_ids": list(self.pair_ids), "layers": list(self.layers), CELL_AXIS[self.mode]: list(self.cells),
+                     "metric": self.metric, "readout": self.readout}
         if self.region is not None:
             out["region"] = self.region
         if self.tokens is not None:
@@ -90,33 +109,33 @@ class PatchingResult:
         if self.image_positions is not None:
             out["image_positions"] = list(self.image_positions)
             out["image_grid"] = list(self.image_grid) if self.image_grid else None
-        for name in METRICS:
+        for name in self.metric_names:
             out[name] = _jsonable(self.metrics[name])
-        out["per_pair_logit_diff"] = _jsonable(self.per_pair_logit_diff)
-        out["per_pair_prediction"] = self.per_pair_prediction.tolist()
+        for name, values in self.per_pair.items():
+            out[f"per_pair_{name}"] = values.tolist() if name == "prediction" else _jsonable(values)
         b = self.baseline
-        out["baseline"] = {
-            "clean_logit_diff": _jsonable(b.clean_logit_diff),
-            "corrupt_logit_diff": _jsonable(b.corrupt_logit_diff),
-            "finite": b.finite.tolist(),
-            "clean_correct": b.clean_correct.tolist(),
-            "corrupt_correct": b.corrupt_correct.tolist(),
-            "clean_tokens": b.clean_tokens.tolist(),
-            "corrupt_tokens": b.corrupt_tokens.tolist(),
-        }
+        if b is not None:
+            out["baseline"] = {
+                "clean_logit_diff": _jsonable(b.clean_logit_diff),
+                "corrupt_logit_diff": _jsonable(b.corrupt_logit_diff),
+                "finite": b.finite.tolist(),
+                "clean_correct": b.clean_correct.tolist(),
+                "corrupt_correct": b.corrupt_correct.tolist(),
+                "clean_tokens": b.clean_tokens.tolist(),
+                "corrupt_tokens": b.corrupt_tokens.tolist(),
+            }
+        if self.baseline_values is not None:
+            out["baseline"] = {name: {role: _jsonable(v) for role, v in roles.items()}
+                               for name, roles in self.baseline_values.items()}
         out.update(self.extra)
         return out
 
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
-        return path
-
     # ------------------------------------------------------------------ plots
-    def plot(self, metric: str = "overwrite_rate", kind: str | None = None):
+    def plot(self, metric: str | None = None, kind: str | None = None):
         """layer-region: lines per region (or kind="heatmap"); layer-head: layer x head heatmap;
-        layer-pos: layer x position heatmap (see `plot_image_grid` for the image positions)."""
+        layer-pos: layer x position heatmap (see `plot_image_grid` for the image positions).
+        metric: default the first one ("overwrite_rate" for the answer metrics)."""
+        metric = metric or self.metric_names[0]
         values = self.metrics[metric]
         title = f"{metric} — patching {self.component} ({self.mode}, {self.n_pairs} pairs)"
         if self.mode == "layer-region":
@@ -132,8 +151,9 @@ class PatchingResult:
         figure.update_layout(title=title, xaxis_title="position:token", yaxis_title="layer")
         return figure
 
-    def plot_image_grid(self, metric: str = "overwrite_rate"):
+    def plot_image_grid(self, metric: str | None = None):
         """layer-pos: one image-grid heatmap per layer (row 0 at the top, as in the image)."""
+        metric = metric or self.metric_names[0]
         go, make_subplots = require_plotly(), require_make_subplots()
         grids = self.image_grid_values(metric)
         figure = make_subplots(rows=1, cols=len(self.layers), subplot_titles=[f"layer {x}" for x in self.layers])
@@ -146,14 +166,9 @@ class PatchingResult:
         return figure
 
 
-def stack_metrics(metrics: dict[str, Tensor], n_layers: int, n_cells: int) -> tuple[dict[str, Tensor], Tensor, Tensor]:
-    """Reshape flat per-condition metrics ([n_layers * n_cells], layer-major) to [n_layers, n_cells].
-
-    Returns (metrics, per-pair logit diff, per-pair prediction), the last two [n_layers, n_cells, n_pairs].
-    """
-    shaped = {name: metrics[name].reshape(n_layers, n_cells) for name in METRICS}
-    per_pair = metrics["per_pair_logit_diff"].reshape(n_layers, n_cells, -1)
-    return shaped, per_pair, metrics["per_pair_prediction"].reshape(n_layers, n_cells, -1)
+def stack_metrics(values: dict[str, Tensor], n_layers: int, n_cells: int) -> dict[str, Tensor]:
+    """Reshape flat per-condition values ([n_layers * n_cells, ...], layer-major) to [n_layers, n_cells, ...]."""
+    return {name: value.reshape(n_layers, n_cells, *value.shape[1:]) for name, value in values.items()}
 
 
 __all__ = ["CELL_AXIS", "PatchingResult", "stack_metrics"]

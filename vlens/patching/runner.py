@@ -11,13 +11,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from vlens.patching.conditions import PatchSpec, corrupt_activations, patch_hook
+from vlens.patching.conditions import PatchSpec, corrupt_activations, gather_positions, patch_hook
 from vlens.patching.fast import run_fast
-from vlens.patching.metrics import Baseline
+from vlens.patching.metrics import Baseline, final_baseline
 from vlens.patching.pairs import PairBatch
 
 if TYPE_CHECKING:
@@ -28,21 +28,22 @@ class NaivePlan:
     """The naive loop over one pair batch: the unpatched runs once, then one hooked forward per
     condition (`run_chunk(c)` runs condition c; the same interface as `fast.FastPlan`)."""
 
-    def __init__(self, model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec]):
+    def __init__(self, model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec],
+                 readout: Int[Tensor, "n_pairs n_readout"] | None = None):
         self.model, self.batch, self.specs = model, batch, list(specs)
-        corrupt_logits, self.cache = corrupt_activations(model, batch, {s.hook_name for s in self.specs})
-        self.rows = torch.arange(batch.n_pairs)
+        self.readout = batch.readout_positions() if readout is None else readout
+        self.corrupt_logits, self.cache = corrupt_activations(model, batch, {s.hook_name for s in self.specs},
+                                                              self.readout)
         with torch.no_grad():
-            clean_logits = model(batch.clean)[self.rows, batch.final.to(corrupt_logits.device)]
+            self.clean_logits = gather_positions(model(batch.clean), self.readout)
         self.chunks = [[i] for i in range(len(self.specs))]
-        self.baseline = Baseline(clean_logits, corrupt_logits, batch.clean_tokens, batch.corrupt_tokens)
 
-    def run_chunk(self, chunk: int) -> tuple[list[int], Float[Tensor, "1 n_pairs d_vocab"]]:
+    def run_chunk(self, chunk: int) -> tuple[list[int], Float[Tensor, "1 n_pairs n_readout d_vocab"]]:
         spec = self.specs[chunk]
         with torch.no_grad():
             logits = self.model.run_with_hooks(self.batch.clean, fwd_hooks=[
                 (spec.hook_name, patch_hook([spec], self.cache[spec.hook_name]))])
-        return [chunk], logits[self.rows, self.batch.final.to(logits.device)][None]
+        return [chunk], gather_positions(logits, self.readout)[None]
 
 
 def run_naive(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], progress: bool = False):
@@ -51,9 +52,10 @@ def run_naive(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], pr
     Returns (patched final logits [n_specs, n_pairs, d_vocab], Baseline).
     """
     plan = NaivePlan(model, batch, specs)
-    outs = [plan.run_chunk(c)[1][0] for c in tqdm(range(len(specs)), desc="patching (naive)", disable=not progress)]
-    clean_logits = plan.baseline.clean_logits
-    return torch.stack(outs) if outs else clean_logits.new_zeros(0, *clean_logits.shape), plan.baseline
+    outs = [plan.run_chunk(c)[1][0, :, 0] for c in tqdm(range(len(specs)), desc="patching (naive)",
+                                                       disable=not progress)]
+    baseline = final_baseline(batch, plan.clean_logits, plan.corrupt_logits)
+    return torch.stack(outs) if outs else baseline.clean_logits.new_zeros(0, *baseline.clean_logits.shape), baseline
 
 
 def run_specs(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], method: str = "fast",

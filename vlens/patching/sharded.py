@@ -3,9 +3,10 @@
 A unit is one forward of the single-process sweep: (pair chunk, chunk of conditions) for the
 fast path, (pair chunk, condition) for the naive one. Each process builds the plan of a pair
 chunk (the clean and corrupt runs) when it first needs it and runs its share of the chunks.
-A unit returns what the metrics read, per condition and pair: the logit difference and the
-argmax token (`reduce_patched`), so results stay small however large the vocabulary is;
-the first unit of each pair chunk also returns the unpatched logits (the baseline).
+A unit returns what the metric keeps of its patched logits, per condition and pair (for the
+default answer metrics: the logit difference and the argmax token), so results stay small
+however large the vocabulary is; the first unit of each pair chunk also returns the unpatched
+logits (the baseline).
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.errors import UserInputError
 from vlens.parallel import Sharding
 from vlens.patching.conditions import PatchSpec
 from vlens.patching.fast import FastPlan, count_chunks
-from vlens.patching.metrics import Baseline, reduce_patched
-from vlens.patching.pairs import PairBatch
+from vlens.patching.metrics import AnswerMetrics, MetricFunction, Summary
+from vlens.patching.pairs import PairBatch, Readout
 from vlens.patching.runner import NaivePlan
 
 if TYPE_CHECKING:
@@ -40,16 +41,26 @@ def pair_chunks(n_pairs: int, pair_batch_size: int | None) -> list[list[int]]:
 def run_specs_reduced(
     model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], method: str = "fast", max_batch: int = 64,
     progress: bool = False, pair_batch_size: int | None = None, sharding: Sharding | None = None,
-) -> tuple[Float[Tensor, "n_specs n_pairs"], Int[Tensor, "n_specs n_pairs"], Baseline]:
-    """Per condition and pair: the patched logit difference and argmax token (CPU), and the Baseline.
+    metric: AnswerMetrics | MetricFunction | None = None, readout: Readout = "final",
+) -> Summary:
+    """Every condition's metric values, computed in the same batches as one process would.
 
-    The values `patch_metrics` reads from `run_specs`'s logits, computed in the same batches.
+    metric: what each unit keeps of its patched readout logits (default: the answer metrics,
+        `AnswerMetrics`: per pair the logit difference and the argmax token), so results stay
+        small however large the vocabulary is; `summarize` then adds the unpatched runs.
+    readout: where the logits are read ("final" or column indices; `PairBatch.readout_positions`).
     sharding: split the forwards across processes; every process returns the full result.
     """
     if method not in ("fast", "naive"):
         raise ValueError(f"unknown method {method!r}: use 'fast' or 'naive'")
+    metric = metric if metric is not None else AnswerMetrics(batch.clean_tokens, batch.corrupt_tokens)
+    positions = batch.readout_positions(readout)
     sharding = sharding or Sharding()
     chunks = pair_chunks(batch.n_pairs, pair_batch_size)
+    if len(chunks) > 1 and isinstance(metric, MetricFunction) and not metric.takes_rows:
+        raise UserInputError("with pair_batch_size the metric sees one chunk of pairs at a time: give it a second "
+                             "argument, metric(logits, rows), to know which pairs (rows: their batch indices), "
+                             "or drop pair_batch_size")
     units = []
     for p, rows in enumerate(chunks):
         count = count_chunks(specs, len(rows), max_batch) if method == "fast" else len(specs)
@@ -60,42 +71,57 @@ def run_specs_reduced(
         if p not in plans:
             plans.clear()
             rows = chunks[p]
-            sub_batch, sub_specs = batch, list(specs)
+            sub_batch, sub_specs, sub_read = batch, list(specs), positions
             if len(chunks) > 1:
                 sub_batch = batch.select(rows)
                 sub_specs = [replace(s, positions=s.positions[rows]) for s in specs]
-            plans[p] = FastPlan(model, sub_batch, sub_specs, max_batch) if method == "fast" \
-                else NaivePlan(model, sub_batch, sub_specs)
+                sub_read = positions[rows]
+            plans[p] = FastPlan(model, sub_batch, sub_specs, max_batch, sub_read) if method == "fast" \
+                else NaivePlan(model, sub_batch, sub_specs, sub_read)
         return plans[p]
 
     def run(unit: tuple[int, int]) -> dict:
         p, c = unit
         plan = plan_for(p)
         indices, logits = plan.run_chunk(c)
-        per_pair, prediction = reduce_patched(logits, plan.baseline.clean_tokens, plan.baseline.corrupt_tokens)
-        out = {"specs": list(indices), "logit_diff": per_pair, "prediction": prediction}
+        chunk_metric = metric.subset(chunks[p])
+        per_spec = [chunk_metric(logits[j]) for j in range(len(indices))]  # name -> [n_pairs] or []
+        out: dict = {"specs": list(indices),
+                     "values": {name: torch.stack([v[name] for v in per_spec]) for name in per_spec[0]}
+                     if per_spec else {}}
         if c == 0:
-            out["clean_logits"] = plan.baseline.clean_logits.cpu()
-            out["corrupt_logits"] = plan.baseline.corrupt_logits.cpu()
+            out["clean_logits"] = plan.clean_logits.cpu()
+            out["corrupt_logits"] = plan.corrupt_logits.cpu()
         return out
 
     results = sharding.map(units, run, desc=f"patching ({method})", progress=progress)
     plans.clear()
-    per_pair = torch.zeros(len(specs), batch.n_pairs)
-    prediction = torch.zeros(len(specs), batch.n_pairs, dtype=torch.long)
+    values: dict[str, Tensor] = {}
     clean, corrupt = [], []
     for (p, _), result in zip(units, results, strict=True):
         rows = torch.tensor(chunks[p])
         index = torch.tensor(result["specs"])
-        per_pair[index[:, None], rows[None, :]] = result["logit_diff"]
-        prediction[index[:, None], rows[None, :]] = result["prediction"]
+        for name, value in result["values"].items():
+            if value.ndim == 1 and len(chunks) > 1:
+                raise UserInputError(f"metric {name!r} returns one number per batch: it cannot be combined over "
+                                     "pair chunks; return one value per pair (the sweep averages them) or drop "
+                                     "pair_batch_size")
+            if name not in values:
+                shape = (len(specs), batch.n_pairs) if value.ndim == 2 else (len(specs),)
+                values[name] = torch.zeros(shape, dtype=value.dtype)
+            if value.ndim == 2:
+                values[name][index[:, None], rows[None, :]] = value
+            else:
+                values[name][index] = value
         if "clean_logits" in result:
             clean.append(result["clean_logits"])
             corrupt.append(result["corrupt_logits"])
     if not clean:  # no condition at all: the baseline still needs the unpatched runs
         for p in range(len(chunks)):
             plan = plan_for(p)
-            clean.append(plan.baseline.clean_logits.cpu())
-            corrupt.append(plan.baseline.corrupt_logits.cpu())
-    baseline = Baseline(torch.cat(clean), torch.cat(corrupt), batch.clean_tokens, batch.corrupt_tokens)
-    return per_pair, prediction, baseline
+            clean.append(plan.clean_logits.cpu())
+            corrupt.append(plan.corrupt_logits.cpu())
+    if not values and isinstance(metric, AnswerMetrics):
+        values = {"logit_diff": torch.zeros(0, batch.n_pairs), "prediction": torch.zeros(0, batch.n_pairs,
+                                                                                          dtype=torch.long)}
+    return metric.summarize(values, torch.cat(clean), torch.cat(corrupt))

@@ -7,9 +7,13 @@
 
 Every cell patches the corrupt run's activation into the clean run (see `runner`); method
 "fast" (default) and "naive" give equal numbers, "naive" being the one-forward-per-cell loop.
-Common keywords: `max_batch` (rows per forward in the fast path), `pair_batch_size` (run the
-pairs in chunks of this many, for memory), `progress` (tqdm bars), `sharding` (a
-`vlens.parallel.Sharding`: split the forwards across processes; every process gets the result).
+Common keywords: `metric` (default: the answer metrics of `vlens.patching.metrics`; or any
+callable, TransformerLens style: ``metric(logits [n_pairs, n_readout, d_vocab]) -> [n_pairs]``,
+a number, or a dict of those), `readout` (where the logits are read: "final", or column
+indices of the left-padded batch, -1 being the final one), `max_batch` (rows per forward in
+the fast path), `pair_batch_size` (run the pairs in chunks of this many, for memory),
+`progress` (tqdm bars), `sharding` (a `vlens.parallel.Sharding`: split the forwards across
+processes; every process gets the result).
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vlens.errors import UserInputError
 from vlens.finite import finite_rows, warn_non_finite
 from vlens.patching.conditions import PatchSpec, check_component
-from vlens.patching.metrics import metrics_from_reduced
-from vlens.patching.pairs import PairBatch
+from vlens.patching.metrics import AnswerMetrics, MetricFn, as_metric
+from vlens.patching.pairs import PairBatch, Readout
 from vlens.patching.results import PatchingResult, stack_metrics
 from vlens.patching.sharded import run_specs_reduced
 
@@ -61,23 +66,35 @@ def report_non_finite(model, batch: PairBatch, baseline, per_pair: torch.Tensor,
 
 
 def _result(model, batch, specs, mode, component, layers, cells, method, max_batch, progress, pair_batch_size,
-            sharding, **extra) -> PatchingResult:
-    per_pair, prediction, baseline = run_specs_reduced(model, batch, specs, method=method, max_batch=max_batch,
-                                                       progress=progress, pair_batch_size=pair_batch_size,
-                                                       sharding=sharding)
-    reduced = metrics_from_reduced(per_pair, prediction, baseline)
-    metrics, per_pair, predictions = stack_metrics(reduced, len(layers), len(cells))
-    report_non_finite(model, batch, baseline, per_pair, layers, cells, component)
+            sharding, metric, readout, **extra) -> PatchingResult:
+    if metric is None and readout != "final":
+        raise UserInputError("the default answer metrics read the final position: pass metric=... to read "
+                             f"readout={readout!r}")
+    scorer = as_metric(metric, batch)
+    summary = run_specs_reduced(model, batch, specs, method=method, max_batch=max_batch, progress=progress,
+                                pair_batch_size=pair_batch_size, sharding=sharding, metric=scorer, readout=readout)
+    metrics = stack_metrics(summary.metrics, len(layers), len(cells))
+    per_pair = stack_metrics(summary.per_pair, len(layers), len(cells))
+    if summary.baseline is not None:
+        report_non_finite(model, batch, summary.baseline, per_pair["logit_diff"], layers, cells, component)
+    else:
+        broken = sorted(name for name, value in metrics.items() if bool(value.isnan().any()))
+        if broken:
+            warn_non_finite("patching", f"metric values {broken} of patched {component}")
     return PatchingResult(mode=mode, component=component, layers=layers, cells=cells, metrics=metrics,
-                          per_pair_logit_diff=per_pair, per_pair_prediction=predictions,
-                          pair_ids=list(batch.pair_ids), baseline=baseline, extra={"answers": batch.answers_json()},
-                          **extra)
+                          per_pair=per_pair, pair_ids=list(batch.pair_ids), baseline=summary.baseline,
+                          baseline_values=summary.baseline_values,
+                          metric="answer" if isinstance(scorer, AnswerMetrics) else scorer.name,
+                          readout=readout if isinstance(readout, str) else [int(c) for c in ([readout] if isinstance(
+                              readout, int) else readout)],
+                          extra={"answers": batch.answers_json()}, **extra)
 
 
 def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
                        regions: Sequence[str] = REGIONS, layers: Sequence[int] | None = None,
                        method: str = "fast", max_batch: int = 64, progress: bool = False,
-                       pair_batch_size: int | None = None, sharding: Sharding | None = None) -> PatchingResult:
+                       pair_batch_size: int | None = None, sharding: Sharding | None = None,
+                       metric: MetricFn | None = None, readout: Readout = "final") -> PatchingResult:
     """Patch `component` ("resid_pre", "attn_out", "mlp_out") of each layer at each region.
 
     Returns a PatchingResult with metrics [n_layers, n_regions].
@@ -90,7 +107,7 @@ def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "res
     masks = {r: batch.region_mask(r) for r in regions}
     specs = [PatchSpec(layer, component, masks[r]) for layer in layers for r in regions]
     return _result(model, batch, specs, "layer-region", component, layers, list(regions), method, max_batch, progress,
-                   pair_batch_size, sharding)
+                   pair_batch_size, sharding, metric, readout)
 
 
 def patch_layer_region_components(model: HookedVLM, batch: PairBatch,
@@ -103,7 +120,8 @@ def patch_layer_region_components(model: HookedVLM, batch: PairBatch,
 def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
                          layers: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
                          progress: bool = False, pair_batch_size: int | None = None,
-                         sharding: Sharding | None = None) -> PatchingResult:
+                         sharding: Sharding | None = None, metric: MetricFn | None = None,
+                         readout: Readout = "final") -> PatchingResult:
     """Patch `component` of each layer at each position (a column of the left-padded batch).
 
     Rows are left-padded, so column p is the same slot counted from the final token in every
@@ -133,13 +151,15 @@ def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "r
             and all(regions.image_grid[r] == regions.image_grid[0] for r in rows):
         image_positions, grid = first, tuple(regions.image_grid[0][0])
     return _result(model, batch, specs, "layer-pos", component, layers, positions, method, max_batch, progress,
-                   pair_batch_size, sharding, tokens=token_strings, image_positions=image_positions, image_grid=grid)
+                   pair_batch_size, sharding, metric, readout, tokens=token_strings, image_positions=image_positions,
+                   image_grid=grid)
 
 
 def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", layers: Sequence[int] | None = None,
                      heads: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
                      progress: bool = False, pair_batch_size: int | None = None,
-                     sharding: Sharding | None = None) -> PatchingResult:
+                     sharding: Sharding | None = None, metric: MetricFn | None = None,
+                     readout: Readout = "final") -> PatchingResult:
     """Patch one head's `hook_z` at a time (at `region`'s positions: "all", "image", "text", "final").
 
     Returns a PatchingResult with metrics [n_layers, n_heads].
@@ -154,4 +174,4 @@ def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", la
     mask = batch.region_mask(region)
     specs = [PatchSpec(layer, "z", mask, head=h) for layer in layers for h in heads]
     return _result(model, batch, specs, "layer-head", "z", layers, heads, method, max_batch,
-                   progress, pair_batch_size, sharding, region=region)
+                   progress, pair_batch_size, sharding, metric, readout, region=region)
