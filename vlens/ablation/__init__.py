@@ -1,5 +1,5 @@
 """Head ablation (mean / zero / resample on `hook_z`), per-task head importance and the
-Jaccard overlap of top-k head sets across tasks (PAPER.md section 3).
+Jaccard overlap of top-k head sets across tasks (docs/method.md, section 6).
 
     import vlens
     from vlens.ablation import ablation_study

@@ -1,4 +1,4 @@
-"""Interventions from the counting-circuit paper (PAPER.md sections 4 and 5).
+"""Interventions from the counting-circuit paper (docs/method.md, sections 7 and 8).
 
 from vlens.interventions import focus_prior, run_with_focus, fit_temperature, importance_from_result
 prior = focus_prior(inputs, objects)                     # Gaussian prior over the merged grid

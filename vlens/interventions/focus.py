@@ -1,4 +1,4 @@
-"""The object-focused attention regulariser L_focus (PAPER.md section 4).
+"""The object-focused attention regulariser L_focus (docs/method.md, section 7).
 
 A synthetic image's object centres give a soft target over the merged patch grid:
 
@@ -36,7 +36,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-# Qwen2.5-VL-7B (28 layers): layer 2 and the routing layers 18-22 (PAPER.md section 4)
+# Qwen2.5-VL-7B (28 layers): layer 2 and the routing layers 18-22 (docs/method.md, section 7)
 PAPER_FOCUS_LAYERS: tuple[int, ...] = (2, 18, 19, 20, 21, 22)
 PAPER_N_LAYERS = 28
 DEFAULT_EPS = 1e-8

@@ -1,4 +1,4 @@
-"""Adaptive head temperature (PAPER.md section 5): sharpen target heads at inference.
+"""Adaptive head temperature (docs/method.md, section 8): sharpen target heads at inference.
 
 For each target head h, the attention logits are multiplied by an inverse temperature
 

@@ -1,4 +1,4 @@
-"""The paper's head taxonomy (PAPER.md section 2) from explicit thresholds on head scores.
+"""The paper's head taxonomy (docs/method.md, section 5) from explicit thresholds on head scores.
 
 Rules, checked in this order (the most specific behaviour first; the first match wins):
 

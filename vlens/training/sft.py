@@ -1,4 +1,4 @@
-"""LoRA supervised fine-tuning with the object-focused attention loss (PAPER.md, training recipe).
+"""LoRA supervised fine-tuning with the object-focused attention loss (docs/method.md, section 7).
 
     L = L_SFT + lambda * L_focus
 
