@@ -4,6 +4,7 @@ Quick start::
 
     import vlens
     model = vlens.load()                       # the embedded tiny Qwen2.5-VL
+    model = vlens.load_model("Qwen/Qwen2.5-VL-7B-Instruct")   # any --model spec (see vlens.specs)
     inputs = model.prepare(images=[img], prompts=["How many dots are there?"])
     logits, cache = model.run_with_cache(inputs)
 
@@ -25,6 +26,7 @@ _LAZY = {
     "VLMInputs": "vlens.inputs",
     "TokenRegions": "vlens.inputs",
     "act_name": "vlens.hooks",
+    "load_model": "vlens.specs",
 }
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "VLMInputs",
     "act_name",
     "load",
+    "load_model",
 ]
 
 if TYPE_CHECKING:
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from vlens.hooks import act_name
     from vlens.inputs import TokenRegions, VLMInputs
     from vlens.model import HookedVisionLanguageModel, HookedVLM
+    from vlens.specs import load_model
 
 
 def __getattr__(name: str) -> Any:
