@@ -28,7 +28,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--n", type=int, default=4000, help="images per style (default 4000)")
-    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=None, help="keep the datasets here (default: a temp dir, removed)")
     args = parser.parse_args()
@@ -39,7 +39,7 @@ def main() -> None:
         for kind, seed in (("syndot", 0), ("synpoly", 1)):
             start = time.perf_counter()
             out = generate_dataset(
-                DatasetSpec(kind, args.n, seed, args.size), root / kind, args.workers, overwrite=True
+                DatasetSpec(kind, args.n, seed, args.image_size), root / kind, args.workers, overwrite=True
             )
             elapsed = time.perf_counter() - start
             total, images = total + elapsed, images + args.n

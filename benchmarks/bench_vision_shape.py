@@ -7,7 +7,7 @@
     python benchmarks/bench_vision_shape.py probe FOLDER
         linear probe (scikit-learn logistic regression; pip install scikit-learn) for the
         shape and colour of a lone object from the merged image tokens
-    python benchmarks/bench_vision_shape.py supervise FOLDER [--steps 600] [--size 168]
+    python benchmarks/bench_vision_shape.py supervise FOLDER [--steps 600] [--image-size 168]
         train the vision tower alone (plus a linear head on soft-max-pooled image tokens)
         on single-object shape labels; held-out accuracy every 100 steps
 
@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("folder", help="a model folder written by `vlens zoo train`")
     parser.add_argument("--n", type=int, default=30, help="capped: samples per task and cap")
     parser.add_argument("--steps", type=int, default=600, help="supervise: training steps of batch 64")
-    parser.add_argument("--size", type=int, default=168, help="supervise: input size in px (multiple of 28)")
+    parser.add_argument("--image-size", type=int, default=168, help="supervise: input size in px (multiple of 28)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.experiment == "capped":
@@ -145,7 +145,7 @@ def main() -> None:
     elif args.experiment == "probe":
         probe(args.folder)
     else:
-        supervise(args.folder, args.steps, args.size)
+        supervise(args.folder, args.steps, args.image_size)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from vlens.data import make_task_sample, write_imagefolder
 from vlens.lens.taxonomy import HEAD_CLASSES
 
 torch.set_num_threads(1)
-COMMON = ["--model", "random-tiny", "--size", "56", "--batch-size", "4", "--quiet"]
+COMMON = ["--model", "random-tiny", "--image-size", "56", "--batch-size", "4", "--quiet"]
 
 
 def test_lens_train_then_headlens_on_an_imagefolder(tmp_path, capsys):
@@ -23,7 +23,7 @@ def test_lens_train_then_headlens_on_an_imagefolder(tmp_path, capsys):
                               enumerate(["counting", "colour", "existence", "spatial", "counting"])], tmp_path / "data")
     out = tmp_path / "run"
     assert main(["headlens", "--data", str(data), "--lens", str(tmp_path / "lens"), "--out", str(out), *COMMON]) == 0
-    result = json.loads((out / "heads.json").read_text())
+    result = json.loads((out / "results.json").read_text())
     assert result["n_examples"] == 5 and len(result["heads"]) == 2 * 4
     head = result["heads"][5]
     assert (head["layer"], head["head"]) == (1, 1)
@@ -43,7 +43,7 @@ def test_headlens_trains_its_lens_when_none_is_given(tmp_path, capsys):
     args = ["headlens", "--make", "6", "--tasks", "counting", "--lens-make", "6", "--lens-steps", "10", "--out", str(out),
             "--thresholds", str(only_grounding), *COMMON]
     assert main(args) == 0
-    assert json.loads((out / "heads.json").read_text())["counts"]["visual grounding"] == 8
+    assert json.loads((out / "results.json").read_text())["counts"]["visual grounding"] == 8
     printed = capsys.readouterr().out
     assert "KL before" in printed and "classes:" in printed
     kl = json.loads((out / "lens_kl.json").read_text())

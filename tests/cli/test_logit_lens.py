@@ -52,8 +52,9 @@ def test_records_and_cli(tiny, tmp_path):
 
     from vlens.cli import main
 
-    out = tmp_path / "ll.json"
+    out = tmp_path / "ll"
     assert main(["logit-lens", "--model", "random-tiny", "--data", str(tmp_path / "data"), "--out", str(out),
                  "--quiet"]) == 0
-    data = json.loads(out.read_text())
+    data = json.loads((out / "results.json").read_text())
+    assert (out / "logit_lens.html").is_file()
     assert data["n_examples"] == 3 and len(data["mean_probability"]) == len(data["layers"])

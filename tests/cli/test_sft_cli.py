@@ -62,12 +62,12 @@ def test_temperature_cli_fit_export_apply(tmp_path):
                 "--top-k",
                 "2",
                 "--out",
-                str(tmp_path / "temps.json"),
+                str(tmp_path / "temps"),
             ]
         )
         == 0
     )
-    temps = json.loads((tmp_path / "temps.json").read_text())
+    temps = json.loads((tmp_path / "temps" / "results.json").read_text())
     assert [(h["layer"], h["head"], round(h["beta"], 3)) for h in temps["heads"]] == [
         (0, 1, 1.2),
         (1, 0, 1.0),
@@ -81,7 +81,7 @@ def test_temperature_cli_fit_export_apply(tmp_path):
                 "--model",
                 "random-tiny",
                 "--temps",
-                str(tmp_path / "temps.json"),
+                str(tmp_path / "temps"),
                 "--out",
                 str(tmp_path / "baked"),
             ]
@@ -108,7 +108,7 @@ def test_temperature_cli_fit_export_apply(tmp_path):
                 "--model",
                 "random-tiny",
                 "--temps",
-                str(tmp_path / "temps.json"),
+                str(tmp_path / "temps" / "results.json"),
                 "--data",
                 str(tmp_path / "eval"),
                 "--max-new-tokens",
@@ -119,5 +119,5 @@ def test_temperature_cli_fit_export_apply(tmp_path):
         )
         == 0
     )
-    summary = json.loads((tmp_path / "applied" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "applied" / "results.json").read_text())
     assert summary["with"]["n"] == summary["without"]["n"] == 2

@@ -305,7 +305,7 @@ def test_cli_reports_a_missing_interventions_file(tmp_path, capsys):
 @pytest.mark.skipif(MODEL == "random-tiny", reason="the SFT study needs a model whose tokenizer knows the task answers")
 def test_train_measures_all_four_conditions_from_fresh_copies():
     from vlens.demo.interventions_stage import TRAIN_EVAL_SETS, train_interventions_section
-    from vlens.info_cli import load_model_arg
+    from vlens.specs import load_model
     from vlens.training.study import CONDITIONS
 
     settings = DemoSettings.quick()
@@ -313,7 +313,7 @@ def test_train_measures_all_four_conditions_from_fresh_copies():
     loaded = []
 
     def load():
-        loaded.append(load_model_arg(MODEL))
+        loaded.append(load_model(MODEL))
         return loaded[-1]
 
     section = train_interventions_section(load, settings, n_train_per_style=2, progress=False)

@@ -129,13 +129,13 @@ def test_batching_does_not_change_greedy_answers(tmp_path, tiny_hf):
 
 def test_cli_eval(tmp_path, tiny_hf, monkeypatch, capsys):
     from vlens import cli
-    from vlens.evaluation import cli as eval_cli
+    from vlens.cli import eval as eval_cli
 
     model, processor = tiny_hf
     loaded = {}
 
-    def fake_load_backend(model_arg, backend, device, dtype):
-        loaded.update(model=model_arg, backend=backend)
+    def fake_load_backend(args):
+        loaded.update(model=args.model, backend=args.backend)
         return HFBackend(model, processor)
 
     monkeypatch.setattr(eval_cli, "load_backend", fake_load_backend)
@@ -148,14 +148,14 @@ def test_cli_eval(tmp_path, tiny_hf, monkeypatch, capsys):
         str(tmp_path / "out"),
         "--max-new-tokens",
         "2",
-        "--no-progress",
+        "--quiet",
     ]
     assert cli.main(argv) == 0
     assert loaded == {"model": "some/dir", "backend": "hf"}
     assert "imagefolder: n=2" in capsys.readouterr().out
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["model"] == "some/dir"
-    with pytest.raises(SystemExit, match="--image-column do.*not apply to --format imagefolder"):
-        cli.main(argv + ["--image-column", "path"])
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["model"] == "some/dir"
+    assert cli.main(argv + ["--image-column", "path", "--overwrite"]) == 2
+    assert "vlens eval: error: --image-column do(es) not apply to --format imagefolder" in capsys.readouterr().err
 
 
 def test_hooked_backend_matches_hf_and_keeps_hooks_on(tmp_path, tiny_hf):
@@ -197,8 +197,8 @@ def test_embedded_model_end_to_end(tmp_path):
     ]
     data_dir = write_vlens_imagefolder(samples, tmp_path / "syndot")
     argv = ["eval", "--model", "tiny", "--data", str(data_dir), "--format", "imagefolder"]
-    assert cli.main(argv + ["--out", str(tmp_path / "out"), "--max-new-tokens", "4", "--no-progress"]) == 0
-    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert cli.main(argv + ["--out", str(tmp_path / "out"), "--max-new-tokens", "4", "--quiet"]) == 0
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
     saved = load_predictions(tmp_path / "out" / "predictions.jsonl")
     assert report["n_evaluated"] == len(saved) == 6
     assert [p.target for p in saved] == [1, 2, 3, 4, 2, 3]
@@ -219,9 +219,9 @@ def test_cli_loads_a_saved_checkpoint_with_either_backend(tmp_path, tiny_hf):
     for backend in ("hooked", "hf"):
         argv = ["eval", "--model", str(checkpoint), "--backend", backend, "--data", str(tmp_path / "data")]
         argv += ["--format", "imagefolder", "--out", str(tmp_path / backend), "--max-new-tokens", "3"]
-        assert cli.main(argv + ["--batch-size", "2", "--no-progress"]) == 0
+        assert cli.main(argv + ["--batch-size", "2", "--quiet"]) == 0
         saved = load_predictions(tmp_path / backend / "predictions.jsonl")
-        report = json.loads((tmp_path / backend / "report.json").read_text())
+        report = json.loads((tmp_path / backend / "results.json").read_text())
         assert report["settings"]["backend"] == backend and report["n_evaluated"] == 3
         outputs[backend] = [p.output for p in saved]
     assert outputs["hooked"] == outputs["hf"]  # HookedVLM generates exactly what HF does

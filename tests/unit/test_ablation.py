@@ -224,20 +224,19 @@ def test_report_jaccard_json_roundtrip_and_patching_overlap(tmp_path):
     assert figure.data[0].z.shape == (2, 2)
 
 
-def test_vlens_ablate_command(tmp_path, monkeypatch, model):
-    import vlens.ablation.cli as ablation_cli
+def test_vlens_ablate_command(tmp_path, monkeypatch, model, capsys):
+    import vlens.cli.ablate as ablate_cli
     from vlens.cli import main
 
-    monkeypatch.setattr(ablation_cli, "load_model_arg", lambda name: model)
+    monkeypatch.setattr(ablate_cli, "load_model_from_args", lambda args: model)
     patching = tmp_path / "vap.json"
     patching.write_text(json.dumps({"heads": [[1, 0], [1, 1]]}))
-    out = tmp_path / "ablation.json"
+    out = tmp_path / "ablation"
     code = main(["ablate", "--model", "random", "--tasks", "counting,colour,counting@synreal", "--top-k", "3",
                  "--n-examples", "3", "--n-reference", "3", "--image-size", str(SIZE), "--quiet",
-                 "--patching", str(patching), "--out", str(out), "--html", str(tmp_path / "j.html"),
-                 "--markdown", str(tmp_path / "j.md"), "--retest-seed", "50"])
+                 "--patching", str(patching), "--out", str(out), "--retest-seed", "50"])
     assert code == 0
-    data = json.loads(out.read_text())
+    data = json.loads((out / "results.json").read_text())
     assert data["tasks"] == ["counting", "colour", "counting@synreal"] and data["top_k"] == 3
     assert data["n_heads_total"] == 8
     matrix = torch.tensor(data["jaccard"]["matrix"])
@@ -248,12 +247,13 @@ def test_vlens_ablate_command(tmp_path, monkeypatch, model):
     assert set(data["patching"]["jaccard"]) == set(data["tasks"])
     assert set(data["reliability"]) == set(data["tasks"])
     assert all(0.0 <= v <= 1.0 for v in data["reliability"].values())
-    with pytest.raises(ValueError, match="overlap the evaluation seeds"):
-        main(["ablate", "--model", "random", "--tasks", "counting", "--n-examples", "3", "--retest-seed", "2",
-              "--top-k", "3"])
-    html = (tmp_path / "j.html").read_text()
-    assert (tmp_path / "j.md").read_text().startswith("Jaccard overlap of each task's top-3 heads (of 8)")
+    capsys.readouterr()
+    assert main(["ablate", "--model", "random", "--tasks", "counting", "--n-examples", "3", "--retest-seed", "2",
+                 "--top-k", "3", "--out", str(tmp_path / "retest")]) == 2
+    assert "overlap the evaluation seeds" in capsys.readouterr().err
+    html = (out / "report.html").read_text()
+    assert (out / "summary.md").read_text().startswith("Jaccard overlap of each task's top-3 heads (of 8)")
     assert "Jaccard overlap of top-k head sets" in html and "counting@synreal: damage per head" in html
     with pytest.raises(SystemExit) as exit_info:
-        main(["ablate", "--tasks", "counting", "--top-k", "0"])
-    assert exit_info.value.code == 2
+        main(["ablate", "--tasks", "counting", "--top-k", "0", "--out", str(out)])
+    assert exit_info.value.code == 2 and "--top-k: must be an integer >= 1" in capsys.readouterr().err

@@ -1,20 +1,16 @@
 """imagefolder I/O and the `vlens data` CLI, read back with and without `datasets`."""
 
-import argparse
 import json
 
 import numpy as np
 import pytest
 
+from vlens.cli import main
 from vlens.data import make_pair, read_imagefolder, render_synpoly, write_imagefolder
-from vlens.data.cli import add_cli
 
 
 def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="vlens")
-    add_cli(parser.add_subparsers())
-    args = parser.parse_args(["data", *argv, "--quiet"])
-    return args.func(args)
+    return main(["data", *argv, "--quiet"])
 
 
 def test_write_read_round_trip(tmp_path):
@@ -35,7 +31,7 @@ def test_write_read_round_trip(tmp_path):
 
 def test_cli_pairs_identical_for_any_worker_count_and_readable_by_datasets(tmp_path):
     datasets = pytest.importorskip("datasets")
-    common = ["--n", "8", "--seed", "5", "--size", "64", "--counts", "1-6"]
+    common = ["--n", "8", "--seed", "5", "--image-size", "64", "--counts", "1-6"]
     assert run_cli("pairs", *common, "--out", str(tmp_path / "w1"), "--workers", "1") == 0
     assert run_cli("pairs", *common, "--out", str(tmp_path / "w2"), "--workers", "2") == 0
     meta1 = (tmp_path / "w1" / "metadata.jsonl").read_text()
@@ -59,7 +55,7 @@ def test_cli_pairs_identical_for_any_worker_count_and_readable_by_datasets(tmp_p
 
 
 def test_cli_tasks_and_generators(tmp_path):
-    assert run_cli("tasks", "--n", "12", "--out", str(tmp_path / "t"), "--size", "96") == 0
+    assert run_cli("tasks", "--n", "12", "--out", str(tmp_path / "t"), "--image-size", "96") == 0
     records = read_imagefolder(tmp_path / "t")
     assert [r["task"] for r in records[:6]] == [
         "counting",
@@ -70,7 +66,7 @@ def test_cli_tasks_and_generators(tmp_path):
         "existence",
     ]
     assert (
-        run_cli("synreal", "--n", "3", "--out", str(tmp_path / "r"), "--counts", "2-4", "--size", "96") == 0
+        run_cli("synreal", "--n", "3", "--out", str(tmp_path / "r"), "--counts", "2-4", "--image-size", "96") == 0
     )
     assert [r["count"] for r in read_imagefolder(tmp_path / "r")] == [2, 3, 4]
     assert (
@@ -88,7 +84,7 @@ def test_cli_reports_impossible_requests(tmp_path, capsys):
             "2",
             "--out",
             str(tmp_path / "x"),
-            "--size",
+            "--image-size",
             "64",
             "--radius",
             "20",

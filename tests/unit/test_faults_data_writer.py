@@ -4,21 +4,17 @@ own folder, --overwrite removes only what vlens data wrote, generation streams t
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
-from vlens.data.cli import add_cli
+from vlens.cli import main
 from vlens.data.generate import MAX_SAMPLES, DatasetSpec, generate_dataset
 from vlens.data.imagefolder import MARKER_FILE, METADATA_FILE
 
 
 def run(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="vlens")
-    add_cli(parser.add_subparsers())
-    args = parser.parse_args(["data", *argv, "--quiet"])
-    return args.func(args)
+    return main(["data", *argv, "--quiet"])
 
 
 def test_users_files_are_never_overwritten_or_deleted(tmp_path, capsys):
@@ -27,7 +23,7 @@ def test_users_files_are_never_overwritten_or_deleted(tmp_path, capsys):
     (user / "000000.png").write_bytes(b"my photo")
     (user / "notes.txt").write_text("mine")
     for extra in ((), ("--overwrite",)):
-        assert run("syndot", "--n", "2", "--size", "56", "--out", str(user), *extra) == 2
+        assert run("syndot", "--n", "2", "--image-size", "56", "--out", str(user), *extra) == 2
         assert "not written by vlens data" in capsys.readouterr().err
     assert (user / "000000.png").read_bytes() == b"my photo" and sorted(p.name for p in user.iterdir()) == [
         "000000.png", "notes.txt"]
@@ -35,12 +31,12 @@ def test_users_files_are_never_overwritten_or_deleted(tmp_path, capsys):
 
 def test_overwrite_removes_only_its_own_files(tmp_path, capsys):
     out = tmp_path / "ds"
-    assert run("syndot", "--n", "3", "--size", "56", "--out", str(out)) == 0
+    assert run("syndot", "--n", "3", "--image-size", "56", "--out", str(out)) == 0
     assert json.loads((out / MARKER_FILE).read_text())["n"] == 3
-    assert run("syndot", "--n", "3", "--size", "56", "--out", str(out)) == 2
+    assert run("syndot", "--n", "3", "--image-size", "56", "--out", str(out)) == 2
     assert "--overwrite" in capsys.readouterr().err
     (out / "README.txt").write_text("the user's note about this dataset")
-    assert run("syndot", "--n", "1", "--size", "56", "--out", str(out), "--overwrite") == 0
+    assert run("syndot", "--n", "1", "--image-size", "56", "--out", str(out), "--overwrite") == 0
     assert sorted(p.name for p in out.iterdir()) == [MARKER_FILE, "000000.png", "README.txt", METADATA_FILE]
     assert len((out / METADATA_FILE).read_text().splitlines()) == 1
 
@@ -65,7 +61,7 @@ def test_generation_streams_and_an_interrupted_run_is_not_a_dataset(tmp_path, mo
     assert len(written) == 2 and not (tmp_path / "big" / METADATA_FILE).exists()
 
 
-@pytest.mark.parametrize("argv", [["--n", "0"], ["--n", "-5"], ["--n", str(MAX_SAMPLES + 1)], ["--n", "2", "--size", "0"],
+@pytest.mark.parametrize("argv", [["--n", "0"], ["--n", "-5"], ["--n", str(MAX_SAMPLES + 1)], ["--n", "2", "--image-size", "0"],
                                   ["--n", "2", "--workers", "0"], ["--n", "2", "--radius", "-3"]])
 def test_bad_sizes_are_refused_while_parsing(tmp_path, argv, capsys):
     with pytest.raises(SystemExit) as exit_info:

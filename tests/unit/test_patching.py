@@ -222,29 +222,29 @@ def test_cli_layer_region(tmp_path):
 
     pairs = [make_pair(2, 3, seed=0, size=56), make_pair(3, 1, seed=1, size=56)]
     write_imagefolder([s for p in pairs for s in p.samples()], tmp_path / "pairs")
-    out = tmp_path / "r.json"
+    out = tmp_path / "r"
     code = main(["patch", "--model", "random-tiny", "--pairs", str(tmp_path / "pairs"), "--mode", "layer-region",
-                 "--out", str(out), "--html", str(tmp_path / "r.html"), "--quiet"])
+                 "--out", str(out), "--quiet"])
     assert code == 0
-    data = json.loads(out.read_text())
+    data = json.loads((out / "results.json").read_text())
     assert data["mode"] == "layer-region" and data["n_pairs"] == 2 and data["regions"] == ["image", "text", "final", "all"]
     for metric in ("overwrite_rate", "logit_diff", "patch_effect"):
         assert len(data[metric]) == len(data["layers"]) and len(data[metric][0]) == 4
-    assert (tmp_path / "r.html").exists()
+    assert (out / "figure.html").exists()
 
 
 def test_cli_atp_and_heads_with_generated_pairs(tmp_path, capsys):
     from vlens.cli import main
 
-    out = tmp_path / "atp.json"
-    assert main(["patch", "--model", "random-tiny", "--make-pairs", "2", "--size", "56", "--mode", "atp",
+    out = tmp_path / "atp"
+    assert main(["patch", "--model", "random-tiny", "--make-pairs", "2", "--image-size", "56", "--mode", "atp",
                  "--compare-exact", "--out", str(out), "--quiet"]) == 0
-    data = json.loads(out.read_text())
+    data = json.loads((out / "results.json").read_text())
     assert data["mode"] == "atp" and len(data["z"]) == 2 and -1.0 <= data["spearman_z_vs_exact"] <= 1.0
-    out = tmp_path / "heads.json"
-    assert main(["patch", "--model", "random-tiny", "--make-pairs", "2", "--size", "56", "--mode", "layer-head",
+    out = tmp_path / "heads"
+    assert main(["patch", "--model", "random-tiny", "--make-pairs", "2", "--image-size", "56", "--mode", "layer-head",
                  "--region", "image", "--out", str(out), "--quiet"]) == 0
-    data = json.loads(out.read_text())
+    data = json.loads((out / "results.json").read_text())
     assert data["heads"] == [0, 1, 2, 3] and data["region"] == "image" and len(data["per_pair_prediction"][0][0]) == 2
 
 
@@ -253,13 +253,15 @@ def test_cli_skips_control_pairs_and_reports_bad_input(tmp_path, capsys):
 
     samples = make_pair(2, 3, seed=0, size=56).samples() + make_pair(2, None, seed=1, size=56, kind="move").samples()
     write_imagefolder(samples, tmp_path / "mixed")
-    out = tmp_path / "r.json"
+    out = tmp_path / "r"
     assert main(["patch", "--model", "random-tiny", "--pairs", str(tmp_path / "mixed"), "--mode", "layer-region",
                  "--out", str(out), "--quiet"]) == 0
-    assert json.loads(out.read_text())["n_pairs"] == 1
+    assert json.loads((out / "results.json").read_text())["n_pairs"] == 1
     assert "skipping 1 control pairs" in capsys.readouterr().err
     assert main(["patch", "--model", "random-tiny", "--pairs", str(tmp_path / "missing"), "--mode", "layer-region",
-                 "--out", str(out), "--quiet"]) == 2
+                 "--out", str(out), "--quiet", "--overwrite"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("vlens patch: error: ") and error.count("\n") == 1 and "Traceback" not in error
 
 
 def test_multi_token_answers_use_the_first_differing_token(tiny):
@@ -280,5 +282,5 @@ def test_cli_only_correct_needs_a_correct_pair(tmp_path):
     from vlens.cli import main
 
     # a random model answers nothing right: a clear error, exit code 2
-    assert main(["patch", "--model", "random-tiny", "--make-pairs", "2", "--size", "56", "--mode", "layer-region",
-                 "--only-correct", "--out", str(tmp_path / "r.json"), "--quiet"]) == 2
+    assert main(["patch", "--model", "random-tiny", "--make-pairs", "2", "--image-size", "56", "--mode",
+                 "layer-region", "--only-correct", "--out", str(tmp_path / "r"), "--quiet"]) == 2

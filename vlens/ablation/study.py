@@ -9,6 +9,7 @@ from vlens.ablation.reference import collect_reference
 from vlens.ablation.results import RANK_BY, AblationReport
 from vlens.ablation.sweep import head_ablation_sweep
 from vlens.ablation.tasks import TaskBatch, build_task_batch, canonical_task_name
+from vlens.errors import UserInputError
 from vlens.parallel import Sharding
 from vlens.validation import check_count, check_top_k
 
@@ -78,7 +79,7 @@ def ablation_study(
     if retest_seed is not None and isinstance(tasks, Mapping):
         raise ValueError("retest_seed needs task-suite names (the second evaluation set is drawn from them)")
     if retest_seed is not None and abs(retest_seed - seed) < n_examples:
-        raise ValueError(f"retest seeds {retest_seed}..{retest_seed + n_examples - 1} overlap the evaluation seeds "
+        raise UserInputError(f"retest seeds {retest_seed}..{retest_seed + n_examples - 1} overlap the evaluation seeds "
                          f"{seed}..{seed + n_examples - 1}: use a retest seed >= {seed + n_examples}")
     results, retest = {}, {}
     for name, (evaluation, ref_set) in sets.items():

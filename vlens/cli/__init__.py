@@ -1,7 +1,15 @@
-"""The `vlens` command line.
+"""The `vlens` command line (also `python -m vlens`).
 
-Each feature owns its sub-commands in its own module, exposing ``add_cli(subparsers)``;
-this file only lists those modules. Adding a command is one line in ``COMMAND_MODULES``.
+`COMMANDS` is a static table: each command's name, its one-line help and the module that builds
+its parser. `vlens --help` lists the table without importing any command; a command's module is
+imported only when that command is used. Adding a command is one line here plus a module whose
+``configure(parser)`` adds the command's arguments and sets ``func`` (``module:function`` names
+another function than ``configure``). The command modules live here, in the entry-point layer
+(the embedded model's recipe keeps its own, `vlens.recipes.embedded.cli`); they import only the
+standard library and light vlens modules at top level; torch, numpy and the methods are
+imported inside their run functions, so every ``vlens ... --help`` is fast. The options every
+command shares are in `vlens.cli.options`; logging, ``--quiet``/``-v`` and the one-line user
+errors in `vlens.cli.console`.
 """
 
 from __future__ import annotations
@@ -9,42 +17,118 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-
-# module path -> provides add_cli(subparsers) registering one or more sub-commands
-COMMAND_MODULES: list[str] = [
-    "vlens.info_cli",
-    "vlens.data.cli",
-    "vlens.evaluation.cli",
-    "vlens.recipes.embedded.cli",
-    "vlens.lens.cli",
-    "vlens.ablation.cli",
-    "vlens.patching.cli",
-    "vlens.lens.logit_lens_cli",
-    "vlens.demo.cli",
-    "vlens.training.cli",
-]
+from collections.abc import Sequence
+from typing import NamedTuple
 
 
-def build_parser() -> argparse.ArgumentParser:
+class Command(NamedTuple):
+    name: str
+    target: str  # "package.module" (its configure) or "package.module:function"
+    help: str
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("info", "vlens.cli.info", "show a model's config and hook points"),
+    Command("data", "vlens.cli.data", "generate synthetic datasets (imagefolders)"),
+    Command("eval", "vlens.cli.eval", "evaluate a model on a local counting or multiple-choice set"),
+    Command("patch", "vlens.cli.patch", "activation patching sweeps (layer x region/position/head) and AtP"),
+    Command("logit-lens", "vlens.cli.logit_lens", "the logit lens per layer at the final prompt position"),
+    Command("lens", "vlens.cli.lens:configure_lens", "train lenses (per-layer translators)"),
+    Command("headlens", "vlens.cli.lens:configure_headlens", "HeadLens: decode every head, score and classify it"),
+    Command("ablate", "vlens.cli.ablate", "ablate every head per task, rank heads, Jaccard overlap across tasks"),
+    Command("train", "vlens.cli.train:configure_train", "LoRA fine-tuning with the object-focused attention loss"),
+    Command("study", "vlens.cli.train:configure_study", "the baseline / +SFT / +L_focus / +temperature table"),
+    Command("temperature", "vlens.cli.temperature", "adaptive head temperature: fit, apply, export"),
+    Command("demo", "vlens.cli.demo", "the counting-circuit study end to end, as one HTML report"),
+    Command("zoo", "vlens.recipes.embedded.cli", "the embedded tiny model: train (reproduce) or evaluate it"),
+)
+
+# old spellings: a clear pointer to the new name instead of argparse's bare "unrecognized arguments"
+RENAMED_FLAGS = {
+    "--size": "--image-size",
+    "--no-progress": "--quiet",
+    "--html": "--out DIR (figures are written into the --out folder)",
+    "--markdown": "--out DIR (the Markdown summary is written into the --out folder)",
+}
+
+EPILOG = """\
+Every command: --quiet (no progress bars or status lines), -v/--verbose (debug logging),
+--help. Commands that load a model: --model (default tiny, the embedded model), --device,
+--dtype, --image-size / --min-pixels / --max-pixels. --out is always a folder: results.json
+and figures are written inside it. Errors in what you asked for are one line and exit 2.
+Run `vlens COMMAND --help` for a command's options; docs/ in the repository has the methods."""
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The `vlens` parser. With `argv`, only the command it names is built (the others are listed
+    from the table); without, every command is built (tests and documentation walk it)."""
+    from vlens import __version__
+    from vlens.cli.console import add_output_flags
+
     parser = argparse.ArgumentParser(
-        prog="vlens",
-        description="Mechanistic interpretability for vision-language models.",
+        prog="vlens", description="Mechanistic interpretability for vision-language models.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).add_cli(subparsers)
+    parser.add_argument("--version", action="version", version=f"vlens {__version__}")
+    add_output_flags(parser, top_level=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    wanted = None if argv is None else _command_name(argv)
+    for command in COMMANDS:
+        sub = commands.add_parser(command.name, help=command.help, description=_sentence(command.help))
+        if wanted is None or wanted == command.name:
+            _configure(command, sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def _command_name(argv: Sequence[str]) -> str | None:
+    """The first argument that is not an option (the top level has only flags without values)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
+def _configure(command: Command, parser: argparse.ArgumentParser) -> None:
+    from vlens.cli.console import add_output_flags
+
+    module_name, _, function = command.target.partition(":")
+    getattr(importlib.import_module(module_name), function or "configure")(parser)
+    for leaf in _leaves(parser):
+        add_output_flags(leaf)
+        leaf.set_defaults(command_prog=leaf.prog)
+
+
+def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers that run something: `parser` itself, or the leaves under its sub-commands."""
+    groups = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    if not groups:
+        return [parser]
+    children = {id(p): p for group in groups for p in group.choices.values()}  # aliases share a parser
+    return [leaf for child in children.values() for leaf in _leaves(child)]
+
+
+def _check_renamed(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    for arg in argv:
+        if arg == "--":
+            break
+        new = RENAMED_FLAGS.get(arg.split("=", 1)[0])
+        if new:
+            parser.error(f"{arg.split('=', 1)[0]} is now {new}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `vlens ARGV`; returns the exit status (2: an error in what was asked)."""
+    from vlens.cli.console import run_command
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    _check_renamed(parser, argv)
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 1
-    result = args.func(args)
-    return int(result or 0)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return run_command(args)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]

@@ -1,31 +1,49 @@
 """`vlens ablate`: per-task head importance by ablation and the Jaccard overlap across tasks.
 
-    vlens ablate --model tiny --tasks counting,colour,spatial,arithmetic --top-k 20 --out ablation.json
+    vlens ablate --model tiny --tasks counting,colour,spatial,arithmetic --top-k 20 --out runs/ablation
+
+Writes ``results.json`` (the report), ``report.html`` (Jaccard heatmap, per-task damage heatmaps,
+top heads) and ``summary.md`` (the Jaccard matrix and top heads as Markdown tables) into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
-from vlens.ablation.hooks import METHODS
-from vlens.ablation.reference import ALIGNMENTS
-from vlens.ablation.results import RANK_BY
-from vlens.ablation.study import DEFAULT_TASKS, REFERENCE_MODES, ablation_study, add_patching_overlap
-from vlens.finite import add_allow_nan_argument, collect_non_finite, non_finite_exit
-from vlens.info_cli import load_model_arg
-from vlens.validation import arg_int, check_output_file, check_top_k
+from vlens.cli.options import (
+    RESULTS_FILE,
+    add_batch_size,
+    add_model_options,
+    add_out,
+    load_model_from_args,
+    prepare_out,
+    rendered_size,
+)
+from vlens.errors import UserInputError
+from vlens.finite import add_allow_nan_argument
+from vlens.validation import arg_int
+
+logger = logging.getLogger(__name__)
+
+# vlens.ablation's names, spelled out so that building this parser imports no torch
+# (tests/cli/test_conventions.py checks them)
+METHODS = ("mean", "zero", "resample")
+ALIGNMENTS = ("all", "position", "region")
+RANK_BY = ("logprob", "accuracy")
+DEFAULT_TASKS = ("counting", "colour", "shape", "spatial", "arithmetic", "existence", "counting@synreal")
+REFERENCE_MODES = ("per-task", "pooled")
+DEFAULT_IMAGE_SIZE = 224
+REPORT_HTML, SUMMARY_MD = "report.html", "summary.md"
 
 
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "ablate", help="Ablate every attention head per task; rank heads; Jaccard of top-k sets across tasks.",
-        description="Ablate each head alone (on hook_z) on task-suite examples, rank heads by the drop in "
-                    "answer log-probability (or accuracy) per task, and compare the tasks' top-k head sets "
-                    "by Jaccard similarity.",
-    )
-    parser.add_argument("--model", default="tiny", help="'tiny' (embedded model), 'random-tiny', or a path / hub id")
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Ablate each head alone (on hook_z) on task-suite examples, rank heads by the drop in "
+                          "answer log-probability (or accuracy) per task, and compare the tasks' top-k head sets "
+                          "by Jaccard similarity.")
+    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
     parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                         help="comma-separated tasks, TASK or TASK@STYLE (e.g. counting@synreal); "
                              f"default {','.join(DEFAULT_TASKS)}")
@@ -38,66 +56,72 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                         help="reference set: each task's own held-out examples, or all tasks' pooled")
     parser.add_argument("--rank-by", choices=RANK_BY, default="logprob", help="damage metric for the ranking")
     parser.add_argument("--n-examples", type=arg_int(min=1), default=64, help="evaluation examples per task")
-    parser.add_argument("--n-reference", type=arg_int(min=1), default=64, help="reference examples per task (other seeds)")
-    parser.add_argument("--image-size", type=arg_int(min=28), default=224,
-                        help="rendered image size in pixels (the processor resizes: 168 px on the embedded model)")
-    parser.add_argument("--batch-size", type=arg_int(min=1), default=16)
-    parser.add_argument("--heads-per-pass", type=arg_int(min=1), default=8, help="heads of one layer run in one stacked batch")
+    parser.add_argument("--n-reference", type=arg_int(min=1), default=64,
+                        help="reference examples per task (other seeds)")
+    add_batch_size(parser, 16)
+    parser.add_argument("--heads-per-pass", type=arg_int(min=1), default=8,
+                        help="heads of one layer run in one stacked batch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--retest-seed", type=int, default=None,
                         help="also sweep a second evaluation set from this seed and report, per task, the Jaccard "
                              "of the two top-k sets (reliability); use a seed >= seed + n-examples")
-    parser.add_argument("--device", default=None, help="e.g. cuda (default: where the model loads)")
     parser.add_argument("--patching", type=Path, default=None,
-                        help="JSON of a VAP head sweep (head score grid or head list, optionally per task): "
-                             "also report its Jaccard with each task's ablation set")
+                        help="results.json of a `vlens patch --mode layer-head` (or atp) run, or any JSON with a head "
+                             "score grid or head list, optionally per task: also report its Jaccard with each "
+                             "task's ablation set")
     parser.add_argument("--patching-metric", default=None,
                         help="grid of the patching JSON that ranks heads (default patch_effect, then overwrite_rate)")
-    parser.add_argument("--out", type=Path, default=Path("ablation.json"), help="JSON output (default ablation.json)")
-    parser.add_argument("--html", type=Path, default=None,
-                        help="also write an HTML report (Jaccard heatmap, per-task damage heatmaps, top heads)")
-    parser.add_argument("--markdown", type=Path, default=None,
-                        help="also write the Jaccard matrix and top heads as Markdown tables (e.g. for a model card)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_out(parser, f"{RESULTS_FILE}, {REPORT_HTML}, {SUMMARY_MD}")
     add_allow_nan_argument(parser)
     parser.set_defaults(func=run_ablate)
 
 
 def run_ablate(args: argparse.Namespace) -> int:
+    from vlens.ablation.study import ablation_study, add_patching_overlap
+    from vlens.finite import collect_non_finite, non_finite_exit
+    from vlens.validation import check_top_k
+
     tasks = [t for t in args.tasks.split(",") if t.strip()]
     if not tasks:
-        raise SystemExit("--tasks is empty: give e.g. --tasks counting,colour")
+        raise UserInputError("--tasks is empty: give e.g. --tasks counting,colour")
     if args.patching is not None and not args.patching.is_file():
-        raise SystemExit(f"--patching {args.patching}: no such file")
-    for flag, path in (("--out", args.out), ("--html", args.html), ("--markdown", args.markdown)):
-        if path is not None:
-            check_output_file(path, flag)
-    patching = json.loads(args.patching.read_text()) if args.patching is not None else None
-    model = load_model_arg(args.model)
+        raise UserInputError(f"--patching {args.patching}: no such file")
+    out = prepare_out(args, RESULTS_FILE, REPORT_HTML, SUMMARY_MD)
+    patching = _read_json(args.patching, "--patching") if args.patching is not None else None
+    model = load_model_from_args(args)
     check_top_k(args.top_k, "--top-k", model.cfg.n_layers * model.cfg.n_heads)  # before the sweep
     if patching is not None:  # a wrong --patching-metric or grid fails now, not after the sweep
         _check_patching(patching, model, args)
-    if args.device:
-        model.to(args.device)
     with collect_non_finite() as problems:
         report = ablation_study(
             model, tasks, n_examples=args.n_examples, n_reference=args.n_reference, method=args.method,
             alignment=args.alignment, reference_mode=args.reference, top_k=args.top_k, rank_by=args.rank_by,
-            image_size=args.image_size, batch_size=args.batch_size, heads_per_pass=args.heads_per_pass,
-            seed=args.seed, retest_seed=args.retest_seed, progress=not args.quiet,
+            image_size=rendered_size(args, DEFAULT_IMAGE_SIZE), batch_size=args.batch_size,
+            heads_per_pass=args.heads_per_pass, seed=args.seed, retest_seed=args.retest_seed,
+            progress=not args.quiet,
         )
     report.settings["model_arg"] = args.model
     if args.patching is not None:
         add_patching_overlap(report, patching, source=str(args.patching), metric=args.patching_metric)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    report.to_json(args.out)
-    if args.html is not None:
-        report.html_report().write(args.html)
-    if args.markdown is not None:
-        args.markdown.write_text(report.to_markdown())
+    report.to_json(out / RESULTS_FILE)
+    written = [out / RESULTS_FILE]
+    try:
+        report.html_report().write(out / REPORT_HTML)
+        written.append(out / REPORT_HTML)
+    except ImportError as error:
+        logger.warning("no %s: %s (install the viz extra: pip install 'vlens[viz]')", REPORT_HTML, error)
+    (out / SUMMARY_MD).write_text(report.to_markdown())
+    written.append(out / SUMMARY_MD)
     print(report.summary())
-    print("wrote " + ", ".join(str(p) for p in (args.out, args.html, args.markdown) if p is not None))
+    logger.info("wrote %s", ", ".join(str(p) for p in written))
     return non_finite_exit(problems, args.allow_nan, "vlens ablate")
+
+
+def _read_json(path: Path, flag: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise UserInputError(f"{flag} {path} is not valid JSON: {error}") from None
 
 
 def _check_patching(patching, model, args: argparse.Namespace) -> None:

@@ -6,16 +6,25 @@ Example: ``vlens data pairs --n 500 --seed 0 --out data/pairs --counts 1-10 --wo
 from __future__ import annotations
 
 import argparse
+import logging
 import math
-import sys
 import time
 
-from vlens.data.backgrounds import POLY_BACKGROUNDS, REAL_BACKGROUNDS
-from vlens.data.generate import MAX_SAMPLES, DatasetSpec, generate_dataset
-from vlens.data.pairs import PAIR_KINDS
-from vlens.data.styles import STYLES
-from vlens.data.templates import TASKS
+from vlens.cli.options import add_image_size
+from vlens.errors import UserInputError
 from vlens.validation import arg_float, arg_int
+
+logger = logging.getLogger(__name__)
+
+# the data layer's names, spelled out so that building this parser imports no numpy
+# (tests/cli/test_conventions.py checks them against vlens.data)
+TASKS = ("counting", "colour", "shape", "spatial", "arithmetic", "existence")
+STYLES = ("syndot", "synpoly", "synreal")
+PAIR_KINDS = ("count", "move", "colour")
+POLY_BACKGROUNDS = ("white", "tint", "gradient")
+REAL_BACKGROUNDS = ("noise", "gradient_noise", "stripes")
+DEFAULT_IMAGE_SIZE = 224
+MAX_SAMPLES = 10_000_000  # vlens.data.generate.MAX_SAMPLES
 
 
 def parse_int_list(text: str) -> tuple[int, ...]:
@@ -47,6 +56,7 @@ def parse_radius(text: str) -> float | tuple[float, float]:
 
 
 def parse_tasks(text: str) -> tuple[str, ...]:
+    """ "counting,colour" -> ("counting", "colour"), each checked against the task suites."""
     tasks = tuple(t.strip() for t in text.split(",") if t.strip())
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:
@@ -57,20 +67,23 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 def _common(p: argparse.ArgumentParser, n_help: str = "number of images") -> None:
     p.add_argument("--n", type=arg_int(min=1, max=MAX_SAMPLES), required=True, help=n_help)
     p.add_argument("--seed", type=int, default=0, help="dataset seed (default 0)")
-    p.add_argument("--out", required=True, help="output directory (imagefolder)")
-    p.add_argument("--size", type=arg_int(min=28), default=224, help="image side in pixels (default 224)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output folder, created when missing: the imagefolder (PNG files + metadata.jsonl)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset vlens data wrote in --out (only its own files are removed)")
+    add_image_size(p, DEFAULT_IMAGE_SIZE)
     p.add_argument(
         "--counts", type=parse_int_list, default=tuple(range(1, 11)), help="object counts, e.g. 1-10"
     )
-    p.add_argument("--workers", type=arg_int(min=1), default=1, help="processes (output is identical for any value)")
+    p.add_argument("--workers", type=arg_int(min=1), default=1,
+                   help="processes (output is identical for any value)")
     p.add_argument("--radius", type=parse_radius, default=None, help="object radius in px: '6' or '4-12'")
     p.add_argument("--min-gap", type=arg_float(min=2), default=None, help="smallest gap between objects in px (>= 2)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace a dataset vlens data wrote in --out (only its own files are removed)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _run(args: argparse.Namespace) -> int:
+    from vlens.data.generate import DatasetSpec, generate_dataset
+
     options = {"radius": args.radius, "min_gap": args.min_gap}
     if args.data_kind in ("syndot", "synpoly", "synreal", "pairs"):
         options["allow_empty"] = args.allow_empty
@@ -84,19 +97,18 @@ def _run(args: argparse.Namespace) -> int:
         options["tasks"] = args.tasks
     start = time.perf_counter()
     try:
-        spec = DatasetSpec(args.data_kind, args.n, args.seed, args.size, args.counts, options)
+        spec = DatasetSpec(args.data_kind, args.n, args.seed, args.image_size, args.counts, options)
         out = generate_dataset(spec, args.out, args.workers, args.overwrite, progress=not args.quiet)
-    except (ValueError, FileExistsError) as err:
-        print(f"vlens data {args.data_kind}: error: {err}", file=sys.stderr)
-        return 2
+    except ValueError as error:
+        # the generators raise ValueError only for requests their options make impossible
+        raise UserInputError(str(error)) from error
     unit = "pairs" if args.data_kind == "pairs" else "images"
-    print(f"wrote {args.n} {unit} to {out} in {time.perf_counter() - start:.1f} s")
+    logger.info("wrote %d %s to %s in %.1f s", args.n, unit, out, time.perf_counter() - start)
     return 0
 
 
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``vlens data ...``."""
-    data = subparsers.add_parser("data", help="generate synthetic datasets (imagefolder)")
+def configure(data: argparse.ArgumentParser) -> None:
+    """`vlens data KIND ...`."""
     kinds = data.add_subparsers(dest="data_kind", metavar="KIND", required=True)
 
     for name, help_text in (
@@ -104,7 +116,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
         ("synpoly", "coloured polygons"),
         ("synreal", "held-out style: shaded/textured objects on noisy backgrounds"),
     ):
-        p = kinds.add_parser(name, help=help_text)
+        p = kinds.add_parser(name, help=help_text, description=f"{name}: {help_text}.")
         _common(p)
         p.add_argument("--allow-empty", action="store_true", help="allow count 0 (empty images)")
         if name != "syndot":
@@ -116,7 +128,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
     p = kinds.add_parser("pairs", help="controlled clean/corrupt pairs for activation patching")
     _common(p, n_help="number of pairs")
-    p.add_argument("--style", choices=sorted(STYLES), default="syndot")
+    p.add_argument("--style", choices=STYLES, default="syndot")
     p.add_argument("--kind", choices=PAIR_KINDS, default="count", help="count difference, or a control pair")
     p.add_argument("--delta", type=parse_int_list, default=(1, 2, 3), help="count differences, e.g. 1-3")
     p.add_argument("--n-changed", type=arg_int(min=1), default=1, help="objects moved/recoloured in control pairs")
@@ -126,7 +138,7 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
 
     p = kinds.add_parser("tasks", help="task suites (one task per image, cycling through --tasks)")
     _common(p)
-    p.add_argument("--style", choices=sorted(STYLES), default="synpoly")
+    p.add_argument("--style", choices=STYLES, default="synpoly")
     p.add_argument("--tasks", type=parse_tasks, default=TASKS, help=f"comma list from {','.join(TASKS)}")
     p.add_argument("--background", default=None, help="background kind (default: the style's)")
     p.set_defaults(func=_run)

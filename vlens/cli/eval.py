@@ -2,21 +2,32 @@
 
     vlens eval --model tiny --data data/syndot_test --format imagefolder --out runs/eval
     vlens eval --model Qwen/Qwen2.5-VL-7B-Instruct --backend hf --data pixmo.parquet \
-        --format pixmo --image-dir pixmo_images/ --skip-missing --out runs/pixmo
+        --format pixmo --image-dir pixmo_images/ --skip-missing --max-pixels 200704 --out runs/pixmo
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 from pathlib import Path
 
-from vlens.evaluation.formats import FORMATS, get_format
-from vlens.evaluation.parsing import ANSWER_PARSERS
-from vlens.finite import add_allow_nan_argument, collect_non_finite, non_finite_exit
-from vlens.validation import arg_int, check_output_folder
+from vlens.cli.options import (
+    add_batch_size,
+    add_model_options,
+    add_out,
+    load_model_from_args,
+    prepare_out,
+)
+from vlens.errors import UserInputError
+from vlens.finite import add_allow_nan_argument
+from vlens.validation import arg_int
 
-EMBEDDED_MODEL = "tiny"
+logger = logging.getLogger(__name__)
+
+# spelled out so that building this parser imports nothing heavy (checked against
+# vlens.evaluation in tests/cli/test_conventions.py)
+FORMATS = ("countbenchqa", "imagefolder", "mcq", "pixmo")
+ANSWER_PARSERS = ("choice", "count", "count_strict")
 PARTIAL_PREDICTIONS = "predictions.partial.jsonl"  # written batch by batch while evaluating
 # reader options each format accepts; any other given option is an error, not ignored
 _READER_OPTIONS = {
@@ -27,22 +38,16 @@ _READER_OPTIONS = {
 }
 
 
-def add_cli(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "eval",
-        help="evaluate a model on a local counting or multiple-choice set",
-        description="Generate answers for a local evaluation set, parse and score them "
-        "(lmms-eval conventions) and write predictions.jsonl, report.json and report.md.",
-    )
-    parser.add_argument(
-        "--model", required=True, help=f"'{EMBEDDED_MODEL}' (the embedded model) or a local dir / hub id"
-    )
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Generate answers for a local evaluation set, parse and score them (lmms-eval "
+                          "conventions) and write predictions.jsonl, results.json and report.md.")
+    add_model_options(parser)
     parser.add_argument(
         "--backend", choices=["hooked", "hf"], default="hooked", help="HookedVLM or plain HF model"
     )
     parser.add_argument("--data", required=True, type=Path, help="data file, or the imagefolder directory")
-    parser.add_argument("--format", required=True, choices=sorted(FORMATS), dest="data_format")
-    parser.add_argument("--out", required=True, type=Path, help="directory for the report files")
+    parser.add_argument("--format", required=True, choices=FORMATS, dest="data_format")
+    add_out(parser, "predictions.jsonl, results.json, report.md, confusion_matrix.html")
     parser.add_argument(
         "--image-dir", type=Path, help="folder that relative image paths (or sha256 names) are in"
     )
@@ -53,54 +58,54 @@ def add_cli(subparsers) -> None:
     parser.add_argument(
         "--skip-missing", action="store_true", help="skip rows whose image is missing (counted in the report)"
     )
-    parser.add_argument("--batch-size", type=arg_int(min=1), default=8)
+    add_batch_size(parser, 8, "examples per generate call")
     parser.add_argument("--max-new-tokens", type=arg_int(min=1), default=32)
     parser.add_argument("--limit", type=arg_int(min=1), help="evaluate only the first N examples")
-    parser.add_argument(
-        "--parser", choices=sorted(ANSWER_PARSERS), help="answer parser (default: the format's)"
-    )
+    parser.add_argument("--parser", choices=ANSWER_PARSERS, help="answer parser (default: the format's)")
     parser.add_argument("--post-prompt", help="instruction appended to each question (default: the format's)")
     parser.add_argument("--unparsed-value", type=arg_int(min=0), help="score unparsed answers as this count in MAE")
     parser.add_argument("--category-field", help="mcq: row field to break accuracy down by (e.g. subject)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     add_allow_nan_argument(parser)
     parser.set_defaults(func=run_eval)
 
 
-def load_backend(model: str, backend: str, device: str = "cpu", dtype: str = "float32"):
-    """A generation backend for ``--model`` (``tiny`` or a local dir / hub id) and ``--backend``."""
-    import torch
-
-    torch_dtype = getattr(torch, dtype)
-    if backend == "hooked":
-        import vlens
+def load_backend(args: argparse.Namespace):
+    """The generation backend the model options and ``--backend`` name."""
+    if args.backend == "hooked":
         from vlens.evaluation.backends import HookedVLMBackend
 
-        if model == EMBEDDED_MODEL:
-            return HookedVLMBackend(vlens.load(device=device, dtype=torch_dtype))
-        return HookedVLMBackend(vlens.HookedVLM.from_pretrained(model, device=device, dtype=torch_dtype))
-    if backend == "hf":
-        from vlens.evaluation.backends import HFBackend
+        return HookedVLMBackend(load_model_from_args(args))
+    from vlens.evaluation.backends import HFBackend
 
-        if model == EMBEDDED_MODEL:
+    return HFBackend(*load_hf_model(args))
+
+
+def load_hf_model(args: argparse.Namespace):
+    """(plain HF image-text-to-text model, processor) for ``--backend hf`` (safetensors only)."""
+    from vlens.devices import configure_resolution, resolve_device, resolve_dtype
+    from vlens.specs import hf_progress_bars, resolve_spec
+
+    kind, target = resolve_spec(args.model)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    with hf_progress_bars(not args.quiet):
+        if kind == "embedded":
             from vlens.zoo import load_hf
 
-            return HFBackend(*load_hf(device=device, dtype=torch_dtype))
-        return HFBackend(*load_hf_model(model, device, torch_dtype))
-    raise ValueError(f"unknown backend {backend!r}; use 'hooked' or 'hf'")
+            model, processor = load_hf(device=device, dtype=dtype)
+        elif kind == "random":
+            raise UserInputError("--backend hf needs a model folder, a hub id or 'tiny' (random-tiny is "
+                                 "built as a HookedVLM: use --backend hooked)")
+        else:
+            from transformers import AutoModelForImageTextToText
 
+            from vlens.loading import from_pretrained_checked, load_processor_for
 
-def load_hf_model(model: str, device: str, torch_dtype):
-    """Any HF image-text-to-text model (safetensors only) and its processor."""
-    from transformers import AutoModelForImageTextToText
-
-    from vlens.loading import from_pretrained_checked, load_processor_for
-
-    hf_model = from_pretrained_checked(AutoModelForImageTextToText, model, dtype=torch_dtype, use_safetensors=True)
-    # the processor fallback covers machines without torchvision (Qwen's video processor needs it)
-    return hf_model.to(device).eval(), load_processor_for(model)
+            model = from_pretrained_checked(AutoModelForImageTextToText, target, dtype=dtype, use_safetensors=True)
+            # the processor fallback covers machines without torchvision (Qwen's video processor needs it)
+            model, processor = model.to(device).eval(), load_processor_for(target)
+    configure_resolution(processor, args.min_pixels, args.max_pixels, args.image_size)
+    return model, processor
 
 
 def reader_options(args: argparse.Namespace) -> dict:
@@ -114,22 +119,24 @@ def reader_options(args: argparse.Namespace) -> dict:
     unsupported = sorted(set(given) - _READER_OPTIONS[args.data_format])
     if unsupported:
         flags = ", ".join("--" + name.replace("_", "-") for name in unsupported)
-        raise SystemExit(f"vlens eval: {flags} do(es) not apply to --format {args.data_format}")
+        raise UserInputError(f"{flags} do(es) not apply to --format {args.data_format}")
     return given
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from vlens.evaluation.report import write_report
+    from vlens.evaluation.formats import get_format
+    from vlens.evaluation.report import PREDICTIONS_FILE, REPORT_JSON, REPORT_MD, write_report
     from vlens.evaluation.runner import evaluate
+    from vlens.finite import collect_non_finite, non_finite_exit
 
-    check_output_folder(args.out, "--out")  # before reading data or loading the model
     fmt = get_format(args.data_format)
     options = reader_options(args)
+    out = prepare_out(args, PREDICTIONS_FILE, REPORT_JSON, REPORT_MD)  # before reading data or loading the model
     dataset = fmt.reader(args.data, skip_missing=args.skip_missing, **options)
     if dataset.skipped:
-        print(f"skipped {len(dataset.skipped)} rows with missing images (listed in the report)")
-    backend = load_backend(args.model, args.backend, args.device, args.dtype)
-    partial = args.out / PARTIAL_PREDICTIONS
+        logger.warning("skipped %d rows with missing images (listed in the report)", len(dataset.skipped))
+    backend = load_backend(args)
+    partial = out / PARTIAL_PREDICTIONS
     with collect_non_finite() as problems:
         try:
             result = evaluate(
@@ -143,18 +150,19 @@ def run_eval(args: argparse.Namespace) -> int:
                 limit=args.limit,
                 unparsed_value=args.unparsed_value,
                 category_field=args.category_field,
-                progress=not args.no_progress,
+                progress=not args.quiet,
                 stream_to=partial,
             )
         except BaseException:
             if partial.is_file() and partial.stat().st_size:
-                print(f"vlens eval: the predictions made before the failure are in {partial}", file=sys.stderr)
+                logger.warning("the predictions made before the failure are in %s", partial)
             raise
-    paths = write_report(result, args.out, model_name=args.model)
+    paths = write_report(result, out, model_name=args.model)
     partial.unlink(missing_ok=True)  # predictions.jsonl holds them all now
     metrics = result.metrics
     summary = f"{fmt.name}: n={metrics.n} accuracy={metrics.accuracy * 100:.2f}%"
     if fmt.task == "count":
         summary += f" MAE={'n/a' if metrics.mae is None else f'{metrics.mae:.3f}'}"
-    print(f"{summary} unparsed={metrics.n_unparsed} skipped={len(result.skipped)} -> {paths['markdown']}")
+    print(f"{summary} unparsed={metrics.n_unparsed} skipped={len(result.skipped)}")
+    logger.info("wrote %s", ", ".join(str(path) for path in paths.values()))
     return non_finite_exit(problems, args.allow_nan, "vlens eval")

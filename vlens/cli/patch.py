@@ -1,53 +1,65 @@
 """``vlens patch``: visual activation patching sweeps and attribution patching from the command line.
 
-    vlens patch --model tiny --make-pairs 32 --mode layer-region --out runs/vap.json --html runs/vap.html
-    vlens patch --model tiny --pairs data/pairs --mode layer-head --out heads.json
-    vlens patch --model tiny --make-pairs 32 --mode atp --compare-exact --out atp.json
+    vlens patch --model tiny --make-pairs 32 --mode layer-region --out runs/vap
+    vlens patch --model tiny --pairs data/pairs --mode layer-head --out runs/heads
+    vlens patch --model tiny --make-pairs 32 --mode atp --compare-exact --out runs/atp
 
 ``--pairs DIR`` reads an imagefolder with ``pair_id`` / ``role`` columns (``vlens data pairs``).
 The clean / corrupt answers are the records' ground-truth answers; metrics compare their first
-differing tokens at the final prompt position of the chat-formatted prompt.
+differing tokens at the final prompt position of the chat-formatted prompt. Writes
+``results.json`` and ``figure.html`` (plotly) into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from pathlib import Path
+import logging
 
-from vlens.finite import add_allow_nan_argument, collect_non_finite, json_safe, non_finite_exit
-from vlens.validation import arg_int, check_choice, check_output_file
+from vlens.cli.options import (
+    RESULTS_FILE,
+    add_model_options,
+    add_out,
+    load_model_from_args,
+    prepare_out,
+    rendered_size,
+    write_figure,
+    write_results,
+)
+from vlens.errors import UserInputError
+from vlens.finite import add_allow_nan_argument
+from vlens.validation import arg_int
+
+logger = logging.getLogger(__name__)
 
 MODES = ("layer-region", "layer-pos", "layer-head", "atp")
+FIGURE_FILE = "figure.html"
+DEFAULT_IMAGE_SIZE = 168
 
 
-def add_cli(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("patch", help="Activation patching sweeps (layer x region/position/head) and AtP.")
-    parser.add_argument("--model", default="tiny", help="'tiny' (embedded), 'random-tiny', or a path / hub id")
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--pairs", metavar="DIR", help="imagefolder of pairs (pair_id / role columns)")
     source.add_argument("--make-pairs", type=arg_int(min=1), metavar="N", help="generate N controlled counting pairs")
     parser.add_argument("--mode", choices=MODES, required=True)
-    parser.add_argument("--out", required=True, help="results JSON path")
-    parser.add_argument("--html", help="also write the plotly figure as HTML")
+    add_out(parser, f"{RESULTS_FILE} and {FIGURE_FILE}")
     parser.add_argument("--component", default="resid_pre", choices=("resid_pre", "attn_out", "mlp_out"),
                         help="activation patched in layer-region / layer-pos mode (default resid_pre)")
     parser.add_argument("--region", default="all", choices=("all", "image", "text", "final"),
                         help="positions patched in layer-head mode (default all)")
-    parser.add_argument("--metric", default="overwrite_rate", help="metric shown in --html (default overwrite_rate)")
+    parser.add_argument("--metric", default="overwrite_rate", help=f"metric shown in {FIGURE_FILE} "
+                        "(default overwrite_rate)")
     parser.add_argument("--method", default="fast", choices=("fast", "naive"))
     parser.add_argument("--compare-exact", action="store_true", help="atp: also run the exact head sweep, report Spearman")
     parser.add_argument("--only-correct", action="store_true",
                         help="keep only pairs whose clean and corrupt runs both predict their own answer")
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many pairs of --pairs")
     parser.add_argument("--seed", type=int, default=0, help="seed of --make-pairs (default 0)")
-    parser.add_argument("--size", type=arg_int(min=28), default=168, help="image size of --make-pairs (default 168)")
     parser.add_argument("--style", default="syndot", help="style of --make-pairs (default syndot)")
-    parser.add_argument("--max-batch", type=arg_int(min=1), default=64, help="rows per forward in the fast path (default 64)")
+    parser.add_argument("--max-batch", type=arg_int(min=1), default=64,
+                        help="rows per forward in the fast path (default 64)")
     parser.add_argument("--pair-batch-size", type=arg_int(min=1), default=None,
                         help="run the pairs in chunks of this many (memory); default all at once")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_allow_nan_argument(parser)
     parser.set_defaults(func=run_patch)
 
@@ -60,14 +72,15 @@ def load_batch(model, args: argparse.Namespace):
         examples = load_pair_examples(args.pairs)
         patchable = [e for e in examples if e.clean_answer != e.corrupt_answer]
         if len(patchable) < len(examples):
-            print(f"skipping {len(examples) - len(patchable)} control pairs whose clean and corrupt answers are equal",
-                  file=sys.stderr)
+            logger.warning("skipping %d control pairs whose clean and corrupt answers are equal",
+                           len(examples) - len(patchable))
         if not patchable:
-            raise ValueError(f"no pair in {args.pairs} has different clean and corrupt answers; patching needs "
-                             "count pairs (vlens data pairs --kind count)")
+            raise UserInputError(f"no pair in {args.pairs} has different clean and corrupt answers; patching "
+                                 "needs count pairs (vlens data pairs --kind count)")
         examples = patchable[: args.limit] if args.limit is not None else patchable
     else:
-        examples = make_count_pairs(args.make_pairs, seed=args.seed, size=args.size, style=args.style)
+        examples = make_count_pairs(args.make_pairs, seed=args.seed, size=rendered_size(args, DEFAULT_IMAGE_SIZE),
+                                    style=args.style)
     batch = build_pair_batch(model, examples)
     if args.only_correct:
         import torch
@@ -80,27 +93,22 @@ def load_batch(model, args: argparse.Namespace):
         keep = ((clean.argmax(-1).cpu() == batch.clean_tokens) & (corrupt.argmax(-1).cpu() == batch.corrupt_tokens))
         rows = keep.nonzero().flatten().tolist()
         if not rows:
-            raise ValueError("--only-correct: the model answers no pair correctly in both roles")
+            raise UserInputError("--only-correct: the model answers no pair correctly in both roles")
         batch = batch.select(rows)
     return batch
 
 
 def run_patch(args: argparse.Namespace) -> int:
-    from vlens.info_cli import load_model_arg
+    from vlens.finite import collect_non_finite, non_finite_exit
     from vlens.patching import sweeps
     from vlens.patching.metrics import METRICS
+    from vlens.validation import check_choice
 
-    try:  # everything the user gave is checked before the model loads
-        if args.mode != "atp":
-            check_choice(args.metric, "--metric", METRICS)
-        for flag, path in (("--out", args.out), ("--html", args.html)):
-            if path is not None:
-                check_output_file(path, flag)
-        model = load_model_arg(args.model)
-        batch = load_batch(model, args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"vlens patch: {error}", file=sys.stderr)
-        return 2
+    if args.mode != "atp":  # everything the user gave is checked before the model loads
+        check_choice(args.metric, "--metric", METRICS)
+    out = prepare_out(args, RESULTS_FILE, FIGURE_FILE)
+    model = load_model_from_args(args)
+    batch = load_batch(model, args)
     common = dict(method=args.method, max_batch=args.max_batch, progress=not args.quiet,
                   pair_batch_size=args.pair_batch_size)
     with collect_non_finite() as problems:
@@ -114,15 +122,10 @@ def run_patch(args: argparse.Namespace) -> int:
             result = _run_atp(model, batch, args, common)
     payload = result.to_dict()
     payload["model"] = args.model
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(json_safe(payload), indent=1, allow_nan=False))
-    print(f"wrote {out} ({args.mode}, {batch.n_pairs} pairs)")
-    if args.html:
-        figure = result.plot("z") if args.mode == "atp" else result.plot(args.metric)
-        Path(args.html).parent.mkdir(parents=True, exist_ok=True)
-        figure.write_html(args.html, include_plotlyjs="cdn")
-        print(f"wrote {args.html}")
+    written = [write_results(out, payload)]
+    written.append(write_figure(lambda: result.plot("z") if args.mode == "atp" else result.plot(args.metric),
+                                out / FIGURE_FILE))
+    logger.info("wrote %s (%s, %d pairs)", ", ".join(str(p) for p in written if p), args.mode, batch.n_pairs)
     return non_finite_exit(problems, args.allow_nan, "vlens patch")
 
 

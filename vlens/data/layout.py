@@ -12,12 +12,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vlens.errors import UserInputError
+
 # Bounded effort: (restarts x objects x candidates) distance checks at most, then an error.
 MAX_RESTARTS = 40
 CANDIDATES_PER_OBJECT = 256
 
 
-class LayoutError(ValueError):
+class LayoutError(UserInputError):
     """The requested objects cannot be placed (impossible or too crowded)."""
 
 

@@ -12,7 +12,7 @@ ablation Jaccard across tasks -> representation geometry -> interventions table.
 from __future__ import annotations
 
 import json
-import sys
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +22,8 @@ import torch
 
 from vlens.demo.report_sections import Section, key_numbers_section, write_outputs
 from vlens.demo.settings import DemoSettings
+
+logger = logging.getLogger(__name__)
 
 REPORT_TITLE = "vlens demo: the counting circuit"
 
@@ -51,7 +53,7 @@ def model_folder(model_arg: str) -> Path | None:
 
 
 class _Stages:
-    """Runs named stages in order, printing `[i/n] name ... done in s` and recording timings."""
+    """Runs named stages in order, logging `[i/n] name ... done in s` and recording timings."""
 
     def __init__(self, n_stages: int, show: bool):
         self.n, self.index, self.show = n_stages, 0, show
@@ -61,21 +63,21 @@ class _Stages:
     def run(self, name: str, fn: Callable, *args, **kwargs):
         self.index += 1
         if self.show:
-            print(f"[{self.index}/{self.n}] {name} ...", file=sys.stderr, flush=True)
+            logger.info("[%d/%d] %s ...", self.index, self.n, name)
         start = time.perf_counter()
         out = fn(*args, **kwargs)
         self.timings[name] = round(time.perf_counter() - start, 3)
         if self.show:
             total = time.perf_counter() - self.started
-            print(f"[{self.index}/{self.n}] {name} done in {self.timings[name]:.1f} s (total {total:.1f} s)",
-                  file=sys.stderr, flush=True)
+            logger.info("[%d/%d] %s done in %.1f s (total %.1f s)", self.index, self.n, name, self.timings[name],
+                        total)
         return out
 
 
 def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", quick: bool = False,
              train: bool = False, interventions_file: str | Path | None = None,
              settings: DemoSettings | None = None, progress: bool = True, threads: int | None = None,
-             train_images: int = 16) -> DemoOutcome:
+             train_images: int = 16, load_options: dict | None = None) -> DemoOutcome:
     """Run every stage and write `report.html` + `results.json` into `out_dir`.
 
     Args:
@@ -87,8 +89,10 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
             counting images per style).
         interventions_file: a stored interventions JSON to show (default: `interventions.json` or
             `study.json` in the model folder).
-        progress: stage lines and progress bars on stderr.
+        progress: stage lines (logged at INFO by the `vlens.demo.pipeline` logger) and progress bars.
         threads: torch CPU threads (None: leave as is).
+        load_options: keyword arguments of `vlens.load_model` (device, dtype, image_size, ...) when
+            `model` is a spec.
     """
     from vlens.demo.ablation_stage import ablation_section
     from vlens.demo.attention_stage import attention_sections
@@ -99,7 +103,7 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
     from vlens.demo.lens_stages import SHIPPED_LENS_DIR, headlens_section, logit_lens_section
     from vlens.demo.model_stage import model_section, model_summary
     from vlens.demo.patching_stage import patching_sections
-    from vlens.info_cli import load_model_arg
+    from vlens.specs import load_model
 
     settings = settings or (DemoSettings.quick() if quick else DemoSettings())
     settings.check()
@@ -117,7 +121,8 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
     name = model_arg or type(model).__name__
     stages = _Stages(11 if model_arg else 10, progress)
 
-    hooked = stages.run("load model", load_model_arg, model_arg) if model_arg else model
+    options = {"progress": progress, **(load_options or {})}
+    hooked = stages.run("load model", load_model, model_arg, **options) if model_arg else model
     hooked.eval()
     samples = stages.run("generate data", counting_samples, settings)
     grid_inputs = hooked.prepare(images=[samples[0].image], prompts=[samples[0].question], chat=True)
@@ -137,7 +142,7 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
         sections += stages.run("representation geometry", geometry_sections, hooked, samples, settings)
     if train:
         section = stages.run("interventions (training)", train_interventions_section,
-                             lambda: load_model_arg(model_arg), settings, train_images, progress=progress,
+                             lambda: load_model(model_arg, **options), settings, train_images, progress=progress,
                              model_name=name)
     else:
         section = stages.run("interventions table", interventions_section, folder, stored)

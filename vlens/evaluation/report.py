@@ -1,6 +1,6 @@
-"""Write an evaluation as files: predictions.jsonl, report.json, report.md (+ a figure).
+"""Write an evaluation as files: predictions.jsonl, results.json, report.md (+ a figure).
 
-``report.json`` holds the settings, the metrics, the skipped rows and (for counting) the
+``results.json`` holds the settings, the metrics, the skipped rows and (for counting) the
 confusion matrix; ``predictions.jsonl`` one line per example, enough to re-score with
 :func:`load_predictions` + :func:`vlens.evaluation.runner.score_predictions`.
 """
@@ -18,7 +18,7 @@ from vlens.evaluation.runner import EvalResult, Prediction
 from vlens.finite import json_safe
 
 PREDICTIONS_FILE = "predictions.jsonl"
-REPORT_JSON = "report.json"
+REPORT_JSON = "results.json"
 REPORT_MD = "report.md"
 CONFUSION_HTML = "confusion_matrix.html"
 _MAX_SKIPPED_LISTED = 20

@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from vlens.errors import UserInputError
 from vlens.fileio import atomic_folder
 from vlens.finite import finite_rows, warn_non_finite
 from vlens.lens.base import Lens
@@ -40,7 +41,7 @@ WEIGHTS_FILE = "translators.safetensors"
 FORMAT_VERSION = 1
 
 
-class LensMismatchError(ValueError):
+class LensMismatchError(UserInputError):
     """A saved lens was made for another model (different unembedding or shapes)."""
 
 

@@ -1,16 +1,28 @@
-"""`vlens zoo ...`: train (reproduce) and evaluate the embedded model."""
+"""`vlens zoo ...`: train (reproduce) and evaluate the embedded model.
+
+Only the standard library is imported at top level (the dispatcher builds this parser for
+`vlens zoo ... --help`); the recipe is imported when a command runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
-from vlens.recipes.embedded.train import TrainSettings
+from vlens.errors import UserInputError
+
+logger = logging.getLogger(__name__)
+
+# TrainSettings fields that a flag left unset keeps at the recipe's default
+_TRAIN_FLAGS = {"steps": "steps", "batch_size": "batch_size", "lr": "learning_rate", "warmup": "warmup_steps",
+                "log_every": "log_every"}
 
 
 def _train(args: argparse.Namespace) -> int:
     from vlens.recipes.embedded.recipe import RecipeSettings, run_recipe
+    from vlens.recipes.embedded.train import TrainSettings
     from vlens.recipes.embedded.training_set import parse_mix
 
     settings = RecipeSettings(
@@ -26,13 +38,9 @@ def _train(args: argparse.Namespace) -> int:
         device=args.device,
         image_size=args.image_size,
         train=TrainSettings(
-            steps=args.steps,
             stop_after=args.stop_after,
-            batch_size=args.batch_size,
-            learning_rate=args.lr,
-            warmup_steps=args.warmup,
-            log_every=args.log_every,
             vision_aux_weight=args.vision_aux_weight,
+            **{field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items() if getattr(args, flag) is not None},
         ),
     )
     summary = run_recipe(Path(args.out), settings, progress=not args.quiet)
@@ -41,7 +49,7 @@ def _train(args: argparse.Namespace) -> int:
             {name: round(row["accuracy"], 4) for name, row in summary["evaluation"]["per_task"].items()}
         )
     )
-    print(f"model folder: {args.out} (MODEL_CARD.md, training_log.jsonl)")
+    logger.info("model folder: %s (MODEL_CARD.md, training_log.jsonl)", args.out)
     return 0
 
 
@@ -52,10 +60,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         from vlens.recipes.embedded.finalize import finalize_folder
 
         if not args.model:
-            print(
-                "vlens zoo evaluate --write needs --model DIR (the shipped folder is not rewritten in place)"
-            )
-            return 2
+            raise UserInputError("--write needs --model DIR (the shipped folder is not rewritten in place)")
         torch.set_num_threads(args.threads)
         summary = finalize_folder(args.model, args.held_out)
         print(json.dumps({name: row["accuracy"] for name, row in summary["evaluation"]["per_task"].items()}))
@@ -64,37 +69,39 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     from vlens.recipes.embedded.evaluate import evaluate_samples
     from vlens.recipes.embedded.training_set import held_out_samples
+    from vlens.specs import hf_progress_bars
     from vlens.zoo import model_path
     from vlens.zoo.processor import load_processor
 
     torch.set_num_threads(args.threads)
     folder = Path(args.model) if args.model else model_path()
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
+    with hf_progress_bars(not args.quiet):
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
     report = evaluate_samples(model, load_processor(folder), held_out_samples(args.held_out))
     print(json.dumps(report, indent=2))
     return 0
 
 
-def add_cli(subparsers) -> None:
-    """Register `vlens zoo train` and `vlens zoo evaluate`."""
-    defaults = TrainSettings()
-    zoo = subparsers.add_parser("zoo", help="the embedded tiny model: train (reproduce) or evaluate it")
+def configure(zoo: argparse.ArgumentParser) -> None:
+    """`vlens zoo train` and `vlens zoo evaluate` (the dispatcher adds --quiet and -v)."""
     commands = zoo.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True)
 
     train = commands.add_parser("train", help="train the embedded model from scratch into a folder")
-    train.add_argument("--out", required=True, help="output folder (HF model folder + MODEL_CARD.md + log)")
+    train.add_argument("--out", required=True, metavar="DIR",
+                       help="output folder, created when missing: an HF model folder + MODEL_CARD.md + log")
     train.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and batches")
-    train.add_argument("--steps", type=int, default=defaults.steps)
+    train.add_argument("--steps", type=int, default=None, help="schedule length (default: the recipe's)")
     train.add_argument(
         "--stop-after", type=int, default=None, help="stop at this step (schedule spans --steps)"
     )
-    train.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    train.add_argument("--lr", type=float, default=defaults.learning_rate)
-    train.add_argument("--warmup", type=int, default=defaults.warmup_steps)
+    train.add_argument("--batch-size", type=int, default=None, metavar="N",
+                       help="examples per step (default: the recipe's)")
+    train.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
+    train.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: the recipe's)")
     train.add_argument("--examples", type=int, default=30_000, help="pre-rendered training examples")
     train.add_argument("--threads", type=int, default=1, help="torch threads (results depend on it)")
     train.add_argument("--held-out", type=int, default=300, help="held-out samples per source")
-    train.add_argument("--log-every", type=int, default=defaults.log_every, help="log every N steps")
+    train.add_argument("--log-every", type=int, default=None, help="log every N steps (default: the recipe's)")
     train.add_argument("--checkpoint-every", type=int, default=0, help="refresh the folder every N steps")
     train.add_argument(
         "--mix", default=None, help="source weights, e.g. colour=0.2,shape=0.2 (default: recipe mix)"
@@ -130,7 +137,6 @@ def add_cli(subparsers) -> None:
         default=None,
         help="square input size in px, a multiple of 28 (default 168, or the --init-from folder's)",
     )
-    train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=_train)
 
     evaluate = commands.add_parser("evaluate", help="held-out accuracy of a model folder (default: shipped)")

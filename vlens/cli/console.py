@@ -1,0 +1,128 @@
+"""How `vlens` talks: logging configured once per command, --quiet / -v, user errors as one line.
+
+Status lines go through `logging` (each module's ``logging.getLogger(__name__)``) to stderr:
+INFO by default, DEBUG with ``-v``, WARNING with ``--quiet`` (which also hides every progress
+bar: commands pass ``progress=not args.quiet`` down). What a command is asked to print (tables,
+summaries, JSON) goes to stdout. With ``--quiet`` Hugging Face's own bars (loading or writing
+weights) are hidden too. Errors in what the user asked for (`UserInputError`, a missing
+or already existing file) print ``vlens <command>: error: <message>`` and exit 2 without a
+traceback (``-v`` shows it); any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+from vlens.errors import UserInputError
+
+HF_BARS_VARIABLE = "HF_HUB_DISABLE_PROGRESS_BARS"
+USER_ERRORS: tuple[type[BaseException], ...] = (UserInputError, FileNotFoundError, FileExistsError,
+                                                NotADirectoryError)
+
+
+def add_output_flags(parser: argparse.ArgumentParser, top_level: bool = False) -> None:
+    """--quiet and -v/--verbose; below the top level they only override what was given there."""
+    default = {"quiet": False, "verbose": 0} if top_level else {"quiet": argparse.SUPPRESS,
+                                                                "verbose": argparse.SUPPRESS}
+    group = parser.add_argument_group("output")
+    group.add_argument("-q", "--quiet", action="store_true", default=default["quiet"],
+                       help="no progress bars or status lines (warnings and errors only)")
+    group.add_argument("-v", "--verbose", action="count", default=default["verbose"],
+                       help="debug logging; with an error in the input, also its traceback")
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever sys.stderr is when a record arrives (pytest swaps it per test)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # logging must never break the command
+            self.handleError(record)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info:
+            message += "\n" + self.formatException(record.exc_info)
+        if record.levelno == logging.INFO:
+            return message
+        if record.levelno < logging.INFO:
+            return f"debug [{record.name}]: {message}"
+        return f"{record.levelname.lower()}: {message}"
+
+
+@contextmanager
+def command_logging(verbose: int = 0, quiet: bool = False) -> Iterator[None]:
+    """Route the `vlens` loggers to stderr for one command; restores the previous state after."""
+    logger = logging.getLogger("vlens")
+    saved = (logger.level, logger.propagate)
+    handler = _StderrHandler()
+    handler.setFormatter(_Formatter())
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO)
+    logger.propagate = False  # one line per message, even where the root logger has handlers
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
+@contextmanager
+def hf_bars_hidden() -> Iterator[None]:
+    """Hide Hugging Face's own bars (loading and writing weights, downloads) for one command."""
+    if "transformers" in sys.modules:
+        from vlens.specs import hf_progress_bars
+
+        with hf_progress_bars(False):
+            yield
+        return
+    # not imported yet: the variable is read when huggingface_hub is imported (importing it here
+    # would cost every command, even those that never load a model)
+    saved = os.environ.get(HF_BARS_VARIABLE)
+    os.environ[HF_BARS_VARIABLE] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(HF_BARS_VARIABLE, None)
+        else:
+            os.environ[HF_BARS_VARIABLE] = saved
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (OSErrors as 'reason: path')."""
+    if isinstance(error, OSError) and error.strerror and error.filename:
+        text = f"{error.strerror}: {error.filename}"
+    else:
+        text = str(error) or type(error).__name__
+    return " ".join(text.split())
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Call ``args.func(args)`` with logging set up; user errors -> one line on stderr, exit 2."""
+    prog = getattr(args, "command_prog", "vlens")
+    with command_logging(args.verbose, args.quiet), hf_bars_hidden() if args.quiet else nullcontext():
+        try:
+            return int(args.func(args) or 0)
+        except USER_ERRORS as error:
+            if args.verbose:
+                traceback.print_exc()
+            print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return 130
+
+
+__all__ = ["USER_ERRORS", "add_output_flags", "command_logging", "one_line", "run_command"]

@@ -1,0 +1,150 @@
+"""Options shared by the `vlens` commands: one name, one meaning and one help text per flag.
+
+- ``--model SPEC`` (default ``tiny``, the embedded model), ``--device`` (default: cuda when
+  available, else cpu), ``--dtype`` (default: bfloat16 on a GPU, float32 on CPU) and the
+  processor's resolution ``--image-size PX`` / ``--min-pixels`` / ``--max-pixels``: every command
+  that loads a model (`add_model_options`, then `load_model_from_args`). In commands that render
+  their own images, ``--image-size`` is also the side they are rendered at.
+- ``--out DIR``: always a folder, created when missing. A command writes its results to
+  ``results.json`` in it and its figures and reports beside it; what another command reads next
+  (a dataset, a lens, a training run, temperatures, a model) is that folder.
+- ``--overwrite``: replace results already in ``--out`` (without it the command refuses).
+- ``--batch-size N``: examples per forward pass.
+- ``--quiet`` and ``-v/--verbose``: every command (added by the dispatcher, `vlens.cli.console`).
+
+Only the standard library is imported here (and light vlens modules), so building a parser
+stays fast; models and torch are loaded inside the run functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vlens.errors import UserInputError
+from vlens.validation import arg_int, check_output_folder
+
+logger = logging.getLogger(__name__)
+
+RESULTS_FILE = "results.json"
+MIN_IMAGE_SIZE = 28  # one merged Qwen-VL patch
+MODEL_DEFAULT = "tiny"
+DTYPE_CHOICES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # vlens.devices.DTYPE_NAMES
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | None = None,
+                      model_default: str | None = MODEL_DEFAULT, dtype_default: str = "auto") -> None:
+    """--model, --device, --dtype, --image-size, --min-pixels, --max-pixels.
+
+    render_default: the side in px of the images this command renders itself (None: it renders none).
+    model_default: None makes --model required.
+    dtype_default: "auto" (bfloat16 on a GPU, float32 on CPU); training commands keep float32 weights.
+    """
+    from vlens.specs import SPEC_HELP
+
+    group = parser.add_argument_group("model")
+    if model_default is None:
+        group.add_argument("--model", required=True, metavar="SPEC", help=SPEC_HELP)
+    else:
+        group.add_argument("--model", default=model_default, metavar="SPEC",
+                           help=f"{SPEC_HELP} (default {model_default})")
+    group.add_argument("--device", default="auto", help="torch device, e.g. cpu, cuda, cuda:1 "
+                       "(default auto: cuda when available, else cpu)")
+    dtype_help = ("auto: bfloat16 on a GPU, float32 on CPU" if dtype_default == "auto"
+                  else f"{dtype_default}")
+    group.add_argument("--dtype", default=dtype_default, choices=DTYPE_CHOICES, metavar="DTYPE",
+                       help=f"weights dtype, one of {', '.join(DTYPE_CHOICES)} (default {dtype_help})")
+    fixed = ("the model's processor resizes every image to about PX*PX pixels, keeping its aspect ratio "
+             "(Qwen-VL: a multiple of 28, 32 for Qwen3-VL)")
+    if render_default is None:
+        size_help = f"{fixed}; default: the processor's own setting"
+    else:
+        size_help = (f"side in px of the images this command renders (default {render_default}); when given, "
+                     f"also {fixed}")
+    group.add_argument("--image-size", type=arg_int(min=MIN_IMAGE_SIZE), default=None, metavar="PX", help=size_help)
+    group.add_argument("--min-pixels", type=arg_int(min=1), default=None, metavar="N",
+                       help="Qwen-VL dynamic resolution: smallest image area in pixels after resizing")
+    group.add_argument("--max-pixels", type=arg_int(min=1), default=None, metavar="N",
+                       help="Qwen-VL dynamic resolution: largest image area in pixels after resizing "
+                       "(bounds the image tokens of large images)")
+
+
+def add_image_size(parser: argparse.ArgumentParser, default: int, min: int = MIN_IMAGE_SIZE) -> None:
+    """--image-size for commands that render images but load no model."""
+    parser.add_argument("--image-size", type=arg_int(min=min), default=default, metavar="PX",
+                        help=f"side of the rendered images in px (default {default})")
+
+
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of `vlens.load_model` that the model options hold."""
+    return {"device": args.device, "dtype": args.dtype, "image_size": args.image_size,
+            "min_pixels": args.min_pixels, "max_pixels": args.max_pixels, "progress": not args.quiet}
+
+
+def load_model_from_args(args: argparse.Namespace):
+    """The HookedVLM the model options name (`vlens.load_model`)."""
+    from vlens.specs import load_model
+
+    return load_model(args.model, **model_options(args))
+
+
+def rendered_size(args: argparse.Namespace, default: int) -> int:
+    """The side of images a command renders: --image-size when given, else the command's default."""
+    return args.image_size if args.image_size is not None else default
+
+
+def add_out(parser: argparse.ArgumentParser, contents: str, *, default: str | None = None,
+            required: bool = True) -> None:
+    """--out DIR (always a folder) and --overwrite."""
+    where = f" (default {default})" if default is not None else ""
+    parser.add_argument("--out", default=default, required=required and default is None, metavar="DIR",
+                        type=Path, help=f"output folder, created when missing{where}: {contents}")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace results already in --out (without it the command refuses)")
+
+
+def add_batch_size(parser: argparse.ArgumentParser, default: int, what: str = "examples per forward pass") -> None:
+    parser.add_argument("--batch-size", type=arg_int(min=1), default=default, metavar="N",
+                        help=f"{what} (default {default})")
+
+
+def prepare_out(args: argparse.Namespace, *names: str) -> Path:
+    """Create the --out folder (checked writable, never a model folder unless --overwrite); refuse to
+    replace `names` already in it unless --overwrite. Call it before any compute."""
+    overwrite = getattr(args, "overwrite", False)
+    out = check_output_folder(args.out, "--out", overwrite=overwrite)
+    existing = [name for name in names if (out / name).exists()]
+    if existing and not overwrite:
+        raise UserInputError(f"--out {out} already holds {', '.join(existing)}; pass --overwrite to replace "
+                             "it, or choose another folder")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_results(out: Path, payload: dict) -> Path:
+    """Write `payload` to OUT/results.json (NaN / inf as null: strict JSON)."""
+    from vlens.finite import json_safe
+
+    path = out / RESULTS_FILE
+    path.write_text(json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def write_figure(make_figure: Callable[[], Any], path: Path) -> Path | None:
+    """Write the plotly figure `make_figure()` as HTML; without plotly, log why and write nothing."""
+    try:
+        figure = make_figure()
+    except ImportError as error:
+        logger.warning("no %s: %s (install the viz extra: pip install 'vlens[viz]')", path.name, error)
+        return None
+    figure.write_html(str(path), include_plotlyjs="cdn")
+    return path
+
+
+__all__ = ["DTYPE_CHOICES", "MODEL_DEFAULT", "RESULTS_FILE", "add_batch_size", "add_image_size",
+           "add_model_options", "add_out", "load_model_from_args", "model_options",
+           "prepare_out", "rendered_size", "write_figure", "write_results"]
