@@ -13,12 +13,13 @@ from typing import Any, Literal
 
 import torch
 from jaxtyping import Float
-from torch import Tensor, nn
+from torch import Tensor
 
 from vlens.architectures import adapter_for
-from vlens.architectures.base import ArchitectureAdapter
+from vlens.architectures.base import ArchitectureAdapter, HFModule
 from vlens.cache import VLMActivationCache
 from vlens.components.attention import KVCache
+from vlens.components.block import BlockList
 from vlens.config import VLMConfig
 from vlens.devices import configure_resolution, resolve_device, resolve_dtype
 from vlens.errors import UserInputError
@@ -52,7 +53,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
         processor: the HF processor, if known (needed by `prepare` and `generate` texts).
     """
 
-    def __init__(self, hf_model: nn.Module, processor: Any = None, adapter: ArchitectureAdapter | None = None):
+    def __init__(self, hf_model: HFModule, processor: Any = None, adapter: ArchitectureAdapter | None = None):
         super().__init__()
         self.adapter = adapter or adapter_for(hf_model)
         self.cfg: VLMConfig = self.adapter.build_config(hf_model)
@@ -62,7 +63,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
         self.vision = self.adapter.build_vision(hf_model)
         self.hook_inputs_embeds = HookPoint()  # [batch, pos, d_model]
         self.rotary = parts.rotary
-        self.blocks = nn.ModuleList(parts.blocks)
+        self.blocks = BlockList(parts.blocks)
         self.ln_final = parts.ln_final
         self.unembed = parts.unembed
         # a plain attribute, not a submodule: its parameters are already ours
@@ -73,7 +74,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def from_hf(cls, hf_model: nn.Module, processor: Any = None) -> HookedVLM:
+    def from_hf(cls, hf_model: HFModule, processor: Any = None) -> HookedVLM:
         """Wrap an already-built HF `...ForConditionalGeneration` (parameters are shared)."""
         return cls(hf_model, processor=processor)
 

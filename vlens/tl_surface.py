@@ -11,13 +11,18 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from vlens.errors import UserInputError
+
+if TYPE_CHECKING:
+    from vlens.components.embed import Embed
+    from vlens.config import VLMConfig
+    from vlens.hooks import HookPoint
 
 
 def unknown_hook_message(name: str, known: list[str], n_layers: int) -> str:
@@ -30,6 +35,17 @@ def unknown_hook_message(name: str, known: list[str], n_layers: int) -> str:
 class TransformerLensSurface:
     """Mixin for `HookedVLM`: TransformerLens-compatible tokenization, hooks and switches."""
 
+    if TYPE_CHECKING:  # what the mixin reads of the model it is mixed into
+        cfg: VLMConfig
+        hook_dict: dict[str, HookPoint]
+        embed: Embed
+        tokenizer: Any
+        input_device: torch.device
+
+        def to_str_tokens(self, tokens: Any) -> Any: ...
+
+        def to_single_token(self, text: str) -> int: ...
+
     # ------------------------------------------------------------------ hooks
     def check_hook_name(self, name: Any) -> None:
         """Raise `UserInputError` naming the closest hooks when `name` (a string) is not a hook point."""
@@ -40,7 +56,8 @@ class TransformerLensSurface:
                  level: int | None = None, prepend: bool = False) -> None:
         """TransformerLens's `add_hook`; an unknown name is a clear error with suggestions."""
         self.check_hook_name(name)
-        super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+        super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level,  # type: ignore[misc]
+                         prepend=prepend)  # the next class in HookedVLM's MRO is HookedRootModule
 
     @contextmanager
     def backward_ready(self, forward_args: tuple, forward_kwargs: dict):

@@ -15,10 +15,18 @@ Folding, compared with TransformerLens (see README, "Coming from TransformerLens
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.FactoredMatrix import FactoredMatrix
+
+if TYPE_CHECKING:
+    from vlens.components.block import BlockList
+    from vlens.components.embed import Embed
+    from vlens.components.unembed import Unembed
+    from vlens.config import VLMConfig
 
 
 class WeightsMixin:
@@ -27,6 +35,14 @@ class WeightsMixin:
     Shapes follow TransformerLens: W_Q/W_K/W_V [n_layers, n_heads, d_model, d_head] (grouped
     key/value heads repeated to one per query head), W_O [n_layers, n_heads, d_head, d_model].
     """
+
+    if TYPE_CHECKING:  # what the mixin reads of the model it is mixed into
+        cfg: VLMConfig
+        blocks: BlockList
+        embed: Embed
+        unembed: Unembed
+
+        def to_single_token(self, text: str) -> int: ...
 
     def _stack(self, name: str, sub: str = "attn") -> Tensor:
         return torch.stack([getattr(getattr(block, sub), name) for block in self.blocks])

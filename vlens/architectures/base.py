@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +27,10 @@ from vlens.components import (
     Unembed,
 )
 from vlens.config import VLMConfig
+
+# An HF model or one of its submodules. Its parts are dynamic attributes (`hf_model.config`,
+# `layer.self_attn.q_proj`) that torch types as `Tensor | Module`; only adapters read them.
+HFModule = Any
 
 
 @dataclass
@@ -62,30 +67,30 @@ class ArchitectureAdapter(ABC):
 
     # ---- conversion ----
     @abstractmethod
-    def build_config(self, hf_model: nn.Module) -> VLMConfig:
+    def build_config(self, hf_model: HFModule) -> VLMConfig:
         """A `VLMConfig` (TransformerLens field names) from the HF model's config."""
 
-    def language_model(self, hf_model: nn.Module) -> nn.Module:
+    def language_model(self, hf_model: HFModule) -> nn.Module:
         """The HF text decoder (has embed_tokens, layers, norm, rotary_emb)."""
         return hf_model.model.language_model
 
-    def decoder_layers(self, hf_model: nn.Module) -> nn.ModuleList:
+    def decoder_layers(self, hf_model: HFModule) -> nn.ModuleList:
         """The HF decoder layers, in order."""
         return self.language_model(hf_model).layers
 
-    def query_projection(self, hf_layer: nn.Module) -> nn.Linear:
+    def query_projection(self, hf_layer: HFModule) -> nn.Linear:
         """A decoder layer's query projection (output [..., n_heads * d_head])."""
         return hf_layer.self_attn.q_proj
 
-    def query_norm(self, hf_layer: nn.Module) -> nn.Module | None:
+    def query_norm(self, hf_layer: HFModule) -> nn.Module | None:
         """A decoder layer's per-head query norm (output [..., n_heads, d_head]), None if the family has none."""
         return getattr(hf_layer.self_attn, "q_norm", None)
 
-    def n_heads(self, hf_model: nn.Module) -> int:
+    def n_heads(self, hf_model: HFModule) -> int:
         """Query heads per decoder layer."""
         return self.build_config(hf_model).n_heads
 
-    def build_decoder(self, hf_model: nn.Module, cfg: VLMConfig) -> DecoderParts:
+    def build_decoder(self, hf_model: HFModule, cfg: VLMConfig) -> DecoderParts:
         """Hooked modules around the HF parameters (Llama/Qwen layer layout)."""
         lm = self.language_model(hf_model)
         blocks = [self.build_block(cfg, layer, hf_layer) for layer, hf_layer in enumerate(lm.layers)]
@@ -99,7 +104,7 @@ class ArchitectureAdapter(ABC):
             rotary=RotaryEmbedding(lm.rotary_emb, cfg.rope_kind),
         )
 
-    def build_block(self, cfg: VLMConfig, layer: int, hf_layer: nn.Module) -> TransformerBlock:
+    def build_block(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> TransformerBlock:
         sa, mlp = hf_layer.self_attn, hf_layer.mlp
         attn = Attention(
             cfg, layer, self.query_projection(hf_layer), sa.k_proj, sa.v_proj, sa.o_proj,
@@ -115,7 +120,7 @@ class ArchitectureAdapter(ABC):
         )
 
     @abstractmethod
-    def build_vision(self, hf_model: nn.Module) -> HookedVisionTower:
+    def build_vision(self, hf_model: HFModule) -> HookedVisionTower:
         """The HF vision tower (and projector / merger) wrapped with hook points."""
 
     # ---- running ----
@@ -137,7 +142,7 @@ class ArchitectureAdapter(ABC):
         return types
 
     @abstractmethod
-    def position_ids(self, hf_model: nn.Module, inputs) -> tuple[Tensor, Tensor | None]:
+    def position_ids(self, hf_model: HFModule, inputs) -> tuple[Tensor, Tensor | None]:
         """Prefill position ids (family layout) and per-row deltas for decoding (None if unused)."""
 
     @abstractmethod

@@ -22,9 +22,9 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from vlens.architectures.base import ArchitectureAdapter, ImageFeatures, token_id_list
+from vlens.architectures.base import ArchitectureAdapter, HFModule, ImageFeatures, token_id_list
 from vlens.components import HookedVisionTower
 from vlens.components.vision import attach_vision_head_hooks
 from vlens.config import VLMConfig
@@ -35,7 +35,7 @@ class LlavaAdapter(ArchitectureAdapter):
     hf_class_names = ("LlavaForConditionalGeneration",)
     family = "llava"
 
-    def build_config(self, hf_model: nn.Module) -> VLMConfig:
+    def build_config(self, hf_model: HFModule) -> VLMConfig:
         config = hf_model.config
         text = config.text_config
         # read again by the vision side and the placeholder counts
@@ -76,7 +76,7 @@ class LlavaAdapter(ArchitectureAdapter):
         )
 
     # ---- vision ----
-    def build_vision(self, hf_model: nn.Module) -> HookedVisionTower:
+    def build_vision(self, hf_model: HFModule) -> HookedVisionTower:
         tower = hf_model.model.vision_tower
         layers = list(_clip_core(tower).encoder.layers)
         vision = HookedVisionTower(tower, layers, projector=hf_model.model.multi_modal_projector)
@@ -126,7 +126,7 @@ class LlavaAdapter(ArchitectureAdapter):
     def mm_token_type_ids(self, cfg: VLMConfig, input_ids: Tensor) -> Tensor | None:
         return None  # LLaVA's positions are 1-D; HF LLaVA takes no token types
 
-    def position_ids(self, hf_model: nn.Module, inputs) -> tuple[Tensor, None]:
+    def position_ids(self, hf_model: HFModule, inputs) -> tuple[Tensor, None]:
         return _positions_from_mask(inputs.attention_mask), None
 
     def decode_position_ids(self, attention_mask: Tensor, n_new: int, deltas: Tensor | None = None) -> Tensor:
@@ -146,7 +146,7 @@ def _positions_from_mask(attention_mask: Tensor) -> Tensor:
     return positions.masked_fill(attention_mask == 0, 0)
 
 
-def _clip_core(tower: nn.Module) -> nn.Module:
+def _clip_core(tower: HFModule) -> HFModule:
     """The module holding embeddings / pre_layrnorm / encoder (CLIPVisionModel, or its inner vision_model)."""
     for module in (tower, getattr(tower, "vision_model", None)):
         if module is not None and all(hasattr(module, a) for a in ("embeddings", "pre_layrnorm", "encoder")):
@@ -157,7 +157,7 @@ def _clip_core(tower: nn.Module) -> nn.Module:
     )
 
 
-def _clip_hidden_states(tower: nn.Module, pixel_values: Tensor, layers: list[int]) -> dict[int, Tensor]:
+def _clip_hidden_states(tower: HFModule, pixel_values: Tensor, layers: list[int]) -> dict[int, Tensor]:
     """HF's `hidden_states` tuple entries for the requested indices (negative allowed).
 
     Index 0 is the pre-LayerNorm'd embeddings, index i the output of encoder layer i - 1. Every

@@ -6,9 +6,9 @@ The two families share the decoder and the bookkeeping; they differ in the visio
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from vlens.architectures.base import ArchitectureAdapter, ImageFeatures, token_id_list
+from vlens.architectures.base import ArchitectureAdapter, HFModule, ImageFeatures, token_id_list
 from vlens.components import HookedVisionTower
 from vlens.config import VLMConfig
 
@@ -17,7 +17,7 @@ class Qwen2VLAdapter(ArchitectureAdapter):
     hf_class_names = ("Qwen2VLForConditionalGeneration",)
     family = "qwen2_vl"
 
-    def build_config(self, hf_model: nn.Module) -> VLMConfig:
+    def build_config(self, hf_model: HFModule) -> VLMConfig:
         config = hf_model.config
         text = config.text_config
         d_head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -55,7 +55,7 @@ class Qwen2VLAdapter(ArchitectureAdapter):
             device=str(hf_model.lm_head.weight.device),
         )
 
-    def build_vision(self, hf_model: nn.Module) -> HookedVisionTower:
+    def build_vision(self, hf_model: HFModule) -> HookedVisionTower:
         visual = hf_model.model.visual
         return HookedVisionTower(visual, list(visual.blocks))
 
@@ -83,7 +83,7 @@ class Qwen2VLAdapter(ArchitectureAdapter):
             grids.append((h // merge, w // merge))
         return counts, grids
 
-    def position_ids(self, hf_model: nn.Module, inputs) -> tuple[Tensor, Tensor]:
+    def position_ids(self, hf_model: HFModule, inputs) -> tuple[Tensor, Tensor]:
         # HF's own get_rope_index: batches, left padding, several images per row, text-only rows.
         return hf_model.model.get_rope_index(
             inputs.input_ids,

@@ -14,9 +14,7 @@ Differences from Qwen2.5-VL, and where each is handled:
 
 from __future__ import annotations
 
-from torch import nn
-
-from vlens.architectures.base import ImageFeatures, token_id_list
+from vlens.architectures.base import HFModule, ImageFeatures, token_id_list
 from vlens.architectures.qwen2_vl import Qwen2VLAdapter
 from vlens.components import HookedVisionTower
 from vlens.components.vision import attach_vision_head_hooks
@@ -30,7 +28,7 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
     hf_class_names = ("Qwen3VLForConditionalGeneration",)
     family = "qwen3_vl"
 
-    def build_config(self, hf_model: nn.Module) -> VLMConfig:
+    def build_config(self, hf_model: HFModule) -> VLMConfig:
         cfg = super().build_config(hf_model)
         config = hf_model.config
         text = config.text_config
@@ -45,7 +43,7 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
             cfg.eos_token_ids = token_id_list(getattr(text, "eos_token_id", None) or getattr(config, "eos_token_id", None))
         return cfg
 
-    def build_vision(self, hf_model: nn.Module) -> HookedVisionTower:
+    def build_vision(self, hf_model: HFModule) -> HookedVisionTower:
         visual = hf_model.model.visual
         vision = HookedVisionTower(visual, list(visual.blocks))
         # per-head outputs of every vision block's attention, [n_patches, n_heads, d_head]

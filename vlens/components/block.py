@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import cast, overload
+
 from jaxtyping import Float
 from torch import Tensor, nn
 
@@ -48,3 +51,19 @@ class TransformerBlock(nn.Module):
             resid = resid.clone()
             resid[image_mask] = resid[image_mask] + features
         return self.hook_resid_post(resid)
+
+
+class BlockList(nn.ModuleList):
+    """The decoder blocks: an `nn.ModuleList` that type checkers know holds `TransformerBlock`s."""
+
+    @overload
+    def __getitem__(self, index: int) -> TransformerBlock: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> BlockList: ...
+
+    def __getitem__(self, index: int | slice) -> TransformerBlock | BlockList:
+        return super().__getitem__(index)  # type: ignore[return-value]  # ModuleList types its items as Module
+
+    def __iter__(self) -> Iterator[TransformerBlock]:
+        return cast(Iterator[TransformerBlock], super().__iter__())

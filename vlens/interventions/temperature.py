@@ -41,9 +41,10 @@ from pathlib import Path
 
 import torch
 from jaxtyping import Float
-from torch import Tensor, nn
+from torch import Tensor
 
 from vlens.architectures import adapter_for
+from vlens.architectures.base import HFModule
 from vlens.errors import UserInputError
 from vlens.finite import warn_non_finite
 from vlens.validation import check_count, check_float
@@ -118,7 +119,7 @@ class HeadTemperature:
         return TemperatureHandle(_remove_lens_handles, handles)
 
     # ------------------------------------------------------------------ plain HF model
-    def export_to_hf(self, hf_model: nn.Module) -> TemperatureHandle:
+    def export_to_hf(self, hf_model: HFModule) -> TemperatureHandle:
         """Scale each target head's query on an HF model (after q norm where the family has one).
 
         Works for any family the registry knows (the decoder layers come from its adapter).
@@ -138,7 +139,7 @@ class HeadTemperature:
                 handles.append(projection.register_forward_hook(_scale_projected(scales, n_heads)))
         return TemperatureHandle(lambda hs: [h.remove() for h in hs], handles)
 
-    def baked_state_dict(self, hf_model: nn.Module) -> dict[str, Tensor]:
+    def baked_state_dict(self, hf_model: HFModule) -> dict[str, Tensor]:
         """The HF state dict with beta folded into each target head's query-projection rows (and bias).
 
         A permanent export that `save_pretrained(state_dict=...)` can write, for families

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
@@ -33,6 +34,9 @@ from torch import Tensor
 from vlens.finite import finite_rows
 from vlens.lens.decomposition import head_contributions
 from vlens.lens.translators import Translators, TunedLens
+
+if TYPE_CHECKING:
+    from vlens.model import HookedVLM
 
 
 @dataclass
@@ -113,7 +117,9 @@ class HeadLens(TunedLens):
         include_bias: add the translator bias ``b_l`` to every head (see module docstring).
     """
 
-    def __init__(self, model, translators: Translators | None = None, include_bias: bool = False):
+    model: HookedVLM  # set in __init__ outside nn.Module's registry
+
+    def __init__(self, model: HookedVLM, translators: Translators | None = None, include_bias: bool = False):
         lens = TunedLens.from_model(model, translators)
         super().__init__(lens.translators, lens.readout)
         self.__dict__["model"] = model  # not a submodule: its parameters stay the model's

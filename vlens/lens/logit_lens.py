@@ -141,6 +141,8 @@ class LogitLens(Lens):
     `transform` is the identity; `forward(resid, layer)` is ``model.finish(resid)``.
     """
 
+    model: HookedVLM  # set in __init__ outside nn.Module's registry
+
     def __init__(self, model: HookedVLM):
         super().__init__()
         self.__dict__["model"] = model  # not a submodule: its parameters stay the model's
