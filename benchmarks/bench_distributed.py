@@ -5,7 +5,10 @@ mode) for each K, interleaved, `--repeats` times. Each worker builds the same ra
 Qwen2.5-VL and pair batch, waits at a barrier, and times `patch_layer_head(..., sharding=...)`
 (the work split in units, every rank's plan, the gather), one torch thread per process. Rank 0
 reports the time and the result; the script checks that every run gave the same numbers and
-reports the scaling efficiency t(1) / (K * t(K)) from the medians.
+reports the scaling efficiency t(1) / (K * t(K)) from the median wall times. On a shared machine
+wall times follow the other jobs, so it also reports CPU seconds per rank (`process_time`): the
+sharded run's total work over the single run's (duplicated per-rank work shows here) and the
+efficiency on idle cores, c(1) / (K * c(busiest rank)).
 
     python benchmarks/bench_distributed.py [--pairs 16] [--repeats 3] [--config medium] [--out bench_distributed.json]
 """
@@ -39,7 +42,7 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_patching import medium_model
 
-    from vlens.parallel import finish, from_env
+    from vlens.parallel import from_env
     from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head
 
     torch.set_num_threads(args.threads)
@@ -49,16 +52,18 @@ def worker(args: argparse.Namespace) -> None:
     with torch.no_grad():
         model(batch.clean)  # warm-up
     sharding.barrier()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     result = patch_layer_head(model, batch, max_batch=args.max_batch, sharding=sharding)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    # one unit per rank: every rank's CPU seconds, gathered in rank order
+    cpu_per_rank = sharding.map(range(sharding.world_size), lambda _: cpu, desc="cpu", progress=False)
     if sharding.is_main:
         Path(args.worker_out).write_text(json.dumps({
-            "wall_s": wall, "world_size": sharding.world_size, "threads": torch.get_num_threads(),
+            "wall_s": wall, "cpu_s": cpu_per_rank, "world_size": sharding.world_size,
+            "threads": torch.get_num_threads(),
             "per_pair_logit_diff": result.per_pair_logit_diff.tolist(),
             "per_pair_prediction": result.per_pair_prediction.tolist(),
         }))
-    finish(sharding)
 
 
 def launch(args: argparse.Namespace, nproc: int, threads: int, out: Path) -> dict:
@@ -99,11 +104,18 @@ def main() -> None:
                     and r["per_pair_prediction"] == reference["per_pair_prediction"] for rs in runs.values() for r in rs)
     t1 = statistics.median(r["wall_s"] for r in runs[1])
     tn = statistics.median(r["wall_s"] for r in runs[args.nproc])
+    # CPU seconds do not depend on other jobs: total work of the sharded run vs the single one, and
+    # the wall time it would take on idle cores (its busiest rank)
+    c1 = statistics.median(r["cpu_s"][0] for r in runs[1])
+    cn_total = statistics.median(sum(r["cpu_s"]) for r in runs[args.nproc])
+    cn_max = statistics.median(max(r["cpu_s"]) for r in runs[args.nproc])
     summary = {
         "config": args.config, "pairs": args.pairs, "conditions": len(reference["per_pair_logit_diff"]) *
         len(reference["per_pair_logit_diff"][0]), "threads_per_process": args.threads, "nproc": args.nproc,
         "wall_s": {str(k): [r["wall_s"] for r in v] for k, v in runs.items()},
         "median_1": t1, f"median_{args.nproc}": tn, "speedup": t1 / tn, "efficiency": t1 / (args.nproc * tn),
+        "cpu_s": {str(k): [r["cpu_s"] for r in v] for k, v in runs.items()},
+        "cpu_work_ratio": cn_total / c1, "cpu_efficiency": c1 / (args.nproc * cn_max),
         "identical_results": identical, "load_before": load_before, "load_after": load_after,
         "cpus": os.cpu_count(),
     }

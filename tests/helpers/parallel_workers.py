@@ -35,7 +35,7 @@ def worker(rank: int, world_size: int, init_file: str, out_dir: str, store_dir: 
     report["broadcast"] = sharding.broadcast({"from": sharding.rank})
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
 
-    # a process killed in the middle of its share (rank 1 runs units 4..7: dies at 5)
+    # a process killed in the middle of its share (rank 1 runs units 1, 3, 5, 7: dies at 5)
     sharding = Sharding.from_group(store=UnitStore(store_dir, {"run": "killed"}))  # its first stage
 
     def unit(u: int):

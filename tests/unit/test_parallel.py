@@ -8,19 +8,20 @@ import multiprocessing
 import pytest
 import torch
 
-from vlens.parallel import LazyItems, Sharding, UnitStore, split_evenly
+from vlens.parallel import LazyItems, Sharding, UnitStore, shard_indices
 from vlens.parallel.launch import rank_device
 
 
-def test_split_evenly_covers_every_unit_once_in_order():
+def test_shards_cover_every_unit_once_and_mix_the_list():
     for n in range(0, 12):
         for world in range(1, 5):
-            shares = [split_evenly(n, world, r) for r in range(world)]
-            assert [i for s in shares for i in s] == list(range(n))
+            shares = [list(shard_indices(n, world, r)) for r in range(world)]
+            assert sorted(i for s in shares for i in s) == list(range(n))
             sizes = [len(s) for s in shares]
             assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    assert list(shard_indices(7, 2, 1)) == [1, 3, 5]
     with pytest.raises(ValueError, match="rank 2 is not in a world of 2"):
-        split_evenly(4, 2, 2)
+        shard_indices(4, 2, 2)
 
 
 def test_single_process_map_is_a_loop_and_resumes_from_the_store(tmp_path):
@@ -88,14 +89,38 @@ def test_two_gloo_processes_gather_fail_together_and_resume(tmp_path):
     for rank in range(2):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["world_size"] == 2 and report["squares"] == [u * u for u in range(7)]
-        assert report["calls"] == ([0, 1, 2, 3] if rank == 0 else [4, 5, 6])  # contiguous shares
+        assert report["calls"] == ([0, 2, 4, 6] if rank == 0 else [1, 3, 5])  # every 2nd unit
         assert "failing failed on 1 of 2 processes (rank 1: ZeroDivisionError" in report["failing"]
         assert report["broadcast"] == {"from": 0}
     killed = (tmp_path / "killed0.txt").read_text()
     assert "lost contact with another process" in killed and "rerun the same command" in killed
-    # units 0..3 (rank 0) and 4 (rank 1, before it died) are on disk: one process finishes the rest
+    # units 0, 2, 4, 6 (rank 0) and 1, 3 (rank 1, before it died) are on disk: one process finishes the rest
     calls = []
     out = Sharding(store=UnitStore(store, {"run": "killed"})).map(
         range(8), lambda u: calls.append(u) or torch.tensor([float(u)]), desc="killed", progress=False)
-    assert calls == [5, 6, 7]
+    assert calls == [5, 7]
     assert [float(t) for t in out] == [float(u) for u in range(8)]
+
+
+def test_commands_that_do_not_shard_refuse_several_processes(monkeypatch):
+    import argparse
+
+    from vlens.errors import UserInputError
+    from vlens.parallel import command
+
+    monkeypatch.setattr(command, "from_env", lambda: Sharding(rank=1, world_size=2, local_rank=1))
+    with pytest.raises(UserInputError, match="vlens info does not split its work"):
+        with command.sharded_command("vlens info", shardable=False):
+            pass
+    args = argparse.Namespace(model="tiny", seed=3, out="x", overwrite=True, quiet=True, func=print)
+    assert command.run_settings(args) == {"model": "tiny", "seed": 3}
+
+
+def test_overwrite_replaces_a_store_of_other_settings(tmp_path):
+    from vlens.parallel.command import run_store
+
+    run_store(tmp_path, {"seed": 0}).stage(0, "sweep", 2).save(0, torch.ones(1))
+    with pytest.raises(ValueError, match="differ in seed"):
+        run_store(tmp_path, {"seed": 1}).stage(0, "sweep", 2)
+    stage = run_store(tmp_path, {"seed": 1}, overwrite=True).stage(0, "sweep", 2)
+    assert stage.count() == 0

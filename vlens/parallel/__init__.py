@@ -6,13 +6,13 @@
 
 Each method lists its work as units formed exactly as its single-process run forms them
 (batches of examples, chunks of patch conditions), `Sharding.map` runs each process's
-contiguous share and gathers the results in unit order, so a run on N processes gives the
+share (every N-th unit) and gathers the results in unit order, so a run on N processes gives the
 numbers of the run on one. See CONTRIBUTING.md ("Sharded runs") for the design.
 """
 
 from vlens.parallel.items import LazyItems
-from vlens.parallel.launch import finish, from_env, launched_by_torchrun, rank_device, stop_on_sigterm
-from vlens.parallel.sharding import DistributedRunError, Sharding, split_evenly
+from vlens.parallel.launch import from_env, launched_by_torchrun, rank_device, stop_on_sigterm
+from vlens.parallel.sharding import DistributedRunError, Sharding, shard_indices
 from vlens.parallel.store import UnitStore
 
 __all__ = [
@@ -20,10 +20,9 @@ __all__ = [
     "LazyItems",
     "Sharding",
     "UnitStore",
-    "finish",
     "from_env",
     "launched_by_torchrun",
     "rank_device",
-    "split_evenly",
+    "shard_indices",
     "stop_on_sigterm",
 ]

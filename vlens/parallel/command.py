@@ -1,8 +1,9 @@
 """One command's life under torchrun: join the group, keep finished units in --out, fail cleanly.
 
     with sharded_command("vlens patch", shardable=True) as sharding:
+        sharding.store = run_store(out, run_settings(args))  # finished units, for a resume
         ...  # the command, passing `sharding` to the method; only sharding.is_main writes
-        sharding.store = run_store(out, settings)   # before the first map: finished units for resume
+        done(sharding)  # after the output is written
 
 A command that does not split its work refuses to run on more than one process (N copies
 would all write the same output). A `DistributedRunError` becomes one line on stderr and
@@ -13,18 +14,15 @@ output, `done(sharding)` removes the resume folder.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vlens.parallel.launch import finish, from_env, stop_on_sigterm
+from vlens.parallel.launch import from_env, stop_on_sigterm
 from vlens.parallel.sharding import DistributedRunError, Sharding
 from vlens.parallel.store import UnitStore, plain_settings
-
-logger = logging.getLogger(__name__)
 
 STORE_FOLDER = ".vlens-shards"  # inside --out: finished work units of an unfinished run
 # arguments that change no number of the results (where and how they are written or shown)
@@ -44,20 +42,11 @@ def run_settings(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]
 
 
 def run_store(out: str | Path, settings: Mapping[str, Any], overwrite: bool = False) -> UnitStore:
-    """The store of finished units in OUT/.vlens-shards.
+    """The store of finished units in OUT/.vlens-shards (created when the first unit finishes).
 
-    A store left by a run with other settings is an error, or, with `overwrite`, deleted first.
+    A store left by a run with other settings is an error, or, with `overwrite`, replaced.
     """
-    store = UnitStore(Path(out) / STORE_FOLDER, settings)
-    try:
-        store.open()
-    except ValueError:
-        if not overwrite:
-            raise
-        logger.warning("--overwrite: discarding the finished units of another run in %s", store.folder)
-        store.remove()
-        store = UnitStore(Path(out) / STORE_FOLDER, settings)
-    return store
+    return UnitStore(Path(out) / STORE_FOLDER, settings, replace_other=overwrite)
 
 
 def done(sharding: Sharding) -> None:
@@ -81,7 +70,6 @@ def sharded_command(name: str, shardable: bool) -> Iterator[Sharding]:
     except DistributedRunError as error:  # the process group may be broken: exit without leaving it
         print(f"{name}: error: {error}", file=sys.stderr, flush=True)
         raise CommandExit(1) from error
-    finish(sharding)
 
 
 __all__ = ["STORE_FOLDER", "CommandExit", "done", "run_settings", "run_store", "sharded_command"]

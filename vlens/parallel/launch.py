@@ -8,6 +8,9 @@ object collectives plus nccl for CUDA tensors on GPUs) with a timeout (`VLENS_DI
 default 1800 s), and returns the `Sharding`. Without torchrun (or with one process) it returns
 the single-process layout and starts nothing.
 
+The group is left when the process exits (a second `init_process_group` in the same torchrun
+worker would wait forever), so several commands may run one after the other in one process.
+
 When one process fails, torchrun stops the others with SIGTERM (and restarts them all when run
 with `--max-restarts N`: the restarted run resumes from the finished units). `stop_on_sigterm`
 turns that SIGTERM into a `DistributedRunError` with a message, instead of a silent exit.
@@ -15,6 +18,7 @@ turns that SIGTERM into a `DistributedRunError` with a message, instead of a sil
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 from contextlib import contextmanager
@@ -68,10 +72,11 @@ def from_env() -> Sharding:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if world_size == 1:
         return Sharding(local_rank=local_rank)
-    if not dist.is_initialized():
+    if not dist.is_initialized():  # once per process: later commands in it reuse the group
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend=default_backend(), timeout=timedelta(seconds=timeout_seconds()))
+        atexit.register(_leave_group)
     return Sharding(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank)
 
 
@@ -120,10 +125,8 @@ def stop_on_sigterm(sharding: Sharding):
         signal.signal(signal.SIGTERM, previous)
 
 
-def finish(sharding: Sharding) -> None:
-    """Leave the process group (end of a command)."""
-    if sharding.distributed:
-        import torch.distributed as dist
+def _leave_group() -> None:
+    import torch.distributed as dist
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -2,7 +2,9 @@
 
 A method describes its work as a list of units (a batch of examples, a chunk of patch
 conditions, ...) that are independent and each formed exactly as the single-process run forms
-them. `Sharding.map(units, fn)` gives each process a contiguous share of the units, runs `fn`
+them. `Sharding.map(units, fn)` gives process r the units r, r + N, r + 2N, ... (N processes:
+units of one kind, e.g. the patch conditions of one layer, are listed together, and their
+costs differ, so striding balances the work where contiguous shares would not), runs `fn`
 on its share, and gathers every result, in unit order, to every process. Because each unit is
 the same batch the single-process run computes, the numbers are the same bits, and the
 method assembles them exactly as before.
@@ -29,13 +31,12 @@ class DistributedRunError(RuntimeError):
     """A sharded run failed on some process; no result was produced."""
 
 
-def split_evenly(n_units: int, world_size: int, rank: int) -> range:
-    """The contiguous share of `n_units` that `rank` runs: sizes differ by at most one, lower ranks first."""
+def shard_indices(n_units: int, world_size: int, rank: int) -> range:
+    """The units `rank` runs: every `world_size`-th from `rank` (shares differ by at most one unit,
+    and each holds units from the whole list, so cheap and costly kinds of units are mixed)."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size} processes")
-    base, extra = divmod(n_units, world_size)
-    start = rank * base + min(rank, extra)
-    return range(start, start + base + (1 if rank < extra else 0))
+    return range(rank, n_units, world_size)
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Sharding:
 
     def share(self, n_units: int) -> range:
         """The unit indices this process runs."""
-        return split_evenly(n_units, self.world_size, self.rank)
+        return shard_indices(n_units, self.world_size, self.rank)
 
     def progress(self, wanted: bool = True) -> bool:
         """Whether this process should show a progress bar (only the main one does)."""

@@ -95,11 +95,13 @@ class UnitStore:
         folder: where to keep them (created when first used), e.g. next to the run's output.
         settings: what the results depend on (the command's arguments); a folder written
             with other settings is refused with the differing keys named, never mixed in.
+        replace_other: delete a folder written with other settings instead (e.g. --overwrite).
     """
 
-    def __init__(self, folder: str | Path, settings: Mapping[str, Any]):
+    def __init__(self, folder: str | Path, settings: Mapping[str, Any], replace_other: bool = False):
         self.folder = Path(folder)
         self.settings = plain_settings(settings)
+        self.replace_other = replace_other
         self._checked = False
 
     def open(self) -> None:
@@ -110,7 +112,11 @@ class UnitStore:
         manifest = self.folder / MANIFEST
         if manifest.is_file():
             found = json.loads(manifest.read_text()).get("settings", {})
-            if found != self.settings:
+            if found != self.settings and self.replace_other:
+                shutil.rmtree(self.folder, ignore_errors=True)
+                self.folder.mkdir(parents=True, exist_ok=True)
+                _write_json(manifest, {"settings": self.settings})
+            elif found != self.settings:
                 keys = sorted(k for k in set(found) | set(self.settings) if found.get(k) != self.settings.get(k))
                 raise ValueError(
                     f"{self.folder} holds the finished units of a run with other settings (they differ in "
