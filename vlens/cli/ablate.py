@@ -73,7 +73,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="grid of the patching JSON that ranks heads (default patch_effect, then overwrite_rate)")
     add_out(parser, f"{RESULTS_FILE}, {REPORT_HTML}, {SUMMARY_MD}")
     add_allow_nan_argument(parser)
-    parser.set_defaults(func=run_ablate)
+    parser.set_defaults(func=run_ablate, shardable=True)  # torchrun splits each sweep (vlens.parallel)
 
 
 def run_ablate(args: argparse.Namespace) -> int:
@@ -98,8 +98,10 @@ def run_ablate(args: argparse.Namespace) -> int:
             alignment=args.alignment, reference_mode=args.reference, top_k=args.top_k, rank_by=args.rank_by,
             image_size=rendered_size(args, DEFAULT_IMAGE_SIZE), batch_size=args.batch_size,
             heads_per_pass=args.heads_per_pass, seed=args.seed, retest_seed=args.retest_seed,
-            progress=not args.quiet,
+            progress=not args.quiet, sharding=args.sharding,
         )
+    if not args.sharding.is_main:  # every rank holds the report; rank 0 writes it
+        return non_finite_exit(problems, True, "vlens ablate")
     report.settings["model_arg"] = args.model
     if args.patching is not None:
         add_patching_overlap(report, patching, source=str(args.patching), metric=args.patching_metric)

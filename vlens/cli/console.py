@@ -12,6 +12,8 @@ traceback (``-v`` shows it); any other exception is a bug and keeps its tracebac
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import os
 import sys
@@ -110,8 +112,35 @@ def one_line(error: BaseException) -> str:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Call ``args.func(args)`` with logging set up; user errors -> one line on stderr, exit 2."""
+    """Call ``args.func(args)`` with logging set up; user errors -> one line on stderr, exit 2.
+
+    Under torchrun (`vlens.parallel`): ``args.sharding`` is the run's `Sharding`; only rank 0
+    shows progress, status lines and printed summaries; a failure on any rank exits 1 on every
+    rank with one line saying what happened.
+    """
+    from vlens.parallel.command import CommandExit, done, run_settings, run_store, sharded_command
+
     prog = getattr(args, "command_prog", "vlens")
+    try:
+        with sharded_command(prog, getattr(args, "shardable", False)) as sharding:
+            args.sharding = sharding
+            if getattr(args, "shardable", False) and getattr(args, "out", None) is not None:
+                sharding.store = run_store(args.out, run_settings(args), getattr(args, "overwrite", False))
+            if not sharding.is_main:
+                args.quiet = True  # progress and status lines once, from rank 0
+            with contextlib.redirect_stdout(io.StringIO()) if not sharding.is_main else nullcontext():
+                status = _run(args, prog)
+            if status != 2:
+                done(sharding)  # the output is written: the finished units are no longer needed
+            return status
+    except CommandExit as stop:
+        return int(stop.code)
+    except USER_ERRORS as error:  # raised before the command started (e.g. an unsharded command under torchrun)
+        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, prog: str) -> int:
     with command_logging(args.verbose, args.quiet), hf_bars_hidden() if args.quiet else nullcontext():
         try:
             return int(args.func(args) or 0)

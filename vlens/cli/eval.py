@@ -16,6 +16,7 @@ from vlens.cli.options import (
     add_model_options,
     add_out,
     load_model_from_args,
+    model_options,
     prepare_out,
 )
 from vlens.errors import UserInputError
@@ -66,7 +67,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unparsed-value", type=arg_int(min=0), help="score unparsed answers as this count in MAE")
     parser.add_argument("--category-field", help="mcq: row field to break accuracy down by (e.g. subject)")
     add_allow_nan_argument(parser)
-    parser.set_defaults(func=run_eval)
+    parser.set_defaults(func=run_eval, shardable=True)  # torchrun splits the batches (vlens.parallel)
 
 
 def load_backend(args: argparse.Namespace):
@@ -86,7 +87,7 @@ def load_hf_model(args: argparse.Namespace):
     from vlens.specs import hf_progress_bars, resolve_spec
 
     kind, target = resolve_spec(args.model)
-    device = resolve_device(args.device)
+    device = resolve_device(model_options(args)["device"])  # cuda:{LOCAL_RANK} under torchrun
     dtype = resolve_dtype(args.dtype, device)
     with hf_progress_bars(not args.quiet):
         if kind == "embedded":
@@ -151,12 +152,15 @@ def run_eval(args: argparse.Namespace) -> int:
                 unparsed_value=args.unparsed_value,
                 category_field=args.category_field,
                 progress=not args.quiet,
+                sharding=args.sharding,
                 stream_to=partial,
             )
         except BaseException:
             if partial.is_file() and partial.stat().st_size:
                 logger.warning("the predictions made before the failure are in %s", partial)
             raise
+    if not args.sharding.is_main:  # every rank holds the predictions; rank 0 writes them
+        return non_finite_exit(problems, True, "vlens eval")
     paths = write_report(result, out, model_name=args.model)
     partial.unlink(missing_ok=True)  # predictions.jsonl holds them all now
     metrics = result.metrics

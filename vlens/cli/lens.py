@@ -90,7 +90,7 @@ def configure_headlens(head: argparse.ArgumentParser) -> None:
                       help="JSON file overriding taxonomy thresholds, e.g. {\"grounding_vgs_min\": 0.4} "
                            "(fields of vlens.lens.taxonomy.TaxonomyThresholds)")
     add_allow_nan_argument(head)
-    head.set_defaults(func=run_headlens)
+    head.set_defaults(func=run_headlens, shardable=True)  # torchrun splits the batches (vlens.parallel)
 
 
 def _samples(args: argparse.Namespace):
@@ -115,17 +115,27 @@ def _tasks(args: argparse.Namespace) -> tuple[str, ...] | None:
 
 
 def _train(model, samples, args, steps, lr, positions):
+    """Collect residuals (split across processes under torchrun), train the lens on rank 0, and
+    give every rank that lens (so that all score the heads with the same translators)."""
     from vlens.lens.corpus import collect_residuals
     from vlens.lens.readout import LensReadout
-    from vlens.lens.translators import Translators, train_translators
+    from vlens.lens.translators import TrainingReport, Translators, train_translators
 
+    sharding = args.sharding
     resid = collect_residuals(model, samples, positions=positions, batch_size=args.batch_size,
-                              progress=not args.quiet)
+                              progress=not args.quiet, sharding=sharding)
     translators = Translators.for_model(model)
-    report = train_translators(translators, resid, LensReadout.from_model(model), steps=steps, lr=lr,
-                               progress=not args.quiet)
-    translators.info.update(training={"positions": positions, "n_samples": len(samples), **report.to_json()})
-    return translators, report
+    trained = None
+    if sharding.is_main:
+        report = train_translators(translators, resid, LensReadout.from_model(model), steps=steps, lr=lr,
+                                   progress=not args.quiet)
+        translators.info.update(training={"positions": positions, "n_samples": len(samples), **report.to_json()})
+        trained = (translators.state_dict(), translators.info, report.to_json())
+    state, info, report_json = sharding.broadcast(trained, desc="lens training")
+    if not sharding.is_main:
+        translators.load_state_dict(state)
+        translators.info.update(info)
+    return translators, TrainingReport(**report_json)
 
 
 def run_lens_train(args: argparse.Namespace) -> int:
@@ -195,15 +205,19 @@ def run_headlens(args: argparse.Namespace) -> int:
                                     size=rendered_size(args, DEFAULT_IMAGE_SIZE), style=args.style,
                                     tasks=_tasks(args))
         translators, report = _train(model, lens_samples, args, args.lens_steps, args.lens_lr, args.lens_positions)
-        translators.save(out / LENS_DIR, overwrite=True)  # this command's own sub-folder
-        (out / LENS_KL).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+        if args.sharding.is_main:
+            translators.save(out / LENS_DIR, overwrite=True)  # this command's own sub-folder
+            (out / LENS_KL).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
         print("per-layer KL(final || lens), held-out, nats:")
         print(report.table())
     with collect_non_finite() as problems:
         scores = compute_head_scores(model, samples, HeadLens(model, translators), k=args.k,
-                                     batch_size=args.batch_size, vocabularies=vocabularies, progress=not args.quiet)
+                                     batch_size=args.batch_size, vocabularies=vocabularies, progress=not args.quiet,
+                                     sharding=args.sharding)
+    if not args.sharding.is_main:  # every rank holds the scores; rank 0 writes them
+        return non_finite_exit(problems, True, "vlens headlens")
     taxonomy = classify_heads(scores, thresholds)
-    write_results(out, taxonomy.to_json())
+    write_results(out, {**taxonomy.to_json(), "world_size": args.sharding.world_size})
     (out / TAXONOMY_MD).write_text(taxonomy.table() + "\n", encoding="utf-8")
     write_figure(taxonomy.figure, out / TAXONOMY_HTML)
     print(f"{scores.n_examples} examples; classes: {taxonomy.counts()}")

@@ -24,6 +24,7 @@ from vlens.cli.options import (
     prepare_out,
     rendered_size,
     write_figure,
+    write_results,
 )
 from vlens.finite import add_allow_nan_argument
 from vlens.validation import arg_int
@@ -45,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of --make (default 0)")
     parser.add_argument("--style", default="syndot", help="style of --make (default syndot)")
     add_allow_nan_argument(parser)
-    parser.set_defaults(func=run_logit_lens)
+    parser.set_defaults(func=run_logit_lens, shardable=True)  # torchrun splits the batches (vlens.parallel)
 
 
 def _records(args: argparse.Namespace) -> list[dict]:
@@ -71,8 +72,11 @@ def run_logit_lens(args: argparse.Namespace) -> int:
     out = prepare_out(args, RESULTS_FILE, FIGURE_FILE)
     model = load_model_from_args(args)
     with collect_non_finite() as problems:
-        result = logit_lens_records(model, _records(args), batch_size=args.batch_size, progress=not args.quiet)
-    path = result.save(out / RESULTS_FILE)
+        result = logit_lens_records(model, _records(args), batch_size=args.batch_size, progress=not args.quiet,
+                                    sharding=args.sharding)
+    if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it
+        return non_finite_exit(problems, True, "vlens logit-lens")
+    path = write_results(out, {**result.to_json(), "world_size": args.sharding.world_size})
     figure = write_figure(result.plot, out / FIGURE_FILE)
     logger.info("wrote %s%s (%d examples)", path, f" and {figure}" if figure else "", len(result.answers))
     for layer in range(result.n_layers):

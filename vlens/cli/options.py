@@ -80,8 +80,21 @@ def add_image_size(parser: argparse.ArgumentParser, default: int, min: int = MIN
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of `vlens.load_model` that the model options hold."""
-    return {"device": args.device, "dtype": args.dtype, "image_size": args.image_size,
+    """The keyword arguments of `vlens.load_model` that the model options hold.
+
+    In a sharded run (torchrun) each process takes its own GPU: ``--device auto`` / ``cuda`` is
+    ``cuda:{LOCAL_RANK}`` (`vlens.parallel.rank_device`).
+    """
+    device = args.device
+    sharding = getattr(args, "sharding", None)
+    if sharding is not None and sharding.distributed:
+        from vlens.parallel import rank_device
+
+        try:
+            device = rank_device(sharding, device)
+        except ValueError as error:
+            raise UserInputError(str(error)) from None
+    return {"device": device, "dtype": args.dtype, "image_size": args.image_size,
             "min_pixels": args.min_pixels, "max_pixels": args.max_pixels, "progress": not args.quiet}
 
 

@@ -61,7 +61,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair-batch-size", type=arg_int(min=1), default=None,
                         help="run the pairs in chunks of this many (memory); default all at once")
     add_allow_nan_argument(parser)
-    parser.set_defaults(func=run_patch)
+    parser.set_defaults(func=run_patch, shardable=True)  # torchrun splits the forwards (vlens.parallel)
 
 
 def load_batch(model, args: argparse.Namespace):
@@ -110,7 +110,7 @@ def run_patch(args: argparse.Namespace) -> int:
     model = load_model_from_args(args)
     batch = load_batch(model, args)
     common = dict(method=args.method, max_batch=args.max_batch, progress=not args.quiet,
-                  pair_batch_size=args.pair_batch_size)
+                  pair_batch_size=args.pair_batch_size, sharding=args.sharding)
     with collect_non_finite() as problems:
         if args.mode == "layer-region":
             result = sweeps.patch_layer_region(model, batch, component=args.component, **common)
@@ -120,8 +120,11 @@ def run_patch(args: argparse.Namespace) -> int:
             result = sweeps.patch_layer_head(model, batch, region=args.region, **common)
         else:
             result = _run_atp(model, batch, args, common)
+    if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it
+        return non_finite_exit(problems, True, "vlens patch")
     payload = result.to_dict()
     payload["model"] = args.model
+    payload["world_size"] = args.sharding.world_size
     written = [write_results(out, payload)]
     written.append(write_figure(lambda: result.plot("z") if args.mode == "atp" else result.plot(args.metric),
                                 out / FIGURE_FILE))
