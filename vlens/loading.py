@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from vlens.architectures.registry import adapter_for
+from vlens.errors import UserInputError
 from vlens.processors import SimpleVLProcessor
 
 logger = logging.getLogger(__name__)
@@ -18,7 +19,7 @@ _PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "tokeni
                     "tokenizer.json")
 
 
-class MissingWeightsError(ValueError):
+class MissingWeightsError(UserInputError):
     """A checkpoint lacks tensors the model needs (HF would initialise them randomly)."""
 
 

@@ -125,7 +125,7 @@ def _nearest_existing(path: Path) -> Path:
 
 def _check_creatable(path: Path, name: str) -> None:
     """The first existing ancestor of `path` is a writable folder."""
-    anchor = _nearest_existing(path.parent if not path.exists() else path)
+    anchor = path if path.is_dir() else _nearest_existing(path.parent)
     if not anchor.is_dir():
         raise UserInputError(f"{name} {path}: {anchor} is a file, so nothing can be created below it")
     if not os.access(anchor, os.W_OK | os.X_OK):

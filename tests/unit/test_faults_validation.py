@@ -80,6 +80,7 @@ def test_output_paths(tmp_path):
         check_output_folder(tmp_path / "file.txt", "--out")
     with pytest.raises(UserInputError, match="is a file"):
         check_output_file(tmp_path / "file.txt" / "res.json", "--out")
+    assert check_output_file(tmp_path / "file.txt", "--out") == tmp_path / "file.txt"  # an earlier result: replaced
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")

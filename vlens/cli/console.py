@@ -149,6 +149,11 @@ def _run(args: argparse.Namespace, prog: str) -> int:
                 traceback.print_exc()
             print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
             return 2
+        except FloatingPointError as error:  # NaN/inf activations or loss (vlens.finite): exit 3, like --allow-nan's
+            if args.verbose:
+                traceback.print_exc()
+            print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+            return 3
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130

@@ -271,6 +271,10 @@ def train_translators(
         warn_non_finite("lens training", f"{int((~ok).sum())} of {len(ok)} residual rows (layers {bad_layers[:6]}); "
                         "those rows are left out of training")
         resid, final = resid[ok.to(resid.device)], final[ok.to(final.device)]
+        if resid.shape[0] < 2:
+            raise FloatingPointError(f"cannot train a lens: {int((~ok).sum())} of {len(ok)} residual rows are NaN/inf "
+                                     f"(from layers {bad_layers[:6]}): the model's activations are not finite "
+                                     "(check its weights); see the NonFiniteWarning for the first non-finite hook")
     n = resid.shape[0]
     if n < 2:
         raise ValueError(f"need at least 2 residual rows to train and hold out, got {n}: use more samples")
