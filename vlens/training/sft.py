@@ -373,7 +373,8 @@ def check_resume(folder: Path, config: SFTConfig, fingerprint: dict, n_examples:
     if same or force:
         return
     old = {k: v for k, v in info.get("config", {}).items() if k not in _RESUME_FREE_FIELDS}
-    new = {k: v for k, v in asdict(config).items() if k not in _RESUME_FREE_FIELDS}
+    new = {k: v for k, v in json.loads(json.dumps(asdict(config), default=str)).items()  # as stored: tuples -> lists
+           if k not in _RESUME_FREE_FIELDS}
     changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if (stored or {}).get("data") != fingerprint.get("data"):
         changed.append(f"the data ({info.get('n_examples')} -> {n_examples} examples, or their content)")
