@@ -228,3 +228,11 @@ def test_quiet_hides_the_weight_loading_bar_of_a_saved_model(tmp_path, capsys):
 def test_verbose_logs_debug_lines(capsys):
     assert main(["info", "--model", "random-tiny", "-v"]) == 0
     assert "debug [vlens.specs]: loaded random-tiny" in capsys.readouterr().err
+
+
+def test_verbose_adds_the_traceback_of_a_user_error_and_flags_work_before_the_command(capsys):
+    assert main(["-v", "info", "--model", "./no/such/model"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("vlens info: error: model './no/such/model'")
+    assert main(["--quiet", "info", "--model", "random-tiny"]) == 0
+    assert capsys.readouterr().err == ""
