@@ -225,3 +225,32 @@ def test_cli_loads_a_saved_checkpoint_with_either_backend(tmp_path, tiny_hf):
         assert report["settings"]["backend"] == backend and report["n_evaluated"] == 3
         outputs[backend] = [p.output for p in saved]
     assert outputs["hooked"] == outputs["hf"]  # HookedVLM generates exactly what HF does
+
+
+def test_undecodable_image_is_skipped_by_name_and_the_rest_scored(tmp_path):
+    write_imagefolder(tmp_path / "data", [1, 2, 3])
+    (tmp_path / "data" / "img_001.png").write_bytes(b"not a png")
+    result = evaluate(ScriptedBackend(["1", "3"]), read_counting_imagefolder(tmp_path / "data"), progress=False)
+    assert [p.id for p in result.predictions] == ["img_000.png", "img_002.png"]
+    assert len(result.skipped) == 1 and "img_001.png cannot be decoded" in result.skipped[0].reason
+    paths = write_report(result, tmp_path / "out")
+    assert "img_001.png" in paths["markdown"].read_text()
+
+
+def test_post_prompt_follows_the_model(tmp_path):
+    import vlens
+    from tests.helpers.eval_data import pixmo_rows, write_jsonl
+    from vlens.evaluation import read_pixmo
+
+    rows = pixmo_rows(tmp_path, [2])
+    data = read_pixmo(write_jsonl(tmp_path / "p.jsonl", rows), image_dir=tmp_path / "images")
+    scripted = ScriptedBackend(["2", "2", "2"])
+    real = evaluate(scripted, data, progress=False)  # not the embedded model: lmms-eval's instruction
+    assert scripted.batches[-1][2][0].endswith("\nAnswer with a single number.")
+    assert "lmms-eval" in real.settings["post_prompt_source"]
+    scripted.model = vlens.load()  # a backend holding the embedded model: the bare question
+    embedded = evaluate(scripted, data, progress=False)
+    assert scripted.batches[-1][2][0] == "How many boats are there?" and embedded.settings["post_prompt"] == ""
+    assert "embedded" in embedded.settings["post_prompt_source"]
+    given = evaluate(scripted, data, post_prompt=" Count.", progress=False)
+    assert scripted.batches[-1][2][0].endswith("? Count.") and given.settings["post_prompt_source"] == "given"

@@ -40,7 +40,7 @@ def test_missing_image_is_named_or_skipped_and_counted(tmp_path):
 def test_missing_field_is_a_clear_error(tmp_path):
     write_png(tmp_path / "a.png", 0)
     write_jsonl(tmp_path / "metadata.jsonl", [{"file_name": "a.png", "question": "How many?"}])
-    with pytest.raises(ValueError, match=r"lacks \['count'\]"):
+    with pytest.raises(ValueError, match=r"neither 'answer' nor 'count'"):
         read_counting_imagefolder(tmp_path)
 
 
@@ -143,7 +143,7 @@ def test_mcq_bad_rows(tmp_path, row, message):
 
 def test_unknown_file_type_and_missing_file(tmp_path):
     (tmp_path / "data.csv").write_text("a,b\n")
-    with pytest.raises(ValueError, match=r"use a \.jsonl, \.json or \.parquet"):
+    with pytest.raises(ValueError, match=r"use a \.jsonl, \.json, \.parquet or \.arrow"):
         read_mcq(tmp_path / "data.csv")
     with pytest.raises(FileNotFoundError, match="nope.jsonl does not exist"):
         read_countbenchqa(tmp_path / "nope.jsonl")

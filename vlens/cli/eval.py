@@ -63,7 +63,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=arg_int(min=1), default=32)
     parser.add_argument("--limit", type=arg_int(min=1), help="evaluate only the first N examples")
     parser.add_argument("--parser", choices=ANSWER_PARSERS, help="answer parser (default: the format's)")
-    parser.add_argument("--post-prompt", help="instruction appended to each question (default: the format's)")
+    parser.add_argument("--post-prompt", help="instruction appended to each question (default: none for the embedded "
+                        "model, the format's lmms-eval instruction for real checkpoints; '' for none)")
     parser.add_argument("--unparsed-value", type=arg_int(min=0), help="score unparsed answers as this count in MAE")
     parser.add_argument("--category-field", help="mcq: row field to break accuracy down by (e.g. subject)")
     add_allow_nan_argument(parser)
@@ -167,6 +168,7 @@ def run_eval(args: argparse.Namespace) -> int:
     summary = f"{fmt.name}: n={metrics.n} accuracy={metrics.accuracy * 100:.2f}%"
     if fmt.task == "count":
         summary += f" MAE={'n/a' if metrics.mae is None else f'{metrics.mae:.3f}'}"
+    print(f"post-prompt: {result.settings['post_prompt']!r} ({result.settings['post_prompt_source']})")
     print(f"{summary} unparsed={metrics.n_unparsed} skipped={len(result.skipped)}")
     logger.info("wrote %s", ", ".join(str(path) for path in paths.values()))
     return non_finite_exit(problems, args.allow_nan, "vlens eval")

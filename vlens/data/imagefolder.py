@@ -149,9 +149,10 @@ class ImageRecord(dict):
     """A metadata row plus ``image_path``; :meth:`open_image` loads the pixels lazily."""
 
     def open_image(self) -> Image.Image:
-        """The RGB image of this record."""
-        with Image.open(self["image_path"]) as image:
-            return image.convert("RGB")
+        """The RGB image of this record (an UnreadableImageError names a file that cannot be decoded)."""
+        from vlens.datasets.records import open_image
+
+        return open_image(Path(self["image_path"]))
 
 
 def record_image(record: dict) -> Image.Image:
@@ -166,21 +167,22 @@ def record_image(record: dict) -> Image.Image:
 
 def read_imagefolder(data_dir: str | os.PathLike) -> list[ImageRecord]:
     """Records of an imagefolder written by vlens, in file order, each with an absolute
-    ``image_path``; images are opened only on :meth:`ImageRecord.open_image`."""
+    ``image_path``; images are opened only on :meth:`ImageRecord.open_image`.
+
+    ``file_name`` must be a relative path inside the folder; a malformed line (invalid JSON,
+    null, not UTF-8, no file_name) raises one DatasetError naming the file and line.
+    """
+    from vlens.datasets.files import read_jsonl, resolve_inside
+    from vlens.datasets.records import DatasetError
+
     root = Path(data_dir)
     meta = root / METADATA_FILE
     if not meta.is_file():
         raise FileNotFoundError(f"{meta} not found: is {root} a dataset written by `vlens data`?")
     records = []
-    with open(meta, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{meta}:{line_no} is not valid JSON ({err})") from None
-            if "file_name" not in row:
-                raise ValueError(f"{meta}:{line_no} has no 'file_name'")
-            records.append(ImageRecord(row, image_path=str((root / row["file_name"]).resolve())))
+    for where, row in read_jsonl(meta):
+        if not isinstance(row.get("file_name"), str):
+            raise DatasetError(f"{where} has no 'file_name' (the image's path inside {root})")
+        path = resolve_inside(root, row["file_name"], where, allow_absolute=False)
+        records.append(ImageRecord(row, image_path=str(path.resolve())))
     return records

@@ -1,8 +1,11 @@
 """What each data format means for evaluation: its reader, answer parser, task and prompt.
 
 The answer-format instructions appended to each question are lmms-eval's defaults
-(pixmo_count, countbenchqa, mmmu_val), so scores are comparable with its tables. The vlens
-imagefolder's questions already say how to answer, so nothing is appended there.
+(pixmo_count, countbenchqa, mmmu_val), the prompts the paper's numbers for real checkpoints
+are measured with, so scores are comparable with its tables. The vlens imagefolder's
+questions already say how to answer, so nothing is appended there. The embedded model was
+trained on bare questions and gets no instruction either (:func:`default_post_prompt`): an
+instruction it never saw in training lowers its accuracy on the same images.
 """
 
 from __future__ import annotations
@@ -10,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vlens.evaluation.datasets import read_countbenchqa, read_counting_imagefolder, read_mcq, read_pixmo
+from vlens.evaluation.datasets import (
+    read_countbenchqa,
+    read_counting_imagefolder,
+    read_mcq,
+    read_pixmo,
+    read_qa,
+)
 from vlens.evaluation.examples import EvalDataset, EvalExample
 from vlens.evaluation.parsing import option_letters
 
@@ -40,6 +49,7 @@ FORMATS: dict[str, EvalFormat] = {
     "countbenchqa": EvalFormat(
         "countbenchqa", read_countbenchqa, "count_strict", "count", "\nAnswer with a single number."
     ),
+    "qa": EvalFormat("qa", read_qa, "count", "count", "\nAnswer with a single number."),
     "mcq": EvalFormat(
         "mcq",
         read_mcq,
@@ -66,3 +76,18 @@ def format_prompt(example: EvalExample, post_prompt: str) -> str:
             for letter, option in zip(option_letters(len(example.options)), example.options, strict=True)
         ]
     return "\n".join(lines) + post_prompt
+
+
+def default_post_prompt(fmt: EvalFormat, model=None) -> tuple[str, str]:
+    """(instruction, why): none for the embedded model, else the format's lmms-eval instruction.
+
+    ``model``: a HookedVLM, an HF model, or a generation backend holding one (``.model``).
+    """
+    from vlens.zoo import is_embedded
+
+    inner = getattr(model, "model", model)
+    if inner is not None and is_embedded(inner):
+        return "", "none: the embedded model was trained on bare questions"
+    if not fmt.post_prompt:
+        return "", f"none: {fmt.name} questions say how to answer"
+    return fmt.post_prompt, f"the {fmt.name} default (lmms-eval, as in the paper) for real checkpoints"

@@ -27,8 +27,9 @@ MMMU misses both. When nothing matches, MMMU picks a random letter; we return ``
 from __future__ import annotations
 
 import re
-import string
 from collections.abc import Callable, Sequence
+
+from vlens.datasets.readers import option_letters
 
 NUMBER_WORDS: dict[str, int] = {
     word: value
@@ -60,13 +61,6 @@ def parse_count_strict(text: str) -> int | None:
     """The integer when the stripped text is only digits (CountBenchQA's exact match), else None."""
     stripped = text.strip()
     return int(stripped) if _STRICT_PATTERN.fullmatch(stripped) else None
-
-
-def option_letters(n_options: int) -> list[str]:
-    """``["A", "B", ...]`` for ``n_options`` options (at most 26)."""
-    if not 1 <= n_options <= len(string.ascii_uppercase):
-        raise ValueError(f"a multiple-choice question needs 1 to 26 options, got {n_options}")
-    return list(string.ascii_uppercase[:n_options])
 
 
 def parse_choice(text: str, options: Sequence[str]) -> str | None:

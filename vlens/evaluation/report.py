@@ -58,7 +58,10 @@ def report_markdown(summary: dict, figure_note: str | None = None) -> str:
         f"- model: {summary['model'] or 'unnamed'}",
         f"- backend: {summary['settings']['backend']}, parser: {summary['settings']['parser']}, "
         f"max_new_tokens: {summary['settings']['max_new_tokens']}",
-        f"- evaluated: {summary['n_evaluated']}, skipped (image missing or changed): {summary['n_skipped']}",
+        f"- post-prompt: {summary['settings'].get('post_prompt', '')!r} "
+        f"({summary['settings'].get('post_prompt_source', 'given')})",
+        f"- evaluated: {summary['n_evaluated']}, skipped (image missing, changed or unreadable): "
+        f"{summary['n_skipped']}",
         "",
     ]
     if summary["task"] == "count":

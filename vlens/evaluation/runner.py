@@ -7,8 +7,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vlens.evaluation.backends import GenerationBackend
-from vlens.evaluation.examples import EvalDataset, open_images
-from vlens.evaluation.formats import EvalFormat, format_prompt, get_format
+from vlens.evaluation.examples import (
+    EvalDataset,
+    MissingImageError,
+    SkippedExample,
+    UnreadableImageError,
+    open_images,
+)
+from vlens.evaluation.formats import EvalFormat, default_post_prompt, format_prompt, get_format
 from vlens.evaluation.metrics import ChoiceMetrics, CountingMetrics, choice_metrics, counting_metrics
 from vlens.evaluation.parsing import get_parser
 from vlens.finite import json_safe
@@ -101,7 +107,8 @@ def evaluate(
         batch_size: examples per ``generate`` call (padded together).
         max_new_tokens: generation length (lmms-eval uses 32 for counting).
         parser: answer parser name; defaults to the format's (see ``parsing``).
-        post_prompt: instruction appended to each question; defaults to the format's.
+        post_prompt: instruction appended to each question; None: the model's default (none for
+            the embedded model, the format's lmms-eval instruction otherwise), recorded in the settings.
         limit: evaluate only the first ``limit`` examples (recorded in the settings).
         unparsed_value: count that an unparsed answer is scored as in MAE (None: left out).
         category_field: ``extra`` field to break multiple-choice accuracy down by.
@@ -122,7 +129,10 @@ def evaluate(
     check_count(limit, "limit", allow_none=True)
     parser_name = parser or fmt.parser
     parse = get_parser(parser_name)
-    instruction = fmt.post_prompt if post_prompt is None else post_prompt
+    if post_prompt is None:
+        instruction, instruction_source = default_post_prompt(fmt, backend)
+    else:
+        instruction, instruction_source = post_prompt, "given"
     examples = dataset.examples[:limit] if limit is not None else dataset.examples
     if not examples:
         raise ValueError(f"{dataset.source} has no examples to evaluate ({len(dataset.skipped)} skipped)")
@@ -133,10 +143,18 @@ def evaluate(
         stream.parent.mkdir(parents=True, exist_ok=True)
         stream.write_text("", encoding="utf-8")
 
-    def run(start: int) -> list[dict]:
-        batch = examples[start : start + batch_size]
+    def run(start: int) -> dict:
+        batch, images, skipped_here = [], [], []
+        for example in examples[start : start + batch_size]:
+            try:  # one undecodable image skips its example (named in the report), not the run
+                images.append(open_images(example.images))
+                batch.append(example)
+            except (MissingImageError, UnreadableImageError) as error:
+                skipped_here.append(asdict(SkippedExample(id=example.id, reason=str(error))))
+        if not batch:
+            return {"predictions": [], "skipped": skipped_here}
         prompts = [format_prompt(example, instruction) for example in batch]
-        outputs = backend.generate([open_images(e.images) for e in batch], prompts, max_new_tokens)
+        outputs = backend.generate(images, prompts, max_new_tokens)
         if len(outputs) != len(batch):
             raise RuntimeError(
                 f"the backend returned {len(outputs)} answers for a batch of {len(batch)} prompts"
@@ -167,15 +185,20 @@ def evaluate(
             with stream.open("a", encoding="utf-8") as handle:
                 for fields in done:
                     handle.write(json.dumps(json_safe(fields), default=str, allow_nan=False) + "\n")
-        return done
+        return {"predictions": done, "skipped": skipped_here}
 
     batches = sharding.map(range(0, len(examples), batch_size), run, desc=f"eval {fmt.name}", progress=progress)
-    predictions = [Prediction(**fields) for batch in batches for fields in batch]
+    predictions = [Prediction(**fields) for batch in batches for fields in batch["predictions"]]
+    skipped = list(dataset.skipped) + [SkippedExample(**fields) for batch in batches for fields in batch["skipped"]]
 
+    if not predictions:
+        reasons = "; ".join(s.reason for s in skipped[:3])
+        raise ValueError(f"{dataset.source}: every example was skipped ({len(skipped)}): {reasons}")
     settings = {
         "backend": getattr(backend, "name", type(backend).__name__),
         "parser": parser_name,
         "post_prompt": instruction,
+        "post_prompt_source": instruction_source,
         "batch_size": batch_size,
         "max_new_tokens": max_new_tokens,
         "limit": limit,
@@ -190,6 +213,6 @@ def evaluate(
         source=dataset.source,
         settings=settings,
         predictions=predictions,
-        skipped=list(dataset.skipped),
+        skipped=skipped,
         metrics=score_predictions(fmt.task, predictions, unparsed_value, category_field),
     )

@@ -37,6 +37,16 @@ def load(device=None, dtype=None, **kwargs):
     return HookedVLM.from_pretrained(str(model_path()), device=device, dtype=dtype, **kwargs)
 
 
+def is_embedded(model) -> bool:
+    """Whether ``model`` (a HookedVLM or an HF model) was loaded from the embedded model's folder."""
+    hf_model = getattr(model, "hf_model", model)
+    name = getattr(getattr(hf_model, "config", None), "_name_or_path", "") or ""
+    try:
+        return bool(name) and Path(name).resolve() == WEIGHTS_FOLDER
+    except OSError:
+        return False
+
+
 def load_hf(device=None, dtype=None):
     """The embedded model with plain transformers: (Qwen2_5_VLForConditionalGeneration, processor)."""
     folder = model_path()
@@ -46,4 +56,4 @@ def load_hf(device=None, dtype=None):
     return model.eval(), load_processor(folder)
 
 
-__all__ = ["MODEL_NAME", "WEIGHTS_FOLDER", "load", "load_hf", "model_path"]
+__all__ = ["MODEL_NAME", "WEIGHTS_FOLDER", "is_embedded", "load", "load_hf", "model_path"]
