@@ -16,6 +16,7 @@ from PIL import Image
 
 from vlens.answers import answer_ids, answer_logprobs, teacher_force
 from vlens.processing import chat_messages, left_padding
+from vlens.prompt_text import escape_special_tokens
 
 
 class GenerationBackend(Protocol):
@@ -118,9 +119,10 @@ class HFBackend:
     def generate(
         self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str], max_new_tokens: int
     ) -> list[str]:
-        texts = [
-            self.processor.apply_chat_template(chat_messages(prompt, len(imgs)), add_generation_prompt=True,
-                                               tokenize=False)
+        tokenizer = self.processor.tokenizer
+        texts = [  # dataset text is escaped: special-token strings in it cannot forge chat turns
+            self.processor.apply_chat_template(chat_messages(escape_special_tokens(tokenizer, prompt), len(imgs)),
+                                               add_generation_prompt=True, tokenize=False)
             for imgs, prompt in zip(images, prompts, strict=True)
         ]
         with left_padding(self.processor.tokenizer):  # images flat, in prompt order: what HF VLM processors take
