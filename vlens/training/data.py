@@ -24,6 +24,7 @@ from vlens.data import read_imagefolder
 from vlens.inputs import VLMInputs
 from vlens.interventions.focus import FocusPrior, ImageObjects, focus_prior, objects_from_record
 from vlens.processing import chat_prompt
+from vlens.prompt_text import escape_special_tokens
 from vlens.validation import check_count
 
 IGNORE_INDEX = -100
@@ -95,8 +96,9 @@ def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prio
     texts, answers = [], []
     for index, example in enumerate(examples):
         prompt = chat_prompt(model, example.question, len(example.images))
-        answers.append(answer_ids(model, prompt, example.answer, example=str(example.meta.get("seed", index))))
-        texts.append(prompt + example.answer + tokenizer.eos_token)
+        answer = escape_special_tokens(tokenizer, example.answer)  # dataset text stays text
+        answers.append(answer_ids(model, prompt, answer, example=str(example.meta.get("seed", index))))
+        texts.append(prompt + answer + tokenizer.eos_token)
     images = [list(example.images) if example.images else None for example in examples]
     inputs = model.prepare(images=images, prompts=texts, chat=False)
     labels = torch.full_like(inputs.input_ids, IGNORE_INDEX)

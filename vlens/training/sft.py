@@ -22,8 +22,8 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from vlens.training.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from vlens.training.data import SFTBatch, SFTExample, answer_loss, collate
 from vlens.training.export import save_adapters
 from vlens.training.lora import ATTENTION_PROJECTIONS, add_lora, has_lora, lora_parameters
+from vlens.training.memory import answer_only_loss, gradient_checkpointing, use_checkpointing
 from vlens.training.schedule import learning_rate_at
 from vlens.validation import check_count, check_float
 
@@ -53,6 +54,10 @@ class SFTConfig:
     focus_query: "final" (the final prompt position, default) or "answer" (the final prompt
         position and every answer position but the last, i.e. all positions that predict answer tokens).
     bf16: "auto" (bf16 autocast where the device supports it: CUDA with bf16), True or False.
+    gradient_checkpointing: "auto" (on for models with d_model >= 1024: every 7-8B model), True
+        or False. Recomputes each decoder block in the backward; same gradients, less memory.
+    answer_only_logits: unembed only the positions that predict answer tokens (True, default)
+        instead of the full [batch, seq, d_vocab] logits (False: for comparison only).
     max_steps: stop after this many optimizer steps (None: all epochs).
     """
 
@@ -73,6 +78,8 @@ class SFTConfig:
     epochs: int = 2
     max_grad_norm: float = 1.0
     bf16: str | bool = "auto"
+    gradient_checkpointing: str | bool = "auto"
+    answer_only_logits: bool = True
     seed: int = 0
     max_steps: int | None = None
     checkpoint_every: int = 50
@@ -163,15 +170,39 @@ def _query_positions(batch: SFTBatch, mode: str) -> torch.Tensor:
     return torch.maximum(positions[None, :].expand(len(n_answer), -1), first)
 
 
+def _sft_loss(model, batch: SFTBatch, config: SFTConfig) -> torch.Tensor:
+    if config.answer_only_logits:
+        return answer_only_loss(model, model(batch.inputs, return_type="resid"), batch.labels)
+    return answer_loss(model(batch.inputs), batch.labels)
+
+
+@contextmanager
+def micro_batch(
+    model, batch: SFTBatch, config: SFTConfig, layers: Sequence[int], autocast=None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(L_SFT, L_focus or None) of one micro-batch; call ``backward`` inside the ``with``.
+
+    The attention-pattern hooks of L_focus stay on until the block exits, so a block that
+    gradient checkpointing recomputes in the backward takes the same (materialised) attention
+    path as in the forward. ``autocast`` (a context, e.g. bf16) covers the forward only.
+    """
+    use_focus = config.focus_weight > 0 and batch.prior is not None
+    capture = (
+        capture_patterns(model, layers, _query_positions(batch, config.focus_query)) if use_focus else nullcontext()
+    )
+    with capture as captured:
+        with autocast or nullcontext():
+            sft = _sft_loss(model, batch, config)
+        yield sft, (focus_loss(captured, batch.prior, config.focus_eps) if use_focus else None)
+
+
 def batch_losses(
     model, batch: SFTBatch, config: SFTConfig, layers: Sequence[int]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(L_SFT, L_focus or None) of one micro-batch."""
-    if config.focus_weight > 0 and batch.prior is not None:
-        with capture_patterns(model, layers, _query_positions(batch, config.focus_query)) as captured:
-            logits = model(batch.inputs)
-        return answer_loss(logits, batch.labels), focus_loss(captured, batch.prior, config.focus_eps)
-    return answer_loss(model(batch.inputs), batch.labels), None
+    """(L_SFT, L_focus or None) of one micro-batch, for evaluation (no backward: the hooks are gone
+    on return; train through :func:`micro_batch`)."""
+    with micro_batch(model, batch, config, layers) as losses:
+        return losses
 
 
 def train_sft(
@@ -242,6 +273,7 @@ def train_sft(
             keep=config.keep_checkpoints,
         )
 
+    checkpointing = use_checkpointing(config.gradient_checkpointing, model)
     model.train()
     log_path = out_dir / "train_log.jsonl"
     step_times: list[float] = []
@@ -249,6 +281,7 @@ def train_sft(
     step = start_step
     try:
         with (
+            gradient_checkpointing(model, checkpointing),
             log_path.open("a") as log,
             tqdm(
                 total=plan.total_steps,
@@ -265,6 +298,7 @@ def train_sft(
                         "total_steps": plan.total_steps,
                         "config": asdict(config),
                         "focus_layers": layers,
+                        "gradient_checkpointing": checkpointing,
                     }
                 )
                 + "\n"
@@ -286,14 +320,13 @@ def train_sft(
                         sigma=config.focus_sigma,
                         with_prior=config.focus_weight > 0,
                     )
-                    with autocast:
-                        sft, focus = batch_losses(model, batch, config, layers)
-                    loss = sft + config.focus_weight * focus if focus is not None else sft
-                    sft_value = sft.detach().item()
-                    focus_value = None if focus is None else focus.detach().item()
-                    if not torch.isfinite(loss.detach()):
-                        _non_finite(step, sft_value, focus_value, out_dir)
-                    (loss / len(micro)).backward()
+                    with micro_batch(model, batch, config, layers, autocast) as (sft, focus):
+                        loss = sft + config.focus_weight * focus if focus is not None else sft
+                        sft_value = sft.detach().item()
+                        focus_value = None if focus is None else focus.detach().item()
+                        if not torch.isfinite(loss.detach()):
+                            _non_finite(step, sft_value, focus_value, out_dir)
+                        (loss / len(micro)).backward()
                     sft_total += sft_value / len(micro)
                     focus_total += (focus_value or 0.0) / len(micro)
                 grad_norm = torch.nn.utils.clip_grad_norm_(list(params.values()), config.max_grad_norm)
