@@ -149,6 +149,25 @@ class ArchitectureAdapter(ABC):
     def decode_position_ids(self, attention_mask: Tensor, n_new: int, deltas: Tensor | None) -> Tensor:
         """Position ids of the last `n_new` tokens during cached decoding."""
 
+    def image_points_to_grid(
+        self, processor, points: Tensor, image_size: tuple[int, int], grid: tuple[int, int]
+    ) -> tuple[Tensor, Tensor]:
+        """Points (x, y) in original image pixels -> (row, col) on the image-token grid.
+
+        points: [n, 2] float64; image_size: the original (width, height); grid: (rows, cols) of
+        the image's tokens (``inputs.regions.image_grid``). Returns (grid coordinates [n, 2]
+        with cell centres on integers, visible [n] bool: False for points the preprocessing
+        crops away). Default: the processor resizes the whole image (Qwen's smart_resize, no
+        crop), so each cell covers W / cols x H / rows original pixels whatever the resize.
+        """
+        width, height = image_size
+        rows, cols = grid
+        if width <= 0 or height <= 0 or rows <= 0 or cols <= 0:
+            raise ValueError(f"image size {image_size} and grid {grid} must be positive")
+        x, y = points[:, 0], points[:, 1]
+        visible = (x >= 0) & (x <= width) & (y >= 0) & (y <= height)
+        return torch.stack([y * rows / height - 0.5, x * cols / width - 0.5], dim=-1), visible
+
     # ---- prompts ----
     @abstractmethod
     def image_placeholder(self) -> str:

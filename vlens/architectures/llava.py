@@ -122,6 +122,34 @@ class LlavaAdapter(ArchitectureAdapter):
         count = rows * cols + (1 if strategy == "full" else 0)
         return [count] * n_images, [(rows, cols)] * n_images
 
+    def image_points_to_grid(
+        self, processor, points: Tensor, image_size: tuple[int, int], grid: tuple[int, int]
+    ) -> tuple[Tensor, Tensor]:
+        """Through CLIP's preprocessing, as the processor runs it: optional pad to square
+        (LlavaImageProcessor's do_pad, centred), resize (shortest edge, aspect kept, HF's int
+        rounding; or a fixed height x width), then centre crop. Points the crop removes are
+        not visible (they get no prior mass)."""
+        image_processor = getattr(processor, "image_processor", processor)
+        width, height = float(image_size[0]), float(image_size[1])
+        x, y = points[:, 0].clone(), points[:, 1].clone()
+        if getattr(image_processor, "do_pad", False):
+            side = max(width, height)
+            x, y = x + (side - width) // 2, y + (side - height) // 2
+            width = height = side
+        size = getattr(image_processor, "size", None)
+        if getattr(image_processor, "do_resize", True) and size is not None:
+            new_height, new_width = _clip_resized(size, height, width)
+            x, y = x * new_width / width, y * new_height / height
+            width, height = float(new_width), float(new_height)
+        crop = getattr(image_processor, "crop_size", None)
+        if getattr(image_processor, "do_center_crop", False) and crop is not None:
+            crop_height, crop_width = float(_size_value(crop, "height")), float(_size_value(crop, "width"))
+            x, y = x - _crop_start(width, crop_width), y - _crop_start(height, crop_height)
+            width, height = crop_width, crop_height
+        visible = (x >= 0) & (x <= width) & (y >= 0) & (y <= height)
+        rows, cols = grid
+        return torch.stack([y * rows / height - 0.5, x * cols / width - 0.5], dim=-1), visible
+
     # ---- positions ----
     def mm_token_type_ids(self, cfg: VLMConfig, input_ids: Tensor) -> Tensor | None:
         return None  # LLaVA's positions are 1-D; HF LLaVA takes no token types
@@ -170,3 +198,28 @@ def _clip_hidden_states(tower: HFModule, pixel_values: Tensor, layers: list[int]
         hidden = layer(hidden, None)
         states.append(hidden)
     return {i: states[i] for i in layers}
+
+
+def _size_value(size, key: str):
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+
+
+def _clip_resized(size, height: float, width: float) -> tuple[int, int]:
+    """(height, width) after CLIP's resize: shortest edge to ``shortest_edge`` with the long edge
+    ``int(shortest_edge * long / short)`` (HF's get_resize_output_image_size), or a fixed size."""
+    shortest = _size_value(size, "shortest_edge")
+    if shortest:
+        short, long = min(height, width), max(height, width)
+        new_long = int(shortest * long / short)
+        return (new_long, shortest) if width <= height else (shortest, new_long)
+    fixed_height, fixed_width = _size_value(size, "height"), _size_value(size, "width")
+    if fixed_height and fixed_width:
+        return int(fixed_height), int(fixed_width)
+    raise ValueError(f"cannot map points through the image processor's size {size}")
+
+
+def _crop_start(length: float, crop: float) -> float:
+    """Where HF's centre crop starts along one axis (negative: the image is padded first)."""
+    if length >= crop:
+        return float((int(length) - int(crop)) // 2)
+    return -float(-(-(int(crop) - int(length)) // 2))  # ceil((crop - length) / 2) of padding

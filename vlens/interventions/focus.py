@@ -9,13 +9,16 @@ renormalised over those tokens (q_t^l), is pulled towards g by a cross-entropy:
 
     L_focus = 1/(|L||T|) * sum_l sum_t ( - sum_j g(j) log(q_t^l(j) + eps) ).
 
-Pixel -> grid convention (pi): Qwen's processor resizes the *whole* image (no crop) to
-multiples of patch_size * merge_size, so merged cell (r, c) covers the original-pixel box
-[c W/cols, (c+1) W/cols) x [r H/rows, (r+1) H/rows), whatever the resize. Grid coordinates
-put cell centres on integers:  col = x * cols / W - 0.5,  row = y * rows / H - 0.5, with
-(x, y) in original pixels (0 = left/top edge) and (rows, cols) from
-`inputs.regions.image_grid`. Processors that centre-crop (e.g. LLaVA-1.5's CLIP) need the
-crop undone before this map; it is not done here.
+Pixel -> grid convention (pi): each family's real preprocessing, from its architecture
+adapter (`adapter.image_points_to_grid`, used when `focus_prior` gets the model). Qwen's
+processor resizes the *whole* image (smart_resize, no crop) to multiples of
+patch_size * merge_size, so merged cell (r, c) covers the original-pixel box
+[c W/cols, (c+1) W/cols) x [r H/rows, (r+1) H/rows), whatever the resize:
+col = x * cols / W - 0.5,  row = y * rows / H - 0.5 (cell centres on integers, (x, y) in
+original pixels, (rows, cols) from `inputs.regions.image_grid`). LLaVA-1.5's CLIP processor
+resizes the shortest side and centre-crops: points go through the same resize and crop, and
+objects the crop removes get no prior mass (an image whose objects are all cropped away adds
+nothing to its row). Without the model, the whole-image (Qwen) map is used.
 
 Several images in one row: every image's Gaussians are evaluated on its own grid and g is
 normalised jointly over all image tokens of the row (objects in either image attract the
@@ -28,7 +31,7 @@ captured pattern.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -79,14 +82,23 @@ def object_prior(
     grid: tuple[int, int],
     sigma: float = 1.0,
     normalise: bool = True,
+    to_grid: Callable | None = None,
 ) -> Float[Tensor, "cells"]:
     """The Gaussian prior over one image's merged cells, row-major (the image-token order).
 
+    to_grid: ``(points [n, 2] float64, image_size, grid) -> (grid coordinates [n, 2], visible
+        [n])``, the family's preprocessing (``adapter.image_points_to_grid``); default: the
+        whole-image map of :func:`pixel_to_grid`. Points that are not visible are left out.
     Returns u (normalise=False) or g = u / sum(u) as float64 [rows * cols].
     """
     if sigma <= 0:
         raise ValueError(f"sigma must be positive (grid units), got {sigma}")
-    points = pixel_to_grid(centres, image_size, grid)  # [n, 2]
+    if to_grid is None:
+        points = pixel_to_grid(centres, image_size, grid)  # [n, 2]
+    else:
+        xy = torch.as_tensor(centres, dtype=torch.float64).reshape(-1, 2)
+        points, visible = to_grid(xy, image_size, grid)
+        points = points[visible]
     rows, cols = grid
     r, c = torch.meshgrid(
         torch.arange(rows, dtype=torch.float64), torch.arange(cols, dtype=torch.float64), indexing="ij"
@@ -119,13 +131,24 @@ class FocusPrior:
         return FocusPrior(self.weights.to(device), self.image_mask.to(device), self.valid.to(device))
 
 
-def focus_prior(inputs, objects: Sequence[Sequence[ImageObjects] | None], sigma: float = 1.0) -> FocusPrior:
+def focus_prior(
+    inputs, objects: Sequence[Sequence[ImageObjects] | None], sigma: float = 1.0, model=None
+) -> FocusPrior:
     """Build g for a batch of `VLMInputs` (with regions).
 
     objects: per row, per image (in prompt order), (centres [(x, y), ...] in original pixels,
         (width, height) of that image); None or [] for a row without objects. An image with no
-        centres contributes nothing to its row.
+        (visible) centres contributes nothing to its row.
+    model: the HookedVLM the inputs are for: centres go through its family's preprocessing
+        (resize, crop). Without it, the whole-image (Qwen) map is used.
     """
+    to_grid = None
+    if model is not None:
+        adapter, processor = model.adapter, model.processor
+
+        def to_grid(points, size, grid):
+            return adapter.image_points_to_grid(processor, points, size, grid)
+
     regions = inputs.regions
     if regions is None:
         raise ValueError("focus_prior needs inputs with token regions: build them with model.prepare(...)")
@@ -150,7 +173,12 @@ def focus_prior(inputs, objects: Sequence[Sequence[ImageObjects] | None], sigma:
         ):
             if len(centres) == 0:
                 continue
-            weights[row, positions.cpu()] += object_prior(centres, size, grid, sigma, normalise=False)
+            if size is None:
+                raise ValueError(f"row {row}: give each image's (width, height) with its object centres")
+            positions = positions.cpu()
+            if len(positions) == grid[0] * grid[1] + 1:  # a leading CLS token (LLaVA "full"): no cell
+                positions = positions[1:]
+            weights[row, positions] += object_prior(centres, size, grid, sigma, normalise=False, to_grid=to_grid)
         total = weights[row].sum()
         if total > 0:
             weights[row] /= total

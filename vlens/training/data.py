@@ -117,7 +117,7 @@ def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prio
     )
     prior = None
     if with_prior and any(example.objects for example in examples):
-        prior = focus_prior(inputs, [example.objects for example in examples], sigma=sigma)
+        prior = focus_prior(inputs, [example.objects for example in examples], sigma=sigma, model=model)
     return SFTBatch(inputs, labels.to(inputs.input_ids.device), prompt_final, prior)
 
 
