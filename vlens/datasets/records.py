@@ -17,17 +17,18 @@ from pathlib import Path
 
 from PIL import Image
 
+from vlens.errors import UserInputError
+from vlens.images import MAX_IMAGE_BYTES  # one limit for every image vlens opens
+
 # A file on disk, or the encoded bytes of an image stored inside the data file
 # (Hugging Face parquet / arrow exports keep images as {"bytes": ..., "path": ...}).
 ImageSource = Path | bytes
 # per image: object centres [(x, y), ...] in original pixels and that image's (width, height)
 ImageObjects = tuple[list[tuple[float, float]], tuple[int, int]]
 
-# Larger image files are refused before reading (a real photo is a few MB; PixMo's largest ~30 MB)
-MAX_IMAGE_BYTES = 64 * 2**20
 
 
-class DatasetError(ValueError):
+class DatasetError(UserInputError):
     """A dataset file or row is malformed; the message names the file (and line or row)."""
 
 
@@ -134,6 +135,8 @@ def open_image(source: ImageSource, max_bytes: int | None = MAX_IMAGE_BYTES) -> 
         UnreadableImageError: naming the file, when it is not a regular file, is too large or
             cannot be decoded (truncated, not an image, a decompression bomb).
     """
+    from vlens.images import to_rgb
+
     where = describe_image(source)
     if isinstance(source, bytes):
         if max_bytes is not None and len(source) > max_bytes:
@@ -146,7 +149,8 @@ def open_image(source: ImageSource, max_bytes: int | None = MAX_IMAGE_BYTES) -> 
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(opener) as image:
-                return image.convert("RGB")
+                image.load()
+                return to_rgb(image, what=f"image {where}")  # 16-bit, float, alpha handled as prepare() does
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as error:
         raise UnreadableImageError(f"image {where} cannot be decoded: {error}") from None
 
