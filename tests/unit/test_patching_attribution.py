@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -79,6 +81,9 @@ def test_spearman_by_hand():
     assert spearman(torch.tensor([1.0, 2, 3, 4]), torch.tensor([4.0, 3, 2, 1])) == pytest.approx(-1.0)
     # ranks x = (1,2,3), y = (1,3,2): 1 - 6*2/(3*8) = 0.5
     assert spearman(torch.tensor([1.0, 2, 3]), torch.tensor([1.0, 3, 2])) == pytest.approx(0.5)
+    # ties take average ranks: x ranks (1, 2.5, 2.5, 4), y (1, 2, 3, 4): 4.5 / sqrt(4.5 * 5)
+    assert spearman(torch.tensor([1.0, 2, 2, 3]), torch.tensor([1.0, 2, 3, 4])) == pytest.approx(4.5 / 22.5**0.5)
+    assert math.isnan(spearman(torch.ones(4), torch.tensor([1.0, 2, 3, 4])))  # nothing to rank
     with pytest.raises(ValueError):
         spearman(torch.zeros(3), torch.zeros(4))
 

@@ -242,22 +242,17 @@ def _qk_atp_star(model: HookedVLM, state, clean: dict, corrupt, grads: dict) -> 
 
 
 def spearman(a: Tensor, b: Tensor) -> float:
-    """Spearman rank correlation of two same-shaped tensors (average ranks for ties)."""
-    x, y = a.flatten().double(), b.flatten().double()
+    """Spearman rank correlation of two same-shaped tensors (scipy; average ranks for ties).
+
+    NaN when either side is constant (no ranking to correlate).
+    """
+    x, y = a.detach().flatten().double().cpu(), b.detach().flatten().double().cpu()
     if x.shape != y.shape or x.numel() < 2:
         raise ValueError(f"spearman needs two tensors of the same size >= 2, got {tuple(a.shape)} and {tuple(b.shape)}")
-
-    def ranks(v: Tensor) -> Tensor:
-        order = v.argsort()
-        r = torch.empty_like(v)
-        r[order] = torch.arange(len(v), dtype=v.dtype)
-        for value in v.unique():  # average ranks of ties
-            tied = v == value
-            if tied.sum() > 1:
-                r[tied] = r[tied].mean()
-        return r
-
-    rx, ry = ranks(x), ranks(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denom = (rx.norm() * ry.norm()).item()
-    return float((rx * ry).sum().item() / denom) if denom > 0 else float("nan")
+    if bool((x == x[0]).all()) or bool((y == y[0]).all()):
+        return float("nan")
+    try:
+        from scipy.stats import spearmanr
+    except ImportError as error:
+        raise ImportError("rank correlations need scipy: pip install 'vlens[analysis]'") from error
+    return float(spearmanr(x.numpy(), y.numpy()).statistic)

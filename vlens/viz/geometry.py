@@ -1,14 +1,11 @@
-"""Representation geometry: PCA (torch SVD) and exact t-SNE of residual vectors, coloured by count.
+"""Representation geometry: PCA (torch SVD) and t-SNE of residual vectors, coloured by count.
 
-t-SNE here is a small exact implementation (O(n^2) memory and time per step) meant for a few
-hundred points, so vlens needs no scikit-learn. It follows van der Maaten & Hinton (2008) with
-scikit-learn's defaults: perplexity search per point, early exaggeration 12 for 250 steps,
-momentum 0.5 -> 0.8, adaptive gains, learning rate max(n / 48, 50), PCA initialisation.
+t-SNE is scikit-learn's (Barnes-Hut, O(n log n): thousands of points in seconds), seeded so a
+run is reproducible; it needs the ``analysis`` extra (``pip install 'vlens[analysis]'``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -51,27 +48,6 @@ def pca(vectors: Float[Tensor, "n d"], n_components: int = 2) -> PCAResult:
     return PCAResult((centred @ components.T).float(), components.float(), ratio.float(), mean.float())
 
 
-def _affinities(squared_distances: Tensor, perplexity: float, n_steps: int = 100) -> Tensor:
-    """Row-stochastic Gaussian affinities with each row's entropy matched to log(perplexity)."""
-    n = squared_distances.shape[0]
-    target_entropy = math.log(perplexity)
-    beta = torch.ones(n, dtype=squared_distances.dtype)  # 1 / (2 sigma_i^2)
-    low = torch.zeros_like(beta)
-    high = torch.full_like(beta, math.inf)
-    off_diagonal = ~torch.eye(n, dtype=torch.bool)
-    for _ in range(n_steps):
-        logits = torch.where(off_diagonal, -squared_distances * beta[:, None], -math.inf)
-        p = torch.softmax(logits, dim=1)
-        entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(dim=1)
-        too_flat = entropy > target_entropy  # sigma too wide: sharpen (raise beta)
-        low = torch.where(too_flat, beta, low)
-        high = torch.where(too_flat, high, beta)
-        beta = torch.where(torch.isinf(high), beta * 2, (low + high) / 2)
-        if (entropy - target_entropy).abs().max() < 1e-5:
-            break
-    return p
-
-
 def tsne(
     vectors: Float[Tensor, "n d"],
     n_components: int = 2,
@@ -80,14 +56,15 @@ def tsne(
     seed: int = 0,
     init: str = "pca",
 ) -> Float[Tensor, "n n_components"]:
-    """Exact t-SNE embedding (deterministic for a given seed).
+    """t-SNE embedding by scikit-learn (deterministic for a given seed).
 
     Args:
         vectors: the points, e.g. final-position residuals of one layer.
         perplexity: effective neighbours; default min(30, (n - 1) / 3). Must be < n.
         n_iter: optimisation steps (>= 250: the first 250 use early exaggeration).
-        seed: seeds the random initialisation (used when init="random").
+        seed: seeds the optimisation (and the initialisation when init="random").
         init: "pca" (stable, the default) or "random".
+    Returns the embedding, centred, float32 [n, n_components].
     """
     x = as_float_tensor(vectors, "vectors", 2).double()
     n = x.shape[0]
@@ -98,34 +75,16 @@ def tsne(
         raise ValueError(f"perplexity must be in (1, {n}) for {n} points, got {perplexity}")
     if n_iter < 250:
         raise ValueError("n_iter must be at least 250")
-
-    conditional = _affinities(torch.cdist(x, x).pow(2), perplexity)
-    p = ((conditional + conditional.T) / (2 * n)).clamp_min(1e-12)
-
-    if init == "pca":
-        y = pca(x, min(n_components, *x.shape)).projected.double()
-        y = y / y[:, 0].std().clamp_min(1e-12) * 1e-4
-    elif init == "random":
-        generator = torch.Generator().manual_seed(seed)
-        y = torch.randn(n, n_components, generator=generator, dtype=torch.float64) * 1e-4
-    else:
+    if init not in ("pca", "random"):
         raise ValueError(f"init must be 'pca' or 'random', got {init!r}")
-
-    exaggeration, exaggerated_steps = 12.0, 250
-    learning_rate = max(n / exaggeration / 4, 50.0)
-    update = torch.zeros_like(y)
-    gains = torch.ones_like(y)
-    for step in range(n_iter):
-        early = step < exaggerated_steps
-        kernel = 1.0 / (1.0 + torch.cdist(y, y).pow(2))  # Student-t, one degree of freedom
-        kernel.fill_diagonal_(0.0)
-        q = (kernel / kernel.sum()).clamp_min(1e-12)
-        weights = ((exaggeration if early else 1.0) * p - q) * kernel
-        gradient = 4.0 * (weights.sum(dim=1, keepdim=True) * y - weights @ y)
-        reversing = update * gradient < 0  # the step keeps going against the gradient: speed up
-        gains = torch.where(reversing, gains + 0.2, gains * 0.8).clamp_min(0.01)
-        update = (0.5 if early else 0.8) * update - learning_rate * gains * gradient
-        y = y + update
+    try:
+        from sklearn.manifold import TSNE
+    except ImportError as error:
+        raise ImportError("t-SNE needs scikit-learn: pip install 'vlens[analysis]'") from error
+    method = "barnes_hut" if n_components < 4 else "exact"  # Barnes-Hut supports up to 3 dimensions
+    embedding = TSNE(n_components=n_components, perplexity=perplexity, max_iter=n_iter, init=init,
+                     random_state=seed, method=method).fit_transform(x.cpu().numpy())
+    y = torch.from_numpy(embedding)
     return (y - y.mean(dim=0)).float()
 
 
