@@ -155,7 +155,12 @@ def test_cli_eval(tmp_path, tiny_hf, monkeypatch, capsys):
     assert "imagefolder: n=2" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "results.json").read_text())["model"] == "some/dir"
     assert cli.main(argv + ["--image-column", "path", "--overwrite"]) == 2
-    assert "vlens eval: error: --image-column do(es) not apply to --format imagefolder" in capsys.readouterr().err
+    assert "vlens eval: error: image_column (--image-column) do(es) not apply to the imagefolder format" in \
+        capsys.readouterr().err
+    # without --format the format is detected from the data
+    detected = argv[: argv.index("--format")] + argv[argv.index("--format") + 2 :]
+    assert cli.main(detected + ["--overwrite"]) == 0
+    assert "imagefolder: n=2" in capsys.readouterr().out
 
 
 def test_hooked_backend_matches_hf_and_keeps_hooks_on(tmp_path, tiny_hf):

@@ -76,7 +76,7 @@ def test_detection_and_unknown_columns(tmp_path):
     path.write_text(json.dumps({"picture": "a.png", "caption": "x"}) + "\n")
     with pytest.raises(DatasetError, match=r"cannot tell the format.*\['caption', 'picture'\]"):
         load_dataset(path)
-    with pytest.raises(DatasetError, match="image_column do.*not apply to the countbenchqa"):
+    with pytest.raises(DatasetError, match=r"image_column \(--image-column\) do.*not apply to the countbenchqa"):
         load_dataset(write_rows(countbench_table([1]), tmp_path / "cb", "jsonl"), format="countbenchqa",
                      image_column="x")
     assert detect_format(tmp_path, columns={"options", "question"}) == "mcq"
@@ -178,3 +178,10 @@ def test_undecodable_image_is_skipped_by_name(tmp_path):
     assert len(data.skipped) == 1 and "broken.png cannot be decoded" in data.skipped[0].reason
     with pytest.raises(UnreadableImageError, match="broken.png"):
         load_record_images(load_dataset(folder), skip_unreadable=False)
+
+
+def test_cli_format_names_match_the_layer():
+    from vlens import dataset_options
+    from vlens.datasets import DATA_FORMATS
+
+    assert dataset_options.DATA_FORMATS == DATA_FORMATS

@@ -12,8 +12,10 @@ ablation writes in never saw the examples it is evaluated on.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -147,3 +149,37 @@ def build_task_batch(model, name: str, n: int, seed: int = 0, image_size: int = 
         records.append(record)
     label = canonical_task_name(name) + (" (reference)" if reference else "")
     return TaskBatch(label, prompts, images, answers, answer_token_ids(model, answers), records)
+
+
+def dataset_task_batches(model, dataset, n_examples: int, n_reference: int,
+                         name: str | None = None) -> tuple[TaskBatch, TaskBatch]:
+    """A real dataset (:func:`vlens.datasets.load_dataset`) as one task: (evaluation, reference).
+
+    The first ``n_examples`` readable records are evaluated, the next ``n_reference`` give the
+    reference means (disjoint rows). A set with fewer records is split in half instead, and
+    the batch names say so. Prompts are the questions (with options for multiple choice),
+    answers the records' answer texts; unreadable images are skipped by file name.
+    """
+    from vlens.datasets import DatasetError, load_record_images
+
+    if n_examples < 1 or n_reference < 1:
+        raise ValueError(f"n_examples and n_reference must be >= 1, got {n_examples} and {n_reference}")
+    name = name or Path(dataset.source).stem
+    loaded = load_record_images(dataset.head(n_examples + n_reference))
+    if len(loaded) < 2:
+        raise DatasetError(f"{dataset.source}: a task needs at least 2 readable records (evaluation and "
+                           f"reference), it has {len(loaded)}")
+    split = n_examples if len(loaded) == n_examples + n_reference else (len(loaded) + 1) // 2
+    if split != n_examples:
+        warnings.warn(f"{dataset.source}: {len(loaded)} readable records, fewer than {n_examples} + {n_reference}: "
+                      f"{split} evaluated, {len(loaded) - split} for the reference means", stacklevel=2)
+
+    def batch(rows, label):
+        prompts = [record.prompt_text() for record, _ in rows]
+        answers = [record.answer for record, _ in rows]
+        images = [images[0] if len(images) == 1 else images for _, images in rows]
+        records = [{**record.extra, "id": record.id, "source": record.source, "count": record.count}
+                   for record, _ in rows]
+        return TaskBatch(label, prompts, images, answers, answer_token_ids(model, answers), records)
+
+    return batch(loaded[:split], name), batch(loaded[split:], f"{name} (reference)")

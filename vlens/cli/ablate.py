@@ -1,6 +1,7 @@
 """`vlens ablate`: per-task head importance by ablation and the Jaccard overlap across tasks.
 
     vlens ablate --model tiny --tasks counting,colour,spatial,arithmetic --top-k 20 --out runs/ablation
+    vlens ablate --model PATH --data pixmo.parquet countbenchqa.parquet --image-dir images/ --out runs/real
 
 Writes ``results.json`` (the report), ``report.html`` (Jaccard heatmap, per-task damage heatmaps,
 top heads) and ``summary.md`` (the Jaccard matrix and top heads as Markdown tables) into ``--out``.
@@ -22,6 +23,7 @@ from vlens.cli.options import (
     prepare_out,
     rendered_size,
 )
+from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.errors import UserInputError
 from vlens.finite import add_allow_nan_argument
 from vlens.validation import arg_int
@@ -44,7 +46,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                           "answer log-probability (or accuracy) per task, and compare the tasks' top-k head sets "
                           "by Jaccard similarity.")
     add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
-    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
+    add_data_arguments(parser, multiple=True,
+                       help="real datasets, each one task named after its file (PixMo-Count, CountBenchQA, "
+                            "multiple choice, imagefolders, qa rows; see --format); with --tasks too, both are run")
+    parser.add_argument("--tasks", default=None,
                         help="comma-separated tasks, TASK or TASK@STYLE (e.g. counting@synreal); "
                              f"default {','.join(DEFAULT_TASKS)}")
     parser.add_argument("--top-k", type=arg_int(min=1), default=20, help="size of each task's head set (default 20)")
@@ -81,9 +86,12 @@ def run_ablate(args: argparse.Namespace) -> int:
     from vlens.finite import collect_non_finite, non_finite_exit
     from vlens.validation import check_top_k
 
+    if args.tasks is None:
+        args.tasks = "" if args.data else ",".join(DEFAULT_TASKS)
     tasks = [t for t in args.tasks.split(",") if t.strip()]
-    if not tasks:
-        raise UserInputError("--tasks is empty: give e.g. --tasks counting,colour")
+    if not tasks and not args.data:
+        raise UserInputError("--tasks is empty: give e.g. --tasks counting,colour (or real sets with --data)")
+    datasets = [load_data_arg(args, path) for path in args.data or []]  # read (and checked) before the model
     if args.patching is not None and not args.patching.is_file():
         raise UserInputError(f"--patching {args.patching}: no such file")
     out = prepare_out(args, RESULTS_FILE, REPORT_HTML, SUMMARY_MD)
@@ -92,6 +100,8 @@ def run_ablate(args: argparse.Namespace) -> int:
     check_top_k(args.top_k, "--top-k", model.cfg.n_layers * model.cfg.n_heads)  # before the sweep
     if patching is not None:  # a wrong --patching-metric or grid fails now, not after the sweep
         _check_patching(patching, model, args)
+    if datasets:
+        tasks = real_and_synthetic_tasks(model, tasks, datasets, args)
     with collect_non_finite() as problems:
         report = ablation_study(
             model, tasks, n_examples=args.n_examples, n_reference=args.n_reference, method=args.method,
@@ -117,6 +127,27 @@ def run_ablate(args: argparse.Namespace) -> int:
     print(report.summary())
     logger.info("wrote %s", ", ".join(str(p) for p in written))
     return non_finite_exit(problems, args.allow_nan, "vlens ablate")
+
+
+def real_and_synthetic_tasks(model, names: list[str], datasets: list, args: argparse.Namespace) -> dict:
+    """{task: (evaluation, reference)}: the task-suite tasks, then one task per real dataset (its file
+    name; repeated names get a number)."""
+    from vlens.ablation.tasks import build_task_batch, canonical_task_name, dataset_task_batches
+
+    size = rendered_size(args, DEFAULT_IMAGE_SIZE)
+    tasks = {}
+    for name in names:
+        name = canonical_task_name(name)
+        tasks[name] = (build_task_batch(model, name, args.n_examples, args.seed, size),
+                       build_task_batch(model, name, args.n_reference, args.seed, size, reference=True))
+    for dataset in datasets:
+        source = Path(dataset.source)
+        name = source.parent.name if source.name == "metadata.jsonl" else source.stem
+        label, number = name, 2
+        while label in tasks:
+            label, number = f"{name}-{number}", number + 1
+        tasks[label] = dataset_task_batches(model, dataset, args.n_examples, args.n_reference, name=label)
+    return tasks
 
 
 def _read_json(path: Path, flag: str):

@@ -1,6 +1,7 @@
 """``vlens eval``: score a model on a local counting or multiple-choice set.
 
-    vlens eval --model tiny --data data/syndot_test --format imagefolder --out runs/eval
+    vlens eval --model tiny --data data/syndot_test --out runs/eval            # format detected
+    vlens eval --model PATH --data mmmu_val/ --format mcq --split validation --out runs/mmmu  # save_to_disk
     vlens eval --model Qwen/Qwen2.5-VL-7B-Instruct --backend hf --data pixmo.parquet \
         --format pixmo --image-dir pixmo_images/ --skip-missing --max-pixels 200704 --out runs/pixmo
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
 from vlens.cli.options import (
     add_batch_size,
@@ -19,6 +19,8 @@ from vlens.cli.options import (
     model_options,
     prepare_out,
 )
+from vlens.dataset_options import DATA_FORMATS as FORMATS  # noqa: F401 (tests/cli/test_conventions.py)
+from vlens.dataset_options import add_data_arguments
 from vlens.errors import UserInputError
 from vlens.finite import add_allow_nan_argument
 from vlens.validation import arg_int
@@ -27,16 +29,8 @@ logger = logging.getLogger(__name__)
 
 # spelled out so that building this parser imports nothing heavy (checked against
 # vlens.evaluation in tests/cli/test_conventions.py)
-FORMATS = ("countbenchqa", "imagefolder", "mcq", "pixmo")
 ANSWER_PARSERS = ("choice", "count", "count_strict")
 PARTIAL_PREDICTIONS = "predictions.partial.jsonl"  # written batch by batch while evaluating
-# reader options each format accepts; any other given option is an error, not ignored
-_READER_OPTIONS = {
-    "imagefolder": set(),
-    "pixmo": {"image_dir", "image_column", "verify_sha256"},
-    "countbenchqa": {"image_dir"},
-    "mcq": {"image_dir"},
-}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -46,18 +40,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", choices=["hooked", "hf"], default="hooked", help="HookedVLM or plain HF model"
     )
-    parser.add_argument("--data", required=True, type=Path, help="data file, or the imagefolder directory")
-    parser.add_argument("--format", required=True, choices=FORMATS, dest="data_format")
+    add_data_arguments(parser, required=True)
     add_out(parser, "predictions.jsonl, results.json, report.md, confusion_matrix.html")
-    parser.add_argument(
-        "--image-dir", type=Path, help="folder that relative image paths (or sha256 names) are in"
-    )
     parser.add_argument("--image-column", help="pixmo: the column holding each row's image path")
     parser.add_argument(
         "--verify-sha256", action="store_true", help="pixmo: check images against image_sha256"
-    )
-    parser.add_argument(
-        "--skip-missing", action="store_true", help="skip rows whose image is missing (counted in the report)"
     )
     add_batch_size(parser, 8, "examples per generate call")
     parser.add_argument("--max-new-tokens", type=arg_int(min=1), default=32)
@@ -110,33 +97,29 @@ def load_hf_model(args: argparse.Namespace):
     return model, processor
 
 
-def reader_options(args: argparse.Namespace) -> dict:
-    """The reader keyword arguments given on the command line, checked against the format."""
-    given = {
-        "image_dir": args.image_dir,
-        "image_column": args.image_column,
-        "verify_sha256": args.verify_sha256 or None,
-    }
-    given = {k: v for k, v in given.items() if v is not None}
-    unsupported = sorted(set(given) - _READER_OPTIONS[args.data_format])
-    if unsupported:
-        flags = ", ".join("--" + name.replace("_", "-") for name in unsupported)
-        raise UserInputError(f"{flags} do(es) not apply to --format {args.data_format}")
-    return given
+def read_data(args: argparse.Namespace):
+    """The dataset ``--data`` names, read with the data options (format detected when not given)."""
+    from vlens.datasets import load_dataset
+
+    options = {"image_column": args.image_column, "verify_sha256": args.verify_sha256 or None}
+    return load_dataset(args.data, args.data_format, image_dir=args.image_dir, split=args.split,
+                        skip_missing=args.skip_missing or None, **options)
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from vlens.evaluation.datasets import check_counting
     from vlens.evaluation.formats import get_format
     from vlens.evaluation.report import PREDICTIONS_FILE, REPORT_JSON, REPORT_MD, write_report
     from vlens.evaluation.runner import evaluate
     from vlens.finite import collect_non_finite, non_finite_exit
 
-    fmt = get_format(args.data_format)
-    options = reader_options(args)
     out = prepare_out(args, PREDICTIONS_FILE, REPORT_JSON, REPORT_MD)  # before reading data or loading the model
-    dataset = fmt.reader(args.data, skip_missing=args.skip_missing, **options)
+    dataset = read_data(args)
+    fmt = get_format(dataset.format)
+    if fmt.task == "count":
+        check_counting(dataset)
     if dataset.skipped:
-        logger.warning("skipped %d rows with missing images (listed in the report)", len(dataset.skipped))
+        logger.warning("skipped %d rows (missing images or open questions; listed in the report)", len(dataset.skipped))
     backend = load_backend(args)
     partial = out / PARTIAL_PREDICTIONS
     with collect_non_finite() as problems:

@@ -29,6 +29,7 @@ from vlens.cli.options import (
     write_figure,
     write_results,
 )
+from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.errors import UserInputError
 from vlens.finite import add_allow_nan_argument
 from vlens.validation import arg_float, arg_int
@@ -43,7 +44,8 @@ TAXONOMY_MD, TAXONOMY_HTML, LENS_KL, LENS_DIR = "taxonomy.md", "taxonomy.html", 
 def _data_args(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", help="imagefolder with a 'question' per image (vlens data tasks --out DIR)")
+    add_data_arguments(parser, group=source, help="dataset with a question per image (vlens data tasks --out DIR, "
+                       "PixMo-Count, CountBenchQA, multiple choice, qa rows; see --format)")
     source.add_argument("--make", type=arg_int(min=1), metavar="N", help="generate N task-suite samples on the fly")
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many images of --data")
     parser.add_argument("--seed", type=int, default=0, help="seed of generated samples (default 0)")
@@ -82,6 +84,9 @@ def configure_headlens(head: argparse.ArgumentParser) -> None:
     head.add_argument("--lens", default=None, help="a trained lens folder; default: train one first")
     head.add_argument("--lens-make", type=arg_int(min=1), default=300,
                       help="task samples to train the lens on when --lens is not given (default 300)")
+    head.add_argument("--lens-data", type=Path, default=None,
+                      help="a dataset to train the lens on instead (read with the --format / --split / --image-dir "
+                           "options; at most --lens-make rows); use rows other than --data's")
     _train_args(head, prefix="lens-")
     head.add_argument("--k", type=arg_int(min=1), default=10, help="top-k tokens per head (default 10)")
     head.add_argument("--vocab", default=None,
@@ -94,10 +99,10 @@ def configure_headlens(head: argparse.ArgumentParser) -> None:
 
 
 def _samples(args: argparse.Namespace):
-    from vlens.lens.corpus import imagefolder_samples, task_samples
+    from vlens.lens.corpus import dataset_samples, task_samples
 
     if args.data is not None:
-        return imagefolder_samples(args.data, limit=args.limit)
+        return dataset_samples(load_data_arg(args, args.data), limit=args.limit)
     return task_samples(args.make, seed=args.seed, size=rendered_size(args, DEFAULT_IMAGE_SIZE), style=args.style,
                         tasks=_tasks(args))
 
@@ -201,9 +206,14 @@ def run_headlens(args: argparse.Namespace) -> int:
     if args.lens is not None:
         translators = Translators.load(args.lens, model=model)
     else:
-        lens_samples = task_samples(args.lens_make, seed=args.seed + LENS_SEED_OFFSET,
-                                    size=rendered_size(args, DEFAULT_IMAGE_SIZE), style=args.style,
-                                    tasks=_tasks(args))
+        if args.lens_data is not None:
+            from vlens.lens.corpus import dataset_samples
+
+            lens_samples = dataset_samples(load_data_arg(args, args.lens_data), limit=args.lens_make)
+        else:
+            lens_samples = task_samples(args.lens_make, seed=args.seed + LENS_SEED_OFFSET,
+                                        size=rendered_size(args, DEFAULT_IMAGE_SIZE), style=args.style,
+                                        tasks=_tasks(args))
         translators, report = _train(model, lens_samples, args, args.lens_steps, args.lens_lr, args.lens_positions)
         if args.sharding.is_main:
             translators.save(out / LENS_DIR, overwrite=True)  # this command's own sub-folder

@@ -26,6 +26,7 @@ from vlens.cli.options import (
     write_figure,
     write_results,
 )
+from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.finite import add_allow_nan_argument
 from vlens.validation import arg_int
 
@@ -38,7 +39,8 @@ DEFAULT_IMAGE_SIZE = 168
 def configure(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", metavar="DIR", help="imagefolder with question / answer columns")
+    add_data_arguments(parser, group=source, help="dataset with questions and answers (imagefolder, PixMo-Count, "
+                       "CountBenchQA, multiple choice, qa rows; see --format)")
     source.add_argument("--make", type=arg_int(min=1), metavar="N", help="render N counting samples on the fly")
     add_out(parser, f"{RESULTS_FILE} and {FIGURE_FILE}")
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many records of --data")
@@ -51,10 +53,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _records(args: argparse.Namespace) -> list[dict]:
     if args.data:
-        from vlens.data import read_imagefolder
+        from vlens.datasets import record_dicts
 
-        records = read_imagefolder(args.data)
-        return records[: args.limit] if args.limit is not None else records
+        return record_dicts(load_data_arg(args, args.data), args.limit)
     from vlens.data import make_task_sample
 
     size = rendered_size(args, DEFAULT_IMAGE_SIZE)

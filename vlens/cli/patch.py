@@ -4,7 +4,8 @@
     vlens patch --model tiny --pairs data/pairs --mode layer-head --out runs/heads
     vlens patch --model tiny --make-pairs 32 --mode atp --compare-exact --out runs/atp
 
-``--pairs DIR`` reads an imagefolder with ``pair_id`` / ``role`` columns (``vlens data pairs``).
+``--pairs PATH`` reads any dataset (``--format``) whose rows have ``pair_id`` / ``role`` columns
+(``vlens data pairs``); a set without them is refused with what to do instead.
 The clean / corrupt answers are the records' ground-truth answers; metrics compare their first
 differing tokens at the final prompt position of the chat-formatted prompt. Writes
 ``results.json`` and ``figure.html`` (plotly) into ``--out``.
@@ -25,6 +26,7 @@ from vlens.cli.options import (
     write_figure,
     write_results,
 )
+from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.errors import UserInputError
 from vlens.finite import add_allow_nan_argument
 from vlens.validation import arg_int
@@ -39,7 +41,9 @@ DEFAULT_IMAGE_SIZE = 168
 def configure(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--pairs", metavar="DIR", help="imagefolder of pairs (pair_id / role columns)")
+    add_data_arguments(parser, flag="--pairs", group=source,
+                       help="dataset of pairs: rows with pair_id / role ('clean' / 'corrupt') columns "
+                            "(vlens data pairs --out DIR, or any --format with those columns)")
     source.add_argument("--make-pairs", type=arg_int(min=1), metavar="N", help="generate N controlled counting pairs")
     parser.add_argument("--mode", choices=MODES, required=True)
     add_out(parser, f"{RESULTS_FILE} and {FIGURE_FILE}")
@@ -66,10 +70,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def load_batch(model, args: argparse.Namespace):
     """The PairBatch the arguments ask for (optionally only the pairs the model gets right)."""
-    from vlens.patching.pairs import build_pair_batch, load_pair_examples, make_count_pairs
+    from vlens.patching.pairs import build_pair_batch, make_count_pairs, pairs_from_dataset
 
     if args.pairs:
-        examples = load_pair_examples(args.pairs)
+        examples = pairs_from_dataset(load_data_arg(args, args.pairs))
         patchable = [e for e in examples if e.clean_answer != e.corrupt_answer]
         if len(patchable) < len(examples):
             logger.warning("skipping %d control pairs whose clean and corrupt answers are equal",

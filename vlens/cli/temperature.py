@@ -23,6 +23,7 @@ from vlens.cli.options import (
     prepare_out,
     write_results,
 )
+from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.errors import UserInputError
 from vlens.finite import add_allow_nan_argument
 from vlens.validation import arg_float, arg_int
@@ -63,7 +64,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     apply = commands.add_parser("apply", help="evaluate a model with the temperatures on an imagefolder set")
     add_model_options(apply)
     apply.add_argument("--temps", required=True, type=Path, help="a `temperature fit` folder (or its JSON)")
-    apply.add_argument("--data", required=True, type=Path, help="a vlens imagefolder (counting)")
+    add_data_arguments(apply, required=True, help="counting or multiple-choice set (any --format)")
     apply.add_argument("--limit", type=arg_int(min=1))
     add_batch_size(apply, 16, "examples per generate call")
     apply.add_argument("--max-new-tokens", type=arg_int(min=1), default=8)
@@ -123,13 +124,16 @@ def run_fit(args: argparse.Namespace) -> int:
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    from vlens.evaluation import HookedVLMBackend, evaluate, read_counting_imagefolder, write_report
+    from vlens.evaluation import HookedVLMBackend, evaluate, get_format, write_report
+    from vlens.evaluation.datasets import check_counting
     from vlens.finite import collect_non_finite, non_finite_exit
     from vlens.interventions.temperature import HeadTemperature
 
     out = prepare_out(args, RESULTS_FILE) if args.out is not None else None
     temp = HeadTemperature.from_json(temps_file(args.temps))
-    data = read_counting_imagefolder(args.data)
+    data = load_data_arg(args, args.data)
+    if get_format(data.format).task == "count":
+        check_counting(data)
     model = load_model_from_args(args)
     summary = {}
     problems: list[str] = []
@@ -144,8 +148,10 @@ def run_apply(args: argparse.Namespace) -> int:
                 progress=not args.quiet,
             )
         problems += found
-        summary[label] = {"accuracy": result.metrics.accuracy, "mae": result.metrics.mae, "n": result.metrics.n}
-        print(f"{label} temperature: accuracy {result.metrics.accuracy:.3f}, MAE {result.metrics.mae}")
+        mae = getattr(result.metrics, "mae", None)
+        summary[label] = {"accuracy": result.metrics.accuracy, "mae": mae, "n": result.metrics.n}
+        print(f"{label} temperature: accuracy {result.metrics.accuracy:.3f}, MAE {mae} "
+              f"(post-prompt {result.settings['post_prompt']!r})")
         if out is not None:
             write_report(result, out / f"{label}_temperature", model_name=f"{args.model} ({label} temperature)",
                          figures=False)

@@ -21,6 +21,7 @@ from vlens.cli.options import (
     model_options,
     prepare_out,
 )
+from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.validation import arg_float, arg_int
 
 logger = logging.getLogger(__name__)
@@ -36,9 +37,9 @@ def configure_train(train: argparse.ArgumentParser) -> None:
                          "attention loss (see docs/ in the repository). A run in --out resumes from its last "
                          "checkpoint.")
     add_model_options(train, dtype_default=TRAIN_DTYPE)
-    train.add_argument(
-        "--data", required=True, nargs="+", type=Path, help="imagefolders written by `vlens data`"
-    )
+    add_data_arguments(train, multiple=True, required=True,
+                       help="one or more datasets (imagefolders written by `vlens data`, PixMo-Count, "
+                       "CountBenchQA, multiple choice, qa rows; see --format)")
     train.add_argument("--limit", type=arg_int(min=1), help="use only the first N examples of each folder")
     train.add_argument("--out", required=True, type=Path, metavar="DIR",
                        help="output folder, created when missing: the run (adapter/, checkpoints, "
@@ -60,6 +61,9 @@ def configure_train(train: argparse.ArgumentParser) -> None:
     train.add_argument("--checkpoint-every", type=arg_int(min=1), default=50)
     train.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
                        help="bf16 autocast (default auto: on CUDA GPUs with bf16)")
+    train.add_argument("--gradient-checkpointing", choices=["auto", "on", "off"], default="auto",
+                       help="recompute decoder blocks in the backward to save memory (auto: on for d_model >= 1024, "
+                       "i.e. every 7-8B model)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-resume", action="store_true",
                        help="start over; checkpoints already in --out are moved to OUT/checkpoints.previous-N")
@@ -103,13 +107,14 @@ def _focus_layers(text: str | None) -> list[int] | None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from vlens.training.data import read_sft_folder
+    from vlens.training.data import examples_from_dataset
     from vlens.training.export import save_merged
     from vlens.training.sft import SFTConfig, train_sft
     from vlens.validation import check_output_folder
 
     check_output_folder(args.out, "--out")  # a run folder: resumed, so results are never refused here
-    examples = [example for folder in args.data for example in read_sft_folder(folder, args.limit)]
+    examples = [example for path in args.data for example in examples_from_dataset(load_data_arg(args, path),
+                                                                                      args.limit)]
     config = SFTConfig(
         lora_rank=args.lora_rank,
         focus_weight=0.0 if args.no_focus else args.focus_weight,
@@ -123,6 +128,7 @@ def run_train(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         checkpoint_every=args.checkpoint_every,
         bf16={"auto": "auto", "on": True, "off": False}[args.bf16],
+        gradient_checkpointing={"auto": "auto", "on": True, "off": False}[args.gradient_checkpointing],
         seed=args.seed,
     )
     config.check()  # before the model loads

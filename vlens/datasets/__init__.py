@@ -39,6 +39,7 @@ from vlens.datasets.records import (
     load_record_images,
     open_image,
     open_images,
+    record_dicts,
 )
 
 __all__ = [
@@ -69,4 +70,5 @@ __all__ = [
     "read_mcq",
     "read_pixmo",
     "read_qa",
+    "record_dicts",
 ]

@@ -90,7 +90,8 @@ def load_dataset(path: str | Path, format: str | None = None, **options) -> Data
     accepted = reader_options(format)
     unsupported = sorted(set(options) - accepted)
     if unsupported:
-        raise DatasetError(f"{', '.join(unsupported)} do(es) not apply to the {format} format "
+        named = ", ".join(f"{name} (--{name.replace('_', '-')})" for name in unsupported)
+        raise DatasetError(f"{named} do(es) not apply to the {format} format "
                            f"(it takes {', '.join(sorted(accepted)) or 'no options'})")
     if rows is not None:
         options["rows"] = rows

@@ -74,6 +74,21 @@ class Record:
         if not self.answer:
             self.answer = str(self.target)
 
+    def prompt_text(self) -> str:
+        """The question, then ``"A. option"`` lines for a multiple-choice question."""
+        if self.options is None:
+            return self.question
+        letters = [chr(ord("A") + i) for i in range(len(self.options))]
+        return "\n".join([self.question] + [f"{k}. {o}" for k, o in zip(letters, self.options, strict=True)])
+
+    def as_dict(self, images: list[Image.Image]) -> dict:
+        """A plain row for methods that read dict samples: the row's extra fields, then ``question``
+        (with options), ``answer``, ``count``, ``id``, ``source`` and ``image`` (one opened image,
+        or the list when there are several)."""
+        image = images[0] if len(images) == 1 else list(images)
+        return {**self.extra, "question": self.prompt_text(), "answer": self.answer, "count": self.count,
+                "id": self.id, "source": self.source, "image": image}
+
 
 @dataclass
 class SkippedRecord:
@@ -188,3 +203,9 @@ def load_record_images(
     if not loaded:
         raise DatasetError(f"{dataset.source}: no record has readable images ({len(dataset.skipped)} skipped)")
     return loaded
+
+
+def record_dicts(dataset: DataSet, limit: int | None = None) -> list[dict]:
+    """``Record.as_dict`` of the first ``limit`` records with readable images (others are skipped
+    by file name, see :func:`load_record_images`)."""
+    return [record.as_dict(images) for record, images in load_record_images(dataset.head(limit))]

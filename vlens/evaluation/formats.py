@@ -21,7 +21,6 @@ from vlens.evaluation.datasets import (
     read_qa,
 )
 from vlens.evaluation.examples import EvalDataset, EvalExample
-from vlens.evaluation.parsing import option_letters
 
 
 @dataclass(frozen=True)
@@ -69,13 +68,7 @@ def get_format(name: str) -> EvalFormat:
 
 def format_prompt(example: EvalExample, post_prompt: str) -> str:
     """The text sent to the model: question, then ``"A. option"`` lines, then the instruction."""
-    lines = [example.question]
-    if example.options is not None:
-        lines += [
-            f"{letter}. {option}"
-            for letter, option in zip(option_letters(len(example.options)), example.options, strict=True)
-        ]
-    return "\n".join(lines) + post_prompt
+    return example.prompt_text() + post_prompt
 
 
 def default_post_prompt(fmt: EvalFormat, model=None) -> tuple[str, str]:

@@ -15,7 +15,8 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from vlens.data import TASKS, make_task_sample, read_imagefolder
+from vlens.data import TASKS, make_task_sample
+from vlens.datasets import read_imagefolder_dataset, record_dicts
 from vlens.parallel import Sharding
 from vlens.validation import check_count
 
@@ -37,18 +38,17 @@ def task_samples(n: int, seed: int = 0, size: int = DEFAULT_IMAGE_SIZE, style: s
     return out
 
 
-def imagefolder_samples(folder: str | Path, limit: int | None = None) -> list[Sample]:
-    """Samples from an imagefolder written by ``vlens data ...`` (needs a ``question`` per row)."""
+def dataset_samples(dataset, limit: int | None = None) -> list[Sample]:
+    """Samples from any dataset of the shared layer (:func:`vlens.datasets.load_dataset`): the image
+    (or list of images), the question (with options) and the row as a record (answer, count, ...).
+    Records whose images cannot be read are skipped by file name."""
     limit = check_count(limit, "limit", allow_none=True)  # a negative limit would slice from the end
-    records = read_imagefolder(folder)
-    if limit is not None:
-        records = records[:limit]
-    if not records:
-        raise ValueError(f"{folder} holds no images")
-    if "question" not in records[0]:
-        raise ValueError(f"{folder}: records have no 'question'; write task data with `vlens data tasks` "
-                         "or pairs with `vlens data pairs`.")
-    return [(r.open_image(), r["question"], dict(r)) for r in records]
+    return [(row["image"], row["question"], row) for row in record_dicts(dataset, limit)]
+
+
+def imagefolder_samples(folder: str | Path, limit: int | None = None) -> list[Sample]:
+    """Samples from an imagefolder written by ``vlens data ...`` (a ``question`` per row)."""
+    return dataset_samples(read_imagefolder_dataset(folder), limit)
 
 
 def iter_batches(model, samples: Sequence[Sample], batch_size: int = 8,

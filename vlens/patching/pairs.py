@@ -203,6 +203,26 @@ def examples_from_records(records: Sequence[dict]) -> list[PairExample]:
     return examples
 
 
+def pairs_from_dataset(dataset, limit: int | None = None) -> list[PairExample]:
+    """Pairs from any dataset of the shared layer whose rows carry ``pair_id`` and ``role``.
+
+    Patching needs two images that differ only in what is counted; a real set rarely has them.
+    Without those columns this raises a DatasetError saying so and what to do instead.
+    """
+    from vlens.datasets import DatasetError, record_dicts
+
+    missing = [c for c in ("pair_id", "role") if not dataset.examples or c not in dataset.examples[0].extra]
+    if missing:
+        raise DatasetError(
+            f"{dataset.source} has no {' / '.join(missing)} column, so it holds no pairs: patching compares two "
+            "images that differ only in the count (a clean and a corrupt one, same size and question). Add "
+            "pair_id and role ('clean' / 'corrupt') columns to rows that form such pairs, or generate controlled "
+            "pairs with `vlens data pairs --out DIR` (or `vlens patch --make-pairs N`)"
+        )
+    examples = examples_from_records(record_dicts(dataset))
+    return examples[:limit] if limit is not None else examples
+
+
 def load_pair_examples(data_dir: str | Path, limit: int | None = None) -> list[PairExample]:
     """Pairs from an imagefolder written by `vlens data` (columns pair_id, role, question, answer)."""
     limit = check_count(limit, "limit", allow_none=True)  # a negative limit would slice from the end

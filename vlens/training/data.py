@@ -20,7 +20,7 @@ from torch import Tensor
 
 from vlens.answers import answer_ids as rule_ids
 from vlens.answers import end_token_id
-from vlens.data import read_imagefolder
+from vlens.datasets import load_record_images, read_imagefolder_dataset
 from vlens.inputs import VLMInputs
 from vlens.interventions.focus import FocusPrior, ImageObjects, focus_prior, objects_from_record
 from vlens.processing import chat_prompt
@@ -53,13 +53,27 @@ def example_from_sample(image: Image.Image, record: dict) -> SFTExample:
     return SFTExample([image], record["question"], str(record["answer"]), objects, meta)
 
 
+def examples_from_dataset(dataset, limit: int | None = None) -> list[SFTExample]:
+    """SFT examples from any dataset of the shared layer (:func:`vlens.datasets.load_dataset`):
+    the question (with its options), the answer text and, when the data has them, object centres
+    for L_focus (each image's size read from the image when the data does not give it).
+    Records whose images cannot be read are skipped, named in ``dataset.skipped``."""
+    limit = check_count(limit, "limit", allow_none=True)
+    examples = []
+    for record, images in load_record_images(dataset.head(limit)):
+        objects = None
+        if record.objects:
+            objects = [(list(centres), size or image.size) for (centres, size), image in
+                       zip(record.objects, images, strict=True)]
+        meta = {k: record.extra[k] for k in ("task", "style", "seed") if k in record.extra}
+        examples.append(SFTExample(images, record.prompt_text(), record.answer, objects,
+                                   {**meta, "count": record.count, "id": record.id, "source": record.source}))
+    return examples
+
+
 def read_sft_folder(folder: str | Path, limit: int | None = None) -> list[SFTExample]:
     """Examples from an imagefolder written by `vlens data` (question, answer, objects)."""
-    limit = check_count(limit, "limit", allow_none=True)  # a negative limit would slice from the end
-    records = read_imagefolder(folder)[:limit]
-    if not records:
-        raise ValueError(f"{folder} holds no examples")
-    return [example_from_sample(record.open_image(), record) for record in records]
+    return examples_from_dataset(read_imagefolder_dataset(folder), limit)
 
 
 @dataclass
