@@ -33,6 +33,7 @@ def test_pixmo_in_every_container(tmp_path, container):
     assert [(r.target, r.count, r.answer) for r in data.examples] == [(3, 3, "3"), (1, 1, "1")]
     assert data.examples[0].question == "How many dots are there?"
     assert open_image(data.examples[0].images[0]).size == (64, 48)
+    assert data.examples[0].objects == [([(1.0, 2.0)] * 3, None)]  # PixMo's points: centres in pixels
     assert "points" not in data.examples[0].extra and "row 0" in data.examples[0].source or "line 1" in \
         data.examples[0].source
 
@@ -185,3 +186,12 @@ def test_cli_format_names_match_the_layer():
     from vlens.datasets import DATA_FORMATS
 
     assert dataset_options.DATA_FORMATS == DATA_FORMATS
+
+
+def test_pixmo_points_in_both_layouts():
+    from vlens.datasets.fields import pixmo_points
+
+    assert pixmo_points({"x": [1.0, 3.0], "y": [2.0, 4.0]}, "r") == [([(1.0, 2.0), (3.0, 4.0)], None)]
+    assert pixmo_points([], "r") is None and pixmo_points(None, "r") is None
+    with pytest.raises(DatasetError, match="r: points must be"):
+        pixmo_points([{"x": 1.0}], "r")

@@ -111,3 +111,22 @@ def row_objects(row: dict, n_images: int, where: str) -> list[ImageObjects] | No
     elif row.get("width") is not None and row.get("height") is not None:
         size = (as_int(row["width"], "width", where), as_int(row["height"], "height", where))
     return [(points, size)]
+
+
+def pixmo_points(value, where: str) -> list[ImageObjects] | None:
+    """PixMo-Count's ``points`` (x, y in pixels, per its dataset card) as one image's centres.
+
+    Accepts a list of ``{"x", "y"}`` dicts or HF's sequence-of-struct layout ``{"x": [...], "y": [...]}``;
+    None or empty (the eval splits have no points) gives None.
+    """
+    if not value:
+        return None
+    try:
+        if isinstance(value, dict):
+            points = [(float(x), float(y)) for x, y in zip(value["x"], value["y"], strict=True)]
+        else:
+            points = [(float(p["x"]), float(p["y"])) for p in value]
+    except (KeyError, TypeError, ValueError):
+        raise DatasetError(f"{where}: points must be [{{'x': .., 'y': ..}}, ...] or {{'x': [..], 'y': [..]}}") \
+            from None
+    return [(points, None)] if points else None

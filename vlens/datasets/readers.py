@@ -5,7 +5,8 @@
 | ``imagefolder``| folder with images + ``metadata.jsonl``: file_name, question, answer      |
 |                | and/or count, optional objects/targets/centres, task, pair_id, role, ...  |
 | ``pixmo``      | PixMo-Count: image_url, image_sha256, count, label (question optional),   |
-|                | and a local image path/bytes column, or images named ``<sha256>.<ext>``   |
+|                | points (x, y pixels: the object centres, train split only), and a local   |
+|                | image path/bytes column, or images named ``<sha256>.<ext>``               |
 | ``countbenchqa``| CountBenchQA: image, question, number (text: the caption, kept in extra) |
 | ``mcq``        | multiple choice (MMMU, RealWorldQA style): question, options (list, dict, |
 |                | or a string holding a list), answer (letter, 0-based index or option      |
@@ -33,6 +34,7 @@ from vlens.datasets.fields import (
     as_int,
     as_text,
     extra_fields,
+    pixmo_points,
     require,
     resolve_image,
     row_objects,
@@ -189,6 +191,7 @@ def read_pixmo(
             question=question,
             target=count,
             count=count,
+            objects=pixmo_points(row.get("points"), where),
             extra=extra_fields(row, {"count", "question", image_column or ""} | set(PIXMO_IMAGE_COLUMNS)),
         )
 
