@@ -33,7 +33,7 @@ def test_answer_only_logits_equal_the_full_logits_loss(setup):
     model, batch = setup
     with torch.no_grad():
         full = answer_loss(model(batch.inputs), batch.labels)
-        only = answer_only_loss(model, model(batch.inputs, return_type="resid"), batch.labels)
+        only = answer_only_loss(model, model(batch.inputs, stop_at_layer=model.cfg.n_layers), batch.labels)
     torch.testing.assert_close(only, full, atol=1e-6, rtol=1e-6)
 
 
@@ -50,7 +50,7 @@ def _gradients(model, batch, checkpointing: bool):
 
     with gradient_checkpointing(model, checkpointing), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
             capture_patterns(model, [0, 1], _query_positions(batch, config.focus_query)) as captured:
-        sft = answer_only_loss(model, model(batch.inputs, return_type="resid"), batch.labels)
+        sft = answer_only_loss(model, model(batch.inputs, stop_at_layer=model.cfg.n_layers), batch.labels)
         loss = sft + focus_loss(captured, batch.prior)
         loss.backward()  # inside: recomputed blocks take the same attention path
     model.eval()

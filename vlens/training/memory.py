@@ -69,12 +69,16 @@ def answer_positions(labels: Int[Tensor, "batch seq"]) -> Int[Tensor, "n 2"]:
 def answer_only_loss(
     model, resid: Float[Tensor, "batch seq d_model"], labels: Int[Tensor, "batch seq"]
 ) -> Float[Tensor, ""]:
-    """Mean cross-entropy over answer tokens from the final normalised residual (fp32 logits of
-    the answer positions only, [n_answer_tokens, d_vocab])."""
+    """Mean cross-entropy over answer tokens from the final residual stream (the last block's
+    output, before the final norm: ``model(inputs, stop_at_layer=model.cfg.n_layers)``).
+
+    Only the positions that predict answer tokens are normalised and unembedded (by
+    ``model.finish``, the model's own read-out): fp32 logits [n_answer_tokens, d_vocab].
+    """
     where = answer_positions(labels)
     if where.shape[0] == 0:
         raise ValueError("the batch has no answer tokens to train on")
     rows, positions = where[:, 0], where[:, 1]
-    logits = model.unembed(resid[rows, positions])  # [n, d_vocab]
+    logits = model.finish(resid[rows.to(resid.device), positions.to(resid.device)], "logits")  # [n, d_vocab]
     targets = labels[rows, positions + 1]
-    return torch.nn.functional.cross_entropy(logits.float(), targets)
+    return torch.nn.functional.cross_entropy(logits.float(), targets.to(logits.device))

@@ -172,7 +172,7 @@ def _query_positions(batch: SFTBatch, mode: str) -> torch.Tensor:
 
 def _sft_loss(model, batch: SFTBatch, config: SFTConfig) -> torch.Tensor:
     if config.answer_only_logits:
-        return answer_only_loss(model, model(batch.inputs, return_type="resid"), batch.labels)
+        return answer_only_loss(model, model(batch.inputs, stop_at_layer=model.cfg.n_layers), batch.labels)
     return answer_loss(model(batch.inputs), batch.labels)
 
 
