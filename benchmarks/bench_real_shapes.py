@@ -119,6 +119,9 @@ def main() -> None:
     parser.add_argument("--paper-tokens", type=int, default=1000)
     parser.add_argument("--paper-layers", type=int, default=28)
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--cases", default="hf_sdpa,vlens_forward,hf_eager,vlens_cache_z",
+                        help="which timed cases to run (a ratio is reported when both of its cases ran)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -131,8 +134,9 @@ def main() -> None:
               "image_tokens": len(inputs.regions.image[0]), "build_s": round(time.perf_counter() - start, 1),
               "threads": torch.get_num_threads()}
     print(json.dumps(report), flush=True)
-    report["memory"] = memory(model, inputs, args.paper_tokens, args.paper_layers)
-    print(json.dumps(report["memory"]), flush=True)
+    if not args.skip_memory:
+        report["memory"] = memory(model, inputs, args.paper_tokens, args.paper_layers)
+        print(json.dumps(report["memory"]), flush=True)
     if not args.skip_timing:
         hf_base = model.hf_model.model
 
@@ -147,6 +151,7 @@ def main() -> None:
             "vlens_cache_z": lambda: model.run_with_cache(inputs, names_filter=lambda n: n.endswith("attn.hook_z"),
                                                           return_type="resid"),
         }
+        cases = {name: fn for name, fn in cases.items() if name in args.cases.split(",")}
         times: dict[str, list[float]] = {name: [] for name in cases}
         for run in range(args.runs):
             for name, fn in cases.items():
@@ -154,10 +159,9 @@ def main() -> None:
                 print(f"run {run} {name}: {times[name][-1]:.1f} s", flush=True)
         median = {name: statistics.median(ts) for name, ts in times.items()}
         report["median_s"] = {k: round(v, 2) for k, v in median.items()}
-        report["ratios"] = {
-            "forward_vs_hf_sdpa": round(median["vlens_forward"] / median["hf_sdpa"], 3),
-            "cache_z_vs_hf_eager": round(median["vlens_cache_z"] / median["hf_eager"], 3),
-        }
+        pairs = {"forward_vs_hf_sdpa": ("vlens_forward", "hf_sdpa"), "cache_z_vs_hf_eager": ("vlens_cache_z", "hf_eager")}
+        report["ratios"] = {name: round(median[a] / median[b], 3) for name, (a, b) in pairs.items()
+                            if a in median and b in median}
         report["spread"] = {name: [round(min(ts), 2), round(max(ts), 2)] for name, ts in times.items()}
     print(json.dumps(report, indent=1))
 
