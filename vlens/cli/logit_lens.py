@@ -51,19 +51,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run_logit_lens, shardable=True)  # torchrun splits the batches (vlens.parallel)
 
 
-def _records(args: argparse.Namespace) -> list[dict]:
+def _records(args: argparse.Namespace):
     if args.data:
         from vlens.datasets import record_dicts
 
         return record_dicts(load_data_arg(args, args.data), args.limit)
     from vlens.data import make_task_sample
+    from vlens.parallel import LazyItems
 
     size = rendered_size(args, DEFAULT_IMAGE_SIZE)
-    out = []
-    for i in range(args.make):
+
+    def build(i: int) -> dict:  # sample i depends on the seed and i only: each process renders its own
         image, record = make_task_sample("counting", seed=args.seed * 100_003 + i, size=size, style=args.style)
-        out.append({**record, "image": image})
-    return out
+        return {**record, "image": image}
+
+    return LazyItems(args.make, build)
 
 
 def run_logit_lens(args: argparse.Namespace) -> int:
