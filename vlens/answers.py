@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.errors import UserInputError
 from vlens.processing import chat_prompt
 from vlens.token_labels import str_tokens
 
@@ -76,21 +77,21 @@ def answer_ids(model: Any, answer: str, context: str | None = None, example: str
     tokenizer = _tokenizer(model)
     answer = str(answer)
     if not answer.strip():
-        raise ValueError(f"example {example!r}: the answer is empty; every scored example needs an answer")
+        raise UserInputError(f"example {example!r}: the answer is empty; every scored example needs an answer")
     if context is None:
         context = generation_context(model, chat) if hasattr(model, "cfg") else ""
     context_ids = tokenizer(context, add_special_tokens=False)["input_ids"] if context else []
     full = tokenizer(context + answer, add_special_tokens=False)["input_ids"]
     if full[: len(context_ids)] != context_ids:
-        raise ValueError(f"example {example!r}: the answer {answer!r} merges with the end of the prompt when "
+        raise UserInputError(f"example {example!r}: the answer {answer!r} merges with the end of the prompt when "
                          f"tokenised ({_describe(tokenizer, full[-len(context_ids) or None:][-6:])}); start it with "
                          "a separator the tokenizer keeps apart")
     ids = [int(i) for i in full[len(context_ids):]]
     if not ids:
-        raise ValueError(f"example {example!r}: the answer {answer!r} tokenises to nothing")
+        raise UserInputError(f"example {example!r}: the answer {answer!r} tokenises to nothing")
     unknown = getattr(tokenizer, "unk_token_id", None)
     if unknown is not None and unknown in ids:
-        raise ValueError(f"example {example!r}: the answer {answer!r} is not in the model's vocabulary (the tokenizer cannot express it): "
+        raise UserInputError(f"example {example!r}: the answer {answer!r} is not in the model's vocabulary (the tokenizer cannot express it): "
                          f"it tokenises to {_describe(tokenizer, ids)} with the unknown token "
                          f"{tokenizer.unk_token!r}. Use answers the tokenizer covers (e.g. counts the embedded "
                          "model knows, 0-10) or a model with a byte-level vocabulary.")
@@ -101,7 +102,7 @@ def end_token_id(model: Any) -> int:
     """The end-of-turn token that closes an answer (`tokenizer.eos_token_id`)."""
     tokenizer = _tokenizer(model)
     if tokenizer.eos_token_id is None:
-        raise ValueError("the tokenizer has no eos_token: set one so answers can be closed")
+        raise UserInputError("the tokenizer has no eos_token: set one so answers can be closed")
     return int(tokenizer.eos_token_id)
 
 
@@ -127,7 +128,7 @@ def contrast(model: Any, clean: str, corrupt: str, context: str | None = None, e
     clean_ids = answer_ids(model, clean, context, example, chat)
     corrupt_ids = answer_ids(model, corrupt, context, example, chat)
     if clean_ids == corrupt_ids:
-        raise ValueError(f"example {example!r}: the clean answer {clean!r} and the corrupt answer {corrupt!r} have "
+        raise UserInputError(f"example {example!r}: the clean answer {clean!r} and the corrupt answer {corrupt!r} have "
                          "no differing token, so nothing can flip. Contrast metrics need pairs whose answers differ.")
     a, b = clean_ids, corrupt_ids
     if a[: len(b)] == b or b[: len(a)] == a:  # one answer is a prefix of the other: close both
@@ -141,7 +142,7 @@ def single_token(model: Any, answer: str, method: str, context: str | None = Non
     """The answer's only token, or an error naming the answer and its tokens (for one-token methods)."""
     ids = answer_ids(model, answer, context, example)
     if len(ids) != 1:
-        raise ValueError(f"{method} needs single-token answers, but the answer {answer!r} of example {example!r} is "
+        raise UserInputError(f"{method} needs single-token answers, but the answer {answer!r} of example {example!r} is "
                          f"{len(ids)} tokens: {_describe(_tokenizer(model), ids)}")
     return ids[0]
 
