@@ -146,7 +146,7 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
         "layer_pos_tokens": positions.tokens,
         "logit_lens": {
             k: v
-            for k, v in lens.to_json().items()
+            for k, v in lens.to_dict().items()
             if k in ("mean_probability", "median_rank", "top1_accuracy", "n_examples")
         },
     }

@@ -111,11 +111,11 @@ def test_model_default_is_the_embedded_model_everywhere():
 
 
 def test_spelled_out_choices_match_the_library():
+    from vlens.ablation import REFERENCE_MODES
     from vlens.ablation.hooks import METHODS
     from vlens.ablation.reference import ALIGNMENTS
     from vlens.ablation.results import RANK_BY
-    from vlens.ablation.study import DEFAULT_TASKS, REFERENCE_MODES
-    from vlens.cli import ablate, data, options
+    from vlens.cli import data, options
     from vlens.cli import eval as eval_cli
     from vlens.data.backgrounds import POLY_BACKGROUNDS, REAL_BACKGROUNDS
     from vlens.data.generate import MAX_SAMPLES
@@ -125,6 +125,8 @@ def test_spelled_out_choices_match_the_library():
     from vlens.devices import DTYPE_NAMES
     from vlens.evaluation.formats import FORMATS
     from vlens.evaluation.parsing import ANSWER_PARSERS
+    from vlens.recipes.studies import cli as ablate
+    from vlens.recipes.studies.ablation import DEFAULT_TASKS
 
     assert (data.TASKS, data.PAIR_KINDS) == (TASKS, PAIR_KINDS)
     assert set(data.STYLES) == set(STYLES)

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vlens.demo.counting_stage import subitizing_limit
 from vlens.demo.geometry_stage import count_alignment
 from vlens.demo.interventions_stage import interventions_rows, interventions_section
 from vlens.demo.report_sections import Section, build_report, jsonable, results_document
 from vlens.demo.settings import DemoSettings
+from vlens.evaluation import subitizing_limit
 
 CHROMIUM = Path("/usr/bin/chromium")
 SECTION_KEYS = [
@@ -233,20 +233,12 @@ def test_interventions_rows_accept_the_usual_shapes(stored):
     assert all("curve" not in r for r in rows)  # non-scalar fields stay out of the table
 
 
-def test_interventions_rows_read_a_study_json_as_means_over_seeds():
-    metrics = {0: {"baseline": {"synreal": {"accuracy": 0.2, "mae": 2.0}, "colour": {"accuracy": 0.5}},
-                   "sft": {"synreal": {"accuracy": 0.4, "mae": 1.0}, "colour": {"accuracy": 0.5}}},
-               1: {"baseline": {"synreal": {"accuracy": 0.4, "mae": 1.0}, "colour": {"accuracy": 0.7}},
-                   "sft": {"synreal": {"accuracy": 0.6, "mae": None}, "colour": {"accuracy": 0.9}}}}
-    study = {"settings": {"conditions": ["baseline", "sft"], "eval_sets": ["synreal", "colour"]},
-             "results": {str(seed): rows for seed, rows in metrics.items()}, "model": "hand-made"}
-    rows = interventions_rows(study)
-    assert rows == [
-        {"setting": "baseline", "synreal accuracy": pytest.approx(0.3), "synreal MAE": pytest.approx(1.5),
-         "colour accuracy": pytest.approx(0.6)},
-        {"setting": "+SFT", "synreal accuracy": pytest.approx(0.5), "synreal MAE": pytest.approx(1.0),
-         "colour accuracy": pytest.approx(0.7)},
-    ]
+def test_interventions_rows_read_the_table_a_study_json_holds():
+    """`vlens study` writes its table as "rows" next to the raw per-seed results."""
+    study = {"settings": {"conditions": ["baseline"], "eval_sets": ["colour"]},
+             "results": {"0": {"baseline": {"colour": {"accuracy": 0.5}}}},
+             "rows": [{"setting": "baseline", "colour accuracy": 0.5}]}
+    assert interventions_rows(study) == [{"setting": "baseline", "colour accuracy": 0.5}]
 
 
 def test_interventions_rows_reject_a_file_without_rows():
@@ -256,7 +248,7 @@ def test_interventions_rows_reject_a_file_without_rows():
 
 def test_interventions_section_reads_a_stored_file_and_says_so_when_absent(tmp_path):
     missing = interventions_section(tmp_path)
-    assert missing.status == "skipped" and "interventions.json" in missing.reason and "--train" in missing.reason
+    assert missing.status == "skipped" and "interventions.json" in missing.reason and "vlens study" in missing.reason
     rows = [{"setting": arm, "accuracy": acc} for arm, acc in
             [("baseline", 0.4), ("+SFT", 0.6), ("+SFT+L_focus", 0.7), ("+SFT+L_focus+beta", 0.72)]]
     (tmp_path / "interventions.json").write_text(json.dumps({"rows": rows}))
@@ -302,30 +294,6 @@ def test_cli_reports_a_missing_interventions_file(tmp_path, capsys):
     assert "nope.json" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(MODEL == "random-tiny", reason="the SFT study needs a model whose tokenizer knows the task answers")
-def test_train_measures_all_four_conditions_from_fresh_copies():
-    from vlens.demo.interventions_stage import TRAIN_EVAL_SETS, train_interventions_section
-    from vlens.specs import load_model
-    from vlens.training.study import CONDITIONS
-
-    settings = DemoSettings.quick()
-    settings.n_count_images = 40
-    loaded = []
-
-    def load():
-        loaded.append(load_model(MODEL))
-        return loaded[-1]
-
-    section = train_interventions_section(load, settings, n_train_per_style=2, progress=False)
-    rows = section.data["rows"]
-    assert [row["setting"] for row in rows] == list(CONDITIONS.values())
-    assert len(loaded) == 3  # baseline, +SFT, +SFT+L_focus each start from a fresh copy (beta reuses L_focus's)
-    assert not any("lora" in name for name, _ in loaded[0].named_parameters())  # the baseline stays untouched
-    for row in rows:
-        assert all(0.0 <= row[f"{name} accuracy"] <= 1.0 for name in TRAIN_EVAL_SETS)
-    assert section.numbers["settings compared"] == 4
-
-
 @pytest.mark.skipif(EMBEDDED, reason="the embedded model is present")
 def test_cli_says_how_to_get_the_embedded_model_when_it_is_missing(tmp_path, capsys):
     from vlens.cli import main
@@ -338,7 +306,7 @@ def test_final_position_readouts_match_the_cache_by_hand(qwen_pair):
     from vlens.data import render_syndot
     from vlens.demo.attention_stage import final_to_image_attention, image_attention_share
     from vlens.demo.data_stage import CountingSample
-    from vlens.demo.geometry_stage import final_residuals
+    from vlens.lens.corpus import collect_residuals
 
     _, model = qwen_pair("qwen2_5_vl")
     samples = []
@@ -349,7 +317,8 @@ def test_final_position_readouts_match_the_cache_by_hand(qwen_pair):
     with torch.no_grad():
         _, cache = model.run_with_cache(inputs)
     maps = final_to_image_attention(model, inputs)  # [batch, L, H, n_image]
-    residuals = final_residuals(model, samples, batch_size=2)  # [L, batch, d_model]
+    residuals = collect_residuals(model, [(s.image, s.question, s.record) for s in samples], positions="final",
+                                  batch_size=2, progress=False).transpose(0, 1)  # [L, batch, d_model]
     for row in range(2):
         final, image = int(inputs.regions.final[row]), inputs.regions.image[row]
         for layer in range(model.cfg.n_layers):

@@ -1,34 +1,23 @@
-"""The demos/ notebooks run top to bottom on the embedded model (nbclient, one kernel each).
-
-Skipped with the reason when the embedded model's weights are absent (set VLENS_MODEL to a model
-folder to run them on another model) or when nbclient / ipykernel are not installed.
-"""
+"""The demos/ notebooks run top to bottom on the embedded model (nbclient, one kernel each; set
+VLENS_MODEL to a model folder to run them on another model) and use only the public API."""
 
 from __future__ import annotations
 
-import os
+import ast
 from pathlib import Path
 
+import nbclient
+import nbformat
 import pytest
 
 DEMOS = Path(__file__).resolve().parents[2] / "demos"
 NOTEBOOKS = ["01_quickstart.ipynb", "02_counting_circuit.ipynb", "03_headlens.ipynb", "04_interventions.ipynb"]
 TIMEOUT_S = 120  # per cell; each notebook takes 15-20 s on 2 busy cores
-
-
-def _model_available() -> tuple[bool, str]:
-    override = os.environ.get("VLENS_MODEL")
-    if override:
-        return Path(override).is_dir() or override == "random-tiny", f"VLENS_MODEL={override} is not a folder"
-    from vlens.zoo import WEIGHTS_FOLDER
-
-    return ((WEIGHTS_FOLDER / "model.safetensors").is_file(),
-            f"the embedded model's weights are not in {WEIGHTS_FOLDER} yet (`vlens zoo train` writes them); "
-            "set VLENS_MODEL to a model folder to run the notebooks on it")
+# what a user does not import: the report's stages, the command line, the recipes, test support
+NOT_PUBLIC = ("vlens.demo", "vlens.cli", "vlens.recipes", "vlens.testing", "vlens.real_vocab")
 
 
 def test_every_demo_notebook_is_listed_and_stored_without_outputs():
-    nbformat = pytest.importorskip("nbformat")
     assert sorted(p.name for p in DEMOS.glob("*.ipynb")) == NOTEBOOKS
     for name in NOTEBOOKS:
         notebook = nbformat.read(DEMOS / name, as_version=4)
@@ -39,13 +28,24 @@ def test_every_demo_notebook_is_listed_and_stored_without_outputs():
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebooks_use_only_the_public_api(name):
+    notebook = nbformat.read(DEMOS / name, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.ImportFrom):
+                modules, names = [node.module or ""], [alias.name for alias in node.names]
+            elif isinstance(node, ast.Import):
+                modules, names = [alias.name for alias in node.names], []
+            else:
+                continue
+            assert not any(m.startswith(NOT_PUBLIC) for m in modules), f"{name} imports {modules}"
+            assert not any(n.startswith("_") for n in names), f"{name} imports private names {names}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs(name, tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (pip install 'vlens[dev]')")
-    pytest.importorskip("ipykernel", reason="ipykernel is not installed (pip install 'vlens[dev]')")
-    available, reason = _model_available()
-    if not available:
-        pytest.skip(reason)
     notebook = nbformat.read(DEMOS / name, as_version=4)
     client = nbclient.NotebookClient(notebook, timeout=TIMEOUT_S, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})

@@ -76,7 +76,7 @@ def test_logit_lens_scores_the_whole_answer(model):
     pictures = images(5)
     records = [{"question": QUESTION, "answer": str(c), "image": img} for c, img in zip(COUNTS, pictures, strict=True)]
     result = logit_lens_records(model, records, batch_size=3)
-    data = result.to_json()
+    data = result.to_dict()
     assert data["answer_tokens"] == [digits(c) for c in COUNTS]
     # labels in the JSON are decoded text (' many', '\n'), never byte-level pieces ('Ġmany', 'Ċ')
     assert data["top_tokens"] == [[model.to_str_tokens(int(t))[0] for t in row] for row in result.top_tokens]

@@ -19,9 +19,9 @@ from vlens import HookedVLM
 from vlens.ablation import (
     TaskBatch,
     ablation_hooks,
-    ablation_study,
     answer_token_ids,
     collect_reference,
+    cross_task_ablation,
     head_ablation_sweep,
 )
 from vlens.testing import tiny_hf_model, tiny_qwen_processor, word_level_tokenizer
@@ -107,8 +107,8 @@ def test_planted_head_ranks_first_for_its_task_only(model, method, alignment):
         "colour": (colour_batch(model, ["red", "blue", "green", "blue"]),
                    colour_batch(model, ["green", "red", "blue"])),
     }
-    report = ablation_study(model, tasks, method=method, alignment=alignment, top_k=2, batch_size=4,
-                            heads_per_pass=2, progress=False)
+    report = cross_task_ablation(model, tasks, method=method, alignment=alignment, top_k=2, batch_size=4,
+                                 heads_per_pass=2, progress=False)
     counting, colour = report.results["counting"], report.results["colour"]
     assert counting.ranking()[0] == COUNT_HEAD
     assert colour.ranking()[0] == COLOUR_HEAD

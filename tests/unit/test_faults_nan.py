@@ -50,7 +50,7 @@ def test_logit_lens_gives_nan_not_rank_one(model, inputs):
     assert result.median_rank[NAN_LAYER:].isnan().all() and result.top1_accuracy[NAN_LAYER:].isnan().all()
     assert result.mean_probability[NAN_LAYER:].isnan().all()
     assert (result.top_tokens[NAN_LAYER:] == -1).all()
-    data = json.loads(json.dumps(result.to_json(), allow_nan=False))
+    data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert data["median_rank"][NAN_LAYER] is None and data["top_tokens"][NAN_LAYER][0] is None
     assert data["median_rank"][0] is not None
 
@@ -84,17 +84,19 @@ def test_json_safe():
         {"a": [1.0, None, None], "b": [None, 2.0]}
 
 
-def test_ablation_gives_nan_and_valid_json(model):
-    from vlens.ablation import ablation_study
+def test_ablation_gives_nan_and_valid_json(model, tmp_path):
+    from vlens.ablation import build_task_batch, cross_task_ablation
 
+    sets = {task: (build_task_batch(model, task, 2, image_size=56),
+                   build_task_batch(model, task, 2, image_size=56, reference=True))
+            for task in ("counting", "counting@synreal")}
     with pytest.warns(NonFiniteWarning, match=r"ablation \(counting\).*unablated run.*First non-finite"):
-        report = ablation_study(model, ["counting", "counting@synreal"], n_examples=2, n_reference=2, top_k=3, image_size=56,
-                                batch_size=2, progress=False)
+        report = cross_task_ablation(model, sets, top_k=3, batch_size=2, progress=False)
     matrix, _ = report.jaccard()
     assert matrix.isnan().all()  # never 1.00 from two empty or arbitrary head sets
     result = report.results["counting"]
     assert not result.finite and result.top_heads(3) == []
-    data = json.loads(report.to_json())
+    data = json.loads(report.save(tmp_path / "ablation.json").read_text())
     assert data["results"]["counting"]["clean_logprob"] is None and data["jaccard"]["matrix"][0][1] is None
 
 

@@ -49,7 +49,7 @@ def test_planted_head_scores_high_cter_and_answer_alignment():
     assert scores.cter[PLANTED_LAYER, PLANTED_HEAD] == scores.cter.max()
     assert scores.answer_alignment[PLANTED_LAYER, PLANTED_HEAD] == 1.0
     assert scores.top_tokens[(PLANTED_LAYER, PLANTED_HEAD)][0] == ("3", 12)
-    head = scores.to_json()["heads"][PLANTED_LAYER * 4 + PLANTED_HEAD]
+    head = scores.to_dict()["heads"][PLANTED_LAYER * 4 + PLANTED_HEAD]
     assert head["scores"]["cter"] == 1.0 and head["top_tokens"][0] == ["3", 12]
 
 

@@ -96,7 +96,7 @@ def test_undefined_scores_are_nan_and_none_in_json():
     samples = [(random_image(56, 56, i), "How many dots are there?", {}) for i in range(4)]
     scores = compute_head_scores(model, samples, ScriptedLens(model.tokenizer), k=2, batch_size=4, progress=False)
     assert torch.isnan(scores.difficulty_response).all()  # the test tokenizer has no difficulty word
-    assert scores.to_json()["heads"][0]["scores"]["difficulty_response"] is None
+    assert scores.to_dict()["heads"][0]["scores"]["difficulty_response"] is None
 
 
 # ------------------------------------------------------------------ taxonomy
@@ -128,7 +128,7 @@ def test_chance_correction_of_token_shares():
                         d_vocab=100)
     corrected = classify_heads(scores)  # lifts (0.6 - 0.5) / 0.5 = 0.2 < 0.3 and 0.8
     assert [corrected.classes[(0, 0)], corrected.classes[(0, 1)]] == ["other", "cross-modal routing"]
-    assert corrected.to_json()["chance"] == {"cter": 0.5, "vgs": 0.0}
+    assert corrected.to_dict()["chance"] == {"cter": 0.5, "vgs": 0.0}
     raw = classify_heads(scores, TaxonomyThresholds(chance_corrected=False))
     assert raw.classes[(0, 0)] == "cross-modal routing"
 
@@ -152,15 +152,15 @@ def test_taxonomy_table_figure_and_json():
     assert taxonomy.heads_of("counting aggregation") == [(1, 2)]
     table = taxonomy.table()
     assert "| visual grounding | L0H1 | 0.80 |" in table and "'red'" in table and "L0H0" not in table
-    figure = taxonomy.figure()
+    figure = taxonomy.plot()
     z = figure.data[0].z
     assert [list(row) for row in z] == taxonomy.class_grid().tolist()
     assert z[0][1] == HEAD_CLASSES.index("visual grounding")
-    with_vgs = taxonomy.figure(value="vgs")
+    with_vgs = taxonomy.plot(value="vgs")
     assert float(with_vgs.data[0].customdata[0][1][1]) == pytest.approx(0.8)
     with pytest.raises(ValueError, match="value must be one of"):
-        taxonomy.figure(value="nope")
-    heads = taxonomy.to_json()["heads"]
+        taxonomy.plot(value="nope")
+    heads = taxonomy.to_dict()["heads"]
     assert heads[1] == {"layer": 0, "head": 1, "class": "visual grounding", "scores": scores.head(0, 1),
                         "top_tokens": [["red", 5]]}
     assert heads[0]["scores"]["difficulty_response"] is None

@@ -46,7 +46,7 @@ def test_fit_temperature_by_hand():
     assert temp.betas == {(1, 0): pytest.approx(1.2), (1, 1): 1.0, (0, 0): 1.0}  # floor 1: never softened
     bare = fit_temperature(importance, top_k=2, alpha=1.2, floor=None, normalisation="mean")
     assert bare.betas == {(1, 0): pytest.approx(1.2 * 2 / 1.5), (1, 1): pytest.approx(1.2 * 1 / 1.5)}
-    again = HeadTemperature.from_json(temp.to_json())
+    again = HeadTemperature.from_dict(temp.to_dict())
     assert again.betas == temp.betas and again.gammas == temp.gammas
     with pytest.raises(ValueError, match="no positive entry"):
         fit_temperature(-importance.abs())

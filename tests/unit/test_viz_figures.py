@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from vlens.evaluation.metrics import confusion_matrix
+from vlens.lens.taxonomy import HEAD_CLASSES
 from vlens.viz.figures import (
-    HEAD_CLASSES,
-    confusion_matrix,
     confusion_matrix_figure,
     count_accuracy_figure,
     image_grid_heatmap,
@@ -37,7 +37,7 @@ def test_layer_head_heatmap_values():
 
 def test_layer_head_heatmap_taxonomy_has_class_grid_and_legend():
     taxonomy = {(0, 1): "visual grounding", (3, 5): "counting aggregation", (2, 0): "awareness"}
-    figure = layer_head_heatmap(torch.rand(4, 6), classes=taxonomy)
+    figure = layer_head_heatmap(torch.rand(4, 6), classes=taxonomy, class_names=HEAD_CLASSES)
     z = z_of(figure)
     assert z.shape == (4, 6)
     assert z[0, 1] == HEAD_CLASSES.index("visual grounding")
@@ -46,12 +46,14 @@ def test_layer_head_heatmap_taxonomy_has_class_grid_and_legend():
     legend = [trace.name for trace in figure.data if trace.type == "scatter"]
     assert legend == list(HEAD_CLASSES)
     # class indices as a tensor, no values
-    only_classes = layer_head_heatmap(classes=torch.tensor([[0, 1], [4, 2]]))
+    only_classes = layer_head_heatmap(classes=torch.tensor([[0, 1], [4, 2]]), class_names=HEAD_CLASSES)
     assert z_of(only_classes).tolist() == [[0, 1], [4, 2]]
     with pytest.raises(ValueError, match="not in class_names"):
-        layer_head_heatmap(torch.rand(2, 2), classes={(0, 0): "made up"})
+        layer_head_heatmap(torch.rand(2, 2), classes={(0, 0): "made up"}, class_names=HEAD_CLASSES)
     with pytest.raises(ValueError, match="n_layers and n_heads"):
-        layer_head_heatmap(classes={(0, 0): "awareness"})
+        layer_head_heatmap(classes={(0, 0): "awareness"}, class_names=HEAD_CLASSES)
+    with pytest.raises(ValueError, match="class_names"):
+        layer_head_heatmap(classes={(0, 0): "awareness"}, n_layers=1, n_heads=1)
 
 
 def test_layer_region_lines_and_heatmap():
@@ -75,12 +77,13 @@ def test_image_grid_heatmap_reshapes_row_major():
 
 def test_confusion_matrix_counts_and_other_column():
     targets, predictions = [1, 2, 3, 3], [1, 3, 3, None]
-    matrix = confusion_matrix(targets, predictions, labels=[1, 2, 3])
-    assert matrix.tolist() == [[1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
-    figure = confusion_matrix_figure(targets, predictions)
+    rows, columns, matrix = confusion_matrix(predictions, targets, labels=[1, 2, 3], other_label="other")
+    assert (rows, columns) == ([1, 2, 3], [1, 2, 3, "other"])
+    assert matrix == [[1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+    figure = confusion_matrix_figure(rows, columns, matrix)
     assert z_of(figure).shape == (3, 4) and figure.data[0].x[-1] == "other"
-    clean = confusion_matrix_figure([1, 2], [1, 1], labels=[1, 2], normalize=True)
-    assert z_of(clean).tolist() == [[1.0, 0.0], [1.0, 0.0]]
+    clean = confusion_matrix_figure(*confusion_matrix([1, 1], [1, 2], labels=[1, 2]), normalize=True)
+    assert z_of(clean).tolist() == [[1.0, 0.0], [1.0, 0.0]]  # no "other" column when nothing falls outside
 
 
 def test_count_accuracy_figure_one_line_per_method():

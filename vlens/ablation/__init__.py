@@ -2,17 +2,21 @@
 Jaccard overlap of top-k head sets across tasks (docs/method.md, section 6).
 
     import vlens
-    from vlens.ablation import ablation_study
+    from vlens.ablation import build_task_batch, cross_task_ablation
     model = vlens.load()
-    report = ablation_study(model, ["counting", "colour", "spatial", "arithmetic"], top_k=20)
-    print(report.summary()); report.to_json("ablation.json"); report.jaccard_figure().show()
+    sets = {task: (build_task_batch(model, task, 64), build_task_batch(model, task, 64, reference=True))
+            for task in ("counting", "colour", "spatial", "arithmetic")}
+    report = cross_task_ablation(model, sets, top_k=20)
+    print(report.summary()); report.save("out/"); report.plot().show()
 
-Lower level: `build_task_batch` (evaluation / reference sets), `collect_reference` (head
+The paper's study on the task suites (seven tasks, retest seeds, overlap with a patching head
+set) is `vlens ablate`, in `vlens.recipes.studies.ablation`. Lower level: `build_task_batch` (evaluation / reference sets), `collect_reference` (head
 means, aligned over all positions / per position / per region), `head_ablation_sweep`
 (every head alone), `ablation_hooks` (ablate chosen heads in any run), `top_k_heads`,
 `jaccard_matrix`.
 """
 
+from vlens.ablation.crosstask import REFERENCE_MODES, cross_task_ablation
 from vlens.ablation.hooks import METHODS, ablation_hooks, replacement_values
 from vlens.ablation.overlap import (
     chance_jaccard,
@@ -24,27 +28,25 @@ from vlens.ablation.overlap import (
 )
 from vlens.ablation.reference import ALIGNMENTS, ReferenceActivations, collect_reference, resample_partners
 from vlens.ablation.results import RANK_BY, AblationReport, HeadAblation
-from vlens.ablation.study import DEFAULT_TASKS, ablation_study, add_patching_overlap
 from vlens.ablation.sweep import answer_metrics, head_ablation_sweep
 from vlens.ablation.tasks import TaskBatch, answer_token_ids, build_task_batch, parse_task
 
 __all__ = [
     "ALIGNMENTS",
-    "DEFAULT_TASKS",
     "METHODS",
     "RANK_BY",
+    "REFERENCE_MODES",
     "AblationReport",
     "HeadAblation",
     "ReferenceActivations",
     "TaskBatch",
     "ablation_hooks",
-    "ablation_study",
-    "add_patching_overlap",
     "answer_metrics",
     "answer_token_ids",
     "build_task_batch",
     "chance_jaccard",
     "collect_reference",
+    "cross_task_ablation",
     "head_ablation_sweep",
     "head_set_from_json",
     "jaccard",

@@ -12,6 +12,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from vlens.ablation.overlap import Head, chance_jaccard, jaccard, jaccard_matrix, rank_heads, top_k_heads
+from vlens.results import Result
 from vlens.validation import check_top_k
 from vlens.viz.figures import jaccard_matrix_figure, layer_head_heatmap
 from vlens.viz.report import Report
@@ -38,7 +39,7 @@ def _tensor(grid: list[list[float | None]]) -> Tensor:
 
 
 @dataclass
-class HeadAblation:
+class HeadAblation(Result):
     """Effect of ablating each head alone on one task.
 
     Attributes:
@@ -126,7 +127,7 @@ class HeadAblation:
                    ablated_accuracy=_tensor(data["ablated_accuracy"]), answers=data.get("answers"),
                    answer_tokens=data.get("answer_tokens"))
 
-    def figure(self, rank_by: str = "logprob"):
+    def plot(self, rank_by: str = "logprob"):
         """Layer x head heatmap of the damage (plotly)."""
         label = "answer log-prob drop" if rank_by == "logprob" else "accuracy drop"
         return layer_head_heatmap(self.scores(rank_by).float(), title=f"{self.task}: {self.method} ablation",
@@ -134,7 +135,7 @@ class HeadAblation:
 
 
 @dataclass
-class AblationReport:
+class AblationReport(Result):
     """Per-task head rankings, their top-k sets and the Jaccard matrix across tasks.
 
     patching: optional {"source", "top_k", "heads", "jaccard": {task: J(patching set, task set)}}.
@@ -203,24 +204,20 @@ class AblationReport:
                 task: r.to_dict(self.top_k, self.rank_by) for task, r in self.retest.items()},
         }
 
-    def to_json(self, path: str | Path | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, allow_nan=False)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
+    @classmethod
+    def load(cls, path: str | Path) -> AblationReport:
+        """A saved report: its results.json, or the folder holding it."""
+        path = Path(path)
+        return cls.from_dict(json.loads((path / cls.filename if path.is_dir() else path).read_text()))
 
     @classmethod
-    def from_json(cls, text_or_path: str | Path) -> AblationReport:
-        text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text()
-        data = json.loads(text)
+    def from_dict(cls, data: dict) -> AblationReport:
         results = {task: HeadAblation.from_dict(r) for task, r in data["results"].items()}
         retest = {task: HeadAblation.from_dict(r) for task, r in (data.get("retest_results") or {}).items()}
         return cls(results, data["top_k"], data["rank_by"], data.get("settings", {}), data.get("patching"),
                    retest or None)
 
-    def jaccard_figure(self, title: str | None = None):
+    def plot(self, title: str | None = None):
         """Plotly heatmap of the Jaccard matrix (values in the cells)."""
         matrix, names = self.jaccard()
         return jaccard_matrix_figure(matrix.float(), names,
@@ -237,7 +234,7 @@ class AblationReport:
         pairs["chance level (random top-k sets)"] = self.chance_jaccard()
         report.add_section("Jaccard overlap of top-k head sets",
                            "How many of their most important heads two tasks share (1: the same set).",
-                           figure=self.jaccard_figure(), numbers=pairs)
+                           figure=self.plot(), numbers=pairs)
         if self.retest:
             report.add_section("Reliability", "Jaccard of each task's top-k set on two independent evaluation "
                                "sets: how far a cross-task Jaccard can be trusted.", numbers=self.reliability())
@@ -250,7 +247,7 @@ class AblationReport:
                       "accuracy drop": float(acc[layer, head])}
                      for i, (layer, head) in enumerate(result.top_heads(self.top_k, self.rank_by))]
             report.add_section(f"{task}: damage per head", f"Drop in the answer's {self.rank_by} when one head "
-                               "is ablated (positive: the head helps the task).", figure=result.figure(self.rank_by),
+                               "is ablated (positive: the head helps the task).", figure=result.plot(self.rank_by),
                                table=table, numbers={"clean accuracy": result.clean_accuracy,
                                                      "clean log-prob": result.clean_logprob})
         return report

@@ -2,7 +2,7 @@
 
     vlens demo --quick --out runs/demo       # embedded model, <= 5 minutes on 2 CPU cores
     vlens demo --model random-tiny --quick --out /tmp/demo
-    vlens demo --model tiny --train --out runs/demo   # measure the interventions table here
+    vlens study --out runs/study && vlens demo --interventions runs/study/study.json --out runs/demo
 """
 
 from __future__ import annotations
@@ -30,12 +30,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_out(parser, f"{REPORT_FILE} and {RESULTS_FILE}", default=DEFAULT_OUT)
     parser.add_argument("--quick", action="store_true",
                         help="small sizes: well under 5 minutes on 2 CPU cores (about 35 s with the embedded model)")
-    parser.add_argument("--train", action="store_true",
-                        help="measure the interventions table here (small LoRA SFT study) instead of reading it")
-    parser.add_argument("--train-images", type=arg_int(min=1), default=16,
-                        help="with --train: SynDot and SynPoly counting images (each) to fine-tune on (default 16)")
     parser.add_argument("--interventions", default=None, metavar="FILE",
-                        help="stored interventions JSON (default: interventions.json in the model folder)")
+                        help="stored interventions JSON (default: interventions.json or study.json in the model "
+                             "folder); `vlens study --out DIR` measures one: DIR/study.json")
     parser.add_argument("--threads", type=arg_int(min=1), default=1,
                         help="torch CPU threads (default 1: the tiny models gain nothing from more and run several "
                              "times faster with 1 on a busy machine; raise it for a large model on CPU)")
@@ -46,9 +43,8 @@ def run_demo_cli(args: argparse.Namespace) -> int:
     from vlens.demo.pipeline import run_demo
 
     prepare_out(args, REPORT_FILE, RESULTS_FILE)
-    outcome = run_demo(args.model, args.out, quick=args.quick, train=args.train,
-                       interventions_file=args.interventions, progress=not args.quiet, threads=args.threads,
-                       train_images=args.train_images, load_options=model_options(args))
+    outcome = run_demo(args.model, args.out, quick=args.quick, interventions_file=args.interventions,
+                       progress=not args.quiet, threads=args.threads, load_options=model_options(args))
     logger.info("wrote %s and %s in %.1f s", outcome.report_path, outcome.results_path, outcome.timings["total"])
     for section in outcome.sections:
         if section.status != "ok":

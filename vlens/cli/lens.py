@@ -134,8 +134,8 @@ def _train(model, samples, args, steps, lr, positions):
     if sharding.is_main:
         report = train_translators(translators, resid, LensReadout.from_model(model), steps=steps, lr=lr,
                                    progress=not args.quiet)
-        translators.info.update(training={"positions": positions, "n_samples": len(samples), **report.to_json()})
-        trained = (translators.state_dict(), translators.info, report.to_json())
+        translators.info.update(training={"positions": positions, "n_samples": len(samples), **report.to_dict()})
+        trained = (translators.state_dict(), translators.info, report.to_dict())
     state, info, report_json = sharding.broadcast(trained, desc="lens training")
     if not sharding.is_main:
         translators.load_state_dict(state)
@@ -217,7 +217,7 @@ def run_headlens(args: argparse.Namespace) -> int:
         translators, report = _train(model, lens_samples, args, args.lens_steps, args.lens_lr, args.lens_positions)
         if args.sharding.is_main:
             translators.save(out / LENS_DIR, overwrite=True)  # this command's own sub-folder
-            (out / LENS_KL).write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
+            (out / LENS_KL).write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
         print("per-layer KL(final || lens), held-out, nats:")
         print(report.table())
     with collect_non_finite() as problems:
@@ -227,9 +227,9 @@ def run_headlens(args: argparse.Namespace) -> int:
     if not args.sharding.is_main:  # every rank holds the scores; rank 0 writes them
         return non_finite_exit(problems, True, "vlens headlens")
     taxonomy = classify_heads(scores, thresholds)
-    write_results(out, {**taxonomy.to_json(), "world_size": args.sharding.world_size})
+    write_results(out, {**taxonomy.to_dict(), "world_size": args.sharding.world_size})
     (out / TAXONOMY_MD).write_text(taxonomy.table() + "\n", encoding="utf-8")
-    write_figure(taxonomy.figure, out / TAXONOMY_HTML)
+    write_figure(taxonomy.plot, out / TAXONOMY_HTML)
     print(f"{scores.n_examples} examples; classes: {taxonomy.counts()}")
     print(taxonomy.table())
     logger.info("wrote %s", out / RESULTS_FILE)

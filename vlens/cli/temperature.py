@@ -117,7 +117,7 @@ def run_fit(args: argparse.Namespace) -> int:
             source={"result": str(args.result), "task": args.task, "metric": args.metric},
         )
     temp.save(out / RESULTS_FILE)
-    for entry in temp.to_json()["heads"]:
+    for entry in temp.to_dict()["heads"]:
         print(f"L{entry['layer']}H{entry['head']}: gamma {entry['gamma']:.3f} -> beta {entry['beta']:.3f}")
     logger.info("wrote %s", out / RESULTS_FILE)
     return non_finite_exit(problems, args.allow_nan, "vlens temperature fit")
@@ -130,7 +130,7 @@ def run_apply(args: argparse.Namespace) -> int:
     from vlens.interventions.temperature import HeadTemperature
 
     out = prepare_out(args, RESULTS_FILE) if args.out is not None else None
-    temp = HeadTemperature.from_json(temps_file(args.temps))
+    temp = HeadTemperature.load(temps_file(args.temps))
     data = load_data_arg(args, args.data)
     if get_format(data.format).task == "count":
         check_counting(data)
@@ -156,7 +156,7 @@ def run_apply(args: argparse.Namespace) -> int:
             write_report(result, out / f"{label}_temperature", model_name=f"{args.model} ({label} temperature)",
                          figures=False)
     if out is not None:
-        write_results(out, {"temperature": temp.to_json(), **summary})
+        write_results(out, {"temperature": temp.to_dict(), **summary})
         logger.info("wrote %s", out)
     return non_finite_exit(problems, args.allow_nan, "vlens temperature apply")
 
@@ -167,7 +167,7 @@ def run_export(args: argparse.Namespace) -> int:
     from vlens.validation import check_output_folder
 
     check_output_folder(args.out, "--out", overwrite=args.overwrite, model_folder=True)  # before any work
-    temp = HeadTemperature.from_json(temps_file(args.temps))
+    temp = HeadTemperature.load(temps_file(args.temps))
     model = load_model_from_args(args)
     try:
         state = temp.baked_state_dict(model.hf_model)

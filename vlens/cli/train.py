@@ -1,9 +1,9 @@
-"""`vlens train` (LoRA SFT with or without L_focus) and `vlens study` (the interventions table).
+"""`vlens train`: LoRA SFT with or without L_focus (the interventions study, `vlens study`, is in
+`vlens.recipes.studies.cli`).
 
     vlens data syndot --n 4000 --out data/syndot
     vlens train --model tiny --data data/syndot data/synpoly --out runs/sft_focus
     vlens train --model tiny --data data/syndot --no-focus --out runs/sft --merged
-    vlens study --model tiny --out runs/study --seeds 0 --model-card vlens/zoo/weights/.../MODEL_CARD.md
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ from pathlib import Path
 from vlens.cli.options import (
     add_batch_size,
     add_model_options,
-    add_out,
     load_model_from_args,
-    model_options,
-    prepare_out,
 )
 from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.validation import arg_float, arg_int
@@ -28,7 +25,6 @@ logger = logging.getLogger(__name__)
 
 # training keeps float32 master weights; --bf16 decides the autocast
 TRAIN_DTYPE = "float32"
-STUDY_JSON, STUDY_MD = "study.json", "STUDY.md"
 
 
 def configure_train(train: argparse.ArgumentParser) -> None:
@@ -75,26 +71,6 @@ def configure_train(train: argparse.ArgumentParser) -> None:
     train.set_defaults(func=run_train)
 
 
-def configure_study(study: argparse.ArgumentParser) -> None:
-    """`vlens study`."""
-    study.description = ("The interventions table at toy scale: baseline / +SFT / +SFT+L_focus / "
-                         "+SFT+L_focus+beta (see vlens.training.study for the scaled-down settings).")
-    add_model_options(study, dtype_default=TRAIN_DTYPE)
-    add_out(study, f"{STUDY_JSON}, {STUDY_MD} and each run's adapters")
-    study.add_argument("--seeds", type=arg_int(min=0), nargs="+", default=[0])
-    study.add_argument(
-        "--n-train", type=arg_int(min=1), default=200, help="fine-tuning images per style (SynDot, SynPoly)"
-    )
-    study.add_argument("--n-eval", type=arg_int(min=1), default=100, help="evaluation examples per set")
-    study.add_argument("--epochs", type=arg_int(min=1), default=1)
-    study.add_argument("--lr", type=arg_float(min=0, min_open=True), default=1e-3)
-    study.add_argument("--lora-rank", type=arg_int(min=1), default=64)
-    study.add_argument("--top-k-heads", type=arg_int(min=1), default=4)
-    study.add_argument("--alpha", type=arg_float(min=0, min_open=True), default=1.2)
-    study.add_argument("--model-card", type=Path, help="also put the results table into this model card")
-    study.set_defaults(func=run_study_cli)
-
-
 def _focus_layers(text: str | None) -> list[int] | None:
     from vlens.errors import UserInputError
 
@@ -135,32 +111,7 @@ def run_train(args: argparse.Namespace) -> int:
     model = load_model_from_args(args)
     result = train_sft(model, examples, config, args.out, resume=not args.no_resume, progress=not args.quiet,
                        force_resume=args.force_resume)
-    print(json.dumps({k: v for k, v in result.to_json().items() if k != "config"}, indent=1))
+    print(json.dumps({k: v for k, v in result.to_dict().items() if k != "config"}, indent=1))
     if args.merged and result.steps == result.total_steps:
         logger.info("merged checkpoint: %s", save_merged(model, args.out / "merged", overwrite=True))
-    return 0
-
-
-def run_study_cli(args: argparse.Namespace) -> int:
-    from vlens.specs import load_model
-    from vlens.training.study import StudySettings, run_study, write_model_card_section
-
-    settings = StudySettings(
-        seeds=args.seeds,
-        n_train_per_style=args.n_train,
-        n_eval=args.n_eval,
-        epochs=args.epochs,
-        learning_rate=args.lr,
-        lora_rank=args.lora_rank,
-        top_k_heads=args.top_k_heads,
-        alpha=args.alpha,
-    )
-    prepare_out(args, STUDY_JSON, STUDY_MD)
-    name = "vlens.load() (the embedded tiny Qwen2.5-VL)" if args.model == "tiny" else args.model
-    options = model_options(args)
-    result = run_study(lambda: load_model(args.model, **options), settings, args.out, progress=not args.quiet,
-                       model_name=name)
-    print(result.report())
-    if args.model_card:
-        logger.info("model card: %s", write_model_card_section(result, args.model_card))
     return 0

@@ -20,9 +20,9 @@ from PIL import Image
 from vlens.errors import UserInputError
 from vlens.images import MAX_IMAGE_BYTES  # one limit for every image vlens opens
 
-# A file on disk, or the encoded bytes of an image stored inside the data file
-# (Hugging Face parquet / arrow exports keep images as {"bytes": ..., "path": ...}).
-ImageSource = Path | bytes
+# A file on disk, the encoded bytes of an image stored inside the data file (Hugging Face
+# parquet / arrow exports keep images as {"bytes": ..., "path": ...}), or an image in memory.
+ImageSource = Path | bytes | Image.Image
 # per image: object centres [(x, y), ...] in original pixels and that image's (width, height)
 ImageObjects = tuple[list[tuple[float, float]], tuple[int, int]]
 
@@ -153,6 +153,8 @@ def open_image(source: ImageSource, max_bytes: int | None = MAX_IMAGE_BYTES) -> 
     from vlens.images import to_rgb
 
     where = describe_image(source)
+    if isinstance(source, Image.Image):  # already decoded (e.g. a generated image)
+        return to_rgb(source, what=f"image {where}")
     if isinstance(source, bytes):
         if max_bytes is not None and len(source) > max_bytes:
             raise UnreadableImageError(f"embedded image of {len(source)} bytes is over the size limit")
@@ -176,7 +178,9 @@ def open_images(sources: Sequence[ImageSource]) -> list[Image.Image]:
 
 
 def describe_image(source: ImageSource) -> str:
-    """A short printable name: the path, or ``<N embedded bytes>``."""
+    """A short printable name: the path, ``<N embedded bytes>`` or ``<W x H image in memory>``."""
+    if isinstance(source, Image.Image):
+        return f"<{source.width} x {source.height} image in memory>"
     return str(source) if isinstance(source, Path) else f"<{len(source)} embedded bytes>"
 
 

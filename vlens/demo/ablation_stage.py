@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vlens.ablation import build_task_batch, cross_task_ablation
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 
@@ -11,15 +12,16 @@ EXPLANATION = ("Mean-ablate each head alone on each task and rank heads by the d
 
 
 def ablation_section(model, settings: DemoSettings, progress: bool = True) -> Section:
-    from vlens.ablation import ablation_study
-
+    n, size, seed = settings.ablation_examples, settings.image_size, settings.seed
     try:
-        report = ablation_study(model, list(settings.ablation_tasks), n_examples=settings.ablation_examples,
-                                n_reference=settings.ablation_examples, top_k=settings.ablation_top_k,
-                                image_size=settings.image_size, batch_size=settings.batch_size,
-                                seed=settings.seed, progress=progress)
+        sets = {task: (build_task_batch(model, task, n, seed, size),
+                       build_task_batch(model, task, n, seed, size, reference=True))
+                for task in settings.ablation_tasks}
+        report = cross_task_ablation(model, sets, top_k=settings.ablation_top_k, batch_size=settings.batch_size,
+                                     seed=seed, progress=progress)
     except ValueError as err:  # e.g. task answers that the tokenizer cannot express
         return Section.skipped("ablation_jaccard", TITLE, EXPLANATION, f"the ablation study could not run: {err}")
+    report.settings.update(n_examples=n, n_reference=n, image_size=size)
     matrix, names = report.jaccard()
     n = len(names)
     off_diagonal = [float(matrix[i, j]) for i in range(n) for j in range(n) if i != j]
@@ -34,4 +36,4 @@ def ablation_section(model, settings: DemoSettings, progress: bool = True) -> Se
               "top heads": ", ".join(f"L{layer}H{head}" for layer, head in r.top_heads(min(5, report.top_k), report.rank_by))}
              for task, r in report.results.items()]
     return Section(key="ablation_jaccard", title=TITLE, explanation=EXPLANATION,
-                   figure=report.jaccard_figure(), table=table, numbers=numbers, data=report.to_dict())
+                   figure=report.plot(), table=table, numbers=numbers, data=report.to_dict())

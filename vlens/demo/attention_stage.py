@@ -15,6 +15,9 @@ from torch import Tensor
 from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
+from vlens.viz.circuits import attention_heads_view, token_labels
+from vlens.viz.figures import layer_head_heatmap
+from vlens.viz.image_attention import attention_grid_image, attention_overlay_figure, attention_to_image
 
 MAX_TILES = 16
 
@@ -28,8 +31,6 @@ def final_to_image_attention(model, inputs) -> Float[Tensor, "batch n_layers n_h
 
     Rows must have the same number of image tokens (same-size images).
     """
-    from vlens.viz.image_attention import attention_to_image
-
     names = _pattern_names(model)
     with torch.no_grad():
         _, cache = model.run_with_cache(inputs, names_filter=lambda n: n in set(names), return_type=None)
@@ -59,10 +60,6 @@ def _example(samples: list[CountingSample]) -> CountingSample:
 
 
 def attention_sections(model, samples: list[CountingSample], settings: DemoSettings) -> list[Section]:
-    from vlens.viz.circuits import attention_heads_view, token_labels
-    from vlens.viz.figures import layer_head_heatmap
-    from vlens.viz.image_attention import attention_grid_image, attention_overlay_figure
-
     share = image_attention_share(model, samples, settings.batch_size)
     n_layers, n_heads = share.shape
     top_layer, top_head = divmod(int(share.argmax()), n_heads)

@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-from vlens.demo.data_stage import CountingSample, png_bytes
+from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
-
-SUBITIZING_ACCURACY = 0.8  # a count is "subitized" when the model gets it right this often
-
-
-def subitizing_limit(per_count_accuracy: dict[int, float], threshold: float = SUBITIZING_ACCURACY) -> int:
-    """Largest count c such that every count <= c is answered with accuracy >= threshold (0 if none).
-
-    Example: {1: 1.0, 2: 0.9, 3: 0.5, 4: 0.9} -> 2.
-    """
-    limit = 0
-    for count in sorted(per_count_accuracy):
-        if per_count_accuracy[count] < threshold:
-            break
-        limit = count
-    return limit
+from vlens.evaluation import EvalDataset, EvalExample, HookedVLMBackend, evaluate
+from vlens.evaluation.metrics import SUBITIZING_ACCURACY, confusion_matrix, subitizing_limit
+from vlens.viz.figures import confusion_matrix_figure, count_accuracy_figure
 
 
 def evaluate_counting(model, samples: list[CountingSample], settings: DemoSettings, backend=None,
@@ -28,12 +16,10 @@ def evaluate_counting(model, samples: list[CountingSample], settings: DemoSettin
 
     backend: default `HookedVLMBackend(model)`; pass one with fwd_hooks to evaluate an intervention.
     """
-    from vlens.evaluation import EvalDataset, EvalExample, HookedVLMBackend, evaluate
-
     dataset = EvalDataset(
         format="imagefolder",
         source="vlens demo counting images",
-        examples=[EvalExample(id=f"count-{i}", images=[png_bytes(s.image)], question=s.question, target=s.count)
+        examples=[EvalExample(id=f"count-{i}", images=[s.image], question=s.question, target=s.count)
                   for i, s in enumerate(samples)],
     )
     return evaluate(backend or HookedVLMBackend(model), dataset, batch_size=settings.batch_size,
@@ -43,8 +29,6 @@ def evaluate_counting(model, samples: list[CountingSample], settings: DemoSettin
 def counting_sections(model, samples: list[CountingSample], settings: DemoSettings,
                       progress: bool = True) -> list[Section]:
     """Generate an answer for every counting image, parse it, score it per true count."""
-    from vlens.viz.figures import confusion_matrix_figure, count_accuracy_figure
-
     result = evaluate_counting(model, samples, settings, progress=progress)
     metrics = result.metrics
     counts = sorted(metrics.per_count)
@@ -76,7 +60,8 @@ def counting_sections(model, samples: list[CountingSample], settings: DemoSettin
         title="Confusion matrix of counting answers",
         explanation=("Rows: true count, columns: parsed answer (the last column collects answers outside the "
                      "counts or with no number); mass off the diagonal shows which counts are confused."),
-        figure=confusion_matrix_figure(targets, parsed, labels=labels, title="True count vs answer"),
+        figure=confusion_matrix_figure(*confusion_matrix(parsed, targets, labels=labels, other_label="other"),
+                                       title="True count vs answer"),
         numbers={"on diagonal": sum(t == p for t, p in zip(targets, parsed, strict=True)),
                  "off diagonal": sum(p is not None and t != p for t, p in zip(targets, parsed, strict=True)),
                  "unparsed": sum(p is None for p in parsed)},

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
 
+from vlens.data import render_syndot, render_synpoly, render_synreal
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 
@@ -27,8 +27,6 @@ class CountingSample:
 
 def counting_samples(settings: DemoSettings) -> list[CountingSample]:
     """`settings.n_count_images` images, counts cycling over `settings.counts` (equal numbers each)."""
-    from vlens.data import render_syndot, render_synpoly, render_synreal
-
     renderers = {"syndot": render_syndot, "synpoly": render_synpoly, "synreal": render_synreal}
     if settings.style not in renderers:
         raise ValueError(f"unknown style {settings.style!r}: use one of {sorted(renderers)}")
@@ -39,12 +37,6 @@ def counting_samples(settings: DemoSettings) -> list[CountingSample]:
         image, record = render(count=count, seed=settings.seed + i, size=settings.image_size)
         samples.append(CountingSample(image, record["question"], int(record["count"]), record))
     return samples
-
-
-def png_bytes(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def montage(samples: list[CountingSample], n: int = 8, tile: int = 112) -> Image.Image:

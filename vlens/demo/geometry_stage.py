@@ -9,36 +9,21 @@ from torch import Tensor
 from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
-
-
-def final_residuals(model, samples: list[CountingSample], batch_size: int) -> Float[Tensor, "n_layers n d_model"]:
-    """`blocks.{l}.hook_resid_post` at each example's final prompt position, every layer (fp32, CPU)."""
-    names = [f"blocks.{layer}.hook_resid_post" for layer in range(model.cfg.n_layers)]
-    chunks = []
-    with torch.no_grad():
-        for start in range(0, len(samples), batch_size):
-            chunk = samples[start:start + batch_size]
-            inputs = model.prepare(images=[s.image for s in chunk], prompts=[s.question for s in chunk], chat=True)
-            _, cache = model.run_with_cache(inputs, names_filter=lambda n: n in set(names), return_type=None)
-            rows = torch.arange(len(chunk))
-            chunks.append(torch.stack([cache[n][rows, inputs.regions.final.to(cache[n].device)].float().cpu()
-                                       for n in names]))
-    return torch.cat(chunks, dim=1)
+from vlens.lens.corpus import collect_residuals
+from vlens.patching import spearman
+from vlens.viz.geometry import pca, representation_geometry_figure, tsne
 
 
 def count_alignment(projected: Float[Tensor, "n 2"], counts: list[int]) -> float:
     """|Spearman correlation| between the first projected axis and the count (1 = ordered by count)."""
-    from vlens.patching import spearman
-
     if len(set(counts)) < 2 or float(projected[:, 0].std()) == 0.0:
         return 0.0
     return abs(spearman(projected[:, 0], torch.tensor(counts, dtype=torch.float64)))
 
 
 def geometry_sections(model, samples: list[CountingSample], settings: DemoSettings) -> list[Section]:
-    from vlens.viz.geometry import pca, representation_geometry_figure, tsne
-
-    residuals = final_residuals(model, samples, settings.batch_size)  # [L, n, d]
+    residuals = collect_residuals(model, [(s.image, s.question, s.record) for s in samples], positions="final",
+                                  batch_size=settings.batch_size, progress=False).transpose(0, 1)  # [L, n, d]
     counts = [s.count for s in samples]
     layers = list(range(residuals.shape[0]))
     shown = layers if len(layers) <= 4 else None  # the figure picks 4 evenly spaced layers itself

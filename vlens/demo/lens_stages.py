@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vlens.answers import answer_ids
 from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
+from vlens.lens.corpus import collect_residuals, task_samples
+from vlens.lens.head_scores import compute_head_scores
+from vlens.lens.headlens import HeadLens
+from vlens.lens.logit_lens import LogitLensResult, logit_lens
+from vlens.lens.readout import LensReadout
+from vlens.lens.taxonomy import classify_heads
+from vlens.lens.translators import Translators, train_translators
 
 LENS_SEED_OFFSET = 1_000_003  # translator-training samples never coincide with scored samples
 SHIPPED_LENS_DIR = "lens"  # a trained lens shipped next to the model weights, if any
@@ -21,9 +29,6 @@ HEADLENS_EXPLANATION = ("Each head's output at the final position decoded throug
 
 
 def logit_lens_section(model, samples: list[CountingSample], settings: DemoSettings) -> Section:
-    from vlens.answers import answer_ids
-    from vlens.lens.logit_lens import LogitLensResult, logit_lens
-
     answers = [s.answer for s in samples]
     try:  # multi-token answers ("12" -> "1", "2") are scored whole (vlens.answers)
         tokens = [answer_ids(model, a, example=f"count-{i}") for i, a in enumerate(answers)]
@@ -44,15 +49,11 @@ def logit_lens_section(model, samples: list[CountingSample], settings: DemoSetti
     numbers.update({f"layer {layer} mean p": float(p) for layer, p in enumerate(result.mean_probability)})
     return Section(key="logit_lens", title=LOGIT_TITLE, explanation=LOGIT_EXPLANATION,
                    figure=result.plot(title="Logit lens of the true count (final prompt position)"),
-                   numbers=numbers, data=result.to_json())
+                   numbers=numbers, data=result.to_dict())
 
 
 def _translators(model, settings: DemoSettings, lens_dir: Path | None, progress: bool):
     """A shipped lens when the model folder has one, else translators trained for a few steps."""
-    from vlens.lens.corpus import collect_residuals, task_samples
-    from vlens.lens.readout import LensReadout
-    from vlens.lens.translators import Translators, train_translators
-
     if lens_dir is not None and (lens_dir / "config.json").is_file():
         return Translators.load(lens_dir, model=model), {"source": str(lens_dir)}
     samples = task_samples(settings.lens_samples, seed=settings.seed + LENS_SEED_OFFSET, size=settings.image_size)
@@ -61,15 +62,10 @@ def _translators(model, settings: DemoSettings, lens_dir: Path | None, progress:
     report = train_translators(translators, resid, LensReadout.from_model(model), steps=settings.lens_steps,
                               progress=progress)
     return translators, {"source": f"trained here: {settings.lens_samples} samples, {settings.lens_steps} steps",
-                         **report.to_json()}
+                         **report.to_dict()}
 
 
 def headlens_section(model, settings: DemoSettings, lens_dir: Path | None = None, progress: bool = True) -> Section:
-    from vlens.lens.corpus import task_samples
-    from vlens.lens.head_scores import compute_head_scores
-    from vlens.lens.headlens import HeadLens
-    from vlens.lens.taxonomy import classify_heads
-
     translators, lens_info = _translators(model, settings, lens_dir, progress)
     samples = task_samples(settings.headlens_samples, seed=settings.seed, size=settings.image_size)
     scores = compute_head_scores(model, samples, HeadLens(model, translators), batch_size=settings.batch_size,
@@ -85,8 +81,8 @@ def headlens_section(model, settings: DemoSettings, lens_dir: Path | None = None
     counts = taxonomy.counts()
     return Section(
         key="headlens", title=HEADLENS_TITLE, explanation=HEADLENS_EXPLANATION,
-        figure=taxonomy.figure(title="HeadLens classes per head"),
+        figure=taxonomy.plot(title="HeadLens classes per head"),
         table=rows or [{"head": "-", "class": "every head is 'other' under the default thresholds"}],
         numbers={"scored examples": scores.n_examples, **{f"{name} heads": n for name, n in counts.items()}},
-        data={"lens": lens_info, **taxonomy.to_json()},
+        data={"lens": lens_info, **taxonomy.to_dict()},
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
+from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head, patch_layer_region
 
 VAP_TITLE = "VAP: overwrite rate per layer and region"
 VAP_EXPLANATION = ("Patch the corrupt image's residual (entering each layer) into the clean run at the image, text, "
@@ -27,8 +28,6 @@ def handover_layer(image_rate, final_rate, layers) -> int | str:
 
 
 def patching_sections(model, settings: DemoSettings, progress: bool = True) -> list[Section]:
-    from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head, patch_layer_region
-
     try:
         pairs = make_count_pairs(settings.n_pairs, seed=settings.seed, size=settings.image_size,
                                  style=settings.style, counts=settings.counts)

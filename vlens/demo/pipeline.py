@@ -20,8 +20,19 @@ from pathlib import Path
 
 import torch
 
+from vlens.demo.ablation_stage import ablation_section
+from vlens.demo.attention_stage import attention_sections
+from vlens.demo.counting_stage import counting_sections
+from vlens.demo.data_stage import counting_samples, data_section
+from vlens.demo.geometry_stage import geometry_sections
+from vlens.demo.interventions_stage import interventions_section
+from vlens.demo.lens_stages import SHIPPED_LENS_DIR, headlens_section, logit_lens_section
+from vlens.demo.model_stage import model_section, model_summary
+from vlens.demo.patching_stage import patching_sections
 from vlens.demo.report_sections import Section, key_numbers_section, write_outputs
 from vlens.demo.settings import DemoSettings
+from vlens.specs import load_model
+from vlens.zoo import WEIGHTS_FOLDER
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +56,6 @@ class DemoOutcome:
 def model_folder(model_arg: str) -> Path | None:
     """The folder a `--model` value loads from (None for random-tiny or a hub id)."""
     if model_arg == "tiny":
-        from vlens.zoo import WEIGHTS_FOLDER
-
         return WEIGHTS_FOLDER
     path = Path(model_arg)
     return path if path.is_dir() else None
@@ -75,45 +84,26 @@ class _Stages:
 
 
 def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", quick: bool = False,
-             train: bool = False, interventions_file: str | Path | None = None,
-             settings: DemoSettings | None = None, progress: bool = True, threads: int | None = None,
-             train_images: int = 16, load_options: dict | None = None) -> DemoOutcome:
+             interventions_file: str | Path | None = None, settings: DemoSettings | None = None,
+             progress: bool = True, threads: int | None = None, load_options: dict | None = None) -> DemoOutcome:
     """Run every stage and write `report.html` + `results.json` into `out_dir`.
 
     Args:
         model: "tiny" (the embedded model), "random-tiny", a model folder / hub id, or a HookedVLM.
         quick: use `DemoSettings.quick()` (well under 5 minutes on 2 CPU cores; about 35 s with the
             embedded model) unless `settings` is given.
-        train: measure the interventions table here (LoRA SFT, L_focus, head temperature) instead of
-            reading the stored one (`vlens.training.study.run_study` with `train_images` SynDot + SynPoly
-            counting images per style).
         interventions_file: a stored interventions JSON to show (default: `interventions.json` or
-            `study.json` in the model folder).
+            `study.json` in the model folder; `vlens study --out DIR` measures one, DIR/study.json).
         progress: stage lines (logged at INFO by the `vlens.demo.pipeline` logger) and progress bars.
         threads: torch CPU threads (None: leave as is).
         load_options: keyword arguments of `vlens.load_model` (device, dtype, image_size, ...) when
             `model` is a spec.
     """
-    from vlens.demo.ablation_stage import ablation_section
-    from vlens.demo.attention_stage import attention_sections
-    from vlens.demo.counting_stage import counting_sections
-    from vlens.demo.data_stage import counting_samples, data_section
-    from vlens.demo.geometry_stage import geometry_sections
-    from vlens.demo.interventions_stage import interventions_section, train_interventions_section
-    from vlens.demo.lens_stages import SHIPPED_LENS_DIR, headlens_section, logit_lens_section
-    from vlens.demo.model_stage import model_section, model_summary
-    from vlens.demo.patching_stage import patching_sections
-    from vlens.specs import load_model
-
     settings = settings or (DemoSettings.quick() if quick else DemoSettings())
     settings.check()
     stored = Path(interventions_file) if interventions_file is not None else None
     if stored is not None and not stored.is_file():
         raise FileNotFoundError(f"--interventions {stored}: no such file")
-    if train and train_images < 1:
-        raise ValueError(f"--train-images must be >= 1, got {train_images}")
-    if train and not isinstance(model, str):
-        raise ValueError("--train needs a model name or path (each SFT arm reloads the model)")
     if threads is not None:
         torch.set_num_threads(threads)
     model_arg = model if isinstance(model, str) else None
@@ -140,13 +130,7 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
         ablation = stages.run("ablation across tasks", ablation_section, hooked, settings, progress)
         sections.append(ablation)
         sections += stages.run("representation geometry", geometry_sections, hooked, samples, settings)
-    if train:
-        section = stages.run("interventions (training)", train_interventions_section,
-                             lambda: load_model(model_arg, **options), settings, train_images, progress=progress,
-                             model_name=name)
-    else:
-        section = stages.run("interventions table", interventions_section, folder, stored)
-    sections.append(section)
+    sections.append(stages.run("interventions table", interventions_section, folder, stored))
     sections.insert(1, key_numbers_section(sections))
 
     intro = (f"Model: {summary['summary']}. Settings: {'quick' if quick else 'full'} "
@@ -154,7 +138,7 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
              f"{len(settings.ablation_tasks)} ablation tasks). Every number shown is in results.json under the "
              "section's key.")
     report_path, results_path = stages.run(
-        "write report", write_outputs, sections, out_dir, REPORT_TITLE, intro, summary, settings.to_json(),
+        "write report", write_outputs, sections, out_dir, REPORT_TITLE, intro, summary, settings.to_dict(),
         stages.timings)
     timings = dict(stages.timings)
     timings["total"] = round(time.perf_counter() - stages.started, 3)

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vlens.viz.report import Report
+
 SCHEMA_VERSION = 1
 
 
@@ -45,7 +47,7 @@ class Section:
         """A section whose stage could not run: the report says why instead of showing a figure."""
         return cls(key, title, explanation, numbers={"skipped": reason}, status="skipped", reason=reason)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         out = {"title": self.title, "explanation": self.explanation, "status": self.status,
                "numbers": jsonable(self.numbers), "data": jsonable(self.data)}
         if self.reason is not None:
@@ -72,8 +74,6 @@ def jsonable(value):
 
 def build_report(sections: list[Section], title: str, intro: str):
     """A `vlens.viz.Report` with one section per `Section` (skipped ones say so in their text)."""
-    from vlens.viz.report import Report
-
     report = Report(title, intro)
     for section in sections:
         explanation = section.explanation
@@ -107,7 +107,7 @@ def results_document(sections: list[Section], model: dict, settings: dict, timin
         "settings": jsonable(settings),
         "timings_s": jsonable(timings),
         "section_order": keys,
-        "sections": {s.key: s.to_json() for s in sections},
+        "sections": {s.key: s.to_dict() for s in sections},
     }
 
 

@@ -65,7 +65,7 @@ class DemoSettings:
         if len(self.ablation_tasks) < 2:
             raise ValueError("the ablation Jaccard needs at least two tasks in DemoSettings.ablation_tasks")
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         data = asdict(self)
         data["counts"] = list(self.counts)
         data["ablation_tasks"] = list(self.ablation_tasks)

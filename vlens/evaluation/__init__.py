@@ -18,6 +18,7 @@ from vlens.evaluation.metrics import (
     choice_metrics,
     confusion_matrix,
     counting_metrics,
+    subitizing_limit,
 )
 from vlens.evaluation.parsing import (
     ANSWER_PARSERS,
@@ -48,6 +49,7 @@ __all__ = [
     "SkippedExample",
     "choice_metrics",
     "confusion_matrix",
+    "subitizing_limit",
     "counting_metrics",
     "evaluate",
     "format_prompt",

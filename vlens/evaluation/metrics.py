@@ -101,26 +101,43 @@ def counting_metrics(
 
 
 def confusion_matrix(
-    predictions: Sequence[int | None], targets: Sequence[int]
+    predictions: Sequence[int | None],
+    targets: Sequence[int],
+    labels: Sequence[int] | None = None,
+    other_label: str = UNPARSED_LABEL,
 ) -> tuple[list[int], list[int | str], list[list[int]]]:
-    """Counts of (target, prediction) pairs.
+    """Counts of (target, prediction) pairs: the one confusion matrix of vlens (reports, figures).
+
+    Args:
+        labels: the classes in order. Default: rows are the target counts seen and columns the
+            parsed predictions seen. Given: rows and columns are `labels` (a target outside them
+            is an error).
+        other_label: the last column's name, added only when a prediction is unparsed (``None``)
+            or outside the columns.
 
     Returns:
-        (row_labels, column_labels, matrix): rows are the target counts seen, columns the
-        predicted counts seen plus ``"unparsed"`` last when any prediction is ``None``;
-        ``matrix[i][j]`` = number of examples with target ``row_labels[i]`` predicted
-        ``column_labels[j]``. Shape [n_rows][n_columns]; it sums to ``len(targets)``.
+        (row_labels, column_labels, matrix): ``matrix[i][j]`` = number of examples with target
+        ``row_labels[i]`` predicted ``column_labels[j]``; shape [n_rows][n_columns]; it sums to
+        ``len(targets)``.
     """
     _check_lengths(predictions, targets)
-    rows = sorted(set(targets))
-    columns: list[int | str] = sorted({p for p in predictions if p is not None})
-    if any(p is None for p in predictions):
-        columns.append(UNPARSED_LABEL)
+    if labels is None:
+        rows = sorted(set(targets))
+        columns: list[int | str] = sorted({p for p in predictions if p is not None})
+    else:
+        rows, columns = list(labels), list(labels)
+        outside = sorted({t for t in targets if t not in rows})
+        if outside:
+            raise ValueError(f"targets {outside} are not in labels {rows}")
     row_index = {label: i for i, label in enumerate(rows)}
     column_index = {label: j for j, label in enumerate(columns)}
+    if any(p is None or p not in column_index for p in predictions):
+        column_index[other_label] = len(columns)
+        columns.append(other_label)
     matrix = [[0] * len(columns) for _ in rows]
     for p, t in zip(predictions, targets, strict=True):
-        matrix[row_index[t]][column_index[UNPARSED_LABEL if p is None else p]] += 1
+        column = column_index[other_label] if p is None or p not in column_index else column_index[p]
+        matrix[row_index[t]][column] += 1
     return rows, columns, matrix
 
 
@@ -145,3 +162,19 @@ def choice_metrics(
         n_unparsed=sum(p is None for p in predictions),
         per_category=per_category,
     )
+
+
+SUBITIZING_ACCURACY = 0.8  # a count is "subitized" when the model gets it right this often
+
+
+def subitizing_limit(per_count_accuracy: dict[int, float], threshold: float = SUBITIZING_ACCURACY) -> int:
+    """Largest count c such that every count <= c is answered with accuracy >= threshold (0 if none).
+
+    Example: {1: 1.0, 2: 0.9, 3: 0.5, 4: 0.9} -> 2.
+    """
+    limit = 0
+    for count in sorted(per_count_accuracy):
+        if per_count_accuracy[count] < threshold:
+            break
+        limit = count
+    return limit

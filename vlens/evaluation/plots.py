@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vlens.evaluation.metrics import confusion_matrix
 from vlens.viz.figures import confusion_matrix_figure
 
 
@@ -14,10 +15,12 @@ def plot_confusion_matrix(
 
     Rows and columns cover every count that is a target or a parsed prediction, so a
     prediction of 11 for a 1-10 set shows as its own column; unparsed answers (None) go to
-    the last column, "other". Drawn by :func:`vlens.viz.figures.confusion_matrix_figure`.
+    the last column, "other" (`vlens.evaluation.metrics.confusion_matrix`); drawn by
+    :func:`vlens.viz.figures.confusion_matrix_figure`.
 
     Returns:
         a ``plotly.graph_objects.Figure``; cells show the number of examples.
     """
     labels = sorted(set(targets) | {p for p in predictions if p is not None})
-    return confusion_matrix_figure(list(targets), list(predictions), labels=labels, title=title)
+    rows, columns, matrix = confusion_matrix(predictions, targets, labels=labels, other_label="other")
+    return confusion_matrix_figure(rows, columns, matrix, title=title)

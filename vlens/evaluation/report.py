@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 
-from vlens.evaluation.metrics import CountingMetrics, confusion_matrix
-from vlens.evaluation.plots import plot_confusion_matrix
+from vlens.evaluation.metrics import CountingMetrics
 from vlens.evaluation.runner import EvalResult, Prediction
 from vlens.finite import json_safe
 
@@ -24,33 +22,12 @@ CONFUSION_HTML = "confusion_matrix.html"
 _MAX_SKIPPED_LISTED = 20
 
 
-def report_dict(result: EvalResult, model_name: str | None = None) -> dict:
-    """The JSON-ready summary of an evaluation."""
-    summary = {
-        "model": model_name,
-        "format": result.format,
-        "task": result.task,
-        "source": result.source,
-        "settings": result.settings,
-        "n_evaluated": len(result.predictions),
-        "n_skipped": len(result.skipped),
-        "skipped": [asdict(s) for s in result.skipped],
-        "metrics": result.metrics.to_dict(),
-    }
-    if result.task == "count":
-        rows, columns, matrix = confusion_matrix(
-            [p.parsed for p in result.predictions], [p.target for p in result.predictions]
-        )
-        summary["confusion_matrix"] = {"true": rows, "predicted": columns, "matrix": matrix}
-    return summary
-
-
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value * scale:.{digits}f}"
 
 
 def report_markdown(summary: dict, figure_note: str | None = None) -> str:
-    """A human-readable report from :func:`report_dict`'s output."""
+    """A human-readable report from an evaluation's summary (`EvalResult.to_dict`)."""
     metrics = summary["metrics"]
     lines = [
         f"# Evaluation: {summary['format']} ({summary['source']})",
@@ -122,16 +99,16 @@ def write_report(
     with paths["predictions"].open("w", encoding="utf-8") as handle:
         for prediction in result.predictions:
             handle.write(json.dumps(json_safe(prediction.to_dict()), default=str, allow_nan=False) + "\n")
-    summary = report_dict(result, model_name)
+    summary = result.to_dict()
+    if model_name is not None:
+        summary["model"] = model_name
     paths["json"].write_text(json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False) + "\n",
                              encoding="utf-8")
 
     figure_note = None
     if figures and isinstance(result.metrics, CountingMetrics):
         try:
-            figure = plot_confusion_matrix(
-                [p.parsed for p in result.predictions], [p.target for p in result.predictions]
-            )
+            figure = result.plot()
         except ImportError as error:
             figure_note = f"{CONFUSION_HTML} was not written: {error}"
             warnings.warn(figure_note, stacklevel=2)

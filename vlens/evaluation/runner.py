@@ -15,11 +15,20 @@ from vlens.evaluation.examples import (
     open_images,
 )
 from vlens.evaluation.formats import EvalFormat, default_post_prompt, format_prompt, get_format
-from vlens.evaluation.metrics import ChoiceMetrics, CountingMetrics, choice_metrics, counting_metrics
+from vlens.evaluation.metrics import (
+    ChoiceMetrics,
+    CountingMetrics,
+    choice_metrics,
+    confusion_matrix,
+    counting_metrics,
+)
 from vlens.evaluation.parsing import get_parser
+from vlens.evaluation.plots import plot_confusion_matrix
 from vlens.finite import json_safe
 from vlens.parallel import Sharding
+from vlens.results import Result
 from vlens.validation import check_count
+from vlens.viz.optional import require_plotly
 
 
 @dataclass
@@ -45,7 +54,7 @@ class Prediction:
 
 
 @dataclass
-class EvalResult:
+class EvalResult(Result):
     """Everything a report needs: settings, per-example predictions, skipped rows, scores."""
 
     format: str
@@ -55,6 +64,40 @@ class EvalResult:
     predictions: list[Prediction]
     skipped: list
     metrics: CountingMetrics | ChoiceMetrics
+    model_name: str | None = None  # what reports call the model
+
+    def to_dict(self) -> dict:
+        """The JSON summary (`results.json` of `write_report`): settings, metrics, skipped rows and,
+        for counting, the confusion matrix; the per-example predictions go to predictions.jsonl."""
+        summary = {
+            "model": self.model_name,
+            "format": self.format,
+            "task": self.task,
+            "source": self.source,
+            "settings": self.settings,
+            "n_evaluated": len(self.predictions),
+            "n_skipped": len(self.skipped),
+            "skipped": [asdict(s) for s in self.skipped],
+            "metrics": self.metrics.to_dict(),
+        }
+        if self.task == "count":
+            rows, columns, matrix = confusion_matrix([p.parsed for p in self.predictions],
+                                                     [p.target for p in self.predictions])
+            summary["confusion_matrix"] = {"true": rows, "predicted": columns, "matrix": matrix}
+        return summary
+
+    def plot(self, title: str | None = None):
+        """Counting: the confusion matrix of true against parsed counts; multiple choice: accuracy
+        per category (overall without categories)."""
+        if self.task == "count":
+            return plot_confusion_matrix([p.parsed for p in self.predictions], [p.target for p in self.predictions],
+                                         title=title or "Counting confusion matrix")
+        go = require_plotly()
+        metrics = self.metrics.to_dict()
+        per_category = metrics.get("per_category") or {"all": {"accuracy": metrics["accuracy"]}}
+        figure = go.Figure(go.Bar(x=list(per_category), y=[v["accuracy"] for v in per_category.values()]))
+        return figure.update_layout(title=title or f"Accuracy ({self.format})", yaxis={"title": "accuracy",
+                                                                                       "range": [0, 1.05]})
 
 
 def _plain(extra: dict) -> dict:

@@ -47,14 +47,16 @@ from vlens.architectures import adapter_for
 from vlens.architectures.base import HFModule
 from vlens.errors import UserInputError
 from vlens.finite import warn_non_finite
+from vlens.results import Result
 from vlens.validation import check_count, check_float
+from vlens.viz.figures import layer_head_heatmap
 
 Head = tuple[int, int]
 NORMALISATIONS = ("max", "mean", "none")
 
 
 @dataclass
-class HeadTemperature:
+class HeadTemperature(Result):
     """Inverse temperatures of target heads: betas[(layer, head)] = alpha * gamma (floored)."""
 
     betas: dict[Head, float]
@@ -170,7 +172,7 @@ class HeadTemperature:
         return state
 
     # ------------------------------------------------------------------ I/O
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return {
             "alpha": self.alpha,
             "normalisation": self.normalisation,
@@ -182,16 +184,21 @@ class HeadTemperature:
             "source": self.source,
         }
 
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        return path
+    def plot(self, title: str = "Head temperature: beta per head (1 = unchanged)"):
+        """Layer x head heatmap of beta (1 for the heads left alone)."""
+        n_layers = max(self.layers) + 1
+        n_heads = max(head for _, head in self.betas) + 1
+        grid = torch.stack([self.layer_scales(layer, n_heads) for layer in range(n_layers)])
+        return layer_head_heatmap(grid, title=title, value_label="beta")
 
     @classmethod
-    def from_json(cls, data: dict | str | Path) -> HeadTemperature:
-        if not isinstance(data, dict):
-            data = json.loads(Path(data).read_text())
+    def load(cls, path: str | Path) -> HeadTemperature:
+        """Saved temperatures: a JSON file, or the folder `save` / `vlens temperature fit` wrote."""
+        path = Path(path)
+        return cls.from_dict(json.loads((path / cls.filename if path.is_dir() else path).read_text()))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HeadTemperature:
         heads = data["heads"]
         return cls(
             betas={(e["layer"], e["head"]): e["beta"] for e in heads},

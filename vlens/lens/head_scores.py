@@ -37,7 +37,9 @@ from vlens.lens.corpus import Sample, prepare_batch
 from vlens.lens.headlens import HeadLens
 from vlens.lens.vocabularies import vocabulary_token_ids
 from vlens.parallel import Sharding
+from vlens.results import Result
 from vlens.token_labels import str_tokens
+from vlens.viz.figures import layer_head_heatmap
 
 SCORE_NAMES: tuple[str, ...] = (
     "vgs", "cter", "image_attention", "answer_alignment", "existence_response", "difficulty_response",
@@ -46,7 +48,7 @@ DEFAULT_LARGE_COUNT = 7
 
 
 @dataclass
-class HeadScores:
+class HeadScores(Result):
     """Scores per head (``[n_layers, n_heads]``, NaN = undefined) and each head's frequent top tokens."""
 
     scores: dict[str, Float[Tensor, "n_layers n_heads"]]
@@ -78,7 +80,14 @@ class HeadScores:
     def head_non_finite(self, layer: int, head: int) -> bool:
         return self.non_finite is not None and bool(self.non_finite[layer, head])
 
-    def to_json(self) -> dict:
+    def plot(self, score: str = "cter", title: str | None = None):
+        """Layer x head heatmap of one score (default CTER)."""
+        if score not in self.scores:
+            raise ValueError(f"score must be one of {sorted(self.scores)}, got {score!r}")
+        return layer_head_heatmap(self.scores[score].float(), title=title or f"{score} per head (k={self.k})",
+                                  value_label=score)
+
+    def to_dict(self) -> dict:
         n_layers, n_heads = self.shape
         return {
             "n_examples": self.n_examples, "k": self.k, "vocab_sizes": self.vocab_sizes, "d_vocab": self.d_vocab,

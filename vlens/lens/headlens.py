@@ -34,13 +34,15 @@ from torch import Tensor
 from vlens.finite import finite_rows
 from vlens.lens.decomposition import head_contributions
 from vlens.lens.translators import Translators, TunedLens
+from vlens.results import Result
+from vlens.viz.figures import layer_head_heatmap
 
 if TYPE_CHECKING:
     from vlens.model import HookedVLM
 
 
 @dataclass
-class HeadLensOutput:
+class HeadLensOutput(Result):
     """HeadLens decodings at chosen positions.
 
     Shapes (p = positions per row, L = decoded layers, H = heads, k = top-k):
@@ -68,7 +70,17 @@ class HeadLensOutput:
 
         return str_tokens(tokenizer, self.top_ids[row, position_index, self.layers.index(layer), head].tolist())
 
-    def to_json(self) -> dict:
+    def plot(self, title: str = "HeadLens: attention from the decoded position onto the image"):
+        """Layer x head heatmap of the mean image attention (the top-1 logit without attention)."""
+        if self.image_attention is not None:
+            values, label = self.image_attention.float().nanmean((0, 1)), "image attention"
+        else:
+            values, label = self.top_logits[..., 0].float().nanmean((0, 1)), "top-1 logit"
+        grid = torch.full((max(self.layers) + 1, values.shape[-1]), float("nan"))
+        grid[self.layers] = values
+        return layer_head_heatmap(grid, title=title, value_label=label)
+
+    def to_dict(self) -> dict:
         return {
             "layers": self.layers,
             "positions": self.positions.tolist(),

@@ -19,10 +19,8 @@ prompt position. One-token answers score exactly as before.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,6 +32,7 @@ from vlens.data import record_image
 from vlens.finite import finite_rows, json_safe, warn_non_finite
 from vlens.lens.base import Lens
 from vlens.parallel import Sharding
+from vlens.results import Result
 from vlens.validation import check_count
 from vlens.viz.figures import logit_lens_figure
 
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class LogitLensResult:
+class LogitLensResult(Result):
     """Per layer x example: the answer's probability and rank, and the top token.
 
     probabilities: [n_layers, n_examples]; ranks: [n_layers, n_examples] (1 = most likely; a
@@ -99,7 +98,7 @@ class LogitLensResult:
             token_strings={k: v for r in results for k, v in r.token_strings.items()},
         )
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """JSON-ready dict; NaN (non-finite logits) is written as None."""
         return json_safe({
             "n_examples": len(self.answers),
@@ -119,12 +118,6 @@ class LogitLensResult:
                            for row in self.top_tokens],
             "non_finite": int(self.non_finite.sum()),
         })
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
-        return path
 
     def plot(self, title: str = "Logit lens at the final prompt position"):
         """Mean probability (top) and median rank (bottom) of the correct answer per layer."""

@@ -35,12 +35,12 @@ from jaxtyping import Int
 from torch import Tensor
 
 from vlens.lens.head_scores import SCORE_NAMES, HeadScores
+from vlens.results import Result
 from vlens.viz.figures import layer_head_heatmap
 
 HEAD_CLASSES: tuple[str, ...] = (
     "visual grounding", "cross-modal routing", "counting aggregation", "awareness", "non-finite", "other",
 )  # "non-finite": the head's logits were NaN/inf (its scores are NaN), so it has no class.
-# The legend order of vlens.viz.figures.HEAD_CLASSES.
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class TaxonomyThresholds:
             elif not 0.0 <= value <= 1.0:
                 raise ValueError(f"threshold {name} must lie in [0, 1], got {value}")
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return asdict(self)
 
 
@@ -110,7 +110,7 @@ def classify_head(scores: dict[str, float | None], thresholds: TaxonomyThreshold
 
 
 @dataclass
-class HeadTaxonomy:
+class HeadTaxonomy(Result):
     """Each head's class, with the scores and thresholds that decided it."""
 
     classes: dict[tuple[int, int], str]
@@ -152,7 +152,7 @@ class HeadTaxonomy:
                 lines.append(f"| {name} | L{layer}H{head} | " + " | ".join(cells) + f" | {tokens} |")
         return "\n".join(lines)
 
-    def figure(self, title: str = "HeadLens head taxonomy", value: str | None = None):
+    def plot(self, title: str = "HeadLens head taxonomy", value: str | None = None):
         """Plotly layer x head map coloured by class; hover shows the class (and score `value`, e.g. "cter")."""
         if value is not None and value not in self.scores.scores:
             raise ValueError(f"value must be one of {sorted(self.scores.scores)}, got {value!r}")
@@ -168,8 +168,8 @@ class HeadTaxonomy:
                  "top_tokens": [[t, c] for t, c in self.scores.top_tokens.get((layer, head), [])]}
                 for layer in range(n_layers) for head in range(n_heads)]
 
-    def to_json(self) -> dict:
-        return {"thresholds": self.thresholds.to_json(), "counts": self.counts(),
+    def to_dict(self) -> dict:
+        return {"thresholds": self.thresholds.to_dict(), "counts": self.counts(),
                 "n_examples": self.scores.n_examples, "k": self.scores.k, "vocab_sizes": self.scores.vocab_sizes,
                 "d_vocab": self.scores.d_vocab, "chance": token_share_chance(self.scores),
                 "heads": self.heads_json()}

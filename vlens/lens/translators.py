@@ -34,7 +34,9 @@ from vlens.fileio import atomic_folder
 from vlens.finite import finite_rows, warn_non_finite
 from vlens.lens.base import Lens
 from vlens.lens.readout import LensReadout, unembedding_hash
+from vlens.results import Result
 from vlens.validation import check_count, check_float
+from vlens.viz.optional import require_plotly
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "translators.safetensors"
@@ -177,7 +179,7 @@ class TunedLens(Lens):
 
 # -------------------------------------------------------------------- training
 @dataclass
-class TrainingReport:
+class TrainingReport(Result):
     """Per-layer KL(final || lens) on the held-out split, before and after training (nats)."""
 
     kl_before: list[float]
@@ -189,8 +191,16 @@ class TrainingReport:
     stopped_early: bool
     val_history: list[float] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return asdict(self)
+
+    def plot(self, title: str = "Translator fit: held-out KL(final || lens) per layer"):
+        """The held-out KL per layer before and after training (lines)."""
+        go = require_plotly()
+        layers = list(range(len(self.kl_before)))
+        figure = go.Figure([go.Scatter(x=layers, y=self.kl_before, mode="lines+markers", name="before (logit lens)"),
+                            go.Scatter(x=layers, y=self.kl_after, mode="lines+markers", name="after (tuned lens)")])
+        return figure.update_layout(title=title, xaxis_title="layer", yaxis_title="KL (nats)")
 
     def table(self) -> str:
         lines = ["| layer | KL before | KL after |", "|---|---|---|"]

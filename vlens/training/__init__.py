@@ -1,5 +1,5 @@
-"""LoRA fine-tuning with the object-focused attention loss, export to Hugging Face, and the
-ablation-study runner (needs the `train` extra: peft).
+"""LoRA fine-tuning with the object-focused attention loss and export to Hugging Face (needs the
+`train` extra: peft). The interventions study built on it is `vlens.recipes.studies.interventions`.
 
     from vlens.training import SFTConfig, train_sft, read_sft_folder, save_adapters, save_merged
     examples = read_sft_folder("data/syndot") + read_sft_folder("data/synpoly")
@@ -11,7 +11,6 @@ from vlens.training.data import SFTBatch, SFTExample, collate, example_from_samp
 from vlens.training.export import load_adapters, merged_state_dict, save_adapters, save_merged
 from vlens.training.lora import add_lora, lora_layers, lora_parameters
 from vlens.training.sft import NonFiniteLossError, SFTConfig, SFTResult, train_sft
-from vlens.training.study import StudyResult, StudySettings, run_study, write_model_card_section
 
 __all__ = [
     "NonFiniteLossError",
@@ -19,8 +18,6 @@ __all__ = [
     "SFTConfig",
     "SFTExample",
     "SFTResult",
-    "StudyResult",
-    "StudySettings",
     "add_lora",
     "collate",
     "example_from_sample",
@@ -29,9 +26,7 @@ __all__ = [
     "lora_parameters",
     "merged_state_dict",
     "read_sft_folder",
-    "run_study",
     "save_adapters",
     "save_merged",
     "train_sft",
-    "write_model_card_section",
 ]

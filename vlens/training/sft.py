@@ -26,12 +26,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from tqdm.auto import tqdm
 
 from vlens.errors import UserInputError
 from vlens.interventions.focus import capture_patterns, default_focus_layers, focus_loss
+from vlens.results import Result
 from vlens.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from vlens.training.data import SFTBatch, SFTExample, answer_loss, collate
 from vlens.training.export import save_adapters
@@ -39,10 +41,14 @@ from vlens.training.lora import ATTENTION_PROJECTIONS, add_lora, has_lora, lora_
 from vlens.training.memory import answer_only_loss, gradient_checkpointing, use_checkpointing
 from vlens.training.schedule import learning_rate_at
 from vlens.validation import check_count, check_float
+from vlens.viz.optional import require_plotly
 
 
 class NonFiniteLossError(FloatingPointError):
     """The loss (or its gradient) became NaN/inf; training stopped before the bad update."""
+
+
+LOG_FILE = "train_log.jsonl"
 
 
 @dataclass
@@ -106,8 +112,11 @@ class SFTConfig:
 
 
 @dataclass
-class SFTResult:
-    """What a run did: steps, losses, time per step, where things were written."""
+class SFTResult(Result):
+    """What a run did: steps, losses, time per step, where things were written (the run's folder
+    holds `sft_result.json` and `train_log.jsonl`, the losses every `log_every` steps)."""
+
+    filename: ClassVar[str] = "sft_result.json"
 
     steps: int
     total_steps: int
@@ -118,8 +127,19 @@ class SFTResult:
     out_dir: str
     config: dict = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return asdict(self)
+
+    def plot(self, title: str = "Fine-tuning losses"):
+        """L_SFT (and L_focus) per logged step, read from the run's `train_log.jsonl`."""
+        go = require_plotly()
+        lines = [json.loads(line) for line in (Path(self.out_dir) / LOG_FILE).read_text().splitlines() if line.strip()]
+        steps = [row for row in lines if "step" in row and "sft_loss" in row]
+        figure = go.Figure([go.Scatter(x=[r["step"] for r in steps], y=[r["sft_loss"] for r in steps], name="L_SFT")])
+        if any(r.get("focus_loss") is not None for r in steps):
+            figure.add_trace(go.Scatter(x=[r["step"] for r in steps], y=[r.get("focus_loss") for r in steps],
+                                        name="L_focus"))
+        return figure.update_layout(title=title, xaxis_title="optimizer step", yaxis_title="loss")
 
 
 def use_bf16(setting: str | bool, device: torch.device) -> bool:
@@ -275,7 +295,7 @@ def train_sft(
 
     checkpointing = use_checkpointing(config.gradient_checkpointing, model)
     model.train()
-    log_path = out_dir / "train_log.jsonl"
+    log_path = out_dir / LOG_FILE
     step_times: list[float] = []
     last = {"sft": None, "focus": None}
     step = start_step
@@ -373,7 +393,7 @@ def train_sft(
         out_dir=str(out_dir),
         config=asdict(config),
     )
-    (out_dir / "sft_result.json").write_text(json.dumps(result.to_json(), indent=1) + "\n")
+    result.save(out_dir)
     return result
 
 

@@ -8,8 +8,6 @@ Nothing here imports plotly or circuitsvis until a function needs it
 from vlens.viz.circuits import attention_heads_view, attention_patterns_view, circuitsvis_html, token_labels
 from vlens.viz.colormaps import apply_colormap, colormap_names
 from vlens.viz.figures import (
-    HEAD_CLASSES,
-    confusion_matrix,
     confusion_matrix_figure,
     count_accuracy_figure,
     image_grid_heatmap,
@@ -29,7 +27,6 @@ from vlens.viz.image_attention import (
 from vlens.viz.report import Report
 
 __all__ = [
-    "HEAD_CLASSES",
     "PCAResult",
     "Report",
     "apply_colormap",
@@ -40,7 +37,6 @@ __all__ = [
     "attention_to_image",
     "circuitsvis_html",
     "colormap_names",
-    "confusion_matrix",
     "confusion_matrix_figure",
     "count_accuracy_figure",
     "image_grid_heatmap",

@@ -15,14 +15,7 @@ from torch import Tensor
 from vlens.viz.checks import as_float_tensor, as_grid, check_labels
 from vlens.viz.optional import require_make_subplots, require_plotly
 
-# The head taxonomy of the paper (HeadLens, section 2), in legend order, with fixed colours.
-HEAD_CLASSES: tuple[str, ...] = (
-    "visual grounding",
-    "cross-modal routing",
-    "counting aggregation",
-    "awareness",
-    "other",
-)
+# fixed colours of the head taxonomy's classes (`vlens.lens.taxonomy.HEAD_CLASSES` names them)
 HEAD_CLASS_COLORS: dict[str, str] = {
     "visual grounding": "#1f77b4",
     "cross-modal routing": "#ff7f0e",
@@ -46,7 +39,7 @@ def layer_head_heatmap(
     title: str = "",
     value_label: str = "value",
     classes: Int[Tensor, "n_layers n_heads"] | Mapping[tuple[int, int], str] | None = None,
-    class_names: Sequence[str] = HEAD_CLASSES,
+    class_names: Sequence[str] | None = None,
     n_layers: int | None = None,
     n_heads: int | None = None,
     colorscale: str = "RdBu_r",
@@ -60,7 +53,8 @@ def layer_head_heatmap(
         classes: a head taxonomy, either integer class indices into `class_names` per head, or a
             mapping `{(layer, head): class_name}` where unlisted heads are the last class ("other").
             When given, colour shows the class (one legend entry per class) and hover shows values.
-        class_names: class names in legend order (default: `HEAD_CLASSES`).
+        class_names: class names in legend order (the head taxonomy's: `vlens.lens.taxonomy.HEAD_CLASSES`);
+            needed with `classes`.
         n_layers, n_heads: the grid size when only a `classes` mapping is given.
         colorscale, zmid: for the value heatmap (diverging around 0 by default).
 
@@ -97,6 +91,8 @@ def layer_head_heatmap(
             hovertemplate=f"%{{y}}%{{x}}<br>{value_label}: %{{z:.4g}}<extra></extra>",
         )
 
+    if class_names is None:
+        raise ValueError("classes need class_names (e.g. vlens.lens.taxonomy.HEAD_CLASSES), in legend order")
     class_index = _class_index_grid(classes, list(class_names), n_layers, n_heads)
     names = list(class_names)
     colors = [
@@ -251,56 +247,32 @@ def image_grid_heatmap(
     return figure
 
 
-def confusion_matrix(
-    targets: Sequence[int], predictions: Sequence[int | None], labels: Sequence[int]
-) -> Int[Tensor, "n_labels n_labels_plus_other"]:
-    """Counts of (target, prediction); predictions outside `labels` (or None) go to a last column.
-
-    Returns:
-        `[len(labels), len(labels) + 1]`: rows are targets, columns predictions, last column "other".
-    """
-    if len(targets) != len(predictions):
-        raise ValueError(f"{len(targets)} targets but {len(predictions)} predictions")
-    column_of = {label: i for i, label in enumerate(labels)}
-    matrix = torch.zeros(len(labels), len(labels) + 1, dtype=torch.long)
-    for target, prediction in zip(targets, predictions, strict=True):
-        if target not in column_of:
-            raise ValueError(f"target {target!r} is not in labels {list(labels)}")
-        matrix[column_of[target], column_of.get(prediction, len(labels))] += 1
-    return matrix
-
-
 def confusion_matrix_figure(
-    targets: Sequence[int],
-    predictions: Sequence[int | None],
-    labels: Sequence[int] | None = None,
+    rows: Sequence[int],
+    columns: Sequence[int | str],
+    matrix: Sequence[Sequence[int]],
     title: str = "",
     normalize: bool = False,
 ):
-    """Confusion matrix of counting answers (true count vs predicted count).
+    """Heatmap of a confusion matrix of counting answers (true count vs predicted count).
 
     Args:
-        targets, predictions: one entry per example; unparsable predictions may be None.
-        labels: the classes in order (default: the sorted distinct targets).
+        rows, columns, matrix: what `vlens.evaluation.metrics.confusion_matrix` returns
+            (`[n_rows][n_columns]`, rows the true counts, columns the predictions).
         normalize: show each row as fractions of its target's examples.
 
     Returns:
-        A Figure whose Heatmap z is `[n_labels, n_labels]`, plus an "other" column if any
-        prediction fell outside `labels`.
+        A Figure whose Heatmap z is `[n_rows, n_columns]`.
     """
-    labels = sorted(set(targets)) if labels is None else list(labels)
-    matrix = confusion_matrix(targets, predictions, labels).double()
-    columns = [str(label) for label in labels] + ["other"]
-    if matrix[:, -1].sum() == 0:
-        matrix, columns = matrix[:, :-1], columns[:-1]
+    values = torch.tensor(matrix, dtype=torch.float64).reshape(len(rows), len(columns))
     if normalize:
-        matrix = matrix / matrix.sum(dim=1, keepdim=True).clamp_min(1)
+        values = values / values.sum(dim=1, keepdim=True).clamp_min(1)
     fmt = ".2f" if normalize else ".0f"
     return (
         _heatmap(
-            matrix.numpy(),
-            columns,
-            [str(label) for label in labels],
+            values.numpy(),
+            [str(label) for label in columns],
+            [str(label) for label in rows],
             title,
             "predicted",
             "true",

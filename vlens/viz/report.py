@@ -7,7 +7,6 @@ section has a circuitsvis view, images are base64 PNG data URIs and tables plain
 from __future__ import annotations
 
 import html as html_lib
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -124,7 +123,7 @@ class Report:
             html: an HTML string, or a circuitsvis view (e.g. from `attention_heads_view`).
             image: a PIL image (embedded as PNG).
             table: rows as dicts (columns: the keys, in first-seen order).
-            numbers: headline numbers shown under the section and returned by `to_json`.
+            numbers: headline numbers shown under the section and returned by `to_dict`.
 
         Returns:
             The report, so calls can be chained.
@@ -177,12 +176,12 @@ class Report:
             for row in rows
         ]
 
-    def to_json(self) -> str:
+    def to_dict(self) -> dict:
         """The report's numbers: `{"title", "sections": [{"title", "explanation", "numbers"}]}`."""
         sections = [
             {"title": s.title, "explanation": s.explanation, "numbers": s.numbers} for s in self._sections
         ]
-        return json.dumps({"title": self.title, "sections": sections}, indent=2, allow_nan=False)
+        return {"title": self.title, "sections": sections}
 
     def to_html(self) -> str:
         """The whole report as one HTML document (no network access needed to view it)."""

@@ -1,6 +1,7 @@
 """The paper's ablation table, reproduced at toy scale on the embedded model.
 
-Conditions (PAPER.md, "Ablation"): baseline / +SFT / +SFT+L_focus / +SFT+L_focus+beta.
+Conditions (the paper's ablation table; docs/method.md, sections 7-8): baseline / +SFT /
++SFT+L_focus / +SFT+L_focus+beta.
 Fine-tuning data: SynDot + SynPoly counting only. Evaluation: SynReal-lite counting (out of
 distribution), SynDot / SynPoly counting (in distribution) and the other task suites
 (colour, shape, spatial, arithmetic, existence: the "general reasoning" side).
@@ -24,11 +25,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from tqdm.auto import tqdm
 
+from vlens.ablation import TaskBatch, build_task_batch, collect_reference, head_ablation_sweep
+from vlens.data import make_task_sample
+from vlens.evaluation import HookedVLMBackend, counting_metrics, parse_count
+from vlens.finite import json_safe
+from vlens.interventions.temperature import fit_temperature, importance_from_result
+from vlens.results import Result
 from vlens.training.data import SFTExample, example_from_sample
 from vlens.training.sft import SFTConfig, train_sft
+from vlens.viz.optional import require_plotly
 
 CONDITIONS: dict[str, str] = {
     "baseline": "baseline",
@@ -105,8 +114,6 @@ class StudySettings:
 
 
 def _counting_sample(style: str, seed: int, count: int, size: int):
-    from vlens.data import make_task_sample
-
     return make_task_sample("counting", seed, size=size, style=style, counts=(count,))
 
 
@@ -124,8 +131,6 @@ def training_examples(settings: StudySettings, seed: int) -> list[SFTExample]:
 
 def evaluation_sets(settings: StudySettings) -> dict[str, list[tuple]]:
     """name -> (image, record) samples; counting sets cycle through counts 1-10 evenly."""
-    from vlens.data import make_task_sample
-
     out = {}
     for set_index, name in enumerate(settings.eval_sets):
         task, style = EVAL_SETS[name]
@@ -156,8 +161,6 @@ def evaluate_sets(
     Counting: the first number parsed from the answer (lmms-eval's parser); MAE over parsed
     answers. Other tasks: the answer's first word must equal the target (case-insensitive).
     """
-    from vlens.evaluation import HookedVLMBackend, counting_metrics, parse_count
-
     backend = HookedVLMBackend(model, fwd_hooks=fwd_hooks)
     results = {}
     for name, samples in sets.items():
@@ -187,8 +190,6 @@ def evaluate_sets(
 
 def head_importance(model, settings: StudySettings, seed: int, progress: bool = True):
     """Mean-ablation log-prob drop per head on held-out SynDot + SynPoly counting."""
-    from vlens.ablation import TaskBatch, build_task_batch, collect_reference, head_ablation_sweep
-
     n = settings.importance_examples
     base = IMPORTANCE_SEED_BASE + 10_000 * seed
     task = TaskBatch.concat(
@@ -217,8 +218,10 @@ def head_importance(model, settings: StudySettings, seed: int, progress: bool = 
 
 
 @dataclass
-class StudyResult:
+class StudyResult(Result):
     """results[seed][condition][set] = metrics; plus what was trained and the temperatures used."""
+
+    filename: ClassVar[str] = "study.json"
 
     settings: dict
     results: dict[int, dict[str, dict[str, dict]]]
@@ -227,19 +230,47 @@ class StudyResult:
     wall_time_s: float = 0.0
     model: str = ""
 
-    def to_json(self) -> dict:
-        return asdict(self)
+    def to_dict(self) -> dict:
+        """The study as JSON, with its table (`rows`) and the labels of its conditions and sets."""
+        return {**asdict(self), "labels": dict(CONDITIONS), "set_roles": dict(SET_ROLES), "rows": self.rows()}
 
-    def save(self, out_dir: str | Path) -> Path:
-        out = Path(out_dir)
+    def save(self, path: str | Path) -> Path:
+        """Write `study.json` and `STUDY.md` into the folder `path`; returns the folder."""
+        out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "study.json").write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        (out / self.filename).write_text(json.dumps(json_safe(self.to_dict()), indent=1, allow_nan=False) + "\n")
         (out / "STUDY.md").write_text(self.report() + "\n")
         return out
 
+    def rows(self) -> list[dict]:
+        """One row per condition: accuracy (and MAE for counting sets) per evaluation set, mean over seeds."""
+        rows = []
+        for condition in self.settings["conditions"]:
+            row: dict = {"setting": CONDITIONS.get(condition, condition)}
+            for name in self.settings["eval_sets"]:
+                row[f"{name} accuracy"] = self.mean(condition, name, "accuracy")
+                if name in SET_ROLES:
+                    row[f"{name} MAE"] = self.mean(condition, name, "mae")
+            rows.append(row)
+        return rows
+
+    def plot(self):
+        """Grouped bars: accuracy of each condition on each evaluation set (mean over seeds)."""
+        go = require_plotly()
+        sets = self.settings["eval_sets"]
+        figure = go.Figure([go.Bar(name=row["setting"], x=list(sets), y=[row[f"{name} accuracy"] for name in sets])
+                            for row in self.rows()])
+        return figure.update_layout(barmode="group", title="Accuracy per intervention and evaluation set",
+                                    yaxis={"title": "accuracy", "range": [0, 1.05]},
+                                    xaxis={"title": "evaluation set"})
+
     @classmethod
     def load(cls, path: str | Path) -> StudyResult:
-        data = json.loads(Path(path).read_text())
+        """A saved study: its study.json, or the folder holding it."""
+        path = Path(path)
+        data = json.loads((path / cls.filename if path.is_dir() else path).read_text())
+        for derived in ("labels", "set_roles", "rows"):
+            data.pop(derived, None)
         data["results"] = {int(k): v for k, v in data["results"].items()}
         data["training"] = {int(k): v for k, v in data.get("training", {}).items()}
         data["temperatures"] = {int(k): v for k, v in data.get("temperatures", {}).items()}
@@ -286,7 +317,7 @@ class StudyResult:
         s = self.settings
         seeds = ", ".join(str(seed) for seed in self.results)
         lines = [
-            "## Interventions ablation (PAPER.md's ablation table, toy scale)",
+            "## Interventions ablation (the paper's ablation table, toy scale)",
             "",
             f"Model: {self.model or 'the embedded tiny Qwen2.5-VL'}. Seeds: {seeds} (mean over seeds). "
             f"Counting cells: accuracy % / MAE; other tasks: accuracy %. n = {s['n_eval']} per set.",
@@ -336,8 +367,6 @@ def run_study(
     Writes `out_dir/study.json` and `out_dir/STUDY.md` (and the adapters of each run) and
     returns the result. Reports what comes out, whichever way it goes.
     """
-    from vlens.interventions.temperature import fit_temperature, importance_from_result
-
     settings = settings or StudySettings()
     settings.check()
     out_dir = Path(out_dir)
@@ -366,7 +395,7 @@ def run_study(
                 resume=False,
                 progress=progress,
             )
-            training[condition] = run.to_json()
+            training[condition] = run.to_dict()
             rows[condition] = evaluate(model)
             if condition == "sft_focus" and "sft_focus_beta" in settings.conditions:
                 ablation = head_importance(model, settings, seed, progress)
@@ -380,7 +409,7 @@ def run_study(
                     },
                 )
                 temp.save(out_dir / f"seed{seed}" / "temperature.json")
-                result.temperatures[seed] = temp.to_json()
+                result.temperatures[seed] = temp.to_dict()
                 rows["sft_focus_beta"] = evaluate(model, temp.hooks(model))
         result.results[seed] = rows
         result.training[seed] = training

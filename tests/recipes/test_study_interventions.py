@@ -1,11 +1,12 @@
-"""The ablation-study runner: table / report / model-card section on a known result, and (slow) a
-full run of every condition on an untrained model of the embedded architecture."""
+"""The interventions study: table / rows / report / model-card section on a known result, the
+demo reading what it writes, and (slow) a full run of every condition on an untrained model of
+the embedded architecture."""
 
 from __future__ import annotations
 
 import pytest
 
-from vlens.training.study import (
+from vlens.recipes.studies.interventions import (
     CARD_BEGIN,
     CARD_END,
     StudyResult,
@@ -58,6 +59,25 @@ def test_table_averages_seeds():
     assert table[3] == "| +SFT | 70.0 / 0.38 | 80.0 | 60.0 | 70.0 |"
 
 
+def test_rows_average_seeds_and_the_demo_reads_them(tmp_path):
+    from vlens.demo.interventions_stage import interventions_section
+
+    result = _known_result()
+    assert result.rows() == [
+        {"setting": "baseline", "synreal accuracy": pytest.approx(0.6), "synreal MAE": pytest.approx(0.75),
+         "colour accuracy": pytest.approx(0.95), "shape accuracy": pytest.approx(0.75)},
+        {"setting": "+SFT", "synreal accuracy": pytest.approx(0.7), "synreal MAE": pytest.approx(0.375),
+         "colour accuracy": pytest.approx(0.8), "shape accuracy": pytest.approx(0.6)},
+    ]
+    folder = result.save(tmp_path / "study")
+    again = StudyResult.load(folder)
+    assert again.table() == result.table() and (folder / "STUDY.md").is_file()
+    section = interventions_section(None, folder / "study.json")  # what `vlens demo --interventions` shows
+    assert section.status == "ok" and [row["setting"] for row in section.table] == ["baseline", "+SFT"]
+    assert section.numbers["+SFT: synreal accuracy"] == pytest.approx(0.7)
+    assert len(result.plot().data) == 2  # one bar group per condition
+
+
 def test_model_card_section_is_replaced_not_duplicated(tmp_path):
     card = tmp_path / "MODEL_CARD.md"
     card.write_text("# model\n\nintro\n")
@@ -85,7 +105,7 @@ def test_data_splits_are_balanced_and_disjoint():
 def test_full_study_on_an_untrained_embedded_architecture(tmp_path):
     from vlens import HookedVLM
     from vlens.recipes.embedded.recipe import build_untrained
-    from vlens.training.study import run_study
+    from vlens.recipes.studies.interventions import run_study
 
     def load():
         _, processor, hf = build_untrained(0)

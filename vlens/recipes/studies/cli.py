@@ -1,10 +1,14 @@
-"""`vlens ablate`: per-task head importance by ablation and the Jaccard overlap across tasks.
+"""The studies' commands: `vlens ablate` (the cross-task ablation study) and `vlens study` (the
+interventions table). Registered by name in `vlens.cli.COMMANDS`, so the library never imports
+them.
 
     vlens ablate --model tiny --tasks counting,colour,spatial,arithmetic --top-k 20 --out runs/ablation
     vlens ablate --model PATH --data pixmo.parquet countbenchqa.parquet --image-dir images/ --out runs/real
+    vlens study --model tiny --out runs/study --seeds 0 --model-card vlens/zoo/weights/.../MODEL_CARD.md
 
-Writes ``results.json`` (the report), ``report.html`` (Jaccard heatmap, per-task damage heatmaps,
-top heads) and ``summary.md`` (the Jaccard matrix and top heads as Markdown tables) into ``--out``.
+`vlens ablate` writes ``results.json`` (the report), ``report.html`` (Jaccard heatmap, per-task
+damage heatmaps, top heads) and ``summary.md`` into ``--out``; `vlens study` writes
+``study.json``, ``STUDY.md`` and each run's adapters.
 """
 
 from __future__ import annotations
@@ -20,18 +24,23 @@ from vlens.cli.options import (
     add_model_options,
     add_out,
     load_model_from_args,
+    model_options,
     prepare_out,
     rendered_size,
 )
 from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.errors import UserInputError
 from vlens.finite import add_allow_nan_argument
-from vlens.validation import arg_int
+from vlens.validation import arg_float, arg_int
 
 logger = logging.getLogger(__name__)
 
+# training keeps float32 master weights
+TRAIN_DTYPE = "float32"
+STUDY_JSON, STUDY_MD = "study.json", "STUDY.md"
+
 # vlens.ablation's names, spelled out so that building this parser imports no torch
-# (tests/cli/test_conventions.py checks them)
+# (tests/cli/test_conventions.py checks them against the library)
 METHODS = ("mean", "zero", "resample")
 ALIGNMENTS = ("all", "position", "region")
 RANK_BY = ("logprob", "accuracy")
@@ -41,7 +50,8 @@ DEFAULT_IMAGE_SIZE = 224
 REPORT_HTML, SUMMARY_MD = "report.html", "summary.md"
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def configure_ablate(parser: argparse.ArgumentParser) -> None:
+    """`vlens ablate`."""
     parser.description = ("Ablate each head alone (on hook_z) on task-suite examples, rank heads by the drop in "
                           "answer log-probability (or accuracy) per task, and compare the tasks' top-k head sets "
                           "by Jaccard similarity.")
@@ -82,8 +92,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
-    from vlens.ablation.study import ablation_study, add_patching_overlap
     from vlens.finite import collect_non_finite, non_finite_exit
+    from vlens.recipes.studies.ablation import ablation_study, add_patching_overlap
     from vlens.validation import check_top_k
 
     if args.tasks is None:
@@ -115,7 +125,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     report.settings["model_arg"] = args.model
     if args.patching is not None:
         add_patching_overlap(report, patching, source=str(args.patching), metric=args.patching_metric)
-    report.to_json(out / RESULTS_FILE)
+    report.save(out / RESULTS_FILE)
     written = [out / RESULTS_FILE]
     try:
         report.html_report().write(out / REPORT_HTML)
@@ -170,3 +180,48 @@ def _check_patching(patching, model, args: argparse.Namespace) -> None:
         per_task = {task: patching[task] for task in named if task in patching}
     for data in (per_task.values() if isinstance(per_task, Mapping) else [patching]):
         head_set_from_json(data, n_layers, n_heads, args.top_k, args.patching_metric)
+
+
+def configure_study(study: argparse.ArgumentParser) -> None:
+    """`vlens study`."""
+    study.description = ("The interventions table at toy scale: baseline / +SFT / +SFT+L_focus / "
+                         "+SFT+L_focus+beta (see vlens.recipes.studies.interventions for the scaled-down settings).")
+    add_model_options(study, dtype_default=TRAIN_DTYPE)
+    add_out(study, f"{STUDY_JSON}, {STUDY_MD} and each run's adapters")
+    study.add_argument("--seeds", type=arg_int(min=0), nargs="+", default=[0])
+    study.add_argument(
+        "--n-train", type=arg_int(min=1), default=200, help="fine-tuning images per style (SynDot, SynPoly)"
+    )
+    study.add_argument("--n-eval", type=arg_int(min=1), default=100, help="evaluation examples per set")
+    study.add_argument("--epochs", type=arg_int(min=1), default=1)
+    study.add_argument("--lr", type=arg_float(min=0, min_open=True), default=1e-3)
+    study.add_argument("--lora-rank", type=arg_int(min=1), default=64)
+    study.add_argument("--top-k-heads", type=arg_int(min=1), default=4)
+    study.add_argument("--alpha", type=arg_float(min=0, min_open=True), default=1.2)
+    study.add_argument("--model-card", type=Path, help="also put the results table into this model card")
+    study.set_defaults(func=run_study_cli)
+
+
+def run_study_cli(args: argparse.Namespace) -> int:
+    from vlens.recipes.studies.interventions import StudySettings, run_study, write_model_card_section
+    from vlens.specs import load_model
+
+    settings = StudySettings(
+        seeds=args.seeds,
+        n_train_per_style=args.n_train,
+        n_eval=args.n_eval,
+        epochs=args.epochs,
+        learning_rate=args.lr,
+        lora_rank=args.lora_rank,
+        top_k_heads=args.top_k_heads,
+        alpha=args.alpha,
+    )
+    prepare_out(args, STUDY_JSON, STUDY_MD)
+    name = "vlens.load() (the embedded tiny Qwen2.5-VL)" if args.model == "tiny" else args.model
+    options = model_options(args)
+    result = run_study(lambda: load_model(args.model, **options), settings, args.out, progress=not args.quiet,
+                       model_name=name)
+    print(result.report())
+    if args.model_card:
+        logger.info("model card: %s", write_model_card_section(result, args.model_card))
+    return 0

@@ -1,0 +1,7 @@
+"""The studies behind the paper's tables, on the embedded model (apart from the library: nothing
+in vlens imports them).
+
+- `ablation`: the cross-task ablation study on the synthetic task suites (`vlens ablate`).
+- `interventions`: baseline / +SFT / +SFT+L_focus / +SFT+L_focus+beta (`vlens study`).
+- `cli`: their commands.
+"""
