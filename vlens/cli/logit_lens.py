@@ -79,7 +79,7 @@ def run_logit_lens(args: argparse.Namespace) -> int:
                                     sharding=args.sharding)
     if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it
         return non_finite_exit(problems, True, "vlens logit-lens")
-    path = write_results(out, {**result.to_json(), "world_size": args.sharding.world_size})
+    path = write_results(out, {**result.to_dict(), "world_size": args.sharding.world_size})
     figure = write_figure(result.plot, out / FIGURE_FILE)
     logger.info("wrote %s%s (%d examples)", path, f" and {figure}" if figure else "", len(result.answers))
     for layer in range(result.n_layers):
