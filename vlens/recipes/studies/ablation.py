@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from vlens.ablation import AblationReport, build_task_batch, cross_task_ablation, head_set_from_json, jaccard
+from vlens.ablation import (
+    AblationReport,
+    TaskBatch,
+    build_task_batch,
+    cross_task_ablation,
+    head_set_from_json,
+    jaccard,
+)
 from vlens.ablation.crosstask import REFERENCE_MODES
 from vlens.ablation.tasks import canonical_task_name
 from vlens.errors import UserInputError
@@ -24,7 +31,7 @@ DEFAULT_TASKS: tuple[str, ...] = (
 
 def ablation_study(
     model,
-    tasks: Sequence[str] = DEFAULT_TASKS,
+    tasks: Sequence[str] | Mapping[str, tuple[TaskBatch, TaskBatch]] = DEFAULT_TASKS,
     n_examples: int = 64,
     n_reference: int = 64,
     method: str = "mean",
@@ -40,7 +47,8 @@ def ablation_study(
     progress: bool = True,
     sharding: Sharding | None = None,
 ) -> AblationReport:
-    """`cross_task_ablation` on task-suite tasks ("counting", "counting@synreal", ...).
+    """`cross_task_ablation` on task-suite tasks ("counting", "counting@synreal", ...) or on given
+    {name: (evaluation TaskBatch, reference TaskBatch)} (e.g. real datasets).
 
     Args:
         n_examples, n_reference: evaluation / reference examples per task (disjoint seeds).
@@ -52,17 +60,22 @@ def ablation_study(
         check_count(value, name, min=28 if name == "image_size" else 1)
     if reference_mode not in REFERENCE_MODES:
         raise ValueError(f"reference_mode must be one of {REFERENCE_MODES}, got {reference_mode!r}")
-    names = [canonical_task_name(t) for t in tasks]
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate task in {list(tasks)}")
+    if retest_seed is not None and isinstance(tasks, Mapping):
+        raise ValueError("retest_seed needs task-suite names (the second evaluation set is drawn from them)")
     if retest_seed is not None and abs(retest_seed - seed) < n_examples:
         raise UserInputError(f"retest seeds {retest_seed}..{retest_seed + n_examples - 1} overlap the evaluation seeds "
                              f"{seed}..{seed + n_examples - 1}: use a retest seed >= {seed + n_examples}")
-    sets = {name: (build_task_batch(model, name, n_examples, seed, image_size),
-                   build_task_batch(model, name, n_reference, seed, image_size, reference=True))
-            for name in names}
+    if isinstance(tasks, Mapping):
+        sets = dict(tasks)
+    else:
+        names = [canonical_task_name(t) for t in tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate task in {list(tasks)}")
+        sets = {name: (build_task_batch(model, name, n_examples, seed, image_size),
+                       build_task_batch(model, name, n_reference, seed, image_size, reference=True))
+                for name in names}
     retest = None if retest_seed is None else {
-        name: build_task_batch(model, name, n_examples, retest_seed, image_size) for name in names}
+        name: build_task_batch(model, name, n_examples, retest_seed, image_size) for name in sets}
     report = cross_task_ablation(model, sets, method=method, alignment=alignment, reference_mode=reference_mode,
                                  top_k=top_k, rank_by=rank_by, batch_size=batch_size, heads_per_pass=heads_per_pass,
                                  seed=seed, retest=retest, retest_seed=retest_seed, progress=progress,
