@@ -124,3 +124,23 @@ def test_overwrite_replaces_a_store_of_other_settings(tmp_path):
         run_store(tmp_path, {"seed": 1}).stage(0, "sweep", 2)
     stage = run_store(tmp_path, {"seed": 1}, overwrite=True).stage(0, "sweep", 2)
     assert stage.count() == 0
+
+
+def test_one_torchrun_process_computes_with_one_thread_like_several(monkeypatch):
+    from vlens.parallel import from_env
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(2)
+    try:
+        sharding = from_env()
+        assert sharding.world_size == 1 and not sharding.distributed
+        assert torch.get_num_threads() == 1  # what torchrun gives each of several processes
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # an explicit choice is kept
+        from_env()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -3,7 +3,9 @@
     torchrun --nproc-per-node 8 -m vlens patch --model M --make-pairs 1000 --mode layer-head --out heads.json
 
 `torchrun` starts the processes and sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
-MASTER_PORT; `from_env()` joins them into one process group (gloo on CPU; gloo for vlens's own
+MASTER_PORT (and OMP_NUM_THREADS=1 when it starts more than one; with one process vlens sets
+one torch thread itself unless OMP_NUM_THREADS is given, because CPU kernels round differently
+with other thread counts: a 1-process and an N-process run then give the same bits); `from_env()` joins them into one process group (gloo on CPU; gloo for vlens's own
 object collectives plus nccl for CUDA tensors on GPUs) with a timeout (`VLENS_DIST_TIMEOUT_S`,
 default 1800 s), and returns the `Sharding`. Without torchrun (or with one process) it returns
 the single-process layout and starts nothing.
@@ -68,6 +70,10 @@ def from_env() -> Sharding:
 
     if not launched_by_torchrun():
         return Sharding()
+    if "OMP_NUM_THREADS" not in os.environ:
+        # torchrun gives each of several processes one thread; one process would take every core,
+        # and CPU kernels round differently with another thread count: same threads, same bits
+        torch.set_num_threads(1)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     if world_size == 1:
