@@ -98,6 +98,7 @@ def test_ablation_gives_nan_and_valid_json(model, tmp_path):
     assert not result.finite and result.top_heads(3) == []
     data = json.loads(report.save(tmp_path / "ablation.json").read_text())
     assert data["results"]["counting"]["clean_logprob"] is None and data["jaccard"]["matrix"][0][1] is None
+    assert "No head could be measured" in report.html_report().to_html()  # the report is written, not a crash
 
 
 def test_headlens_heads_are_non_finite_not_classified(model):

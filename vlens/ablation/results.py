@@ -246,10 +246,11 @@ class AblationReport(Result):
             table = [{"rank": i + 1, "head": f"L{layer}H{head}", "logprob drop": float(lp[layer, head]),
                       "accuracy drop": float(acc[layer, head])}
                      for i, (layer, head) in enumerate(result.top_heads(self.top_k, self.rank_by))]
+            note = "" if table else " No head could be measured: the runs gave NaN/inf (non-finite) values."
             report.add_section(f"{task}: damage per head", f"Drop in the answer's {self.rank_by} when one head "
-                               "is ablated (positive: the head helps the task).", figure=result.plot(self.rank_by),
-                               table=table, numbers={"clean accuracy": result.clean_accuracy,
-                                                     "clean log-prob": result.clean_logprob})
+                               f"is ablated (positive: the head helps the task).{note}",
+                               figure=result.plot(self.rank_by), table=table or None,
+                               numbers={"clean accuracy": result.clean_accuracy, "clean log-prob": result.clean_logprob})
         return report
 
     def to_markdown(self) -> str:
