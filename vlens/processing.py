@@ -13,6 +13,7 @@ from vlens.architectures.base import ArchitectureAdapter
 from vlens.config import VLMConfig
 from vlens.images import to_rgb
 from vlens.inputs import VLMInputs, compute_regions
+from vlens.prompt_text import escape_special_tokens
 
 
 class PreparingModel(Protocol):
@@ -66,8 +67,6 @@ def chat_messages(prompt: str, n_images: int = 1) -> list[dict]:
 def chat_prompt(model: PreparingModel, prompt: str, n_images: int) -> str:
     """The prompt text a chat model gets: its processor's chat template (with the generation
     prompt), or the family's own format when the processor has no template."""
-    from vlens.prompt_text import escape_special_tokens
-
     processor = model.processor
     prompt = escape_special_tokens(model.tokenizer, prompt)  # dataset text cannot forge chat turns
     template = getattr(processor, "chat_template", None) or getattr(getattr(processor, "tokenizer", None),

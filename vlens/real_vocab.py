@@ -32,6 +32,9 @@ from typing import Any
 
 import torch
 
+from vlens.model import HookedVLM
+from vlens.processors import SimpleVLProcessor
+
 FIXTURE_VERSION = "1"
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -273,8 +276,6 @@ def _config(family: str, text: dict, vision: dict, tie: bool):
 def real_vocab_processor(family: str = "qwen2_5_vl", min_pixels: int | None = None, max_pixels: int | None = None,
                          image_size: int = 336):
     """The fixture's processor: the real-vocabulary tokenizer + the real image-processor settings."""
-    from vlens.processors import SimpleVLProcessor
-
     if family == "llava":
         from transformers import LlavaProcessor
 
@@ -311,8 +312,6 @@ def real_vocab_model(name: str = "qwen2.5-vl-7b", tiny: bool = True, n_layers: i
                      vision_depth: int | None = 2, seed: int = 0, dtype: torch.dtype = torch.float32,
                      min_pixels: int | None = None, max_pixels: int | None = None):
     """A random `HookedVLM` of a real shape with the real-vocabulary processor."""
-    from vlens.model import HookedVLM
-
     hf_model = real_vocab_hf_model(name, tiny, n_layers, vision_depth, seed, dtype)
     return HookedVLM.from_hf(hf_model, real_vocab_processor(REAL_SHAPES[name]["family"], min_pixels, max_pixels,
                                                             _clip_size(hf_model.config)))

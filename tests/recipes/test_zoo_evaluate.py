@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vlens.recipes.embedded.evaluate import accuracy_report
-from vlens.recipes.embedded.model_card import _objects_section
+from vlens.recipes.embedded.model_card import objects_section
 
 
 def _record(task: str, answer: str, n_objects: int, source: str | None = None) -> dict:
@@ -34,14 +34,14 @@ def test_accuracy_per_task_per_count_and_per_number_of_objects():
 
 
 def test_objects_section_of_the_model_card():
-    assert _objects_section({}) == []
-    lines = _objects_section({"colour": {1: {"accuracy": 1.0, "n": 2}, 3: {"accuracy": 0.0, "n": 1}}})
+    assert objects_section({}) == []
+    lines = objects_section({"colour": {1: {"accuracy": 1.0, "n": 2}, 3: {"accuracy": 0.0, "n": 1}}})
     assert "| source | 1 | 3 |" in lines
     assert "| colour | 100% (2) | 0% (1) |" in lines
 
 
 def test_training_lines_name_the_device_and_the_vision_objective():
-    from vlens.recipes.embedded.model_card import _training_lines
+    from vlens.recipes.embedded.model_card import training_lines
 
     stage = {
         "seed": 1,
@@ -57,7 +57,7 @@ def test_training_lines_name_the_device_and_the_vision_objective():
         "vision_aux_weight": 0.5,
     }
     summary = {"training": stage, "data": {"n_examples": 100, "mix": {"colour": 1.0}, "max_objects": 2}}
-    text = "\n".join(_training_lines(summary))
+    text = "\n".join(training_lines(summary))
     assert "1 torch thread(s) on cuda" in text and "(devices as listed)" in text
     assert "--max-objects 2 --vision-aux-weight 0.5 --device cuda" in text
     assert "plus the vision-token loss" in text and "dense vision-token shape/colour loss (weight 0.5" in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.test_sft import _config, _examples, _model
+from tests.helpers.sft import sft_config, sft_examples, sft_model
 from vlens.errors import UserInputError
 from vlens.training.data import read_sft_folder
 from vlens.training.sft import SFTConfig, train_sft
@@ -27,28 +27,28 @@ def test_negative_limit_is_refused(tmp_path):
 
 
 def test_resume_refuses_other_data_or_settings(tmp_path):
-    examples = _examples(4)
-    train_sft(_model(), examples, _config(), tmp_path, stop_after=1, progress=False)
+    examples = sft_examples(4)
+    train_sft(sft_model(), examples, sft_config(), tmp_path, stop_after=1, progress=False)
     with pytest.raises(UserInputError, match=r"learning_rate 0\.01 -> 0\.5.*--force-resume"):
-        train_sft(_model(), examples, _config(learning_rate=0.5), tmp_path, progress=False)
+        train_sft(sft_model(), examples, sft_config(learning_rate=0.5), tmp_path, progress=False)
     with pytest.raises(UserInputError, match=r"batch_size 2 -> 1"):
-        train_sft(_model(), examples, _config(batch_size=1), tmp_path, progress=False)
-    other = _examples(5)[1:]  # as many examples, other images
+        train_sft(sft_model(), examples, sft_config(batch_size=1), tmp_path, progress=False)
+    other = sft_examples(5)[1:]  # as many examples, other images
     with pytest.raises(UserInputError, match=r"the data \(4 -> 4 examples"):
-        train_sft(_model(), other, _config(), tmp_path, progress=False)
+        train_sft(sft_model(), other, sft_config(), tmp_path, progress=False)
     # harmless settings may change; forcing is explicit
-    assert train_sft(_model(), examples, _config(checkpoint_every=5), tmp_path, progress=False).resumed_from == 1
-    forced = train_sft(_model(), other, _config(), tmp_path / "forced", progress=False, stop_after=1)
-    assert train_sft(_model(), examples, _config(), tmp_path / "forced", progress=False,
+    assert train_sft(sft_model(), examples, sft_config(checkpoint_every=5), tmp_path, progress=False).resumed_from == 1
+    forced = train_sft(sft_model(), other, sft_config(), tmp_path / "forced", progress=False, stop_after=1)
+    assert train_sft(sft_model(), examples, sft_config(), tmp_path / "forced", progress=False,
                      force_resume=True).resumed_from == 1
     assert forced.steps == 1
 
 
 def test_starting_over_keeps_the_earlier_checkpoints(tmp_path):
-    examples = _examples(4)
-    train_sft(_model(), examples, _config(), tmp_path, stop_after=1, progress=False)
+    examples = sft_examples(4)
+    train_sft(sft_model(), examples, sft_config(), tmp_path, stop_after=1, progress=False)
     with pytest.warns(UserWarning, match=r"moved to .*checkpoints\.previous-1"):
-        result = train_sft(_model(), examples, _config(learning_rate=0.5), tmp_path, resume=False, progress=False,
+        result = train_sft(sft_model(), examples, sft_config(learning_rate=0.5), tmp_path, resume=False, progress=False,
                            stop_after=1)
     assert result.resumed_from is None
     assert (tmp_path / "checkpoints.previous-1" / "step-000001" / "state.json").is_file()

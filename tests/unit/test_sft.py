@@ -9,35 +9,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers.sft import sft_config, sft_examples, sft_model
 from vlens import HookedVLM
 from vlens.data import render_syndot, render_synpoly
-from vlens.testing import tiny_hf_model, tiny_qwen_processor
 from vlens.training.checkpoint import latest_checkpoint
 from vlens.training.data import IGNORE_INDEX, collate, example_from_sample
 from vlens.training.lora import lora_parameters
 from vlens.training.sft import NonFiniteLossError, SFTConfig, StepPlan, train_sft
 
 
-def _model() -> HookedVLM:
-    return HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", seed=0), tiny_qwen_processor())
-
-
-def _examples(n: int = 6):
-    out = []
-    for i in range(n):
-        render = render_syndot if i % 2 == 0 else render_synpoly
-        out.append(example_from_sample(*render(1 + i % 4, seed=i, size=84)))
-    return out
-
-
-def _config(**kw) -> SFTConfig:
-    base = dict(lora_rank=4, learning_rate=1e-2, epochs=1, batch_size=2, focus_layers=[1], checkpoint_every=1)
-    return SFTConfig(**{**base, **kw})
-
-
 def test_collate_labels_answers_and_finds_the_prompt_end():
-    model = _model()
-    examples = _examples(2)
+    model = sft_model()
+    examples = sft_examples(2)
     batch = collate(model, examples)
     eos = model.tokenizer.eos_token_id
     for row, example in enumerate(examples):
@@ -62,9 +45,9 @@ def test_schedule_warms_up_then_decays_linearly():
 
 @pytest.mark.parametrize("focus_weight", [0.0, 1.0])
 def test_a_few_steps_train_and_write_adapters(tmp_path, focus_weight):
-    model = _model()
+    model = sft_model()
     result = train_sft(
-        model, _examples(), _config(focus_weight=focus_weight, grad_accum=2), tmp_path, progress=False
+        model, sft_examples(), sft_config(focus_weight=focus_weight, grad_accum=2), tmp_path, progress=False
     )
     assert result.steps == result.total_steps == 2
     assert all(torch.isfinite(p).all() for p in lora_parameters(model).values())
@@ -77,15 +60,15 @@ def test_a_few_steps_train_and_write_adapters(tmp_path, focus_weight):
 
 
 def test_resume_after_interruption_equals_uninterrupted(tmp_path):
-    examples = _examples(8)
-    whole = _model()
-    train_sft(whole, examples, _config(), tmp_path / "whole", progress=False)
+    examples = sft_examples(8)
+    whole = sft_model()
+    train_sft(whole, examples, sft_config(), tmp_path / "whole", progress=False)
 
-    first = _model()
-    partial = train_sft(first, examples, _config(), tmp_path / "split", stop_after=2, progress=False)
+    first = sft_model()
+    partial = train_sft(first, examples, sft_config(), tmp_path / "split", stop_after=2, progress=False)
     assert partial.steps == 2 and partial.total_steps == 4
-    second = _model()  # a new process: fresh model, state from the checkpoint
-    resumed = train_sft(second, examples, _config(), tmp_path / "split", progress=False)
+    second = sft_model()  # a new process: fresh model, state from the checkpoint
+    resumed = train_sft(second, examples, sft_config(), tmp_path / "split", progress=False)
     assert resumed.resumed_from == 2 and resumed.steps == 4
     for (name, a), (_, b) in zip(
         lora_parameters(whole).items(), lora_parameters(second).items(), strict=True
@@ -94,9 +77,9 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path):
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-    examples = _examples(8)
-    train_sft(_model(), examples, _config(), tmp_path, stop_after=1, progress=False)
-    model = _model()
+    examples = sft_examples(8)
+    train_sft(sft_model(), examples, sft_config(), tmp_path, stop_after=1, progress=False)
+    model = sft_model()
 
     def poison(resid, hook):
         return resid * float("nan")
@@ -104,7 +87,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     model.add_hook("blocks.0.hook_resid_post", poison)
     try:
         with pytest.raises(NonFiniteLossError, match="step 2 .*last good checkpoint is .*step-000001"):
-            train_sft(model, examples, _config(), tmp_path, progress=False)
+            train_sft(model, examples, sft_config(), tmp_path, progress=False)
     finally:
         model.reset_hooks()
     latest = latest_checkpoint(tmp_path)
@@ -122,14 +105,14 @@ def test_answer_queries_two_image_rows_and_bf16_autocast(tmp_path):
         "5",
         [example_from_sample(*a).objects[0], example_from_sample(*b).objects[0]],
     )
-    model = _model()
-    batch = collate(model, [example, _examples(1)[0]])
+    model = sft_model()
+    batch = collate(model, [example, sft_examples(1)[0]])
     regions = batch.inputs.regions
     assert len(regions.images[0]) == 2
     for positions in regions.images[0]:  # both images of the row carry part of g
         assert batch.prior.weights[0, positions].sum() > 0.1
-    config = _config(focus_query="answer", bf16=True, max_steps=1)
-    result = train_sft(model, [example] + _examples(3), config, tmp_path, progress=False)
+    config = sft_config(focus_query="answer", bf16=True, max_steps=1)
+    result = train_sft(model, [example] + sft_examples(3), config, tmp_path, progress=False)
     assert result.steps == 1 and result.final_focus_loss > 0
 
 
@@ -145,11 +128,11 @@ def test_one_focus_step_on_the_other_families(tmp_path):
         if not hasattr(vt, model_builder):
             continue
         model = HookedVLM.from_hf(getattr(vt, model_builder)(), getattr(vt, processor_builder)())
-        batch = collate(model, _examples(2))
+        batch = collate(model, sft_examples(2))
         assert batch.prior.valid.all()
         labelled = batch.labels[0][batch.labels[0] != IGNORE_INDEX].tolist()
         assert labelled[-1] == model.tokenizer.eos_token_id and len(labelled) == 2
-        result = train_sft(model, _examples(2), _config(max_steps=1), tmp_path / family, progress=False)
+        result = train_sft(model, sft_examples(2), sft_config(max_steps=1), tmp_path / family, progress=False)
         assert result.steps == 1 and result.final_focus_loss > 0
         ran += 1
     if not ran:

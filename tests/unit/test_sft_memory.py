@@ -13,7 +13,7 @@ from vlens.testing import tiny_hf_model, tiny_qwen_processor
 from vlens.training.data import answer_loss, collate, example_from_sample
 from vlens.training.lora import add_lora, lora_parameters
 from vlens.training.memory import answer_only_loss, gradient_checkpointing, use_checkpointing
-from vlens.training.sft import SFTConfig, _query_positions
+from vlens.training.sft import SFTConfig, query_positions
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def _gradients(model, batch, checkpointing: bool):
         return tensor
 
     with gradient_checkpointing(model, checkpointing), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            capture_patterns(model, [0, 1], _query_positions(batch, config.focus_query)) as captured:
+            capture_patterns(model, [0, 1], query_positions(batch, config.focus_query)) as captured:
         sft = answer_only_loss(model, model(batch.inputs, stop_at_layer=model.cfg.n_layers), batch.labels)
         loss = sft + focus_loss(captured, batch.prior)
         loss.backward()  # inside: recomputed blocks take the same attention path

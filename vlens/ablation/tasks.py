@@ -24,6 +24,7 @@ from torch import Tensor
 
 from vlens.answers import answer_ids, teacher_force
 from vlens.data import TASKS, make_task_sample
+from vlens.datasets import DatasetError, load_record_images
 from vlens.inputs import VLMInputs
 
 DEFAULT_STYLE = "synpoly"
@@ -160,8 +161,6 @@ def dataset_task_batches(model, dataset, n_examples: int, n_reference: int,
     the batch names say so. Prompts are the questions (with options for multiple choice),
     answers the records' answer texts; unreadable images are skipped by file name.
     """
-    from vlens.datasets import DatasetError, load_record_images
-
     if n_examples < 1 or n_reference < 1:
         raise ValueError(f"n_examples and n_reference must be >= 1, got {n_examples} and {n_reference}")
     name = name or Path(dataset.source).stem

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from vlens.datasets.files import read_jsonl, resolve_inside
+from vlens.datasets.records import DatasetError, open_image
 from vlens.errors import UserInputError
 
 METADATA_FILE = "metadata.jsonl"
@@ -150,8 +152,6 @@ class ImageRecord(dict):
 
     def open_image(self) -> Image.Image:
         """The RGB image of this record (an UnreadableImageError names a file that cannot be decoded)."""
-        from vlens.datasets.records import open_image
-
         return open_image(Path(self["image_path"]))
 
 
@@ -172,9 +172,6 @@ def read_imagefolder(data_dir: str | os.PathLike) -> list[ImageRecord]:
     ``file_name`` must be a relative path inside the folder; a malformed line (invalid JSON,
     null, not UTF-8, no file_name) raises one DatasetError naming the file and line.
     """
-    from vlens.datasets.files import read_jsonl, resolve_inside
-    from vlens.datasets.records import DatasetError
-
     root = Path(data_dir)
     meta = root / METADATA_FILE
     if not meta.is_file():

@@ -18,7 +18,10 @@ from pathlib import Path
 from PIL import Image
 
 from vlens.errors import UserInputError
-from vlens.images import MAX_IMAGE_BYTES  # one limit for every image vlens opens
+from vlens.images import (
+    MAX_IMAGE_BYTES,  # one limit for every image vlens opens
+    to_rgb,
+)
 
 # A file on disk, the encoded bytes of an image stored inside the data file (Hugging Face
 # parquet / arrow exports keep images as {"bytes": ..., "path": ...}), or an image in memory.
@@ -150,8 +153,6 @@ def open_image(source: ImageSource, max_bytes: int | None = MAX_IMAGE_BYTES) -> 
         UnreadableImageError: naming the file, when it is not a regular file, is too large or
             cannot be decoded (truncated, not an image, a decompression bomb).
     """
-    from vlens.images import to_rgb
-
     where = describe_image(source)
     if isinstance(source, Image.Image):  # already decoded (e.g. a generated image)
         return to_rgb(source, what=f"image {where}")

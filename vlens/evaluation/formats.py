@@ -22,6 +22,7 @@ from vlens.evaluation.datasets import (
     read_qa,
 )
 from vlens.evaluation.examples import EvalDataset, EvalExample
+from vlens.zoo import is_embedded
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,6 @@ def default_post_prompt(fmt: EvalFormat, model=None) -> tuple[str, str]:
 
     ``model``: a HookedVLM, an HF model, or a generation backend holding one (``.model``).
     """
-    from vlens.zoo import is_embedded
-
     inner = getattr(model, "model", model)
     if inner is not None and is_embedded(inner):
         return "", "none: the embedded model was trained on bare questions"

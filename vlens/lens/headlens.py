@@ -35,6 +35,7 @@ from vlens.finite import finite_rows
 from vlens.lens.decomposition import head_contributions
 from vlens.lens.translators import Translators, TunedLens
 from vlens.results import Result
+from vlens.token_labels import str_tokens
 from vlens.viz.figures import layer_head_heatmap
 
 if TYPE_CHECKING:
@@ -66,8 +67,6 @@ class HeadLensOutput(Result):
 
     def top_tokens(self, tokenizer, row: int, layer: int, head: int, position_index: int = 0) -> list[str]:
         """Decoded top-k tokens of one head (layer is a model layer index), as `to_str_tokens` labels them."""
-        from vlens.token_labels import str_tokens
-
         return str_tokens(tokenizer, self.top_ids[row, position_index, self.layers.index(layer), head].tolist())
 
     def plot(self, title: str = "HeadLens: attention from the decoded position onto the image"):

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from vlens.errors import UserInputError
 from vlens.parallel.launch import from_env, stop_on_sigterm
 from vlens.parallel.sharding import DistributedRunError, Sharding
 from vlens.parallel.store import UnitStore, plain_settings
@@ -61,8 +62,6 @@ def sharded_command(name: str, shardable: bool) -> Iterator[Sharding]:
     sharding = from_env()
     try:
         if sharding.distributed and not shardable:
-            from vlens.errors import UserInputError
-
             raise UserInputError(f"{name} does not split its work across processes; run it without torchrun "
                                  "(or with --nproc-per-node 1)")
         with stop_on_sigterm(sharding):

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from vlens.answers import append_tokens, contrast
 from vlens.data import make_pair, read_imagefolder, record_image
+from vlens.datasets import DatasetError, record_dicts
 from vlens.errors import UserInputError
 from vlens.inputs import TokenRegions, VLMInputs
 from vlens.validation import check_count
@@ -209,8 +210,6 @@ def pairs_from_dataset(dataset, limit: int | None = None) -> list[PairExample]:
     Patching needs two images that differ only in what is counted; a real set rarely has them.
     Without those columns this raises a DatasetError saying so and what to do instead.
     """
-    from vlens.datasets import DatasetError, record_dicts
-
     missing = [c for c in ("pair_id", "role") if not dataset.examples or c not in dataset.examples[0].extra]
     if missing:
         raise DatasetError(

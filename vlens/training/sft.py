@@ -177,7 +177,7 @@ class StepPlan:
         return [order[m * size : (m + 1) * size] for m in range(first, last)]
 
 
-def _query_positions(batch: SFTBatch, mode: str) -> torch.Tensor:
+def query_positions(batch: SFTBatch, mode: str) -> torch.Tensor:
     if mode == "final":
         return batch.prompt_final
     # every position that predicts an answer token (answers of a batch may differ in length:
@@ -208,7 +208,7 @@ def micro_batch(
     """
     use_focus = config.focus_weight > 0 and batch.prior is not None
     capture = (
-        capture_patterns(model, layers, _query_positions(batch, config.focus_query)) if use_focus else nullcontext()
+        capture_patterns(model, layers, query_positions(batch, config.focus_query)) if use_focus else nullcontext()
     )
     with capture as captured:
         with autocast or nullcontext():

@@ -23,6 +23,7 @@ from transformers import (
     Qwen2VLImageProcessorPil,
 )
 
+from vlens.model import HookedVLM
 from vlens.processors import SimpleVLProcessor
 
 QWEN_SPECIAL_TOKENS = [
@@ -142,6 +143,4 @@ def perturb_norms(model: torch.nn.Module, seed: int) -> None:
 
 def random_tiny_model(seed: int = 0, family: str = "qwen2_5_vl"):
     """The `random-tiny` model: `tiny_hf_model(family, seed)` with `tiny_qwen_processor()`, as a HookedVLM."""
-    from vlens.model import HookedVLM
-
     return HookedVLM.from_hf(tiny_hf_model(family, seed=seed), tiny_qwen_processor())

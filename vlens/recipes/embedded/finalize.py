@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vlens.recipes.embedded.evaluate import evaluate_samples
 from vlens.recipes.embedded.model_card import rewrite_model_card
 from vlens.recipes.embedded.recipe import TRAINING_LOG
+from vlens.recipes.embedded.training_set import held_out_samples
+from vlens.zoo.processor import load_processor
 
 
 def _trim_log(log_path: Path, last_step: int) -> dict:
@@ -28,9 +31,6 @@ def finalize_folder(folder: str | Path, held_out_per_source: int = 300) -> dict:
     evaluation.json, training_log.jsonl (cut at the folder's step) and MODEL_CARD.md."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from vlens.recipes.embedded.evaluate import evaluate_samples
-    from vlens.recipes.embedded.training_set import held_out_samples
-    from vlens.zoo.processor import load_processor
 
     folder = Path(folder)
     summary = json.loads((folder / "evaluation.json").read_text())

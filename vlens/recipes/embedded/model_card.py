@@ -58,7 +58,7 @@ def _count_table(per_count: dict, with_n: bool = False) -> list[str]:
     return lines
 
 
-def _objects_section(per_objects: dict) -> list[str]:
+def objects_section(per_objects: dict) -> list[str]:
     """Other tasks' accuracy by number of objects in the image (none recorded: no section)."""
     if not per_objects:
         return []
@@ -140,7 +140,7 @@ def _stage_notes(stage: dict) -> list[str]:
     return notes
 
 
-def _training_lines(summary: dict) -> list[str]:
+def training_lines(summary: dict) -> list[str]:
     """One line per training stage (a continued model lists its earlier stages first) and
     the commands that reproduce them."""
     stages = training_stages(summary)
@@ -226,7 +226,7 @@ def render_model_card(summary: dict) -> str:
         "  (counting sources cycle through counts 1-10 evenly)",
         "",
         "## Training",
-        *_training_lines(summary),
+        *training_lines(summary),
         "",
         "## Held-out accuracy (greedy generation, exact match)",
         *_accuracy_table(evaluation["per_task"]),
@@ -237,7 +237,7 @@ def render_model_card(summary: dict) -> str:
         "counting/dot_variants are dots from vlens.recipes.embedded.dot_variants, a second renderer (a stand-in for",
         "other people's dot generators); counting/synreal is the held-out SynReal-lite style.",
         "",
-        *_objects_section(evaluation.get("per_objects", {})),
+        *objects_section(evaluation.get("per_objects", {})),
         "## Limits",
         *_unmet_target_lines(evaluation["per_task"]),
         "- A toy: it knows only the task-suite vocabulary and question templates, and counts 1-10.",
