@@ -20,10 +20,6 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def embedded():
-    from vlens.zoo import WEIGHTS_FOLDER
-
-    if not (WEIGHTS_FOLDER / "model.safetensors").is_file():
-        pytest.skip("the embedded model's weights are not built")
     import vlens
 
     model = vlens.load()

@@ -7,14 +7,13 @@ with disk offload (accelerate streams those blocks' weights on each call; explic
 
 from __future__ import annotations
 
+import accelerate  # noqa: F401  (the dev extra installs it: device_map needs it)
 import pytest
 import torch
 
 from vlens import HookedVLM
 from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head
 from vlens.testing import random_image, tiny_hf_model, tiny_qwen_processor
-
-pytest.importorskip("accelerate", reason="device_map needs accelerate (extra 'distributed')")
 
 N_LAYERS = 4
 PROMPTS = ["How many dots are there?", "What colour is the shape?"]

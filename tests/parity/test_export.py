@@ -11,11 +11,7 @@ from vlens.testing import random_image
 from vlens.training.export import load_adapters, save_adapters, save_merged
 from vlens.training.lora import add_lora, lora_layers, lora_parameters
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl"] + [
-    name
-    for name, builder in (("qwen3_vl", "tiny_qwen3_vl_model"), ("llava", "tiny_llava_model"))
-    if hasattr(vt, builder)
-]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"]
 
 
 def _hf(family: str):

@@ -30,7 +30,7 @@ def test_write_read_round_trip(tmp_path):
 
 
 def test_cli_pairs_identical_for_any_worker_count_and_readable_by_datasets(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the data extra (dev installs it)
     common = ["--n", "8", "--seed", "5", "--image-size", "64", "--counts", "1-6"]
     assert run_cli("pairs", *common, "--out", str(tmp_path / "w1"), "--workers", "1") == 0
     assert run_cli("pairs", *common, "--out", str(tmp_path / "w2"), "--workers", "2") == 0

@@ -62,8 +62,8 @@ def test_pixmo_jsonl_with_images_named_by_sha256(tmp_path):
 
 
 def test_pixmo_parquet_with_path_column_and_bad_checksum(tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
+    import pyarrow.parquet as pq  # with the data extra (dev installs it)
 
     rows = pixmo_rows(tmp_path, [2, 5])
     for row in rows:
@@ -104,8 +104,8 @@ def test_countbenchqa_jsonl_and_embedded_bytes(tmp_path):
         json.dumps([{"image": {"path": "cb/0.png", "bytes": None}, "question": "q", "number": 4}])
     )
     assert read_countbenchqa(tmp_path / "hf.json").examples[0].images == [tmp_path / "cb" / "0.png"]
-    pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
+    import pyarrow.parquet as pq  # with the data extra (dev installs it)
 
     pq.write_table(
         pa.Table.from_pylist([{"image": embedded, "question": "q", "number": 4}]), tmp_path / "cb.parquet"

@@ -123,10 +123,7 @@ def test_one_focus_step_on_the_other_families(tmp_path):
         "qwen3_vl": ("tiny_qwen3_vl_model", "tiny_qwen3_vl_processor"),
         "llava": ("tiny_llava_model", "tiny_llava_processor"),
     }
-    ran = 0
     for family, (model_builder, processor_builder) in builders.items():
-        if not hasattr(vt, model_builder):
-            continue
         model = HookedVLM.from_hf(getattr(vt, model_builder)(), getattr(vt, processor_builder)())
         batch = collate(model, sft_examples(2))
         assert batch.prior.valid.all()
@@ -134,9 +131,6 @@ def test_one_focus_step_on_the_other_families(tmp_path):
         assert labelled[-1] == model.tokenizer.eos_token_id and len(labelled) == 2
         result = train_sft(model, sft_examples(2), sft_config(max_steps=1), tmp_path / family, progress=False)
         assert result.steps == 1 and result.final_focus_loss > 0
-        ran += 1
-    if not ran:
-        pytest.skip("no Qwen3-VL / LLaVA test builders in vlens.testing")
 
 
 def test_learning_rate_schedules_by_hand():

@@ -25,11 +25,7 @@ def _pair(family: str):
     return hf, HookedVLM.from_hf(hf, processor)
 
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl"] + [
-    name
-    for name, builder in (("qwen3_vl", "tiny_qwen3_vl_model"), ("llava", "tiny_llava_model"))
-    if hasattr(vt, builder)
-]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"]
 
 
 def _inputs(model):

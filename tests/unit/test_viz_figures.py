@@ -3,6 +3,7 @@
 import sys
 
 import numpy as np
+import plotly.graph_objects as go  # noqa: E402  (the viz extra; dev installs it)
 import pytest
 import torch
 
@@ -17,8 +18,6 @@ from vlens.viz.figures import (
     layer_region_figure,
     logit_lens_figure,
 )
-
-go = pytest.importorskip("plotly.graph_objects")
 
 
 def z_of(figure) -> np.ndarray:
