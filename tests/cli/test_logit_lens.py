@@ -7,18 +7,17 @@ import json
 import pytest
 import torch
 
-from vlens import HookedVLM
+from tests.helpers.models import tiny_vlm
 from vlens.data import make_task_sample, write_imagefolder
 from vlens.lens.logit_lens import logit_lens, logit_lens_records
-from vlens.testing import random_image, tiny_hf_model, tiny_qwen_processor
+from vlens.testing import random_image
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=3, d_model=32, n_heads=4, n_kv_heads=2),
-                             tiny_qwen_processor())
+    return tiny_vlm("qwen2_5_vl", n_layers=3, d_model=32, n_heads=4, n_kv_heads=2)
 
 
 def test_last_layer_is_the_model_output_and_ranks_by_hand(tiny):

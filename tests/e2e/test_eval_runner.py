@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.helpers.eval_data import write_imagefolder, write_mcq
+from tests.helpers.models import tiny_pair, tiny_vlm
 from vlens.evaluation import (
     HFBackend,
     HookedVLMBackend,
@@ -36,9 +37,8 @@ class ScriptedBackend:
 
 @pytest.fixture(scope="module")
 def tiny_hf():
-    from vlens.testing import tiny_hf_model, tiny_qwen_processor
-
-    return tiny_hf_model(), tiny_qwen_processor()
+    hf, model = tiny_pair("qwen2_5_vl")
+    return hf, model.processor
 
 
 def test_counting_loop_scores_and_reports(tmp_path):
@@ -164,10 +164,8 @@ def test_cli_eval(tmp_path, tiny_hf, monkeypatch, capsys):
 
 
 def test_hooked_backend_matches_hf_and_keeps_hooks_on(tmp_path, tiny_hf):
-    from vlens import HookedVLM
-
     model, processor = tiny_hf
-    hooked = HookedVLM.from_hf(model, processor)
+    hooked = tiny_vlm("qwen2_5_vl")  # the same cached pair: parameters shared with `model`
     data = read_counting_imagefolder(write_imagefolder(tmp_path, [1, 2, 3]))
     kwargs = {"batch_size": 2, "max_new_tokens": 3, "progress": False}
     plain = evaluate(HFBackend(model, processor), data, **kwargs)

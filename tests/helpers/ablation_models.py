@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from tests.helpers.models import tiny_vlm
 from vlens import HookedVLM
 from vlens.ablation import AblationReport, HeadAblation
 from vlens.data.templates import all_template_words
-from vlens.testing import TEST_WORDS, tiny_hf_model, tiny_qwen_processor, word_level_tokenizer
+from vlens.testing import TEST_WORDS, word_level_tokenizer
 
 SIZE = 56  # 2 x 2 merged grid: 4 image tokens
 
@@ -16,9 +17,7 @@ SIZE = 56  # 2 x 2 merged grid: 4 image tokens
 def task_vocab_model() -> HookedVLM:
     """A random tiny Qwen2.5-VL whose tokenizer knows every task-suite answer."""
     tokenizer = word_level_tokenizer(words=list(TEST_WORDS) + sorted(all_template_words()))
-    hf = tiny_hf_model("qwen2_5_vl", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_mlp=48,
-                       tokenizer=tokenizer)
-    return HookedVLM.from_hf(hf, tiny_qwen_processor(tokenizer))
+    return tiny_vlm("qwen2_5_vl", tokenizer=tokenizer, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_mlp=48)
 
 
 def report_with_known_sets() -> AblationReport:

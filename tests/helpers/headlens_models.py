@@ -6,33 +6,21 @@ import functools
 
 import torch
 
+from tests.helpers.models import tiny_vlm
 from vlens import HookedVLM
 from vlens.testing import random_image, tiny_hf_model, tiny_qwen_processor
 
 
 def _qwen(family: str) -> HookedVLM:
-    return HookedVLM.from_hf(tiny_hf_model(family, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2),
-                             tiny_qwen_processor())
-
-
-def _qwen3() -> HookedVLM:
-    from vlens.testing import tiny_qwen3_vl_model, tiny_qwen3_vl_processor
-
-    return HookedVLM.from_hf(tiny_qwen3_vl_model(), tiny_qwen3_vl_processor())
-
-
-def _llava() -> HookedVLM:
-    from vlens.testing import tiny_llava_model, tiny_llava_processor
-
-    return HookedVLM.from_hf(tiny_llava_model(attention_bias=True), tiny_llava_processor())
+    return tiny_vlm(family, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2)
 
 
 # HF class name -> builder of a tiny HookedVLM of that architecture
 BUILDERS = {
     "Qwen2VLForConditionalGeneration": lambda: _qwen("qwen2_vl"),
     "Qwen2_5_VLForConditionalGeneration": lambda: _qwen("qwen2_5_vl"),
-    "Qwen3VLForConditionalGeneration": _qwen3,
-    "LlavaForConditionalGeneration": _llava,
+    "Qwen3VLForConditionalGeneration": lambda: tiny_vlm("qwen3_vl"),
+    "LlavaForConditionalGeneration": lambda: tiny_vlm("llava", attention_bias=True),
 }
 
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from vlens.model import HookedVLM
+from tests.helpers.models import tiny_vlm
 from vlens.patching.conditions import final_logits
 from vlens.patching.pairs import PairBatch, PairExample
-from vlens.testing import tiny_hf_model, tiny_qwen_processor
 
 PLANTED_LAYER = 1
 PLANTED_HEAD = 2
@@ -33,9 +32,8 @@ def planted_model(n_layers: int = 3, d_model: int = 32, n_heads: int = 4, n_kv_h
 
     query_scale: multiplies the planted head's query weights (larger -> sharper, more saturated attention).
     """
-    hf = tiny_hf_model("qwen2_5_vl", seed=seed, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-                       n_kv_heads=n_kv_heads)
-    model = HookedVLM.from_hf(hf, tiny_qwen_processor())
+    model = tiny_vlm("qwen2_5_vl", seed=seed, fresh=True, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
+                     n_kv_heads=n_kv_heads)
     d_head = model.cfg.d_head
     with torch.no_grad():
         for block in model.blocks:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from tests.helpers.models import tiny_vlm
 from vlens import HookedVLM
 from vlens.data import render_syndot, render_synpoly
-from vlens.testing import tiny_hf_model, tiny_qwen_processor
 from vlens.training import SFTConfig, example_from_sample
 
 
 def sft_model() -> HookedVLM:
     """A tiny random Qwen2.5-VL with the test tokenizer."""
-    return HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", seed=0), tiny_qwen_processor())
+    return tiny_vlm("qwen2_5_vl", fresh=True)  # fine-tuning changes it
 
 
 def sft_examples(n: int = 6):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import QWEN_FAMILIES
+from tests.helpers.models import QWEN_FAMILIES
 from vlens.testing import random_image
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import QWEN_FAMILIES
 from tests.helpers.arch_parity import (
     assert_head_decomposition,
     assert_hook_shapes,
@@ -13,6 +12,7 @@ from tests.helpers.arch_parity import (
     assert_no_hooks_left_after_exception,
     assert_scores_edit_matches_scaling_q,
 )
+from tests.helpers.models import QWEN_FAMILIES
 from vlens.testing import random_image
 
 

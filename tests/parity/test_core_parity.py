@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import QWEN_FAMILIES
 from tests.helpers.arch_parity import assert_logits_match, input_matrix
+from tests.helpers.models import QWEN_FAMILIES
 from vlens.testing import random_image
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import vlens.testing as vt
+from tests.helpers.models import tiny_vlm
 from vlens import HookedVLM
 from vlens.testing import random_image
 from vlens.training.export import load_adapters, save_adapters, save_merged
@@ -24,7 +25,7 @@ def _hf(family: str):
 
 
 def _hooked(family: str) -> HookedVLM:
-    return HookedVLM.from_hf(*_hf(family))
+    return tiny_vlm(family, fresh=True)  # the same weights as _hf(family) (seed 0)
 
 
 def _hf_kwargs(inputs, family: str) -> dict:

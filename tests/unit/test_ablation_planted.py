@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.models import tiny_pair
 from vlens import HookedVLM
 from vlens.ablation import (
     TaskBatch,
@@ -24,7 +25,7 @@ from vlens.ablation import (
     cross_task_ablation,
     head_ablation_sweep,
 )
-from vlens.testing import tiny_hf_model, tiny_qwen_processor, word_level_tokenizer
+from vlens.testing import word_level_tokenizer
 
 torch.set_num_threads(1)
 
@@ -49,8 +50,7 @@ def _plant_copy_head(attn, head: int, in_dims: list[int], gain: float) -> None:
 
 def planted_model() -> HookedVLM:
     tokenizer = word_level_tokenizer()
-    hf = tiny_hf_model("qwen2_5_vl", n_layers=2, d_model=64, n_heads=4, n_kv_heads=4, tokenizer=tokenizer)
-    model = HookedVLM.from_hf(hf, tiny_qwen_processor(tokenizer))
+    hf, model = tiny_pair("qwen2_5_vl", tokenizer=tokenizer, n_layers=2, d_model=64, n_heads=4, n_kv_heads=4)
     lm = hf.model.language_model
     digit_ids = [tokenizer.convert_tokens_to_ids(d) for d in DIGITS]
     colour_ids = [tokenizer.convert_tokens_to_ids(c) for c in COLOURS]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.models import tiny_vlm
 from tests.helpers.real_vocab import hand_logits, real_model
 from vlens.answers import answer_ids, answer_logprobs, contrast, single_token, teacher_force
 from vlens.testing import tiny_qwen_processor
@@ -69,11 +70,10 @@ def test_teacher_forced_logprob_equals_hand_computation(model):
 
 
 def test_eval_warns_and_skips_scoring_an_inexpressible_target(tmp_path):
-    from vlens import HookedVLM
     from vlens.evaluation import EvalDataset, EvalExample, HookedVLMBackend, evaluate
-    from vlens.testing import random_image, tiny_hf_model
+    from vlens.testing import random_image
 
-    model = HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=1), tiny_qwen_processor())
+    model = tiny_vlm("qwen2_5_vl", n_layers=1)
     path = tmp_path / "a.png"
     random_image(56, 56).save(path)
     dataset = EvalDataset(format="imagefolder", source="t", examples=[

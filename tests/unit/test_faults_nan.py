@@ -8,19 +8,20 @@ import json
 import pytest
 import torch
 
+from tests.helpers.models import tiny_pair
 from vlens import HookedVLM
 from vlens.finite import NonFiniteWarning, collect_non_finite, json_safe, locate_non_finite
-from vlens.testing import random_image, tiny_hf_model, tiny_qwen_processor
+from vlens.testing import random_image
 
 NAN_LAYER = 1
 
 
 def nan_model() -> HookedVLM:
     """A tiny model whose layer-1 MLP has one NaN weight: resid_post of layer 1 onwards is NaN."""
-    hf = tiny_hf_model("qwen2_5_vl", n_layers=3, d_model=32, n_heads=4, n_kv_heads=2)
+    hf, model = tiny_pair("qwen2_5_vl", fresh=True, n_layers=3, d_model=32, n_heads=4, n_kv_heads=2)
     with torch.no_grad():
         hf.model.language_model.layers[NAN_LAYER].mlp.down_proj.weight[0, 0] = float("nan")
-    return HookedVLM.from_hf(hf, tiny_qwen_processor())
+    return model
 
 
 @pytest.fixture(scope="module")

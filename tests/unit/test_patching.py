@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from tests.helpers.models import tiny_vlm
 from tests.helpers.planted import PLANTED_HEAD, PLANTED_LAYER, plant_answers, planted_model, planted_pairs
-from vlens import HookedVLM
 from vlens.data import make_pair, write_imagefolder
 from vlens.patching import (
     METRICS,
@@ -23,7 +23,6 @@ from vlens.patching import (
     patch_layer_region_components,
     patch_metrics,
 )
-from vlens.testing import tiny_hf_model, tiny_qwen_processor
 
 torch.set_num_threads(1)
 
@@ -38,8 +37,7 @@ def planted():
 
 @pytest.fixture(scope="module")
 def tiny():
-    return HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2),
-                             tiny_qwen_processor())
+    return tiny_vlm("qwen2_5_vl", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2)
 
 
 @pytest.fixture(scope="module")

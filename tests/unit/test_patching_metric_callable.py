@@ -7,19 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlens import HookedVLM
+from tests.helpers.models import tiny_vlm
 from vlens.data import make_pair
 from vlens.errors import UserInputError
 from vlens.patching import attribution_patching, build_pair_batch, patch_layer_head, patch_layer_region
-from vlens.testing import tiny_hf_model, tiny_qwen_processor
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2),
-                             tiny_qwen_processor())
+    return tiny_vlm("qwen2_5_vl", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2)
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlens import HookedVLM
+from tests.helpers.models import tiny_vlm
 from vlens.data import render_syndot, render_synpoly
 from vlens.interventions.focus import capture_patterns, focus_loss
-from vlens.testing import tiny_hf_model, tiny_qwen_processor
 from vlens.training.data import answer_loss, collate, example_from_sample
 from vlens.training.lora import add_lora, lora_parameters
 from vlens.training.memory import answer_only_loss, gradient_checkpointing, use_checkpointing
@@ -18,7 +17,7 @@ from vlens.training.sft import SFTConfig, query_positions
 
 @pytest.fixture(scope="module")
 def setup():
-    model = HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", seed=0), tiny_qwen_processor())
+    model = tiny_vlm("qwen2_5_vl", fresh=True)
     torch.manual_seed(0)
     add_lora(model, rank=4)
     for p in lora_parameters(model).values():  # LoRA B starts at 0: make the adapters matter
@@ -88,7 +87,7 @@ def test_training_with_checkpointing_equals_training_without(tmp_path):
     examples = [example_from_sample(*render_syndot(1 + i, seed=i, size=84)) for i in range(4)]
     weights = {}
     for on in (False, True):
-        model = HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", seed=0), tiny_qwen_processor())
+        model = tiny_vlm("qwen2_5_vl", fresh=True)
         config = SFTConfig(lora_rank=4, learning_rate=1e-2, epochs=1, batch_size=2, grad_accum=2,
                            focus_layers=[0, 1], focus_query="answer", gradient_checkpointing=on)
         result = train_sft(model, examples, config, tmp_path / str(on), progress=False)

@@ -10,11 +10,10 @@ import pytest
 import torch
 
 from tests.helpers.headlens_models import tiny_model, two_image_batch
-from vlens import HookedVLM
+from tests.helpers.models import tiny_vlm
 from vlens.lens.corpus import collect_residuals, task_samples
 from vlens.lens.readout import LensReadout, unembedding_hash
 from vlens.lens.translators import CONFIG_FILE, LensMismatchError, Translators, layer_kl, train_translators
-from vlens.testing import tiny_hf_model, tiny_qwen_processor
 
 torch.set_num_threads(1)
 QWEN = "Qwen2_5_VLForConditionalGeneration"
@@ -98,11 +97,10 @@ def test_save_load_round_trip(tmp_path):
 def test_a_lens_for_another_model_is_refused(tmp_path):
     model = tiny_model(QWEN)
     folder = Translators.for_model(model).save(tmp_path / "lens")
-    other = HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, seed=7),
-                              tiny_qwen_processor())
+    other = tiny_vlm("qwen2_5_vl", seed=7, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2)
     with pytest.raises(LensMismatchError, match="unembedding hash .* Train a lens for this model"):
         Translators.load(folder, model=other)
-    deeper = HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=3), tiny_qwen_processor())
+    deeper = tiny_vlm("qwen2_5_vl", n_layers=3)
     with pytest.raises(LensMismatchError, match="3 x 64"):
         Translators.load(folder, model=deeper)
     with pytest.raises(FileNotFoundError, match="config.json"):

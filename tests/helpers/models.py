@@ -1,0 +1,70 @@
+"""The tiny random models of the tests: one builder for every family, cached per configuration.
+
+    hf, model = tiny_pair("qwen2_5_vl", n_layers=2, d_model=32)    # shared, hooks reset
+    model = tiny_vlm("llava", processor={"image_size": 32})         # the HookedVLM only
+    model = tiny_vlm("qwen2_5_vl", fresh=True)                      # a new copy a test may change
+
+A cached model is shared by every test that asks for the same configuration, so a test that
+changes weights, adds LoRA or leaves torch hooks on the HF modules asks for `fresh=True`.
+Nothing is downloaded: the models come from `vlens.testing`'s offline builders.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from vlens import HookedVLM
+from vlens.testing import (
+    tiny_hf_model,
+    tiny_llava_model,
+    tiny_llava_processor,
+    tiny_qwen3_vl_model,
+    tiny_qwen3_vl_processor,
+    tiny_qwen_processor,
+)
+
+FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava")
+QWEN_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
+
+
+def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", processor: dict | None = None,
+               tokenizer: Any = None, **config: Any) -> tuple[Any, HookedVLM]:
+    """A new (HF model, HookedVLM) pair sharing parameters: `config` goes to the family's config,
+    `processor` to its processor builder, `tokenizer` to both."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}: one of {FAMILIES}")
+    options = {"tokenizer": tokenizer} if tokenizer is not None else {}
+    if family == "qwen3_vl":
+        hf = tiny_qwen3_vl_model(seed=seed, attn_implementation=attn, **options, **config)
+        made = tiny_qwen3_vl_processor(**options, **(processor or {}))
+    elif family == "llava":
+        hf = tiny_llava_model(seed=seed, attn_implementation=attn, **options, **config)
+        made = tiny_llava_processor(**options, **(processor or {}))
+    else:
+        hf = tiny_hf_model(family, seed=seed, attn_implementation=attn, **options, **config)
+        made = tiny_qwen_processor(**options, **(processor or {}))
+    return hf, HookedVLM.from_hf(hf, made)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached(family: str, seed: int, attn: str, processor: tuple, config: tuple) -> tuple[Any, HookedVLM]:
+    return build_pair(family, seed, attn, dict(processor) or None, **dict(config))
+
+
+def tiny_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", fresh: bool = False,
+              processor: dict | None = None, tokenizer: Any = None, **config: Any) -> tuple[Any, HookedVLM]:
+    """(HF model, HookedVLM) of `family`: cached per configuration unless `fresh` (or a custom
+    `tokenizer`, which is never shared); a cached model comes with no hooks and use_attn_result off."""
+    if fresh or tokenizer is not None:
+        return build_pair(family, seed, attn, processor, tokenizer, **config)
+    hf, model = _cached(family, seed, attn, tuple(sorted((processor or {}).items())), tuple(sorted(config.items())))
+    model.reset_hooks(including_permanent=True)
+    model.cfg.use_attn_result = False
+    return hf, model
+
+
+def tiny_vlm(family: str = "qwen2_5_vl", seed: int = 0, fresh: bool = False, processor: dict | None = None,
+             tokenizer: Any = None, **config: Any) -> HookedVLM:
+    """The HookedVLM of `tiny_pair`."""
+    return tiny_pair(family, seed, fresh=fresh, processor=processor, tokenizer=tokenizer, **config)[1]
