@@ -1,0 +1,42 @@
+"""Fault families at the command line: a NaN model gives null results and exit 3 (0 with
+--allow-nan), a bad value is one line with exit 2 before any model loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.helpers.faults import run_cli
+from vlens.data import make_task_sample, write_imagefolder
+from vlens.finite import NonFiniteWarning
+from vlens.testing import tiny_hf_model, tiny_qwen_processor
+
+
+def test_nan_model_logit_lens_exits_3_unless_allowed(tmp_path, capsys):
+    hf = tiny_hf_model("qwen2_5_vl")
+    with torch.no_grad():
+        hf.model.language_model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    hf.save_pretrained(tmp_path / "nan_model")
+    tiny_qwen_processor().save_pretrained(tmp_path / "nan_model")
+    write_imagefolder([make_task_sample("counting", seed=i, size=56) for i in range(2)], tmp_path / "data")
+    argv = ["logit-lens", "--model", str(tmp_path / "nan_model"), "--data", str(tmp_path / "data"),
+            "--out", str(tmp_path / "out"), "--quiet"]
+    with pytest.warns(NonFiniteWarning, match=r"First non-finite activation: blocks\.1\."):
+        code, err = run_cli(argv, capsys)
+    assert code == 3 and "--allow-nan" in err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["median_rank"][0] is not None and results["median_rank"][-1] is None
+    with pytest.warns(NonFiniteWarning):
+        assert run_cli([*argv, "--allow-nan", "--overwrite"], capsys)[0] == 0
+
+
+def test_bad_values_fail_while_parsing(tmp_path, capsys):
+    for argv, flag in ((["logit-lens", "--make", "2", "--limit", "-2"], "--limit"),
+                       (["logit-lens", "--make", "2", "--image-size", "0"], "--image-size"),
+                       (["train", "--data", str(tmp_path), "--max-steps", "0"], "--max-steps"),
+                       (["train", "--data", str(tmp_path), "--focus-weight", "nan"], "--focus-weight")):
+        code, err = run_cli([*argv, "--out", str(tmp_path / "o")], capsys)
+        assert code == 2 and f"argument {flag}: must be" in err, (argv, err)
+        assert not (tmp_path / "o").exists()
