@@ -19,6 +19,7 @@ from vlens.finite import finite_rows, warn_non_finite
 from vlens.hooks import HookPoint
 from vlens.inputs import VLMInputs
 from vlens.runtime import RunState, build_masks
+from vlens.validation import check_count, check_float
 
 
 class DecodingModel(Protocol):
@@ -101,8 +102,11 @@ def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, 
     `fwd_hooks` (TransformerLens (name, fn) pairs) stay active for the prompt and every decoding
     step (during decoding, position-indexed hooks see pos == 1). Hooks are removed on exit.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    check_count(max_new_tokens, "max_new_tokens")
+    if do_sample:  # NaN would pass every comparison below and sample from garbage
+        check_float(temperature, "temperature", min=0, min_open=True)
+        check_float(top_p, "top_p", min=0, max=1, min_open=True)
+        check_count(top_k, "top_k", min=0, allow_none=True)  # 0 or None: no top-k filter
     cfg = model.cfg
     eos = torch.tensor(cfg.eos_token_ids or [], dtype=torch.long, device=inputs.input_ids.device)
     pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_token_ids or [0])[0]
