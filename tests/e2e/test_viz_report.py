@@ -12,9 +12,10 @@ from PIL import Image
 
 from vlens.viz.circuits import attention_heads_view
 from vlens.viz.figures import count_accuracy_figure, jaccard_matrix_figure, layer_head_heatmap
-from vlens.viz.report import Report, require_plotly_js
+from vlens.viz.report import Report
 
 CHROMIUM = Path("/usr/bin/chromium")
+PLOTLY_HEADER = "plotly.js (cartesian - minified)"
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +66,7 @@ def test_page_is_offline_with_plotly_inlined_once(page):
     assert not re.search(r"<script[^>]*\bsrc\s*=\s*[\"']?(https?:)?//", page)
     assert not re.search(r"<link[^>]*\bhref\s*=\s*[\"']?(https?:)?//", page)
     assert "unpkg.com" not in page  # circuitsvis's CDN form is never used
-    plotly_header = require_plotly_js()[:120]
-    assert page.count(plotly_header) == 1  # three figures, one copy of plotly.js
+    assert page.count(PLOTLY_HEADER) == 1  # three figures, one copy of plotly.js (the partial bundle)
     assert page.count("var CircuitsVis") == 1  # two circuitsvis views, one bundle
     assert page.count("Plotly.newPlot") == 3
 
@@ -157,3 +157,92 @@ def test_report_loads_in_headless_chromium_without_console_errors(page, tmp_path
     assert json.loads(errors[1].replace("&quot;", '"')) == []
     plots = re.search(r'data-plots="(\d+)"', result.stdout)
     assert plots is not None and int(plots[1]) >= 3  # every plotly figure drew its svg
+
+
+# ---------------------------------------------------------------- what every figure builder renders
+@pytest.fixture(scope="module")
+def gallery_path(tmp_path_factory) -> Path:
+    """One page with a figure from every vlens builder, each as the demo uses it (one browser run)."""
+    from vlens.viz.figures import confusion_matrix_figure, layer_region_figure, logit_lens_figure
+    from vlens.viz.geometry import representation_geometry_figure
+    from vlens.viz.image_attention import attention_overlay_figure, attention_tiles_figure
+
+    generator = torch.Generator().manual_seed(0)
+    same = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])  # text == final
+    counts = [1, 2, 3, 4, 5, 6, 7, 8] * 4
+    image = Image.new("RGB", (84, 84), "white")
+    report = Report("Every figure")
+    report.add_section("Lines", "Coinciding curves, intervals.",
+                       figure=layer_region_figure(same, ["image", "text", "final", "all"], title="rates",
+                                                  lower=same * 0.8, upper=same.clamp(max=0.9) + 0.1))
+    report.add_section("Lens", "Integer layer ticks on both panels.",
+                       figure=logit_lens_figure([0.1, 0.2, 0.3, 0.9], [6, 5, 3, 1],
+                                                probability_interval=([0.05, 0.1, 0.2, 0.8], [0.2, 0.3, 0.4, 1.0]),
+                                                rank_interval=([4, 3, 2, 1], [8, 7, 4, 1])))
+    report.add_section("Geometry", "Four panels with two-line titles.",
+                       figure=representation_geometry_figure(torch.randn(4, 32, 16, generator=generator), counts)
+                       .update_layout(width=1000))
+    report.add_section("Tiles", "Sixteen heads on one colour scale.",
+                       figure=attention_tiles_figure(image, torch.rand(16, 36, generator=generator), (6, 6),
+                                                     titles=[f"L{i // 8}H{i % 8}" for i in range(16)]))
+    report.add_section("Overlay", "One head over the picture.",
+                       figure=attention_overlay_figure(image, torch.rand(36, generator=generator), (6, 6)))
+    report.add_section("Jaccard", "Matrix, test-retest bars and the chance line.",
+                       figure=jaccard_matrix_figure(torch.tensor([[1.0, 0.3, 0.1], [0.3, 1.0, 0.2], [0.1, 0.2, 1.0]]),
+                                                    ["counting", "colour", "shape"], retest=[0.7, 0.1, 0.3],
+                                                    chance=0.11))
+    report.add_section("Confusion", "Counts.", figure=confusion_matrix_figure([1, 2, 2, 3], [1, 2, 3, None]))
+    report.add_section("Taxonomy", "Classes.", figure=layer_head_heatmap(classes={(0, 1): "visual grounding"},
+                                                                          n_layers=2, n_heads=4))
+    report.add_section("Accuracy", "With intervals.",
+                       figure=count_accuracy_figure([1, 2, 3], [1.0, 0.8, 0.4], lower=[0.8, 0.5, 0.2],
+                                                    upper=[1.0, 0.95, 0.6]),
+                       table=[{"count": 1, "accuracy [95% CI]": "1.00 [0.80, 1.00]", "MAE": 0.0}],
+                       definitions={"CI": "confidence interval", "MAE": "mean absolute error"})
+    return report.write(tmp_path_factory.mktemp("gallery") / "gallery.html")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium (/usr/bin/chromium) is not installed")
+def test_every_figure_builder_renders_readably_in_chromium(gallery_path):
+    from tests.helpers.browser import inspect_page, page_problems
+
+    checks = inspect_page(gallery_path)
+    assert page_problems(checks) == []
+    figures = {f["section"]: f for f in checks["figures"]}
+    assert len(figures) == 9 and all(f["drawn"] for f in figures.values())
+    drawn_types = {t["type"] for f in figures.values() for t in f["traces"]}
+    assert {"scatter", "heatmap", "image", "bar"} <= drawn_types  # each from the partial bundle
+    lens = figures["lens"]["axes"]
+    assert lens["xaxis2"]["ticks"] == [0, 1, 2, 3]  # ticks at layers only
+    tiles = [t for t in figures["tiles"]["traces"] if t["type"] == "heatmap"]
+    assert len(tiles) == 16 and {t["coloraxis"] for t in tiles} == {"coloraxis"}
+    assert figures["tiles"]["colorbars"] == 1  # one shared colour bar
+    assert len(figures["geometry"]["titles"]) == 4
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium (/usr/bin/chromium) is not installed")
+def test_the_browser_check_catches_what_it_looks_for(tmp_path):
+    """A trace type missing from the bundle, ticks between layers, colliding titles, private colour scales."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from tests.helpers.browser import inspect_page, page_problems
+    from vlens.viz import html as viz_html
+
+    three_d = go.Figure(go.Scatter3d(x=[1], y=[1], z=[1]))
+    ticks = go.Figure(go.Scatter(x=[0, 1, 2], y=[1, 2, 3], mode="lines")).update_xaxes(title_text="layer", dtick=0.5)
+    crowded = make_subplots(rows=1, cols=2, subplot_titles=["a long subplot title " * 6] * 2)
+    for col in (1, 2):
+        crowded.add_trace(go.Heatmap(z=[[col, 2], [3, 4 * col]]), row=1, col=col)
+    cartesian = viz_html.CARTESIAN_BUNDLE.read_text(encoding="utf-8")
+    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'>" + viz_html.inline_script(cartesian) + "</head><body>"
+            + "".join(viz_html.figure_div(f, f"f{i}") for i, f in enumerate([three_d, ticks, crowded])) + "</body></html>")
+    path = tmp_path / "broken.html"
+    path.write_text(page, encoding="utf-8")
+    problems = "\n".join(page_problems(inspect_page(path)))
+    assert "'scatter3d' is not in the loaded plotly.js bundle" in problems
+    assert "ticks between layers" in problems
+    assert "titles overlap" in problems
+    assert "2 heatmaps with 2 different colour scales" in problems

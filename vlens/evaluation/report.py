@@ -114,7 +114,7 @@ def write_report(
             warnings.warn(figure_note, stacklevel=2)
         else:
             paths["figure"] = out_dir / CONFUSION_HTML
-            figure.write_html(paths["figure"], include_plotlyjs="cdn")
+            write_figure_html(figure, paths["figure"])
             figure_note = f"Interactive confusion matrix: {CONFUSION_HTML}"
     paths["markdown"].write_text(report_markdown(summary, figure_note), encoding="utf-8")
     return paths

@@ -17,9 +17,11 @@ from vlens.viz.figures import (
     logit_lens_figure,
 )
 from vlens.viz.geometry import PCAResult, pca, project, representation_geometry_figure, tsne
+from vlens.viz.html import figure_page, write_figure_html
 from vlens.viz.image_attention import (
     attention_grid_image,
     attention_overlay_figure,
+    attention_tiles_figure,
     attention_to_image,
     image_to_data_uri,
     overlay_attention,
@@ -34,11 +36,13 @@ __all__ = [
     "attention_heads_view",
     "attention_overlay_figure",
     "attention_patterns_view",
+    "attention_tiles_figure",
     "attention_to_image",
     "circuitsvis_html",
     "colormap_names",
     "confusion_matrix_figure",
     "count_accuracy_figure",
+    "figure_page",
     "image_grid_heatmap",
     "image_to_data_uri",
     "jaccard_matrix_figure",
@@ -51,4 +55,5 @@ __all__ = [
     "representation_geometry_figure",
     "token_labels",
     "tsne",
+    "write_figure_html",
 ]

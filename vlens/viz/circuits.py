@@ -11,6 +11,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from vlens.viz.checks import as_float_tensor, as_grid
+from vlens.viz.html import compact_numbers
 from vlens.viz.optional import require_circuitsvis_attention
 
 
@@ -169,7 +170,8 @@ def circuitsvis_html(view, div_id: str | None = None) -> str:
     if match is None:
         raise ValueError("could not find the CircuitsVis.render call in this circuitsvis view")
     element_id = html.escape(div_id or match["uuid"])
-    props = match["props"].strip().replace("</", "<\\/")  # keep token text from closing the script
+    # keep token text from closing the script; 5 decimals of attention are plenty to draw it
+    props = compact_numbers(match["props"].strip().replace("</", "<\\/"))
     return (
         f'<div id="{element_id}" style="margin: 15px 0;"></div>\n'
         f'<script>CircuitsVis.render("{element_id}", CircuitsVis.{match["component"]}, {props});</script>'

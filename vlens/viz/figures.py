@@ -34,6 +34,44 @@ def _heatmap(z: np.ndarray, x_labels, y_labels, title: str, x_title: str, y_titl
     return figure
 
 
+# Line styles that stay distinguishable when curves coincide: the first is drawn widest, each
+# later one narrower with its own dash and marker, so an identical curve still shows underneath.
+_LINE_STYLES = (
+    {"dash": "solid", "width": 7, "symbol": "circle", "size": 14},
+    {"dash": "dash", "width": 4.5, "symbol": "square", "size": 10},
+    {"dash": "dot", "width": 3, "symbol": "diamond", "size": 8},
+    {"dash": "dashdot", "width": 1.5, "symbol": "x", "size": 6},
+)
+_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+
+
+def _line_style(index: int) -> dict:
+    style = _LINE_STYLES[index % len(_LINE_STYLES)]
+    color = _PALETTE[index % len(_PALETTE)]
+    return {"line": {"dash": style["dash"], "width": style["width"], "color": color},
+            "marker": {"symbol": style["symbol"], "size": style["size"], "color": color}}
+
+
+def integer_layer_axis(figure, layers: Sequence[int], **selector) -> None:
+    """Ticks at the layers only (never at 0.5, 1.5): layers are integers."""
+    figure.update_xaxes(tickmode="array", tickvals=list(layers), ticktext=[str(x) for x in layers],
+                        title_text="layer", **selector)
+
+
+def _error_bars(values: np.ndarray, lower, upper, name: str) -> dict | None:
+    """plotly `error_y` for an interval [lower, upper] around values (None without an interval)."""
+    if lower is None and upper is None:
+        return None
+    if lower is None or upper is None:
+        raise ValueError(f"give both lower and upper for {name}, or neither")
+    low = as_float_tensor(lower, f"lower ({name})", values.ndim).numpy()
+    high = as_float_tensor(upper, f"upper ({name})", values.ndim).numpy()
+    if low.shape != values.shape or high.shape != values.shape:
+        raise ValueError(f"lower / upper of {name} must have shape {values.shape}")
+    return {"type": "data", "symmetric": False, "array": np.clip(high - values, 0, None),
+            "arrayminus": np.clip(values - low, 0, None), "thickness": 1.2, "width": 3}
+
+
 def layer_head_heatmap(
     values: Float[Tensor, "n_layers n_heads"] | None = None,
     title: str = "",
@@ -124,7 +162,10 @@ def layer_head_heatmap(
         customdata=customdata,
         hovertemplate=f"%{{y}}%{{x}}: %{{customdata[0]}}{value_hover}<extra></extra>",
     )
-    for name, color in zip(names, colors, strict=True):  # heatmaps have no legend: add one per class
+    present = set(np.unique(class_index).tolist())
+    for index, (name, color) in enumerate(zip(names, colors, strict=True)):
+        if index not in present:  # a legend entry only for classes some head has: empty classes are not shown
+            continue
         figure.add_trace(
             go.Scatter(
                 x=[None],
@@ -163,6 +204,8 @@ def layer_region_figure(
     value_label: str = "value",
     kind: str = "lines",
     layer_labels: Sequence[str] | None = None,
+    lower: Float[Tensor, "n_layers n_regions"] | None = None,
+    upper: Float[Tensor, "n_layers n_regions"] | None = None,
 ):
     """Per-layer values for each token region (e.g. overwrite rate of image / text / final tokens).
 
@@ -170,18 +213,22 @@ def layer_region_figure(
         values: one row per layer, one column per region.
         region_names: one name per column.
         kind: "lines" (one line per region) or "heatmap" (layers on x, regions on y).
-        layer_labels: x tick labels (default 0..n_layers-1).
+        layer_labels: the layer numbers (default 0..n_layers-1); integer ticks only.
+        lower, upper: an interval per value (e.g. `vlens.stats.wilson_interval` over pairs), drawn
+            as error bars.
 
     Returns:
-        A Figure with one Scatter per region, or one Heatmap of z `[n_regions, n_layers]`.
+        A Figure with one Scatter per region (each its own dash, marker and width, so coinciding
+        curves stay visible), or one Heatmap of z `[n_regions, n_layers]`.
     """
     go = require_plotly()
     values_np = as_float_tensor(values, "values", 2).numpy()
     n_layers, n_regions = values_np.shape
     regions = check_labels(region_names, n_regions, "region_names")
-    layers = check_labels(layer_labels, n_layers, "layer_labels") or list(range(n_layers))
+    labels = check_labels(layer_labels, n_layers, "layer_labels")
+    layers = [int(x) for x in labels] if labels is not None else list(range(n_layers))
     if kind == "heatmap":
-        return _heatmap(
+        figure = _heatmap(
             values_np.T,
             layers,
             regions,
@@ -192,15 +239,23 @@ def layer_region_figure(
             colorbar={"title": {"text": value_label}},
             hovertemplate=f"layer %{{x}}, %{{y}}<br>{value_label}: %{{z:.4g}}<extra></extra>",
         )
+        integer_layer_axis(figure, layers)
+        return figure
     if kind != "lines":
         raise ValueError(f"kind must be 'lines' or 'heatmap', got {kind!r}")
+    errors = _error_bars(values_np, lower, upper, "values")
     figure = go.Figure(
         [
-            go.Scatter(x=layers, y=values_np[:, r], mode="lines+markers", name=regions[r])
+            go.Scatter(x=layers, y=values_np[:, r], mode="lines+markers", name=regions[r],
+                       error_y=None if errors is None else {**errors, "array": errors["array"][:, r],
+                                                            "arrayminus": errors["arrayminus"][:, r]},
+                       hovertemplate=f"{regions[r]}, layer %{{x}}: %{{y:.3f}}<extra></extra>",
+                       **_line_style(r))
             for r in range(n_regions)
         ]
     )
-    figure.update_layout(title=title, xaxis_title="layer", yaxis_title=value_label)
+    figure.update_layout(title=title, yaxis_title=value_label)
+    integer_layer_axis(figure, layers)
     return figure
 
 
@@ -306,8 +361,13 @@ def count_accuracy_figure(
     accuracy: Sequence[float] | Mapping[str, Sequence[float]],
     title: str = "",
     y_label: str = "accuracy",
+    lower: Sequence[float] | Mapping[str, Sequence[float]] | None = None,
+    upper: Sequence[float] | Mapping[str, Sequence[float]] | None = None,
 ):
     """Accuracy per ground-truth count, one line per method (e.g. {"baseline": ..., "ours": ...}).
+
+    lower, upper: an interval per point (same shape as `accuracy`, e.g. Wilson 95% intervals from
+    `vlens.stats.wilson_interval`), drawn as error bars.
 
     Returns:
         A Figure with one Scatter per series, each with `len(counts)` points.
@@ -315,9 +375,18 @@ def count_accuracy_figure(
     go = require_plotly()
     counts = [int(c) for c in counts]
     series = _named_series(accuracy, "accuracy", len(counts))
-    figure = go.Figure(
-        [go.Scatter(x=counts, y=values, mode="lines+markers", name=key) for key, values in series.items()]
-    )
+    lows = None if lower is None else _named_series(lower, next(iter(series)), len(counts))
+    highs = None if upper is None else _named_series(upper, next(iter(series)), len(counts))
+    traces = []
+    for index, (key, values) in enumerate(series.items()):
+        errors = None
+        if lows is not None or highs is not None:
+            if lows is None or highs is None or key not in lows or key not in highs:
+                raise ValueError(f"give lower and upper for every series (missing for {key!r})")
+            errors = _error_bars(values, lows[key], highs[key], key)
+        traces.append(go.Scatter(x=counts, y=values, mode="lines+markers", name=key, error_y=errors,
+                                 line={"color": _PALETTE[index % len(_PALETTE)]}))
+    figure = go.Figure(traces)
     figure.update_layout(title=title, xaxis_title="true count", yaxis_title=y_label)
     figure.update_xaxes(tickmode="array", tickvals=counts)
     return figure
@@ -328,13 +397,18 @@ def logit_lens_figure(
     ranks: Sequence[int] | Mapping[str, Sequence[int]] | None = None,
     title: str = "",
     layer_labels: Sequence[str] | None = None,
+    probability_interval: tuple | None = None,
+    rank_interval: tuple | None = None,
 ):
     """Logit lens per layer: probability (top panel) and rank (bottom, log scale, rank 1 on top).
 
     Args:
         probabilities, ranks: per-layer values for one token (a sequence) or several
             (`{"3": [...], "5": [...]}`); give either or both, all with the same number of layers.
-        layer_labels: x values (default 0..n_layers-1).
+        layer_labels: the layer numbers (default 0..n_layers-1); ticks at integers only.
+        probability_interval, rank_interval: `(lower, upper)` per value (same structure as the
+            values), drawn as error bars: e.g. a bootstrap interval of the mean probability over
+            examples, the quartiles of the rank.
 
     Returns:
         A Figure with one Scatter per token and panel.
@@ -342,22 +416,30 @@ def logit_lens_figure(
     go = require_plotly()
     make_subplots = require_make_subplots()
     panels = [
-        (name, data) for name, data in (("probability", probabilities), ("rank", ranks)) if data is not None
+        (name, data, interval)
+        for name, data, interval in (("probability", probabilities, probability_interval),
+                                     ("rank", ranks, rank_interval))
+        if data is not None
     ]
     if not panels:
         raise ValueError("give probabilities, ranks, or both")
-    named = {name: _named_series(data, "target") for name, data in panels}
+    named = {name: _named_series(data, "target") for name, data, _ in panels}
     lengths = {len(values) for series in named.values() for values in series.values()}
     if len(lengths) != 1:
         raise ValueError(
             f"every probability / rank series needs the same number of layers, got {sorted(lengths)}"
         )
     n_layers = lengths.pop()
-    layers = check_labels(layer_labels, n_layers, "layer_labels") or list(range(n_layers))
+    labels = check_labels(layer_labels, n_layers, "layer_labels")
+    layers = [int(x) for x in labels] if labels is not None else list(range(n_layers))
     figure = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.08)
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
-    for row, (panel, _) in enumerate(panels, start=1):
+    for row, (panel, _, interval) in enumerate(panels, start=1):
+        bounds = None
+        if interval is not None:
+            first = next(iter(named[panel]))
+            bounds = (_named_series(interval[0], first, n_layers), _named_series(interval[1], first, n_layers))
         for index, (token, values) in enumerate(named[panel].items()):
+            errors = None if bounds is None else _error_bars(values, bounds[0][token], bounds[1][token], token)
             figure.add_trace(
                 go.Scatter(
                     x=layers,
@@ -366,7 +448,8 @@ def logit_lens_figure(
                     name=token,
                     legendgroup=token,
                     showlegend=row == 1,
-                    line={"color": palette[index % len(palette)]},
+                    error_y=errors,
+                    line={"color": _PALETTE[index % len(_PALETTE)]},
                 ),
                 row=row,
                 col=1,
@@ -375,7 +458,10 @@ def logit_lens_figure(
             figure.update_yaxes(title_text="rank", type="log", autorange="reversed", row=row, col=1)
         else:
             figure.update_yaxes(title_text="probability", range=[0, 1.02], row=row, col=1)
-    figure.update_xaxes(title_text="layer", row=len(panels), col=1)
+    for row in range(1, len(panels) + 1):
+        integer_layer_axis(figure, layers, row=row, col=1)
+    if len(panels) > 1:  # the shared axis is titled once, under the bottom panel
+        figure.update_xaxes(title_text="", row=1, col=1)
     figure.update_layout(title=title)
     return figure
 
@@ -384,27 +470,75 @@ def jaccard_matrix_figure(
     matrix: Float[Tensor, "n_tasks n_tasks"],
     task_names: Sequence[str],
     title: str = "",
+    retest: Sequence[float] | None = None,
+    chance: float | None = None,
 ):
     """Jaccard similarity of the top-k head sets of several tasks, values written in the cells.
 
+    Args:
+        matrix: the cross-task Jaccard matrix (diagonal 1 by definition).
+        retest: per task, the Jaccard of its top-k set on a second independent sample (the
+            test-retest reliability); shown on the diagonal instead of 1, and as bars.
+        chance: the expected Jaccard of two random top-k sets (`vlens.ablation.chance_jaccard`),
+            drawn as a dashed line next to the matrix.
+
     Returns:
-        A Figure whose Heatmap z is `[n_tasks, n_tasks]` on a fixed 0..1 colour range.
+        Without `retest` / `chance`: a Figure whose Heatmap z is `[n_tasks, n_tasks]` on a fixed
+        0..1 colour range. With them: the heatmap (left, if there are >= 2 tasks) and a bar panel
+        (right): per task its test-retest Jaccard and its mean Jaccard with the other tasks,
+        against the chance line.
     """
-    values = as_float_tensor(matrix, "matrix", 2).numpy()
+    values = as_float_tensor(matrix, "matrix", 2).numpy().copy()
     if values.shape[0] != values.shape[1]:
         raise ValueError(f"matrix must be square, got {values.shape}")
-    names = check_labels(task_names, values.shape[0], "task_names")
-    figure = _heatmap(
-        values,
-        names,
-        names,
-        title,
-        "task",
-        "task",
-        colorscale="Viridis",
-        zmin=0.0,
-        zmax=1.0,
-        texttemplate="%{z:.2f}",
-        hovertemplate="%{y} vs %{x}: %{z:.3f}<extra></extra>",
-    )
-    return figure.update_yaxes(autorange="reversed")
+    n = values.shape[0]
+    names = check_labels(task_names, n, "task_names")
+    again = None if retest is None else as_float_tensor(retest, "retest", 1).numpy()
+    if again is not None and len(again) != n:
+        raise ValueError(f"retest has {len(again)} values for {n} tasks")
+    text = np.vectorize(lambda v: "" if np.isnan(v) else f"{v:.2f}")(values).astype(object)
+    if again is not None:
+        np.fill_diagonal(values, again)
+        for i in range(n):
+            text[i, i] = "" if np.isnan(again[i]) else f"{again[i]:.2f}*"
+    heatmap_trace = {
+        "z": values, "x": names, "y": names, "colorscale": "Viridis", "zmin": 0.0, "zmax": 1.0,
+        "text": text, "texttemplate": "%{text}", "colorbar": {"title": {"text": "Jaccard"}},
+        "hovertemplate": "%{y} vs %{x}: %{z:.3f}<extra></extra>",
+    }
+    if again is None and chance is None:
+        figure = _heatmap(values, names, names, title, "task", "task",
+                          **{k: v for k, v in heatmap_trace.items() if k not in ("z", "x", "y")})
+        return figure.update_yaxes(autorange="reversed")
+
+    go = require_plotly()
+    make_subplots = require_make_subplots()
+    with_matrix = n >= 2
+    columns = 2 if with_matrix else 1
+    subtitles = (["tasks' top-k head sets" + (" (* = same task, 2nd sample)" if again is not None else "")]
+                 if with_matrix else []) + ["reliability vs chance"]
+    figure = make_subplots(rows=1, cols=columns, column_widths=[0.58, 0.42] if with_matrix else None,
+                           subplot_titles=subtitles, horizontal_spacing=0.16)
+    if with_matrix:
+        heatmap_trace["colorbar"] = {"title": {"text": "Jaccard"}, "x": 0.5, "thickness": 14}
+        figure.add_trace(go.Heatmap(**heatmap_trace), row=1, col=1)
+        figure.update_yaxes(autorange="reversed", row=1, col=1)
+    bar_col = columns
+    if again is not None:
+        figure.add_trace(go.Bar(x=names, y=again, name="same task, 2nd sample (test-retest)",
+                                marker_color="#1f77b4",
+                                hovertemplate="%{x}: test-retest %{y:.2f}<extra></extra>"), row=1, col=bar_col)
+    if with_matrix:
+        off = np.where(np.eye(n, dtype=bool), np.nan, as_float_tensor(matrix, "matrix", 2).numpy())
+        figure.add_trace(go.Bar(x=names, y=np.nanmean(off, axis=1), name="mean vs other tasks",
+                                marker_color="#ff7f0e",
+                                hovertemplate="%{x}: mean vs others %{y:.2f}<extra></extra>"), row=1, col=bar_col)
+    if chance is not None:
+        figure.add_trace(go.Scatter(x=names, y=[float(chance)] * n, mode="lines", name=f"chance ({chance:.2f})",
+                                    line={"dash": "dash", "color": "#444", "width": 2},
+                                    hovertemplate=f"random top-k sets: {chance:.3f}<extra></extra>"),
+                         row=1, col=bar_col)
+    figure.update_yaxes(range=[0, 1.05], title_text="Jaccard", row=1, col=bar_col)
+    figure.update_layout(title=title, barmode="group", legend={"orientation": "h", "y": -0.25},
+                         margin={"b": 120})
+    return figure

@@ -151,12 +151,14 @@ def representation_geometry_figure(
             result = pca(by_layer[layer], 2)
             points[layer] = result.projected
             pc1, pc2 = (100 * result.explained_variance_ratio).tolist()
-            subtitles.append(f"layer {layer} (PC1 {pc1:.0f}%, PC2 {pc2:.0f}%)")
+            subtitles.append(f"layer {layer}<br>PC1 {pc1:.0f}% · PC2 {pc2:.0f}%")
         else:
             points[layer] = project(by_layer[layer], method, seed)
             subtitles.append(f"layer {layer}")
 
-    figure = make_subplots(rows=1, cols=len(layers), subplot_titles=subtitles)
+    # Two-line titles in a small font: one-line titles of neighbouring panels ran into each other.
+    figure = make_subplots(rows=1, cols=len(layers), subplot_titles=subtitles, horizontal_spacing=0.06)
+    figure.update_annotations(font_size=12)
     count_tensor = torch.tensor(counts)
     for column, layer in enumerate(layers, start=1):
         for count in distinct:
@@ -175,5 +177,5 @@ def representation_geometry_figure(
                 row=1,
                 col=column,
             )
-    figure.update_layout(title=title, width=max(400, 330 * len(layers)), height=380)
+    figure.update_layout(title=title, width=max(400, 330 * len(layers)), height=400, margin={"t": 110})
     return figure

@@ -247,3 +247,72 @@ def attention_overlay_figure(
     )
     figure.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False, "scaleanchor": "x"})
     return figure
+
+
+def attention_tiles_figure(
+    image: Image.Image,
+    maps: Float[Tensor, "n_maps n_image_tokens"],
+    grid: tuple[int, int],
+    titles: Sequence[str] | None = None,
+    n_cols: int = 8,
+    tile_size: int = 112,
+    colormap: str = "inferno",
+    opacity: float = 0.6,
+    value_label: str = "attention",
+):
+    """Several attention maps over the same image, one panel each, on ONE shared colour scale.
+
+    Tiles are compared with each other, so every heatmap uses the figure's single `coloraxis`
+    (0 to the largest weight of any tile) and one colour bar; a faint map is faint.
+
+    Args:
+        maps: one row of image-token weights per tile (row-major over `grid`).
+        titles: one caption per tile (e.g. "L2H7"); default "map 0", "map 1", ...
+        n_cols: tiles per row; tile_size: the picture's longest side in each tile (pixels).
+
+    Returns:
+        A Figure with one `Image` + one `Heatmap` trace per tile, all heatmaps on `coloraxis`.
+    """
+    go = require_plotly()
+    from vlens.viz.optional import require_make_subplots
+
+    make_subplots = require_make_subplots()
+    if not isinstance(image, Image.Image):
+        raise TypeError(f"image must be a PIL image, got {type(image).__name__}")
+    maps = as_float_tensor(maps, "maps", 2)
+    n_maps = maps.shape[0]
+    if n_maps == 0:
+        raise ValueError("maps is empty")
+    titles = [f"map {i}" for i in range(n_maps)] if titles is None else [str(t) for t in titles]
+    if len(titles) != n_maps:
+        raise ValueError(f"{len(titles)} titles for {n_maps} maps")
+    if n_cols < 1 or tile_size < 8:
+        raise ValueError("n_cols must be >= 1 and tile_size >= 8")
+    columns = min(n_cols, n_maps)
+    n_rows = -(-n_maps // columns)
+    scale = tile_size / max(image.size)
+    small = image.convert("RGB").resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                                        Image.Resampling.BILINEAR)
+    source = image_to_data_uri(small)
+    rows, cols = as_grid(grid)
+    cell_w, cell_h = small.width / cols, small.height / rows
+    figure = make_subplots(rows=n_rows, cols=columns, subplot_titles=titles, horizontal_spacing=0.02,
+                           vertical_spacing=0.12 / n_rows)
+    for index, weights in enumerate(maps):
+        values, _, _ = _weights_on_grid(weights, grid)
+        row, col = index // columns + 1, index % columns + 1
+        figure.add_trace(go.Image(source=source, hoverinfo="skip"), row=row, col=col)
+        figure.add_trace(go.Heatmap(z=values, x0=cell_w / 2, dx=cell_w, y0=cell_h / 2, dy=cell_h, opacity=opacity,
+                                    coloraxis="coloraxis", name=titles[index],
+                                    hovertemplate=f"{titles[index]}<br>{value_label}: %{{z:.3f}}<extra></extra>"),
+                         row=row, col=col)
+    figure.update_xaxes(visible=False)
+    figure.update_yaxes(visible=False)
+    figure.update_annotations(font_size=11)
+    top = float(maps.max())
+    figure.update_layout(
+        coloraxis={"colorscale": PLOTLY_NAMES.get(colormap, colormap), "cmin": 0.0, "cmax": top if top > 0 else 1.0,
+                   "colorbar": {"title": {"text": f"{value_label}<br>(shared)"}, "thickness": 14}},
+        height=max(260, 150 * n_rows + 80), margin={"t": 60, "l": 10, "r": 10, "b": 10},
+    )
+    return figure

@@ -1,7 +1,8 @@
 """A self-contained HTML report: one file, works offline, one section per result.
 
-plotly.js is inlined once in the page head (never a CDN), the circuitsvis bundle once if any
-section has a circuitsvis view, images are base64 PNG data URIs and tables plain HTML.
+plotly.js is inlined once in the page head (never a CDN; `vlens.viz.html` picks the bundle), the
+circuitsvis bundle once if any section has a circuitsvis view, images are base64 PNG data URIs
+and tables plain HTML.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import torch
 from PIL import Image
 
 from vlens.viz.circuits import circuitsvis_bundle_js, circuitsvis_html
+from vlens.viz.html import figure_div, inline_script, plotly_head_script
 from vlens.viz.image_attention import image_to_data_uri
-from vlens.viz.optional import require_plotly
 
 Number = int | float | bool | str | None
 
@@ -36,8 +37,13 @@ section { background: white; border: 1px solid #e2e8f0; border-radius: 8px; padd
 section h2 { margin: 0 0 4px; font-size: 1.2em; }
 p.explanation { margin: 0 0 12px; color: #4a5568; }
 img.figure { max-width: 100%; height: auto; image-rendering: pixelated; border-radius: 4px; }
-table { border-collapse: collapse; margin: 8px 0; font-size: 0.92em; }
-th, td { border: 1px solid #e2e8f0; padding: 4px 10px; text-align: right; }
+table { border-collapse: collapse; margin: 8px 0; font-size: 0.88em; max-width: 100%; }
+th, td { border: 1px solid #e2e8f0; padding: 3px 7px; text-align: right; overflow-wrap: anywhere; }
+td.text { text-align: left; max-width: 260px; }
+ul.findings { margin: 8px 0; padding-left: 20px; font-size: 0.92em; }
+dl.definitions { margin: 6px 0 0; font-size: 0.88em; color: #4a5568; }
+dl.definitions dt { display: inline; font-weight: 600; color: #1d2430; }
+dl.definitions dd { display: inline; margin: 0 10px 0 4px; }
 th { background: #f1f4f8; } td:first-child, th:first-child { text-align: left; }
 dl.numbers { display: flex; flex-wrap: wrap; gap: 8px; margin: 10px 0 0; }
 dl.numbers div { background: #f1f4f8; border-radius: 6px; padding: 4px 10px; }
@@ -67,6 +73,12 @@ def _format(value: Number) -> str:
     return "n/a" if value is None else str(value)
 
 
+def _cell(value: Number) -> str:
+    """A table cell; text (not a number) is left-aligned and may wrap."""
+    css = ' class="text"' if isinstance(value, str) else ""
+    return f"<td{css}>{html_lib.escape(_format(value))}</td>"
+
+
 @dataclass
 class _Section:
     title: str
@@ -77,6 +89,7 @@ class _Section:
     html: str | None = None
     is_circuitsvis: bool = False
     table: list[dict[str, Number]] | None = None
+    definitions: dict[str, str] = field(default_factory=dict)
     numbers: dict[str, Number] = field(default_factory=dict)
 
 
@@ -113,6 +126,7 @@ class Report:
         image: Image.Image | None = None,
         table: Sequence[Mapping[str, object]] | None = None,
         numbers: Mapping[str, object] | None = None,
+        definitions: Mapping[str, str] | None = None,
     ) -> Report:
         """Add a section; everything but the title and its one-line explanation is optional.
 
@@ -124,6 +138,8 @@ class Report:
             image: a PIL image (embedded as PNG).
             table: rows as dicts (columns: the keys, in first-seen order).
             numbers: headline numbers shown under the section and returned by `to_dict`.
+            definitions: abbreviation -> meaning, shown right under the table (every abbreviated
+                column header should have one).
 
         Returns:
             The report, so calls can be chained.
@@ -145,6 +161,7 @@ class Report:
             section.html, section.is_circuitsvis = self._html_snippet(html, section.anchor)
         if table is not None:
             section.table = self._checked_table(table, title)
+        section.definitions = {str(k): str(v) for k, v in (definitions or {}).items()}
         for key, value in (numbers or {}).items():
             section.numbers[str(key)] = _plain(value, f"numbers[{key!r}] of section {title!r}")
         self._sections.append(section)
@@ -185,11 +202,10 @@ class Report:
 
     def to_html(self) -> str:
         """The whole report as one HTML document (no network access needed to view it)."""
-        scripts = []
-        if any(section.figure is not None for section in self._sections):
-            scripts.append(_inline_script(require_plotly_js()))
+        figures = [section.figure for section in self._sections if section.figure is not None]
+        scripts = [plotly_head_script(figures)] if figures else []
         if any(section.is_circuitsvis for section in self._sections):
-            scripts.append(_inline_script(circuitsvis_bundle_js()))
+            scripts.append(inline_script(circuitsvis_bundle_js()))
         escape = html_lib.escape
         contents = "".join(f'<li><a href="#{s.anchor}">{escape(s.title)}</a></li>' for s in self._sections)
         body = "\n".join(self._render_section(index, section) for index, section in enumerate(self._sections))
@@ -220,14 +236,7 @@ class Report:
             f'<p class="explanation">{escape(section.explanation)}</p>',
         ]
         if section.figure is not None:
-            parts.append(
-                section.figure.to_html(
-                    full_html=False,
-                    include_plotlyjs=False,
-                    div_id=f"figure-{index}",
-                    config={"displaylogo": False, "responsive": True},
-                )
-            )
+            parts.append(figure_div(section.figure, f"figure-{index}"))
         if section.image is not None:
             uri = image_to_data_uri(section.image)
             parts.append(f'<img class="figure" src="{uri}" alt="{escape(section.title)}">')
@@ -237,10 +246,14 @@ class Report:
             columns = list(dict.fromkeys(key for row in section.table for key in row))
             head = "".join(f"<th>{escape(c)}</th>" for c in columns)
             rows = "".join(
-                "<tr>" + "".join(f"<td>{escape(_format(row.get(c)))}</td>" for c in columns) + "</tr>"
-                for row in section.table
+                "<tr>" + "".join(_cell(row.get(c)) for c in columns) + "</tr>" for row in section.table
             )
             parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+        if section.definitions:
+            items = "".join(
+                f"<dt>{escape(term)}</dt><dd>{escape(meaning)}</dd>" for term, meaning in section.definitions.items()
+            )
+            parts.append(f'<dl class="definitions">{items}</dl>')
         if section.numbers:
             items = "".join(
                 f"<div><dt>{escape(key)}</dt><dd>{escape(_format(value))}</dd></div>"
@@ -249,17 +262,3 @@ class Report:
             parts.append(f'<dl class="numbers">{items}</dl>')
         parts.append("</section>")
         return "\n".join(parts)
-
-
-def require_plotly_js() -> str:
-    """The plotly.js bundle shipped with the installed plotly (for inlining)."""
-    require_plotly()
-    from plotly.offline import get_plotlyjs
-
-    return get_plotlyjs()
-
-
-def _inline_script(source: str) -> str:
-    # A literal "</script>" inside the code would end the tag early.
-    escaped = source.replace("</script>", "<\\/script>")
-    return f'<script type="text/javascript">{escaped}</script>'
