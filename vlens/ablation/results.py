@@ -218,10 +218,14 @@ class AblationReport(Result):
                    retest or None)
 
     def plot(self, title: str | None = None):
-        """Plotly heatmap of the Jaccard matrix (values in the cells)."""
+        """Plotly heatmap of the Jaccard matrix (values in the cells) with the chance level and, when
+        the report has a retest sweep, each task's test-retest Jaccard (diagonal and bars)."""
         matrix, names = self.jaccard()
+        reliability = self.reliability()
+        retest = [reliability.get(task, float("nan")) for task in names] if reliability else None
         return jaccard_matrix_figure(matrix.float(), names,
-                                     title or f"Jaccard overlap of top-{self.top_k} heads ({self.rank_by} drop)")
+                                     title or f"Jaccard overlap of top-{self.top_k} heads ({self.rank_by} drop)",
+                                     retest=retest, chance=self.chance_jaccard())
 
     def html_report(self, title: str = "Head ablation across tasks"):
         """A `vlens.viz.Report`: the Jaccard heatmap, then per task the damage heatmap and top heads."""
@@ -232,9 +236,16 @@ class AblationReport(Result):
         pairs = {f"J({a}, {b})": float(matrix[i, j]) for i, a in enumerate(names) for j, b in enumerate(names)
                  if i < j}
         pairs["chance level (random top-k sets)"] = self.chance_jaccard()
-        report.add_section("Jaccard overlap of top-k head sets",
-                           "How many of their most important heads two tasks share (1: the same set).",
-                           figure=self.plot(), numbers=pairs)
+        if len(names) >= 2 or self.retest:
+            report.add_section("Jaccard overlap of top-k head sets",
+                               "How many of their most important heads two tasks share (1: the same set); "
+                               "dashed: two random top-k sets; * / bars: a task's own set on a second sample.",
+                               figure=self.plot(), numbers=pairs)
+        else:
+            report.add_section("Jaccard overlap of top-k head sets",
+                               f"Only one task ({names[0]}): there is no second head set to compare with. Give "
+                               "two or more tasks for the cross-task matrix, or a retest seed for this task's "
+                               "test-retest Jaccard.", numbers=pairs)
         if self.retest:
             report.add_section("Reliability", "Jaccard of each task's top-k set on two independent evaluation "
                                "sets: how far a cross-task Jaccard can be trusted.", numbers=self.reliability())

@@ -17,7 +17,7 @@ from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.viz.circuits import attention_heads_view, token_labels
 from vlens.viz.figures import layer_head_heatmap
-from vlens.viz.image_attention import attention_grid_image, attention_overlay_figure, attention_to_image
+from vlens.viz.image_attention import attention_tiles_figure, attention_to_image
 
 MAX_TILES = 16
 
@@ -85,20 +85,22 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
         heads = sorted(heads, key=lambda lh: -float(share[lh]))[:MAX_TILES]
         heads.sort()
     tiles = torch.stack([maps[layer, head] for layer, head in heads])
-    picture = attention_grid_image(example.image, tiles, grid, titles=[f"L{layer}H{head}" for layer, head in heads],
-                                   n_cols=min(n_heads, 8), tile_size=112)
+    figure = attention_tiles_figure(example.image, tiles, grid, titles=[f"L{layer}H{head}" for layer, head in heads],
+                                    n_cols=min(n_heads, 8), tile_size=112)
+    figure.update_layout(title=f"Final position -> image tokens, {example.count}-object image (one colour scale)")
     overlay_section = Section(
         key="attention_image",
         title="Attention over the image (final position)",
         explanation=(f"Each tile: one head's attention from the final position to the {grid[0]}x{grid[1]} image "
-                     f"tokens of a {example.count}-object image (own colour scale per tile); below, the top head "
-                     f"L{top_layer}H{top_head} drawn over the image — hover a cell for its weight."),
-        image=picture,
-        figure=attention_overlay_figure(example.image, maps[top_layer, top_head], grid,
-                                        title=f"L{top_layer}H{top_head}: final position -> image tokens"),
+                     f"tokens of a {example.count}-object image, drawn over the picture; all tiles share one "
+                     f"colour scale (bar on the right), so a faint tile is a head that looks little. "
+                     f"{'The ' + str(len(heads)) + ' most image-focused heads of the model' if len(heads) < n_layers * n_heads else 'Every head'}"
+                     " are shown; hover a cell for its weight."),
+        figure=figure,
         numbers={"example count": example.count, "heads drawn": len(heads),
                  "top head mass on image": float(maps[top_layer, top_head].sum()),
-                 "top head peak cell weight": float(maps[top_layer, top_head].max())},
+                 "top head peak cell weight": float(maps[top_layer, top_head].max()),
+                 "shared colour scale max": float(tiles.max())},
         data={"heads": [list(h) for h in heads], "grid": list(grid), "maps": tiles,
               "object_centers": [o.get("center") for o in example.record.get("objects", [])]},
     )

@@ -7,6 +7,7 @@ from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.evaluation import EvalDataset, EvalExample, HookedVLMBackend, evaluate
 from vlens.evaluation.metrics import SUBITIZING_ACCURACY, confusion_matrix, subitizing_limit
+from vlens.stats import format_interval, wilson_interval
 from vlens.viz.figures import confusion_matrix_figure, count_accuracy_figure
 
 
@@ -33,6 +34,11 @@ def counting_sections(model, samples: list[CountingSample], settings: DemoSettin
     metrics = result.metrics
     counts = sorted(metrics.per_count)
     accuracy = {c: metrics.per_count[c].accuracy for c in counts}
+    n_per_count = [metrics.per_count[c].n for c in counts]
+    low, high = wilson_interval([round(accuracy[c] * n) for c, n in zip(counts, n_per_count, strict=True)],
+                                n_per_count)
+    n_correct = sum(p.correct for p in result.predictions)
+    overall = wilson_interval(n_correct, metrics.n)
     targets = [p.target for p in result.predictions]
     parsed = [p.parsed for p in result.predictions]
     limit = subitizing_limit(accuracy)
@@ -40,16 +46,27 @@ def counting_sections(model, samples: list[CountingSample], settings: DemoSettin
     curve = Section(
         key="counting_accuracy",
         title="Counting accuracy per count (subitizing curve)",
-        explanation=(f"Share of the {metrics.n} images answered with the exact count, per true count; a "
-                     f"subitizing model is near-perfect up to a small count and then falls off (here every count "
-                     f"up to {limit} is answered with accuracy >= {SUBITIZING_ACCURACY})."),
+        explanation=(f"Share of the {metrics.n} {settings.style} images answered with the exact count, per true "
+                     f"count, with 95% Wilson intervals ({n_per_count[0]} images per count); every count up to "
+                     f"{limit} is answered with accuracy >= {SUBITIZING_ACCURACY}. These are the demo's own "
+                     f"{settings.style} images (one renderer, one question), not the mixed task suite of the "
+                     "ablation section."),
         figure=count_accuracy_figure(counts, {"accuracy": [accuracy[c] for c in counts]},
-                                     title="Exact-match accuracy per true count").update_yaxes(range=[0, 1.05]),
-        table=[{"count": c, "n": metrics.per_count[c].n, "accuracy": accuracy[c], "MAE": metrics.per_count[c].mae,
-                "unparsed": metrics.per_count[c].n_unparsed} for c in counts],
-        numbers={"accuracy": metrics.accuracy, "MAE": metrics.mae, "unparsed answers": metrics.n_unparsed,
+                                     lower={"accuracy": low.tolist()}, upper={"accuracy": high.tolist()},
+                                     title="Exact-match accuracy per true count (95% intervals)"
+                                     ).update_yaxes(range=[0, 1.05]),
+        table=[{"count": c, "n": metrics.per_count[c].n,
+                "accuracy [95% CI]": format_interval(accuracy[c], float(lo), float(hi)),
+                "MAE": metrics.per_count[c].mae, "unparsed": metrics.per_count[c].n_unparsed}
+               for c, lo, hi in zip(counts, low, high, strict=True)],
+        definitions={"CI": "confidence interval (95% Wilson score interval of a share)",
+                     "MAE": "mean absolute error of the parsed count", "n": "images with this true count"},
+        numbers={"accuracy": metrics.accuracy, "accuracy 95% CI": format_interval(metrics.accuracy, *map(float, overall)),
+                 "MAE": metrics.mae, "unparsed answers": metrics.n_unparsed,
                  "examples": metrics.n, f"subitizing limit (acc >= {SUBITIZING_ACCURACY})": limit},
         data={"counts": counts, "accuracy_per_count": [accuracy[c] for c in counts],
+              "accuracy_interval": {"level": 0.95, "method": "wilson", "low": low.tolist(), "high": high.tolist(),
+                                    "overall": [float(overall[0]), float(overall[1])]},
               "metrics": metrics.to_dict(), "settings": result.settings,
               "predictions": [{"target": p.target, "output": p.output, "parsed": p.parsed, "correct": p.correct}
                               for p in result.predictions]},

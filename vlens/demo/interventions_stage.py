@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vlens.demo.report_sections import Section
+from vlens.provenance import same_weights
+from vlens.stats import spread
 from vlens.viz.optional import require_plotly
 
 STORED_FILES = ("interventions.json", "study.json")
@@ -59,21 +61,99 @@ def _accuracy_columns(rows: list[dict]) -> list[str]:
     return [c for c in columns if all(isinstance(row.get(c), int | float) for row in rows)]
 
 
-def _section_from_rows(rows: list[dict], source: str, raw) -> Section:
+def _study(raw) -> bool:
+    """A `vlens study` file: settings (conditions, eval_sets) and per-seed results."""
+    return (isinstance(raw, Mapping) and isinstance(raw.get("settings"), Mapping)
+            and "conditions" in raw["settings"] and "eval_sets" in raw["settings"]
+            and isinstance(raw.get("results"), Mapping))
+
+
+def seed_spread(raw) -> dict[tuple[str, str], dict]:
+    """For a study file: (setting, evaluation set) -> `vlens.stats.spread` of the accuracy over seeds."""
+    if not _study(raw):
+        return {}
+    labels = raw.get("labels") or {}
+    out = {}
+    for condition in raw["settings"]["conditions"]:
+        for name in raw["settings"]["eval_sets"]:
+            values = [rows.get(condition, {}).get(name, {}).get("accuracy") for rows in raw["results"].values()]
+            out[(labels.get(condition, condition), name)] = spread([v for v in values if v is not None])
+    return out
+
+
+def temperature_note(raw) -> str:
+    """What the head temperature did, from the stored fits: how many selected heads beta changed."""
+    temperatures = raw.get("temperatures") if isinstance(raw, Mapping) else None
+    if not temperatures:
+        return ""
+    parts = []
+    for seed, fit in temperatures.items():
+        floor, alpha = fit.get("floor"), fit.get("alpha")
+        heads = fit.get("heads", [])
+        floored = [h for h in heads if floor is not None and alpha * h["gamma"] < floor]
+        parts.append(f"seed {seed}: {len(heads) - len(floored)} of {len(heads)}")
+    fit = next(iter(temperatures.values()))
+    return (f" beta = max({fit.get('floor')}, alpha * gamma) with alpha {fit.get('alpha')}: heads whose alpha * gamma "
+            f"falls below the floor are selected but left unchanged; heads actually sharpened: "
+            f"{'; '.join(parts)}.")
+
+
+def provenance_note(raw, model=None) -> str:
+    """Says that a stored table is stored (not re-measured here), when and on which weights it was measured."""
+    stored = raw.get("provenance") if isinstance(raw, Mapping) else None
+    if not stored:
+        return (" Stored table, not re-measured by this run; the file does not record when or on which weights it "
+                "was measured (measure one with `vlens study`).")
+    when = f"measured {stored.get('measured_at', 'at an unrecorded time')}"
+    commit = f" at commit {stored['commit']}" if stored.get("commit") else ""
+    match = None if model is None else same_weights(stored, model)
+    weights = {True: "on the weights loaded now", False: "on OTHER weights than the ones loaded now (stale)",
+               None: "on weights it does not identify"}[match]
+    return f" Stored table, not re-measured by this run: {when}{commit}, {weights}."
+
+
+def _section_from_rows(rows: list[dict], source: str, raw, model=None) -> Section:
     go = require_plotly()
     columns = _accuracy_columns(rows)
+    spreads = seed_spread(raw)
     numbers: dict = {"source": source, "settings compared": len(rows)}
     figure = None
     if columns:
-        figure = go.Figure([go.Bar(name=row["setting"], x=[c.removesuffix(" accuracy") or c for c in columns],
-                                   y=[row[c] for c in columns], text=[f"{row[c]:.2f}" for c in columns],
-                                   textposition="outside") for row in rows])
-        figure.update_layout(barmode="group", title="Accuracy per intervention and evaluation set",
-                             yaxis={"title": "accuracy", "range": [0, 1.1]}, xaxis={"title": "evaluation set"})
+        traces = []
+        for row in rows:
+            names = [c.removesuffix(" accuracy") or c for c in columns]
+            values = [row[c] for c in columns]
+            ranges = [spreads.get((row["setting"], name)) for name in names]
+            errors = None
+            if all(r and r["n"] > 1 for r in ranges):  # min..max over seeds
+                errors = {"type": "data", "symmetric": False,
+                          "array": [r["max"] - v for r, v in zip(ranges, values, strict=True)],
+                          "arrayminus": [v - r["min"] for r, v in zip(ranges, values, strict=True)],
+                          "thickness": 1.2, "width": 2}
+            # No text on the bars: grouped labels of equal values ran into each other ("0.990.990.99");
+            # the table under the figure has the numbers.
+            traces.append(go.Bar(name=row["setting"], x=names, y=values, error_y=errors,
+                                 hovertemplate=f"{row['setting']}<br>%{{x}}: %{{y:.3f}}<extra></extra>"))
+        figure = go.Figure(traces)
+        seeds = next(iter(spreads.values()))["n"] if spreads else 1
+        title = "Accuracy per intervention and evaluation set" + (f" (bars: min-max over {seeds} seeds)"
+                                                                  if seeds > 1 else "")
+        figure.update_layout(barmode="group", title=title, bargap=0.25,
+                             yaxis={"title": "accuracy", "range": [0, 1.05]}, xaxis={"title": "evaluation set"},
+                             legend={"orientation": "h", "y": -0.3})
         headline = columns[0]
         numbers.update({f"{row['setting']}: {headline}": row[headline] for row in rows})
-    return Section(key="interventions", title=TITLE, explanation=EXPLANATION, figure=figure, table=rows,
-                   numbers=numbers, data={"source": source, "rows": rows, "stored": raw})
+        for row in rows:
+            spread_ = spreads.get((row["setting"], headline.removesuffix(" accuracy")))
+            if spread_ and spread_["n"] > 1:
+                numbers[f"{row['setting']}: {headline} seed range"] = f"{spread_['min']:.3f}-{spread_['max']:.3f}"
+    explanation = EXPLANATION + temperature_note(raw) + provenance_note(raw, model)
+    definitions = {"MAE": "mean absolute error of the parsed count"} if any(
+        k.endswith("MAE") for row in rows for k in row) else {}
+    return Section(key="interventions", title=TITLE, explanation=explanation, figure=figure, table=rows,
+                   definitions=definitions, numbers=numbers,
+                   data={"source": source, "rows": rows, "stored": raw,
+                         "seed_spread": {f"{k[0]} | {k[1]}": v for k, v in spreads.items()}})
 
 
 def find_stored(model_dir: Path | None) -> Path | None:
@@ -83,8 +163,11 @@ def find_stored(model_dir: Path | None) -> Path | None:
     return next((model_dir / name for name in STORED_FILES if (model_dir / name).is_file()), None)
 
 
-def interventions_section(model_dir: Path | None, stored: Path | None = None) -> Section:
-    """The stored interventions table, or a skipped section naming where it looked and how to measure one."""
+def interventions_section(model_dir: Path | None, stored: Path | None = None, model=None) -> Section:
+    """The stored interventions table, or a skipped section naming where it looked and how to measure one.
+
+    model: the model under study; the section says whether the stored table was measured on its weights.
+    """
     path = stored or find_stored(model_dir)
     if path is None:
         where = (" or ".join(str(model_dir / name) for name in STORED_FILES) if model_dir is not None
@@ -93,4 +176,4 @@ def interventions_section(model_dir: Path | None, stored: Path | None = None) ->
                                f"no stored interventions study at {where}; measure one with `vlens study --out DIR` "
                                "and pass --interventions DIR/study.json")
     raw = json.loads(path.read_text(encoding="utf-8"))
-    return _section_from_rows(interventions_rows(raw), str(path), raw)
+    return _section_from_rows(interventions_rows(raw), str(path), raw, model)

@@ -15,17 +15,19 @@ from vlens.lens.logit_lens import LogitLensResult, logit_lens
 from vlens.lens.readout import LensReadout
 from vlens.lens.taxonomy import classify_heads
 from vlens.lens.translators import Translators, train_translators
+from vlens.stats import format_interval
 
 LENS_SEED_OFFSET = 1_000_003  # translator-training samples never coincide with scored samples
 SHIPPED_LENS_DIR = "lens"  # a trained lens shipped next to the model weights, if any
 
 LOGIT_TITLE = "Logit lens: the true count per layer"
 LOGIT_EXPLANATION = ("The residual stream at the final prompt position after each layer, read through the final norm "
-                     "and unembedding: probability (top) and median rank (bottom, 1 = top token) of the true count.")
+                     "and unembedding: mean probability (top, 95% bootstrap interval over images) and median rank "
+                     "(bottom, 1 = top token; bars from the 25th to the 75th percentile) of the true count.")
 HEADLENS_TITLE = "HeadLens taxonomy (layer x head)"
 HEADLENS_EXPLANATION = ("Each head's output at the final position decoded through a per-layer translator, scored "
                         "(visual / number tokens, image attention, answer alignment) and classified by explicit "
-                        "thresholds; the table lists every head outside 'other'.")
+                        "thresholds; the table lists every head outside 'other' (columns defined under it).")
 
 
 def logit_lens_section(model, samples: list[CountingSample], settings: DemoSettings) -> Section:
@@ -43,13 +45,19 @@ def logit_lens_section(model, samples: list[CountingSample], settings: DemoSetti
     result = LogitLensResult.concat(results)
     median_rank = result.median_rank
     first_top = next((layer for layer in range(result.n_layers) if float(median_rank[layer]) == 1.0), None)
+    low, high = result.probability_interval(seed=settings.seed)
     numbers = {"examples": len(samples), "final-layer mean p": float(result.mean_probability[-1]),
+               "final-layer mean p 95% CI": format_interval(float(result.mean_probability[-1]), float(low[-1]),
+                                                            float(high[-1])),
                "final-layer top-1": float(result.top1_accuracy[-1]),
                "first layer with median rank 1": "none" if first_top is None else first_top}
     numbers.update({f"layer {layer} mean p": float(p) for layer, p in enumerate(result.mean_probability)})
     return Section(key="logit_lens", title=LOGIT_TITLE, explanation=LOGIT_EXPLANATION,
                    figure=result.plot(title="Logit lens of the true count (final prompt position)"),
-                   numbers=numbers, data=result.to_dict())
+                   numbers=numbers, data={**result.to_dict(),
+                                          "mean_probability_interval": {"level": 0.95,
+                                                                        "method": "bootstrap over examples",
+                                                                        "low": low.tolist(), "high": high.tolist()}})
 
 
 def _translators(model, settings: DemoSettings, lens_dir: Path | None, progress: bool):
@@ -65,6 +73,25 @@ def _translators(model, settings: DemoSettings, lens_dir: Path | None, progress:
                          **report.to_dict()}
 
 
+# Short column names of the HeadLens table, each defined under the table (docs/method.md, section 5).
+SCORE_COLUMNS = {
+    "vgs": ("VGS", "visual grounding score: share of the head's top-10 decoded tokens that are visual words "
+                   "(colours, shapes, edges, sizes)"),
+    "cter": ("CTER", "counting-token emergence rate: share of the top-10 decoded tokens that are numbers"),
+    "image_attention": ("img attn", "attention mass from the final position onto the image tokens"),
+    "answer_alignment": ("align", "share of examples where the head's top-1 token is the model's own answer"),
+    "existence_response": ("exist", "share of examples where the head's top-1 is an existence word "
+                                    "('yes', '1', ...) while the answer is not"),
+    "difficulty_response": ("diff", "P(top-1 is a difficulty word | >= 7 objects) - P(same | fewer)"),
+}
+
+
+def class_summary(counts: dict[str, int]) -> tuple[list[str], list[str]]:
+    """(classes with heads, paper classes with none) — the empty ones are named, never implied."""
+    paper = [name for name in counts if name not in ("other", "non-finite")]
+    return [name for name in paper if counts[name]], [name for name in paper if not counts[name]]
+
+
 def headlens_section(model, settings: DemoSettings, lens_dir: Path | None = None, progress: bool = True) -> Section:
     translators, lens_info = _translators(model, settings, lens_dir, progress)
     samples = task_samples(settings.headlens_samples, seed=settings.seed, size=settings.image_size)
@@ -75,14 +102,25 @@ def headlens_section(model, settings: DemoSettings, lens_dir: Path | None = None
     for head in taxonomy.heads_json():
         if head["class"] == "other":
             continue
-        rows.append({"head": f"L{head['layer']}H{head['head']}", "class": head["class"],
-                     **{name: value for name, value in head["scores"].items()},
-                     "top tokens": ", ".join(str(t) for t, _ in head["top_tokens"][:5])})
+        row = {"head": f"L{head['layer']}H{head['head']}", "class": head["class"]}
+        for name, (column, _) in SCORE_COLUMNS.items():
+            value = head["scores"].get(name)
+            row[column] = None if value is None else round(float(value), 2)
+        row["top tokens"] = ", ".join(str(t) for t, _ in head["top_tokens"][:5])
+        rows.append(row)
     counts = taxonomy.counts()
+    found, empty = class_summary(counts)
+    found_text = ", ".join(f"{name} ({counts[name]})" for name in found) or "none"
+    empty_text = (f"; no head on this model passes the thresholds of {', '.join(empty)}, so those classes are "
+                  "empty here") if empty else ""
+    explanation = (f"{HEADLENS_EXPLANATION} Classes found: {found_text}{empty_text} "
+                   f"({counts.get('other', 0)} heads are 'other'; scored on {scores.n_examples} task-suite examples).")
     return Section(
-        key="headlens", title=HEADLENS_TITLE, explanation=HEADLENS_EXPLANATION,
+        key="headlens", title=HEADLENS_TITLE, explanation=explanation,
         figure=taxonomy.plot(title="HeadLens classes per head"),
         table=rows or [{"head": "-", "class": "every head is 'other' under the default thresholds"}],
-        numbers={"scored examples": scores.n_examples, **{f"{name} heads": n for name, n in counts.items()}},
-        data={"lens": lens_info, **taxonomy.to_dict()},
+        definitions={column: meaning for column, meaning in SCORE_COLUMNS.values()},
+        numbers={"scored examples": scores.n_examples, **{f"{name} heads": n for name, n in counts.items()},
+                 "empty classes": ", ".join(empty) or "none"},
+        data={"lens": lens_info, "classes_found": found, "classes_empty": empty, **taxonomy.to_dict()},
     )

@@ -130,7 +130,7 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
         ablation = stages.run("ablation across tasks", ablation_section, hooked, settings, progress)
         sections.append(ablation)
         sections += stages.run("representation geometry", geometry_sections, hooked, samples, settings)
-    sections.append(stages.run("interventions table", interventions_section, folder, stored))
+    sections.append(stages.run("interventions table", interventions_section, folder, stored, hooked))
     sections.insert(1, key_numbers_section(sections))
 
     intro = (f"Model: {summary['summary']}. Settings: {'quick' if quick else 'full'} "

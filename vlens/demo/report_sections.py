@@ -37,6 +37,7 @@ class Section:
     image: object = None
     html: object = None
     table: list[dict] | None = None
+    definitions: dict = field(default_factory=dict)
     numbers: dict = field(default_factory=dict)
     data: dict = field(default_factory=dict)
     status: str = "ok"
@@ -52,6 +53,8 @@ class Section:
                "numbers": jsonable(self.numbers), "data": jsonable(self.data)}
         if self.reason is not None:
             out["reason"] = self.reason
+        if self.definitions:
+            out["definitions"] = dict(self.definitions)
         return out
 
 
@@ -80,7 +83,8 @@ def build_report(sections: list[Section], title: str, intro: str):
         if section.status != "ok":
             explanation = f"{explanation} — Not shown: {section.reason}"
         report.add_section(section.title, explanation, figure=section.figure, html=section.html,
-                           image=section.image, table=section.table, numbers=_shown_numbers(section.numbers))
+                           image=section.image, table=section.table, numbers=_shown_numbers(section.numbers),
+                           definitions=section.definitions)
     return report
 
 

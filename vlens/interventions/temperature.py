@@ -72,6 +72,13 @@ class HeadTemperature(Result):
             if not beta > 0:
                 raise ValueError(f"beta of head L{head[0]}H{head[1]} must be positive, got {beta}")
 
+    def floored(self) -> list[Head]:
+        """Heads whose alpha * gamma fell below `floor`, so beta is the floor itself (with the default
+        floor 1.0 these heads are selected but left unchanged)."""
+        if self.floor is None:
+            return []
+        return sorted(head for head, gamma in self.gammas.items() if self.alpha * gamma < self.floor)
+
     @property
     def layers(self) -> list[int]:
         return sorted({layer for layer, _ in self.betas})

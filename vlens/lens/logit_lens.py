@@ -33,6 +33,7 @@ from vlens.finite import finite_rows, json_safe, warn_non_finite
 from vlens.lens.base import Lens
 from vlens.parallel import Sharding
 from vlens.results import Result
+from vlens.stats import bootstrap_interval
 from vlens.validation import check_count
 from vlens.viz.figures import logit_lens_figure
 
@@ -119,11 +120,25 @@ class LogitLensResult(Result):
             "non_finite": int(self.non_finite.sum()),
         })
 
+    def probability_interval(self, level: float = 0.95, seed: int = 0) -> tuple[Tensor, Tensor]:
+        """Bootstrap interval over examples of the mean probability per layer: ([n_layers], [n_layers])."""
+        return bootstrap_interval(self.probabilities.T, level=level, seed=seed)
+
+    def rank_quartiles(self) -> tuple[Tensor, Tensor]:
+        """25th and 75th percentile of the answer's rank per layer (the spread around the median)."""
+        ranks = self.ranks.double()
+        return ranks.nanquantile(0.25, dim=1), ranks.nanquantile(0.75, dim=1)
+
     def plot(self, title: str = "Logit lens at the final prompt position"):
-        """Mean probability (top) and median rank (bottom) of the correct answer per layer."""
+        """Mean probability (top, 95% bootstrap interval over examples) and median rank (bottom,
+        bars from the 25th to the 75th percentile) of the correct answer per layer."""
+        p_low, p_high = self.probability_interval()
+        r_low, r_high = self.rank_quartiles()
         return logit_lens_figure(
             probabilities={"correct answer (mean p)": self.mean_probability.tolist()},
             ranks={"correct answer (median rank)": self.median_rank.tolist()},
+            probability_interval=(p_low.tolist(), p_high.tolist()),
+            rank_interval=(r_low.tolist(), r_high.tolist()),
             title=title,
         )
 

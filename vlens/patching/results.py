@@ -11,6 +11,7 @@ from torch import Tensor
 from vlens.finite import json_safe
 from vlens.patching.metrics import METRICS, Baseline
 from vlens.results import Result
+from vlens.stats import wilson_interval
 from vlens.viz.figures import layer_head_heatmap, layer_region_figure
 from vlens.viz.optional import require_make_subplots, require_plotly
 
@@ -131,16 +132,29 @@ class PatchingResult(Result):
         return out
 
     # ------------------------------------------------------------------ plots
+    def rate_interval(self, metric: str, level: float = 0.95) -> tuple[Tensor, Tensor]:
+        """Wilson interval of a rate metric ("overwrite_rate", "flip_away_rate": shares of the pairs)."""
+        if not metric.endswith("_rate"):
+            raise ValueError(f"{metric!r} is not a share of pairs; intervals are for the *_rate metrics")
+        values = self.metrics[metric].double()
+        successes = (values.nan_to_num(0.0) * self.n_pairs).round().clamp(0, self.n_pairs)
+        return wilson_interval(successes, torch.full_like(values, float(self.n_pairs)), level)
+
     def plot(self, metric: str | None = None, kind: str | None = None):
-        """layer-region: lines per region (or kind="heatmap"); layer-head: layer x head heatmap;
-        layer-pos: layer x position heatmap (see `plot_image_grid` for the image positions).
+        """layer-region: lines per region (or kind="heatmap"; rates carry 95% Wilson intervals over
+        pairs); layer-head: layer x head heatmap; layer-pos: layer x position heatmap (see
+        `plot_image_grid` for the image positions).
         metric: default the first one ("overwrite_rate" for the answer metrics)."""
         metric = metric or self.metric_names[0]
         values = self.metrics[metric]
         title = f"{metric} — patching {self.component} ({self.mode}, {self.n_pairs} pairs)"
         if self.mode == "layer-region":
+            low, high = self.rate_interval(metric) if metric.endswith("_rate") else (None, None)
+            if low is not None:
+                title += ", 95% intervals"
             return layer_region_figure(values, [str(c) for c in self.cells], title=title, value_label=metric,
-                                       kind=kind or "lines", layer_labels=[str(x) for x in self.layers])
+                                       kind=kind or "lines", layer_labels=[str(x) for x in self.layers],
+                                       lower=low, upper=high)
         if self.mode == "layer-head":
             return layer_head_heatmap(values, title=title, value_label=metric)
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from vlens.viz.checks import as_float_tensor, as_grid
 from vlens.viz.colormaps import PLOTLY_NAMES, apply_colormap
-from vlens.viz.optional import require_plotly
+from vlens.viz.optional import require_make_subplots, require_plotly
 
 
 def attention_to_image(
@@ -274,8 +274,6 @@ def attention_tiles_figure(
         A Figure with one `Image` + one `Heatmap` trace per tile, all heatmaps on `coloraxis`.
     """
     go = require_plotly()
-    from vlens.viz.optional import require_make_subplots
-
     make_subplots = require_make_subplots()
     if not isinstance(image, Image.Image):
         raise TypeError(f"image must be a PIL image, got {type(image).__name__}")

@@ -34,6 +34,7 @@ from vlens.data import make_task_sample
 from vlens.evaluation import HookedVLMBackend, counting_metrics, parse_count
 from vlens.finite import json_safe
 from vlens.interventions.temperature import fit_temperature, importance_from_result
+from vlens.provenance import provenance
 from vlens.results import Result
 from vlens.training.data import SFTExample, example_from_sample
 from vlens.training.sft import SFTConfig, train_sft
@@ -229,6 +230,7 @@ class StudyResult(Result):
     temperatures: dict[int, dict] = field(default_factory=dict)
     wall_time_s: float = 0.0
     model: str = ""
+    provenance: dict = field(default_factory=dict)  # vlens.provenance: when, which vlens, which weights
 
     def to_dict(self) -> dict:
         """The study as JSON, with its table (`rows`) and the labels of its conditions and sets."""
@@ -330,7 +332,8 @@ class StudyResult(Result):
             f"{s['focus_weight']}; the paper: 8,000 images, 2 epochs, lr 2e-5 on a 7B model.",
             f"beta: top-{s['top_k_heads']} heads by mean-ablation answer log-prob drop on held-out SynDot + "
             f"SynPoly counting ({2 * s['importance_examples']} examples), measured on the +SFT+L_focus model, "
-            f"alpha {s['alpha']}, gamma = importance / max.",
+            f"alpha {s['alpha']}, gamma = importance / max, beta = max(1, alpha * gamma): a head whose "
+            "alpha * gamma is below 1 is selected but left unchanged (beta 1).",
         ]
         if len(self.results) > 1:
             for name in [n for n in s["eval_sets"] if n in SET_ROLES][:1]:
@@ -341,8 +344,10 @@ class StudyResult(Result):
                 )
                 lines.append(f"{name} accuracy per seed ({seeds}): {per_seed}.")
         for seed, temp in self.temperatures.items():
-            heads = ", ".join(f"L{e['layer']}H{e['head']} beta={e['beta']:.2f}" for e in temp["heads"])
-            lines.append(f"Seed {seed} heads: {heads}.")
+            heads = ", ".join(f"L{e['layer']}H{e['head']} beta={e['beta']:.2f}"
+                              + (" (floor: unchanged)" if _at_floor(temp, e) else "") for e in temp["heads"])
+            changed = sum(not _at_floor(temp, e) for e in temp["heads"])
+            lines.append(f"Seed {seed} heads: {heads}; {changed} of {len(temp['heads'])} sharpened.")
         for seed, runs in self.training.items():
             parts = [
                 f"{CONDITIONS[c]}: {r['steps']} steps, {r['mean_step_time_s'] * 1000:.0f} ms/step, final "
@@ -353,6 +358,12 @@ class StudyResult(Result):
             lines.append(f"Seed {seed} training: " + "; ".join(parts) + ".")
         lines.append(f"Wall time: {self.wall_time_s / 60:.1f} min.")
         return "\n".join(lines)
+
+
+def _at_floor(temperature: dict, head: dict) -> bool:
+    """A stored head whose alpha * gamma fell below the floor (its beta is the floor)."""
+    floor = temperature.get("floor")
+    return floor is not None and temperature["alpha"] * head["gamma"] < floor
 
 
 def run_study(
@@ -379,7 +390,10 @@ def run_study(
     for seed in settings.seeds:
         rows, training = {}, {}
         if "baseline" in settings.conditions:
-            rows["baseline"] = evaluate(load_model())
+            base = load_model()
+            if not result.provenance:
+                result.provenance = provenance(base)
+            rows["baseline"] = evaluate(base)
         examples = (
             training_examples(settings, seed) if any(c != "baseline" for c in settings.conditions) else []
         )
