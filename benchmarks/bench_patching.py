@@ -31,6 +31,7 @@ from vlens.patching import (
     spearman,
 )
 from vlens.testing import tiny_hf_model, tiny_qwen_processor
+from vlens.viz.html import write_figure_html
 
 # Random medium configs: an 8-layer x 8-head decoder (d_model 256), 168 px images -> 144 patches -> 36 tokens.
 # "medium" keeps Qwen2.5-VL-7B's proportions of vision tower to decoder (32 vision blocks of width
@@ -152,13 +153,13 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
     }
     if figures is not None:
         figures.mkdir(parents=True, exist_ok=True)
-        region.plot("overwrite_rate").write_html(figures / "vap_layer_region.html", include_plotlyjs="cdn")
-        heads.plot("overwrite_rate").write_html(figures / "vap_layer_head.html", include_plotlyjs="cdn")
-        positions.plot_image_grid("patch_effect").write_html(
-            figures / "vap_image_grid.html", include_plotlyjs="cdn"
-        )
-        atp.plot("z").write_html(figures / "atp_z.html", include_plotlyjs="cdn")
-        lens.plot().write_html(figures / "logit_lens.html", include_plotlyjs="cdn")
+        # offline HTML (plotly.js inlined, 1.5 MB each: not committed) and a PNG (committed: shows on a code host)
+        for name, figure in (("vap_layer_region", region.plot("overwrite_rate")),
+                             ("vap_layer_head", heads.plot("overwrite_rate")),
+                             ("vap_image_grid", positions.plot_image_grid("patch_effect")),
+                             ("atp_z", atp.plot("z")), ("logit_lens", lens.plot())):
+            write_figure_html(figure, figures / f"{name}.html")
+            figure.write_image(figures / f"{name}.png", width=900, height=500)
     return out
 
 

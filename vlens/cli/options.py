@@ -148,14 +148,15 @@ def write_results(out: Path, payload: dict) -> Path:
 
 
 def write_figure(make_figure: Callable[[], Any], path: Path) -> Path | None:
-    """Write the plotly figure `make_figure()` as HTML; without plotly, log why and write nothing."""
+    """Write the plotly figure `make_figure()` as HTML that works offline (`vlens.viz.html`: plotly.js
+    inlined once); without plotly, log why and write nothing."""
     try:
         figure = make_figure()
+        from vlens.viz.html import write_figure_html
     except ImportError as error:
         logger.warning("no %s: %s (install the viz extra: pip install 'vlens[viz]')", path.name, error)
         return None
-    figure.write_html(str(path), include_plotlyjs="cdn")
-    return path
+    return write_figure_html(figure, path)
 
 
 __all__ = ["DTYPE_CHOICES", "MODEL_DEFAULT", "RESULTS_FILE", "add_batch_size", "add_image_size",
