@@ -39,3 +39,25 @@ def test_figure_page_is_offline_with_one_bundle(tmp_path):
     assert "plotly.js (cartesian" not in full and len(full.encode()) > 4_000_000
     with pytest.raises(TypeError, match="plotly Figure"):
         figure_page("not a figure")
+
+
+def test_command_line_figures_are_offline_pages(tmp_path):
+    from vlens.cli.options import write_figure
+
+    path = write_figure(lambda: go.Figure(go.Bar(x=["a"], y=[1])), tmp_path / "figure.html")
+    page = path.read_text()
+    assert not re.search(r"<script[^>]*\bsrc=", page) and page.count("plotly.js (cartesian - minified)") == 1
+
+
+def test_ablation_report_with_one_task_draws_no_one_by_one_matrix():
+    import torch
+
+    from vlens.ablation import AblationReport, HeadAblation
+
+    result = HeadAblation(task="counting", method="mean", alignment="all", n_examples=4, clean_logprob=-0.1,
+                          clean_accuracy=1.0,
+                          ablated_logprob=torch.tensor([[-0.5, -0.1], [-0.2, -0.3]]),
+                          ablated_accuracy=torch.tensor([[0.5, 1.0], [1.0, 0.75]]))
+    page = AblationReport({"counting": result}, top_k=2).html_report().to_html()
+    assert "Only one task (counting)" in page
+    assert page.count("Plotly.newPlot") == 1  # only the task's damage heatmap
