@@ -26,6 +26,7 @@ from vlens.viz.image_attention import (
     image_to_data_uri,
     overlay_attention,
 )
+from vlens.viz.notebook import show_figures_in_notebook
 from vlens.viz.report import Report
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "pca",
     "project",
     "representation_geometry_figure",
+    "show_figures_in_notebook",
     "token_labels",
     "tsne",
     "write_figure_html",
