@@ -54,7 +54,7 @@ def _known_result() -> StudyResult:
 
 def test_table_averages_seeds():
     table = _known_result().table().splitlines()
-    assert table[0] == "| method | synreal (OOD counting) | colour | shape | general mean |"
+    assert table[0] == "| method | synreal (counting, not in the SFT data) | colour | shape | general mean |"
     assert table[2] == "| baseline | 60.0 / 0.75 | 95.0 | 75.0 | 85.0 |"
     assert table[3] == "| +SFT | 70.0 / 0.38 | 80.0 | 60.0 | 70.0 |"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vlens.recipes.embedded.claims import sources_note
 from vlens.recipes.embedded.training_set import TRAINING_MIX
 
 # Held-out accuracy targets of issue 5 (SynReal-lite counting is reported, not targeted).
@@ -234,8 +235,9 @@ def render_model_card(summary: dict) -> str:
         "## Counting accuracy per count (the subitizing curve)",
         *_count_table(evaluation["per_count"]),
         "",
-        "counting/dot_variants are dots from vlens.recipes.embedded.dot_variants, a second renderer (a stand-in for",
-        "other people's dot generators); counting/synreal is the held-out SynReal-lite style.",
+        "counting/dot_variants are dots from vlens.recipes.embedded.dot_variants, a second renderer (a stand-in for "
+        "other people's dot generators). What each counting source is, and whether the model trained on it "
+        "(a source is called held out only when no training stage's mix has it): " + sources_note(summary),
         "",
         *objects_section(evaluation.get("per_objects", {})),
         "## Limits",

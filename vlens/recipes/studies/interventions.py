@@ -57,7 +57,10 @@ EVAL_SETS: dict[str, tuple[str, str]] = {
     "arithmetic": ("arithmetic", "synpoly"),
     "existence": ("existence", "synpoly"),
 }
-SET_ROLES = {"synreal": "OOD counting", "syndot": "ID counting", "synpoly": "ID counting"}
+# Counting sets relative to the fine-tuning data (SynDot + SynPoly). Not "OOD": the embedded model's own
+# training mix has SynReal-lite (vlens.recipes.embedded.claims says how much).
+SET_ROLES = {"synreal": "counting, not in the SFT data", "syndot": "counting, SFT style",
+             "synpoly": "counting, SFT style"}
 TRAIN_SEED_BASE = 700_000_000  # fine-tuning images
 EVAL_SEED_BASE = 710_000_000  # evaluation images (+ 1,000,000 per set)
 IMPORTANCE_SEED_BASE = 730_000_000  # ablation examples for gamma (reference set: + 1,000,000)
@@ -357,6 +360,10 @@ class StudyResult(Result):
             ]
             lines.append(f"Seed {seed} training: " + "; ".join(parts) + ".")
         lines.append(f"Wall time: {self.wall_time_s / 60:.1f} min.")
+        if self.provenance:
+            p = self.provenance
+            lines.append(f"Measured {p.get('measured_at')} (vlens {p.get('vlens_version')}, commit {p.get('commit')}, "
+                         f"weights fingerprint {p.get('weights_fingerprint')}).")
         return "\n".join(lines)
 
 

@@ -1,0 +1,53 @@
+"""Claims about the embedded model come from its evaluation.json: intervals, training exposure, chance."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from vlens.recipes.embedded.claims import accuracy_text, exposure, held_out, readme_paragraph, sources_note
+from vlens.zoo import WEIGHTS_FOLDER
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _evaluation(mixes: list[dict], per_task: dict) -> dict:
+    """An evaluation.json shape: earlier stages under previous_stages, the last stage's mix under data."""
+    return {"previous_stages": [{"mix": m} for m in mixes[:-1]], "data": {"mix": mixes[-1]},
+            "evaluation": {"per_task": per_task, "per_objects": {"colour": {"1": {"accuracy": 1.0, "n": 20}}}}}
+
+
+def test_a_source_is_held_out_only_when_no_stage_trains_on_it():
+    evaluation = _evaluation([{"counting/syndot": 0.4, "counting/dot_variants": 0.1, "existence": 0.5},
+                              {"counting/syndot": 0.5, "existence": 0.5}],
+                             {"counting/syndot": {"accuracy": 0.9, "n": 100},
+                              "counting/dot_variants": {"accuracy": 0.8, "n": 100},
+                              "counting/synreal": {"accuracy": 0.4, "n": 100},
+                              "existence": {"accuracy": 0.52, "n": 100}})
+    assert held_out(evaluation, "counting/synreal")
+    assert not held_out(evaluation, "counting/dot_variants")  # one stage had it: not unseen
+    assert exposure(evaluation, "counting/dot_variants") == "in the training mix of 1 of 2 stages, 10%"
+    assert exposure(evaluation, "counting/syndot") == "in the training mix of every stage, 40-50%"
+    text = readme_paragraph(evaluation)
+    assert "Sources held out of all training: shaded objects on textured backgrounds (SynReal-lite)." in text
+    assert "existence 52.0% [42.3, 61.5] (chance 50%: yes/no)" in text
+    assert "(SynReal-lite) 40.0%" in text and "held out of all training)" in text
+    unknown = {**evaluation, "previous_stages": [{}]}  # a stage without a recorded mix: never "held out"
+    assert not held_out(unknown, "counting/synreal") and "not recorded" in sources_note(unknown)
+
+
+def test_accuracy_text_is_a_wilson_interval():
+    assert accuracy_text({"accuracy": 0.8, "n": 10}) == "80.0% [49.0, 94.3]"
+
+
+def test_readme_and_model_card_agree_with_the_shipped_evaluation():
+    evaluation = json.loads((WEIGHTS_FOLDER / "evaluation.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    assert readme_paragraph(evaluation) in readme, "run: python benchmarks/regenerate_claims.py"
+    card = (WEIGHTS_FOLDER / "MODEL_CARD.md").read_text()
+    assert sources_note(evaluation) in card
+    for claim in ("never saw", "OOD counting", "held-out SynReal-lite style"):
+        assert claim not in readme and claim not in card
+    check = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "regenerate_claims.py"), "--check"],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert check.returncode == 0, check.stderr

@@ -1,0 +1,113 @@
+"""What the embedded model can and cannot do, written from its evaluation.json (never by hand).
+
+The README's paragraph about the embedded model and the model card's note on its evaluation
+sources come from here, so they change with the weights:
+
+- every accuracy carries its 95% Wilson interval over the held-out samples;
+- a source is called "held out of training" (unseen, out of distribution) only when its share
+  is 0 in the mix of every training stage the file records; otherwise the text says it was
+  trained on, with its share;
+- yes/no tasks are compared with their chance level (50%).
+
+`benchmarks/regenerate_claims.py` writes the README block; the card uses `sources_note`.
+"""
+
+from __future__ import annotations
+
+from vlens.stats import wilson_interval
+
+README_BEGIN, README_END = "<!-- vlens:embedded-model-claims -->", "<!-- /vlens:embedded-model-claims -->"
+YES_NO_TASKS = ("existence", "spatial")  # answers are "yes" / "no": chance is 50%
+COUNTING_NAMES = {
+    "counting/syndot": "black dots (SynDot)",
+    "counting/synpoly": "coloured polygons (SynPoly)",
+    "counting/dot_variants": "dots from a second renderer (dot_variants)",
+    "counting/synreal": "shaded objects on textured backgrounds (SynReal-lite)",
+}
+
+
+def stage_mixes(evaluation: dict) -> list[dict[str, float] | None]:
+    """The training mix of every stage, oldest first (None where the file does not record it)."""
+    stages = list(evaluation.get("previous_stages") or []) + [{"mix": (evaluation.get("data") or {}).get("mix")}]
+    return [stage.get("mix") for stage in stages]
+
+
+def training_shares(evaluation: dict, source: str) -> list[float] | None:
+    """The source's share of each stage's mix (None if some stage's mix is not recorded)."""
+    mixes = stage_mixes(evaluation)
+    if any(mix is None for mix in mixes):
+        return None
+    return [float(mix.get(source, 0.0)) for mix in mixes]
+
+
+def held_out(evaluation: dict, source: str) -> bool:
+    """True only when the source is absent from every recorded stage's mix."""
+    shares = training_shares(evaluation, source)
+    return shares is not None and max(shares, default=0.0) == 0.0
+
+
+def exposure(evaluation: dict, source: str) -> str:
+    """'never in training' or 'in the training mix of every stage (2-4%)' etc."""
+    shares = training_shares(evaluation, source)
+    if shares is None:
+        return "training exposure not recorded"
+    used = [s for s in shares if s > 0]
+    if not used:
+        return "held out of all training"
+    low, high = 100 * min(used), 100 * max(used)
+    share = f"{low:.0f}%" if round(low) == round(high) else f"{low:.0f}-{high:.0f}%"
+    stages = "every stage" if len(used) == len(shares) else f"{len(used)} of {len(shares)} stages"
+    return f"in the training mix of {stages}, {share}"
+
+
+def accuracy_text(result: dict) -> str:
+    """'94.3% [91.1, 96.4]' (95% Wilson interval over the n held-out samples)."""
+    accuracy, n = float(result["accuracy"]), int(result["n"])
+    low, high = wilson_interval(round(accuracy * n), n)
+    return f"{100 * accuracy:.1f}% [{100 * float(low):.1f}, {100 * float(high):.1f}]"
+
+
+def lone_object_accuracy(evaluation: dict, task: str) -> dict | None:
+    per_objects = (evaluation.get("evaluation") or {}).get("per_objects", {}).get(task, {})
+    return per_objects.get("1")
+
+
+def readme_paragraph(evaluation: dict) -> str:
+    """The README's sentences about the embedded model, from its evaluation.json."""
+    per_task = evaluation["evaluation"]["per_task"]
+    n = next(iter(per_task.values()))["n"]
+    counting = []
+    for source, name in COUNTING_NAMES.items():
+        if source in per_task:
+            counting.append(f"{name} {accuracy_text(per_task[source])} ({exposure(evaluation, source)})")
+    unseen = [COUNTING_NAMES.get(s, s) for s in per_task if held_out(evaluation, s)]
+    others = []
+    for task in ("colour", "shape", "spatial", "arithmetic", "existence"):
+        if task in per_task:
+            chance = " (chance 50%: yes/no)" if task in YES_NO_TASKS else ""
+            others.append(f"{task} {accuracy_text(per_task[task])}{chance}")
+    lone = lone_object_accuracy(evaluation, "colour")
+    lone_text = (f"; it names the colour of a lone object ({100 * float(lone['accuracy']):.0f}% of {lone['n']})"
+                 if lone and lone.get("n") else "")
+    unseen_text = (f" Sources held out of all training: {', '.join(unseen)}." if unseen else
+                   " Every evaluated source is in its training mix (no source is held out), so none of these "
+                   "numbers measures generalisation to an unseen renderer.")
+    return (f"Held-out accuracy (greedy, exact match, {n} unseen samples per source, 95% intervals"
+            f"): it counts {'; '.join(counting)}{lone_text}. Questions that pick out one object among "
+            f"several by shape or colour, arithmetic and the yes/no questions are far weaker: {', '.join(others)}; "
+            f"treat circuits found for those tasks with care.{unseen_text}")
+
+
+def sources_note(evaluation: dict) -> str:
+    """The model card's note under its accuracy tables: what each counting source is and whether it was trained on."""
+    parts = []
+    for source, name in COUNTING_NAMES.items():
+        if source in evaluation["evaluation"]["per_task"]:
+            parts.append(f"{source}: {name}, {exposure(evaluation, source)}")
+    return "; ".join(parts) + "."
+
+
+
+
+__all__ = ["README_BEGIN", "README_END", "accuracy_text", "exposure", "held_out", "readme_paragraph",
+           "sources_note", "stage_mixes", "training_shares"]
