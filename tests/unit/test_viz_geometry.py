@@ -60,7 +60,7 @@ def test_geometry_figure_one_panel_per_layer_coloured_by_count():
     assert len(figure.data) == 2 * 4  # 2 panels x 4 counts
     assert sum(len(trace.x) for trace in figure.data) == 2 * len(counts)
     assert [trace.name for trace in figure.data if trace.showlegend] == [f"count {c}" for c in range(1, 5)]
-    assert figure.layout.annotations[0].text.startswith("layer 0 (PC1")
+    assert figure.layout.annotations[0].text.startswith("layer 0<br>PC1")  # two lines: neighbours never collide
     by_dict = representation_geometry_figure({5: vectors}, counts.tolist(), method="tsne")
     assert len(by_dict.data) == 4
     with pytest.raises(ValueError, match="layers"):
