@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -46,13 +47,18 @@ def source_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def _vlens_version() -> str | None:
+    try:
+        return metadata.version("vlens")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return None
+
+
 def provenance(model: nn.Module | None = None) -> dict:
     """`{"measured_at": UTC time, "vlens_version", "commit", "weights_fingerprint"}` for a stored result."""
-    from vlens import __version__
-
     return {
         "measured_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "vlens_version": __version__,
+        "vlens_version": _vlens_version(),
         "commit": source_commit(),
         "weights_fingerprint": None if model is None else weights_fingerprint(model),
     }

@@ -3,7 +3,7 @@
 A Jaccard matrix of top-k head sets from one sample of examples says little on its own: each
 task's own top-k set changes between two independent samples (the test-retest Jaccard), and two
 random top-k sets already overlap by `chance_jaccard(k, n)`. This module compares the matrix of
-the first sample with the one of the retest sample (`ablation_study(..., retest_seed=...)`) and
+the first sample with the one of the retest sample (`cross_task_ablation(..., retest=...)`) and
 writes each finding as "stable across resamples" only where both samples agree, else "unstable".
 """
 

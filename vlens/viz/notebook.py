@@ -14,6 +14,8 @@ import os
 import shutil
 import warnings
 
+from vlens.viz.optional import require_plotly
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
 
@@ -35,8 +37,6 @@ def show_figures_in_notebook(static: bool | None = None, width: int = 900, heigh
 
     Without kaleido or a browser the figures stay interactive only (no error, no warning).
     """
-    from vlens.viz.optional import require_plotly
-
     require_plotly()
     import plotly.io as pio
 
