@@ -191,7 +191,8 @@ def gallery_path(tmp_path_factory) -> Path:
                        figure=jaccard_matrix_figure(torch.tensor([[1.0, 0.3, 0.1], [0.3, 1.0, 0.2], [0.1, 0.2, 1.0]]),
                                                     ["counting", "colour", "shape"], retest=[0.7, 0.1, 0.3],
                                                     chance=0.11))
-    report.add_section("Confusion", "Counts.", figure=confusion_matrix_figure([1, 2, 2, 3], [1, 2, 3, None]))
+    report.add_section("Confusion", "Counts.", figure=confusion_matrix_figure([1, 2, 3], ["1", "2", "3", "other"],
+                                                                               [[1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 1]]))
     report.add_section("Taxonomy", "Classes.", figure=layer_head_heatmap(classes={(0, 1): "visual grounding"},
                                                                           n_layers=2, n_heads=4))
     report.add_section("Accuracy", "With intervals.",

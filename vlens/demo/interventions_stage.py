@@ -150,10 +150,16 @@ def _section_from_rows(rows: list[dict], source: str, raw, model=None) -> Sectio
     explanation = EXPLANATION + temperature_note(raw) + provenance_note(raw, model)
     definitions = {"MAE": "mean absolute error of the parsed count"} if any(
         k.endswith("MAE") for row in rows for k in row) else {}
-    return Section(key="interventions", title=TITLE, explanation=explanation, figure=figure, table=rows,
-                   definitions=definitions, numbers=numbers,
+    return Section(key="interventions", title=TITLE, explanation=explanation, figure=figure, table=_shown(rows),
+                   definitions={"acc": "accuracy (share of exact answers)", **definitions}, numbers=numbers,
                    data={"source": source, "rows": rows, "stored": raw,
                          "seed_spread": {f"{k[0]} | {k[1]}": v for k, v in spreads.items()}})
+
+
+def _shown(rows: list[dict]) -> list[dict]:
+    """Table rows as displayed: "acc" for "accuracy" and 3 decimals, so twelve columns fit the page."""
+    return [{key.replace(" accuracy", " acc"): round(value, 3) if isinstance(value, float) else value
+             for key, value in row.items()} for row in rows]
 
 
 def find_stored(model_dir: Path | None) -> Path | None:
