@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from vlens.lens.taxonomy import HEAD_CLASSES
 from vlens.viz.circuits import attention_heads_view
 from vlens.viz.figures import count_accuracy_figure, jaccard_matrix_figure, layer_head_heatmap
 from vlens.viz.report import Report
@@ -194,6 +195,7 @@ def gallery_path(tmp_path_factory) -> Path:
     report.add_section("Confusion", "Counts.", figure=confusion_matrix_figure([1, 2, 3], ["1", "2", "3", "other"],
                                                                                [[1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 1]]))
     report.add_section("Taxonomy", "Classes.", figure=layer_head_heatmap(classes={(0, 1): "visual grounding"},
+                                                                          class_names=HEAD_CLASSES,
                                                                           n_layers=2, n_heads=4))
     report.add_section("Accuracy", "With intervals.",
                        figure=count_accuracy_figure([1, 2, 3], [1.0, 0.8, 0.4], lower=[0.8, 0.5, 0.2],
