@@ -26,21 +26,21 @@ def test_grown_tower_starts_as_the_identity_and_then_trains():
         for parameter in model.parameters():
             parameter.add_(0.02 * torch.randn_like(parameter))
     model.eval()
-    grown = grow_vision_tower(model, depth=4)
-    assert grown.config.vision_config.depth == 4 and len(grown.model.visual.blocks) == 4
-    assert grown.config.vision_config.fullatt_block_indexes == [1, 3]
+    grown = grow_vision_tower(model, depth=6)
+    assert grown.config.vision_config.depth == 6 and len(grown.model.visual.blocks) == 6
+    assert grown.config.vision_config.fullatt_block_indexes == [1, 3, 5]
     batch = _batch(processor)
     with torch.no_grad():
         torch.testing.assert_close(grown(**batch).logits, model(**batch).logits, rtol=0, atol=1e-6)
     grown.train()
     grown(**batch).loss.backward()
-    new_block = grown.model.visual.blocks[3]
+    new_block = grown.model.visual.blocks[5]
     assert new_block.attn.proj.weight.grad.abs().sum() > 0  # the zero projections receive gradient
     assert new_block.mlp.down_proj.weight.grad.abs().sum() > 0
 
 
 def test_growth_needs_a_larger_depth_and_keeps_full_attention_blocks():
     _, _, model = build_untrained(seed=1)
-    with pytest.raises(ValueError, match="more than its 2 blocks"):
-        grow_vision_tower(model, depth=2)
+    with pytest.raises(ValueError, match="more than its 4 blocks"):
+        grow_vision_tower(model, depth=4)
     assert full_attention_blocks_after_growth([1], 2, 5) == [1, 4]

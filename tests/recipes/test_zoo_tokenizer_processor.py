@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from vlens.data import TEMPLATES, all_template_words
 from vlens.recipes.embedded.batches import IGNORE_INDEX, collate, encode_example, patchify, to_model_image
@@ -68,16 +69,17 @@ def test_words_are_single_tokens_and_newline_survives(processor):
     assert tokenizer.decode(tokenizer("How many dots are there?")["input_ids"]) == "how many dots are there?"
 
 
-def test_any_image_size_becomes_the_fixed_grid(processor):
+def test_any_square_image_size_becomes_the_fixed_grid(processor):
     prompt = EXPECTED_PROMPT
-    for size in [(224, 224), (100, 100), (300, 300)]:
+    # 300, 202 and 76 px landed one cell off (196 / 252 px) when the budget was exactly 224^2
+    for size in [(224, 224), (100, 100), (300, 300), (202, 202), (76, 76), (1000, 1000)]:
         out = processor(images=[Image.new("RGB", size, "white")], text=[prompt], return_tensors="pt")
         assert out["image_grid_thw"].tolist() == [[1, 2 * MERGED_GRID, 2 * MERGED_GRID]]
         n_pad = int((out["input_ids"] == processor.image_token_id).sum())
-        assert n_pad == MERGED_GRID**2 == 36
+        assert n_pad == MERGED_GRID**2 == 64
 
 
-@pytest.mark.parametrize("size", [IMAGE_SIZE, 224])
+@pytest.mark.parametrize("size", [168, IMAGE_SIZE])
 def test_patchify_and_encoding_match_the_processor(size):
     processor = assemble_processor(build_tokenizer(vocabulary_words()), build_image_processor(size))
     assert image_size_of(processor) == size
@@ -98,6 +100,18 @@ def test_patchify_and_encoding_match_the_processor(size):
     supervised = batch["labels"][0][batch["labels"][0] != IGNORE_INDEX].tolist()
     assert processor.tokenizer.decode(supervised[:1]) == "3"
     assert supervised[1] == processor.tokenizer.eos_token_id
+
+
+@pytest.mark.parametrize("size", [168, 224])
+def test_every_square_size_maps_to_the_pinned_size(size):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    image_processor = build_image_processor(size)
+    low, high = image_processor.size["shortest_edge"], image_processor.size["longest_edge"]
+    assert all(smart_resize(n, n, 28, low, high) == (size, size) for n in range(28, 1200))
+    assert image_size_of(image_processor) == size
+    # folders written before the slack pinned exactly size^2: still read as that size
+    assert image_size_of(Qwen2VLImageProcessorPil(min_pixels=size * size, max_pixels=size * size)) == size
 
 
 def test_image_sizes_must_be_multiples_of_the_token_cell():

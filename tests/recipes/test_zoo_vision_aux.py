@@ -1,4 +1,4 @@
-"""The optional dense vision objective of the embedded model's recipe."""
+"""Dense cell labels, the vision heads, and the dense objective in a language stage."""
 
 from __future__ import annotations
 
@@ -16,41 +16,62 @@ from vlens.recipes.embedded.vision_aux import (
     BACKGROUND,
     COLOUR_CLASSES,
     IGNORE,
+    MAX_CENTRES,
     SHAPE_CLASSES,
     VisionAuxHeads,
     captured_image_tokens,
-    cell_labels,
+    dense_labels,
 )
 
 
-def test_cell_labels_by_hand():
-    # 60 px image, 3 x 3 cells of 20 px: a star's box covers cells (0,0),(0,1),(1,0),(1,1)
-    # mostly in (0,1); a red square sits in cell (2,2); a sliver of it touches (2,1) only.
-    record = {
-        "image_size": 60,
-        "objects": [
-            {"shape": "star", "color": "blue", "bbox": [15, 5, 35, 25]},
-            {"shape": "square", "color": "red", "bbox": [39.8, 42, 58, 58]},
-            {"shape": "tree", "color": "green", "bbox": [2, 42, 18, 58]},  # a SynReal shape
-        ],
-    }
-    shape, colour = cell_labels(record, grid=3).reshape(2, 3, 3)
-    star, square = SHAPE_CLASSES.index("star"), SHAPE_CLASSES.index("square")
+def test_dense_labels_by_hand():
+    # 60 px image, 3 x 3 cells of 20 px. A star covers 300 px of cell (0,1) and 100 px of
+    # cell (0,0); a square covers cell (2,2) and a 10-px sliver of (2,1) (< 5% of 400 px);
+    # three dots have their centres in cell (1,0); a tree (a SynReal shape) fills (1,2).
+    id_map = np.full((60, 60), -1, dtype=np.int16)
+    id_map[5:20, 15:35] = 0  # star: 15 rows x (5 px in column 0, 15 px in column 1)
+    id_map[40:60, 40:60] = 1  # square
+    id_map[50:60, 39] = 1  # sliver in cell (2, 1): 10 px
+    id_map[22:38, 42:58] = 2  # tree
+    objects = [
+        {"id": 0, "shape": "star", "color": "blue", "center": [25.0, 12.0]},
+        {"id": 1, "shape": "square", "color": "red", "center": [50.0, 50.0]},
+        {"id": 2, "shape": "tree", "color": "green", "center": [50.0, 30.0]},
+        *(
+            {"id": 3 + i, "shape": "circle", "color": "black", "center": [5.0 + 4 * i, 30.0]}
+            for i in range(3)
+        ),
+    ]
+    shape, colour, centres = dense_labels(id_map, objects, grid=3).reshape(3, 3, 3)
+    star, square, tree = (SHAPE_CLASSES.index(s) for s in ("star", "square", "tree"))
     blue, red, green = (COLOUR_CLASSES.index(c) for c in ("blue", "red", "green"))
-    assert shape.tolist() == [[star, star, 0], [star, star, 0], [IGNORE, BACKGROUND, square]]
-    assert colour.tolist() == [[blue, blue, 0], [blue, blue, 0], [green, BACKGROUND, red]]
-    assert (cell_labels({"image_size": 60}, grid=3) == IGNORE).all()  # no object list: no labels
+    # cell (0, 0) holds 75 star pixels (>= 5% of 400): the star too
+    assert shape.tolist() == [[star, star, 0], [0, 0, tree], [0, BACKGROUND, square]]
+    assert colour.tolist() == [[blue, blue, 0], [0, 0, green], [0, 0, red]]
+    assert centres.tolist() == [[0, 1, 0], [3, 0, 1], [0, 0, 1]]  # three dot centres in (1, 0)
+    assert MAX_CENTRES == 3
+
+
+def test_dense_labels_saturate_and_ignore_unknown_names():
+    id_map = np.zeros((28, 28), dtype=np.int16)
+    objects = [{"id": 0, "shape": "zebra", "color": "mauve", "center": [14.0, 14.0]}] + [
+        {"id": i, "shape": "circle", "color": "black", "center": [14.0, 14.0]} for i in range(1, 6)
+    ]
+    labels = dense_labels(id_map, objects, grid=1)
+    assert labels.tolist() == [[IGNORE], [IGNORE], [MAX_CENTRES]]
 
 
 def test_heads_ignore_unlabelled_tokens_and_hook_is_removed_on_error():
     heads = VisionAuxHeads(width=8, seed=0)
     tokens = torch.randn(4, 8)
-    assert heads.loss(tokens, torch.full((2, 4), IGNORE)).item() == 0.0
-    labels = torch.tensor([[1, IGNORE, 0, 2], [IGNORE] * 4])
-    expected = torch.nn.functional.cross_entropy(heads.shape(tokens[[0, 2, 3]]), labels[0, [0, 2, 3]])
+    assert heads.loss(tokens, torch.full((3, 4), IGNORE)).item() == 0.0
+    labels = torch.tensor([[1, IGNORE, 0, 2], [IGNORE] * 4, [IGNORE] * 4])
+    expected = torch.nn.functional.cross_entropy(
+        heads.heads["shape"](tokens[[0, 2, 3]]), labels[0, [0, 2, 3]]
+    )
     torch.testing.assert_close(heads.loss(tokens, labels), expected)
 
-    _, _, model = build_untrained(seed=0)
+    _, _, model = build_untrained(seed=0, image_size=56)
     with pytest.raises(RuntimeError), captured_image_tokens(model):
         raise RuntimeError("boom")
     assert not model.model.visual._forward_hooks
@@ -60,10 +81,11 @@ def test_training_with_the_vision_objective_lowers_it(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tokenizer, processor, model = build_untrained(seed=2)
+        tokenizer, processor, model = build_untrained(seed=2, image_size=112)
         rendered = render_training_set(processor, 16, seed=2, progress=False, mix={"shape": 1.0})
-        assert rendered.cell_labels.shape == (16, 2, 36)
+        assert rendered.cell_labels.shape == (16, 3, 16)
         assert (rendered.cell_labels[:, 0] > BACKGROUND).any()
+        assert (rendered.cell_labels[:, 2].sum(1) >= 1).all()  # every image holds an object centre
         settings = TrainSettings(steps=12, batch_size=8, warmup_steps=1, learning_rate=3e-3, log_every=1)
         settings.vision_aux_weight, settings.seed = 1.0, 2
         log = tmp_path / "log.jsonl"
@@ -77,6 +99,6 @@ def test_training_with_the_vision_objective_lowers_it(tmp_path):
     finally:
         torch.set_num_threads(threads)
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    aux = [record["vision_aux_loss"] for record in records if "vision_aux_loss" in record]
+    aux = [sum(r[f"vision_{k}_loss"] for k in ("shape", "colour", "centres")) for r in records if "step" in r]
     assert len(aux) == 12 and np.mean(aux[-3:]) < np.mean(aux[:3])
     assert not model.model.visual._forward_hooks

@@ -1,10 +1,18 @@
 """The embedded model's processor: Qwen2.5-VL's processor over our word-level tokenizer
 and the PIL image processor (no torchvision needed).
 
-Every image is resized to a fixed square size (min_pixels = max_pixels): by default
-IMAGE_SIZE = 168 px, i.e. 12 x 12 patches of 14 px, merged 2 x 2 into a 6 x 6 grid = 36
+Every square image is resized to a fixed size: the recipe's default
+IMAGE_SIZE = 224 px, i.e. 16 x 16 patches of 14 px, merged 2 x 2 into an 8 x 8 grid = 64
 image tokens. A recipe stage may choose another multiple of 28 px (`--image-size`); the
-folder's image-processor config records it, and `image_size_of` reads it back.
+folder's image-processor config records it, and `image_size_of` reads it back (the shipped
+model's size is its folder's, not this constant).
+
+The pixel budget is pinned to (S - 14)^2 .. (S + 14)^2 around S^2 rather than to exactly S^2:
+HF's `smart_resize` computes the target side in floating point, and with an exact budget
+about one square input size in ten (e.g. 300 px for S = 224) lands one 28-px cell off
+(196 or 252 px: another token grid than the model was trained on). With the half-cell
+slack every square input becomes S x S. Non-square inputs keep their aspect ratio (Qwen's
+rule), so they get another grid.
 """
 
 from __future__ import annotations
@@ -17,11 +25,11 @@ from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen2
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-IMAGE_SIZE = 168
+IMAGE_SIZE = 224
 PATCH_SIZE = 14
 MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
-MERGED_GRID = IMAGE_SIZE // (PATCH_SIZE * MERGE_SIZE)  # 6: rows and columns of image tokens
+MERGED_GRID = IMAGE_SIZE // (PATCH_SIZE * MERGE_SIZE)  # 8: rows and columns of image tokens
 CELL = PATCH_SIZE * MERGE_SIZE  # pixels per image token along each side
 
 
@@ -35,12 +43,19 @@ def check_image_size(image_size: int) -> int:
     return image_size
 
 
+def pixel_budget(image_size: int) -> tuple[int, int]:
+    """(min_pixels, max_pixels) that send every square image to image_size x image_size."""
+    half = PATCH_SIZE  # half of a 28-px cell
+    return (image_size - half) ** 2, (image_size + half) ** 2
+
+
 def build_image_processor(image_size: int = IMAGE_SIZE) -> Qwen2VLImageProcessorPil:
-    """Qwen2-VL's PIL image processor pinned to image_size**2 pixels."""
+    """Qwen2-VL's PIL image processor that resizes square images to image_size px."""
     check_image_size(image_size)
+    min_pixels, max_pixels = pixel_budget(image_size)
     return Qwen2VLImageProcessorPil(
-        min_pixels=image_size * image_size,
-        max_pixels=image_size * image_size,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
         patch_size=PATCH_SIZE,
         merge_size=MERGE_SIZE,
         temporal_patch_size=TEMPORAL_PATCH_SIZE,
@@ -50,10 +65,12 @@ def build_image_processor(image_size: int = IMAGE_SIZE) -> Qwen2VLImageProcessor
 def image_size_of(processor) -> int:
     """The square input size (px) a processor (or its image processor) pins images to."""
     image_processor = getattr(processor, "image_processor", processor)
-    pixels = image_processor.size["longest_edge"]
-    if pixels != image_processor.size["shortest_edge"] or math.isqrt(pixels) ** 2 != pixels:
+    low, high = image_processor.size["shortest_edge"], image_processor.size["longest_edge"]
+    sides = math.isqrt(low), math.isqrt(high)
+    size = sum(sides) // 2
+    if sides[0] ** 2 != low or sides[1] ** 2 != high or (low != high and (low, high) != pixel_budget(size)):
         raise ValueError(f"image processor does not pin a square size: {image_processor.size}")
-    return check_image_size(math.isqrt(pixels))
+    return check_image_size(size)
 
 
 def save_processor_files(tokenizer, image_processor: Qwen2VLImageProcessorPil, folder: str | Path) -> None:
@@ -68,11 +85,11 @@ def save_processor_files(tokenizer, image_processor: Qwen2VLImageProcessorPil, f
     (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     # Where torchvision is installed, transformers also builds Qwen's video processor; give
     # it the same geometry so it never falls back to the 7B defaults.
-    pixels = image_size_of(image_processor) ** 2
+    min_pixels, max_pixels = pixel_budget(image_size_of(image_processor))
     video_config = {
         "video_processor_type": "Qwen2VLVideoProcessor",
         "processor_class": "Qwen2_5_VLProcessor",
-        "size": {"shortest_edge": pixels, "longest_edge": pixels},
+        "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
         "patch_size": PATCH_SIZE,
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         "merge_size": MERGE_SIZE,

@@ -1,10 +1,11 @@
 """The embedded model's architecture: a tiny `Qwen2_5_VLForConditionalGeneration`.
 
-The real HF class with small numbers: a 2-block vision tower (block 0 windowed, as
-Qwen2.5-VL does, block 1 full attention) feeding a 4-layer decoder with 8 query heads
-over 2 key/value heads (grouped-query attention) and M-RoPE. This is the from-scratch
-build; later recipe stages may grow the vision tower (vlens.recipes.embedded.growth), so the shipped
-model's config, not these constants, is the reference for its shape.
+The real HF class with small numbers: a 4-block vision tower of width 96 (blocks 0 and 2
+windowed, as Qwen2.5-VL does, blocks 1 and 3 full attention) feeding a 4-layer decoder with
+8 query heads over 2 key/value heads (grouped-query attention) and M-RoPE. This is the
+from-scratch build; a later recipe stage may grow the vision tower
+(vlens.recipes.embedded.growth), so the shipped model's config, not these constants, is the
+reference for its shape.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ TEXT_WIDTH = 128
 TEXT_HEADS = 8
 TEXT_KV_HEADS = 2
 TEXT_MLP = 384
-VISION_DEPTH = 2
+VISION_DEPTH = 4
 VISION_WIDTH = 96
 VISION_HEADS = 4
 VISION_MLP = 256
-VISION_FULL_ATTENTION_BLOCKS = [1]  # the others attend within 8 x 8-patch windows
+VISION_FULL_ATTENTION_BLOCKS = [1, 3]  # the others attend within 8 x 8-patch windows
 # M-RoPE splits the d_head / 2 = 8 rotary frequencies into (time, height, width) sections.
 MROPE_SECTION = [2, 3, 3]
 

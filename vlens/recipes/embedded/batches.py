@@ -92,17 +92,14 @@ def encode_example(processor, question: str, answer: str, image_index: int) -> E
     )
 
 
-def collate(
-    examples: list[EncodedExample], images: torch.Tensor, pad_id: int, image_token_id: int
+def collate_text(
+    examples: list[EncodedExample], pad_id: int, image_token_id: int, grid: int
 ) -> dict[str, torch.Tensor]:
-    """Right-padded batch for `Qwen2_5_VLForConditionalGeneration.forward`.
-
-    images: uint8 [n_images, size, size, 3], indexed by example.image_index.
-    Returns input_ids / attention_mask / labels / mm_token_type_ids [batch, max_len],
-    pixel_values, image_grid_thw. mm_token_type_ids (1 at image tokens, as the processor
-    makes it) is what makes HF compute M-RoPE's 2-D image positions; without it the model
-    silently falls back to 1-D positions.
-    """
+    """The token side of a right-padded batch (one image of grid x grid merged tokens per
+    example): input_ids / attention_mask / labels / mm_token_type_ids [batch, max_len] and
+    image_grid_thw [batch, 3]. mm_token_type_ids (1 at image tokens, as the processor makes
+    it) is what makes HF compute M-RoPE's 2-D image positions; without it the model silently
+    falls back to 1-D positions."""
     length = max(len(example.input_ids) for example in examples)
     input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
     labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
@@ -112,13 +109,27 @@ def collate(
         input_ids[row, :n] = torch.tensor(example.input_ids)
         labels[row, :n] = torch.tensor(example.labels)
         attention_mask[row, :n] = 1
-    image_rows = torch.tensor([example.image_index for example in examples])
-    pixel_values, image_grid_thw = patchify(images[image_rows])
+    side = int(round(grid**0.5)) * MERGE_SIZE  # patches per side
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "mm_token_type_ids": (input_ids == image_token_id).long(),
         "labels": labels,
-        "pixel_values": pixel_values,
-        "image_grid_thw": image_grid_thw,
+        "image_grid_thw": torch.tensor([[1, side, side]], dtype=torch.long).repeat(len(examples), 1),
     }
+
+
+def collate(
+    examples: list[EncodedExample], images, pad_id: int, image_token_id: int
+) -> dict[str, torch.Tensor]:
+    """Right-padded batch for `Qwen2_5_VLForConditionalGeneration.forward`: `collate_text`
+    plus pixel_values of the examples' images.
+
+    images: uint8 [n_images, size, size, 3] (a tensor or an ImageStore), indexed by
+    example.image_index.
+    """
+    image_rows = [example.image_index for example in examples]
+    pixel_values, image_grid_thw = patchify(images[image_rows])
+    grid = int(image_grid_thw[0, 1]) // MERGE_SIZE
+    batch = collate_text(examples, pad_id, image_token_id, grid * grid)
+    return {**batch, "pixel_values": pixel_values, "image_grid_thw": image_grid_thw}

@@ -1,7 +1,10 @@
 """`vlens zoo ...`: train (reproduce) and evaluate the embedded model.
 
-Only the standard library is imported at top level (the dispatcher builds this parser for
-`vlens zoo ... --help`); the recipe is imported when a command runs.
+Only the standard library, vlens.validation and the recipe's plain settings dataclasses are
+imported at top level (the dispatcher builds this parser for `vlens zoo ... --help`); the
+recipe, torch and transformers load when a command runs. Every numeric flag is checked while
+parsing (exit 2 with one line naming the flag and its allowed range), before anything is
+rendered or trained.
 """
 
 from __future__ import annotations
@@ -9,20 +12,27 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
 from vlens.errors import UserInputError
+from vlens.recipes.embedded.settings import RecipeSettings, TrainSettings
+from vlens.validation import arg_float, arg_int
 
 logger = logging.getLogger(__name__)
+CELL = 28  # px per merged image token (vlens.zoo.processor.CELL), kept here so parsing stays light
 
-# TrainSettings fields that a flag left unset keeps at the recipe's default
-_TRAIN_FLAGS = {"steps": "steps", "batch_size": "batch_size", "lr": "learning_rate", "warmup": "warmup_steps",
-                "log_every": "log_every"}
+
+def _image_size(text: str) -> int:
+    value = arg_int(min=CELL)(text)
+    if value % CELL:
+        raise argparse.ArgumentTypeError(f"must be a multiple of {CELL} px (e.g. 168 or 224), got {text!r}")
+    return value
 
 
 def _train(args: argparse.Namespace) -> int:
-    from vlens.recipes.embedded.recipe import RecipeSettings, run_recipe
-    from vlens.recipes.embedded.train import TrainSettings
+    from vlens.recipes.embedded.loop import Interrupted
+    from vlens.recipes.embedded.recipe import run_recipe
     from vlens.recipes.embedded.training_set import parse_mix
 
     settings = RecipeSettings(
@@ -31,24 +41,36 @@ def _train(args: argparse.Namespace) -> int:
         threads=args.threads,
         held_out_per_source=args.held_out,
         checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=args.checkpoint_dir,
+        resume=args.resume,
+        overwrite=args.overwrite,
         init_from=args.init_from,
         mix=parse_mix(args.mix) if args.mix else None,
         max_objects=args.max_objects,
         grow_vision_depth=args.grow_vision_depth,
         device=args.device,
         image_size=args.image_size,
+        stage=args.stage,
+        probe_scenes=args.probe_scenes,
         train=TrainSettings(
+            steps=args.steps,
             stop_after=args.stop_after,
+            batch_size=args.batch_size,
+            learning_rate=args.lr,
+            warmup_steps=args.warmup,
+            log_every=args.log_every,
             vision_aux_weight=args.vision_aux_weight,
-            **{field: getattr(args, flag) for flag, field in _TRAIN_FLAGS.items() if getattr(args, flag) is not None},
+            freeze_vision=args.freeze_vision,
         ),
     )
-    summary = run_recipe(Path(args.out), settings, progress=not args.quiet)
-    print(
-        json.dumps(
-            {name: round(row["accuracy"], 4) for name, row in summary["evaluation"]["per_task"].items()}
-        )
-    )
+    try:
+        summary = run_recipe(Path(args.out), settings, progress=not args.quiet)
+    except Interrupted as stop:
+        print(f"vlens zoo train: {stop}", file=sys.stderr)
+        return 130
+    per_task = summary["evaluation"].get("per_task", {})
+    print(json.dumps({name: round(row["accuracy"], 4) for name, row in per_task.items()}))
+    print(json.dumps({"probe": summary["training"]["probe"]}))
     logger.info("model folder: %s (MODEL_CARD.md, training_log.jsonl)", args.out)
     return 0
 
@@ -56,12 +78,12 @@ def _train(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     import torch
 
+    torch.set_num_threads(args.threads)
     if args.write:
         from vlens.recipes.embedded.finalize import finalize_folder
 
         if not args.model:
             raise UserInputError("--write needs --model DIR (the shipped folder is not rewritten in place)")
-        torch.set_num_threads(args.threads)
         summary = finalize_folder(args.model, args.held_out)
         print(json.dumps({name: row["accuracy"] for name, row in summary["evaluation"]["per_task"].items()}))
         return 0
@@ -73,7 +95,6 @@ def _evaluate(args: argparse.Namespace) -> int:
     from vlens.zoo import model_path
     from vlens.zoo.processor import load_processor
 
-    torch.set_num_threads(args.threads)
     folder = Path(args.model) if args.model else model_path()
     with hf_progress_bars(not args.quiet):
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
@@ -84,47 +105,93 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def configure(zoo: argparse.ArgumentParser) -> None:
     """`vlens zoo train` and `vlens zoo evaluate` (the dispatcher adds --quiet and -v)."""
+    defaults, recipe = TrainSettings(), RecipeSettings()
+    positive, non_negative = arg_int(min=1), arg_int(min=0)
     commands = zoo.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND", required=True)
 
-    train = commands.add_parser("train", help="train the embedded model from scratch into a folder")
-    train.add_argument("--out", required=True, metavar="DIR",
-                       help="output folder, created when missing: an HF model folder + MODEL_CARD.md + log")
-    train.add_argument("--seed", type=int, default=0, help="seed of data, initialisation and batches")
-    train.add_argument("--steps", type=int, default=None, help="schedule length (default: the recipe's)")
+    train = commands.add_parser("train", help="train one stage of the embedded model into a folder")
     train.add_argument(
-        "--stop-after", type=int, default=None, help="stop at this step (schedule spans --steps)"
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="output folder, created when missing: an HF model folder + MODEL_CARD.md + log, written "
+        "whole at the end (an existing model folder only with --overwrite)",
     )
-    train.add_argument("--batch-size", type=int, default=None, metavar="N",
-                       help="examples per step (default: the recipe's)")
-    train.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
-    train.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: the recipe's)")
-    train.add_argument("--examples", type=int, default=30_000, help="pre-rendered training examples")
-    train.add_argument("--threads", type=int, default=1, help="torch threads (results depend on it)")
-    train.add_argument("--held-out", type=int, default=300, help="held-out samples per source")
-    train.add_argument("--log-every", type=int, default=None, help="log every N steps (default: the recipe's)")
-    train.add_argument("--checkpoint-every", type=int, default=0, help="refresh the folder every N steps")
+    train.add_argument(
+        "--stage",
+        choices=["vision", "language"],
+        default="language",
+        help="vision: pretrain the vision tower alone on dense cell labels; language: answer tokens",
+    )
+    train.add_argument(
+        "--seed", type=non_negative, default=0, help="seed of data, initialisation and batches"
+    )
+    train.add_argument("--steps", type=positive, default=defaults.steps, help="steps of the schedule")
+    train.add_argument(
+        "--stop-after", type=positive, default=None, help="stop at this step (schedule spans --steps)"
+    )
+    train.add_argument(
+        "--batch-size", type=positive, default=defaults.batch_size, metavar="N", help="examples per step"
+    )
+    train.add_argument(
+        "--lr",
+        type=arg_float(min=0, min_open=True),
+        default=defaults.learning_rate,
+        help="peak learning rate",
+    )
+    train.add_argument("--warmup", type=non_negative, default=defaults.warmup_steps, help="warm-up steps")
+    train.add_argument(
+        "--examples", type=positive, default=recipe.n_examples, help="pre-rendered training examples"
+    )
+    train.add_argument("--threads", type=positive, default=1, help="torch threads (results depend on it)")
+    train.add_argument(
+        "--held-out", type=positive, default=recipe.held_out_per_source, help="held-out samples per source"
+    )
+    train.add_argument("--log-every", type=positive, default=defaults.log_every, help="log every N steps")
+    train.add_argument(
+        "--checkpoint-every",
+        type=positive,
+        default=recipe.checkpoint_every,
+        help="save the resumable state (and a snapshot with a quick evaluation) every N steps",
+    )
+    train.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="where the resumable state lives (default: OUT.checkpoint next to --out)",
+    )
+    train.add_argument("--resume", action="store_true", help="continue the saved state of this command's run")
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing model folder at --out (kept until the new one is complete) or discard a saved state",
+    )
     train.add_argument(
         "--mix", default=None, help="source weights, e.g. colour=0.2,shape=0.2 (default: recipe mix)"
     )
     train.add_argument("--init-from", default=None, help="continue training a folder this command wrote")
     train.add_argument(
         "--max-objects",
-        type=int,
+        type=positive,
         default=None,
         help="curriculum stage: at most this many objects in colour/shape/spatial/arithmetic/existence "
         "images (spatial keeps >= 2, arithmetic >= 3; counting always 1-10)",
     )
     train.add_argument(
         "--grow-vision-depth",
-        type=int,
+        type=positive,
         default=None,
         help="with --init-from: first grow the vision tower to this many blocks (new ones start as identity)",
     )
     train.add_argument(
         "--vision-aux-weight",
-        type=float,
+        type=arg_float(min=0),
         default=0.0,
-        help="weight of the dense shape/colour loss on the vision tower's image tokens (0: answer tokens only)",
+        help="weight of the dense shape/colour/centre loss on the image tokens (0: answer tokens only)",
+    )
+    train.add_argument(
+        "--freeze-vision",
+        action="store_true",
+        help="language stage with the vision tower and merger kept fixed",
     )
     train.add_argument(
         "--device",
@@ -133,19 +200,26 @@ def configure(zoo: argparse.ArgumentParser) -> None:
     )
     train.add_argument(
         "--image-size",
-        type=int,
+        type=_image_size,
         default=None,
-        help="square input size in px, a multiple of 28 (default 168, or the --init-from folder's)",
+        help="square input size in px, a multiple of 28 (default 224, or the --init-from folder's)",
+    )
+    train.add_argument(
+        "--probe-scenes",
+        type=arg_int(min=3),
+        default=recipe.probe_scenes,
+        help="held-out scenes for the linear probes of the tower after the stage (2/3 fit, 1/3 score)",
     )
     train.set_defaults(func=_train)
 
     evaluate = commands.add_parser("evaluate", help="held-out accuracy of a model folder (default: shipped)")
     evaluate.add_argument("--model", default=None, help="model folder (default: the shipped model)")
-    evaluate.add_argument("--held-out", type=int, default=100, help="held-out samples per source")
-    evaluate.add_argument("--threads", type=int, default=1)
+    evaluate.add_argument("--held-out", type=positive, default=100, help="held-out samples per source")
+    evaluate.add_argument("--threads", type=positive, default=1)
     evaluate.add_argument(
         "--write",
         action="store_true",
-        help="update the folder's evaluation.json, log and MODEL_CARD.md (needs --model)",
+        help="update the folder's evaluation.json, log and MODEL_CARD.md (needs --model); the folder "
+        "changes only after the evaluation succeeded",
     )
     evaluate.set_defaults(func=_evaluate)

@@ -1,50 +1,62 @@
-"""Full held-out evaluation of a folder the recipe wrote, e.g. a checkpoint taken along
-the way (`--checkpoint-every`): rewrites its evaluation.json, training log and card so they
-describe exactly that model."""
+"""Full held-out evaluation of a folder the recipe wrote, e.g. a snapshot taken along the
+way (`--checkpoint-every`): rewrites its evaluation.json, training log and card so they
+describe exactly that model.
+
+Nothing in the folder changes until the model has loaded and the evaluation has finished;
+the new files are then written into a copy that replaces the folder in one rename.
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+from transformers import Qwen2_5_VLForConditionalGeneration
+
+from vlens.fileio import atomic_folder
 from vlens.recipes.embedded.evaluate import evaluate_samples
 from vlens.recipes.embedded.model_card import rewrite_model_card
-from vlens.recipes.embedded.recipe import TRAINING_LOG
+from vlens.recipes.embedded.probe import probe_tower
+from vlens.recipes.embedded.settings import TRAINING_LOG
 from vlens.recipes.embedded.training_set import held_out_samples
 from vlens.zoo.processor import load_processor
 
+REWRITTEN = (TRAINING_LOG, "evaluation.json", "MODEL_CARD.md")
 
-def _trim_log(log_path: Path, last_step: int) -> dict:
-    """Drop log records after `last_step`; returns the start event's settings."""
+
+def _trimmed_log(log_path: Path, last_step: int) -> tuple[list[dict], dict]:
+    """Log records up to `last_step` (no final event) and the last start event's settings
+    with "last_smoothed_loss"."""
     records = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     kept = [r for r in records if r.get("step", 0) <= last_step and r.get("event") != "final"]
-    log_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     starts = [r for r in kept if r.get("event") == "start"]
     if not starts:
         raise ValueError(f"{log_path} has no start event")
     losses = [r["smoothed_loss"] for r in kept if "smoothed_loss" in r]
-    return {**starts[-1]["settings"], "last_smoothed_loss": losses[-1] if losses else float("nan")}
+    return kept, {**starts[-1]["settings"], "last_smoothed_loss": losses[-1] if losses else float("nan")}
 
 
 def finalize_folder(folder: str | Path, held_out_per_source: int = 300) -> dict:
     """Evaluate `folder` on `held_out_per_source` held-out samples per source and update
     evaluation.json, training_log.jsonl (cut at the folder's step) and MODEL_CARD.md."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-
     folder = Path(folder)
     summary = json.loads((folder / "evaluation.json").read_text())
     training = summary["training"]
-    settings = _trim_log(folder / TRAINING_LOG, training["steps"])
+    kept, settings = _trimmed_log(folder / TRAINING_LOG, training["steps"])
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
+    processor = load_processor(folder)
+    if training.get("stage", "language") == "language":
+        evaluation = evaluate_samples(model, processor, held_out_samples(held_out_per_source))
+        evaluation["held_out_per_source"] = held_out_per_source
+        summary["evaluation"] = evaluation
+        summary["data"]["held_out_per_source"] = held_out_per_source
+    training["probe"] = probe_tower(model, processor)
+
+    # the evaluation succeeded: only now does anything change
     training["schedule_steps"] = settings["steps"]
     if training.get("final_loss") is None or training["final_loss"] != training["final_loss"]:  # None or NaN
         training["final_loss"] = settings["last_smoothed_loss"]
-
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
-    evaluation = evaluate_samples(model, load_processor(folder), held_out_samples(held_out_per_source))
-    evaluation["held_out_per_source"] = held_out_per_source
-    summary["evaluation"] = evaluation
-    summary["data"]["held_out_per_source"] = held_out_per_source
     if training["steps"] < training["schedule_steps"]:
         summary["status"] = (
             f"checkpoint at step {training['steps']} of a {training['schedule_steps']}-step schedule "
@@ -52,6 +64,11 @@ def finalize_folder(folder: str | Path, held_out_per_source: int = 300) -> dict:
         )
     else:
         summary["status"] = "final"
-    (folder / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    rewrite_model_card(folder)
+    with atomic_folder(folder, overwrite=True, name="--model") as copy:
+        for path in folder.iterdir():
+            if path.is_file() and path.name not in REWRITTEN:
+                shutil.copy2(path, copy / path.name)
+        (copy / TRAINING_LOG).write_text("".join(json.dumps(r) + "\n" for r in kept))
+        (copy / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        rewrite_model_card(copy)
     return summary

@@ -1,29 +1,51 @@
 """The embedded model's recipe: build tokenizer, processor and tiny Qwen2.5-VL, pre-render
-the task-suite mix, train, evaluate on held-out seeds, and write a Hugging Face model
-folder with MODEL_CARD.md. `vlens zoo train` runs it."""
+the task-suite mix, train one stage, evaluate on held-out seeds, and write a Hugging Face
+model folder with MODEL_CARD.md. `vlens zoo train` runs it.
+
+A stage is either the vision pretraining stage (`stage="vision"`: the tower and merger
+alone, on dense cell labels) or a language stage (answer tokens; the tower trained along
+or frozen). Each stage is resumable: its state lives in a checkpoint folder next to the
+output until the output folder is complete, and the output folder is written whole or not
+at all (vlens.fileio.atomic_folder).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass, field
+import shutil
+import time
+from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import GenerationConfig
 
+from vlens.errors import UserInputError
+from vlens.fileio import atomic_folder
 from vlens.recipes.embedded import architecture as arch
+from vlens.recipes.embedded.appearance import id_map_of
+from vlens.recipes.embedded.batches import to_model_image
 from vlens.recipes.embedded.evaluate import evaluate_samples
 from vlens.recipes.embedded.growth import grow_vision_tower
+from vlens.recipes.embedded.image_store import ImageStore
+from vlens.recipes.embedded.loop import TrainingState
 from vlens.recipes.embedded.model_card import training_stages, write_model_card
+from vlens.recipes.embedded.probe import probe_tower
+from vlens.recipes.embedded.settings import TRAINING_LOG, RecipeSettings
 from vlens.recipes.embedded.tokenizer import build_tokenizer
-from vlens.recipes.embedded.train import TrainSettings, train_model
+from vlens.recipes.embedded.train import train_model
 from vlens.recipes.embedded.training_set import (
     DEFAULT_SIZE,
     TRAINING_MIX,
     held_out_samples,
     render_training_set,
 )
+from vlens.recipes.embedded.vision_aux import dense_labels
+from vlens.recipes.embedded.vision_pretrain import pretrain_vision
 from vlens.recipes.embedded.vocabulary import vocabulary_words
+from vlens.validation import check_output_folder
 from vlens.zoo.processor import (
     CELL,
     IMAGE_SIZE,
@@ -34,26 +56,56 @@ from vlens.zoo.processor import (
     save_processor_files,
 )
 
-TRAINING_LOG = "training_log.jsonl"
+STAGES = ("vision", "language")
+SNAPSHOT = "snapshot"  # the checkpoint folder's model folder of the last checkpoint
+RENDERED_FILE = "rendered.pt"  # the checkpoint folder's copy of the stage's training set
 
 
-@dataclass
-class RecipeSettings:
-    """Everything that determines the trained model (with the torch thread count)."""
+# Settings that do not change the trained weights (a resumed run may change them).
+_NOT_IN_FINGERPRINT = (
+    "held_out_per_source",
+    "checkpoint_every",
+    "checkpoint_held_out_per_source",
+    "checkpoint_dir",
+    "resume",
+    "overwrite",
+    "probe_scenes",
+)
 
-    seed: int = 0
-    n_examples: int = 30_000
-    threads: int = 1
-    held_out_per_source: int = 300
-    checkpoint_every: int = 0  # steps; 0: no intermediate checkpoints
-    checkpoint_held_out_per_source: int = 40
-    mix: dict[str, float] | None = None  # source weights; default TRAINING_MIX
-    init_from: str | None = None  # continue from a trained folder (a second stage) instead of scratch
-    max_objects: int | None = None  # curriculum: cap the objects of non-counting tasks (None: up to 10)
-    grow_vision_depth: int | None = None  # with init_from: add identity-initialised vision blocks first
-    device: str = "cpu"  # e.g. "cuda": train and evaluate there (bitwise determinism: CPU only)
-    image_size: int | None = None  # square input px; None: IMAGE_SIZE, or the continued folder's
-    train: TrainSettings = field(default_factory=TrainSettings)
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def fingerprint(settings: RecipeSettings) -> dict:
+    """The settings that determine the trajectory, and the weights a later stage starts from."""
+    values = {k: v for k, v in asdict(settings).items() if k not in _NOT_IN_FINGERPRINT}
+    values["train"] = {k: v for k, v in values["train"].items() if k not in ("stop_after", "log_every")}
+    if settings.init_from:
+        values["init_from"] = _file_digest(Path(settings.init_from) / "model.safetensors")
+    return json.loads(json.dumps(values, default=str))
+
+
+def checkpoint_folder(out: str | Path, settings: RecipeSettings) -> Path:
+    out = Path(out)
+    return Path(settings.checkpoint_dir) if settings.checkpoint_dir else out.parent / f"{out.name}.checkpoint"
+
+
+def check_settings(settings: RecipeSettings) -> None:
+    """UserInputError for combinations that cannot run (before anything is built or rendered)."""
+    if settings.stage not in STAGES:
+        raise UserInputError(f"--stage must be one of {STAGES}, got {settings.stage!r}")
+    if settings.grow_vision_depth is not None and not settings.init_from:
+        raise UserInputError(
+            "--grow-vision-depth: growing the vision tower needs a trained folder to grow (--init-from)"
+        )
+    if settings.stage == "vision" and (settings.train.freeze_vision or settings.train.vision_aux_weight):
+        raise UserInputError(
+            "the vision stage trains the tower on dense labels: --freeze-vision and "
+            "--vision-aux-weight belong to language stages"
+        )
+    if settings.train.stop_after is not None and settings.train.stop_after < 1:
+        raise UserInputError(f"--stop-after must be a positive step, got {settings.train.stop_after}")
 
 
 def build_untrained(seed: int, image_size: int = IMAGE_SIZE):
@@ -132,7 +184,7 @@ def _normalised(mix: dict[str, float]) -> dict[str, float]:
 
 
 def _summary(
-    settings: RecipeSettings, model, processor, training: dict, evaluation: dict, status: str
+    settings: RecipeSettings, model, processor, training: dict, evaluation: dict, status: str, extra: dict
 ) -> dict:
     return {
         "status": status,
@@ -146,6 +198,7 @@ def _summary(
             "held_out_size": DEFAULT_SIZE,
         },
         "training": {
+            "stage": settings.stage,
             "seed": settings.seed,
             "steps": training["steps"],
             "schedule_steps": settings.train.steps,
@@ -158,32 +211,88 @@ def _summary(
             "init_from": settings.init_from,
             "grow_vision_depth": settings.grow_vision_depth,
             "vision_aux_weight": settings.train.vision_aux_weight,
+            "freeze_vision": settings.train.freeze_vision,
             "wall_time_s": training["wall_time_s"],
             "final_loss": training["final_loss"] if training["final_loss"] is not None else float("nan"),
+            **extra,
         },
         "evaluation": evaluation,
         "previous_stages": previous_stages(settings.init_from) if settings.init_from else [],
     }
 
 
-def _write_outputs(folder: Path, model, processor, summary: dict) -> None:
+def write_outputs(folder: Path, model, processor, summary: dict, log_path: Path | None = None) -> None:
+    """The model folder's files: HF model and processor, MODEL_CARD.md, evaluation.json and
+    (when given) the training log."""
     save_model_folder(model, processor, folder)  # safetensors are written from any device
     write_model_card(summary, folder)
     (folder / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if log_path is not None and log_path.is_file():
+        shutil.copy2(log_path, folder / TRAINING_LOG)
+
+
+def _dense_held_out(per_source: int, size: int) -> tuple[ImageStore, torch.Tensor, list[int]]:
+    """Held-out images of every training source (the data module's renderer) with their
+    dense labels and object counts, for the vision stage's measurements."""
+    store, labels, counts = ImageStore(size), [], []
+    for image, record in held_out_samples(per_source, list(TRAINING_MIX)):
+        store.append(to_model_image(image, size))
+        labels.append(dense_labels(id_map_of(record), record["objects"], size // CELL))
+        counts.append(len(record["objects"]))
+    return store, torch.from_numpy(np.stack(labels)), counts
+
+
+def _prepare_state(out: Path, settings: RecipeSettings) -> TrainingState:
+    """The run's checkpoint folder, after deciding what to do with a state already there."""
+    directory = checkpoint_folder(out, settings)
+    state = TrainingState(directory, fingerprint(settings), settings.checkpoint_every)
+    exists = state.path.is_file()
+    if exists and not settings.resume:
+        if not settings.overwrite:
+            raise UserInputError(
+                f"{directory} holds the saved state of an unfinished run; pass --resume to continue it "
+                "or --overwrite to discard it and start afresh"
+            )
+        shutil.rmtree(directory)
+    if settings.resume:
+        state.load()  # a state of another run is an error now, before anything is rendered
+        if not exists:
+            print(f"no saved state in {directory}: starting from step 0")
+    return state
+
+
+def _rendered_set(state: TrainingState, settings: RecipeSettings, processor, progress: bool):
+    """The stage's pre-rendered training set, kept in the checkpoint folder so that a resumed
+    run does not render it again (rendering is deterministic, so either way it is the same)."""
+    path = state.directory / RENDERED_FILE
+    if path.is_file():
+        saved = torch.load(path, weights_only=False)
+        if saved["fingerprint"] == state.fingerprint:
+            return saved["rendered"]
+    rendered = render_training_set(
+        processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects
+    )
+    state.directory.mkdir(parents=True, exist_ok=True)
+    torch.save({"fingerprint": state.fingerprint, "rendered": rendered}, path.with_suffix(".partial"))
+    path.with_suffix(".partial").replace(path)
+    return rendered
 
 
 def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True) -> dict:
-    """Train the embedded model into the folder `out` and return the summary dict.
+    """Train one stage of the embedded model into the folder `out`; returns the summary.
 
-    `out` receives the HF model folder, MODEL_CARD.md, evaluation.json and the training log;
-    with settings.checkpoint_every, the folder is refreshed (quick evaluation) along the way.
+    `out` receives the HF model folder, MODEL_CARD.md, evaluation.json and the training
+    log, all at once at the end (an existing folder only with settings.overwrite). Until
+    then the run's resumable state, log and latest snapshot live in the checkpoint folder
+    (`checkpoint_folder`), which is removed once the schedule is complete and written.
+    Raises loop.Interrupted when stopped by Ctrl-C / SIGTERM (state saved).
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_settings(settings)
+    check_output_folder(out, "--out", overwrite=settings.overwrite, model_folder=True)
+    state = _prepare_state(out, settings)
     torch.set_num_threads(settings.threads)
     settings.train.seed = settings.seed
-    if settings.grow_vision_depth is not None and not settings.init_from:
-        raise ValueError("growing the vision tower needs a trained folder to grow (--init-from)")
     if settings.init_from:
         tokenizer, processor, model = load_for_continuation(settings.init_from, settings.image_size)
         if settings.grow_vision_depth is not None:
@@ -191,46 +300,81 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     else:
         tokenizer, processor, model = build_untrained(settings.seed, settings.image_size or IMAGE_SIZE)
     model.to(settings.device)
-    rendered = render_training_set(
-        processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects
-    )
-    log_path = out / TRAINING_LOG
-    log_path.unlink(missing_ok=True)
-    checkpoint_samples = (
-        held_out_samples(settings.checkpoint_held_out_per_source) if settings.checkpoint_every else []
-    )
-    import time
-
+    rendered = _rendered_set(state, settings, processor, progress)
+    log_path = state.directory / TRAINING_LOG
     start = time.time()
+    quick = min(settings.checkpoint_held_out_per_source, settings.held_out_per_source)  # per source
 
-    def on_checkpoint(step: int) -> dict:
-        evaluation = evaluate_samples(model, processor, checkpoint_samples)
-        evaluation["held_out_per_source"] = settings.checkpoint_held_out_per_source
+    def snapshot(step: int, evaluation: dict, extra: dict) -> None:
         training = {"steps": step, "wall_time_s": round(time.time() - start, 1), "final_loss": None}
         status = f"intermediate checkpoint at step {step} of {settings.train.steps} (quick evaluation)"
-        _write_outputs(
-            out, model, processor, _summary(settings, model, processor, training, evaluation, status)
-        )
-        return {name: round(row["accuracy"], 3) for name, row in evaluation["per_task"].items()}
+        summary = _summary(settings, model, processor, training, evaluation, status, extra)
+        with atomic_folder(state.directory / SNAPSHOT, overwrite=True, name="snapshot") as folder:
+            write_outputs(folder, model, processor, summary, log_path)
 
-    training = train_model(
-        model,
-        rendered.examples,
-        rendered.images,
-        settings.train,
-        pad_id=tokenizer.pad_token_id,
-        image_token_id=processor.image_token_id,
-        log_path=log_path,
-        on_checkpoint=on_checkpoint,
-        checkpoint_every=settings.checkpoint_every,
-        progress=progress,
-        cell_labels=rendered.cell_labels,
+    if settings.stage == "vision":
+        held_out = _dense_held_out(quick, image_size_of(processor))
+        training = pretrain_vision(
+            model,
+            rendered.images,
+            rendered.cell_labels,
+            settings.train,
+            log_path,
+            state,
+            held_out,
+            progress,
+            snapshot=lambda step, numbers: snapshot(step, {}, {"dense": numbers}),
+        )
+        evaluation, extra = {}, {"dense": training["held_out"]}
+    else:
+        samples = held_out_samples(quick) if settings.checkpoint_every else []
+
+        def on_checkpoint(step: int) -> dict:
+            evaluation = evaluate_samples(model, processor, samples)
+            evaluation["held_out_per_source"] = quick
+            snapshot(step, evaluation, {})
+            return {name: round(row["accuracy"], 3) for name, row in evaluation["per_task"].items()}
+
+        training = train_model(
+            model,
+            rendered.examples,
+            rendered.images,
+            settings.train,
+            pad_id=tokenizer.pad_token_id,
+            image_token_id=processor.image_token_id,
+            log_path=log_path,
+            on_checkpoint=on_checkpoint,
+            progress=progress,
+            cell_labels=rendered.cell_labels,
+            state=state,
+        )
+        del rendered
+        evaluation = evaluate_samples(model, processor, held_out_samples(settings.held_out_per_source))
+        evaluation["held_out_per_source"] = settings.held_out_per_source
+        extra = {}
+    extra["probe"] = probe_tower(model, processor, settings.probe_scenes)
+    status = (
+        "final"
+        if training["steps"] == settings.train.steps
+        else (
+            f"checkpoint at step {training['steps']} of a {settings.train.steps}-step schedule "
+            "(continue it: the same command with --resume --overwrite and without --stop-after)"
+        )
     )
-    del rendered
-    evaluation = evaluate_samples(model, processor, held_out_samples(settings.held_out_per_source))
-    evaluation["held_out_per_source"] = settings.held_out_per_source
-    summary = _summary(settings, model, processor, training, evaluation, "final")
-    _write_outputs(out, model, processor, summary)
+    summary = _summary(settings, model, processor, training, evaluation, status, extra)
     with log_path.open("a") as log:
-        log.write(json.dumps({"event": "final", **evaluation["per_task"]}) + "\n")
+        log.write(json.dumps({"event": "final", **_final_numbers(summary)}) + "\n")
+    with atomic_folder(out, overwrite=settings.overwrite, name="--out") as folder:
+        write_outputs(folder, model, processor, summary, log_path)
+    if training["steps"] == settings.train.steps:
+        shutil.rmtree(state.directory, ignore_errors=True)
     return summary
+
+
+def _final_numbers(summary: dict) -> dict:
+    numbers = {name: row["accuracy"] for name, row in summary["evaluation"].get("per_task", {}).items()}
+    return {
+        **numbers,
+        "probe": summary["training"]["probe"],
+        **({"dense": summary["training"]["dense"]} if "dense" in summary["training"] else {}),
+    }

@@ -2,7 +2,12 @@
 
 Each source maps a seed to (image, record) with record["task"], ["question"],
 ["answer"] and, for counting, ["count"]. Training seeds and held-out seeds come from
-disjoint ranges, so held-out images are never seen in training.
+disjoint ranges, so held-out images are never seen in training. One dot renderer
+(`counting/dot_variants`, vlens.recipes.embedded.dot_variants) is held out of every
+training stage: its held-out accuracy is the unseen-renderer figure; so is a foreign
+renderer of colour, shape and counting questions (vlens.recipes.embedded.foreign). Training images are
+redrawn with appearance variety (vlens.recipes.embedded.appearance); held-out images are the
+data module's own.
 """
 
 from __future__ import annotations
@@ -17,9 +22,13 @@ from tqdm.auto import tqdm
 
 from vlens.data import LayoutError, make_task_sample
 from vlens.data.templates import COUNT_DOTS
+from vlens.errors import UserInputError
+from vlens.recipes.embedded.appearance import id_map_of, photometric, redraw
 from vlens.recipes.embedded.batches import EncodedExample, encode_example, to_model_image
 from vlens.recipes.embedded.dot_variants import render_dot_variant
-from vlens.recipes.embedded.vision_aux import cell_labels
+from vlens.recipes.embedded.foreign import foreign_sample
+from vlens.recipes.embedded.image_store import ImageStore
+from vlens.recipes.embedded.vision_aux import dense_labels
 from vlens.zoo.processor import CELL, image_size_of
 
 Sample = tuple[Image.Image, dict]
@@ -28,14 +37,28 @@ TRAIN_SEED_BASE = 1_000_000  # train seeds: TRAIN_SEED_BASE * (recipe seed + 1) 
 HELD_OUT_SEED_BASE = 900_000_000  # never used for training
 
 
+REDRAW_SHARE = 0.7  # training SynDot / SynPoly images redrawn with appearance variety
+
+
 def _size_for(rng: np.random.Generator) -> int:
     """Image size before the processor's resize: mostly the default, some variety."""
     draw = rng.random()
-    if draw < 0.6:
+    if draw < 0.55:
         return DEFAULT_SIZE
-    if draw < 0.8:
+    if draw < 0.7:
         return 168
-    return int(rng.integers(140, 281))
+    return int(rng.integers(112, 449))
+
+
+def _varied_radius(style: str, size: int, rng: np.random.Generator) -> tuple[float, float] | None:
+    """Sometimes other object sizes than the style's default (None: the default)."""
+    if style == "syndot" and rng.random() < 0.5:  # dots smaller or larger than 2.5%-5.5% of the side
+        low = rng.uniform(0.018, 0.04)
+        return low * size, low * size * 1.6
+    if style == "synpoly" and rng.random() < 0.35:  # polygons from 3% up to 22% of the side
+        low = rng.uniform(0.03, 0.09)
+        return low * size, min(0.22, low * rng.uniform(1.2, 2.4)) * size
+    return None
 
 
 # Fewest objects a capped (curriculum) task still needs: spatial compares two objects;
@@ -61,14 +84,11 @@ def _task_source(task: str, style: str, vary: bool, max_objects: int | None = No
             counts = tuple(range(1, 11))
         else:
             counts = _object_counts(task, max_objects)
-        if vary and style == "syndot" and rng.random() < 0.5:
-            # dots a little smaller or larger than SynDot's default 2.5%-5.5% of the side
-            low = rng.uniform(0.018, 0.04)
+        radius = _varied_radius(style, size, rng) if vary else None
+        if radius is not None:
             try:
-                return make_task_sample(
-                    task, seed, size=size, style=style, counts=counts, radius=(low * size, low * size * 1.6)
-                )
-            except LayoutError:
+                return make_task_sample(task, seed, size=size, style=style, counts=counts, radius=radius)
+            except LayoutError:  # too crowded for these sizes: the default sizes
                 pass
         return make_task_sample(task, seed, size=size, style=style, counts=counts)
 
@@ -104,30 +124,48 @@ def source_makers(vary: bool, max_objects: int | None = None) -> dict[str, Calla
         "counting/synpoly": _task_source("counting", "synpoly", vary),
         "counting/synreal": _task_source("counting", "synreal", vary),
         **{name: task(name) for name in ("colour", "shape", "spatial", "arithmetic", "existence")},
+        **{f"foreign/{name}": _foreign_source(name) for name in ("counting", "colour", "shape")},
     }
 
 
-# Share of each source in the training set: counting (the paper's probe) dominates.
+def _foreign_source(task: str) -> Callable[..., Sample]:
+    def make(seed: int, count: int | None = None) -> Sample:
+        if count is not None and task == "counting":
+            seed = seed - seed % 10 + (count - 1)  # foreign_sample counts 1 + seed % 10
+        return foreign_sample(task, seed)
+
+    return make
+
+
+# Sources no training stage may use: their held-out accuracy measures unseen renderers.
+HELD_OUT_ONLY: tuple[str, ...] = (
+    "counting/dot_variants",
+    "foreign/counting",
+    "foreign/colour",
+    "foreign/shape",
+)
+
+# Share of each source in the training set (the default mix of a language stage).
 TRAINING_MIX: dict[str, float] = {
-    "counting/syndot": 0.24,
-    "counting/dot_variants": 0.12,
-    "counting/synpoly": 0.22,
+    "counting/syndot": 0.16,
+    "counting/synpoly": 0.16,
     "counting/synreal": 0.04,
-    "colour": 0.06,
-    "shape": 0.06,
-    "spatial": 0.10,
-    "arithmetic": 0.12,
-    "existence": 0.04,
+    "colour": 0.13,
+    "shape": 0.13,
+    "spatial": 0.13,
+    "arithmetic": 0.13,
+    "existence": 0.12,
 }
 
 
 @dataclass
 class RenderedSet:
-    """Pre-rendered examples: uint8 images [n, H, W, 3], their encoded token sequences, and
-    per image the (shape, colour) class of each merged-token cell [n, 2, cells] for the
-    optional vision objective (vlens.recipes.embedded.vision_aux)."""
+    """Pre-rendered examples: the images at the model's input size (PNG-compressed; index
+    them like a uint8 tensor [n, H, W, 3]), their encoded token sequences, and per image the
+    dense (shape, colour, centre-count) label of each merged-token cell [n, 3, cells]
+    (vlens.recipes.embedded.vision_aux)."""
 
-    images: torch.Tensor
+    images: ImageStore
     examples: list[EncodedExample]
     sources: list[str]
     cell_labels: torch.Tensor
@@ -138,11 +176,17 @@ def parse_mix(text: str) -> dict[str, float]:
     mix = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, weight = item.partition("=")
+        if name in HELD_OUT_ONLY:
+            raise UserInputError(
+                f"--mix: {name} is held out of every training stage (the unseen-renderer figure)"
+            )
         if name not in TRAINING_MIX or not weight:
-            raise ValueError(f"bad mix entry {item!r}: use source=weight with sources {sorted(TRAINING_MIX)}")
+            raise UserInputError(
+                f"--mix: bad entry {item!r}: use source=weight with sources {sorted(TRAINING_MIX)}"
+            )
         mix[name] = float(weight)
     if not mix or min(mix.values()) < 0 or sum(mix.values()) <= 0:
-        raise ValueError(f"mix {text!r} needs non-negative weights with a positive sum")
+        raise UserInputError(f"--mix {text!r} needs non-negative weights with a positive sum")
     return mix
 
 
@@ -152,6 +196,9 @@ def training_sources(
     """(source, sample seed) for each training example, deterministic in `seed`; `mix`
     (default TRAINING_MIX) gives each source's relative weight."""
     mix = mix or TRAINING_MIX
+    held_out = sorted(set(mix) & set(HELD_OUT_ONLY))
+    if held_out:
+        raise ValueError(f"{held_out} are held out of every training stage")
     rng = np.random.default_rng(seed)
     names = list(mix)
     weights = np.array([mix[name] for name in names])
@@ -174,18 +221,29 @@ def render_training_set(
         raise ValueError(f"n_examples must be positive, got {n_examples}")
     makers = source_makers(vary=True, max_objects=max_objects)
     size = image_size_of(processor)
-    images, examples, sources, labels = [], [], [], []
+    images, examples, sources, labels = ImageStore(size), [], [], []
     for index, (name, sample_seed) in enumerate(
         tqdm(training_sources(n_examples, seed, mix), desc="render training set", disable=not progress)
     ):
-        image, record = makers[name](sample_seed)
+        image, id_map, record = varied_sample(makers[name], sample_seed)
         images.append(to_model_image(image, size))
         examples.append(encode_example(processor, record["question"], record["answer"], index))
         sources.append(name)
-        labels.append(cell_labels(record, size // CELL))
-    return RenderedSet(
-        torch.from_numpy(np.stack(images)), examples, sources, torch.from_numpy(np.stack(labels))
-    )
+        labels.append(dense_labels(id_map, record["objects"], size // CELL))
+    return RenderedSet(images, examples, sources, torch.from_numpy(np.stack(labels)))
+
+
+def varied_sample(make: Callable[..., Sample], seed: int) -> tuple[Image.Image, np.ndarray, dict]:
+    """A training sample with appearance variety: (image, id map, record). SynDot and
+    SynPoly scenes are mostly redrawn (`appearance.redraw`); every image may get blur,
+    grain or JPEG."""
+    image, record = make(seed)
+    rng = np.random.default_rng([seed, 11])
+    if record.get("style") in ("syndot", "synpoly") and rng.random() < REDRAW_SHARE:
+        image, id_map = redraw(record, rng)
+    else:
+        id_map = id_map_of(record)
+    return photometric(image.convert("RGB"), rng), id_map, record
 
 
 def held_out_samples(per_source: int, sources: list[str] | None = None) -> list[tuple[Image.Image, dict]]:

@@ -1,11 +1,13 @@
-"""An auxiliary, dense objective on the vision tower's output (a recipe option).
+"""Dense labels and linear heads on the vision tower's merged image tokens.
 
-Real VLMs start from a pre-trained vision encoder; the embedded model learns its tower from
-the answer tokens alone, where a shape word gives one gradient signal per image and shape
-features emerge very slowly. With `vision_aux_weight > 0`, each merged image token (what
-the language model reads) is also classified by two linear heads, into the shape and the
-colour of the object covering most of its cell (or background). The heads exist only
-during training: the saved folder is the plain HF model.
+Each merged image token (what the language model reads) covers one cell of the image.
+Its labels come from the object under the cell's pixels (`appearance.id_map_of` /
+`appearance.redraw`): the shape and colour of the object covering most of the cell (at
+least MIN_CELL_COVER of it; else background), and how many object centres fall inside the
+cell (0, 1, 2, 3+; summed over the cells this is the image's count). The vision
+pretraining stage trains the tower on these labels alone; language stages may keep them as
+an auxiliary loss (`--vision-aux-weight`). The heads exist only during training: a saved
+folder is the plain HF model.
 """
 
 from __future__ import annotations
@@ -17,66 +19,90 @@ import torch
 from jaxtyping import Float, Int
 from torch import nn
 
-from vlens.data.palette import COLOR_PALETTE, SHAPES
+from vlens.data.palette import COLOR_PALETTE, REAL_SHAPES, SHAPES
 
 IGNORE = -100
 BACKGROUND = 0
-MIN_CELL_COVER = 0.05  # a sliver of an object's box does not make a cell that object
-SHAPE_CLASSES: tuple[str, ...] = ("background", *dict.fromkeys((*SHAPES, "circle")))
+MIN_CELL_COVER = 0.05  # a sliver of an object does not make a cell that object
+SHAPE_CLASSES: tuple[str, ...] = ("background", *dict.fromkeys((*SHAPES, "circle")), *REAL_SHAPES)
 COLOUR_CLASSES: tuple[str, ...] = ("background", *COLOR_PALETTE)
+MAX_CENTRES = 3  # the centre-count class of a cell saturates here ("3 or more")
+LABEL_KINDS: tuple[str, ...] = ("shape", "colour", "centres")
+N_CLASSES: dict[str, int] = {
+    "shape": len(SHAPE_CLASSES),
+    "colour": len(COLOUR_CLASSES),
+    "centres": MAX_CENTRES + 1,
+}
 
 
-def cell_labels(record: dict, grid: int) -> Int[np.ndarray, "2 cells"]:
-    """(shape, colour) class of each of the grid x grid merged-token cells (row-major).
+def dense_labels(
+    id_map: Int[np.ndarray, "height width"], objects: list[dict], grid: int
+) -> Int[np.ndarray, "3 cells"]:
+    """(shape, colour, centre count) class of each of the grid x grid cells (row-major).
 
-    A cell takes the object whose bounding box covers most of it (at least
-    MIN_CELL_COVER of the cell), else background. Images
-    without an object list (another renderer) are IGNORE everywhere; objects whose shape
-    or colour is outside the class lists (SynReal-lite's real shapes) are IGNORE there.
+    id_map: object id per pixel (-1 background), the image's own resolution (square);
+    objects: the record's objects (ids index them; "shape", "color", "center" in pixels).
     """
-    labels = np.full((2, grid * grid), IGNORE, dtype=np.int64)
-    objects, size = record.get("objects"), record.get("image_size")
-    if not objects or not size:
-        return labels
-    labels[:] = BACKGROUND
-    edges = np.linspace(0.0, float(size), grid + 1)
-    best = np.full(grid * grid, MIN_CELL_COVER * (size / grid) ** 2)
+    size = id_map.shape[0]
+    if id_map.shape != (size, size):
+        raise ValueError(f"dense_labels needs a square id map, got {id_map.shape}")
+    rows = (np.arange(size) * grid) // size  # the cell row (and column) of each pixel line
+    cell = rows[:, None] * grid + rows[None, :]
+    covered = id_map >= 0
+    by_object = {obj["id"]: obj for obj in objects}
+    n_ids = max(by_object, default=-1) + 1
+    counts = np.zeros((grid * grid, max(n_ids, 1)), dtype=np.int64)
+    np.add.at(counts, (cell[covered], id_map[covered].astype(np.int64)), 1)
+    cell_area = (size / grid) ** 2
+    winner = counts.argmax(axis=1)
+    has_object = counts.max(axis=1) >= MIN_CELL_COVER * cell_area
+    labels = np.zeros((3, grid * grid), dtype=np.int64)
+    for index in np.nonzero(has_object)[0]:
+        obj = by_object[int(winner[index])]
+        labels[0, index] = SHAPE_CLASSES.index(obj["shape"]) if obj["shape"] in SHAPE_CLASSES else IGNORE
+        labels[1, index] = COLOUR_CLASSES.index(obj["color"]) if obj["color"] in COLOUR_CLASSES else IGNORE
     for obj in objects:
-        x0, y0, x1, y1 = obj["bbox"]
-        overlap_x = np.clip(np.minimum(edges[1:], x1) - np.maximum(edges[:-1], x0), 0, None)
-        overlap_y = np.clip(np.minimum(edges[1:], y1) - np.maximum(edges[:-1], y0), 0, None)
-        area = np.outer(overlap_y, overlap_x).reshape(-1)  # rows = y, columns = x
-        wins = area > best
-        best = np.where(wins, area, best)
-        shape = SHAPE_CLASSES.index(obj["shape"]) if obj["shape"] in SHAPE_CLASSES else IGNORE
-        colour = COLOUR_CLASSES.index(obj["color"]) if obj["color"] in COLOUR_CLASSES else IGNORE
-        labels[0, wins], labels[1, wins] = shape, colour
+        x, y = obj["center"]
+        column = min(grid - 1, max(0, int(x * grid // size)))
+        row = min(grid - 1, max(0, int(y * grid // size)))
+        labels[2, row * grid + column] += 1
+    labels[2] = np.minimum(labels[2], MAX_CENTRES)
     return labels
 
 
 class VisionAuxHeads(nn.Module):
-    """Linear shape and colour classifiers on merged image tokens."""
+    """Linear shape, colour and centre-count classifiers on merged image tokens."""
 
     def __init__(self, width: int, seed: int) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
-        self.shape = nn.Linear(width, len(SHAPE_CLASSES))
-        self.colour = nn.Linear(width, len(COLOUR_CLASSES))
+        self.heads = nn.ModuleDict({kind: nn.Linear(width, N_CLASSES[kind]) for kind in LABEL_KINDS})
         with torch.no_grad():
-            for layer in (self.shape, self.colour):
+            for layer in self.heads.values():
                 layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * width**-0.5)
                 layer.bias.zero_()
 
-    def loss(
-        self, tokens: Float[torch.Tensor, "n_tokens width"], labels: Int[torch.Tensor, "2 n_tokens"]
-    ) -> torch.Tensor:
-        """Sum of the two heads' mean cross-entropies over their labelled tokens (a head
-        whose labels are all IGNORE adds 0)."""
-        total = tokens.new_zeros(())
-        for head, target in ((self.shape, labels[0]), (self.colour, labels[1])):
+    def logits(self, tokens: Float[torch.Tensor, "n_tokens width"]) -> dict[str, torch.Tensor]:
+        return {kind: head(tokens) for kind, head in self.heads.items()}
+
+    def losses(
+        self, tokens: Float[torch.Tensor, "n_tokens width"], labels: Int[torch.Tensor, "3 n_tokens"]
+    ) -> dict[str, torch.Tensor]:
+        """Each head's mean cross-entropy over its labelled tokens (0 where none is)."""
+        out = {}
+        for row, (kind, head) in enumerate(self.heads.items()):
+            target = labels[row]
             if (target != IGNORE).any():
-                total = total + nn.functional.cross_entropy(head(tokens), target, ignore_index=IGNORE)
-        return total
+                out[kind] = nn.functional.cross_entropy(head(tokens), target, ignore_index=IGNORE)
+            else:
+                out[kind] = tokens.new_zeros(())
+        return out
+
+    def loss(
+        self, tokens: Float[torch.Tensor, "n_tokens width"], labels: Int[torch.Tensor, "3 n_tokens"]
+    ) -> torch.Tensor:
+        """Sum of the three heads' losses."""
+        return sum(self.losses(tokens, labels).values())
 
 
 @contextmanager

@@ -1,0 +1,108 @@
+"""A held-out renderer for colour, shape and counting questions, drawn the way someone
+else's quick script would: PIL's own `regular_polygon` / `ellipse` / a star polygon, the
+plain CSS colours (red 255,0,0; orange 255,165,0; yellow 255,255,0; green 0,128,0; blue
+0,0,255; purple 128,0,128), a white or light-grey canvas of 160-400 px, hard or
+supersampled edges, objects anywhere.
+
+No training stage uses it (`training_set.HELD_OUT_ONLY`): its held-out accuracy says how
+the model does on images it was not drawn to see. The CSS colours do fall inside the shade
+ranges training uses for each colour name (vlens.recipes.embedded.appearance), so this
+tests an unseen renderer, not unseen colours.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from vlens.data.palette import SHAPES
+from vlens.data.templates import COLOUR_OF_SHAPE, COUNT_OBJECTS, SHAPE_OF_COLOR, fill
+
+CSS_COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (255, 0, 0),
+    "orange": (255, 165, 0),
+    "yellow": (255, 255, 0),
+    "green": (0, 128, 0),
+    "blue": (0, 0, 255),
+    "purple": (128, 0, 128),
+}
+_SIDES = {"triangle": 3, "square": 4, "pentagon": 5, "hexagon": 6}
+MAX_TRIES = 500
+
+
+def _draw(
+    draw: ImageDraw.ImageDraw, shape: str, x: float, y: float, radius: float, rotation: float, rgb
+) -> None:
+    if shape == "circle":
+        draw.ellipse([x - radius, y - radius, x + radius, y + radius], fill=rgb)
+    elif shape == "star":
+        start = math.radians(rotation) - math.pi / 2
+        points = [
+            (x + (radius if k % 2 == 0 else 0.42 * radius) * math.cos(start + math.pi * k / 5),
+             y + (radius if k % 2 == 0 else 0.42 * radius) * math.sin(start + math.pi * k / 5))
+            for k in range(10)
+        ]  # fmt: skip
+        draw.polygon(points, fill=rgb)
+    else:
+        draw.regular_polygon((x, y, radius), _SIDES[shape], rotation=rotation, fill=rgb)
+
+
+def _scene(
+    rng: np.random.Generator, objects: list[tuple[str, str]], radius_range: tuple[float, float]
+) -> tuple[Image.Image, list[dict]]:
+    canvas = int(rng.integers(160, 401))
+    scale = 4 if rng.random() < 0.5 else 1
+    grey = int(rng.integers(225, 256)) if rng.random() < 0.5 else 255
+    radii = rng.uniform(*radius_range, size=len(objects)) * canvas
+    centres: list[tuple[float, float]] = []
+    for radius in radii:
+        for _ in range(MAX_TRIES):
+            x, y = rng.uniform(radius + 2, canvas - radius - 2, size=2)
+            if all(
+                math.hypot(x - cx, y - cy) > radius + other + 4
+                for (cx, cy), other in zip(centres, radii, strict=False)
+            ):
+                centres.append((float(x), float(y)))
+                break
+        else:
+            raise ValueError(f"cannot place {len(objects)} objects on {canvas} px")
+    image = Image.new("RGB", (canvas * scale, canvas * scale), (grey, grey, grey))
+    draw = ImageDraw.Draw(image)
+    records = []
+    for (shape, colour), (x, y), radius in zip(objects, centres, radii, strict=True):
+        rotation = float(rng.uniform(0, 360))
+        _draw(draw, shape, x * scale, y * scale, radius * scale, rotation, CSS_COLOURS[colour])
+        records.append({"shape": shape, "color": colour, "center": [x, y], "size": float(radius)})
+    if scale > 1:
+        image = image.resize((canvas, canvas), Image.Resampling.LANCZOS)
+    return image, records
+
+
+def foreign_sample(task: str, seed: int) -> tuple[Image.Image, dict]:
+    """One held-out (image, record) of `task` ("colour", "shape" or "counting")."""
+    rng = np.random.default_rng([seed, 31])
+    colours = list(CSS_COLOURS)
+    if task == "counting":
+        count = 1 + seed % 10
+        objects = [
+            (SHAPES[int(rng.integers(len(SHAPES)))], colours[int(rng.integers(6))]) for _ in range(count)
+        ]
+        image, records = _scene(rng, objects, (0.035, 0.06))
+        return image, {"task": "counting", "question": COUNT_OBJECTS, "answer": str(count), "count": count,
+                       "objects": records, "seed": seed}  # fmt: skip
+    n = int(rng.integers(1, 5))
+    shapes = [SHAPES[i] for i in rng.permutation(len(SHAPES))[:n]]
+    picked = [colours[i] for i in rng.permutation(6)[:n]]
+    if task == "colour":  # distinct shapes: "the star" is unique
+        objects = [(shape, colours[int(rng.integers(6))]) for shape in shapes]
+        question, answer = fill(COLOUR_OF_SHAPE, shape=objects[0][0]), objects[0][1]
+    elif task == "shape":  # distinct colours: "the red object" is unique
+        objects = [(SHAPES[int(rng.integers(len(SHAPES)))], colour) for colour in picked]
+        question, answer = fill(SHAPE_OF_COLOR, color=objects[0][1]), objects[0][0]
+    else:
+        raise ValueError(f"foreign renderer tasks are colour, shape and counting, not {task!r}")
+    order = rng.permutation(n)  # the asked-about object is not always drawn first
+    image, records = _scene(rng, [objects[i] for i in order], (0.06, 0.14))
+    return image, {"task": task, "question": question, "answer": answer, "objects": records, "seed": seed}
