@@ -7,6 +7,10 @@
     python benchmarks/bench_vision_shape.py probe FOLDER
         linear probe (scikit-learn logistic regression; pip install scikit-learn) for the
         shape and colour of a lone object from the merged image tokens
+    python benchmarks/bench_vision_shape.py centre-probe FOLDER
+        the recipe's probe (vlens.recipes.embedded.probe, what every model card reports): shape
+        and colour of each object from the merged token at its centre, held-out SynPoly scenes
+        with 1-6 objects, torch softmax regression (no scikit-learn)
     python benchmarks/bench_vision_shape.py supervise FOLDER [--steps 600] [--image-size 168]
         train the vision tower alone (plus a linear head on soft-max-pooled image tokens)
         on single-object shape labels; held-out accuracy every 100 steps
@@ -23,10 +27,11 @@ import numpy as np
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
 
+from vlens.data.palette import OBJECT_COLORS, SHAPES
 from vlens.recipes.embedded.batches import patchify, to_model_image
 from vlens.recipes.embedded.evaluate import evaluate_samples
+from vlens.recipes.embedded.probe import probe_tower
 from vlens.recipes.embedded.training_set import HELD_OUT_SEED_BASE, source_makers
-from vlens.recipes.embedded.vision_aux import COLOUR_CLASSES, SHAPE_CLASSES
 from vlens.zoo.processor import CELL, image_size_of, load_processor
 
 CAPPED_TASKS = ("colour", "shape", "existence", "spatial", "arithmetic")
@@ -57,8 +62,8 @@ def _single_object_images(
         image, record = makers["shape"](seed_base + i)
         obj = record["objects"][0]
         images.append(to_model_image(image, size))
-        shapes.append(SHAPE_CLASSES.index(obj["shape"]) - 1)  # without "background"
-        colours.append(COLOUR_CLASSES.index(obj["color"]) - 1)
+        shapes.append(SHAPES.index(obj["shape"]))
+        colours.append(OBJECT_COLORS.index(obj["color"]))
     return torch.from_numpy(np.stack(images)), np.array(shapes), np.array(colours)
 
 
@@ -104,7 +109,7 @@ def supervise(folder: str, steps: int, size: int) -> None:
     test_images, test_shapes, _ = _single_object_images(600, 41_000_000, size, vary=True)
     train_shapes, test_shapes = torch.from_numpy(train_shapes), torch.from_numpy(test_shapes)
     torch.manual_seed(0)  # the head's initialisation
-    head = torch.nn.Linear(vision.config.out_hidden_size, len(SHAPE_CLASSES) - 1)
+    head = torch.nn.Linear(vision.config.out_hidden_size, len(SHAPES))
     optimizer = torch.optim.AdamW([*vision.parameters(), *head.parameters()], lr=1e-3)
 
     def logits(images: torch.Tensor) -> torch.Tensor:
@@ -133,7 +138,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("experiment", choices=["capped", "probe", "supervise"])
+    parser.add_argument("experiment", choices=["capped", "probe", "centre-probe", "supervise"])
     parser.add_argument("folder", help="a model folder written by `vlens zoo train`")
     parser.add_argument("--n", type=int, default=30, help="capped: samples per task and cap")
     parser.add_argument("--steps", type=int, default=600, help="supervise: training steps of batch 64")
@@ -144,6 +149,9 @@ def main() -> None:
         capped(args.folder, args.n)
     elif args.experiment == "probe":
         probe(args.folder)
+    elif args.experiment == "centre-probe":
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(args.folder).eval()
+        print(probe_tower(model, load_processor(args.folder)))
     else:
         supervise(args.folder, args.steps, args.image_size)
 
