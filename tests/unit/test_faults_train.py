@@ -52,3 +52,13 @@ def test_starting_over_keeps_the_earlier_checkpoints(tmp_path):
                            stop_after=1)
     assert result.resumed_from is None
     assert (tmp_path / "checkpoints.previous-1" / "step-000001" / "state.json").is_file()
+
+
+def test_an_answer_the_tokenizer_cannot_express_fails_before_the_first_step(tmp_path):
+    examples = sft_examples(4)
+    examples[3].answer = "37"  # the test tokenizer is word-level: "37" would be <unk>
+    examples[3].meta.update(id="row-4", source="metadata.jsonl line 4")
+    # one step of batch 2 never reaches example 4: the check must not wait for its batch
+    with pytest.raises(UserInputError, match=r"example 'row-4 \(metadata\.jsonl line 4\)'.*'37'.*not in the model's vocabulary"):
+        train_sft(sft_model(), examples, sft_config(max_steps=1), tmp_path, progress=False)
+    assert not (tmp_path / "checkpoints").exists()

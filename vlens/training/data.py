@@ -103,6 +103,22 @@ def answer_ids(model, prompt: str, answer: str, example: str = "?") -> list[int]
     return rule_ids(model, answer, context=prompt, example=example) + [end_token_id(model)]
 
 
+def example_name(example: SFTExample, index: int) -> str:
+    """How errors name an example: its dataset id and source line when it has them."""
+    meta = example.meta
+    if "id" in meta:
+        return f"{meta['id']} ({meta['source']})" if meta.get("source") else str(meta["id"])
+    return str(meta.get("seed", index))
+
+
+def check_answers(model, examples: Sequence[SFTExample]) -> None:
+    """Tokenise every answer before training (tokenizer only, no forward): an answer the tokenizer
+    cannot express fails now, naming its example, not at the step whose batch first holds it."""
+    for index, example in enumerate(examples):
+        prompt = chat_prompt(model, example.question, len(example.images))
+        answer_ids(model, prompt, escape_special_tokens(model.tokenizer, example.answer), example_name(example, index))
+
+
 def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prior: bool = True) -> SFTBatch:
     """Tokenise and pad a batch (left padding, as `model.prepare`)."""
     if not examples:
@@ -112,7 +128,7 @@ def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prio
     for index, example in enumerate(examples):
         prompt = chat_prompt(model, example.question, len(example.images))
         answer = escape_special_tokens(tokenizer, example.answer)  # dataset text stays text
-        answers.append(answer_ids(model, prompt, answer, example=str(example.meta.get("seed", index))))
+        answers.append(answer_ids(model, prompt, answer, example=example_name(example, index)))
         texts.append(prompt + answer + tokenizer.eos_token)
     images = [list(example.images) if example.images else None for example in examples]
     inputs = model.prepare(images=images, prompts=texts, chat=False)

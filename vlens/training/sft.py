@@ -35,7 +35,7 @@ from vlens.errors import UserInputError
 from vlens.interventions.focus import capture_patterns, default_focus_layers, focus_loss
 from vlens.results import Result
 from vlens.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from vlens.training.data import SFTBatch, SFTExample, answer_loss, collate
+from vlens.training.data import SFTBatch, SFTExample, answer_loss, check_answers, collate
 from vlens.training.export import save_adapters
 from vlens.training.lora import ATTENTION_PROJECTIONS, add_lora, has_lora, lora_parameters
 from vlens.training.memory import answer_only_loss, gradient_checkpointing, use_checkpointing
@@ -247,6 +247,7 @@ def train_sft(
     config.check()
     if not examples:
         raise ValueError("train_sft got no examples")
+    check_answers(model, examples)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
