@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -40,3 +41,17 @@ def test_bad_values_fail_while_parsing(tmp_path, capsys):
         code, err = run_cli([*argv, "--out", str(tmp_path / "o")], capsys)
         assert code == 2 and f"argument {flag}: must be" in err, (argv, err)
         assert not (tmp_path / "o").exists()
+
+
+def test_temperature_fit_on_an_unusable_result_is_one_line(tmp_path, capsys):
+    report = {"results": {"counting": {}, "colour": {}}}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    (tmp_path / "broken.json").write_bytes(b"\xff not json")
+    for name, message in (("report.json", r"tasks \['counting', 'colour'\]: pass task=\.\.\. \(--task"),
+                          ("other.json", "unrecognised importance result"),
+                          ("broken.json", "broken.json is not a JSON result file"),
+                          ("missing.json", "missing.json: no such result file")):
+        code, err = run_cli(["temperature", "fit", "--result", str(tmp_path / name), "--out", str(tmp_path / "t")],
+                            capsys)
+        assert code == 2 and re.search(message, err) and "Traceback" not in err, (name, err)

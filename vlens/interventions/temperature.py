@@ -278,7 +278,7 @@ def importance_from_result(
     if isinstance(result, Tensor):
         return result.double()
     if isinstance(result, (str, Path)):
-        result = json.loads(Path(result).read_text())
+        result = _read_result_file(Path(result))
     if hasattr(result, "to_dict") and hasattr(result, "results"):  # AblationReport
         result = result.to_dict()
     elif hasattr(result, "logprob_drop"):  # HeadAblation
@@ -286,13 +286,14 @@ def importance_from_result(
     elif hasattr(result, "metrics") and hasattr(result, "mode"):  # PatchingResult
         result = result.to_dict()
     if not isinstance(result, dict):
-        raise TypeError(f"cannot read head importance from a {type(result).__name__}")
+        raise UserInputError(f"cannot read head importance from a {type(result).__name__}")
     if "results" in result:  # AblationReport JSON
         tasks = list(result["results"])
         if task is None and len(tasks) != 1:
-            raise ValueError(f"the ablation report has tasks {tasks}: pass task=... to pick one")
+            raise UserInputError(f"the ablation report has tasks {tasks}: pass task=... (--task on the command "
+                                 "line) to pick one")
         if task is not None and task not in result["results"]:
-            raise ValueError(f"task {task!r} is not in the ablation report ({tasks})")
+            raise UserInputError(f"task {task!r} is not in the ablation report ({tasks})")
         result = result["results"][task or tasks[0]]
     if "ablated_logprob" in result:  # HeadAblation JSON (null: NaN, a head not measured or not finite)
         clean, ablated = ("clean_accuracy", "ablated_accuracy") if metric == "accuracy" else \
@@ -315,14 +316,23 @@ def importance_from_result(
     if "scores" in result:
         return torch.tensor(result["scores"], dtype=torch.float64)
     if "mode" in result:
-        raise ValueError(
+        raise UserInputError(
             f"a patching result of mode {result['mode']!r} has no per-head scores; "
             "use a layer-head sweep (patch_layer_head)"
         )
-    raise ValueError(
+    raise UserInputError(
         "unrecognised importance result: expected an ablation report / head ablation, "
         "a layer-head patching result, or {'scores': [[...]]}"
     )
+
+
+def _read_result_file(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserInputError(f"{path}: no such result file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserInputError(f"{path} is not a JSON result file ({err})") from None
 
 
 def _nan_if_none(value):
