@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import re
 
 import pytest
@@ -55,3 +57,32 @@ def test_temperature_fit_on_an_unusable_result_is_one_line(tmp_path, capsys):
         code, err = run_cli(["temperature", "fit", "--result", str(tmp_path / name), "--out", str(tmp_path / "t")],
                             capsys)
         assert code == 2 and re.search(message, err) and "Traceback" not in err, (name, err)
+
+
+def _options(parser, path=("vlens",)):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options(sub, (*path, name))
+        elif action.option_strings and action.type is not None:
+            yield " ".join((*path, action.option_strings[-1])), action.type
+
+
+def test_every_numeric_flag_is_checked_while_parsing():
+    """No flag of any command reads a bare int/float (a negative count becomes a Python slice, a
+    seed of -1 a late traceback) and none accepts nan or inf."""
+    from vlens.cli import build_parser
+
+    loose = []
+    for flag, parse in _options(build_parser()):
+        if parse in (int, float):
+            loose.append(f"{flag}: type={parse.__name__}")
+            continue
+        for text in ("nan", "inf", "-inf"):
+            try:
+                value = parse(text)
+            except (argparse.ArgumentTypeError, ValueError, TypeError):
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                loose.append(f"{flag} accepts {text}")
+    assert not loose, loose

@@ -66,7 +66,7 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 
 def _common(p: argparse.ArgumentParser, n_help: str = "number of images") -> None:
     p.add_argument("--n", type=arg_int(min=1, max=MAX_SAMPLES), required=True, help=n_help)
-    p.add_argument("--seed", type=int, default=0, help="dataset seed (default 0)")
+    p.add_argument("--seed", type=arg_int(min=0), default=0, help="dataset seed (default 0)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output folder, created when missing: the imagefolder (PNG files + metadata.jsonl)")
     p.add_argument("--overwrite", action="store_true",

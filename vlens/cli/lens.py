@@ -48,7 +48,7 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
                        "PixMo-Count, CountBenchQA, multiple choice, qa rows; see --format)")
     source.add_argument("--make", type=arg_int(min=1), metavar="N", help="generate N task-suite samples on the fly")
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many images of --data")
-    parser.add_argument("--seed", type=int, default=0, help="seed of generated samples (default 0)")
+    parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of generated samples (default 0)")
     parser.add_argument("--style", default="synpoly", help="style of generated samples (default synpoly)")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated tasks of generated samples (default: all task suites)")

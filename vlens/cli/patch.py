@@ -58,7 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only-correct", action="store_true",
                         help="keep only pairs whose clean and corrupt runs both predict their own answer")
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many pairs of --pairs")
-    parser.add_argument("--seed", type=int, default=0, help="seed of --make-pairs (default 0)")
+    parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of --make-pairs (default 0)")
     parser.add_argument("--style", default="syndot", help="style of --make-pairs (default syndot)")
     parser.add_argument("--max-batch", type=arg_int(min=1), default=64,
                         help="rows per forward in the fast path (default 64)")

@@ -60,7 +60,7 @@ def configure_train(train: argparse.ArgumentParser) -> None:
     train.add_argument("--gradient-checkpointing", choices=["auto", "on", "off"], default="auto",
                        help="recompute decoder blocks in the backward to save memory (auto: on for d_model >= 1024, "
                        "i.e. every 7-8B model)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=arg_int(min=0), default=0)
     train.add_argument("--no-resume", action="store_true",
                        help="start over; checkpoints already in --out are moved to OUT/checkpoints.previous-N")
     train.add_argument("--force-resume", action="store_true",
