@@ -86,3 +86,11 @@ def test_every_numeric_flag_is_checked_while_parsing():
             if isinstance(value, float) and not math.isfinite(value):
                 loose.append(f"{flag} accepts {text}")
     assert not loose, loose
+
+
+def test_temperature_fit_top_k_beyond_the_scored_heads_is_refused(tmp_path, capsys):
+    (tmp_path / "scores.json").write_text(json.dumps({"scores": [[1.0, 2.0], [3.0, 4.0]]}))
+    code, err = run_cli(["temperature", "fit", "--result", str(tmp_path / "scores.json"), "--top-k", "5",
+                         "--out", str(tmp_path / "t")], capsys)
+    assert code == 2 and "--top-k must be an integer in [1, 4], got 5" in err, err
+    assert not (tmp_path / "t" / "results.json").exists()

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.models import tiny_vlm
+from vlens.errors import UserInputError
+
 from vlens.recipes.studies.interventions import (
     CARD_BEGIN,
     CARD_END,
     StudyResult,
     StudySettings,
     evaluation_sets,
+    run_study,
     training_examples,
     write_model_card_section,
 )
@@ -117,3 +121,11 @@ def test_full_study_on_an_untrained_embedded_architecture(tmp_path):
     assert len(result.temperatures[0]["heads"]) == 4
     again = StudyResult.load(tmp_path / "study.json")
     assert again.table() == result.table() and (tmp_path / "STUDY.md").is_file()
+
+
+def test_more_beta_heads_than_the_model_has_fails_before_any_run(tmp_path):
+    model = tiny_vlm("qwen2_5_vl")  # 2 layers x 4 heads
+    settings = StudySettings(top_k_heads=1000, n_eval=1, n_train_per_style=1)
+    with pytest.raises(UserInputError, match=r"top_k_heads must be an integer in \[1, 8\], got 1000"):
+        run_study(lambda: model, settings, tmp_path, progress=False)
+    assert not any(tmp_path.iterdir())

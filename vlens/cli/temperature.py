@@ -26,7 +26,7 @@ from vlens.cli.options import (
 from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.errors import UserInputError
 from vlens.finite import add_allow_nan_argument
-from vlens.validation import arg_float, arg_int
+from vlens.validation import arg_float, arg_int, check_count
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,8 @@ def run_fit(args: argparse.Namespace) -> int:
     heads = _parse_heads(args.heads) if args.heads else None
     out = prepare_out(args, RESULTS_FILE)
     importance = importance_from_result(args.result, task=args.task, metric=args.metric)
+    if heads is None:  # more heads than the result scores would quietly take every positive one
+        check_count(args.top_k, "--top-k", max=importance.numel())
     with collect_non_finite() as problems:
         temp = fit_temperature(
             importance,

@@ -38,6 +38,7 @@ from vlens.provenance import provenance
 from vlens.results import Result
 from vlens.training.data import SFTExample, example_from_sample
 from vlens.training.sft import SFTConfig, train_sft
+from vlens.validation import check_count
 from vlens.viz.optional import require_plotly
 
 CONDITIONS: dict[str, str] = {
@@ -394,10 +395,17 @@ def run_study(
     evaluate = lambda model, hooks=(): evaluate_sets(  # noqa: E731
         model, sets, hooks, settings.eval_batch_size, settings.max_new_tokens, progress
     )
+
+    def fresh_model():
+        model = load_model()
+        if "sft_focus_beta" in settings.conditions:  # before any training, not after it
+            check_count(settings.top_k_heads, "top_k_heads", max=model.cfg.n_layers * model.cfg.n_heads)
+        return model
+
     for seed in settings.seeds:
         rows, training = {}, {}
         if "baseline" in settings.conditions:
-            base = load_model()
+            base = fresh_model()
             if not result.provenance:
                 result.provenance = provenance(base)
             rows["baseline"] = evaluate(base)
@@ -407,7 +415,7 @@ def run_study(
         for condition, focus in (("sft", False), ("sft_focus", True)):
             if condition not in settings.conditions:
                 continue
-            model = load_model()
+            model = fresh_model()
             run = train_sft(
                 model,
                 examples,
