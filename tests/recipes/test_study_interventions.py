@@ -8,7 +8,6 @@ import pytest
 
 from tests.helpers.models import tiny_vlm
 from vlens.errors import UserInputError
-
 from vlens.recipes.studies.interventions import (
     CARD_BEGIN,
     CARD_END,
