@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import re
+import shutil
 
 import pytest
 import torch
@@ -94,3 +95,20 @@ def test_temperature_fit_top_k_beyond_the_scored_heads_is_refused(tmp_path, caps
                          "--out", str(tmp_path / "t")], capsys)
     assert code == 2 and "--top-k must be an integer in [1, 4], got 5" in err, err
     assert not (tmp_path / "t" / "results.json").exists()
+
+
+def test_zoo_evaluate_refuses_a_folder_missing_a_tensor_and_writes_nothing(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    from vlens.zoo import WEIGHTS_FOLDER
+
+    folder = tmp_path / "model"
+    shutil.copytree(WEIGHTS_FOLDER, folder)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.0.mlp.up_proj.weight"]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for extra in ([], ["--write"]):  # evaluating random weights, then writing their card, is the silent case
+        code, err = run_cli(["zoo", "evaluate", "--model", str(folder), "--held-out", "1", *extra], capsys)
+        assert code == 2 and "layers.0.mlp.up_proj.weight" in err and "Traceback" not in err, err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

@@ -89,6 +89,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         return 0
     from transformers import Qwen2_5_VLForConditionalGeneration
 
+    from vlens.loading import from_pretrained_checked
     from vlens.recipes.embedded.evaluate import evaluate_samples
     from vlens.recipes.embedded.training_set import held_out_samples
     from vlens.specs import hf_progress_bars
@@ -97,7 +98,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     folder = Path(args.model) if args.model else model_path()
     with hf_progress_bars(not args.quiet):
-        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
+        model = from_pretrained_checked(Qwen2_5_VLForConditionalGeneration, str(folder)).eval()
     report = evaluate_samples(model, load_processor(folder), held_out_samples(args.held_out))
     print(json.dumps(report, indent=2))
     return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from transformers import Qwen2_5_VLForConditionalGeneration
 
 from vlens.fileio import atomic_folder
+from vlens.loading import from_pretrained_checked
 from vlens.recipes.embedded.evaluate import evaluate_samples
 from vlens.recipes.embedded.model_card import rewrite_model_card
 from vlens.recipes.embedded.probe import probe_tower
@@ -44,7 +45,7 @@ def finalize_folder(folder: str | Path, held_out_per_source: int = 300) -> dict:
     summary = json.loads((folder / "evaluation.json").read_text())
     training = summary["training"]
     kept, settings = _trimmed_log(folder / TRAINING_LOG, training["steps"])
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
+    model = from_pretrained_checked(Qwen2_5_VLForConditionalGeneration, str(folder)).eval()
     processor = load_processor(folder)
     if training.get("stage", "language") == "language":
         evaluation = evaluate_samples(model, processor, held_out_samples(held_out_per_source))

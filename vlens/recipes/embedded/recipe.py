@@ -24,6 +24,7 @@ from transformers import GenerationConfig
 
 from vlens.errors import UserInputError
 from vlens.fileio import atomic_folder
+from vlens.loading import from_pretrained_checked
 from vlens.recipes.embedded import architecture as arch
 from vlens.recipes.embedded.appearance import id_map_of
 from vlens.recipes.embedded.batches import to_model_image
@@ -130,7 +131,7 @@ def load_for_continuation(folder: str | Path, image_size: int | None = None):
     if image_size is None:
         image_size = image_size_of(AutoImageProcessor.from_pretrained(folder))
     processor = assemble_processor(tokenizer, build_image_processor(image_size))
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    model = from_pretrained_checked(Qwen2_5_VLForConditionalGeneration, str(folder), dtype=torch.float32)
     return tokenizer, processor, model
 
 
