@@ -76,7 +76,16 @@ class LensReadout:
         """The final norm's divisor for a full residual (1 when there is no norm)."""
         if self.norm_weight is None:
             return torch.ones_like(x[..., :1])
-        return (x.float().pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        return (x.to(self.W_U.dtype).pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+
+    def normalized(self, x: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"] | None = None
+                   ) -> Float[Tensor, "... d_model"]:
+        """What the unembedding reads: ``w * x / scale`` in the read-out's dtype (fp32; x itself
+        without a final norm)."""
+        x = x.to(self.W_U.dtype)
+        if self.norm_weight is None:
+            return x
+        return self.norm_weight * (x / (self.scale(x) if scale is None else scale))
 
     def logits(
         self,
@@ -86,10 +95,7 @@ class LensReadout:
     ) -> Float[Tensor, "... d_vocab"]:
         """Logits of a residual; with ``scale`` given, divide by it instead of x's own scale
         (how a component of the residual is read: TransformerLens's ``apply_ln_to_stack``)."""
-        x = x.float()
-        if self.norm_weight is not None:
-            x = self.norm_weight * (x / (self.scale(x) if scale is None else scale))
-        out = x @ self.W_U
+        out = self.normalized(x, scale) @ self.W_U
         if add_bias and self.b_U is not None:
             out = out + self.b_U
         return out

@@ -33,6 +33,7 @@ from vlens.errors import UserInputError
 from vlens.fileio import atomic_folder
 from vlens.finite import finite_rows, warn_non_finite
 from vlens.lens.base import Lens
+from vlens.lens.kl import TargetTerms, layer_kl
 from vlens.lens.readout import LensReadout, unembedding_hash
 from vlens.results import Result
 from vlens.validation import check_count, check_float
@@ -209,34 +210,6 @@ class TrainingReport(Result):
         return "\n".join(lines)
 
 
-def _kl_from_logits(target_logits: Tensor, lens_logits: Tensor) -> Tensor:
-    """KL(p || q) per row, p from target, q from lens logits (nats)."""
-    log_p = torch.log_softmax(target_logits.float(), dim=-1)
-    log_q = torch.log_softmax(lens_logits.float(), dim=-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
-
-
-def layer_kl(
-    translators: Translators,
-    resid: Float[Tensor, "n n_layers d_model"],
-    readout: LensReadout,
-    final: Float[Tensor, "n d_model"] | None = None,
-    batch_size: int = 512,
-) -> Float[Tensor, "n_layers"]:
-    """Mean KL(final || lens_l) per layer. `final` defaults to ``resid[:, -1]`` (resid_post of the last layer)."""
-    final = resid[:, -1] if final is None else final
-    total = torch.zeros(translators.n_layers)
-    device = translators.A.device
-    with torch.no_grad():
-        for start in range(0, resid.shape[0], batch_size):
-            h = resid[start:start + batch_size].to(device)
-            target = readout.logits(final[start:start + batch_size].to(device))
-            for layer in range(translators.n_layers):
-                lens_logits = readout.logits(translators(h[:, layer], layer))
-                total[layer] += _kl_from_logits(target, lens_logits).sum().cpu()
-    return total / max(resid.shape[0], 1)
-
-
 def train_translators(
     translators: Translators,
     resid: Float[Tensor, "n n_layers d_model"],
@@ -305,13 +278,14 @@ def train_translators(
     optimizer = torch.optim.Adam(translators.parameters(), lr=lr, weight_decay=weight_decay)
     bar = tqdm(range(1, steps + 1), desc="training translators", disable=not progress)
     step = 0
+    targets = TargetTerms(final, readout)  # the final distribution's terms, once per row (vlens.lens.kl)
     for step in bar:
         rows = train_idx[torch.randint(len(train_idx), (min(batch_size, len(train_idx)),), generator=generator)]
-        h, target = resid[rows].to(device), readout.logits(final[rows].to(device))
+        h = resid[rows].to(device)
         optimizer.zero_grad(set_to_none=True)
         loss_value = 0.0
         for layer in trained_layers:  # layers are independent: backward one at a time saves memory
-            loss = _kl_from_logits(target, readout.logits(translators(h[:, layer], layer))).mean()
+            loss = targets.kl(rows, translators(h[:, layer], layer)).mean()
             loss.backward()
             loss_value += loss.item()
         optimizer.step()
