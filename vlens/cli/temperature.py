@@ -43,7 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--result",
         required=True,
         type=Path,
-        help="results.json of `vlens ablate` (AblationReport / HeadAblation) or of a layer-head `vlens patch`",
+        help="results.json of `vlens ablate` (AblationReport / HeadAblation) or of a layer-head `vlens patch`, "
+        "or that command's --out folder",
     )
     fit.add_argument("--task", help="the task of an ablation report holding several")
     fit.add_argument(
@@ -85,7 +86,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def temps_file(path: Path) -> Path:
-    """The temperatures JSON of a `temperature fit` folder (or the file itself)."""
+    """The results.json of a command's --out folder (a `temperature fit`, `ablate` or `patch` run), or the file itself."""
     return path / RESULTS_FILE if path.is_dir() else path
 
 
@@ -105,7 +106,7 @@ def run_fit(args: argparse.Namespace) -> int:
 
     heads = _parse_heads(args.heads) if args.heads else None
     out = prepare_out(args, RESULTS_FILE)
-    importance = importance_from_result(args.result, task=args.task, metric=args.metric)
+    importance = importance_from_result(temps_file(args.result), task=args.task, metric=args.metric)
     if heads is None:  # more heads than the result scores would quietly take every positive one
         check_count(args.top_k, "--top-k", max=importance.numel())
     with collect_non_finite() as problems:
