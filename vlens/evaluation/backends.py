@@ -17,6 +17,7 @@ from PIL import Image
 from vlens.answers import answer_ids, answer_logprobs, teacher_force
 from vlens.processing import chat_messages, left_padding
 from vlens.prompt_text import escape_special_tokens
+from vlens.runtime import module_device
 
 
 class GenerationBackend(Protocol):
@@ -90,7 +91,7 @@ class HookedVLMBackend:
         longest = max(len(t) for t in kept)
         with torch.no_grad():  # unembed only the answer positions (left padding: the last columns)
             resid = self.model.run_with_hooks(inputs, fwd_hooks=self.fwd_hooks, return_type="resid")
-            logits = self.model.unembed(resid[:, -longest:].to(self.model.W_U.device))
+            logits = self.model.unembed(resid[:, -longest:].to(module_device(self.model.unembed.lm_head)))
         logprob, _ = answer_logprobs(logits, kept)
         for i, t, lp in zip(rows, kept, logprob.tolist(), strict=True):
             out[i] = (t, float(lp))

@@ -35,6 +35,7 @@ from vlens.finite import finite_rows
 from vlens.lens.decomposition import head_contributions
 from vlens.lens.translators import Translators, TunedLens
 from vlens.results import Result
+from vlens.runtime import module_device
 from vlens.token_labels import str_tokens
 from vlens.viz.figures import layer_head_heatmap
 
@@ -192,7 +193,7 @@ class HeadLens(TunedLens):
                 hooks.append((f"blocks.{layer}.attn.hook_pattern", keep_image_mass(f"img{layer}")))
         with torch.no_grad():
             resid = model.run_with_hooks(inputs, fwd_hooks=hooks, return_type="resid")
-            final_logits = model.unembed(_gather(resid, pos).to(model.W_U.device))  # only the read positions
+            final_logits = model.unembed(_gather(resid, pos).to(module_device(model.unembed.lm_head)))  # only the read positions
         model_top1 = final_logits.argmax(-1).masked_fill(~finite_rows(final_logits), -1).cpu()
 
         tops, values, full = [], [], []

@@ -33,6 +33,7 @@ from vlens.finite import finite_rows, json_safe, warn_non_finite
 from vlens.lens.base import Lens
 from vlens.parallel import Sharding
 from vlens.results import Result
+from vlens.runtime import module_device
 from vlens.stats import bootstrap_interval
 from vlens.validation import check_count
 from vlens.viz.figures import logit_lens_figure
@@ -202,7 +203,7 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
     with torch.no_grad():
         with model.hooks(fwd_hooks=[(n, keep) for n in names]):
             model(forced, return_type=None)  # no unembedding of every position
-        stack = torch.stack([picked[n].to(model.W_U.device) for n in names])
+        stack = torch.stack([picked[n].to(module_device(model.unembed.lm_head)) for n in names])  # not meta if offloaded
         logits = lens.forward_layers(stack).float()  # [L, n_answer_tokens, d_vocab]
         target = targets.to(logits.device)[None, :, None].expand(n_layers, -1, 1)
         token_ranks = ((logits > logits.gather(-1, target)).sum(-1) + 1).double().cpu()
