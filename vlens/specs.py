@@ -98,6 +98,9 @@ def load_model(spec: str = EMBEDDED_MODEL, *, device: Any = None, dtype: Any = N
     from vlens.devices import configure_resolution, resolve_device, resolve_dtype
 
     kind, target = resolve_spec(spec)
+    if kind in ("embedded", "random") and from_pretrained_kwargs:
+        raise UserInputError(f"{', '.join(sorted(from_pretrained_kwargs))}: only for a model folder or hub id; "
+                             f"{spec!r} is built here (use device=... instead)")
     resolution = {"image_size": image_size, "min_pixels": min_pixels, "max_pixels": max_pixels}
     with hf_progress_bars(progress):
         if kind == "random":

@@ -75,8 +75,13 @@ def load_hf_model(args: argparse.Namespace):
     from vlens.specs import hf_progress_bars, resolve_spec
 
     kind, target = resolve_spec(args.model)
-    device = resolve_device(model_options(args)["device"])  # cuda:{LOCAL_RANK} under torchrun
-    dtype = resolve_dtype(args.dtype, device)
+    options = model_options(args)
+    placement = {key: options[key] for key in ("device_map", "max_memory", "offload_folder")
+                 if key in options}
+    if placement and kind != "folder" and kind != "hub":
+        raise UserInputError(f"--device-map: only for a model folder or hub id, not {args.model!r}")
+    device = resolve_device(options["device"])  # cuda:{LOCAL_RANK} under torchrun
+    dtype = resolve_dtype(args.dtype, None if placement else device)
     with hf_progress_bars(not args.quiet):
         if kind == "embedded":
             from vlens.zoo import load_hf
@@ -90,9 +95,12 @@ def load_hf_model(args: argparse.Namespace):
 
             from vlens.loading import from_pretrained_checked, load_processor_for
 
-            model = from_pretrained_checked(AutoModelForImageTextToText, target, dtype=dtype, use_safetensors=True)
+            model = from_pretrained_checked(AutoModelForImageTextToText, target, dtype=dtype, use_safetensors=True,
+                                            **placement)
+            if not placement:  # accelerate placed the modules; moving the whole model would break its hooks
+                model = model.to(device)
             # the processor fallback covers machines without torchvision (Qwen's video processor needs it)
-            model, processor = model.to(device).eval(), load_processor_for(target)
+            model, processor = model.eval(), load_processor_for(target)
     configure_resolution(processor, args.min_pixels, args.max_pixels, args.image_size)
     return model, processor
 

@@ -1,10 +1,12 @@
 """Options shared by the `vlens` commands: one name, one meaning and one help text per flag.
 
 - ``--model SPEC`` (default ``tiny``, the embedded model), ``--device`` (default: cuda when
-  available, else cpu), ``--dtype`` (default: bfloat16 on a GPU, float32 on CPU) and the
-  processor's resolution ``--image-size PX`` / ``--min-pixels`` / ``--max-pixels``: every command
-  that loads a model (`add_model_options`, then `load_model_from_args`). In commands that render
-  their own images, ``--image-size`` is also the side they are rendered at.
+  available, else cpu), ``--dtype`` (default: bfloat16 on a GPU, float32 on CPU), the placement of
+  one model across devices ``--device-map`` / ``--max-memory`` / ``--offload-folder``
+  (HF/accelerate, for a model folder or hub id) and the processor's resolution ``--image-size PX`` / ``--min-pixels`` /
+  ``--max-pixels``: every command that loads a model (`add_model_options`, then
+  `load_model_from_args`). In commands that render their own images, ``--image-size`` is also the
+  side they are rendered at.
 - ``--out DIR``: always a folder, created when missing. A command writes its results to
   ``results.json`` in it and its figures and reports beside it; what another command reads next
   (a dataset, a lens, a training run, temperatures, a model) is that folder.
@@ -58,6 +60,15 @@ def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | 
                   else f"{dtype_default}")
     group.add_argument("--dtype", default=dtype_default, choices=DTYPE_CHOICES, metavar="DTYPE",
                        help=f"weights dtype, one of {', '.join(DTYPE_CHOICES)} (default {dtype_help})")
+    group.add_argument("--device-map", type=device_map_arg, default=None, metavar="MAP",
+                       help="place one model across devices with HF/accelerate instead of --device: auto, balanced, "
+                       "balanced_low_0, sequential, one device (e.g. cpu), or JSON {module: device} inline or in a "
+                       ".json file; model folders and hub ids only (needs accelerate)")
+    group.add_argument("--max-memory", type=max_memory_arg, default=None, metavar="BUDGET",
+                       help="per-device budget of --device-map auto/balanced, e.g. 0=70GiB,1=70GiB,cpu=200GiB "
+                       "(GPU indices or cpu/disk; sizes as accelerate reads them, or bytes)")
+    group.add_argument("--offload-folder", type=Path, default=None, metavar="DIR",
+                       help="where --device-map keeps the modules it places on disk (when the budget is too small)")
     fixed = ("the model's processor resizes every image to about PX*PX pixels, keeping its aspect ratio "
              "(Qwen-VL: a multiple of 28, 32 for Qwen3-VL)")
     if render_default is None:
@@ -79,14 +90,75 @@ def add_image_size(parser: argparse.ArgumentParser, default: int, min: int = MIN
                         help=f"side of the rendered images in px (default {default})")
 
 
+def device_map_arg(text: str) -> str | dict[str, Any]:
+    """--device-map: a strategy or one device (kept as text), or a {module: device} JSON object
+    (inline, or the path of a .json file)."""
+    text = text.strip()
+    if not text:
+        raise argparse.ArgumentTypeError("is empty: use auto, balanced, sequential, a device or a JSON map")
+    if text.endswith(".json") and not text.startswith("{"):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(f"{text}: no such JSON file")
+        text = path.read_text()
+    elif not text.startswith(("{", "[")):
+        return text
+    try:
+        placement = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"is not valid JSON ({error.msg} at character {error.pos})") from None
+    if not isinstance(placement, dict) or not placement:
+        raise argparse.ArgumentTypeError('must be a non-empty JSON object {"module name": device}')
+    bad = [name for name, device in placement.items() if not isinstance(device, (str, int)) or isinstance(device, bool)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"modules {bad[:3]}: a device is a GPU index or a name (cuda:0, cpu, disk)")
+    return placement
+
+
+def max_memory_arg(text: str) -> dict[int | str, int | str]:
+    """--max-memory ``0=70GiB,1=70GiB,cpu=200GiB`` -> {0: "70GiB", 1: "70GiB", "cpu": "200GiB"}
+    (GPU indices become ints, as accelerate wants them; a plain number is bytes)."""
+    budget: dict[int | str, int | str] = {}
+    for item in text.split(","):
+        device, sep, size = (part.strip() for part in item.partition("="))
+        if not sep or not device or not size:
+            raise argparse.ArgumentTypeError(f"{item.strip()!r} is not DEVICE=SIZE (e.g. 0=70GiB,cpu=200GiB)")
+        key: int | str = int(device) if device.isdigit() else device
+        if isinstance(key, str) and key not in ("cpu", "disk") and not key.startswith(("cuda", "xpu", "npu", "mps")):
+            raise argparse.ArgumentTypeError(f"device {device!r}: use a GPU index (0, 1, ...), cpu or disk")
+        if key in budget:
+            raise argparse.ArgumentTypeError(f"device {device!r} is given twice")
+        budget[key] = int(size) if size.isdigit() else size
+    return budget
+
+
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of `vlens.load_model` that the model options hold.
 
     In a sharded run (torchrun) each process takes its own GPU: ``--device auto`` / ``cuda`` is
-    ``cuda:{LOCAL_RANK}`` (`vlens.parallel.rank_device`).
+    ``cuda:{LOCAL_RANK}`` (`vlens.parallel.rank_device`). ``--device-map`` replaces ``--device``
+    (which must then stay auto) and is refused under torchrun (every process would spread its
+    own copy over the same GPUs).
     """
-    device = args.device
+    common = {"dtype": args.dtype, "image_size": args.image_size, "min_pixels": args.min_pixels,
+              "max_pixels": args.max_pixels, "progress": not args.quiet}
+    placement = {key: value for key in ("max_memory", "offload_folder")
+                 if (value := getattr(args, key, None)) is not None}
+    device_map = getattr(args, "device_map", None)
     sharding = getattr(args, "sharding", None)
+    if placement and device_map is None:
+        flags = " and ".join("--" + key.replace("_", "-") for key in placement)
+        raise UserInputError(f"{flags} only apply to a --device-map placement: add --device-map auto (or balanced)")
+    if device_map is not None:
+        if args.device != "auto":
+            raise UserInputError(f"--device {args.device} and --device-map both place the model: give one of them")
+        if sharding is not None and sharding.distributed:
+            raise UserInputError("--device-map spreads one model over the GPUs; under torchrun every process loads "
+                                 "its own model on its own GPU: drop --device-map or run without torchrun")
+        if "offload_folder" in placement:
+            placement["offload_folder"] = str(placement["offload_folder"])
+        return {"device": None, "device_map": device_map, **placement, **common}
+    device = args.device
     if sharding is not None and sharding.distributed:
         from vlens.parallel import rank_device
 
@@ -94,8 +166,7 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
             device = rank_device(sharding, device)
         except ValueError as error:
             raise UserInputError(str(error)) from None
-    return {"device": device, "dtype": args.dtype, "image_size": args.image_size,
-            "min_pixels": args.min_pixels, "max_pixels": args.max_pixels, "progress": not args.quiet}
+    return {"device": device, **common}
 
 
 def load_model_from_args(args: argparse.Namespace):
