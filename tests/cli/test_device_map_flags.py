@@ -14,6 +14,7 @@ import json
 import accelerate  # noqa: F401  (the dev extra installs it: device_map needs it)
 import pytest
 
+import vlens.loading
 import vlens.model
 from vlens.cli import main
 from vlens.cli.options import device_map_arg, max_memory_arg
@@ -107,3 +108,21 @@ def test_parsing_of_maps_and_budgets(tmp_path):
     for bad in ["70GiB", "gpu0=1GiB", "0=1GiB,0=2GiB", "cpu="]:
         with pytest.raises(argparse.ArgumentTypeError):
             max_memory_arg(bad)
+
+
+def test_eval_with_the_plain_hf_backend_takes_the_device_map(checkpoint, counting_data, tmp_path, monkeypatch):
+    given, original = [], vlens.loading.from_pretrained_checked
+
+    def recording(*args, **kwargs):
+        given.append({key: copy.deepcopy(kwargs[key]) for key in ("device_map", "max_memory") if key in kwargs})
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(vlens.loading, "from_pretrained_checked", recording)
+    outputs = []
+    for name, flags in (("one", ["--device", "cpu"]), ("auto", ["--device-map", "auto", "--max-memory", "cpu=4GiB"])):
+        argv = ["eval", "--model", checkpoint, "--backend", "hf", "--data", counting_data, "--max-new-tokens", "3",
+                "--out", str(tmp_path / name), "--quiet", *flags]
+        assert main(argv) == 0
+        outputs.append([json.loads(line)["output"] for line in (tmp_path / name / "predictions.jsonl").open()])
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 2
+    assert given == [{}, {"device_map": "auto", "max_memory": {"cpu": "4GiB"}}]
