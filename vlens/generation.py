@@ -16,7 +16,7 @@ from vlens.architectures.base import ArchitectureAdapter
 from vlens.components.attention import KVCache
 from vlens.config import VLMConfig
 from vlens.finite import finite_rows, warn_non_finite
-from vlens.hooks import HookPoint
+from vlens.hooks import HookedRootModule, HookPoint
 from vlens.inputs import VLMInputs
 from vlens.runtime import RunState, build_masks
 from vlens.validation import check_count, check_float
@@ -56,7 +56,7 @@ class DecodingModel(Protocol):
     def run_blocks(self, resid: Tensor, state: RunState, start_at_layer: int = 0,
                    stop_at_layer: int | None = None) -> Tensor: ...
 
-    def finish(self, resid: Tensor, return_type: str | None = "logits") -> Tensor | None: ...
+    def finish(self, resid: Tensor) -> Tensor: ...
 
 
 @dataclass
@@ -134,7 +134,8 @@ def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, 
     tokens = torch.stack(new_tokens, dim=1)
     if bool(non_finite.any()):
         rows = non_finite.nonzero().flatten().tolist()
-        warn_non_finite("generate", f"the next-token logits of batch rows {rows[:6]}", model, inputs, fwd_hooks)
+        hooked = model if isinstance(model, HookedRootModule) else None  # to say where the NaN starts
+        warn_non_finite("generate", f"the next-token logits of batch rows {rows[:6]}", hooked, inputs, fwd_hooks)
     return GenerationOutput(tokens=tokens, texts=_decode_texts(model, tokens, eos),
                             sequences=torch.cat([inputs.input_ids, tokens], dim=1), non_finite=non_finite.cpu())
 

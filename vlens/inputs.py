@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 from jaxtyping import Int
@@ -68,6 +69,15 @@ class VLMInputs:
     HF_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
 
     @property
+    def token_regions(self) -> TokenRegions:
+        """`regions`, or a clear error for inputs that have none (built by hand rather than by
+        `model.prepare`, or for a model whose config names no image token)."""
+        if self.regions is None:
+            raise ValueError("These inputs carry no token regions (final position, image and text tokens): "
+                             "build them with model.prepare(...) or model.coerce_inputs(...).")
+        return self.regions
+
+    @property
     def batch_size(self) -> int:
         return self.input_ids.shape[0]
 
@@ -85,7 +95,7 @@ class VLMInputs:
         return self.input_ids.device
 
     def to(self, device) -> VLMInputs:
-        moved = {}
+        moved: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             moved[f.name] = value.to(device) if isinstance(value, Tensor) else value

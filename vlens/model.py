@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import torch
 from jaxtyping import Float
@@ -230,6 +230,9 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
         deepstack: dict[int, tuple[Tensor, Tensor]] = {}
         image_mask = ids == cfg.image_token_id if cfg.image_token_id is not None else None
         if inputs.pixel_values is not None:
+            if image_mask is None:
+                raise ValueError("These inputs carry images but the model's config names no image token "
+                                 "(cfg.image_token_id is None), so there is nowhere to put them.")
             features = self.adapter.encode_images(self.vision, inputs)
             n_placeholders = int(image_mask.sum())
             if n_placeholders != features.embeds.shape[0]:
@@ -274,6 +277,12 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
                           deepstack=local.deepstack.get(block.layer))
         return resid
 
+    @overload
+    def finish(self, resid: Tensor, return_type: Literal["logits", "resid"] = "logits") -> Tensor: ...
+    @overload
+    def finish(self, resid: Tensor, return_type: None) -> None: ...
+    @overload
+    def finish(self, resid: Tensor, return_type: str | None) -> Tensor | None: ...
     def finish(self, resid: Tensor, return_type: str | None = "logits") -> Tensor | None:
         """Final norm and unembedding (the norm's weight is applied by `unembed`, see `vlens.weights`).
 

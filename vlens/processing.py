@@ -34,6 +34,9 @@ class PreparingModel(Protocol):
     @property
     def W_U(self) -> Tensor: ...
 
+    @property
+    def input_device(self) -> torch.device: ...
+
 
 def _images_per_row(images: Any, batch: int) -> list[list]:
     """Normalise `images` to one (possibly empty) list of images per prompt."""
@@ -46,7 +49,7 @@ def _images_per_row(images: Any, batch: int) -> list[list]:
             f"Got {len(images)} image entries for {batch} prompts. Give one entry per prompt: an image, "
             "a list of images, or None for a text-only prompt."
         )
-    rows = []
+    rows: list[list] = []
     for entry in images:
         if entry is None:
             rows.append([])

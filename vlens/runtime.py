@@ -50,7 +50,7 @@ class RunState:
         return self._moved[device]
 
 
-def hook_device(module: nn.Module) -> torch.device | None:
+def hook_device(module: object) -> torch.device | None:
     """The device HF/accelerate runs `module` on (its dispatch hook's execution device), if it has one."""
     device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
     if device is None:
@@ -82,9 +82,14 @@ def build_masks(attention_mask: Tensor | None, batch: int, q_len: int, past_len:
     """
     kv_len = past_len + q_len
     padding = attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None else None
-    common = dict(batch_size=batch, q_length=q_len, kv_length=kv_len, q_offset=past_len, kv_offset=0,
-                  attention_mask=padding, device=device)
-    sdpa_form = sdpa_mask(allow_is_causal_skip=True, **common)  # None -> sdpa's is_causal, as HF
+
+    def hf_mask(allow_is_causal_skip: bool) -> Tensor | None:
+        return sdpa_mask(batch_size=batch, q_length=q_len, kv_length=kv_len, q_offset=past_len, kv_offset=0,
+                         attention_mask=padding, device=device, allow_is_causal_skip=allow_is_causal_skip)
+
+    sdpa_form = hf_mask(True)  # None -> sdpa's is_causal, as HF
     # when HF materialises the sdpa mask it is exactly the bool mask; only a plain causal one is skipped
-    allowed = sdpa_form if sdpa_form is not None else sdpa_mask(allow_is_causal_skip=False, **common)
+    allowed = sdpa_form if sdpa_form is not None else hf_mask(False)
+    if allowed is None:
+        raise RuntimeError("transformers' sdpa_mask returned no mask with allow_is_causal_skip=False")
     return AttentionMasks(sdpa=sdpa_form, allowed=allowed, dtype=dtype)

@@ -116,8 +116,8 @@ def load_model(spec: str = EMBEDDED_MODEL, *, device: Any = None, dtype: Any = N
         else:
             from vlens.model import HookedVLM
 
-            model = HookedVLM.from_pretrained(target, device=device, dtype=dtype, **resolution,
-                                              **from_pretrained_kwargs)
+            model = HookedVLM.from_pretrained(target, device=device, dtype=dtype, image_size=image_size,
+                                              min_pixels=min_pixels, max_pixels=max_pixels, **from_pretrained_kwargs)
     logger.debug("loaded %s (%s) on %s in %s", spec, kind, model.cfg.device, model.cfg.dtype)
     return model.eval()
 

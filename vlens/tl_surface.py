@@ -20,9 +20,10 @@ from torch import Tensor
 from vlens.errors import UserInputError
 
 if TYPE_CHECKING:
+    from transformer_lens.hook_points import HookPoint  # HookedRootModule's type for hook_dict
+
     from vlens.components.embed import Embed
     from vlens.config import VLMConfig
-    from vlens.hooks import HookPoint
 
 
 def unknown_hook_message(name: str, known: list[str], n_layers: int) -> str:
@@ -40,7 +41,9 @@ class TransformerLensSurface:
         hook_dict: dict[str, HookPoint]
         embed: Embed
         tokenizer: Any
-        input_device: torch.device
+
+        @property
+        def input_device(self) -> torch.device: ...
 
         def to_str_tokens(self, tokens: Any) -> Any: ...
 

@@ -8,11 +8,15 @@ only part of a multi-byte character decodes to the replacement character, as in 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast, overload
 
 from torch import Tensor
 
 
+@overload
+def str_tokens(tokenizer: Any, tokens: str | int) -> list[str]: ...
+@overload
+def str_tokens(tokenizer: Any, tokens: str | int | Sequence | Tensor) -> list[str] | list[list[str]]: ...
 def str_tokens(tokenizer: Any, tokens: str | int | Sequence | Tensor) -> list[str] | list[list[str]]:
     """Decoded tokens: a string is tokenised first (no special tokens added); an int, a list of ints
     or a 1-D tensor gives a list of strings; a 2-D tensor or a list of lists gives one list per row."""
@@ -29,7 +33,7 @@ def str_tokens(tokenizer: Any, tokens: str | int | Sequence | Tensor) -> list[st
         return _decode_each(tokenizer, [int(tokens)])
     items = list(tokens)
     if items and all(isinstance(item, (list, tuple, Tensor, str)) for item in items):
-        return [str_tokens(tokenizer, item) for item in items]
+        return cast(list[list[str]], [str_tokens(tokenizer, item) for item in items])  # one list per row
     return _decode_each(tokenizer, items)
 
 

@@ -22,7 +22,7 @@ import numbers
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from vlens.errors import UserInputError
 
@@ -48,6 +48,12 @@ def _fail(name: str, expected: str, value: Any) -> UserInputError:
     return UserInputError(f"{name} must be {expected}, got {value!r}")
 
 
+@overload
+def check_int(value: Any, name: str, min: int | None = None, max: int | None = None,
+              allow_none: Literal[False] = False) -> int: ...
+@overload
+def check_int(value: Any, name: str, min: int | None = None, max: int | None = None, *,
+              allow_none: bool) -> int | None: ...
 def check_int(value: Any, name: str, min: int | None = None, max: int | None = None,
               allow_none: bool = False) -> int | None:
     """`value` as an int in [min, max]; rejects bools, fractions, NaN and strings."""
@@ -57,7 +63,7 @@ def check_int(value: Any, name: str, min: int | None = None, max: int | None = N
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) \
                 and float(value).is_integer():
-            value = int(value)
+            value = int(float(value))
         else:
             raise _fail(name, expected, value)
     value = int(value)
@@ -66,11 +72,23 @@ def check_int(value: Any, name: str, min: int | None = None, max: int | None = N
     return value
 
 
+@overload
+def check_count(value: Any, name: str, min: int = 1, max: int | None = None,
+                allow_none: Literal[False] = False) -> int: ...
+@overload
+def check_count(value: Any, name: str, min: int = 1, max: int | None = None, *,
+                allow_none: bool) -> int | None: ...
 def check_count(value: Any, name: str, min: int = 1, max: int | None = None, allow_none: bool = False) -> int | None:
     """A count, limit, size or number of steps: an int >= `min` (default 1)."""
     return check_int(value, name, min=min, max=max, allow_none=allow_none)
 
 
+@overload
+def check_float(value: Any, name: str, min: float | None = None, max: float | None = None,
+                min_open: bool = False, max_open: bool = False, allow_none: Literal[False] = False) -> float: ...
+@overload
+def check_float(value: Any, name: str, min: float | None = None, max: float | None = None,
+                min_open: bool = False, max_open: bool = False, *, allow_none: bool) -> float | None: ...
 def check_float(value: Any, name: str, min: float | None = None, max: float | None = None,
                 min_open: bool = False, max_open: bool = False, allow_none: bool = False) -> float | None:
     """`value` as a finite float in the given range (NaN and inf are always refused)."""

@@ -48,6 +48,8 @@ def replacement_values(
         cfg = model.cfg
         return torch.zeros(*inputs.input_ids.shape, cfg.n_heads, cfg.d_head, dtype=cfg.dtype,
                            device=model.unembed.device)
+    if reference is None:
+        raise ValueError(f"{method} ablation needs reference activations")
     if method == "mean":
         return reference.mean_values(layer, inputs, slot_ids)
     if partners is None:

@@ -44,9 +44,10 @@ def top_k_heads(scores: Float[Tensor, "n_layers n_heads"], k: int = 20, absolute
 
 def jaccard(a: Iterable[Head], b: Iterable[Head]) -> float:
     """|A ∩ B| / |A ∪ B| of two head sets (1.0 for two empty sets)."""
-    a, b = {tuple(h) for h in a}, {tuple(h) for h in b}
-    union = a | b
-    return 1.0 if not union else len(a & b) / len(union)
+    set_a: set[tuple[int, ...]] = {tuple(h) for h in a}
+    set_b: set[tuple[int, ...]] = {tuple(h) for h in b}
+    union = set_a | set_b
+    return 1.0 if not union else len(set_a & set_b) / len(union)
 
 
 def chance_jaccard(k: int, n: int) -> float:
@@ -64,7 +65,7 @@ def chance_jaccard(k: int, n: int) -> float:
 def jaccard_matrix(head_sets: Mapping[str, Iterable[Head]]) -> tuple[Float[Tensor, "n n"], list[str]]:
     """Pairwise Jaccard similarity of named head sets -> ([n, n] matrix, names in order)."""
     names = list(head_sets)
-    sets = [set(map(tuple, head_sets[n])) for n in names]
+    sets = [list(head_sets[n]) for n in names]
     matrix = torch.tensor([[jaccard(a, b) for b in sets] for a in sets], dtype=torch.float64)
     return matrix, names
 

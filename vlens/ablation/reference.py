@@ -14,7 +14,7 @@ to the all-positions mean. Padding positions are never counted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -23,6 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from vlens.ablation.tasks import TaskBatch
 from vlens.hooks import act_name
 from vlens.inputs import TokenRegions, VLMInputs
 
@@ -92,7 +93,7 @@ class ReferenceActivations:
         lookup = {key: i for i, key in enumerate(self.slot_keys)}
         ids = torch.full(tuple(inputs.input_ids.shape), -1, dtype=torch.long)
         for row in range(inputs.batch_size):
-            positions, keys = row_position_keys(inputs.regions, row, self.alignment)
+            positions, keys = row_position_keys(inputs.token_regions, row, self.alignment)
             ids[row, positions] = torch.tensor([lookup.get(k, -1) for k in keys], dtype=torch.long)
         return ids
 
@@ -107,7 +108,7 @@ class ReferenceActivations:
                         slot_ids: Tensor | None = None) -> Float[Tensor, "batch pos n_heads d_head"]:
         """Each row's head outputs taken from reference example `partners[row]` at the same
         aligned position (its slot mean, then the global mean, where that example lacks it)."""
-        if self.samples is None:
+        if self.samples is None or self.sample_index is None:
             raise ValueError("resample ablation needs per-example reference outputs: build the reference with "
                              "collect_reference(..., keep_samples=True)")
         slots = self.slot_ids(inputs) if slot_ids is None else slot_ids
@@ -145,7 +146,7 @@ def resample_partners(n_eval: int, n_reference: int, seed: int = 0) -> list[int]
 
 def collect_reference(
     model,
-    reference: Iterable[VLMInputs] | object,
+    reference: Iterable[VLMInputs] | TaskBatch,
     alignment: str = "region",
     batch_size: int = 16,
     keep_samples: bool = False,
@@ -161,9 +162,9 @@ def collect_reference(
     """
     check_alignment(alignment)
     cfg = model.cfg
-    if hasattr(reference, "inputs") and hasattr(reference, "prompts"):
+    if isinstance(reference, TaskBatch):
         task = reference
-        batches = (task.inputs(model, range(s, min(s + batch_size, len(task))))
+        batches: Iterator[VLMInputs] = (task.inputs(model, range(s, min(s + batch_size, len(task))))
                    for s in range(0, len(task), batch_size))
         total = -(-len(task) // batch_size)
     else:
@@ -176,9 +177,11 @@ def collect_reference(
     example_slots: list[dict[int, int]] = []  # per reference example: slot -> sample row
     n_positions = 0
     for inputs in tqdm(batches, total=total, desc="reference means", disable=not progress):
-        rows, cols, slot_list = [], [], []
+        rows: list[int] = []
+        cols: list[int] = []
+        slot_list: list[int] = []
         for row in range(inputs.batch_size):
-            positions, keys = row_position_keys(inputs.regions, row, alignment)
+            positions, keys = row_position_keys(inputs.token_regions, row, alignment)
             ids = [lookup.setdefault(k, len(lookup)) for k in keys]
             example_slots.append({s: n_positions + len(slot_list) + j for j, s in enumerate(ids)})
             rows += [row] * len(ids)

@@ -292,9 +292,10 @@ class AblationReport(Result):
         lines.append("Jaccard".ljust(18) + "".join(f"{n[:17]:>18}" for n in names))
         for name, row in zip(names, matrix, strict=True):
             lines.append(f"{name[:17]:<18}" + "".join(f"{float(v):>18.2f}" for v in row))
-        if self.retest:
+        reliability = self.reliability()
+        if reliability is not None:
             lines.append(f"reliability (top-{self.top_k} Jaccard, two evaluation sets): " +
-                         ", ".join(f"{t} {v:.2f}" for t, v in self.reliability().items()))
+                         ", ".join(f"{t} {v:.2f}" for t, v in reliability.items()))
         if self.patching:
             lines.append(f"patching vs ablation (top-{self.patching['top_k']}): " +
                          ", ".join(f"{t} {v:.2f}" for t, v in self.patching["jaccard"].items()))

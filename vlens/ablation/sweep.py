@@ -101,7 +101,8 @@ def head_ablation_sweep(
     cfg = model.cfg
     layers = list(range(cfg.n_layers)) if layers is None else list(layers)
     n = len(task)
-    partners = resample_partners(n, reference.n_examples, seed) if method == "resample" else None
+    # (check_method refused resample without a reference)
+    partners = resample_partners(n, reference.n_examples, seed) if method == "resample" and reference else None
     chunks = [range(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
     clean_runs: dict[int, _CleanChunk] = {}  # the current chunk's clean run
 
@@ -170,7 +171,7 @@ class _CleanChunk:
             self.layer_inputs.append(resid)
             resid = model.run_blocks(resid, self.state, layer, layer + 1)
         self.clean_lp, self.clean_acc = answer_metrics(
-            final_position_logits(model, resid, self.inputs.regions.final, self.k), self.answers)
+            final_position_logits(model, resid, self.inputs.token_regions.final, self.k), self.answers)
         self.reference = reference
         self.slot_ids = reference.slot_ids(self.inputs) if reference is not None else None
         self.partners = None if partners is None else [partners[r] for r in rows]
@@ -202,7 +203,7 @@ def _ablated_final_logits(model, inputs: VLMInputs, stacked: RunState | None, la
     stacked: the chunk's run state repeated len(heads) times (resume only)."""
     real = inputs.attention_mask.bool()
     hook = (act_name("z", layer), stacked_head_hook(heads, values, real))
-    final = inputs.regions.final
+    final = inputs.token_regions.final
     if not resume:
         return last_positions(model.run_with_hooks(inputs, fwd_hooks=[hook]), final, k)
     copies = len(heads)

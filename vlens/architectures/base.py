@@ -70,7 +70,7 @@ class ArchitectureAdapter(ABC):
     def build_config(self, hf_model: HFModule) -> VLMConfig:
         """A `VLMConfig` (TransformerLens field names) from the HF model's config."""
 
-    def language_model(self, hf_model: HFModule) -> nn.Module:
+    def language_model(self, hf_model: HFModule) -> HFModule:
         """The HF text decoder (has embed_tokens, layers, norm, rotary_emb)."""
         return hf_model.model.language_model
 
@@ -132,7 +132,7 @@ class ArchitectureAdapter(ABC):
     def image_token_counts(self, cfg: VLMConfig, inputs) -> tuple[list[int], list[tuple[int, int]]]:
         """Per image (in order): number of placeholder tokens and merged grid (rows, cols)."""
 
-    def mm_token_type_ids(self, cfg: VLMConfig, input_ids: Tensor) -> Tensor:
+    def mm_token_type_ids(self, cfg: VLMConfig, input_ids: Tensor) -> Tensor | None:
         """0 for text, 1 for image placeholders, 2 for video placeholders (HF's convention)."""
         types = torch.zeros_like(input_ids, dtype=torch.int)
         if cfg.image_token_id is not None:

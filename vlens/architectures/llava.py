@@ -107,7 +107,10 @@ class LlavaAdapter(ArchitectureAdapter):
         selected = [hidden_states[i] for i in layers]
         if strategy == "default":
             selected = [h[:, 1:] for h in selected]  # drop CLS
-        features = vision.hook_image_features(torch.cat(selected, dim=-1))
+        if vision.projector is None:
+            raise ValueError("a LLaVA vision tower needs its multi-modal projector")
+        # the hook point build_vision added (nn.Module attributes are untyped to checkers)
+        features = vision.get_submodule("hook_image_features")(torch.cat(selected, dim=-1))
         embeds = vision.projector(features)  # [n_images, n_tokens, d_model]
         embeds = vision.hook_image_embeds(embeds.reshape(-1, embeds.shape[-1]))
         return ImageFeatures(embeds=embeds, deepstack=[])

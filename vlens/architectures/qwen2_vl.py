@@ -92,7 +92,9 @@ class Qwen2VLAdapter(ArchitectureAdapter):
             attention_mask=inputs.attention_mask,
         )
 
-    def decode_position_ids(self, attention_mask: Tensor, n_new: int, deltas: Tensor) -> Tensor:
+    def decode_position_ids(self, attention_mask: Tensor, n_new: int, deltas: Tensor | None) -> Tensor:
+        if deltas is None:
+            raise ValueError("Qwen2-VL decoding needs the rope deltas of the prompt run (get_rope_index)")
         text_pos = attention_mask.long().cumsum(-1) - 1
         text_pos = text_pos.masked_fill(attention_mask == 0, 0)[:, -n_new:]
         return (text_pos + deltas.to(text_pos.device)).unsqueeze(0).expand(3, -1, -1)

@@ -58,9 +58,10 @@ class KVCache:
         return 0 if self.keys[0] is None else self.keys[0].shape[1]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.keys[layer] is not None:
-            k = torch.cat([self.keys[layer], k], dim=1)
-            v = torch.cat([self.values[layer], v], dim=1)
+        past_k, past_v = self.keys[layer], self.values[layer]
+        if past_k is not None and past_v is not None:
+            k = torch.cat([past_k, k], dim=1)
+            v = torch.cat([past_v, v], dim=1)
         self.keys[layer], self.values[layer] = k, v
         return k, v
 
@@ -183,7 +184,7 @@ class Attention(nn.Module):
         q = self.hook_q(self.q_proj(x).view(batch, pos, -1, d_head))
         k = self.hook_k(self.k_proj(x).view(batch, pos, -1, d_head))
         v = self.hook_v(self.v_proj(x).view(batch, pos, -1, d_head))
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
         q = self.hook_rot_q(apply_rotary(q, cos, sin))

@@ -36,7 +36,9 @@ class Unembed(nn.Module):
         self.__dict__["ln_final_source"] = ln_final_source  # the HF norm (for offloaded weights); not ours
 
     def _norm_weight(self) -> Tensor:
-        return compute_weight(self.ln_final_w, self.ln_final_source)
+        if self.ln_final_w is None:
+            raise ValueError("this unembedding has no final norm weight")
+        return compute_weight(self.ln_final_w, self.__dict__["ln_final_source"])
 
     @property
     def device(self) -> torch.device:

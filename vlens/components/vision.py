@@ -37,9 +37,10 @@ class HookedVisionTower(nn.Module):
         super().__init__()
         self.tower = tower
         self.projector = projector
-        self.blocks = nn.ModuleList(VisionBlockHooks() for _ in hf_blocks)
+        block_hooks = [VisionBlockHooks() for _ in hf_blocks]
+        self.blocks = nn.ModuleList(block_hooks)
         self.hook_image_embeds = HookPoint()
-        for hf_block, hooks in zip(hf_blocks, self.blocks, strict=True):
+        for hf_block, hooks in zip(hf_blocks, block_hooks, strict=True):
             hf_block.register_forward_hook(_route_through(hooks.hook_resid_post))
 
 

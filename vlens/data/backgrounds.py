@@ -26,7 +26,7 @@ def _smooth_noise(rng: np.random.Generator, size: int, cells: int, amplitude: fl
     """float32 [size, size, 3] of low-frequency colour noise, zero mean-ish."""
     coarse = rng.uniform(-amplitude, amplitude, size=(cells, cells, 3)).astype(np.float32)
     channels = [
-        np.asarray(Image.fromarray(coarse[..., c], "F").resize((size, size), Image.BICUBIC)) for c in range(3)
+        np.asarray(Image.fromarray(coarse[..., c], "F").resize((size, size), Image.Resampling.BICUBIC)) for c in range(3)
     ]
     return np.stack(channels, axis=-1)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 from tqdm import tqdm
 
 from vlens.data.generators import RENDERERS
@@ -78,7 +79,7 @@ def _pair_counts(spec: DatasetSpec, index: int, rng: np.random.Generator) -> tup
     return n_clean, n_corrupt
 
 
-def render_sample(spec: DatasetSpec, index: int) -> list[tuple[str, object, dict]]:
+def render_sample(spec: DatasetSpec, index: int) -> list[tuple[str, Image.Image, dict]]:
     """Render sample ``index``: a list of (file name, image, record) (two for a pair)."""
     seed = sample_seed(spec.seed, index)
     opts = dict(spec.options)

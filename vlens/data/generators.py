@@ -7,6 +7,8 @@ task ("counting"), style, image size and background.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from PIL import Image
 
 from vlens.data.scene import (
@@ -111,4 +113,4 @@ def render_synreal(
     return render_counting(SYNREAL, count, seed, size, radius, min_gap, background, allow_empty)
 
 
-RENDERERS = {"syndot": render_syndot, "synpoly": render_synpoly, "synreal": render_synreal}
+RENDERERS: dict[str, Callable[..., tuple[Image.Image, dict]]] = {"syndot": render_syndot, "synpoly": render_synpoly, "synreal": render_synreal}

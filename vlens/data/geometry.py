@@ -8,8 +8,9 @@ Coordinates are (u, v) with v pointing down, like image rows. A primitive is one
 from __future__ import annotations
 
 import math
+from typing import Any
 
-Primitive = tuple[str, object]
+Primitive = tuple[str, Any]  # (kind, geometry): kind decides the geometry's shape
 
 _POLYGON_SIDES = {"triangle": 3, "square": 4, "pentagon": 5, "hexagon": 6}
 STAR_INNER_RADIUS = 0.45

@@ -80,20 +80,20 @@ def place_objects(
     Raises:
         LayoutError: impossible request, or no layout found within the bounded effort.
     """
-    sizes = np.asarray(sizes, dtype=np.float64)
-    n = len(sizes)
+    radii = np.asarray(sizes, dtype=np.float64)
+    n = len(radii)
     if n == 0:
         return np.zeros((0, 2))
-    check_feasible(list(sizes) + [s for _, s in fixed], image_size, min_gap)
+    check_feasible(list(radii) + [s for _, s in fixed], image_size, min_gap)
     margin = border_margin(min_gap)
     fixed_centres = np.array([c for c, _ in fixed], dtype=np.float64).reshape(-1, 2)
     fixed_sizes = np.array([s for _, s in fixed], dtype=np.float64)
-    order = np.argsort(-sizes, kind="stable")  # big first: far fewer dead ends
+    order = np.argsort(-radii, kind="stable")  # big first: far fewer dead ends
     for _ in range(MAX_RESTARTS):
         centres = np.zeros((n, 2))
         placed_c, placed_s = fixed_centres, fixed_sizes
         for i in order:
-            s = sizes[i]
+            s = radii[i]
             lo, hi = margin + s, image_size - margin - s
             cand = np.round(rng.uniform(lo, hi, size=(CANDIDATES_PER_OBJECT, 2)), 2)
             if len(placed_s):
@@ -110,7 +110,7 @@ def place_objects(
         else:
             return centres
     raise LayoutError(
-        f"could not place {n} objects of radius {sizes.min():.1f}-{sizes.max():.1f} px with a gap of "
+        f"could not place {n} objects of radius {radii.min():.1f}-{radii.max():.1f} px with a gap of "
         f"{min_gap:.1f} px in a {image_size} px image after {MAX_RESTARTS} attempts; the request "
         "is too crowded: use fewer objects, a smaller radius or gap, or a larger image."
     )

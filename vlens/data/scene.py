@@ -52,7 +52,7 @@ def resolve_radius(style: Style, image_size: int, radius: Radius) -> tuple[float
     """(min, max) object radius in px: the style's default, one value, or a range."""
     if radius is None:
         return style.default_radius(image_size)
-    lo, hi = (radius, radius) if np.isscalar(radius) else tuple(radius)
+    lo, hi = (radius, radius) if isinstance(radius, (int, float, np.number)) else radius
     if not 0 < lo <= hi:
         raise ValueError(f"radius must be positive with min <= max, got {radius!r}")
     return float(lo), float(hi)

@@ -55,13 +55,14 @@ def _counting(
 ) -> tuple[Attributes, Asker]:
     n = int(_pick(rng, counts))
     if template in (T.COUNT_DOTS, T.COUNT_OBJECTS):
-        return [(None, None)] * n, lambda objs: (template, str(n), [o["id"] for o in objs])
+        blank: Attributes = [(None, None)] * n
+        return blank, lambda objs: (template, str(n), [o["id"] for o in objs])
     key, pool = ("color", style.colors) if template == T.COUNT_COLOR else ("shape", style.shapes)
     target = _pick(rng, pool)
     extra = int(rng.integers(0, max(counts) - n + 1))
     others = _without(pool, target)
     values = [target] * n + [_pick(rng, others) for _ in range(extra)]
-    attrs = [(v, None) if key == "color" else (None, v) for v in values]
+    attrs: Attributes = [(v, None) if key == "color" else (None, v) for v in values]
     question = T.fill(template, color=target, shape_plural=plural(target))
     return attrs, lambda objs: (question, str(n), _ids(objs, key, target))
 
@@ -138,7 +139,7 @@ def _existence(
     target, present = _pick(rng, pool), bool(rng.integers(2))
     n = int(rng.integers(1, min(MAX_ATTRIBUTE_OBJECTS, max(counts)) + 1))
     values = [target if present and i == 0 else _pick(rng, _without(pool, target)) for i in range(n)]
-    attrs = [(v, None) if key == "color" else (None, v) for v in values]
+    attrs: Attributes = [(v, None) if key == "color" else (None, v) for v in values]
     question = T.fill(template, shape=target, color=target)
     return attrs, lambda objs: (question, T.YES if present else T.NO, _ids(objs, key, target))
 

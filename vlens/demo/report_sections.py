@@ -13,9 +13,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 from vlens.viz.report import Report
 
@@ -33,8 +35,8 @@ class Section:
     key: str
     title: str
     explanation: str
-    figure: object = None
-    image: object = None
+    figure: Any = None  # a plotly Figure (viz extra)
+    image: Image.Image | None = None
     html: object = None
     table: list[dict] | None = None
     definitions: dict = field(default_factory=dict)

@@ -84,7 +84,7 @@ class HookedVLMBackend:
         out: list[tuple[list[int] | None, float | None]] = [(None, None)] * len(tokens)
         if not rows:
             return out
-        kept = [tokens[i] for i in rows]
+        kept = [t for t in tokens if t is not None]  # the rows' answers
         per_prompt = [images[i][0] if len(images[i]) == 1 else list(images[i]) for i in rows]
         inputs = teacher_force(self.model, self.model.prepare(images=per_prompt, prompts=[prompts[i] for i in rows],
                                                               chat=self.chat), kept)

@@ -64,11 +64,8 @@ def _count_scores(predictions: Sequence[int | None], targets: Sequence[int], unp
     n = len(targets)
     correct = sum(p is not None and p == t for p, t in zip(predictions, targets, strict=True))
     n_unparsed = sum(p is None for p in predictions)
-    errors = [
-        abs((unparsed_value if p is None else p) - t)
-        for p, t in zip(predictions, targets, strict=True)
-        if p is not None or unparsed_value is not None
-    ]
+    scored = [(unparsed_value if p is None else p, t) for p, t in zip(predictions, targets, strict=True)]
+    errors = [abs(p - t) for p, t in scored if p is not None]  # unparsed: unparsed_value, or left out
     mae = sum(errors) / len(errors) if errors else None
     return n, (correct / n if n else 0.0), mae, len(errors), n_unparsed
 

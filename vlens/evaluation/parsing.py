@@ -97,8 +97,8 @@ def parse_choice(text: str, options: Sequence[str]) -> str | None:
 
 # name -> (text, options) -> parsed answer; counting parsers ignore the options
 ANSWER_PARSERS: dict[str, Callable[[str, Sequence[str] | None], int | str | None]] = {
-    "count": lambda text, options=None: parse_count(text),
-    "count_strict": lambda text, options=None: parse_count_strict(text),
+    "count": lambda text, options: parse_count(text),
+    "count_strict": lambda text, options: parse_count_strict(text),
     "choice": lambda text, options: parse_choice(text, options or []),
 }
 

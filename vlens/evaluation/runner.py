@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 from vlens.evaluation.backends import GenerationBackend
 from vlens.evaluation.examples import (
@@ -81,8 +82,7 @@ class EvalResult(Result):
             "metrics": self.metrics.to_dict(),
         }
         if self.task == "count":
-            rows, columns, matrix = confusion_matrix([p.parsed for p in self.predictions],
-                                                     [p.target for p in self.predictions])
+            rows, columns, matrix = confusion_matrix(*counts_of(self.predictions))
             summary["confusion_matrix"] = {"true": rows, "predicted": columns, "matrix": matrix}
         return summary
 
@@ -90,14 +90,18 @@ class EvalResult(Result):
         """Counting: the confusion matrix of true against parsed counts; multiple choice: accuracy
         per category (overall without categories)."""
         if self.task == "count":
-            return plot_confusion_matrix([p.parsed for p in self.predictions], [p.target for p in self.predictions],
-                                         title=title or "Counting confusion matrix")
+            return plot_confusion_matrix(*counts_of(self.predictions), title=title or "Counting confusion matrix")
         go = require_plotly()
         metrics = self.metrics.to_dict()
         per_category = metrics.get("per_category") or {"all": {"accuracy": metrics["accuracy"]}}
         figure = go.Figure(go.Bar(x=list(per_category), y=[v["accuracy"] for v in per_category.values()]))
         return figure.update_layout(title=title or f"Accuracy ({self.format})", yaxis={"title": "accuracy",
                                                                                        "range": [0, 1.05]})
+
+
+def counts_of(predictions: list[Prediction]) -> tuple[list[int | None], list[int]]:
+    """(parsed, target) counts of a counting run's predictions (its parser returns int or None)."""
+    return cast(list[int | None], [p.parsed for p in predictions]), cast(list[int], [p.target for p in predictions])
 
 
 def _plain(extra: dict) -> dict:
@@ -112,17 +116,17 @@ def score_predictions(
     category_field: str | None = None,
 ) -> CountingMetrics | ChoiceMetrics:
     """Metrics from predictions (also used to re-score a saved predictions.jsonl)."""
-    parsed = [p.parsed for p in predictions]
-    targets = [p.target for p in predictions]
     if task == "count":
-        metrics = counting_metrics(parsed, targets, unparsed_value=unparsed_value)
+        metrics = counting_metrics(*counts_of(predictions), unparsed_value=unparsed_value)
         scored = [p.target_logprob for p in predictions if p.target_logprob is not None]
         if scored:
             metrics.mean_target_logprob = sum(scored) / len(scored)
         return metrics
     if task == "choice":
         categories = [p.extra.get(category_field) for p in predictions] if category_field else None
-        return choice_metrics(parsed, targets, categories=categories)
+        # a multiple-choice run parses option letters (str or None)
+        return choice_metrics(cast(list[str | None], [p.parsed for p in predictions]),
+                              cast(list[str], [p.target for p in predictions]), categories=categories)
     raise ValueError(f"unknown task {task!r}; use 'count' or 'choice'")
 
 

@@ -67,7 +67,8 @@ class HeadScores(Result):
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(next(iter(self.scores.values())).shape)
+        n_layers, n_heads = next(iter(self.scores.values())).shape
+        return int(n_layers), int(n_heads)
 
     def head(self, layer: int, head: int) -> dict[str, float | None]:
         """The scores of one head (None where undefined)."""
@@ -147,6 +148,8 @@ def compute_head_scores(
         inputs, records = prepare_batch(model, samples[start:start + batch_size])
         out = lens.run(inputs, positions="final", k=k)
         ids = out.top_ids[:, 0]  # [batch, L, H, k]
+        if out.image_attention is None:
+            raise RuntimeError("HeadLens.run returned no image attention")
         part: dict = {"sums": {}, "counts": {}}
 
         def add(name: str, values: Tensor, rows: Tensor) -> None:

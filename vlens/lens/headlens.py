@@ -23,9 +23,9 @@ For head i of layer l at a position,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from jaxtyping import Float, Int
@@ -68,7 +68,8 @@ class HeadLensOutput(Result):
 
     def top_tokens(self, tokenizer, row: int, layer: int, head: int, position_index: int = 0) -> list[str]:
         """Decoded top-k tokens of one head (layer is a model layer index), as `to_str_tokens` labels them."""
-        return str_tokens(tokenizer, self.top_ids[row, position_index, self.layers.index(layer), head].tolist())
+        ids = self.top_ids[row, position_index, self.layers.index(layer), head].tolist()
+        return cast(list[str], str_tokens(tokenizer, ids))  # a list of ids decodes to one label per id
 
     def plot(self, title: str = "HeadLens: attention from the decoded position onto the image"):
         """Layer x head heatmap of the mean image attention (the top-1 logit without attention)."""
@@ -185,7 +186,7 @@ class HeadLens(TunedLens):
                 store[name] = (rows.float() * image_keys.to(rows.device)[:, None, None, :]).sum(-1).detach()
             return hook
 
-        hooks = []
+        hooks: list[tuple[str | Callable, Callable]] = []
         for layer in layers:
             hooks.append((f"blocks.{layer}.attn.hook_z", keep(f"z{layer}")))
             hooks.append((f"blocks.{layer}.hook_resid_post", keep(f"resid{layer}")))

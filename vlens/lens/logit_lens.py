@@ -191,7 +191,7 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
     forced = teacher_force(model, inputs, answer_ids)
     # row r's answer token j is predicted at position final - (n_r - 1) + j
     rows = torch.tensor([r for r, a in enumerate(answer_ids) for _ in a])
-    final = forced.regions.final.cpu()
+    final = forced.token_regions.final.cpu()
     positions = torch.tensor([int(final[r]) - len(a) + 1 + j for r, a in enumerate(answer_ids) for j in range(len(a))])
     targets = torch.tensor([t for a in answer_ids for t in a])
     first = torch.tensor([sum(len(a) for a in answer_ids[:r]) for r in range(len(answer_ids))])

@@ -87,8 +87,9 @@ def classify_head(scores: dict[str, float | None], thresholds: TaxonomyThreshold
     if thresholds.chance_corrected and chance:
         scores = dict(scores)
         for name, c in chance.items():
-            if scores.get(name) is not None and c < 1:
-                scores[name] = (scores[name] - c) / (1 - c)
+            value = scores.get(name)
+            if value is not None and c < 1:
+                scores[name] = (value - c) / (1 - c)
     def at_least(name, value):
         x = scores.get(name)
         return x is not None and x == x and x >= value

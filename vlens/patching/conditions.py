@@ -103,4 +103,4 @@ def corrupt_activations(model: HookedVLM, batch: PairBatch, names: set[str],
     if readout is not None:
         return gather_positions(logits, readout), cache
     rows = torch.arange(batch.n_pairs)
-    return logits[rows, batch.corrupt.regions.final.to(logits.device)], cache
+    return logits[rows, batch.corrupt.token_regions.final.to(logits.device)], cache

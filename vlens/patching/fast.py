@@ -40,20 +40,22 @@ def repeat_run_state(state: RunState, k: int) -> RunState:
     if k == 1:
         return state
 
-    def rep(t: Tensor | None, dim: int = 0) -> Tensor | None:
-        if t is None:
-            return None
+    def rep(t: Tensor, dim: int = 0) -> Tensor:
         sizes = [1] * t.ndim
         sizes[dim] = k
         return t.repeat(*sizes)
 
-    masks = AttentionMasks(sdpa=rep(state.masks.sdpa), allowed=rep(state.masks.allowed), dtype=state.masks.dtype)
+    def rep_optional(t: Tensor | None) -> Tensor | None:
+        return None if t is None else rep(t)
+
+    masks = AttentionMasks(sdpa=rep_optional(state.masks.sdpa), allowed=rep(state.masks.allowed),
+                           dtype=state.masks.dtype)
     position_ids = state.position_ids
     position_ids = rep(position_ids, 1 if position_ids.ndim == 3 else 0)
     # DeepStack features are flattened over image tokens in row order: copy-major repeat keeps that order.
     deepstack = {layer: (rep(mask), rep(feats)) for layer, (mask, feats) in state.deepstack.items()}
     return RunState(resid=rep(state.resid), cos=rep(state.cos), sin=rep(state.sin), masks=masks,
-                    position_ids=position_ids, rope_deltas=rep(state.rope_deltas), deepstack=deepstack, kv_cache=None)
+                    position_ids=position_ids, rope_deltas=rep_optional(state.rope_deltas), deepstack=deepstack, kv_cache=None)
 
 
 def suffix_state(state: RunState, attention_mask: Tensor, start: int, prefix_kv: dict[int, tuple[Tensor, Tensor]],
@@ -186,11 +188,11 @@ def run_fast(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max
     Returns (patched final logits [n_specs, n_pairs, d_vocab], Baseline).
     """
     plan = FastPlan(model, batch, specs, max_batch)
-    out: list[Tensor | None] = [None] * len(specs)
+    out: dict[int, Tensor] = {}
     for chunk in tqdm(range(len(plan.chunks)), desc="patching (fast)", disable=not progress):
         indices, logits = plan.run_chunk(chunk)
         for j, i in enumerate(indices):
             out[i] = logits[j, :, 0]
     baseline = final_baseline(batch, plan.clean_logits, plan.corrupt_logits)
-    return torch.stack(out) if out else baseline.clean_logits.new_zeros(0, *baseline.clean_logits.shape), baseline
+    return torch.stack([out[i] for i in range(len(specs))]) if out else baseline.clean_logits.new_zeros(0, *baseline.clean_logits.shape), baseline
 

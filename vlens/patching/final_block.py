@@ -51,13 +51,16 @@ def last_block_at(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], s
     q = attn.q_proj(x_read).view(batch, n_read, -1, d_head)
     k = attn.k_proj(x).view(batch, pos, -1, d_head)
     v = attn.v_proj(x).view(batch, pos, -1, d_head)
-    if attn.q_norm is not None:
+    if attn.q_norm is not None and attn.k_norm is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
     q = apply_rotary(q, gather_positions(state.cos, positions), gather_positions(state.sin, positions))
     k = apply_rotary(k, state.cos, state.sin)
-    if state.kv_cache is not None and state.kv_cache.keys[block.layer] is not None:  # a suffix run: prepend the prefix
-        k = torch.cat([state.kv_cache.keys[block.layer], k], dim=1)
-        v = torch.cat([state.kv_cache.values[block.layer], v], dim=1)
+    cache = state.kv_cache
+    prefix_k = None if cache is None else cache.keys[block.layer]
+    prefix_v = None if cache is None else cache.values[block.layer]
+    if prefix_k is not None and prefix_v is not None:  # a suffix run: prepend the prefix
+        k = torch.cat([prefix_k, k], dim=1)
+        v = torch.cat([prefix_v, v], dim=1)
     allowed = state.masks.allowed[rows, :, positions].transpose(1, 2)  # [b, 1, k, kv_len]
     groups = attn.num_key_value_groups
     z = torch.nn.functional.scaled_dot_product_attention(

@@ -199,8 +199,8 @@ class MetricFunction:
         if not callable(fn):
             raise UserInputError(f"metric must be callable (logits -> values), got {type(fn).__name__}")
         self.fn = fn
-        label = name or getattr(fn, "__name__", "metric")
-        self.name = "metric" if label == "<lambda>" else label
+        label = name or str(getattr(fn, "__name__", "metric"))
+        self.name: str = "metric" if label == "<lambda>" else label
         self.rows = None if rows is None else torch.as_tensor(list(rows), dtype=torch.long)
         self.takes_rows = _positional_arity(fn) >= 2
 

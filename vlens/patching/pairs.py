@@ -83,11 +83,11 @@ class PairBatch:
 
     @property
     def final(self) -> Int[Tensor, "n_pairs"]:
-        return self.clean.regions.final
+        return self.clean.token_regions.final
 
     def region_mask(self, region: str) -> Tensor:
         """bool [n_pairs, seq_len]: where `region` ("image", "text", "final", "all") is, in both roles."""
-        return self.clean.regions.mask(region, self.seq_len)
+        return self.clean.token_regions.mask(region, self.seq_len)
 
     def readout_positions(self, readout: Readout = "final") -> Int[Tensor, "n_pairs n_readout"]:
         """Where a patching metric reads the logits, per pair: "final" (each row's final prompt
@@ -297,22 +297,22 @@ def _check_aligned_pair(clean: VLMInputs, corrupt: VLMInputs, row: int, pair_id:
             "Patching needs identical token layouts: use images of the same size and the same question in both roles."
         )
     for region in ("image", "text", "final"):
-        a = clean.regions.region(region, row).cpu()
-        b = corrupt.regions.region(region, other).cpu()
+        a = clean.token_regions.region(region, row).cpu()
+        b = corrupt.token_regions.region(region, other).cpu()
         if a.shape != b.shape or not torch.equal(a, b):
             raise ValueError(
                 f"pair {pair_id!r} is misaligned: its {region} tokens sit at different positions in the clean and "
                 f"the corrupt input ({a.numel()} vs {b.numel()} positions). Use images of the same size and the same "
                 "question in both roles."
             )
-    grid_a, grid_b = clean.regions.image_grid[row], corrupt.regions.image_grid[other]
+    grid_a, grid_b = clean.token_regions.image_grid[row], corrupt.token_regions.image_grid[other]
     if grid_a != grid_b:
         raise ValueError(f"pair {pair_id!r} is misaligned: image grids {grid_a} (clean) vs {grid_b} (corrupt)")
 
 
 def _select_rows(inputs: VLMInputs, rows: list[int]) -> VLMInputs:
     """Rows of a batch, with their pixel values (Qwen layout: patches of all images concatenated)."""
-    regions = inputs.regions
+    regions = inputs.token_regions
     index = torch.tensor(rows, dtype=torch.long)
     pixel_values, grid_thw = inputs.pixel_values, inputs.image_grid_thw
     if pixel_values is not None:

@@ -99,7 +99,7 @@ def run_specs_reduced(
     values: dict[str, Tensor] = {}
     clean, corrupt = [], []
     for (p, _), result in zip(units, results, strict=True):
-        rows = torch.tensor(chunks[p])
+        pair_rows = torch.tensor(chunks[p])
         index = torch.tensor(result["specs"])
         for name, value in result["values"].items():
             if value.ndim == 1 and len(chunks) > 1:
@@ -110,7 +110,7 @@ def run_specs_reduced(
                 shape = (len(specs), batch.n_pairs) if value.ndim == 2 else (len(specs),)
                 values[name] = torch.zeros(shape, dtype=value.dtype)
             if value.ndim == 2:
-                values[name][index[:, None], rows[None, :]] = value
+                values[name][index[:, None], pair_rows[None, :]] = value
             else:
                 values[name][index] = value
         if "clean_logits" in result:

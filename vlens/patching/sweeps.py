@@ -140,7 +140,7 @@ def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "r
             mask = torch.zeros_like(valid)
             mask[:, p] = valid[:, p]
             specs.append(PatchSpec(layer, component, mask))
-    regions = batch.clean.regions
+    regions = batch.clean.token_regions
     longest = int(valid.sum(-1).argmax())  # a row without padding labels the columns
     tokens = batch.clean.input_ids[longest].tolist()
     token_strings = [str(t) for t in (model.to_str_tokens(tokens) if model.processor is not None else tokens)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import overload
 
 import numpy as np
 import torch
@@ -38,6 +39,10 @@ def as_grid(grid: Sequence[int] | Tensor, name: str = "grid") -> tuple[int, int]
     return values[0], values[1]
 
 
+@overload
+def check_labels(labels: Sequence[str], expected: int, name: str) -> list[str]: ...
+@overload
+def check_labels(labels: Sequence[str] | None, expected: int, name: str) -> list[str] | None: ...
 def check_labels(labels: Sequence[str] | None, expected: int, name: str) -> list[str] | None:
     """Check that an optional list of labels has one entry per row/column."""
     if labels is None:

@@ -116,7 +116,7 @@ def layer_head_heatmap(
     head_labels = [f"H{head}" for head in range(n_heads)]
     axes = {"x_title": "head", "y_title": "layer"}
 
-    if classes is None:
+    if classes is None and values_np is not None:  # (values_np is None only with classes)
         return _heatmap(
             values_np,
             head_labels,

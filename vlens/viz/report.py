@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,7 +85,7 @@ class _Section:
     title: str
     explanation: str
     anchor: str
-    figure: object = None
+    figure: Any = None  # a plotly Figure (viz extra)
     image: Image.Image | None = None
     html: str | None = None
     is_circuitsvis: bool = False
