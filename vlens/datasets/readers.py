@@ -178,6 +178,8 @@ def read_pixmo(
         require(row, ("count", "label"), where, "pixmo")
         image = find_image(row, where)
         if verify_sha256 and row.get("image_sha256"):
+            if not isinstance(image, (bytes, Path)):
+                raise DatasetError(f"{where}: image_sha256 can only check an image file or its bytes")
             data = image if isinstance(image, bytes) else image.read_bytes()
             if hashlib.sha256(data).hexdigest() != str(row["image_sha256"]).lower():
                 raise MissingImageError(f"{where}: image sha256 differs from image_sha256 (the download changed)")

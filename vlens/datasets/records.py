@@ -26,8 +26,9 @@ from vlens.images import (
 # A file on disk, the encoded bytes of an image stored inside the data file (Hugging Face
 # parquet / arrow exports keep images as {"bytes": ..., "path": ...}), or an image in memory.
 ImageSource = Path | bytes | Image.Image
-# per image: object centres [(x, y), ...] in original pixels and that image's (width, height)
-ImageObjects = tuple[list[tuple[float, float]], tuple[int, int]]
+# per image: object centres [(x, y), ...] in original pixels and that image's (width, height),
+# None where the data does not give it (read from the opened image)
+ImageObjects = tuple[list[tuple[float, float]], tuple[int, int] | None]
 
 
 
@@ -159,10 +160,10 @@ def open_image(source: ImageSource, max_bytes: int | None = MAX_IMAGE_BYTES) -> 
     if isinstance(source, bytes):
         if max_bytes is not None and len(source) > max_bytes:
             raise UnreadableImageError(f"embedded image of {len(source)} bytes is over the size limit")
-        opener = io.BytesIO(source)
+        opener: io.BytesIO | Path = io.BytesIO(source)
     else:
         check_regular_file(Path(source), max_bytes)
-        opener = source
+        opener = Path(source)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

@@ -61,7 +61,7 @@ def examples_from_dataset(dataset, limit: int | None = None) -> list[SFTExample]
     limit = check_count(limit, "limit", allow_none=True)
     examples = []
     for record, images in load_record_images(dataset.head(limit)):
-        objects = None
+        objects: list[ImageObjects] | None = None
         if record.objects:
             objects = [(list(centres), size or image.size) for (centres, size), image in
                        zip(record.objects, images, strict=True)]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import Tensor
 
 from vlens.fileio import atomic_folder
 from vlens.training.lora import ADAPTER_NAME, add_lora, has_lora, lora_config, lora_layers
@@ -86,7 +87,7 @@ def load_adapters(model, folder: str | Path):
     config = LoraConfig.from_pretrained(str(folder))
     tensors = load_file(str(folder / ADAPTER_WEIGHTS))
     hf_to_ours = _hf_module_to_ours(model)
-    wanted = {}
+    wanted: dict[str, dict[str, Tensor]] = {}
     for key, value in tensors.items():
         name = key.removeprefix(PEFT_PREFIX)
         module_name, _, part = name.rpartition(".lora_")
@@ -107,14 +108,14 @@ def load_adapters(model, folder: str | Path):
             projections=projections,
             layers=layers,
         )
-    layers = lora_layers(model)
-    missing = set(layers) - set(wanted)
+    lora = lora_layers(model)
+    missing = set(lora) - set(wanted)
     if missing:
         raise ValueError(f"the adapter folder has no weights for {sorted(missing)[:4]}...")
     with torch.no_grad():
         for ours, parts in wanted.items():
             for part, value in parts.items():
-                weight = getattr(layers[ours], f"lora_{part}")[ADAPTER_NAME].weight
+                weight = getattr(lora[ours], f"lora_{part}")[ADAPTER_NAME].weight
                 weight.copy_(value.to(weight.device, weight.dtype))
     return model
 

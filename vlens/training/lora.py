@@ -9,6 +9,7 @@ module, so the HF model stays clean (and its frozen base weights stay shared).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 
@@ -48,7 +49,8 @@ def add_lora(
         raise ValueError(f"LoRA rank must be >= 1, got {rank}")
     config = LoraConfig(
         r=rank,
-        lora_alpha=2 * rank if alpha is None else alpha,
+        # peft annotates lora_alpha as int; it only divides it by the rank, so a float alpha is fine
+        lora_alpha=2 * rank if alpha is None else alpha,  # type: ignore[arg-type]
         lora_dropout=dropout,
         target_modules=lora_target_regex(projections, layers),
         bias="none",
@@ -65,7 +67,7 @@ def has_lora(model) -> bool:
     return bool(lora_layers(model))
 
 
-def lora_layers(model) -> dict[str, nn.Module]:
+def lora_layers(model) -> dict[str, Any]:
     """Our module name -> peft LoRA layer (e.g. "blocks.0.attn.q_proj")."""
     from peft.tuners.lora import LoraLayer
 
