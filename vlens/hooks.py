@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from numbers import Integral
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint as _TLHookPoint
@@ -66,7 +66,7 @@ def _checked(hook: Any, point: _TLHookPoint):
 class HookPoint(_TLHookPoint):
     """TransformerLens's `HookPoint`, with forward hook results checked (see `_checked`)."""
 
-    def add_hook(self, hook: Any, dir: str = "fwd", *args: Any, **kwargs: Any):
+    def add_hook(self, hook: Any, dir: Literal["fwd", "bwd"] = "fwd", *args: Any, **kwargs: Any):
         if dir == "fwd":
             hook = _checked(hook, self)
         return super().add_hook(hook, dir, *args, **kwargs)

@@ -264,7 +264,7 @@ def _config(family: str, text: dict, vision: dict, tie: bool):
                            tie_word_embeddings=tie)
     ids = {t: 151643 + i for i, t in enumerate(QWEN_VL_SPECIALS)}
     text.update(pad_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], bos_token_id=ids["<|endoftext|>"])
-    common = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+    common: dict[str, Any] = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                   vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
                   tie_word_embeddings=tie)
     vision.update(patch_size=16 if family == "qwen3_vl" else 14, spatial_merge_size=2, temporal_patch_size=2,

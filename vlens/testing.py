@@ -8,7 +8,7 @@ the image processor from its parameters (PIL backend, no torchvision).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -98,7 +98,8 @@ def tiny_qwen3_vl_model(seed: int = 0, attn_implementation: str = "eager", dtype
     config = tiny_qwen3_vl_config(**config_kwargs)
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config).to(dtype).eval()
+    # HF wraps Module.to with functools.wraps: mypy reads the unbound signature (self first)
+    model = Qwen3VLForConditionalGeneration(config).to(dtype).eval()  # type: ignore[arg-type]
     model.generation_config.eos_token_id = word_level_tokenizer().convert_tokens_to_ids("<|im_end|>")
     perturb_norms(model, seed)
     return model
@@ -142,7 +143,7 @@ def tiny_llava_processor(image_size: int = 32, patch_size: int = 8, strategy: st
 
 def tiny_llava_config(vocab_size: int | None = None, n_layers: int = 2, d_model: int = 64, n_heads: int = 4,
                       n_kv_heads: int = 2, d_mlp: int = 96, vision_feature_layer: int | list[int] = -2,
-                      vision_feature_select_strategy: str = "default", image_size: int = 32, patch_size: int = 8,
+                      vision_feature_select_strategy: Literal["default", "full"] = "default", image_size: int = 32, patch_size: int = 8,
                       vision_depth: int = 3, vision_width: int = 32, vision_heads: int = 2, tokenizer=None,
                       **text_overrides: Any):
     """A tiny LLaVA-1.5 config (Llama text model, CLIP tower) whose token ids match `llava_tokenizer`."""
@@ -168,6 +169,7 @@ def tiny_llava_model(seed: int = 0, attn_implementation: str = "eager", dtype: t
     config = tiny_llava_config(**config_kwargs)
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(config).to(dtype).eval()
+    # HF wraps Module.to with functools.wraps: mypy reads the unbound signature (self first)
+    model = LlavaForConditionalGeneration(config).to(dtype).eval()  # type: ignore[arg-type]
     perturb_norms(model, seed)
     return model

@@ -134,7 +134,7 @@ def run_command(args: argparse.Namespace) -> int:
                 done(sharding)  # the output is written: the finished units are no longer needed
             return status
     except CommandExit as stop:
-        return int(stop.code)
+        return stop.code if isinstance(stop.code, int) else 1
     except USER_ERRORS as error:  # raised before the command started (e.g. an unsharded command under torchrun)
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
         return 2

@@ -43,6 +43,7 @@ def parse_int_list(text: str) -> tuple[int, ...]:
 
 def parse_radius(text: str) -> float | tuple[float, float]:
     """ "6" -> 6.0; "4-12" -> (4.0, 12.0) pixels."""
+    values: tuple[float, ...]
     try:
         lo, _, hi = text.partition("-")
         values = (float(lo), float(hi)) if hi else (float(lo),)
@@ -52,7 +53,7 @@ def parse_radius(text: str) -> float | tuple[float, float]:
         raise argparse.ArgumentTypeError(
             f"expected a positive radius like '6' or '4-12' (pixels), got {text!r}"
         ) from None
-    return values if len(values) == 2 else values[0]
+    return (values[0], values[1]) if len(values) == 2 else values[0]
 
 
 def parse_tasks(text: str) -> tuple[str, ...]:

@@ -117,6 +117,7 @@ def read_data(args: argparse.Namespace):
 def run_eval(args: argparse.Namespace) -> int:
     from vlens.evaluation.datasets import check_counting
     from vlens.evaluation.formats import get_format
+    from vlens.evaluation.metrics import CountingMetrics
     from vlens.evaluation.report import PREDICTIONS_FILE, REPORT_JSON, REPORT_MD, write_report
     from vlens.evaluation.runner import evaluate
     from vlens.finite import collect_non_finite, non_finite_exit
@@ -157,7 +158,7 @@ def run_eval(args: argparse.Namespace) -> int:
     partial.unlink(missing_ok=True)  # predictions.jsonl holds them all now
     metrics = result.metrics
     summary = f"{fmt.name}: n={metrics.n} accuracy={metrics.accuracy * 100:.2f}%"
-    if fmt.task == "count":
+    if isinstance(metrics, CountingMetrics):
         summary += f" MAE={'n/a' if metrics.mae is None else f'{metrics.mae:.3f}'}"
     print(f"post-prompt: {result.settings['post_prompt']!r} ({result.settings['post_prompt_source']})")
     print(f"{summary} unparsed={metrics.n_unparsed} skipped={len(result.skipped)}")

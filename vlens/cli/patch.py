@@ -129,9 +129,9 @@ def run_patch(args: argparse.Namespace) -> int:
     payload = result.to_dict()
     payload["model"] = args.model
     payload["world_size"] = args.sharding.world_size
-    written = [write_results(out, payload)]
-    written.append(write_figure(lambda: result.plot("z") if args.mode == "atp" else result.plot(args.metric),
-                                out / FIGURE_FILE))
+    written = [write_results(out, payload),
+               write_figure(lambda: result.plot("z") if args.mode == "atp" else result.plot(args.metric),
+                            out / FIGURE_FILE)]
     logger.info("wrote %s (%s, %d pairs)", ", ".join(str(p) for p in written if p), args.mode, batch.n_pairs)
     return non_finite_exit(problems, args.allow_nan, "vlens patch")
 

@@ -82,6 +82,11 @@ def _focus_layers(text: str | None) -> list[int] | None:
         raise UserInputError(f"--focus-layers {text!r}: give comma-separated layer numbers, e.g. 1,2") from None
 
 
+def _switch(choice: str) -> str | bool:
+    """auto|on|off -> "auto" | True | False (SFTConfig's spelling)."""
+    return "auto" if choice == "auto" else choice == "on"
+
+
 def run_train(args: argparse.Namespace) -> int:
     from vlens.training.data import examples_from_dataset
     from vlens.training.export import save_merged
@@ -103,8 +108,8 @@ def run_train(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         max_steps=args.max_steps,
         checkpoint_every=args.checkpoint_every,
-        bf16={"auto": "auto", "on": True, "off": False}[args.bf16],
-        gradient_checkpointing={"auto": "auto", "on": True, "off": False}[args.gradient_checkpointing],
+        bf16=_switch(args.bf16),
+        gradient_checkpointing=_switch(args.gradient_checkpointing),
         seed=args.seed,
     )
     config.check()  # before the model loads

@@ -99,6 +99,7 @@ def row_objects(row: dict, n_images: int, where: str) -> list[ImageObjects] | No
                 objects = [o for o in objects if o.get("id") in wanted]
             points = [(float(o["center"][0]), float(o["center"][1])) for o in objects]
         else:
+            assert centres is not None  # one of the two is given (checked above)
             points = [(float(c[0]), float(c[1])) for c in centres]
     except (KeyError, TypeError, IndexError, ValueError, AttributeError):
         raise DatasetError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
@@ -27,7 +28,7 @@ class CountingSample:
 
 def counting_samples(settings: DemoSettings) -> list[CountingSample]:
     """`settings.n_count_images` images, counts cycling over `settings.counts` (equal numbers each)."""
-    renderers = {"syndot": render_syndot, "synpoly": render_synpoly, "synreal": render_synreal}
+    renderers: dict[str, Callable[..., tuple[Image.Image, dict]]] = {"syndot": render_syndot, "synpoly": render_synpoly, "synreal": render_synreal}
     if settings.style not in renderers:
         raise ValueError(f"unknown style {settings.style!r}: use one of {sorted(renderers)}")
     render = renderers[settings.style]

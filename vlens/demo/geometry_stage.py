@@ -90,7 +90,7 @@ def geometry_sections(model, samples: list[CountingSample], settings: DemoSettin
                                else tsne(residuals[layer], 2, seed=settings.seed)) for layer in layers}
         alignment = {layer: count_alignment(projections[layer], counts) for layer in layers}
         best = max(layers, key=lambda layer: alignment[layer])
-        numbers = {"examples": len(counts), "most count-ordered layer": best}
+        numbers: dict[str, int | float] = {"examples": len(counts), "most count-ordered layer": best}
         numbers.update({f"layer {layer} |rho(axis 1, count)|": alignment[layer] for layer in layers})
         if method == "pca":
             separation = separation_finding(nearest_centroid_hits(residuals[best], counts), counts, settings.seed)

@@ -64,8 +64,9 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
     regions = patch_layer_region(model, batch, progress=progress)
     rate = regions["overwrite_rate"]  # [L, n_regions]
     low, high = regions.rate_interval("overwrite_rate")
+    assert regions.baseline is not None  # the default answer metrics keep the unpatched runs
     clean_accuracy = float(regions.baseline.clean_correct.float().mean())
-    numbers = {"pairs": batch.n_pairs, "clean accuracy": clean_accuracy}
+    numbers: dict[str, int | float | str] = {"pairs": batch.n_pairs, "clean accuracy": clean_accuracy}
     for column, region in enumerate(regions.cells):
         best = float(rate[:, column].max())
         at = int(rate[:, column].argmax())

@@ -31,6 +31,7 @@ from vlens.demo.model_stage import model_section, model_summary
 from vlens.demo.patching_stage import patching_sections
 from vlens.demo.report_sections import Section, key_numbers_section, write_outputs
 from vlens.demo.settings import DemoSettings
+from vlens.model import HookedVLM
 from vlens.specs import load_model
 from vlens.zoo import WEIGHTS_FOLDER
 
@@ -83,7 +84,7 @@ class _Stages:
         return out
 
 
-def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", quick: bool = False,
+def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo", quick: bool = False,
              interventions_file: str | Path | None = None, settings: DemoSettings | None = None,
              progress: bool = True, threads: int | None = None, load_options: dict | None = None) -> DemoOutcome:
     """Run every stage and write `report.html` + `results.json` into `out_dir`.
@@ -112,11 +113,12 @@ def run_demo(model: str | object = "tiny", out_dir: str | Path = "vlens_demo", q
     stages = _Stages(11 if model_arg else 10, progress)
 
     options = {"progress": progress, **(load_options or {})}
-    hooked = stages.run("load model", load_model, model_arg, **options) if model_arg else model
+    hooked = stages.run("load model", load_model, model, **options) if isinstance(model, str) else model
     hooked.eval()
     samples = stages.run("generate data", counting_samples, settings)
     grid_inputs = hooked.prepare(images=[samples[0].image], prompts=[samples[0].question], chat=True)
-    grid = tuple(grid_inputs.regions.image_grid[0][0]) if grid_inputs.regions.image_grid[0] else None
+    regions = grid_inputs.token_regions
+    grid = tuple(regions.image_grid[0][0]) if regions.image_grid[0] else None
     summary = model_summary(hooked, name)
     sections = [model_section(summary, grid), data_section(samples, settings)]
     with torch.no_grad():

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,7 +99,7 @@ class HeadTemperature(Result):
             raise ValueError(f"temperature layers {bad} are outside the model's {n_layers} layers")
 
     # ------------------------------------------------------------------ HookedVLM
-    def hooks(self, model) -> list[tuple[str, callable]]:
+    def hooks(self, model) -> list[tuple[str, Callable]]:
         """`[(hook name, fn)]` on `hook_attn_scores` of every target layer."""
         self._check(model.cfg.n_layers)
         out = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -54,7 +55,7 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
 def save_checkpoint(
     out_dir: str | Path,
     step: int,
-    lora: dict[str, torch.Tensor],
+    lora: Mapping[str, torch.Tensor],
     optimizer: torch.optim.Optimizer,
     info: dict,
     keep: int = 2,

@@ -213,7 +213,11 @@ def micro_batch(
     with capture as captured:
         with autocast or nullcontext():
             sft = _sft_loss(model, batch, config)
-        yield sft, (focus_loss(captured, batch.prior, config.focus_eps) if use_focus else None)
+        focus = None
+        if use_focus:
+            assert captured is not None and batch.prior is not None  # what use_focus means
+            focus = focus_loss(captured, batch.prior, config.focus_eps)
+        yield sft, focus
 
 
 def batch_losses(
@@ -298,7 +302,7 @@ def train_sft(
     model.train()
     log_path = out_dir / LOG_FILE
     step_times: list[float] = []
-    last = {"sft": None, "focus": None}
+    last: dict[str, float | None] = {"sft": None, "focus": None}
     step = start_step
     try:
         with (

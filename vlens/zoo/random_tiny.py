@@ -93,6 +93,8 @@ def tiny_qwen_config(family: str = "qwen2_5_vl", vocab_size: int | None = None, 
                 eos_token_id=ids["<|im_end|>"],
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section})
     text.update(text_overrides)
+    vision: dict[str, Any]
+    cls: type[Qwen2VLConfig] | type[Qwen2_5_VLConfig]
     if family == "qwen2_vl":
         vision = dict(depth=vision_depth, embed_dim=vision_width, hidden_size=d_model, num_heads=2,
                       mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)

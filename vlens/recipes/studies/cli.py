@@ -110,11 +110,10 @@ def run_ablate(args: argparse.Namespace) -> int:
     check_top_k(args.top_k, "--top-k", model.cfg.n_layers * model.cfg.n_heads)  # before the sweep
     if patching is not None:  # a wrong --patching-metric or grid fails now, not after the sweep
         _check_patching(patching, model, args)
-    if datasets:
-        tasks = real_and_synthetic_tasks(model, tasks, datasets, args)
+    suite = real_and_synthetic_tasks(model, tasks, datasets, args) if datasets else tasks
     with collect_non_finite() as problems:
         report = ablation_study(
-            model, tasks, n_examples=args.n_examples, n_reference=args.n_reference, method=args.method,
+            model, suite, n_examples=args.n_examples, n_reference=args.n_reference, method=args.method,
             alignment=args.alignment, reference_mode=args.reference, top_k=args.top_k, rank_by=args.rank_by,
             image_size=rendered_size(args, DEFAULT_IMAGE_SIZE), batch_size=args.batch_size,
             heads_per_pass=args.heads_per_pass, seed=args.seed, retest_seed=args.retest_seed,

@@ -288,8 +288,8 @@ class StudyResult(Result):
             for r in self.results.values()
             if condition in r and name in r[condition]
         ]
-        values = [v for v in values if v is not None]
-        return sum(values) / len(values) if values else None
+        present = [v for v in values if v is not None]
+        return sum(present) / len(present) if present else None
 
     def table(self) -> str:
         """Markdown: one row per condition; counting sets as 'acc / MAE', others as acc (%)."""
