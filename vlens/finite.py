@@ -16,7 +16,6 @@ Result files are JSON without NaN: every non-finite number is written as ``null`
 from __future__ import annotations
 
 import math
-import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -125,21 +124,6 @@ def add_allow_nan_argument(parser) -> None:
                              f"the output); without it such a run still writes its results, then exits {NON_FINITE_EXIT}")
 
 
-def non_finite_exit(messages: Sequence[str], allow_nan: bool, command: str) -> int:
-    """Exit status of a command after its results are written: `NON_FINITE_EXIT` if non-finite
-    values were reported and not allowed, else 0. Prints one line saying which."""
-    if not messages:
-        return 0
-    if allow_nan:
-        print(f"{command}: {len(messages)} non-finite warning(s); the affected results are null (--allow-nan)",
-              file=sys.stderr)
-        return 0
-    print(f"{command}: error: activations or logits were NaN/inf ({len(messages)} warning(s) above); the results "
-          "were written with null in their place. Check the model's weights and inputs, or pass --allow-nan to "
-          "accept such results.", file=sys.stderr)
-    return NON_FINITE_EXIT
-
-
 def json_safe(value: Any) -> Any:
     """`value` with tensors turned into lists and every NaN / inf float into None (JSON null)."""
     if hasattr(value, "detach") and hasattr(value, "tolist"):  # a torch tensor
@@ -157,5 +141,5 @@ def json_safe(value: Any) -> Any:
 
 __all__ = [
     "NON_FINITE_EXIT", "NonFiniteWarning", "add_allow_nan_argument", "collect_non_finite", "describe_non_finite",
-    "finite_rows", "json_safe", "locate_non_finite", "non_finite_exit", "warn_non_finite",
+    "finite_rows", "json_safe", "locate_non_finite", "warn_non_finite",
 ]

@@ -1,5 +1,5 @@
-"""The type checker is part of CI: `.ci/run` runs mypy (configured in pyproject.toml [tool.mypy])
-where a failure stops the run, and that configuration does report a type error."""
+"""The static checks are part of CI: `.ci/run` runs ruff, lint-imports and mypy (configured in
+pyproject.toml) where a failure stops the run, and mypy's configuration does report a type error."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_ci_runs_mypy_where_a_failure_fails_ci():
+def test_ci_runs_the_static_checks_where_a_failure_fails_ci():
     lines = [line.split("#")[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert "set -euo pipefail" in lines
     assert "mypy" in lines, "the CI script does not run the type checker"
     mypy, pytest = lines.index("mypy"), next(i for i, line in enumerate(lines) if "pytest" in line)
     # before `set +e` (which lets pytest's status be inspected), so a non-zero exit ends CI
-    assert lines.index("lint-imports") < mypy < lines.index("set +e") < pytest
+    ruff = lines.index("ruff check vlens tests benchmarks")
+    assert ruff < lines.index("lint-imports") < mypy < lines.index("set +e") < pytest
 
 
 def test_the_mypy_configuration_reports_type_errors(tmp_path):

@@ -18,10 +18,11 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
 from vlens.errors import UserInputError
+from vlens.finite import NON_FINITE_EXIT
 
 HF_BARS_VARIABLE = "HF_HUB_DISABLE_PROGRESS_BARS"
 USER_ERRORS: tuple[type[BaseException], ...] = (UserInputError, FileNotFoundError, FileExistsError,
@@ -102,6 +103,33 @@ def hf_bars_hidden() -> Iterator[None]:
             os.environ[HF_BARS_VARIABLE] = saved
 
 
+def echo(text: object = "") -> None:
+    """Print what the command was asked for (a table, a summary, JSON) on stdout: every command
+    prints its results through here; status lines are logged (stderr), never printed."""
+    print(text)
+
+
+def print_error(prog: str, message: str) -> None:
+    """``<prog>: error: <message>`` on stderr: how a command reports a failure, in one line."""
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+
+
+def non_finite_exit(messages: Sequence[str], allow_nan: bool, prog: str) -> int:
+    """Exit status of a command after its results are written: `NON_FINITE_EXIT` if non-finite
+    values were reported (`vlens.finite.collect_non_finite`) and not allowed, else 0. Says which
+    on stderr."""
+    if not messages:
+        return 0
+    if allow_nan:
+        print(f"{prog}: {len(messages)} non-finite warning(s); the affected results are null (--allow-nan)",
+              file=sys.stderr)
+        return 0
+    print_error(prog, f"activations or logits were NaN/inf ({len(messages)} warning(s) above); the results were "
+                "written with null in their place. Check the model's weights and inputs, or pass --allow-nan to "
+                "accept such results.")
+    return NON_FINITE_EXIT
+
+
 def one_line(error: BaseException) -> str:
     """The error's message on one line (OSErrors as 'reason: path')."""
     if isinstance(error, OSError) and error.strerror and error.filename:
@@ -134,9 +162,10 @@ def run_command(args: argparse.Namespace) -> int:
                 done(sharding)  # the output is written: the finished units are no longer needed
             return status
     except CommandExit as stop:
-        return stop.code if isinstance(stop.code, int) else 1
+        print_error(prog, stop.message)
+        return 1
     except USER_ERRORS as error:  # raised before the command started (e.g. an unsharded command under torchrun)
-        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        print_error(prog, one_line(error))
         return 2
 
 
@@ -147,16 +176,17 @@ def _run(args: argparse.Namespace, prog: str) -> int:
         except USER_ERRORS as error:
             if args.verbose:
                 traceback.print_exc()
-            print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+            print_error(prog, one_line(error))
             return 2
         except FloatingPointError as error:  # NaN/inf activations or loss (vlens.finite): exit 3, like --allow-nan's
             if args.verbose:
                 traceback.print_exc()
-            print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+            print_error(prog, one_line(error))
             return 3
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130
 
 
-__all__ = ["USER_ERRORS", "add_output_flags", "command_logging", "one_line", "run_command"]
+__all__ = ["USER_ERRORS", "add_output_flags", "command_logging", "echo", "non_finite_exit", "one_line",
+           "print_error", "run_command"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from vlens.cli.console import echo, non_finite_exit
 from vlens.cli.options import (
     add_batch_size,
     add_model_options,
@@ -120,7 +121,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from vlens.evaluation.metrics import CountingMetrics
     from vlens.evaluation.report import PREDICTIONS_FILE, REPORT_JSON, REPORT_MD, write_report
     from vlens.evaluation.runner import evaluate
-    from vlens.finite import collect_non_finite, non_finite_exit
+    from vlens.finite import collect_non_finite
 
     out = prepare_out(args, PREDICTIONS_FILE, REPORT_JSON, REPORT_MD)  # before reading data or loading the model
     dataset = read_data(args)
@@ -160,7 +161,7 @@ def run_eval(args: argparse.Namespace) -> int:
     summary = f"{fmt.name}: n={metrics.n} accuracy={metrics.accuracy * 100:.2f}%"
     if isinstance(metrics, CountingMetrics):
         summary += f" MAE={'n/a' if metrics.mae is None else f'{metrics.mae:.3f}'}"
-    print(f"post-prompt: {result.settings['post_prompt']!r} ({result.settings['post_prompt_source']})")
-    print(f"{summary} unparsed={metrics.n_unparsed} skipped={len(result.skipped)}")
+    echo(f"post-prompt: {result.settings['post_prompt']!r} ({result.settings['post_prompt_source']})")
+    echo(f"{summary} unparsed={metrics.n_unparsed} skipped={len(result.skipped)}")
     logger.info("wrote %s", ", ".join(str(path) for path in paths.values()))
     return non_finite_exit(problems, args.allow_nan, "vlens eval")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from vlens.cli.console import echo
 from vlens.cli.options import add_model_options, load_model_from_args
 
 SHOWN_HOOKS = 12
@@ -17,11 +18,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run_info(args: argparse.Namespace) -> int:
     model = load_model_from_args(args)
-    print(model.summary())
+    echo(model.summary())
     for key, value in model.cfg.to_dict().items():
-        print(f"  {key}: {value}")
+        echo(f"  {key}: {value}")
     names = list(model.hook_dict)
-    print(f"{len(names)} hook points" + ("" if args.hooks else " (use --hooks to list them all)"))
+    echo(f"{len(names)} hook points" + ("" if args.hooks else " (use --hooks to list them all)"))
     for name in names if args.hooks else names[:SHOWN_HOOKS]:
-        print(f"  {name}")
+        echo(f"  {name}")
     return 0

@@ -18,6 +18,7 @@ import json
 import logging
 from pathlib import Path
 
+from vlens.cli.console import echo, non_finite_exit
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -152,7 +153,7 @@ def run_lens_train(args: argparse.Namespace) -> int:
     model = load_model_from_args(args)
     translators, report = _train(model, _samples(args), args, args.steps, args.lr, args.positions)
     out = translators.save(args.out, overwrite=args.overwrite)
-    print(report.table())
+    echo(report.table())
     logger.info("saved lens to %s", out)
     return 0
 
@@ -190,7 +191,7 @@ def _load_thresholds(path: str | None):
 
 
 def run_headlens(args: argparse.Namespace) -> int:
-    from vlens.finite import collect_non_finite, non_finite_exit
+    from vlens.finite import collect_non_finite
     from vlens.lens.corpus import task_samples
     from vlens.lens.head_scores import compute_head_scores
     from vlens.lens.headlens import HeadLens
@@ -218,8 +219,8 @@ def run_headlens(args: argparse.Namespace) -> int:
         if args.sharding.is_main:
             translators.save(out / LENS_DIR, overwrite=True)  # this command's own sub-folder
             (out / LENS_KL).write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-        print("per-layer KL(final || lens), held-out, nats:")
-        print(report.table())
+        echo("per-layer KL(final || lens), held-out, nats:")
+        echo(report.table())
     with collect_non_finite() as problems:
         scores = compute_head_scores(model, samples, HeadLens(model, translators), k=args.k,
                                      batch_size=args.batch_size, vocabularies=vocabularies, progress=not args.quiet,
@@ -230,7 +231,7 @@ def run_headlens(args: argparse.Namespace) -> int:
     write_results(out, {**taxonomy.to_dict(), "world_size": args.sharding.world_size})
     (out / TAXONOMY_MD).write_text(taxonomy.table() + "\n", encoding="utf-8")
     write_figure(taxonomy.plot, out / TAXONOMY_HTML)
-    print(f"{scores.n_examples} examples; classes: {taxonomy.counts()}")
-    print(taxonomy.table())
+    echo(f"{scores.n_examples} examples; classes: {taxonomy.counts()}")
+    echo(taxonomy.table())
     logger.info("wrote %s", out / RESULTS_FILE)
     return non_finite_exit(problems, args.allow_nan, "vlens headlens")

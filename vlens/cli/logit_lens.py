@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from vlens.cli.console import echo, non_finite_exit
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -69,7 +70,7 @@ def _records(args: argparse.Namespace):
 
 
 def run_logit_lens(args: argparse.Namespace) -> int:
-    from vlens.finite import collect_non_finite, non_finite_exit
+    from vlens.finite import collect_non_finite
     from vlens.lens.logit_lens import logit_lens_records
 
     out = prepare_out(args, RESULTS_FILE, FIGURE_FILE)
@@ -83,6 +84,6 @@ def run_logit_lens(args: argparse.Namespace) -> int:
     figure = write_figure(result.plot, out / FIGURE_FILE)
     logger.info("wrote %s%s (%d examples)", path, f" and {figure}" if figure else "", len(result.answers))
     for layer in range(result.n_layers):
-        print(f"layer {layer}: p(answer)={float(result.mean_probability[layer]):.3f} "
+        echo(f"layer {layer}: p(answer)={float(result.mean_probability[layer]):.3f} "
               f"median rank={float(result.median_rank[layer]):.0f} top1={float(result.top1_accuracy[layer]):.3f}")
     return non_finite_exit(problems, args.allow_nan, "vlens logit-lens")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from vlens.cli.console import echo, non_finite_exit
 from vlens.cli.options import (
     RESULTS_FILE,
     add_model_options,
@@ -103,7 +104,7 @@ def load_batch(model, args: argparse.Namespace):
 
 
 def run_patch(args: argparse.Namespace) -> int:
-    from vlens.finite import collect_non_finite, non_finite_exit
+    from vlens.finite import collect_non_finite
     from vlens.patching import sweeps
     from vlens.patching.metrics import METRICS
     from vlens.validation import check_choice
@@ -144,5 +145,5 @@ def _run_atp(model, batch, args, common):
     if args.compare_exact:
         exact = patch_layer_head(model, batch, region="all", **common)
         result.exact_z = exact.metrics["logit_diff"] - exact.baseline.clean_logit_diff.mean()
-        print(f"Spearman(AtP z, exact head sweep) = {result.spearman_z:.3f}")
+        echo(f"Spearman(AtP z, exact head sweep) = {result.spearman_z:.3f}")
     return result

@@ -14,6 +14,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from vlens.cli.console import echo, non_finite_exit
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -101,7 +102,7 @@ def _parse_heads(text: str) -> list[tuple[int, int]]:
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    from vlens.finite import collect_non_finite, non_finite_exit
+    from vlens.finite import collect_non_finite
     from vlens.interventions.temperature import fit_temperature, importance_from_result
 
     heads = _parse_heads(args.heads) if args.heads else None
@@ -121,7 +122,7 @@ def run_fit(args: argparse.Namespace) -> int:
         )
     temp.save(out / RESULTS_FILE)
     for entry in temp.to_dict()["heads"]:
-        print(f"L{entry['layer']}H{entry['head']}: gamma {entry['gamma']:.3f} -> beta {entry['beta']:.3f}")
+        echo(f"L{entry['layer']}H{entry['head']}: gamma {entry['gamma']:.3f} -> beta {entry['beta']:.3f}")
     logger.info("wrote %s", out / RESULTS_FILE)
     return non_finite_exit(problems, args.allow_nan, "vlens temperature fit")
 
@@ -129,7 +130,7 @@ def run_fit(args: argparse.Namespace) -> int:
 def run_apply(args: argparse.Namespace) -> int:
     from vlens.evaluation import HookedVLMBackend, evaluate, get_format, write_report
     from vlens.evaluation.datasets import check_counting
-    from vlens.finite import collect_non_finite, non_finite_exit
+    from vlens.finite import collect_non_finite
     from vlens.interventions.temperature import HeadTemperature
 
     out = prepare_out(args, RESULTS_FILE) if args.out is not None else None
@@ -153,7 +154,7 @@ def run_apply(args: argparse.Namespace) -> int:
         problems += found
         mae = getattr(result.metrics, "mae", None)
         summary[label] = {"accuracy": result.metrics.accuracy, "mae": mae, "n": result.metrics.n}
-        print(f"{label} temperature: accuracy {result.metrics.accuracy:.3f}, MAE {mae} "
+        echo(f"{label} temperature: accuracy {result.metrics.accuracy:.3f}, MAE {mae} "
               f"(post-prompt {result.settings['post_prompt']!r})")
         if out is not None:
             write_report(result, out / f"{label}_temperature", model_name=f"{args.model} ({label} temperature)",

@@ -13,6 +13,7 @@ import json
 import logging
 from pathlib import Path
 
+from vlens.cli.console import echo
 from vlens.cli.options import (
     add_batch_size,
     add_model_options,
@@ -116,7 +117,7 @@ def run_train(args: argparse.Namespace) -> int:
     model = load_model_from_args(args)
     result = train_sft(model, examples, config, args.out, resume=not args.no_resume, progress=not args.quiet,
                        force_resume=args.force_resume)
-    print(json.dumps({k: v for k, v in result.to_dict().items() if k != "config"}, indent=1))
+    echo(json.dumps({k: v for k, v in result.to_dict().items() if k != "config"}, indent=1))
     if args.merged and result.steps == result.total_steps:
         logger.info("merged checkpoint: %s", save_merged(model, args.out / "merged", overwrite=True))
     return 0

@@ -14,7 +14,6 @@ output, `done(sharding)` removes the resume folder.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +31,12 @@ NOT_SETTINGS = frozenset({"out", "overwrite", "quiet", "verbose", "func", "comma
 
 
 class CommandExit(SystemExit):
-    """A sharded command failed on some process (exit status 1, message already printed)."""
+    """A sharded command failed on some process: exit status 1; `message` says why (the command
+    line prints it: `vlens.cli.console.run_command`)."""
+
+    def __init__(self, message: str):
+        super().__init__(1)
+        self.message = message
 
 
 def run_settings(args: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
@@ -67,8 +71,7 @@ def sharded_command(name: str, shardable: bool) -> Iterator[Sharding]:
         with stop_on_sigterm(sharding):
             yield sharding
     except DistributedRunError as error:  # the process group may be broken: exit without leaving it
-        print(f"{name}: error: {error}", file=sys.stderr, flush=True)
-        raise CommandExit(1) from error
+        raise CommandExit(str(error)) from error
 
 
 __all__ = ["STORE_FOLDER", "CommandExit", "done", "run_settings", "run_store", "sharded_command"]

@@ -18,6 +18,7 @@ group's timeout. Finished units stay in the run's `UnitStore`, if it has one, fo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from vlens.parallel.store import UnitStore
+
+logger = logging.getLogger(__name__)
 
 
 class DistributedRunError(RuntimeError):
@@ -111,7 +114,7 @@ class Sharding:
         if stage is not None and self.is_main:
             done = stage.count()
             if done:
-                tqdm.write(f"{desc}: resuming, {done} of {len(units)} units already done in {stage.folder}")
+                logger.info("%s: resuming, %d of %d units already done in %s", desc, done, len(units), stage.folder)
         results: dict[int, Any] = {}
         error: BaseException | None = None
         label = desc if not self.distributed else f"{desc} (rank 0 of {self.world_size})"

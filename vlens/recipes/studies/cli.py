@@ -18,6 +18,7 @@ import json
 import logging
 from pathlib import Path
 
+from vlens.cli.console import echo, non_finite_exit
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -92,7 +93,7 @@ def configure_ablate(parser: argparse.ArgumentParser) -> None:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
-    from vlens.finite import collect_non_finite, non_finite_exit
+    from vlens.finite import collect_non_finite
     from vlens.recipes.studies.ablation import ablation_study, add_patching_overlap
     from vlens.validation import check_top_k
 
@@ -133,7 +134,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         logger.warning("no %s: %s (install the viz extra: pip install 'vlens[viz]')", REPORT_HTML, error)
     (out / SUMMARY_MD).write_text(report.to_markdown())
     written.append(out / SUMMARY_MD)
-    print(report.summary())
+    echo(report.summary())
     logger.info("wrote %s", ", ".join(str(p) for p in written))
     return non_finite_exit(problems, args.allow_nan, "vlens ablate")
 
@@ -220,7 +221,7 @@ def run_study_cli(args: argparse.Namespace) -> int:
     options = model_options(args)
     result = run_study(lambda: load_model(args.model, **options), settings, args.out, progress=not args.quiet,
                        model_name=name)
-    print(result.report())
+    echo(result.report())
     if args.model_card:
         logger.info("model card: %s", write_model_card_section(result, args.model_card))
     return 0
