@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import time
 from dataclasses import asdict
@@ -56,6 +57,8 @@ from vlens.zoo.processor import (
     image_size_of,
     save_processor_files,
 )
+
+logger = logging.getLogger(__name__)
 
 STAGES = ("vision", "language")
 SNAPSHOT = "snapshot"  # the checkpoint folder's model folder of the last checkpoint
@@ -258,7 +261,7 @@ def _prepare_state(out: Path, settings: RecipeSettings) -> TrainingState:
     if settings.resume:
         state.load()  # a state of another run is an error now, before anything is rendered
         if not exists:
-            print(f"no saved state in {directory}: starting from step 0")
+            logger.info("no saved state in %s: starting from step 0", directory)
     return state
 
 
