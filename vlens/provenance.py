@@ -23,7 +23,7 @@ def weights_fingerprint(model: nn.Module) -> str:
     Independent of the file format and of the device; changes when any weight changes.
     """
     digest = hashlib.sha256()
-    tensors = dict(model.named_parameters())
+    tensors: dict[str, torch.Tensor] = dict(model.named_parameters())
     tensors.update(dict(model.named_buffers()))
     for name in sorted(tensors):
         tensor = tensors[name]

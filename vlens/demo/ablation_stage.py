@@ -48,7 +48,7 @@ def ablation_section(model, settings: DemoSettings, progress: bool = True) -> Se
     off_diagonal = [float(matrix[i, j]) for i in range(n) for j in range(n) if i != j]
     chance = report.chance_jaccard()
     reliability = report.reliability() or {}
-    numbers = {"top-k": report.top_k, "heads": report.n_heads_total,
+    numbers: dict[str, float | str] = {"top-k": report.top_k, "heads": report.n_heads_total,
                "mean off-diagonal Jaccard": sum(off_diagonal) / len(off_diagonal),
                "chance Jaccard (random top-k sets)": chance}
     numbers.update({f"{task} test-retest Jaccard": value for task, value in reliability.items()})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -48,7 +50,7 @@ def nearest_centroid_hits(vectors: Float[Tensor, "n d"], counts: list[int]) -> T
 def separation_finding(hits: Tensor, counts: list[int], seed: int = 0) -> dict:
     """Nearest-centroid accuracy of counts <= 4 and > 4 with bootstrap intervals, and what they support."""
     labels = torch.tensor(counts)
-    out = {}
+    out: dict[str, Any] = {}
     for name, mask in (("small", labels <= SMALL_COUNTS), ("large", labels > SMALL_COUNTS)):
         if int(mask.sum()) == 0:
             return {"statement": "", "small": None, "large": None}

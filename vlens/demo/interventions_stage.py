@@ -125,10 +125,11 @@ def _section_from_rows(rows: list[dict], source: str, raw, model=None) -> Sectio
             values = [row[c] for c in columns]
             ranges = [spreads.get((row["setting"], name)) for name in names]
             errors = None
-            if all(r and r["n"] > 1 for r in ranges):  # min..max over seeds
+            known = [r for r in ranges if r and r["n"] > 1]
+            if len(known) == len(ranges):  # min..max over seeds, for every bar
                 errors = {"type": "data", "symmetric": False,
-                          "array": [r["max"] - v for r, v in zip(ranges, values, strict=True)],
-                          "arrayminus": [v - r["min"] for r, v in zip(ranges, values, strict=True)],
+                          "array": [r["max"] - v for r, v in zip(known, values, strict=True)],
+                          "arrayminus": [v - r["min"] for r, v in zip(known, values, strict=True)],
                           "thickness": 1.2, "width": 2}
             # No text on the bars: grouped labels of equal values ran into each other ("0.990.990.99");
             # the table under the figure has the numbers.

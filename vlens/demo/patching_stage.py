@@ -93,9 +93,10 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
     order = effect.nan_to_num(float("-inf")).flatten().argsort(descending=True)[:5].tolist()
     top = [(heads.layers[i // n_heads], i % n_heads, float(effect.flatten()[i])) for i in order]
     baseline = heads.baseline
+    assert baseline is not None  # the default answer metrics keep the unpatched runs
     e_low, e_high, top_share = effect_bootstrap(heads.per_pair_logit_diff.flatten(0, 1), baseline.clean_logit_diff,
                                                 baseline.corrupt_logit_diff, seed=settings.seed)
-    head_numbers = {"pairs": batch.n_pairs, "max overwrite rate": float(heads["overwrite_rate"].max())}
+    head_numbers: dict[str, float | str] = {"pairs": batch.n_pairs, "max overwrite rate": float(heads["overwrite_rate"].max())}
     head_numbers.update({f"#{rank + 1} L{layer}H{head}": format_interval(value, float(e_low[i]), float(e_high[i]))
                          for rank, ((layer, head, value), i) in enumerate(zip(top, order, strict=True))})
     leader = order[0]
