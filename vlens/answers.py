@@ -204,6 +204,3 @@ def answer_logprobs(logits: Float[Tensor, "batch pos d_vocab"], answers: Sequenc
     return total, exact
 
 
-def tokens_json(answers: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Answers' tokens as JSON lists."""
-    return [[int(t) for t in a] for a in answers]

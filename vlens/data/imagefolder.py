@@ -113,18 +113,6 @@ class MetadataWriter:
         self.file.close()
 
 
-def write_metadata(out: Path, lines: Iterable[tuple[str, dict]]) -> None:
-    """Write ``metadata.jsonl`` from (file name, record) pairs, checking they share one schema."""
-    writer = MetadataWriter(out)
-    try:
-        for file_name, record in lines:
-            writer.write(file_name, record)
-    except BaseException:
-        writer.abort()
-        raise
-    writer.close()
-
-
 def write_imagefolder(
     samples: Iterable[tuple[Image.Image, dict]], out_dir: str | os.PathLike, overwrite: bool = False
 ) -> Path:

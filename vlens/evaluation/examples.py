@@ -6,10 +6,8 @@ from vlens.datasets.records import (
     DataSet as EvalDataset,
 )
 from vlens.datasets.records import (
-    ImageSource,
     MissingImageError,
     UnreadableImageError,
-    describe_image,
     open_image,
     open_images,
 )
@@ -23,11 +21,9 @@ from vlens.datasets.records import (
 __all__ = [
     "EvalDataset",
     "EvalExample",
-    "ImageSource",
     "MissingImageError",
     "SkippedExample",
     "UnreadableImageError",
-    "describe_image",
     "open_image",
     "open_images",
 ]

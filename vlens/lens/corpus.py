@@ -6,17 +6,15 @@ A sample is ``(image, prompt, record)``; records carry the task metadata (``task
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from vlens.data import TASKS, make_task_sample
-from vlens.datasets import read_imagefolder_dataset, record_dicts
+from vlens.datasets import record_dicts
 from vlens.parallel import Sharding
 from vlens.validation import check_count
 
@@ -44,21 +42,6 @@ def dataset_samples(dataset, limit: int | None = None) -> list[Sample]:
     Records whose images cannot be read are skipped by file name."""
     limit = check_count(limit, "limit", allow_none=True)  # a negative limit would slice from the end
     return [(row["image"], row["question"], row) for row in record_dicts(dataset, limit)]
-
-
-def imagefolder_samples(folder: str | Path, limit: int | None = None) -> list[Sample]:
-    """Samples from an imagefolder written by ``vlens data ...`` (a ``question`` per row)."""
-    return dataset_samples(read_imagefolder_dataset(folder), limit)
-
-
-def iter_batches(model, samples: Sequence[Sample], batch_size: int = 8,
-                 progress: bool = False, desc: str = "batches") -> Iterator[tuple[Any, list[dict]]]:
-    """Yield ``(VLMInputs, records)`` per batch (left-padded, chat format)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    starts = range(0, len(samples), batch_size)
-    for start in tqdm(starts, desc=desc, disable=not progress):
-        yield prepare_batch(model, samples[start:start + batch_size])
 
 
 def prepare_batch(model, chunk: Sequence[Sample]) -> tuple[Any, list[dict]]:
