@@ -8,11 +8,13 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from vlens.cli import COMMANDS, build_parser, main
 
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "numpy", "transformers", "PIL", "plotly")
 MODEL_FLAGS = {"--model", "--device", "--dtype", "--image-size", "--min-pixels", "--max-pixels"}
 # the recipe's `zoo evaluate --model` is a model folder (default: the shipped one), not a model spec
@@ -101,6 +103,30 @@ def test_flag_conventions(leaf):
     text = leaf.format_help()
     for outside in ("PAPER.md", "DESIGN.md"):
         assert outside not in text, f"{leaf.prog} cites {outside}"
+
+
+# the team's notes and coordination files live outside the repository: nothing shipped may cite them
+OUTSIDE_FILES = ("PAPER.md", "DESIGN.md", "BOARD.md", "PROTOCOL.md", "/work/shared", "/work/coord")
+TEXT_SUFFIXES = {".md", ".py", ".ipynb", ".json", ".jsonl", ".toml", ".txt", ".cfg", ".yaml", ".yml", ".html"}
+
+
+def tracked_text_files() -> list[Path]:
+    """The repository's tracked text files (every file below the root when git is not available)."""
+    try:
+        names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
+                               timeout=60).stdout.decode().split("\0")
+        files = [ROOT / name for name in names if name]
+    except (OSError, subprocess.CalledProcessError):
+        files = [p for p in ROOT.rglob("*") if ".git" not in p.parts and ".venv" not in p.parts]
+    return [p for p in files if p.suffix in TEXT_SUFFIXES or p.parent.name == ".ci"]
+
+
+def test_no_tracked_file_cites_a_file_outside_the_repository():
+    files = [p for p in tracked_text_files() if p.resolve() != Path(__file__).resolve() and p.is_file()]
+    assert any(p.name == "MODEL_CARD.md" for p in files) and any(p.suffix == ".ipynb" for p in files)
+    citing = [f"{p.relative_to(ROOT)}: {outside}" for p in files
+              for outside in OUTSIDE_FILES if outside in p.read_text(encoding="utf-8", errors="replace")]
+    assert not citing, "files citing notes outside the repository (say it in docs/ instead):\n" + "\n".join(citing)
 
 
 def test_model_default_is_the_embedded_model_everywhere():
