@@ -21,6 +21,8 @@ per batch and shared by every layer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -40,7 +42,8 @@ class TargetTerms:
 
     def __init__(self, final: Float[Tensor, "n d_model"], readout: LensReadout):
         self.final, self.readout = final, readout
-        n, like = final.shape[0], {"device": readout.device, "dtype": readout.W_U.dtype}
+        n = final.shape[0]
+        like: dict[str, Any] = {"device": readout.device, "dtype": readout.W_U.dtype}
         self.neg_entropy = torch.zeros(n, **like)
         self.expected_unembed = torch.zeros(n, readout.d_model, **like)
         self.bias_term = torch.zeros(n, **like)
