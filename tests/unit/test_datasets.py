@@ -110,6 +110,7 @@ def _folder(tmp_path, rows, raw: bytes | None = None):
     ("../a.png", r"leaves the dataset folder"),
     ("/etc/passwd", r"is absolute"),
     ("", r"non-empty string|file path"),
+    ("http://example.com/a.png", r"line 1: image 'http://example.com/a.png' is a URL; datasets are read from local"),
 ])  # fmt: skip
 def test_file_name_must_stay_inside_the_folder(tmp_path, name, message):
     folder = _folder(tmp_path, [{"file_name": name, "question": "q", "answer": "1"}])

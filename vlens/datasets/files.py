@@ -14,6 +14,7 @@ import os
 from pathlib import Path, PurePath
 
 from vlens.datasets.records import DatasetError, check_regular_file
+from vlens.images import is_url
 
 # metadata / table files larger than this are refused (PixMo-Count's parquet with embedded
 # images is ~2 GB; a metadata.jsonl is a few MB)
@@ -170,6 +171,9 @@ def resolve_inside(base: Path, value: str, where: str, allow_absolute: bool = Tr
     """
     if not isinstance(value, str) or not value.strip() or "\x00" in value:
         raise DatasetError(f"{where}: image path must be a non-empty string, got {value!r}")
+    if is_url(value):  # would otherwise be read as the relative path "http:/host/..."
+        raise DatasetError(f"{where}: image {value!r} is a URL; datasets are read from local files only: download "
+                           f"the images and write their paths relative to {base}")
     pure = PurePath(value)
     if pure.is_absolute() and not allow_absolute:
         raise DatasetError(f"{where}: image path {value!r} is absolute; write it relative to {base}")
