@@ -2,7 +2,8 @@
 
 The single-process runs go through `vlens.cli.main` in this process; the sharded ones through
 `python -m torch.distributed.run --nproc-per-node 2 -m vlens ...` (a head sweep) and one launch
-running ablate, eval, logit-lens and headlens one after the other (`tests.helpers.torchrun`).
+running ablate, eval, logit-lens and headlens one after the other (`tests.helpers.torchrun`); a
+warning every rank meets is printed once (`vlens.parallel.quiet`).
 """
 
 from __future__ import annotations
@@ -80,11 +81,15 @@ def test_head_sweep_on_two_processes_equals_one(tmp_path):
 def test_ablation_evaluation_and_lenses_on_two_processes_equal_one(tmp_path):
     data = tmp_path / "syndot"
     assert main(["data", "syndot", "--n", "5", "--seed", "3", "--out", str(data), "--quiet"]) == 0
+    # a row without its image: eval --skip-missing warns about it on every rank; the warning shows once
+    rows = (data / "metadata.jsonl").read_text().splitlines()
+    missing = {**json.loads(rows[0]), "file_name": "missing.png"}
+    (data / "metadata.jsonl").write_text("\n".join([*rows, json.dumps(missing)]) + "\n")
     commands = {
         "ablate": ["ablate", "--model", "tiny", "--tasks", "counting", "--n-examples", "5", "--n-reference", "4",
                    "--batch-size", "2", "--heads-per-pass", "3", "--top-k", "3"],
         "eval": ["eval", "--model", "tiny", "--data", str(data), "--format", "imagefolder", "--batch-size", "2",
-                 "--max-new-tokens", "3"],
+                 "--max-new-tokens", "3", "--skip-missing"],
         "logit-lens": ["logit-lens", "--model", "tiny", "--make", "5", "--batch-size", "2"],
         "headlens": ["headlens", "--model", "tiny", "--make", "5", "--batch-size", "2", "--lens-make", "6",
                      "--lens-steps", "5"],
@@ -93,7 +98,9 @@ def test_ablation_evaluation_and_lenses_on_two_processes_equal_one(tmp_path):
     for name, args in commands.items():
         assert main([*args, "--quiet", "--out", str(tmp_path / f"{name}-1")]) == 0
         launch += [*args, "--quiet", "--out", str(tmp_path / f"{name}-2"), THEN]
-    _check(torchrun("tests.helpers.torchrun", launch[:-1]))
+    launched = torchrun("tests.helpers.torchrun", launch[:-1])
+    _check(launched)
+    assert launched.stderr.count("warning: skipped 1 rows") == 1, launched.stderr[-3000:]  # rank 0's only
     for name in commands:
         _compare(tmp_path / f"{name}-1", tmp_path / f"{name}-2")
     one = [json.loads(line) for line in (tmp_path / "eval-1" / "predictions.jsonl").read_text().splitlines()]

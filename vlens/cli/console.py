@@ -143,10 +143,12 @@ def run_command(args: argparse.Namespace) -> int:
     """Call ``args.func(args)`` with logging set up; user errors -> one line on stderr, exit 2.
 
     Under torchrun (`vlens.parallel`): ``args.sharding`` is the run's `Sharding`; only rank 0
-    shows progress, status lines and printed summaries; a failure on any rank exits 1 on every
+    shows progress, status lines, printed summaries and warnings (other ranks keep only errors and
+    warnings about NaN in their own examples); a failure on any rank exits 1 on every
     rank with one line saying what happened.
     """
     from vlens.parallel.command import CommandExit, done, run_settings, run_store, sharded_command
+    from vlens.parallel.quiet import other_ranks_quiet
 
     prog = getattr(args, "command_prog", "vlens")
     try:
@@ -156,7 +158,9 @@ def run_command(args: argparse.Namespace) -> int:
                 sharding.store = run_store(args.out, run_settings(args), getattr(args, "overwrite", False))
             if not sharding.is_main:
                 args.quiet = True  # progress and status lines once, from rank 0
-            with contextlib.redirect_stdout(io.StringIO()) if not sharding.is_main else nullcontext():
+            # other ranks: no printed summaries, and each warning once, from rank 0 (vlens.parallel.quiet)
+            with contextlib.redirect_stdout(io.StringIO()) if not sharding.is_main else nullcontext(), \
+                    other_ranks_quiet(sharding):
                 status = _run(args, prog)
             if status != 2:
                 done(sharding)  # the output is written: the finished units are no longer needed
