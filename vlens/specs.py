@@ -14,6 +14,7 @@ must be an existing model folder: it is never tried as a hub id. Any other spec 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -60,10 +61,22 @@ def resolve_spec(spec: str) -> tuple[str, str]:
             raise UserInputError(f"model {spec!r} is a file; pass the model folder (with config.json)")
         if not (path / "config.json").is_file():
             raise UserInputError(f"model folder {spec!r} holds no config.json; is it a Hugging Face model folder?")
+        _check_config(path / "config.json", spec)
         return "folder", str(path)
     if spec.count("/") != 1 or spec.startswith("/") or spec.endswith("/"):
         raise UserInputError(f"model {spec!r} is not a folder here nor a hub id of the form org/name; use {SPEC_HELP}")
     return "hub", spec
+
+
+def _check_config(path: Path, spec: str) -> None:
+    """transformers answers a config.json without model_type with a bare ValueError traceback."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserInputError(f"model folder {spec!r}: config.json is not valid JSON ({err})") from None
+    if not isinstance(config, dict) or not config.get("model_type"):
+        raise UserInputError(f"model folder {spec!r}: config.json names no model_type; is it a Hugging Face model "
+                             "folder?")
 
 
 @contextmanager

@@ -24,7 +24,7 @@ def test_spec_kinds(tmp_path, monkeypatch):
     assert resolve_spec("random-tiny") == ("random", "random-tiny")
     assert resolve_spec("Qwen/Qwen2.5-VL-7B-Instruct") == ("hub", "Qwen/Qwen2.5-VL-7B-Instruct")
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "qwen2_5_vl"}')
     assert resolve_spec("model") == ("folder", "model")
     assert resolve_spec("./model")[0] == "folder"
 
@@ -34,12 +34,16 @@ def test_spec_kinds(tmp_path, monkeypatch):
     ("runs/ckpt", "no such folder"),  # ./runs exists: a path, never the hub user "runs"
     ("tyni", "nor a hub id"), ("org/", "nor a hub id"), ("", "empty"),
     ("model.txt", "is a file"), ("empty", "holds no config.json"),
+    ("notes", "config.json names no model_type"), ("broken", "config.json is not valid JSON"),
 ])
 def test_bad_specs_fail_before_anything_is_loaded(tmp_path, monkeypatch, spec, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
     (tmp_path / "empty").mkdir()
     (tmp_path / "model.txt").write_text("x")
+    for name, config in (("notes", b'{"hidden_size": 8}'), ("broken", b"\xff{")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_bytes(config)
     with pytest.raises(UserInputError, match=message):
         resolve_spec(spec)
 
