@@ -52,8 +52,8 @@ def test_temperature_fit_on_an_unusable_result_is_one_line(tmp_path, capsys):
     (tmp_path / "other.json").write_text('{"hello": 1}')
     (tmp_path / "broken.json").write_bytes(b"\xff not json")
     for name, message in (("report.json", r"tasks \['counting', 'colour'\]: pass task=\.\.\. \(--task"),
-                          ("other.json", "unrecognised importance result"),
-                          ("broken.json", "broken.json is not a JSON result file"),
+                          ("other.json", "other.json: unrecognised importance result"),
+                          ("broken.json", "broken.json: not a JSON result file"),
                           ("missing.json", "missing.json: no such result file")):
         code, err = run_cli(["temperature", "fit", "--result", str(tmp_path / name), "--out", str(tmp_path / "t")],
                             capsys)
@@ -112,3 +112,12 @@ def test_zoo_evaluate_refuses_a_folder_missing_a_tensor_and_writes_nothing(tmp_p
         code, err = run_cli(["zoo", "evaluate", "--model", str(folder), "--held-out", "1", *extra], capsys)
         assert code == 2 and "layers.0.mlp.up_proj.weight" in err and "Traceback" not in err, err
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_ablate_with_an_unknown_patching_metric_fails_before_the_sweep(tmp_path, capsys):
+    (tmp_path / "patching.json").write_text(json.dumps({"patch_effect": [[0.1] * 4] * 3}))
+    code, err = run_cli(["ablate", "--patching", str(tmp_path / "patching.json"), "--patching-metric", "nope",
+                         "--tasks", "counting,colour", "--top-k", "2", "--n-examples", "2", "--n-reference", "2",
+                         "--out", str(tmp_path / "o"), "--quiet"], capsys)
+    assert code == 2 and "no head scores under nope" in err and "keys: ['patch_effect']" in err, err
+    assert not (tmp_path / "o" / "results.json").exists()

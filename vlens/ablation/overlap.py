@@ -9,6 +9,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.errors import UserInputError
+
 Head = tuple[int, int]
 
 
@@ -92,18 +94,18 @@ def head_set_from_json(data, n_layers: int | None = None, n_heads: int | None = 
                     for h in listed]
         keys = [metric] if metric else [key for key in PATCHING_METRICS if key in data]
         if not keys or keys[0] not in data:
-            raise ValueError(f"patching JSON: no head scores under {metric or PATCHING_METRICS} and no explicit "
+            raise UserInputError(f"patching JSON: no head scores under {metric or PATCHING_METRICS} and no explicit "
                              f"'heads' list of [layer, head] (keys: {sorted(data)})")
         grid = torch.as_tensor(data[keys[0]], dtype=torch.float64)
         layer_labels = data.get("layers") or list(range(grid.shape[0]))
         head_labels = listed if isinstance(listed, list) and listed else list(range(grid.shape[-1]))
         if grid.ndim != 2 or grid.shape != (len(layer_labels), len(head_labels)):
-            raise ValueError(f"patching JSON: {keys[0]!r} has shape {tuple(grid.shape)}, expected "
+            raise UserInputError(f"patching JSON: {keys[0]!r} has shape {tuple(grid.shape)}, expected "
                              f"[{len(layer_labels)} layers, {len(head_labels)} heads]")
         ranked = top_k_heads(grid, k, absolute=True)
         return [(int(layer_labels[i]), int(head_labels[j])) for i, j in ranked]
     grid = torch.as_tensor(data, dtype=torch.float64)
     if grid.ndim != 2 or (n_layers is not None and tuple(grid.shape) != (n_layers, n_heads)):
-        raise ValueError(f"patching head scores must be a [n_layers, n_heads] grid"
+        raise UserInputError(f"patching head scores must be a [n_layers, n_heads] grid"
                          f"{'' if n_layers is None else f' = [{n_layers}, {n_heads}]'}, got {tuple(grid.shape)}")
     return top_k_heads(grid, k, absolute=True)
