@@ -196,3 +196,10 @@ def test_pixmo_points_in_both_layouts():
     assert pixmo_points([], "r") is None and pixmo_points(None, "r") is None
     with pytest.raises(DatasetError, match="r: points must be"):
         pixmo_points([{"x": 1.0}], "r")
+
+
+def test_another_format_on_an_imagefolder_says_what_the_folder_is(tmp_path):
+    folder = _folder(tmp_path, [{"file_name": "a.png", "question": "q", "answer": "1"}])
+    with pytest.raises(DatasetError, match=r"is an imagefolder \(metadata\.jsonl\), not a pixmo table.*--format imagefolder"):
+        load_dataset(folder, format="pixmo")
+    assert len(load_dataset(folder, format="imagefolder").records) == 1

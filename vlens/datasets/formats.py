@@ -87,6 +87,9 @@ def load_dataset(path: str | Path, format: str | None = None, **options) -> Data
             format = "imagefolder"  # noqa: A001
     if format not in READERS:
         raise DatasetError(f"unknown data format {format!r}; choose one of {', '.join(DATA_FORMATS)}")
+    if format != "imagefolder" and path.is_dir() and (path / METADATA_FILE).is_file():
+        raise DatasetError(f"{path} is an imagefolder ({METADATA_FILE}), not a {format} table: read it as "
+                           "format imagefolder (--format imagefolder, or leave --format out)")
     accepted = reader_options(format)
     unsupported = sorted(set(options) - accepted)
     if unsupported:
