@@ -278,7 +278,10 @@ def importance_from_result(
     if isinstance(result, Tensor):
         return result.double()
     if isinstance(result, (str, Path)):
-        result = _read_result_file(Path(result))
+        try:
+            return importance_from_result(_read_result_file(Path(result)), task, metric, n_layers)
+        except UserInputError as err:  # name the file the user gave
+            raise UserInputError(f"{result}: {err}") from None
     if hasattr(result, "to_dict") and hasattr(result, "results"):  # AblationReport
         result = result.to_dict()
     elif hasattr(result, "logprob_drop"):  # HeadAblation
@@ -330,9 +333,9 @@ def _read_result_file(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserInputError(f"{path}: no such result file") from None
+        raise UserInputError("no such result file") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserInputError(f"{path} is not a JSON result file ({err})") from None
+        raise UserInputError(f"not a JSON result file ({err})") from None
 
 
 def _nan_if_none(value):
