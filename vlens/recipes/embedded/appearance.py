@@ -99,7 +99,7 @@ def _varied_primitives(obj: dict, rng: np.random.Generator) -> list:
 
 
 def _scaled(primitives: list, factor: float) -> list:
-    scaled = []
+    scaled: list = []
     for kind, geom in primitives:
         if kind == "polygon":
             scaled.append((kind, [(u * factor, v * factor) for u, v in geom]))
@@ -182,8 +182,8 @@ def photometric(image: Image.Image, rng: np.random.Generator) -> Image.Image:
         image = image.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(0.3, 1.0))))
     if rng.random() < 0.15:
         pixels = np.asarray(image, dtype=np.float32)
-        pixels = pixels + rng.normal(0.0, rng.uniform(2.0, 7.0), size=pixels.shape)
-        image = Image.fromarray(np.clip(np.rint(pixels), 0, 255).astype(np.uint8), "RGB")
+        noisy = pixels + rng.normal(0.0, rng.uniform(2.0, 7.0), size=pixels.shape)
+        image = Image.fromarray(np.clip(np.rint(noisy), 0, 255).astype(np.uint8), "RGB")
     if rng.random() < 0.15:
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=int(rng.integers(45, 95)))

@@ -35,9 +35,10 @@ def stage_mixes(evaluation: dict) -> list[dict[str, float] | None]:
 def training_shares(evaluation: dict, source: str) -> list[float] | None:
     """The source's share of each stage's mix (None if some stage's mix is not recorded)."""
     mixes = stage_mixes(evaluation)
-    if any(mix is None for mix in mixes):
+    known = [mix for mix in mixes if mix is not None]
+    if len(known) < len(mixes):
         return None
-    return [float(mix.get(source, 0.0)) for mix in mixes]
+    return [float(mix.get(source, 0.0)) for mix in known]
 
 
 def held_out(evaluation: dict, source: str) -> bool:

@@ -8,8 +8,11 @@ tower the depth it needs for harder visual features (shapes) without starting ov
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
+from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
 
 
 def full_attention_blocks_after_growth(old_full: list[int], old_depth: int, new_depth: int) -> list[int]:
@@ -23,16 +26,18 @@ def grow_vision_tower(
 ) -> Qwen2_5_VLForConditionalGeneration:
     """A copy of `model` whose vision tower has `depth` blocks (the first ones are the
     model's; the rest start as the identity). Raises ValueError if `depth` is not larger."""
-    vision = model.config.vision_config
+    vision = cast(Qwen2_5_VLVisionConfig, model.config.vision_config)
     if depth <= vision.depth:
         raise ValueError(f"grow the vision tower to more than its {vision.depth} blocks, got depth {depth}")
     config = model.config.__class__.from_dict(model.config.to_dict())
-    config.vision_config.fullatt_block_indexes = full_attention_blocks_after_growth(
+    grown_vision = cast(Qwen2_5_VLVisionConfig, config.vision_config)
+    grown_vision.fullatt_block_indexes = full_attention_blocks_after_growth(
         list(vision.fullatt_block_indexes), vision.depth, depth
     )
-    config.vision_config.depth = depth
+    grown_vision.depth = depth
     torch.manual_seed(seed)
-    grown = Qwen2_5_VLForConditionalGeneration(config).to(next(model.parameters()).dtype)
+    # HF wraps Module.to with functools.wraps: mypy reads the unbound signature (self first)
+    grown = Qwen2_5_VLForConditionalGeneration(config).to(next(model.parameters()).dtype)  # type: ignore[arg-type]
     missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
     new_blocks = range(vision.depth, depth)
     expected_missing = {name for name, _ in grown.named_parameters() if _in_blocks(name, new_blocks)}

@@ -80,12 +80,13 @@ class TrainingState:
         return state
 
     def save(self, state: dict) -> None:
-        if self.path is None:
+        if self.directory is None:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(".partial")
+        path = self.directory / STATE_FILE
+        partial = path.with_suffix(".partial")
         torch.save({**state, "fingerprint": self.fingerprint}, partial)
-        os.replace(partial, self.path)  # a kill during the save leaves the previous state intact
+        os.replace(partial, path)  # a kill during the save leaves the previous state intact
 
 
 @contextmanager

@@ -250,7 +250,7 @@ def _prepare_state(out: Path, settings: RecipeSettings) -> TrainingState:
     """The run's checkpoint folder, after deciding what to do with a state already there."""
     directory = checkpoint_folder(out, settings)
     state = TrainingState(directory, fingerprint(settings), settings.checkpoint_every)
-    exists = state.path.is_file()
+    exists = state.path is not None and state.path.is_file()
     if exists and not settings.resume:
         if not settings.overwrite:
             raise UserInputError(
@@ -268,7 +268,9 @@ def _prepare_state(out: Path, settings: RecipeSettings) -> TrainingState:
 def _rendered_set(state: TrainingState, settings: RecipeSettings, processor, progress: bool):
     """The stage's pre-rendered training set, kept in the checkpoint folder so that a resumed
     run does not render it again (rendering is deterministic, so either way it is the same)."""
-    path = state.directory / RENDERED_FILE
+    directory = state.directory
+    assert directory is not None  # the recipe always keeps a checkpoint folder (_prepare_state)
+    path = directory / RENDERED_FILE
     if path.is_file():
         saved = torch.load(path, weights_only=False)
         if saved["fingerprint"] == state.fingerprint:
@@ -276,7 +278,7 @@ def _rendered_set(state: TrainingState, settings: RecipeSettings, processor, pro
     rendered = render_training_set(
         processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects
     )
-    state.directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     torch.save({"fingerprint": state.fingerprint, "rendered": rendered}, path.with_suffix(".partial"))
     path.with_suffix(".partial").replace(path)
     return rendered
@@ -295,6 +297,8 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     check_settings(settings)
     check_output_folder(out, "--out", overwrite=settings.overwrite, model_folder=True)
     state = _prepare_state(out, settings)
+    checkpoints = state.directory
+    assert checkpoints is not None  # _prepare_state always names the folder
     torch.set_num_threads(settings.threads)
     settings.train.seed = settings.seed
     if settings.init_from:
@@ -305,7 +309,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
         tokenizer, processor, model = build_untrained(settings.seed, settings.image_size or IMAGE_SIZE)
     model.to(settings.device)
     rendered = _rendered_set(state, settings, processor, progress)
-    log_path = state.directory / TRAINING_LOG
+    log_path = checkpoints / TRAINING_LOG
     start = time.time()
     quick = min(settings.checkpoint_held_out_per_source, settings.held_out_per_source)  # per source
 
@@ -313,7 +317,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
         training = {"steps": step, "wall_time_s": round(time.time() - start, 1), "final_loss": None}
         status = f"intermediate checkpoint at step {step} of {settings.train.steps} (quick evaluation)"
         summary = _summary(settings, model, processor, training, evaluation, status, extra)
-        with atomic_folder(state.directory / SNAPSHOT, overwrite=True, name="snapshot") as folder:
+        with atomic_folder(checkpoints / SNAPSHOT, overwrite=True, name="snapshot") as folder:
             write_outputs(folder, model, processor, summary, log_path)
 
     if settings.stage == "vision":
@@ -371,7 +375,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     with atomic_folder(out, overwrite=settings.overwrite, name="--out") as folder:
         write_outputs(folder, model, processor, summary, log_path)
     if training["steps"] == settings.train.steps:
-        shutil.rmtree(state.directory, ignore_errors=True)
+        shutil.rmtree(checkpoints, ignore_errors=True)
     return summary
 
 

@@ -10,7 +10,7 @@ stage several times cheaper on a CPU) and fed to the decoder through HF's
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -71,7 +71,7 @@ def image_tokens(model, images, batch_size: int = 64, progress: bool = False) ->
 
 
 def train_model(
-    model: torch.nn.Module,
+    model,
     examples: list[EncodedExample],
     images,
     settings: TrainSettings,
@@ -118,17 +118,17 @@ def train_model(
             batch = collate_text(batch_examples, pad_id, image_token_id, grid=cached.shape[1])
             features = cached[image_rows].reshape(-1, cached.shape[-1]).to(device)
             batch = {name: tensor.to(device) for name, tensor in batch.items()}
-            output = model(
-                **batch, mm_encoder_outputs={"image": BaseModelOutputWithPooling(pooler_output=[features])}
-            )
+            # one tensor per image, as HF's own get_image_features leaves it (annotated as one tensor)
+            encoded = BaseModelOutputWithPooling(pooler_output=[features])  # type: ignore[arg-type]
+            output = model(**batch, mm_encoder_outputs={"image": encoded})
             return output.loss, {"loss": output.loss.item()}
         batch = collate(batch_examples, images, pad_id, image_token_id)
         batch = {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
-        capture = captured_image_tokens(model) if heads is not None else nullcontext([])
+        capture: AbstractContextManager[list] = captured_image_tokens(model) if heads is not None else nullcontext([])
         with capture as captured:
             loss = answer_loss = model(**batch).loss
         numbers = {"loss": answer_loss.item()}
-        if heads is not None:
+        if heads is not None and cell_labels is not None:  # heads are only made with cell_labels
             labels = cell_labels[image_rows].permute(1, 0, 2).reshape(3, -1).to(device)
             aux = heads.losses(captured[0], labels)
             loss = answer_loss + settings.vision_aux_weight * sum(aux.values())

@@ -78,6 +78,7 @@ def _task_source(task: str, style: str, vary: bool, max_objects: int | None = No
     def make(seed: int, count: int | None = None) -> Sample:
         rng = np.random.default_rng([seed, 7])
         size = _size_for(rng) if vary else DEFAULT_SIZE
+        counts: tuple[int, ...]
         if count is not None:
             counts = (count,)
         elif task == "counting":  # counting always spans 1..10: its answers are the counts

@@ -13,6 +13,7 @@ folder is the plain HF model.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import cast
 
 import numpy as np
 import torch
@@ -76,11 +77,12 @@ class VisionAuxHeads(nn.Module):
     def __init__(self, width: int, seed: int) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
-        self.heads = nn.ModuleDict({kind: nn.Linear(width, N_CLASSES[kind]) for kind in LABEL_KINDS})
+        heads = {kind: nn.Linear(width, N_CLASSES[kind]) for kind in LABEL_KINDS}
         with torch.no_grad():
-            for layer in self.heads.values():
+            for layer in heads.values():
                 layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * width**-0.5)
                 layer.bias.zero_()
+        self.heads = nn.ModuleDict(heads)
 
     def logits(self, tokens: Float[torch.Tensor, "n_tokens width"]) -> dict[str, torch.Tensor]:
         return {kind: head(tokens) for kind, head in self.heads.items()}
@@ -102,7 +104,7 @@ class VisionAuxHeads(nn.Module):
         self, tokens: Float[torch.Tensor, "n_tokens width"], labels: Int[torch.Tensor, "3 n_tokens"]
     ) -> torch.Tensor:
         """Sum of the three heads' losses."""
-        return sum(self.losses(tokens, labels).values())
+        return cast(torch.Tensor, sum(self.losses(tokens, labels).values()))
 
 
 @contextmanager

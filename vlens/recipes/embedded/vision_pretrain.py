@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 from jaxtyping import Int, UInt8
@@ -110,7 +111,7 @@ def pretrain_vision(
         tokens = _tokens(visual, batch_images)
         target = batch_labels.permute(1, 0, 2).reshape(len(LABEL_KINDS), -1).to(tokens.device)
         losses = heads.losses(tokens, target)
-        total = sum(losses.values())
+        total = cast(torch.Tensor, sum(losses.values()))
         return total, {
             "loss": total.item(),
             **{f"{kind}_loss": value.item() for kind, value in losses.items()},
