@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 
+from vlens.cli.console import echo
 from vlens.errors import UserInputError
 from vlens.recipes.embedded.settings import RecipeSettings, TrainSettings
 from vlens.validation import arg_float, arg_int
@@ -66,11 +66,11 @@ def _train(args: argparse.Namespace) -> int:
     try:
         summary = run_recipe(Path(args.out), settings, progress=not args.quiet)
     except Interrupted as stop:
-        print(f"vlens zoo train: {stop}", file=sys.stderr)
+        logger.warning("%s", stop)  # how to resume: the state is saved
         return 130
     per_task = summary["evaluation"].get("per_task", {})
-    print(json.dumps({name: round(row["accuracy"], 4) for name, row in per_task.items()}))
-    print(json.dumps({"probe": summary["training"]["probe"]}))
+    echo(json.dumps({name: round(row["accuracy"], 4) for name, row in per_task.items()}))
+    echo(json.dumps({"probe": summary["training"]["probe"]}))
     logger.info("model folder: %s (MODEL_CARD.md, training_log.jsonl)", args.out)
     return 0
 
@@ -85,7 +85,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         if not args.model:
             raise UserInputError("--write needs --model DIR (the shipped folder is not rewritten in place)")
         summary = finalize_folder(args.model, args.held_out)
-        print(json.dumps({name: row["accuracy"] for name, row in summary["evaluation"]["per_task"].items()}))
+        echo(json.dumps({name: row["accuracy"] for name, row in summary["evaluation"]["per_task"].items()}))
         return 0
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -100,7 +100,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     with hf_progress_bars(not args.quiet):
         model = from_pretrained_checked(Qwen2_5_VLForConditionalGeneration, str(folder)).eval()
     report = evaluate_samples(model, load_processor(folder), held_out_samples(args.held_out))
-    print(json.dumps(report, indent=2))
+    echo(json.dumps(report, indent=2))
     return 0
 
 
