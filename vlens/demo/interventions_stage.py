@@ -183,4 +183,7 @@ def interventions_section(model_dir: Path | None, stored: Path | None = None, mo
                                f"no stored interventions study at {where}; measure one with `vlens study --out DIR` "
                                "and pass --interventions DIR/study.json")
     raw = json.loads(path.read_text(encoding="utf-8"))
-    return _section_from_rows(interventions_rows(raw), str(path), raw, model)
+    # the model folder's own file is named relative to the folder (no machine-specific absolute path)
+    source = (f"{path.name} in the model folder ({model_dir.name})"
+              if model_dir is not None and path.parent.resolve() == Path(model_dir).resolve() else str(path))
+    return _section_from_rows(interventions_rows(raw), source, raw, model)

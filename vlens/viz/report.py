@@ -40,7 +40,7 @@ p.explanation { margin: 0 0 12px; color: #4a5568; }
 img.figure { max-width: 100%; height: auto; image-rendering: pixelated; border-radius: 4px; }
 table { border-collapse: collapse; margin: 8px 0; font-size: 0.88em; max-width: 100%; }
 th, td { border: 1px solid #e2e8f0; padding: 3px 7px; text-align: right; }
-td.text { text-align: left; max-width: 260px; overflow-wrap: anywhere; }
+td.text { text-align: left; max-width: 260px; overflow-wrap: break-word; }
 ul.findings { margin: 8px 0; padding-left: 20px; font-size: 0.92em; }
 dl.definitions { margin: 6px 0 0; font-size: 0.88em; color: #4a5568; }
 dl.definitions dt { display: inline; font-weight: 600; color: #1d2430; }
