@@ -227,7 +227,8 @@ def test_every_figure_builder_renders_readably_in_chromium(gallery_path):
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium (/usr/bin/chromium) is not installed")
 def test_the_browser_check_catches_what_it_looks_for(tmp_path):
-    """A trace type missing from the bundle, ticks between layers, colliding titles, private colour scales."""
+    """A trace type missing from the bundle, ticks between layers, colliding titles and tick labels, private colour
+    scales."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -239,9 +240,11 @@ def test_the_browser_check_catches_what_it_looks_for(tmp_path):
     crowded = make_subplots(rows=1, cols=2, subplot_titles=["a long subplot title " * 6] * 2)
     for col in (1, 2):
         crowded.add_trace(go.Heatmap(z=[[col, 2], [3, 4 * col]]), row=1, col=col)
+    dense = go.Figure(go.Scatter(x=[0, 1], y=[1, 100], mode="lines")).update_layout(height=220)
+    dense.update_yaxes(type="log", tickvals=list(range(1, 101)), ticktext=[str(v) for v in range(1, 101)])
     cartesian = viz_html.CARTESIAN_BUNDLE.read_text(encoding="utf-8")
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'>" + viz_html.inline_script(cartesian) + "</head><body>"
-            + "".join(viz_html.figure_div(f, f"f{i}") for i, f in enumerate([three_d, ticks, crowded])) + "</body></html>")
+            + "".join(viz_html.figure_div(f, f"f{i}") for i, f in enumerate([three_d, ticks, crowded, dense])) + "</body></html>")
     path = tmp_path / "broken.html"
     path.write_text(page, encoding="utf-8")
     problems = "\n".join(page_problems(inspect_page(path)))
@@ -249,3 +252,4 @@ def test_the_browser_check_catches_what_it_looks_for(tmp_path):
     assert "ticks between layers" in problems
     assert "titles overlap" in problems
     assert "2 heatmaps with 2 different colour scales" in problems
+    assert "y tick labels overlap" in problems

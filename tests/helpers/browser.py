@@ -61,6 +61,7 @@ _PROBE = r"""<script>
         titles: boxes(gd, ".annotation-text"),
         bartext: boxes(gd, ".bartext"),
         xticks: boxes(gd, ".xtick text"),
+        yticks: boxes(gd, ".ytick text"),
         colorbars: gd.querySelectorAll(".colorbar").length,
       };
     });
@@ -174,6 +175,8 @@ def figure_problems(figure: dict) -> list[str]:
         problems.append(f"{where}: bar labels overprint: {a!r} / {b!r}")
     for a, b in _overlaps(figure["xticks"], slack=0.5):
         problems.append(f"{where}: x tick labels overlap: {a!r} / {b!r}")
+    for a, b in _overlaps(figure.get("yticks", []), slack=0.5):
+        problems.append(f"{where}: y tick labels overlap: {a!r} / {b!r}")
     heatmaps = [t for t in figure["traces"] if t["type"] == "heatmap" and t["visible"] is not False]
     if len(heatmaps) > 1:  # tiles compared side by side must share one colour scale
         scales = {(t["coloraxis"],) if t["coloraxis"] else (t["zmin"], t["zmax"]) for t in heatmaps}

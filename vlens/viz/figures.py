@@ -455,7 +455,14 @@ def logit_lens_figure(
                 col=1,
             )
         if panel == "rank":
-            figure.update_yaxes(title_text="rank", type="log", autorange="reversed", row=row, col=1)
+            # explicit 1-2-5 ticks: plotly's own log ticks label every digit 2..9, which run into each other
+            largest = max((v for series in named[panel].values() for v in series if v == v), default=1)
+            if bounds is not None:
+                largest = max([largest, *(v for series in bounds[1].values() for v in series if v == v)])
+            ticks = [m * 10**e for e in range(0, len(str(int(largest))) + 1) for m in (1, 2, 5)]
+            ticks = [t for t in ticks if t <= max(largest, 1) * 2] or [1]
+            figure.update_yaxes(title_text="rank", type="log", autorange="reversed", tickvals=ticks,
+                                ticktext=[str(t) for t in ticks], row=row, col=1)
         else:
             figure.update_yaxes(title_text="probability", range=[0, 1.02], row=row, col=1)
     for row in range(1, len(panels) + 1):
