@@ -29,11 +29,25 @@ def test_a_source_is_held_out_only_when_no_stage_trains_on_it():
     assert exposure(evaluation, "counting/dot_variants") == "in the training mix of 1 of 2 stages, 10%"
     assert exposure(evaluation, "counting/syndot") == "in the training mix of every stage, 40-50%"
     text = readme_paragraph(evaluation)
-    assert "Sources held out of all training: shaded objects on textured backgrounds (SynReal-lite)." in text
+    assert "unseen renderer): shaded objects on textured backgrounds (SynReal-lite)." in text
     assert "existence 52.0% [42.3, 61.5] (chance 50%: yes/no)" in text
     assert "(SynReal-lite) 40.0%" in text and "held out of all training)" in text
     unknown = {**evaluation, "previous_stages": [{}]}  # a stage without a recorded mix: never "held out"
     assert not held_out(unknown, "counting/synreal") and "not recorded" in sources_note(unknown)
+
+
+def test_sources_beyond_the_task_suite_are_reported_with_their_accuracy_and_exposure():
+    evaluation = _evaluation([{"counting/syndot": 1.0}],
+                             {"counting/syndot": {"accuracy": 0.9, "n": 100},
+                              "foreign/counting": {"accuracy": 0.5, "n": 100},
+                              "foreign/colour": {"accuracy": 0.8, "n": 10}})
+    text = readme_paragraph(evaluation)
+    assert "colour questions on the foreign renderer 80.0% [49.0, 94.3] (held out of all training)" in text
+    assert "(foreign) 50.0%" in text
+    assert text.endswith("unseen renderer): shapes from a third, PIL-drawn renderer in plain CSS colours (foreign), "
+                         "colour questions on the foreign renderer.")
+    assert "foreign/colour: colour questions on the foreign renderer, held out of all training" in sources_note(
+        evaluation)
 
 
 def test_accuracy_text_is_a_wilson_interval():

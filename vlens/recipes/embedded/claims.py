@@ -23,7 +23,14 @@ COUNTING_NAMES = {
     "counting/synpoly": "coloured polygons (SynPoly)",
     "counting/dot_variants": "dots from a second renderer (dot_variants)",
     "counting/synreal": "shaded objects on textured backgrounds (SynReal-lite)",
+    "foreign/counting": "shapes from a third, PIL-drawn renderer in plain CSS colours (foreign)",
 }
+# Question sources beyond the task suite's own (named in the text with their accuracy).
+OTHER_NAMES = {
+    "foreign/colour": "colour questions on the foreign renderer",
+    "foreign/shape": "shape questions on the foreign renderer",
+}
+SUITE_TASKS = ("colour", "shape", "spatial", "arithmetic", "existence")
 
 
 def stage_mixes(evaluation: dict) -> list[dict[str, float] | None]:
@@ -81,33 +88,36 @@ def readme_paragraph(evaluation: dict) -> str:
     for source, name in COUNTING_NAMES.items():
         if source in per_task:
             counting.append(f"{name} {accuracy_text(per_task[source])} ({exposure(evaluation, source)})")
-    unseen = [COUNTING_NAMES.get(s, s) for s in per_task if held_out(evaluation, s)]
+    names = {**COUNTING_NAMES, **OTHER_NAMES}
+    unseen = [names.get(s, s) for s in per_task if held_out(evaluation, s)]
     others = []
-    for task in ("colour", "shape", "spatial", "arithmetic", "existence"):
+    for task in SUITE_TASKS:
         if task in per_task:
             chance = " (chance 50%: yes/no)" if task in YES_NO_TASKS else ""
             others.append(f"{task} {accuracy_text(per_task[task])}{chance}")
     lone = lone_object_accuracy(evaluation, "colour")
     lone_text = (f"; it names the colour of a lone object ({100 * float(lone['accuracy']):.0f}% of {lone['n']})"
                  if lone and lone.get("n") else "")
-    unseen_text = (f" Sources held out of all training: {', '.join(unseen)}." if unseen else
+    extra = [s for s in per_task if s not in COUNTING_NAMES and s not in SUITE_TASKS]
+    extra_text = ("" if not extra else " Other sources: " + "; ".join(
+        f"{OTHER_NAMES.get(s, s)} {accuracy_text(per_task[s])} ({exposure(evaluation, s)})" for s in extra) + ".")
+    unseen_text = (f" Sources held out of all training (the only numbers here that measure generalisation to "
+                   f"an unseen renderer): {', '.join(unseen)}." if unseen else
                    " Every evaluated source is in its training mix (no source is held out), so none of these "
                    "numbers measures generalisation to an unseen renderer.")
     return (f"Held-out accuracy (greedy, exact match, {n} unseen samples per source, 95% intervals"
             f"): it counts {'; '.join(counting)}{lone_text}. Questions that pick out one object among "
             f"several by shape or colour, arithmetic and the yes/no questions are far weaker: {', '.join(others)}; "
-            f"treat circuits found for those tasks with care.{unseen_text}")
+            f"treat circuits found for those tasks with care.{extra_text}{unseen_text}")
 
 
 def sources_note(evaluation: dict) -> str:
     """The model card's note under its accuracy tables: what each counting source is and whether it was trained on."""
     parts = []
-    for source, name in COUNTING_NAMES.items():
+    for source, name in {**COUNTING_NAMES, **OTHER_NAMES}.items():
         if source in evaluation["evaluation"]["per_task"]:
             parts.append(f"{source}: {name}, {exposure(evaluation, source)}")
     return "; ".join(parts) + "."
-
-
 
 
 __all__ = ["README_BEGIN", "README_END", "accuracy_text", "exposure", "held_out", "readme_paragraph",
