@@ -158,9 +158,16 @@ def _section_from_rows(rows: list[dict], source: str, raw, model=None) -> Sectio
 
 
 def _shown(rows: list[dict]) -> list[dict]:
-    """Table rows as displayed: "acc" for "accuracy" and 3 decimals, so twelve columns fit the page."""
-    return [{key.replace(" accuracy", " acc"): round(value, 3) if isinstance(value, float) else value
-             for key, value in row.items()} for row in rows]
+    """Table rows as displayed: "acc" for "accuracy", 3 decimals, and setting names that may wrap
+    before each "+" (a zero-width space), so twelve columns fit the page without breaking a word."""
+    def shown(key, value):
+        if isinstance(value, float):
+            return round(value, 3)
+        if key == "setting" and isinstance(value, str):
+            return value[:1] + value[1:].replace("+", "\u200b+")
+        return value
+
+    return [{key.replace(" accuracy", " acc"): shown(key, value) for key, value in row.items()} for row in rows]
 
 
 def find_stored(model_dir: Path | None) -> Path | None:
