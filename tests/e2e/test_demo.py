@@ -313,12 +313,14 @@ def test_key_numbers_copy_headlines_and_leave_out_skipped_stages():
     from vlens.demo.report_sections import key_numbers_section
 
     sections = [
-        Section("counting_accuracy", "Counting", "x", numbers={"accuracy": 0.75, "MAE": 0.3}),
+        Section("counting_accuracy", "Counting", "x", numbers={"accuracy": 0.75, "MAE": 0.3,
+                                                               "accuracy 95% CI": "0.75 [0.41, 0.93]"}),
         Section.skipped("logit_lens", "Lens", "x", "no tokens"),
         Section("geometry_pca", "PCA", "x", numbers={"most count-ordered layer": 2}),
     ]
     section = key_numbers_section(sections)
     assert section.numbers == {"Counting: accuracy": 0.75, "PCA: most count-ordered layer": 2}
     assert [row["value"] for row in section.table] == [0.75, 2]
+    assert [row["interval / compare with"] for row in section.table] == ["accuracy 95% CI: 0.75 [0.41, 0.93]", "-"]
     assert section.data["source_sections"] == {"Counting: accuracy": "counting_accuracy",
                                                "PCA: most count-ordered layer": "geometry_pca"}

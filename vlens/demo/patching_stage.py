@@ -7,7 +7,7 @@ import torch
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head, patch_layer_region
-from vlens.stats import format_interval
+from vlens.stats import format_interval, wilson_interval
 
 VAP_TITLE = "VAP: overwrite rate per layer and region"
 VAP_EXPLANATION = ("Patch the corrupt image's residual (entering each layer) into the clean run at the image, text, "
@@ -67,6 +67,8 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
     assert regions.baseline is not None  # the default answer metrics keep the unpatched runs
     clean_accuracy = float(regions.baseline.clean_correct.float().mean())
     numbers: dict[str, int | float | str] = {"pairs": batch.n_pairs, "clean accuracy": clean_accuracy}
+    clean_low, clean_high = wilson_interval(round(clean_accuracy * batch.n_pairs), batch.n_pairs)
+    numbers["clean accuracy 95% CI"] = format_interval(clean_accuracy, float(clean_low), float(clean_high))
     for column, region in enumerate(regions.cells):
         best = float(rate[:, column].max())
         at = int(rate[:, column].argmax())
@@ -96,7 +98,13 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
     assert baseline is not None  # the default answer metrics keep the unpatched runs
     e_low, e_high, top_share = effect_bootstrap(heads.per_pair_logit_diff.flatten(0, 1), baseline.clean_logit_diff,
                                                 baseline.corrupt_logit_diff, seed=settings.seed)
-    head_numbers: dict[str, float | str] = {"pairs": batch.n_pairs, "max overwrite rate": float(heads["overwrite_rate"].max())}
+    head_rate = heads["overwrite_rate"]
+    r_low, r_high = heads.rate_interval("overwrite_rate")
+    at_max = int(head_rate.nan_to_num(-1.0).flatten().argmax())
+    head_numbers: dict[str, float | str] = {
+        "pairs": batch.n_pairs, "max overwrite rate": float(head_rate.flatten()[at_max]),
+        "max overwrite rate 95% CI": format_interval(float(head_rate.flatten()[at_max]), float(r_low.flatten()[at_max]),
+                                                     float(r_high.flatten()[at_max]))}
     head_numbers.update({f"#{rank + 1} L{layer}H{head}": format_interval(value, float(e_low[i]), float(e_high[i]))
                          for rank, ((layer, head, value), i) in enumerate(zip(top, order, strict=True))})
     leader = order[0]

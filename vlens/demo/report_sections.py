@@ -140,6 +140,18 @@ KEY_NUMBERS: tuple[tuple[str, str], ...] = (
     ("ablation_jaccard", "mean off-diagonal Jaccard"),
     ("geometry_pca", "most count-ordered layer"),
 )
+# the numbers shown next to a headline: its interval, or what it must be compared with
+KEY_CONTEXT: dict[tuple[str, str], tuple[str, ...]] = {
+    ("counting_accuracy", "accuracy"): ("accuracy 95% CI",),
+    ("vap_layer_region", "image: max rate"): ("image: max rate 95% CI",),
+    ("ablation_jaccard", "mean off-diagonal Jaccard"): ("chance Jaccard (random top-k sets)",
+                                                        "counting test-retest Jaccard"),
+    ("geometry_pca", "most count-ordered layer"): ("counts 1-4 centroid accuracy", "counts >= 5 centroid accuracy"),
+}
+
+
+def _short(value) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def key_numbers_section(sections: list[Section]) -> Section:
@@ -151,7 +163,10 @@ def key_numbers_section(sections: list[Section]) -> Section:
         if section is None or section.status != "ok" or name not in section.numbers:
             continue
         label = f"{section.title}: {name}"
-        rows.append({"section": section.title, "number": name, "value": jsonable(section.numbers[name])})
+        context = "; ".join(f"{other}: {_short(jsonable(section.numbers[other]))}"
+                            for other in KEY_CONTEXT.get((key, name), ()) if other in section.numbers)
+        rows.append({"section": section.title, "number": name, "value": jsonable(section.numbers[name]),
+                     "interval / compare with": context or "-"})
         numbers[label] = section.numbers[name]
         sources[label] = key
     return Section(
