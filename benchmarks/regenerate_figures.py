@@ -104,14 +104,19 @@ def cli_step(out: Path, problems: list[str]) -> dict[str, int]:
 
 
 def shrink_screenshots() -> int:
-    """Screenshots as 256-colour PNGs (text and flat plot colours: about a third of the size, same look)."""
-    from PIL import Image
+    """Screenshots as 256-colour PNGs (text and flat plot colours: about a third of the size, same look),
+    with the empty window below the content cut off."""
+    from PIL import Image, ImageChops
 
     total = 0
     for path in sorted(SHOTS.glob("*.png")):
         with Image.open(path) as image:
-            small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT,
-                                                  dither=Image.Dither.NONE)
+            rgb = image.convert("RGB")
+        background = Image.new("RGB", rgb.size, rgb.getpixel((0, rgb.height - 1)))
+        box = ImageChops.difference(rgb, background).getbbox()
+        if box is not None and box[3] + 16 < rgb.height:
+            rgb = rgb.crop((0, 0, rgb.width, box[3] + 16))
+        small = rgb.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
         small.save(path, optimize=True)
         total += path.stat().st_size
     print(f"docs/report: {total / 1e6:.2f} MB of screenshots", file=sys.stderr)
