@@ -121,3 +121,10 @@ def test_ablate_with_an_unknown_patching_metric_fails_before_the_sweep(tmp_path,
                          "--out", str(tmp_path / "o"), "--quiet"], capsys)
     assert code == 2 and "no head scores under nope" in err and "keys: ['patch_effect']" in err, err
     assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_study_top_k_heads_beyond_the_model_names_the_flag_before_training(tmp_path, capsys):
+    code, err = run_cli(["study", "--model", "random-tiny", "--top-k-heads", "1000", "--n-train", "1", "--n-eval", "1",
+                         "--out", str(tmp_path / "o"), "--quiet"], capsys)
+    assert code == 2 and "--top-k-heads must be an integer in [1, " in err and "got 1000" in err, err
+    assert not (tmp_path / "o" / "seed0").exists()

@@ -32,7 +32,7 @@ from vlens.cli.options import (
 from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.errors import UserInputError
 from vlens.finite import add_allow_nan_argument
-from vlens.validation import arg_float, arg_int
+from vlens.validation import arg_float, arg_int, check_count
 
 logger = logging.getLogger(__name__)
 
@@ -219,8 +219,13 @@ def run_study_cli(args: argparse.Namespace) -> int:
     prepare_out(args, STUDY_JSON, STUDY_MD)
     name = "vlens.load() (the embedded tiny Qwen2.5-VL)" if args.model == "tiny" else args.model
     options = model_options(args)
-    result = run_study(lambda: load_model(args.model, **options), settings, args.out, progress=not args.quiet,
-                       model_name=name)
+
+    def load():
+        model = load_model(args.model, **options)
+        check_count(args.top_k_heads, "--top-k-heads", max=model.cfg.n_layers * model.cfg.n_heads)  # the flag's name
+        return model
+
+    result = run_study(load, settings, args.out, progress=not args.quiet, model_name=name)
     echo(result.report())
     if args.model_card:
         logger.info("model card: %s", write_model_card_section(result, args.model_card))
