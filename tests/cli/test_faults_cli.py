@@ -128,3 +128,11 @@ def test_study_top_k_heads_beyond_the_model_names_the_flag_before_training(tmp_p
                          "--out", str(tmp_path / "o"), "--quiet"], capsys)
     assert code == 2 and "--top-k-heads must be an integer in [1, " in err and "got 1000" in err, err
     assert not (tmp_path / "o" / "seed0").exists()
+
+
+def test_study_model_card_path_is_checked_before_the_study(tmp_path, capsys):
+    (tmp_path / "card").mkdir()
+    code, err = run_cli(["study", "--model", "random-tiny", "--model-card", str(tmp_path / "card"), "--n-train", "1",
+                         "--n-eval", "1", "--out", str(tmp_path / "o"), "--quiet"], capsys)
+    assert code == 2 and "--model-card" in err and "is a folder" in err, err
+    assert not (tmp_path / "o" / "seed0").exists()

@@ -32,7 +32,7 @@ from vlens.cli.options import (
 from vlens.dataset_options import add_data_arguments, load_data_arg
 from vlens.errors import UserInputError
 from vlens.finite import add_allow_nan_argument
-from vlens.validation import arg_float, arg_int, check_count
+from vlens.validation import arg_float, arg_int, check_count, check_output_file
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +217,8 @@ def run_study_cli(args: argparse.Namespace) -> int:
         alpha=args.alpha,
     )
     prepare_out(args, STUDY_JSON, STUDY_MD)
+    if args.model_card:  # now, not after the whole study
+        check_output_file(args.model_card, "--model-card")
     name = "vlens.load() (the embedded tiny Qwen2.5-VL)" if args.model == "tiny" else args.model
     options = model_options(args)
 

@@ -458,5 +458,6 @@ def write_model_card_section(result: StudyResult, card_path: str | Path) -> Path
         text = before + section + after
     else:
         text = text.rstrip("\n") + ("\n\n" if text else "") + section + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
