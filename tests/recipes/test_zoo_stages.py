@@ -82,6 +82,7 @@ def test_vision_then_frozen_then_tuned_stages(tmp_path):
     )
     card = (vision / "MODEL_CARD.md").read_text()
     assert "vision pretraining: the tower and merger alone" in card and "| 1 | vision pretraining |" in card
+    assert "Weights in this folder: stage 1 of 1 (vision pretraining," in card
     untrained = build_untrained(seed=1, image_size=56)[2].state_dict()
     pretrained = Qwen2_5_VLForConditionalGeneration.from_pretrained(vision).state_dict()
     for name, tensor in pretrained.items():  # the decoder as initialised, the tower trained
@@ -112,6 +113,7 @@ def test_vision_then_frozen_then_tuned_stages(tmp_path):
         and "| 2 | language, tower frozen |" in card
         and "| 3 | language |" in card
     )
+    assert "Weights in this folder: stage 3 of 3 (language," in card  # which stage ships
     commands = [line for line in card.splitlines() if line.startswith("vlens zoo train")]
     assert len(commands) == 3 and commands[0].startswith(
         "vlens zoo train --out stage1 --stage vision --seed 1"

@@ -127,6 +127,22 @@ def training_stages(summary: dict) -> list[dict]:
     return [*summary.get("previous_stages", []), current]
 
 
+def stage_kind(stage: dict) -> str:
+    """'vision pretraining', 'language, tower frozen' or 'language'."""
+    if stage.get("stage") == "vision":
+        return "vision pretraining"
+    return "language, tower frozen" if stage.get("freeze_vision") else "language"
+
+
+def _shipped_stage_line(summary: dict) -> str:
+    """Which stage these weights are: the last of the stages listed under Training."""
+    stages = training_stages(summary)
+    return (
+        f"Weights in this folder: stage {len(stages)} of {len(stages)} ({stage_kind(stages[-1])}, "
+        f"{stages[-1]['steps']} steps), the last stage listed under Training."
+    )
+
+
 def _stage_notes(stage: dict) -> list[str]:
     """What set a stage apart from plain training (curriculum, growth, size, vision loss)."""
     notes = []
@@ -220,11 +236,7 @@ def _probe_section(summary: dict) -> list[str]:
     ]
     for index, stage in stages:
         probe = stage["probe"]
-        kind = (
-            "vision pretraining"
-            if stage.get("stage") == "vision"
-            else ("language, tower frozen" if stage.get("freeze_vision") else "language")
-        )
+        kind = stage_kind(stage)
         lines.append(
             f"| {index} | {kind} | {probe['shape']:.1%} | {probe['colour']:.1%} | {probe['n_train']} / {probe['n_test']} |"
         )
@@ -279,6 +291,8 @@ def render_model_card(summary: dict) -> str:
         "",
         f"Status: {summary['status']}",
         "",
+        _shipped_stage_line(summary),
+        "",
         "## Use",
         "```python",
         "import vlens",
@@ -310,6 +324,7 @@ def render_model_card(summary: dict) -> str:
         "  polygon proportions, outlines, tinted / gradient / noisy backgrounds, blur, grain and JPEG",
         "  (vlens.recipes.embedded.appearance); held-out images are the data module's own renderer",
         "- held out of every stage: the dot renderer vlens.recipes.embedded.dot_variants (counting/dot_variants)",
+        "  and the foreign renderer vlens.recipes.embedded.foreign (foreign/counting, foreign/colour, foreign/shape)",
         f"- held-out: {data['held_out_per_source']} samples per source at {data['held_out_size']} px from unseen seeds",
         "  (counting sources cycle through counts 1-10 evenly)",
         "",
