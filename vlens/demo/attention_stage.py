@@ -15,6 +15,7 @@ from torch import Tensor
 from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
+from vlens.stats import bootstrap_interval, format_interval
 from vlens.viz.circuits import attention_heads_view, token_labels
 from vlens.viz.figures import layer_head_heatmap
 from vlens.viz.image_attention import attention_tiles_figure, attention_to_image
@@ -42,14 +43,20 @@ def final_to_image_attention(model, inputs) -> Float[Tensor, "batch n_layers n_h
     return torch.stack(per_layer, dim=1)
 
 
-def image_attention_share(model, samples: list[CountingSample], batch_size: int) -> Float[Tensor, "n_layers n_heads"]:
-    """Mean over images of the attention mass the final position puts on image tokens."""
-    total = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
+def image_attention_per_image(model, samples: list[CountingSample],
+                              batch_size: int) -> Float[Tensor, "n_images n_layers n_heads"]:
+    """The attention mass the final position puts on image tokens, per image, layer and head."""
+    shares = []
     for start in range(0, len(samples), batch_size):
         chunk = samples[start:start + batch_size]
         inputs = model.prepare(images=[s.image for s in chunk], prompts=[s.question for s in chunk], chat=True)
-        total += final_to_image_attention(model, inputs).sum(-1).sum(0)
-    return total / len(samples)
+        shares.append(final_to_image_attention(model, inputs).sum(-1))
+    return torch.cat(shares)
+
+
+def image_attention_share(model, samples: list[CountingSample], batch_size: int) -> Float[Tensor, "n_layers n_heads"]:
+    """Mean over images of the attention mass the final position puts on image tokens."""
+    return image_attention_per_image(model, samples, batch_size).mean(0)
 
 
 def _example(samples: list[CountingSample]) -> CountingSample:
@@ -60,18 +67,25 @@ def _example(samples: list[CountingSample]) -> CountingSample:
 
 
 def attention_sections(model, samples: list[CountingSample], settings: DemoSettings) -> list[Section]:
-    share = image_attention_share(model, samples, settings.batch_size)
+    per_image = image_attention_per_image(model, samples, settings.batch_size)  # [n, L, H]
+    share = per_image.mean(0)
     n_layers, n_heads = share.shape
     top_layer, top_head = divmod(int(share.argmax()), n_heads)
+    # 95% bootstrap intervals over the images
+    top_low, top_high = bootstrap_interval(per_image[:, top_layer, top_head], seed=settings.seed)
+    mean_low, mean_high = bootstrap_interval(per_image.flatten(1).mean(1), seed=settings.seed)
     share_section = Section(
         key="attention_share",
         title="Image attention of every head (layer x head)",
         explanation=(f"Attention mass from the final prompt position onto the image tokens, mean over "
-                     f"{len(samples)} counting images; bright heads read the image when the answer is produced."),
+                     f"{len(samples)} counting images (95% bootstrap intervals over the images below); bright heads "
+                     "read the image when the answer is produced."),
         figure=layer_head_heatmap(share, title="Final position -> image tokens (attention mass)",
                                   value_label="image attention", colorscale="Viridis", zmid=None),
         numbers={"top head": f"L{top_layer}H{top_head}", "top head share": float(share.max()),
+                 "top head share 95% CI": format_interval(float(share.max()), float(top_low), float(top_high)),
                  "mean share": float(share.mean()),
+                 "mean share 95% CI": format_interval(float(share.mean()), float(mean_low), float(mean_high)),
                  **{f"layer {layer} mean": float(share[layer].mean()) for layer in range(n_layers)}},
         data={"image_attention_share": share},
     )
