@@ -177,5 +177,7 @@ def representation_geometry_figure(
                 row=1,
                 col=column,
             )
-    figure.update_layout(title=title, width=max(400, 330 * len(layers)), height=400, margin={"t": 110})
+    # the legend in a row under the panels: a column of ten counts needed a scroll bar at this height
+    figure.update_layout(title=title, width=max(400, 330 * len(layers)), height=430, margin={"t": 110, "b": 90},
+                         legend={"orientation": "h", "yanchor": "top", "y": -0.12, "x": 0})
     return figure
