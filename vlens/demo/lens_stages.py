@@ -114,7 +114,9 @@ def headlens_section(model, settings: DemoSettings, lens_dir: Path | None = None
     empty_text = (f"; no head on this model passes the thresholds of {', '.join(empty)}, so those classes are "
                   "empty here") if empty else ""
     explanation = (f"{HEADLENS_EXPLANATION} Classes found: {found_text}{empty_text} "
-                   f"({counts.get('other', 0)} heads are 'other'; scored on {scores.n_examples} task-suite examples).")
+                   f"({counts.get('other', 0)} heads are 'other'; scored on {scores.n_examples} task-suite examples). "
+                   "The classes come from one sample and fixed thresholds, without a second sample or intervals: "
+                   "a head whose scores sit near a threshold may change class on other examples.")
     return Section(
         key="headlens", title=HEADLENS_TITLE, explanation=explanation,
         figure=taxonomy.plot(title="HeadLens classes per head"),
