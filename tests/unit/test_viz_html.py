@@ -61,3 +61,15 @@ def test_ablation_report_with_one_task_draws_no_one_by_one_matrix():
     page = AblationReport({"counting": result}, top_k=2).html_report().to_html()
     assert "Only one task (counting)" in page
     assert page.count("Plotly.newPlot") == 1  # only the task's damage heatmap
+
+
+def test_no_other_code_writes_plotly_html():
+    """vlens.viz.html is the one way: a `write_html` / `include_plotlyjs` elsewhere would bring back the
+    CDN page that draws nothing offline (or a second copy of plotly.js)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    offenders = [str(path.relative_to(root)) for folder in ("vlens", "benchmarks") for path in (root / folder).rglob("*.py")
+                 if path != root / "vlens" / "viz" / "html.py"
+                 and re.search(r"\.write_html\(|include_plotlyjs", path.read_text(encoding="utf-8"))]
+    assert offenders == [], f"write plotly HTML through vlens.viz.html instead: {offenders}"
