@@ -62,6 +62,8 @@ def test_readme_and_model_card_agree_with_the_shipped_evaluation():
     assert readme_paragraph(evaluation) in readme, "run: python benchmarks/regenerate_claims.py"
     card = (WEIGHTS_FOLDER / "MODEL_CARD.md").read_text()
     assert sources_note(evaluation) in card
+    for source, result in evaluation["evaluation"]["per_task"].items():  # every accuracy with its interval
+        assert f"| {source} | {accuracy_text(result)} |" in card, f"{source}: rewrite the card (vlens zoo evaluate --write)"
     for claim in ("never saw", "OOD counting", "held-out SynReal-lite style"):
         assert claim not in readme and claim not in card
 

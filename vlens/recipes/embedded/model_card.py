@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vlens.recipes.embedded.claims import sources_note
+from vlens.recipes.embedded.claims import accuracy_text, sources_note
 from vlens.recipes.embedded.training_set import TRAINING_MIX
 
 # Held-out accuracy targets of the recipe (SynReal-lite counting and the held-out dot
@@ -22,12 +22,12 @@ TARGETS: dict[str, float] = {
 
 
 def _accuracy_table(per_task: dict) -> list[str]:
-    lines = ["| source | accuracy | n | target | met |", "|---|---|---|---|---|"]
+    lines = ["| source | accuracy [95% CI] | n | target | met |", "|---|---|---|---|---|"]
     for source, row in per_task.items():
         target = TARGETS.get(source)
         met = "" if target is None else ("yes" if row["accuracy"] >= target else "no")
         target_text = "reported" if target is None else f"{target:.0%}"
-        lines.append(f"| {source} | {row['accuracy']:.1%} | {row['n']} | {target_text} | {met} |")
+        lines.append(f"| {source} | {accuracy_text(row)} | {row['n']} | {target_text} | {met} |")
     return lines
 
 
