@@ -56,6 +56,7 @@ def test_vlens_ablate_command(tmp_path, monkeypatch, model, capsys):
     html = (out / "report.html").read_text()
     assert (out / "summary.md").read_text().startswith("Jaccard overlap of each task's top-3 heads (of 8)")
     assert "Jaccard overlap of top-k head sets" in html and "counting@synreal: damage per head" in html
+    assert '<ul class="findings">' in html and "its top-k set on a second sample overlaps the first" in html
     with pytest.raises(SystemExit) as exit_info:
         main(["ablate", "--tasks", "counting", "--top-k", "0", "--out", str(out)])
     assert exit_info.value.code == 2 and "--top-k: must be an integer >= 1" in capsys.readouterr().err

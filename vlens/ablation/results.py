@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from dataclasses import dataclass, field
@@ -227,8 +228,12 @@ class AblationReport(Result):
                                      title or f"Jaccard overlap of top-{self.top_k} heads ({self.rank_by} drop)",
                                      retest=retest, chance=self.chance_jaccard())
 
-    def html_report(self, title: str = "Head ablation across tasks"):
-        """A `vlens.viz.Report`: the Jaccard heatmap, then per task the damage heatmap and top heads."""
+    def html_report(self, title: str = "Head ablation across tasks", findings: list[str] | None = None):
+        """A `vlens.viz.Report`: the Jaccard heatmap, then per task the damage heatmap and top heads.
+
+        findings: sentences saying which cross-task findings hold on both samples
+            (`vlens.ablation.stability.overlap_stability(report).findings()`), listed under Reliability.
+        """
         matrix, names = self.jaccard()
         report = Report(title, intro=f"{self.settings.get('method', '')} ablation of every attention head alone; "
                                      f"top-{self.top_k} heads per task by {self.rank_by} drop. "
@@ -247,8 +252,12 @@ class AblationReport(Result):
                                "two or more tasks for the cross-task matrix, or a retest seed for this task's "
                                "test-retest Jaccard.", numbers=pairs)
         if self.retest:
+            findings_html = ('<ul class="findings">' + "".join(f"<li>{html.escape(line)}</li>" for line in findings)
+                             + "</ul>") if findings else None
             report.add_section("Reliability", "Jaccard of each task's top-k set on two independent evaluation "
-                               "sets: how far a cross-task Jaccard can be trusted.", numbers=self.reliability())
+                               "sets: how far a cross-task Jaccard can be trusted. A cross-task finding is stable "
+                               "only when both samples agree (listed below).", html=findings_html,
+                               numbers=self.reliability())
         if self.patching:
             report.add_section("Patching vs ablation", "Jaccard of the VAP head set and each task's ablation set.",
                                numbers=self.patching["jaccard"])

@@ -128,7 +128,10 @@ def run_ablate(args: argparse.Namespace) -> int:
     report.save(out / RESULTS_FILE)
     written = [out / RESULTS_FILE]
     try:
-        report.html_report().write(out / REPORT_HTML)
+        from vlens.ablation.stability import overlap_stability
+
+        stability = overlap_stability(report)  # None without --retest-seed
+        report.html_report(findings=stability.findings() if stability is not None else None).write(out / REPORT_HTML)
         written.append(out / REPORT_HTML)
     except ImportError as error:
         logger.warning("no %s: %s (install the viz extra: pip install 'vlens[viz]')", REPORT_HTML, error)
