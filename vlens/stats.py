@@ -85,4 +85,12 @@ def format_interval(value: float, low: float, high: float, digits: int = 2) -> s
     return f"{value:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-__all__ = ["LEVEL", "bootstrap_interval", "format_interval", "spread", "wilson_interval"]
+def format_share(share: float, n: int, digits: int = 2) -> str:
+    """`0.46 [0.28, 0.65]`: a share of n examples with its 95% Wilson interval ("n/a" when NaN or n = 0)."""
+    if share is None or not math.isfinite(share) or n < 1:
+        return "n/a"
+    low, high = wilson_interval(round(share * n), n)
+    return format_interval(share, float(low), float(high), digits)
+
+
+__all__ = ["LEVEL", "bootstrap_interval", "format_interval", "format_share", "spread", "wilson_interval"]

@@ -47,3 +47,10 @@ def test_spread_and_format():
     assert spread([])["n"] == 0
     assert format_interval(0.81, 0.742, 0.87) == "0.81 [0.74, 0.87]"
     assert format_interval(float("nan"), 0, 1) == "n/a"
+
+
+def test_format_share_is_the_share_with_its_wilson_interval():
+    from vlens.stats import format_share
+
+    assert format_share(0.8, 10) == "0.80 [0.49, 0.94]"  # wilson_interval(8, 10) = (0.490, 0.943)
+    assert format_share(float("nan"), 10) == "n/a" and format_share(0.5, 0) == "n/a"

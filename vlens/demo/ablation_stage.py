@@ -14,7 +14,7 @@ from vlens.ablation.stability import overlap_stability
 from vlens.data import TEMPLATES
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
-from vlens.stats import format_interval, wilson_interval
+from vlens.stats import format_share
 
 TITLE = "Ablation: Jaccard overlap of important heads across tasks"
 EXPLANATION = ("Mean-ablate each head alone on each task and rank heads by the drop in the answer's log-probability; "
@@ -61,7 +61,7 @@ def ablation_section(model, settings: DemoSettings, progress: bool = True) -> Se
                                                                   f"{float(stability.second[row, j]):.2f}")
     findings = stability.findings(anchor="counting") if stability is not None else []
     table = [{"task": task, "asks (style; questions)": task_description(task),
-              "clean acc [95% CI]": _accuracy_text(r.clean_accuracy, r.n_examples), "test-retest Jaccard": reliability.get(task),
+              "clean acc [95% CI]": format_share(r.clean_accuracy, r.n_examples), "test-retest Jaccard": reliability.get(task),
               "top heads": ", ".join(f"L{layer}H{head}" for layer, head in r.top_heads(min(5, report.top_k),
                                                                                         report.rank_by))}
              for task, r in report.results.items()]
@@ -81,11 +81,3 @@ def ablation_section(model, settings: DemoSettings, progress: bool = True) -> Se
                                 "CI": "confidence interval (95% Wilson score interval over the examples)"},
                    numbers=numbers, data={**report.to_dict(), "findings": findings,
                                           "stability": None if stability is None else stability.to_dict()})
-
-
-def _accuracy_text(accuracy: float, n: int) -> str:
-    """'0.46 [0.28, 0.65]': the clean accuracy with its 95% Wilson interval over the n examples."""
-    if accuracy != accuracy or n < 1:  # NaN (non-finite clean run) or no examples
-        return "n/a"
-    low, high = wilson_interval(round(accuracy * n), n)
-    return format_interval(accuracy, float(low), float(high))

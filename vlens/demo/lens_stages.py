@@ -15,7 +15,7 @@ from vlens.lens.logit_lens import LogitLensResult, logit_lens
 from vlens.lens.readout import LensReadout
 from vlens.lens.taxonomy import classify_heads
 from vlens.lens.translators import Translators, train_translators
-from vlens.stats import format_interval
+from vlens.stats import format_interval, format_share
 
 LENS_SEED_OFFSET = 1_000_003  # translator-training samples never coincide with scored samples
 SHIPPED_LENS_DIR = "lens"  # a trained lens shipped next to the model weights, if any
@@ -50,8 +50,10 @@ def logit_lens_section(model, samples: list[CountingSample], settings: DemoSetti
                "final-layer mean p 95% CI": format_interval(float(result.mean_probability[-1]), float(low[-1]),
                                                             float(high[-1])),
                "final-layer top-1": float(result.top1_accuracy[-1]),
+               "final-layer top-1 95% CI": format_share(float(result.top1_accuracy[-1]), len(samples)),
                "first layer with median rank 1": "none" if first_top is None else first_top}
-    numbers.update({f"layer {layer} mean p": float(p) for layer, p in enumerate(result.mean_probability)})
+    numbers.update({f"layer {layer} mean p [95% CI]": format_interval(float(p), float(low[layer]), float(high[layer]))
+                    for layer, p in enumerate(result.mean_probability)})
     return Section(key="logit_lens", title=LOGIT_TITLE, explanation=LOGIT_EXPLANATION,
                    figure=result.plot(title="Logit lens of the true count (final prompt position)"),
                    numbers=numbers, data={**result.to_dict(),

@@ -7,7 +7,7 @@ import torch
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head, patch_layer_region
-from vlens.stats import format_interval, wilson_interval
+from vlens.stats import format_interval, format_share
 
 VAP_TITLE = "VAP: overwrite rate per layer and region"
 VAP_EXPLANATION = ("Patch the corrupt image's residual (entering each layer) into the clean run at the image, text, "
@@ -67,8 +67,7 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
     assert regions.baseline is not None  # the default answer metrics keep the unpatched runs
     clean_accuracy = float(regions.baseline.clean_correct.float().mean())
     numbers: dict[str, int | float | str] = {"pairs": batch.n_pairs, "clean accuracy": clean_accuracy}
-    clean_low, clean_high = wilson_interval(round(clean_accuracy * batch.n_pairs), batch.n_pairs)
-    numbers["clean accuracy 95% CI"] = format_interval(clean_accuracy, float(clean_low), float(clean_high))
+    numbers["clean accuracy 95% CI"] = format_share(clean_accuracy, batch.n_pairs)
     for column, region in enumerate(regions.cells):
         best = float(rate[:, column].max())
         at = int(rate[:, column].argmax())
