@@ -116,7 +116,8 @@ def shrink_screenshots() -> int:
         box = ImageChops.difference(rgb, background).getbbox()
         if box is not None and box[3] + 16 < rgb.height:
             rgb = rgb.crop((0, 0, rgb.width, box[3] + 16))
-        small = rgb.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+        # max-coverage keeps rare colours (a colour bar's ends); median-cut turned viridis yellow orange
+        small = rgb.quantize(colors=256, method=Image.Quantize.MAXCOVERAGE, dither=Image.Dither.NONE)
         small.save(path, optimize=True)
         total += path.stat().st_size
     print(f"docs/report: {total / 1e6:.2f} MB of screenshots", file=sys.stderr)
