@@ -253,3 +253,20 @@ def test_the_browser_check_catches_what_it_looks_for(tmp_path):
     assert "titles overlap" in problems
     assert "2 heatmaps with 2 different colour scales" in problems
     assert "y tick labels overlap" in problems
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium (/usr/bin/chromium) is not installed")
+def test_a_command_figure_page_renders_readably_in_chromium(tmp_path):
+    """The page every command writes for its figure (vlens.viz.html.write_figure_html, as `vlens logit-lens`)."""
+    from tests.helpers.browser import inspect_page, page_problems
+    from vlens.viz.figures import logit_lens_figure
+    from vlens.viz.html import write_figure_html
+
+    figure = logit_lens_figure([0.1, 0.2, 0.3, 0.9], [150, 40, 3, 1], rank_interval=([90, 20, 2, 1], [400, 80, 6, 1]))
+    checks = inspect_page(write_figure_html(figure, tmp_path / "logit_lens.html"))
+    assert page_problems(checks) == []
+    (drawn,) = checks["figures"]
+    assert drawn["drawn"] and drawn["axes"]["xaxis2"]["ticks"] == [0, 1, 2, 3]
+    ranks = [round(10 ** t) for t in drawn["axes"]["yaxis2"]["ticks"]]  # a log axis reports log10 values
+    assert ranks[:8] == [1, 2, 5, 10, 20, 50, 100, 200]  # 1-2-5 rank ticks
