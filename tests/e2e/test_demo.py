@@ -94,6 +94,11 @@ def test_numbers_agree_with_the_data_behind_them(demo_run):
     layer, head = divmod(int(share.argmax()), share.shape[1])
     assert sections["attention_share"]["numbers"]["top head"] == f"L{layer}H{head}"
     assert ((share >= 0) & (share <= 1 + 1e-5)).all()  # a share of one softmax row
+    attention = sections["attention_share"]["numbers"]
+    near = [f"L{i // share.shape[1]}H{i % share.shape[1]}" for i in range(share.numel())
+            if float(share.flatten()[i]) >= float(share.max()) - 0.01]
+    assert attention["heads within 0.01 of the top"] == ", ".join(near) and f"L{layer}H{head}" in near
+    assert 0.0 <= attention["top head stays top (bootstrap share)"] <= 1.0
 
     vap = sections["vap_layer_region"]
     rate = torch.tensor(vap["data"]["overwrite_rate"])

@@ -74,6 +74,14 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
     # 95% bootstrap intervals over the images
     top_low, top_high = bootstrap_interval(per_image[:, top_layer, top_head], seed=settings.seed)
     mean_low, mean_high = bootstrap_interval(per_image.flatten(1).mean(1), seed=settings.seed)
+    # is the top head a clear winner? heads within 0.01 of it, and how often it stays top when images are resampled
+    near_top = [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)
+                if float(share[layer, head]) >= float(share.max()) - 0.01]
+    resampled = torch.randint(0, per_image.shape[0], (1000, per_image.shape[0]),
+                              generator=torch.Generator().manual_seed(settings.seed))
+    weights = torch.zeros(resampled.shape).scatter_add_(1, resampled, torch.ones(resampled.shape))
+    means = (weights / per_image.shape[0]) @ per_image.flatten(1)  # [1000, L*H] without a [1000, n, L*H] copy
+    stays_top = float((means.argmax(1) == int(share.argmax())).double().mean())
     share_section = Section(
         key="attention_share",
         title="Image attention of every head (layer x head)",
@@ -84,6 +92,8 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
                                   value_label="image attention", colorscale="Viridis", zmid=None),
         numbers={"top head": f"L{top_layer}H{top_head}", "top head share": float(share.max()),
                  "top head share 95% CI": format_interval(float(share.max()), float(top_low), float(top_high)),
+                 "heads within 0.01 of the top": ", ".join(near_top),
+                 "top head stays top (bootstrap share)": stays_top,
                  "mean share": float(share.mean()),
                  "mean share 95% CI": format_interval(float(share.mean()), float(mean_low), float(mean_high)),
                  **{f"layer {layer} mean": float(share[layer].mean()) for layer in range(n_layers)}},

@@ -143,6 +143,7 @@ KEY_NUMBERS: tuple[tuple[str, str], ...] = (
 # the numbers shown next to a headline: its interval, or what it must be compared with
 KEY_CONTEXT: dict[tuple[str, str], tuple[str, ...]] = {
     ("counting_accuracy", "accuracy"): ("accuracy 95% CI",),
+    ("attention_share", "top head"): ("heads within 0.01 of the top", "top head stays top (bootstrap share)"),
     ("vap_layer_region", "image: max rate"): ("image: max rate 95% CI",),
     ("ablation_jaccard", "mean off-diagonal Jaccard"): ("chance Jaccard (random top-k sets)",
                                                         "counting test-retest Jaccard"),
