@@ -111,6 +111,9 @@ def shrink_screenshots() -> int:
     total = 0
     for path in sorted(SHOTS.glob("*.png")):
         with Image.open(path) as image:
+            if image.mode == "P":  # already shrunk by an earlier run: leave the file as it is
+                total += path.stat().st_size
+                continue
             rgb = image.convert("RGB")
         background = Image.new("RGB", rgb.size, rgb.getpixel((0, rgb.height - 1)))
         box = ImageChops.difference(rgb, background).getbbox()
