@@ -576,8 +576,10 @@ def train_resume_other_settings(tmp: Path):
 def interrupted(argv: list[str], cwd: Path, ready: Callable[[], bool], timeout: float = 400) -> str:
     """Start `vlens argv`, press Ctrl-C (SIGINT) once `ready()`; '' or what went wrong."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    # a background shell starts jobs with SIGINT ignored, and Python then never raises KeyboardInterrupt
     process = subprocess.Popen([sys.executable, "-m", "vlens", *argv], cwd=cwd, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     start = time.perf_counter()
     while not ready():
         if process.poll() is not None:
