@@ -41,3 +41,9 @@ class Result(ABC):
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(json_safe(self.to_dict()), indent=1, allow_nan=False) + "\n", encoding="utf-8")
         return target
+
+    @classmethod
+    def read_saved(cls, path: str | Path) -> dict:
+        """The dict a `save` wrote: the JSON file itself, or `path / filename` for a folder."""
+        path = Path(path)
+        return json.loads((path / cls.filename if path.is_dir() else path).read_text(encoding="utf-8"))

@@ -208,8 +208,7 @@ class AblationReport(Result):
     @classmethod
     def load(cls, path: str | Path) -> AblationReport:
         """A saved report: its results.json, or the folder holding it."""
-        path = Path(path)
-        return cls.from_dict(json.loads((path / cls.filename if path.is_dir() else path).read_text()))
+        return cls.from_dict(cls.read_saved(path))
 
     @classmethod
     def from_dict(cls, data: dict) -> AblationReport:

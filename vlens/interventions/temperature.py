@@ -201,8 +201,7 @@ class HeadTemperature(Result):
     @classmethod
     def load(cls, path: str | Path) -> HeadTemperature:
         """Saved temperatures: a JSON file, or the folder `save` / `vlens temperature fit` wrote."""
-        path = Path(path)
-        return cls.from_dict(json.loads((path / cls.filename if path.is_dir() else path).read_text()))
+        return cls.from_dict(cls.read_saved(path))
 
     @classmethod
     def from_dict(cls, data: dict) -> HeadTemperature:

@@ -273,8 +273,7 @@ class StudyResult(Result):
     @classmethod
     def load(cls, path: str | Path) -> StudyResult:
         """A saved study: its study.json, or the folder holding it."""
-        path = Path(path)
-        data = json.loads((path / cls.filename if path.is_dir() else path).read_text())
+        data = cls.read_saved(path)
         for derived in ("labels", "set_roles", "rows"):
             data.pop(derived, None)
         data["results"] = {int(k): v for k, v in data["results"].items()}
