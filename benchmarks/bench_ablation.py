@@ -37,7 +37,7 @@ def main() -> None:
         from vlens.recipes.embedded.recipe import build_untrained
 
         _, processor, hf = build_untrained(seed=0)
-        model = HookedVLM.from_hf(hf.eval(), processor)
+        model = HookedVLM.from_hf(hf.eval(), processor=processor)
     print(model.summary())
     evaluation = build_task_batch(model, args.task, args.n)
     reference_set = build_task_batch(model, args.task, args.n, reference=True)

@@ -45,7 +45,7 @@ def bench_config(name: str, runs: int) -> dict:
     hf_eager = tiny_hf_model("qwen2_5_vl", attn_implementation="eager", **kwargs)
     hf_sdpa = tiny_hf_model("qwen2_5_vl", attn_implementation="sdpa", **kwargs)
     processor = tiny_qwen_processor(max_pixels=side * side)
-    model = HookedVLM.from_hf(hf_sdpa, processor)  # its parameters are hf_sdpa's
+    model = HookedVLM.from_hf(hf_sdpa, processor=processor)  # its parameters are hf_sdpa's
     images = [[random_image(side, side, seed=i) for i in range(n_images)]]
     inputs = model.prepare(images=images, prompts=["How many dots are there?"])
     hf_kwargs = inputs.to_hf_kwargs()
@@ -99,7 +99,7 @@ def bench_rss() -> dict:
         gc.collect()
         size = os.path.getsize(os.path.join(folder, "model.safetensors"))
         here = os.path.dirname(os.path.abspath(__file__))
-        code = (f"import json, sys; sys.path.insert(0, {here!r}); import bench_forward, vlens.model; "
+        code = (f"import json, sys; sys.path.insert(0, {here!r}); import bench_forward, vlens.core.model; "
                 "print(json.dumps({'peak_rss_kb': bench_forward.peak_rss_kb()}))")
         base = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                          check=True).stdout.strip().splitlines()[-1])["peak_rss_kb"]

@@ -1,4 +1,4 @@
-"""Cost of checking forward-hook results (shape, dtype, device) in `vlens.hooks.HookPoint`.
+"""Cost of checking forward-hook results (shape, dtype, device) in `vlens.core.hooks.HookPoint`.
 
 Runs the same `run_with_hooks` forward with one hook on every non-attention hook point of the
 decoder (each returning its input, so every call is checked), once with vlens's checked
@@ -27,11 +27,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from vlens import HookedVLM
-    from vlens.hooks import HookPoint, _TLHookPoint
+    from vlens.core.hooks import HookPoint, _TLHookPoint
     from vlens.testing import random_image, tiny_hf_model, tiny_qwen_processor
 
     model = HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=args.layers, d_model=args.d_model, n_heads=8,
-                                            n_kv_heads=2), tiny_qwen_processor())
+                                            n_kv_heads=2), processor=tiny_qwen_processor())
     inputs = model.prepare(images=[random_image(112, 112, i) for i in range(4)],
                            prompts=["How many dots are there?"] * 4)
     names = [n for n in model.hook_dict if n.startswith("blocks.") and not n.endswith(("attn_scores", "pattern"))]

@@ -1,7 +1,7 @@
 """Translator (tuned-lens) training on a real 152k vocabulary: one training step and one held-out
 evaluation, against the previous implementation, in the same process on the same rows.
 
-The fixture is `vlens.real_vocab` (Qwen's 151,643 BPE ranks, vocabulary 152064, special tokens at
+The fixture is `vlens.testing.real_vocab` (Qwen's 151,643 BPE ranks, vocabulary 152064, special tokens at
 their real ids) with 64-wide layers (`tiny=True`): the vocabulary, not the width, is what the KL
 pays for. Residuals are collected at the text positions of task-suite prompts, as
 ``vlens lens train`` does.
@@ -31,7 +31,7 @@ from vlens.lens.corpus import collect_residuals, task_samples
 from vlens.lens.kl import TargetTerms, layer_kl
 from vlens.lens.readout import LensReadout
 from vlens.lens.translators import Translators
-from vlens.real_vocab import real_vocab_model
+from vlens.testing.real_vocab import real_vocab_model
 
 
 def reference_kl(target_logits, lens_logits):

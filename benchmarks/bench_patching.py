@@ -50,7 +50,7 @@ MEDIUM_CONFIGS = {
 def medium_model(name: str = "medium") -> HookedVLM:
     """A random Qwen2.5-VL of `MEDIUM_CONFIGS[name]`."""
     return HookedVLM.from_hf(
-        tiny_hf_model("qwen2_5_vl", **MEDIUM_CONFIGS[name]), tiny_qwen_processor(max_pixels=168 * 168)
+        tiny_hf_model("qwen2_5_vl", **MEDIUM_CONFIGS[name]), processor=tiny_qwen_processor(max_pixels=168 * 168)
     )
 
 
@@ -63,7 +63,7 @@ def embedded_architecture_model(seed: int = 0) -> HookedVLM:
 
     tokenizer = build_tokenizer(vocabulary_words())
     hf = build_model(build_config(tokenizer), seed).eval()
-    return HookedVLM.from_hf(hf, assemble_processor(tokenizer, build_image_processor()))
+    return HookedVLM.from_hf(hf, processor=assemble_processor(tokenizer, build_image_processor()))
 
 
 def _timed(fn, repeats: int):

@@ -1,4 +1,4 @@
-"""vlens against HF at real widths: the Qwen2.5-VL-7B-Instruct-wide fixture (vlens.real_vocab).
+"""vlens against HF at real widths: the Qwen2.5-VL-7B-Instruct-wide fixture (vlens.testing.real_vocab).
 
 Exact 7B widths (d_model 3584, 28 heads / 4 KV heads, d_mlp 18944, vocab 152064, vision
 1280 wide) with the depths cut to --layers / --vision-depth, random weights in --dtype, the
@@ -29,10 +29,10 @@ import time
 
 import torch
 
-from vlens.devices import resolve_device, resolve_dtype
-from vlens.model import HookedVLM
-from vlens.real_vocab import real_vocab_hf_model, real_vocab_processor
+from vlens.core.devices import resolve_device, resolve_dtype
+from vlens.core.model import HookedVLM
 from vlens.testing import random_image
+from vlens.testing.real_vocab import real_vocab_hf_model, real_vocab_processor
 
 FILLER = " Count every object in the picture carefully, one by one, and answer with a number."
 
@@ -43,7 +43,7 @@ def build(args) -> tuple[HookedVLM, object]:
                                    dtype=dtype, attn_implementation="sdpa")
     processor = real_vocab_processor("qwen2_5_vl", min_pixels=args.image * args.image,
                                      max_pixels=args.image * args.image)
-    model = HookedVLM.from_hf(hf_model, processor).to(device)
+    model = HookedVLM.from_hf(hf_model, processor=processor).to(device)
     image = random_image(args.image, args.image, seed=0)
     question = "How many dots are there?"
     inputs = model.prepare(images=[image], prompts=[question])

@@ -36,7 +36,7 @@ def _embedded():
     from vlens.recipes.embedded.recipe import build_untrained
 
     _, processor, hf = build_untrained(0)
-    return HookedVLM.from_hf(hf.eval(), processor), 224, 1
+    return HookedVLM.from_hf(hf.eval(), processor=processor), 224, 1
 
 
 def _medium():
@@ -53,7 +53,7 @@ def _medium():
         vision_width=128,
     )
     processor = tiny_qwen_processor(min_pixels=336 * 336, max_pixels=336 * 336)
-    return HookedVLM.from_hf(hf, processor), 336, 2
+    return HookedVLM.from_hf(hf, processor=processor), 336, 2
 
 
 CONFIGS = {"embedded": _embedded, "medium": _medium}

@@ -1,7 +1,7 @@
 """Peak memory of one LoRA SFT + L_focus training step on a 7B-wide model, with gradient
 checkpointing on / off and answer-only logits on / off.
 
-The model is the real-shape fixture of `vlens.real_vocab` (Qwen2.5-VL-7B's exact widths:
+The model is the real-shape fixture of `vlens.testing.real_vocab` (Qwen2.5-VL-7B's exact widths:
 d_model 3584, 28 heads / 4 KV heads, d_mlp 18944, the 151,643-token vocabulary + specials,
 untied 152,064-row embedding and unembedding), cut to `--layers` decoder layers and one vision
 block, random weights in `--dtype`. One row: an image of `--image-px` pixels a side (real Qwen
@@ -49,7 +49,7 @@ def one(args) -> dict:
     import torch
     from PIL import Image
 
-    from vlens.real_vocab import real_vocab_model
+    from vlens.testing.real_vocab import real_vocab_model
     from vlens.training.data import SFTExample, collate
     from vlens.training.lora import add_lora
     from vlens.training.memory import gradient_checkpointing

@@ -4,12 +4,15 @@ Quick start::
 
     import vlens
     model = vlens.load()                       # the embedded tiny Qwen2.5-VL
-    model = vlens.load_model("Qwen/Qwen2.5-VL-7B-Instruct")   # any --model spec (see vlens.specs)
+    model = vlens.load_model("Qwen/Qwen2.5-VL-7B-Instruct")   # any --model spec (see vlens.zoo.specs)
     inputs = model.prepare(images=[img], prompts=["How many dots are there?"])
     logits, cache = model.run_with_cache(inputs)
 
-Attributes are imported lazily so that light sub-packages (`vlens.data`, the CLI) start
-without loading torch and transformers.
+Sub-packages are the layers: `vlens.core` (the model and its parts, family adapters), `vlens.utils`
+(errors, results, statistics), the methods (`vlens.patching`, `vlens.lens`, `vlens.ablation`, ...),
+`vlens.viz`, `vlens.zoo` (where models come from), `vlens.testing` (tiny models of every family),
+`vlens.cli`. Attributes here are imported lazily, so that light sub-packages (`vlens.data`, the
+CLI) start without loading torch and transformers.
 """
 
 from __future__ import annotations
@@ -20,32 +23,55 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "HookedVLM": "vlens.model",
-    "HookedVisionLanguageModel": "vlens.model",
-    "VLMConfig": "vlens.config",
-    "VLMInputs": "vlens.inputs",
-    "TokenRegions": "vlens.inputs",
-    "act_name": "vlens.hooks",
-    "load_model": "vlens.specs",
+    "HookedVLM": "vlens.core.model",
+    "HookedVisionLanguageModel": "vlens.core.model",
+    "VLMConfig": "vlens.core.config",
+    "VLMInputs": "vlens.core.inputs",
+    "TokenRegions": "vlens.core.inputs",
+    "act_name": "vlens.core.hooks",
+    "load_model": "vlens.zoo.specs",
+    "ArchitectureAdapter": "vlens.core.architectures",
+    "ImageFeatures": "vlens.core.architectures",
+    "register_adapter": "vlens.core.architectures",
+    "adapter_for": "vlens.core.architectures",
+    "registered_adapters": "vlens.core.architectures",
+    "supported_architectures": "vlens.core.architectures",
+    "UserInputError": "vlens.utils.errors",
 }
 
 __all__ = [
+    "ArchitectureAdapter",
     "HookedVLM",
     "HookedVisionLanguageModel",
+    "ImageFeatures",
     "TokenRegions",
+    "UserInputError",
     "VLMConfig",
     "VLMInputs",
     "act_name",
+    "adapter_for",
     "load",
     "load_model",
+    "register_adapter",
+    "registered_adapters",
+    "supported_architectures",
 ]
 
 if TYPE_CHECKING:
-    from vlens.config import VLMConfig
-    from vlens.hooks import act_name
-    from vlens.inputs import TokenRegions, VLMInputs
-    from vlens.model import HookedVisionLanguageModel, HookedVLM
-    from vlens.specs import load_model
+    from vlens.core.architectures import (
+        ArchitectureAdapter,
+        ImageFeatures,
+        adapter_for,
+        register_adapter,
+        registered_adapters,
+        supported_architectures,
+    )
+    from vlens.core.config import VLMConfig
+    from vlens.core.hooks import act_name
+    from vlens.core.inputs import TokenRegions, VLMInputs
+    from vlens.core.model import HookedVisionLanguageModel, HookedVLM
+    from vlens.utils.errors import UserInputError
+    from vlens.zoo.specs import load_model
 
 
 def __getattr__(name: str) -> Any:

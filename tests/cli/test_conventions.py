@@ -141,18 +141,17 @@ def test_spelled_out_choices_match_the_library():
     from vlens.ablation.hooks import METHODS
     from vlens.ablation.reference import ALIGNMENTS
     from vlens.ablation.results import RANK_BY
-    from vlens.cli import data, options
+    from vlens.cli import ablate, data, options
     from vlens.cli import eval as eval_cli
+    from vlens.core.devices import DTYPE_NAMES
     from vlens.data.backgrounds import POLY_BACKGROUNDS, REAL_BACKGROUNDS
     from vlens.data.generate import MAX_SAMPLES
     from vlens.data.pairs import PAIR_KINDS
     from vlens.data.styles import STYLES
     from vlens.data.templates import TASKS
-    from vlens.devices import DTYPE_NAMES
     from vlens.evaluation.formats import FORMATS
     from vlens.evaluation.parsing import ANSWER_PARSERS
-    from vlens.recipes.studies import cli as ablate
-    from vlens.recipes.studies.ablation import DEFAULT_TASKS
+    from vlens.studies.ablation import DEFAULT_TASKS
 
     assert (data.TASKS, data.PAIR_KINDS) == (TASKS, PAIR_KINDS)
     assert set(data.STYLES) == set(STYLES)
@@ -243,7 +242,7 @@ def test_quiet_hides_every_bar_and_status_line(tmp_path, capsys):
 
 
 def test_quiet_hides_the_weight_loading_bar_of_a_saved_model(tmp_path, capsys):
-    from vlens.zoo.random_tiny import tiny_hf_model, tiny_qwen_processor
+    from vlens.testing import tiny_hf_model, tiny_qwen_processor
 
     tiny_hf_model().save_pretrained(tmp_path / "model")
     tiny_qwen_processor().save_pretrained(str(tmp_path / "model"))
@@ -255,7 +254,7 @@ def test_quiet_hides_the_weight_loading_bar_of_a_saved_model(tmp_path, capsys):
 
 def test_verbose_logs_debug_lines(capsys):
     assert main(["info", "--model", "random-tiny", "-v"]) == 0
-    assert "debug [vlens.specs]: loaded random-tiny" in capsys.readouterr().err
+    assert "debug [vlens.zoo.specs]: loaded random-tiny" in capsys.readouterr().err
 
 
 def test_verbose_adds_the_traceback_of_a_user_error_and_flags_work_before_the_command(capsys):

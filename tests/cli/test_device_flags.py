@@ -3,7 +3,7 @@ temperature fit/apply, eval, lens train, headlens, train, and demo (slow).
 
 They run on the real-vocabulary folder (Qwen's 151k BPE, "12" is "1", "2") at the smallest
 settings, and their results list each answer's tokens.
-`vlens.specs.load_model` is wrapped to record what each command actually built (results.json
+`vlens.zoo.specs.load_model` is wrapped to record what each command actually built (results.json
 does not record the dtype).
 """
 
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import vlens.demo.pipeline
-import vlens.specs
+import vlens.zoo.specs
 from vlens.cli import main
-from vlens.real_vocab import real_vocab_folder
+from vlens.testing.real_vocab import real_vocab_folder
 
 BF16 = ["--device", "cpu", "--dtype", "bfloat16", "--quiet"]
 
@@ -31,14 +31,14 @@ def real():
 def loaded(monkeypatch):
     """The (device, dtype, image grid size) of every model a command loads."""
     seen = []
-    original = vlens.specs.load_model
+    original = vlens.zoo.specs.load_model
 
     def recording(*args, **kwargs):
         model = original(*args, **kwargs)
         seen.append((str(model.W_U.device), model.W_U.dtype))
         return model
 
-    monkeypatch.setattr(vlens.specs, "load_model", recording)
+    monkeypatch.setattr(vlens.zoo.specs, "load_model", recording)
     monkeypatch.setattr(vlens.demo.pipeline, "load_model", recording)  # imported by name there
     return seen
 

@@ -14,8 +14,8 @@ import json
 import accelerate  # noqa: F401  (the dev extra installs it: device_map needs it)
 import pytest
 
-import vlens.loading
-import vlens.model
+import vlens.core.loading
+import vlens.core.model
 from vlens.cli import main
 from vlens.cli.options import device_map_arg, max_memory_arg
 from vlens.testing import tiny_hf_model, tiny_qwen_processor
@@ -41,7 +41,7 @@ def placements(monkeypatch):
     """Per model a command loads: (the placement keywords HF's loader received, the HF device map).
     transformers sets ``hf_device_map`` only when a map spreads the model (e.g. cpu + disk)."""
     seen = []
-    original = vlens.model.load_hf_model_and_processor
+    original = vlens.core.model.load_hf_model_and_processor
 
     def recording(*args, **kwargs):
         # copied first: HF converts max_memory's sizes to bytes in place
@@ -51,7 +51,7 @@ def placements(monkeypatch):
         seen.append((given, getattr(hf_model, "hf_device_map", None)))
         return hf_model, processor
 
-    monkeypatch.setattr(vlens.model, "load_hf_model_and_processor", recording)
+    monkeypatch.setattr(vlens.core.model, "load_hf_model_and_processor", recording)
     return seen
 
 
@@ -111,13 +111,13 @@ def test_parsing_of_maps_and_budgets(tmp_path):
 
 
 def test_eval_with_the_plain_hf_backend_takes_the_device_map(checkpoint, counting_data, tmp_path, monkeypatch):
-    given, original = [], vlens.loading.from_pretrained_checked
+    given, original = [], vlens.core.loading.from_pretrained_checked
 
     def recording(*args, **kwargs):
         given.append({key: copy.deepcopy(kwargs[key]) for key in ("device_map", "max_memory") if key in kwargs})
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(vlens.loading, "from_pretrained_checked", recording)
+    monkeypatch.setattr(vlens.core.loading, "from_pretrained_checked", recording)
     outputs = []
     for name, flags in (("one", ["--device", "cpu"]), ("auto", ["--device-map", "auto", "--max-memory", "cpu=4GiB"])):
         argv = ["eval", "--model", checkpoint, "--backend", "hf", "--data", counting_data, "--max-new-tokens", "3",

@@ -14,8 +14,8 @@ import torch
 
 from tests.helpers.faults import run_cli
 from vlens.data import make_task_sample, write_imagefolder
-from vlens.finite import NonFiniteWarning
 from vlens.testing import tiny_hf_model, tiny_qwen_processor
+from vlens.utils.finite import NonFiniteWarning
 
 
 def test_nan_model_logit_lens_exits_3_unless_allowed(tmp_path, capsys):

@@ -276,10 +276,10 @@ def test_cli_reports_a_missing_interventions_file(tmp_path, capsys):
 
 
 def test_cli_says_how_to_get_the_embedded_model_when_it_is_missing(tmp_path, capsys, monkeypatch):
-    import vlens.zoo
+    import vlens.zoo.embedded
     from vlens.cli import main
 
-    monkeypatch.setattr(vlens.zoo, "WEIGHTS_FOLDER", tmp_path / "no-weights")  # as if they were never built
+    monkeypatch.setattr(vlens.zoo.embedded, "WEIGHTS_FOLDER", tmp_path / "no-weights")  # as if they were never built
     assert main(["demo", "--quick", "--out", str(tmp_path / "out"), "--quiet"]) == 2
     assert "vlens zoo train" in capsys.readouterr().err
 

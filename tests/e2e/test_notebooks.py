@@ -21,13 +21,13 @@ TIMEOUT_S = 180  # per cell; each notebook takes 15-40 s on 2 busy cores
 # The public API: packages' exports and the submodules their docstrings name as the way in.
 PUBLIC_MODULES = {
     "vlens", "vlens.data", "vlens.evaluation", "vlens.patching", "vlens.ablation", "vlens.interventions",
-    "vlens.viz", "vlens.stats", "vlens.answers", "vlens.provenance", "vlens.zoo",
+    "vlens.viz", "vlens.utils.stats", "vlens.core.answers", "vlens.utils.provenance", "vlens.zoo",
     "vlens.lens.logit_lens", "vlens.lens.corpus", "vlens.lens.readout", "vlens.lens.translators",
     "vlens.lens.headlens", "vlens.lens.head_scores", "vlens.lens.taxonomy",
 }
 PLOTLY = "application/vnd.plotly.v1+json"
 # never: the report's stages, the command line, the recipes, test support
-NOT_PUBLIC = ("vlens.demo", "vlens.cli", "vlens.recipes", "vlens.testing", "vlens.real_vocab")
+NOT_PUBLIC = ("vlens.demo", "vlens.cli", "vlens.recipes", "vlens.testing", "vlens.testing.real_vocab")
 
 
 def _notebook(name):

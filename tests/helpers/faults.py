@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vlens.errors import UserInputError
+from vlens.utils.errors import UserInputError
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str]:

@@ -48,7 +48,7 @@ def planted_three_model() -> HookedVLM:
     whatever it attends to; W_O maps e_0 to ALPHA * W_U[:, "3"].
     """
     hf = tiny_hf_model("qwen2_5_vl", n_layers=2, d_model=64, n_heads=4, n_kv_heads=4, seed=3)
-    model = HookedVLM.from_hf(hf, tiny_qwen_processor())
+    model = HookedVLM.from_hf(hf, processor=tiny_qwen_processor())
     tokenizer = model.tokenizer
     numbers = [tokenizer.convert_tokens_to_ids(str(i)) for i in range(11)]
     three = tokenizer.convert_tokens_to_ids("3")

@@ -44,7 +44,7 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
     else:
         hf = tiny_hf_model(family, seed=seed, attn_implementation=attn, **options, **config)
         made = tiny_qwen_processor(**options, **(processor or {}))
-    return hf, HookedVLM.from_hf(hf, made)
+    return hf, HookedVLM.from_hf(hf, processor=made)
 
 
 @functools.lru_cache(maxsize=32)

@@ -8,7 +8,7 @@ import functools
 @functools.lru_cache(maxsize=1)
 def real_model():
     """A random HookedVLM (64-wide, 2 layers, real Qwen vocabulary and special ids), small images."""
-    from vlens.real_vocab import real_vocab_model
+    from vlens.testing.real_vocab import real_vocab_model
 
     return real_vocab_model("qwen2.5-vl-7b", tiny=True, n_layers=2, vision_depth=1, seed=0,
                             min_pixels=56 * 56, max_pixels=56 * 56)

@@ -42,7 +42,7 @@ def _pair(shape: str):
     hf = tiny_llava_model(seed=len(shape), **kw)
     processor = tiny_llava_processor(image_size=kw.get("image_size", 32), patch_size=kw.get("patch_size", 8),
                                      strategy=kw.get("vision_feature_select_strategy", "default"))
-    return hf, HookedVLM.from_hf(hf, processor)
+    return hf, HookedVLM.from_hf(hf, processor=processor)
 
 
 def _cases(model) -> dict:

@@ -38,7 +38,7 @@ def _pair(shape: str):
     from vlens.testing import tiny_qwen3_vl_model, tiny_qwen3_vl_processor
 
     hf = tiny_qwen3_vl_model(seed=len(shape), **SHAPES[shape])
-    return hf, HookedVLM.from_hf(hf, tiny_qwen3_vl_processor())
+    return hf, HookedVLM.from_hf(hf, processor=tiny_qwen3_vl_processor())
 
 
 def _cases(model) -> dict:

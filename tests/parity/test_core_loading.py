@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vlens import HookedVLM
-from vlens.architectures import adapter_for
+from vlens.core.architectures import adapter_for
 from vlens.testing import random_image, tiny_hf_model, tiny_qwen_processor
 
 

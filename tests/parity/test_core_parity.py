@@ -64,7 +64,7 @@ def test_bf16_close_to_hf_bf16(family):
     from vlens.testing import tiny_hf_model, tiny_qwen_processor
 
     hf = tiny_hf_model(family, dtype=torch.bfloat16)
-    model = HookedVLM.from_hf(hf, tiny_qwen_processor())
+    model = HookedVLM.from_hf(hf, processor=tiny_qwen_processor())
     inputs = model.prepare(images=[random_image(56, 56, 1), random_image(84, 56, 2)], prompts=["How many", "red"])
     with torch.no_grad():
         expected = hf(**inputs.to_hf_kwargs()).logits.float()

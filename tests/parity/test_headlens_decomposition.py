@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.helpers.headlens_models import BUILDERS, tiny_model, two_image_batch
-from vlens.architectures.registry import supported_architectures
+from vlens.core.architectures.registry import supported_architectures
 from vlens.lens.decomposition import (
     flat_W_O,
     head_contributions,

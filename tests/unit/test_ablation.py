@@ -22,8 +22,8 @@ from vlens.ablation import (
 )
 from vlens.ablation.reference import row_position_keys
 from vlens.ablation.tasks import REFERENCE_SEED_OFFSET, build_task_batch, parse_task
-from vlens.finite import json_safe
 from vlens.testing import tiny_hf_model, tiny_qwen_processor
+from vlens.utils.finite import json_safe
 
 torch.set_num_threads(1)
 
@@ -96,8 +96,7 @@ def test_task_names_and_disjoint_reference_seeds(model, counting):
 
 
 def test_unknown_answer_word_is_a_clear_error():
-    small = HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1),
-                              tiny_qwen_processor())
+    small = HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", n_layers=1, d_model=32, n_heads=2, n_kv_heads=1), processor=tiny_qwen_processor())
     with pytest.raises(ValueError, match="not in the model's vocabulary"):
         build_task_batch(small, "colour", 8, image_size=SIZE)  # the test vocabulary lacks most colours
 

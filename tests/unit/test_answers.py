@@ -1,4 +1,4 @@
-"""The one answer rule (vlens.answers) and readable labels, on the real Qwen vocabulary."""
+"""The one answer rule (vlens.core.answers) and readable labels, on the real Qwen vocabulary."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from tests.helpers.models import tiny_vlm
 from tests.helpers.real_vocab import hand_logits, real_model
-from vlens.answers import answer_ids, answer_logprobs, contrast, single_token, teacher_force
+from vlens.core.answers import answer_ids, answer_logprobs, contrast, single_token, teacher_force
 from vlens.testing import tiny_qwen_processor
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlens.devices import configure_resolution, resolve_device, resolve_dtype
+from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype
 
 
 def test_defaults_follow_the_machine():
@@ -22,8 +22,8 @@ def test_defaults_follow_the_machine():
 
 
 def test_resolution_sets_the_image_grid():
-    from vlens.real_vocab import real_image_processor
     from vlens.testing import random_image
+    from vlens.testing.real_vocab import real_image_processor
 
     processor = real_image_processor("qwen2_5_vl")
     image = random_image(448, 448)

@@ -7,7 +7,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from vlens import HookedVLM
-from vlens.loading import MissingWeightsError
+from vlens.core.loading import MissingWeightsError
 from vlens.testing import tiny_hf_model, tiny_qwen_processor
 
 

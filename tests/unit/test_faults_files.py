@@ -9,8 +9,8 @@ import json
 import pytest
 
 from tests.helpers.faults import run_cli
-from vlens.errors import UserInputError
-from vlens.fileio import atomic_folder
+from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import atomic_folder
 
 
 def test_atomic_folder_keeps_the_old_folder_on_failure(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vlens.hooks import HookResultError
+from vlens.core.hooks import HookResultError
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from vlens.errors import UserInputError
-from vlens.images import open_image_file, to_rgb
+from vlens.utils.errors import UserInputError
+from vlens.utils.images import open_image_file, to_rgb
 
 GREY = 128  # the 8-bit value every test image below means
 

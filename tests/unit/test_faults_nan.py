@@ -10,8 +10,8 @@ import torch
 
 from tests.helpers.models import tiny_pair
 from vlens import HookedVLM
-from vlens.finite import NonFiniteWarning, collect_non_finite, json_safe, locate_non_finite
 from vlens.testing import random_image
+from vlens.utils.finite import NonFiniteWarning, collect_non_finite, json_safe, locate_non_finite
 
 NAN_LAYER = 1
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.sft import sft_config, sft_examples, sft_model
-from vlens.errors import UserInputError
 from vlens.training.data import read_sft_folder
 from vlens.training.sft import SFTConfig, train_sft
+from vlens.utils.errors import UserInputError
 
 
 @pytest.mark.parametrize("field, value, message", [

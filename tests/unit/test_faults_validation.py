@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from vlens.errors import UserInputError
-from vlens.validation import (
+from vlens.utils.errors import UserInputError
+from vlens.utils.validation import (
     arg_float,
     arg_int,
     check_count,

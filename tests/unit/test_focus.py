@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from vlens.components.attention import Attention
+from vlens.core.components.attention import Attention
 from vlens.interventions.focus import (
     FocusPrior,
     capture_patterns,

@@ -28,12 +28,12 @@ def _smart_resize_by_hand(height: int, width: int, factor: int = 28, min_pixels:
 
 @pytest.fixture(scope="module")
 def qwen():
-    return HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", seed=0), tiny_qwen_processor())
+    return HookedVLM.from_hf(tiny_hf_model("qwen2_5_vl", seed=0), processor=tiny_qwen_processor())
 
 
 @pytest.fixture(scope="module")
 def llava():
-    return HookedVLM.from_hf(tiny_llava_model(), tiny_llava_processor(image_size=32, patch_size=8))
+    return HookedVLM.from_hf(tiny_llava_model(), processor=tiny_llava_processor(image_size=32, patch_size=8))
 
 
 @pytest.mark.parametrize("size,point", [((150, 60), (75, 45)), ((600, 100), (300, 50)), ((40, 130), (10, 100))])

@@ -86,3 +86,11 @@ def test_the_contracts_catch_each_kind_of_violation(tmp_path):
     assert "probe.mid:1 imports a private name of another module" in out
     assert "probe.mid:5 imports inside a function" in out
     assert "probe.base is not allowed to import probe.high" in out
+
+
+def test_the_package_root_holds_only_sub_packages():
+    """The folders are the layers: a loose module at the root would belong to no layer."""
+    loose = sorted(p.name for p in (ROOT / "vlens").glob("*.py") if p.name not in {"__init__.py", "__main__.py"})
+    assert not loose, f"move {loose} into the sub-package of its layer (CONTRIBUTING.md, 'Layers')"
+    packages = {p.name for p in (ROOT / "vlens").iterdir() if (p / "__init__.py").is_file()}
+    assert {"core", "utils", "testing", "cli"} <= packages

@@ -105,8 +105,8 @@ def test_two_gloo_processes_gather_fail_together_and_resume(tmp_path):
 def test_commands_that_do_not_shard_refuse_several_processes(monkeypatch):
     import argparse
 
-    from vlens.errors import UserInputError
     from vlens.parallel import command
+    from vlens.utils.errors import UserInputError
 
     monkeypatch.setattr(command, "from_env", lambda: Sharding(rank=1, world_size=2, local_rank=1))
     with pytest.raises(UserInputError, match="vlens info does not split its work"):

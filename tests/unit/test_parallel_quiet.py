@@ -12,9 +12,9 @@ import pytest
 
 import vlens.parallel.command
 from vlens.cli.console import run_command
-from vlens.finite import NonFiniteWarning, warn_non_finite
 from vlens.parallel import Sharding
 from vlens.parallel.quiet import other_ranks_quiet
+from vlens.utils.finite import NonFiniteWarning, warn_non_finite
 
 logger = logging.getLogger("vlens.test_quiet")
 

@@ -9,8 +9,8 @@ import torch
 
 from tests.helpers.models import tiny_vlm
 from vlens.data import make_pair
-from vlens.errors import UserInputError
 from vlens.patching import attribution_patching, build_pair_batch, patch_layer_head, patch_layer_region
+from vlens.utils.errors import UserInputError
 
 torch.set_num_threads(1)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from vlens.prompt_text import ZERO_WIDTH_SPACE, escape_special_tokens
+from vlens.core.prompt_text import ZERO_WIDTH_SPACE, escape_special_tokens
 
 
 @pytest.fixture(scope="module")

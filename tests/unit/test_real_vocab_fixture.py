@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlens.answers import answer_ids, contrast
-from vlens.real_vocab import REAL_SHAPES, real_shape_config, real_vocab_model
+from vlens.core.answers import answer_ids, contrast
 from vlens.testing import random_image
+from vlens.testing.real_vocab import REAL_SHAPES, real_shape_config, real_vocab_model
 
 WIDTHS = {  # (d_model, n_heads, n_kv_heads, d_mlp, vocab, vision width) of the real config.json files
     "qwen2.5-vl-7b": (3584, 28, 4, 18944, 152064, 1280),

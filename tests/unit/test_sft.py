@@ -124,7 +124,7 @@ def test_one_focus_step_on_the_other_families(tmp_path):
         "llava": ("tiny_llava_model", "tiny_llava_processor"),
     }
     for family, (model_builder, processor_builder) in builders.items():
-        model = HookedVLM.from_hf(getattr(vt, model_builder)(), getattr(vt, processor_builder)())
+        model = HookedVLM.from_hf(getattr(vt, model_builder)(), processor=getattr(vt, processor_builder)())
         batch = collate(model, sft_examples(2))
         assert batch.prior.valid.all()
         labelled = batch.labels[0][batch.labels[0] != IGNORE_INDEX].tolist()

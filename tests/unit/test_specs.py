@@ -7,15 +7,15 @@ import logging
 import pytest
 import torch
 
-from vlens.devices import configure_resolution, resolve_device, resolve_dtype
-from vlens.errors import UserInputError
-from vlens.specs import load_model, looks_like_path, resolve_spec
+from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype
 from vlens.testing import (
     random_image,
     tiny_hf_model,
     tiny_qwen3_vl_processor,
     tiny_qwen_processor,
 )
+from vlens.utils.errors import UserInputError
+from vlens.zoo.specs import load_model, looks_like_path, resolve_spec
 
 
 def test_spec_kinds(tmp_path, monkeypatch):
@@ -56,7 +56,7 @@ def test_looks_like_path():
 def test_bare_tiny_is_the_embedded_model_even_beside_a_tiny_folder(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny").mkdir()
-    with caplog.at_level(logging.WARNING, logger="vlens.specs"):
+    with caplog.at_level(logging.WARNING, logger="vlens.zoo.specs"):
         assert resolve_spec("tiny") == ("embedded", "tiny")
     assert "pass ./tiny" in caplog.text
     with pytest.raises(UserInputError, match="holds no config.json"):

@@ -1,11 +1,11 @@
-"""Intervals and spreads (vlens.stats) against hand-computed values."""
+"""Intervals and spreads (vlens.utils.stats) against hand-computed values."""
 
 import math
 
 import pytest
 import torch
 
-from vlens.stats import bootstrap_interval, format_interval, spread, wilson_interval
+from vlens.utils.stats import bootstrap_interval, format_interval, spread, wilson_interval
 
 
 def test_wilson_interval_matches_the_formula_by_hand():
@@ -50,7 +50,7 @@ def test_spread_and_format():
 
 
 def test_format_share_is_the_share_with_its_wilson_interval():
-    from vlens.stats import format_share
+    from vlens.utils.stats import format_share
 
     assert format_share(0.8, 10) == "0.80 [0.49, 0.94]"  # wilson_interval(8, 10) = (0.490, 0.943)
     assert format_share(float("nan"), 10) == "n/a" and format_share(0.5, 0) == "n/a"

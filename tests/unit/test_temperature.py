@@ -22,7 +22,7 @@ def _pair(family: str):
         hf, processor = vt.tiny_qwen3_vl_model(), vt.tiny_qwen3_vl_processor()
     else:
         hf, processor = vt.tiny_llava_model(), vt.tiny_llava_processor()
-    return hf, HookedVLM.from_hf(hf, processor)
+    return hf, HookedVLM.from_hf(hf, processor=processor)
 
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"]
@@ -176,7 +176,7 @@ def test_baked_checkpoint_equals_hooks(tmp_path):
 
 def test_the_adapter_is_abstract_and_names_the_query_modules():
     """Temperature code reaches HF modules only through the adapter (`query_projection`, `query_norm`)."""
-    from vlens.architectures import ArchitectureAdapter, adapter_for
+    from vlens.core.architectures import ArchitectureAdapter, adapter_for
     from vlens.testing import tiny_hf_model, tiny_llava_model, tiny_qwen3_vl_model
 
     with pytest.raises(TypeError, match="abstract"):

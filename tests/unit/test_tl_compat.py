@@ -16,8 +16,7 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.tools.analysis import logit_lens as tl_logit_lens
 
 from vlens import HookedVLM
-from vlens.errors import UserInputError
-from vlens.hooks import act_name
+from vlens.core.hooks import act_name
 from vlens.testing import (
     random_image,
     tiny_hf_model,
@@ -27,6 +26,7 @@ from vlens.testing import (
     tiny_qwen3_vl_processor,
     tiny_qwen_processor,
 )
+from vlens.utils.errors import UserInputError
 
 FAMILIES = ["qwen2_5_vl", "qwen3_vl", "llava"]
 # a second configuration per family: output biases on (Qwen3: o_proj; LLaVA: o_proj and MLP), tied embeddings
@@ -45,7 +45,7 @@ def _model(family: str, variant: str = "plain", dtype: torch.dtype = torch.float
         hf, processor = tiny_hf_model(family, dtype=dtype, **extra), tiny_qwen_processor()
     if variant == "bias_tied":
         hf.lm_head.weight = hf.get_input_embeddings().weight
-    return HookedVLM.from_hf(hf, processor)
+    return HookedVLM.from_hf(hf, processor=processor)
 
 
 def _model_fresh(family: str, variant: str = "plain") -> HookedVLM:

@@ -10,7 +10,7 @@ Jaccard overlap of top-k head sets across tasks (docs/method.md, section 6).
     print(report.summary()); report.save("out/"); report.plot().show()
 
 The paper's study on the task suites (seven tasks, retest seeds, overlap with a patching head
-set) is `vlens ablate`, in `vlens.recipes.studies.ablation`. Lower level: `build_task_batch` (evaluation / reference sets), `collect_reference` (head
+set) is `vlens ablate`, in `vlens.studies.ablation`. Lower level: `build_task_batch` (evaluation / reference sets), `collect_reference` (head
 means, aligned over all positions / per position / per region), `head_ablation_sweep`
 (every head alone), `ablation_hooks` (ablate chosen heads in any run), `top_k_heads`,
 `jaccard_matrix`.

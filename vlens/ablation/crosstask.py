@@ -16,7 +16,7 @@ from vlens.ablation.results import RANK_BY, AblationReport
 from vlens.ablation.sweep import head_ablation_sweep
 from vlens.ablation.tasks import TaskBatch
 from vlens.parallel import Sharding
-from vlens.validation import check_count, check_top_k
+from vlens.utils.validation import check_count, check_top_k
 
 REFERENCE_MODES: tuple[str, ...] = ("per-task", "pooled")
 

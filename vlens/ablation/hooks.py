@@ -14,8 +14,8 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from vlens.ablation.reference import ReferenceActivations
-from vlens.hooks import act_name
-from vlens.inputs import VLMInputs
+from vlens.core.hooks import act_name
+from vlens.core.inputs import VLMInputs
 
 METHODS: tuple[str, ...] = ("mean", "zero", "resample")
 Hook = Callable[[Tensor, object], Tensor]

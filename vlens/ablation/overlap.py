@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.errors import UserInputError
+from vlens.utils.errors import UserInputError
 
 Head = tuple[int, int]
 

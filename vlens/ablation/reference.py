@@ -24,8 +24,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from vlens.ablation.tasks import TaskBatch
-from vlens.hooks import act_name
-from vlens.inputs import TokenRegions, VLMInputs
+from vlens.core.hooks import act_name
+from vlens.core.inputs import TokenRegions, VLMInputs
 
 ALIGNMENTS: tuple[str, ...] = ("all", "position", "region")
 Key = tuple

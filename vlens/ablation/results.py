@@ -13,8 +13,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from vlens.ablation.overlap import Head, chance_jaccard, jaccard, jaccard_matrix, rank_heads, top_k_heads
-from vlens.results import Result
-from vlens.validation import check_top_k
+from vlens.utils.results import Result
+from vlens.utils.validation import check_top_k
 from vlens.viz.figures import jaccard_matrix_figure, layer_head_heatmap
 from vlens.viz.report import Report
 
@@ -49,7 +49,7 @@ class HeadAblation(Result):
         clean_logprob, clean_accuracy: mean answer log-probability / accuracy without ablation.
         ablated_logprob, ablated_accuracy: [n_layers, n_heads] the same with that head ablated.
         answers / answer_tokens: the evaluation answers and each one's token ids.
-    The answer log-probability is the whole answer's teacher-forced log-probability (vlens.answers:
+    The answer log-probability is the whole answer's teacher-forced log-probability (vlens.core.answers:
     the sum over its tokens of log-softmax at the position that predicts each); accuracy is 1 when
     every answer token is the argmax there. A one-token answer: log-softmax at the final prompt
     position, argmax == the answer.
@@ -115,7 +115,7 @@ class HeadAblation(Result):
             "top_heads": [list(h) for h in ranked[: top_k or len(ranked)]],
             "ablated_logprob": _grid(self.ablated_logprob),
             "ablated_accuracy": _grid(self.ablated_accuracy),
-            "answer_rule": "vlens.answers: whole answer teacher-forced (sum of its tokens' log-probabilities)",
+            "answer_rule": "vlens.core.answers: whole answer teacher-forced (sum of its tokens' log-probabilities)",
             "answers": self.answers, "answer_tokens": self.answer_tokens,
         }
 

@@ -17,19 +17,19 @@ from vlens.ablation.hooks import check_method, replacement_values, stacked_head_
 from vlens.ablation.reference import ReferenceActivations, resample_partners
 from vlens.ablation.results import HeadAblation
 from vlens.ablation.tasks import TaskBatch
-from vlens.answers import answer_logprobs
-from vlens.finite import finite_rows, warn_non_finite
-from vlens.hooks import act_name
-from vlens.inputs import VLMInputs
+from vlens.core.answers import answer_logprobs
+from vlens.core.hooks import act_name
+from vlens.core.inputs import VLMInputs
+from vlens.core.runtime import RunState, build_masks
 from vlens.parallel import Sharding
-from vlens.runtime import RunState, build_masks
+from vlens.utils.finite import finite_rows, warn_non_finite
 
 
 def answer_metrics(
     answer_logits: Float[Tensor, "batch k d_vocab"], answers: Sequence[Sequence[int]]
 ) -> tuple[Float[Tensor, "batch"], Float[Tensor, "batch"]]:
     """(whole-answer teacher-forced log-probability, 1.0 where every answer token is the argmax)
-    per row, from the logits of the last k >= len(answer) positions (`vlens.answers.answer_logprobs`);
+    per row, from the logits of the last k >= len(answer) positions (`vlens.core.answers.answer_logprobs`);
     both NaN where the row's logits are not finite."""
     if answer_logits.ndim == 2:  # [batch, d_vocab]: one position
         answer_logits = answer_logits[:, None]
@@ -82,7 +82,7 @@ def head_ablation_sweep(
 
     Args:
         model: a HookedVLM.
-        task: evaluation examples (answers of any length: whole-answer log-probability, `vlens.answers`).
+        task: evaluation examples (answers of any length: whole-answer log-probability, `vlens.core.answers`).
         method: "mean" (reference means), "zero", or "resample" (a seeded reference example
             per evaluation example, aligned like the means).
         reference: from `collect_reference` on a reference set disjoint from `task`.

@@ -1,6 +1,6 @@
 """Evaluation sets for head ablation: prompts, images and answers (their tokens) per task.
 
-Answers follow vlens's answer rule (`vlens.answers`): each is tokenised as it continues the
+Answers follow vlens's answer rule (`vlens.core.answers`): each is tokenised as it continues the
 chat prompt, its tokens but the last are teacher-forced after the prompt (`TaskBatch.inputs`),
 and the ablation metrics score the whole answer's log-probability.
 
@@ -22,10 +22,10 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from vlens.answers import answer_ids, teacher_force
+from vlens.core.answers import answer_ids, teacher_force
+from vlens.core.inputs import VLMInputs
 from vlens.data import TASKS, make_task_sample
 from vlens.datasets import DatasetError, load_record_images
-from vlens.inputs import VLMInputs
 
 DEFAULT_STYLE = "synpoly"
 # Reference seeds start here (evaluation seeds are seed, seed + 1, ...): disjoint by construction,
@@ -106,7 +106,7 @@ class TaskBatch:
 
 
 def answer_token_ids(model, answers: Sequence[str], chat: bool = True) -> list[list[int]]:
-    """Each answer's token ids as the model would generate them (`vlens.answers.answer_ids`).
+    """Each answer's token ids as the model would generate them (`vlens.core.answers.answer_ids`).
 
     Raises:
         ValueError: naming the example, if an answer is outside the vocabulary (the unknown token).

@@ -5,7 +5,7 @@ its parser. `vlens --help` lists the table without importing any command; a comm
 imported only when that command is used. Adding a command is one line here plus a module whose
 ``configure(parser)`` adds the command's arguments and sets ``func`` (``module:function`` names
 another function than ``configure``). The command modules live here, in the entry-point layer
-(the recipes keep their own: `vlens.recipes.embedded.cli`, `vlens.recipes.studies.cli`); they import only the
+(the embedded-model recipe keeps its own: `vlens.recipes.embedded.cli`); they import only the
 standard library and light vlens modules at top level; torch, numpy and the methods are
 imported inside their run functions, so every ``vlens ... --help`` is fast. The options every
 command shares are in `vlens.cli.options`; logging, ``--quiet``/``-v`` and the one-line user
@@ -35,9 +35,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("logit-lens", "vlens.cli.logit_lens", "the logit lens per layer at the final prompt position"),
     Command("lens", "vlens.cli.lens:configure_lens", "train lenses (per-layer translators)"),
     Command("headlens", "vlens.cli.lens:configure_headlens", "HeadLens: decode every head, score and classify it"),
-    Command("ablate", "vlens.recipes.studies.cli:configure_ablate", "ablate every head per task, rank heads, Jaccard overlap across tasks"),
+    Command("ablate", "vlens.cli.ablate", "ablate every head per task, rank heads, Jaccard overlap across tasks"),
     Command("train", "vlens.cli.train:configure_train", "LoRA fine-tuning with the object-focused attention loss"),
-    Command("study", "vlens.recipes.studies.cli:configure_study", "the baseline / +SFT / +L_focus / +temperature table"),
+    Command("study", "vlens.cli.study", "the baseline / +SFT / +L_focus / +temperature table"),
     Command("temperature", "vlens.cli.temperature", "adaptive head temperature: fit, apply, export"),
     Command("demo", "vlens.cli.demo", "the counting-circuit study end to end, as one HTML report"),
     Command("zoo", "vlens.recipes.embedded.cli", "the embedded tiny model: train (reproduce) or evaluate it"),

@@ -21,8 +21,8 @@ import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
-from vlens.errors import UserInputError
-from vlens.finite import NON_FINITE_EXIT
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import NON_FINITE_EXIT
 
 HF_BARS_VARIABLE = "HF_HUB_DISABLE_PROGRESS_BARS"
 USER_ERRORS: tuple[type[BaseException], ...] = (UserInputError, FileNotFoundError, FileExistsError,
@@ -85,7 +85,7 @@ def command_logging(verbose: int = 0, quiet: bool = False) -> Iterator[None]:
 def hf_bars_hidden() -> Iterator[None]:
     """Hide Hugging Face's own bars (loading and writing weights, downloads) for one command."""
     if "transformers" in sys.modules:
-        from vlens.specs import hf_progress_bars
+        from vlens.zoo.specs import hf_progress_bars
 
         with hf_progress_bars(False):
             yield
@@ -116,7 +116,7 @@ def print_error(prog: str, message: str) -> None:
 
 def non_finite_exit(messages: Sequence[str], allow_nan: bool, prog: str) -> int:
     """Exit status of a command after its results are written: `NON_FINITE_EXIT` if non-finite
-    values were reported (`vlens.finite.collect_non_finite`) and not allowed, else 0. Says which
+    values were reported (`vlens.utils.finite.collect_non_finite`) and not allowed, else 0. Says which
     on stderr."""
     if not messages:
         return 0
@@ -182,7 +182,7 @@ def _run(args: argparse.Namespace, prog: str) -> int:
                 traceback.print_exc()
             print_error(prog, one_line(error))
             return 2
-        except FloatingPointError as error:  # NaN/inf activations or loss (vlens.finite): exit 3, like --allow-nan's
+        except FloatingPointError as error:  # NaN/inf activations or loss (vlens.utils.finite): exit 3, like --allow-nan's
             if args.verbose:
                 traceback.print_exc()
             print_error(prog, one_line(error))

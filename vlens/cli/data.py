@@ -11,8 +11,8 @@ import math
 import time
 
 from vlens.cli.options import add_image_size
-from vlens.errors import UserInputError
-from vlens.validation import arg_float, arg_int
+from vlens.utils.errors import UserInputError
+from vlens.utils.validation import arg_float, arg_int
 
 logger = logging.getLogger(__name__)
 

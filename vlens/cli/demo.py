@@ -17,7 +17,7 @@ from vlens.cli.options import (
     model_options,
     prepare_out,
 )
-from vlens.validation import arg_int
+from vlens.utils.validation import arg_int
 
 logger = logging.getLogger(__name__)
 

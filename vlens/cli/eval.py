@@ -12,6 +12,8 @@ import argparse
 import logging
 
 from vlens.cli.console import echo, non_finite_exit
+from vlens.cli.dataset_options import DATA_FORMATS as FORMATS  # noqa: F401 (tests/cli/test_conventions.py)
+from vlens.cli.dataset_options import add_data_arguments
 from vlens.cli.options import (
     add_batch_size,
     add_model_options,
@@ -20,11 +22,9 @@ from vlens.cli.options import (
     model_options,
     prepare_out,
 )
-from vlens.dataset_options import DATA_FORMATS as FORMATS  # noqa: F401 (tests/cli/test_conventions.py)
-from vlens.dataset_options import add_data_arguments
-from vlens.errors import UserInputError
-from vlens.finite import add_allow_nan_argument
-from vlens.validation import arg_int
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import add_allow_nan_argument
+from vlens.utils.validation import arg_int
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ def load_backend(args: argparse.Namespace):
 
 def load_hf_model(args: argparse.Namespace):
     """(plain HF image-text-to-text model, processor) for ``--backend hf`` (safetensors only)."""
-    from vlens.devices import configure_resolution, resolve_device, resolve_dtype
-    from vlens.specs import hf_progress_bars, resolve_spec
+    from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype
+    from vlens.zoo.specs import hf_progress_bars, resolve_spec
 
     kind, target = resolve_spec(args.model)
     options = model_options(args)
@@ -94,7 +94,7 @@ def load_hf_model(args: argparse.Namespace):
         else:
             from transformers import AutoModelForImageTextToText
 
-            from vlens.loading import from_pretrained_checked, load_processor_for
+            from vlens.core.loading import from_pretrained_checked, load_processor_for
 
             model = from_pretrained_checked(AutoModelForImageTextToText, target, dtype=dtype, use_safetensors=True,
                                             **placement)
@@ -121,7 +121,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from vlens.evaluation.metrics import CountingMetrics
     from vlens.evaluation.report import PREDICTIONS_FILE, REPORT_JSON, REPORT_MD, write_report
     from vlens.evaluation.runner import evaluate
-    from vlens.finite import collect_non_finite
+    from vlens.utils.finite import collect_non_finite
 
     out = prepare_out(args, PREDICTIONS_FILE, REPORT_JSON, REPORT_MD)  # before reading data or loading the model
     dataset = read_data(args)

@@ -19,6 +19,7 @@ import logging
 from pathlib import Path
 
 from vlens.cli.console import echo, non_finite_exit
+from vlens.cli.dataset_options import add_data_arguments, load_data_arg
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -30,10 +31,9 @@ from vlens.cli.options import (
     write_figure,
     write_results,
 )
-from vlens.dataset_options import add_data_arguments, load_data_arg
-from vlens.errors import UserInputError
-from vlens.finite import add_allow_nan_argument
-from vlens.validation import arg_float, arg_int
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import add_allow_nan_argument
+from vlens.utils.validation import arg_float, arg_int
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _train(model, samples, args, steps, lr, positions):
 
 
 def run_lens_train(args: argparse.Namespace) -> int:
-    from vlens.validation import check_output_folder
+    from vlens.utils.validation import check_output_folder
 
     _tasks(args)  # what the user typed is checked before anything is written or loaded
     # the lens folder is replaced whole (an existing lens needs --overwrite; other files are never mixed in)
@@ -191,12 +191,12 @@ def _load_thresholds(path: str | None):
 
 
 def run_headlens(args: argparse.Namespace) -> int:
-    from vlens.finite import collect_non_finite
     from vlens.lens.corpus import task_samples
     from vlens.lens.head_scores import compute_head_scores
     from vlens.lens.headlens import HeadLens
     from vlens.lens.taxonomy import classify_heads
     from vlens.lens.translators import Translators
+    from vlens.utils.finite import collect_non_finite
 
     _tasks(args)
     vocabularies = _load_vocab(args.vocab)

@@ -5,7 +5,7 @@
 
 ``--data DIR`` reads an imagefolder with ``question`` and ``answer`` columns (``vlens data``);
 ``--make N`` renders N counting images on the fly. Each record's ``answer`` is scored whole
-(vlens.answers: teacher-forced over all its tokens, so "12" under Qwen's digit tokenizer is
+(vlens.core.answers: teacher-forced over all its tokens, so "12" under Qwen's digit tokenizer is
 "1" then "2"); results.json lists every answer's tokens. Writes ``results.json`` and
 ``logit_lens.html`` into ``--out``.
 """
@@ -16,6 +16,7 @@ import argparse
 import logging
 
 from vlens.cli.console import echo, non_finite_exit
+from vlens.cli.dataset_options import add_data_arguments, load_data_arg
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -27,9 +28,8 @@ from vlens.cli.options import (
     write_figure,
     write_results,
 )
-from vlens.dataset_options import add_data_arguments, load_data_arg
-from vlens.finite import add_allow_nan_argument
-from vlens.validation import arg_int
+from vlens.utils.finite import add_allow_nan_argument
+from vlens.utils.validation import arg_int
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,8 @@ def _records(args: argparse.Namespace):
 
 
 def run_logit_lens(args: argparse.Namespace) -> int:
-    from vlens.finite import collect_non_finite
     from vlens.lens.logit_lens import logit_lens_records
+    from vlens.utils.finite import collect_non_finite
 
     out = prepare_out(args, RESULTS_FILE, FIGURE_FILE)
     model = load_model_from_args(args)

@@ -27,15 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlens.errors import UserInputError
-from vlens.validation import arg_int, check_output_folder
+from vlens.utils.errors import UserInputError
+from vlens.utils.validation import arg_int, check_output_folder
 
 logger = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
 MIN_IMAGE_SIZE = 28  # one merged Qwen-VL patch
 MODEL_DEFAULT = "tiny"
-DTYPE_CHOICES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # vlens.devices.DTYPE_NAMES
+DTYPE_CHOICES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # vlens.core.devices.DTYPE_NAMES
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | None = None,
@@ -46,7 +46,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | 
     model_default: None makes --model required.
     dtype_default: "auto" (bfloat16 on a GPU, float32 on CPU); training commands keep float32 weights.
     """
-    from vlens.specs import SPEC_HELP
+    from vlens.zoo.specs import SPEC_HELP
 
     group = parser.add_argument_group("model")
     if model_default is None:
@@ -171,7 +171,7 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_model_from_args(args: argparse.Namespace):
     """The HookedVLM the model options name (`vlens.load_model`)."""
-    from vlens.specs import load_model
+    from vlens.zoo.specs import load_model
 
     return load_model(args.model, **model_options(args))
 
@@ -211,7 +211,7 @@ def prepare_out(args: argparse.Namespace, *names: str) -> Path:
 
 def write_results(out: Path, payload: dict) -> Path:
     """Write `payload` to OUT/results.json (NaN / inf as null: strict JSON)."""
-    from vlens.finite import json_safe
+    from vlens.utils.finite import json_safe
 
     path = out / RESULTS_FILE
     path.write_text(json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n", encoding="utf-8")

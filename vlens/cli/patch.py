@@ -17,6 +17,7 @@ import argparse
 import logging
 
 from vlens.cli.console import echo, non_finite_exit
+from vlens.cli.dataset_options import add_data_arguments, load_data_arg
 from vlens.cli.options import (
     RESULTS_FILE,
     add_model_options,
@@ -27,10 +28,9 @@ from vlens.cli.options import (
     write_figure,
     write_results,
 )
-from vlens.dataset_options import add_data_arguments, load_data_arg
-from vlens.errors import UserInputError
-from vlens.finite import add_allow_nan_argument
-from vlens.validation import arg_int
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import add_allow_nan_argument
+from vlens.utils.validation import arg_int
 
 logger = logging.getLogger(__name__)
 
@@ -104,10 +104,10 @@ def load_batch(model, args: argparse.Namespace):
 
 
 def run_patch(args: argparse.Namespace) -> int:
-    from vlens.finite import collect_non_finite
     from vlens.patching import sweeps
     from vlens.patching.metrics import METRICS
-    from vlens.validation import check_choice
+    from vlens.utils.finite import collect_non_finite
+    from vlens.utils.validation import check_choice
 
     if args.mode != "atp":  # everything the user gave is checked before the model loads
         check_choice(args.metric, "--metric", METRICS)

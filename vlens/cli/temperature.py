@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 
 from vlens.cli.console import echo, non_finite_exit
+from vlens.cli.dataset_options import add_data_arguments, load_data_arg
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -24,10 +25,9 @@ from vlens.cli.options import (
     prepare_out,
     write_results,
 )
-from vlens.dataset_options import add_data_arguments, load_data_arg
-from vlens.errors import UserInputError
-from vlens.finite import add_allow_nan_argument
-from vlens.validation import arg_float, arg_int, check_count
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import add_allow_nan_argument
+from vlens.utils.validation import arg_float, arg_int, check_count
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +102,8 @@ def _parse_heads(text: str) -> list[tuple[int, int]]:
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    from vlens.finite import collect_non_finite
     from vlens.interventions.temperature import fit_temperature, importance_from_result
+    from vlens.utils.finite import collect_non_finite
 
     heads = _parse_heads(args.heads) if args.heads else None
     out = prepare_out(args, RESULTS_FILE)
@@ -130,8 +130,8 @@ def run_fit(args: argparse.Namespace) -> int:
 def run_apply(args: argparse.Namespace) -> int:
     from vlens.evaluation import HookedVLMBackend, evaluate, get_format, write_report
     from vlens.evaluation.datasets import check_counting
-    from vlens.finite import collect_non_finite
     from vlens.interventions.temperature import HeadTemperature
+    from vlens.utils.finite import collect_non_finite
 
     out = prepare_out(args, RESULTS_FILE) if args.out is not None else None
     temp = HeadTemperature.load(temps_file(args.temps))
@@ -166,9 +166,9 @@ def run_apply(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from vlens.fileio import atomic_folder
     from vlens.interventions.temperature import HeadTemperature
-    from vlens.validation import check_output_folder
+    from vlens.utils.fileio import atomic_folder
+    from vlens.utils.validation import check_output_folder
 
     check_output_folder(args.out, "--out", overwrite=args.overwrite, model_folder=True)  # before any work
     temp = HeadTemperature.load(temps_file(args.temps))

@@ -1,5 +1,5 @@
-"""`vlens train`: LoRA SFT with or without L_focus (the interventions study, `vlens study`, is in
-`vlens.recipes.studies.cli`).
+"""`vlens train`: LoRA SFT with or without L_focus (the interventions study is `vlens study`,
+`vlens.cli.study`).
 
     vlens data syndot --n 4000 --out data/syndot
     vlens train --model tiny --data data/syndot data/synpoly --out runs/sft_focus
@@ -14,13 +14,13 @@ import logging
 from pathlib import Path
 
 from vlens.cli.console import echo
+from vlens.cli.dataset_options import add_data_arguments, load_data_arg
 from vlens.cli.options import (
     add_batch_size,
     add_model_options,
     load_model_from_args,
 )
-from vlens.dataset_options import add_data_arguments, load_data_arg
-from vlens.validation import arg_float, arg_int
+from vlens.utils.validation import arg_float, arg_int
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def configure_train(train: argparse.ArgumentParser) -> None:
 
 
 def _focus_layers(text: str | None) -> list[int] | None:
-    from vlens.errors import UserInputError
+    from vlens.utils.errors import UserInputError
 
     if not text:
         return None
@@ -92,7 +92,7 @@ def run_train(args: argparse.Namespace) -> int:
     from vlens.training.data import examples_from_dataset
     from vlens.training.export import save_merged
     from vlens.training.sft import SFTConfig, train_sft
-    from vlens.validation import check_output_folder
+    from vlens.utils.validation import check_output_folder
 
     check_output_folder(args.out, "--out")  # a run folder: resumed, so results are never refused here
     examples = [example for path in args.data for example in examples_from_dataset(load_data_arg(args, path),

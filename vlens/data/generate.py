@@ -26,7 +26,7 @@ from vlens.data.pairs import make_pair
 from vlens.data.scene import check_seed
 from vlens.data.tasks import DEFAULT_COUNTS, make_task_sample
 from vlens.data.templates import TASKS
-from vlens.validation import check_count
+from vlens.utils.validation import check_count
 
 DATASET_KINDS: tuple[str, ...] = ("syndot", "synpoly", "synreal", "pairs", "tasks")
 MAX_SAMPLES = 10_000_000  # a sanity bound on --n (about 10^7 PNGs); split larger sets into folders

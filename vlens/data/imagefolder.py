@@ -22,7 +22,7 @@ from PIL import Image
 
 from vlens.datasets.files import read_jsonl, resolve_inside
 from vlens.datasets.records import DatasetError, open_image
-from vlens.errors import UserInputError
+from vlens.utils.errors import UserInputError
 
 METADATA_FILE = "metadata.jsonl"
 PARTIAL_METADATA = METADATA_FILE + ".partial"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vlens.errors import UserInputError
+from vlens.utils.errors import UserInputError
 
 # Bounded effort: (restarts x objects x candidates) distance checks at most, then an error.
 MAX_RESTARTS = 40

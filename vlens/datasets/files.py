@@ -14,7 +14,7 @@ import os
 from pathlib import Path, PurePath
 
 from vlens.datasets.records import DatasetError, check_regular_file
-from vlens.images import is_url
+from vlens.utils.images import is_url
 
 # metadata / table files larger than this are refused (PixMo-Count's parquet with embedded
 # images is ~2 GB; a metadata.jsonl is a few MB)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from vlens.errors import UserInputError
-from vlens.images import (
+from vlens.utils.errors import UserInputError
+from vlens.utils.images import (
     MAX_IMAGE_BYTES,  # one limit for every image vlens opens
     to_rgb,
 )

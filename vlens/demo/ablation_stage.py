@@ -14,7 +14,7 @@ from vlens.ablation.stability import overlap_stability
 from vlens.data import TEMPLATES
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
-from vlens.stats import format_share
+from vlens.utils.stats import format_share
 
 TITLE = "Ablation: Jaccard overlap of important heads across tasks"
 EXPLANATION = ("Mean-ablate each head alone on each task and rank heads by the drop in the answer's log-probability; "

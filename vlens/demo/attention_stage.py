@@ -15,7 +15,7 @@ from torch import Tensor
 from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
-from vlens.stats import bootstrap_interval, format_interval
+from vlens.utils.stats import bootstrap_interval, format_interval
 from vlens.viz.circuits import attention_heads_view, token_labels
 from vlens.viz.figures import layer_head_heatmap
 from vlens.viz.image_attention import attention_tiles_figure, attention_to_image

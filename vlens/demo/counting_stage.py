@@ -7,7 +7,7 @@ from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.evaluation import EvalDataset, EvalExample, HookedVLMBackend, evaluate
 from vlens.evaluation.metrics import SUBITIZING_ACCURACY, confusion_matrix, subitizing_limit
-from vlens.stats import format_interval, wilson_interval
+from vlens.utils.stats import format_interval, wilson_interval
 from vlens.viz.figures import confusion_matrix_figure, count_accuracy_figure
 
 

@@ -13,7 +13,7 @@ from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.lens.corpus import collect_residuals
 from vlens.patching import spearman
-from vlens.stats import bootstrap_interval, format_interval
+from vlens.utils.stats import bootstrap_interval, format_interval
 from vlens.viz.geometry import pca, representation_geometry_figure, tsne
 
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vlens.demo.report_sections import Section
-from vlens.provenance import same_weights
-from vlens.stats import spread
+from vlens.utils.provenance import same_weights
+from vlens.utils.stats import spread
 from vlens.viz.optional import require_plotly
 
 STORED_FILES = ("interventions.json", "study.json")
@@ -69,7 +69,7 @@ def _study(raw) -> bool:
 
 
 def seed_spread(raw) -> dict[tuple[str, str], dict]:
-    """For a study file: (setting, evaluation set) -> `vlens.stats.spread` of the accuracy over seeds."""
+    """For a study file: (setting, evaluation set) -> `vlens.utils.stats.spread` of the accuracy over seeds."""
     if not _study(raw):
         return {}
     labels = raw.get("labels") or {}

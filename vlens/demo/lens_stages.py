@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vlens.answers import answer_ids
+from vlens.core.answers import answer_ids
 from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
@@ -15,7 +15,7 @@ from vlens.lens.logit_lens import LogitLensResult, logit_lens
 from vlens.lens.readout import LensReadout
 from vlens.lens.taxonomy import classify_heads
 from vlens.lens.translators import Translators, train_translators
-from vlens.stats import format_interval, format_share
+from vlens.utils.stats import format_interval, format_share
 
 LENS_SEED_OFFSET = 1_000_003  # translator-training samples never coincide with scored samples
 SHIPPED_LENS_DIR = "lens"  # a trained lens shipped next to the model weights, if any
@@ -32,7 +32,7 @@ HEADLENS_EXPLANATION = ("Each head's output at the final position decoded throug
 
 def logit_lens_section(model, samples: list[CountingSample], settings: DemoSettings) -> Section:
     answers = [s.answer for s in samples]
-    try:  # multi-token answers ("12" -> "1", "2") are scored whole (vlens.answers)
+    try:  # multi-token answers ("12" -> "1", "2") are scored whole (vlens.core.answers)
         tokens = [answer_ids(model, a, example=f"count-{i}") for i, a in enumerate(answers)]
     except ValueError as err:  # e.g. a word-level vocabulary without the count
         return Section.skipped("logit_lens", LOGIT_TITLE, LOGIT_EXPLANATION, str(err))

@@ -7,7 +7,7 @@ import torch
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head, patch_layer_region
-from vlens.stats import format_interval, format_share
+from vlens.utils.stats import format_interval, format_share
 
 VAP_TITLE = "VAP: overwrite rate per layer and region"
 VAP_EXPLANATION = ("Patch the corrupt image's residual (entering each layer) into the clean run at the image, text, "

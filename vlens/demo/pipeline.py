@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from vlens.core.model import HookedVLM
 from vlens.demo.ablation_stage import ablation_section
 from vlens.demo.attention_stage import attention_sections
 from vlens.demo.counting_stage import counting_sections
@@ -31,9 +32,8 @@ from vlens.demo.model_stage import model_section, model_summary
 from vlens.demo.patching_stage import patching_sections
 from vlens.demo.report_sections import Section, key_numbers_section, write_outputs
 from vlens.demo.settings import DemoSettings
-from vlens.model import HookedVLM
-from vlens.specs import load_model
 from vlens.zoo import WEIGHTS_FOLDER
+from vlens.zoo.specs import load_model
 
 logger = logging.getLogger(__name__)
 

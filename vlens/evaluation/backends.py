@@ -14,10 +14,10 @@ from typing import Protocol
 import torch
 from PIL import Image
 
-from vlens.answers import answer_ids, answer_logprobs, teacher_force
-from vlens.processing import chat_messages, left_padding
-from vlens.prompt_text import escape_special_tokens
-from vlens.runtime import module_device
+from vlens.core.answers import answer_ids, answer_logprobs, teacher_force
+from vlens.core.processing import chat_messages, left_padding
+from vlens.core.prompt_text import escape_special_tokens
+from vlens.core.runtime import module_device
 
 
 class GenerationBackend(Protocol):
@@ -69,7 +69,7 @@ class HookedVLMBackend:
 
     def score_answers(self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str],
                       answers: Sequence[str], ids: Sequence[str]) -> list[tuple[list[int] | None, float | None]]:
-        """Per prompt: the answer's tokens and its teacher-forced log-probability (vlens.answers),
+        """Per prompt: the answer's tokens and its teacher-forced log-probability (vlens.core.answers),
         with ``fwd_hooks`` active, as in `generate`. An answer the tokenizer cannot express (a
         word-level vocabulary without "37") gets (None, None) and a warning naming the example:
         the generated answer is still parsed and scored."""

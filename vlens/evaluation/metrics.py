@@ -34,7 +34,7 @@ class CountingMetrics:
     mae_n: int
     n_unparsed: int
     per_count: dict[int, CountBreakdown] = field(default_factory=dict)
-    # mean teacher-forced log-probability of the target answer (vlens.answers), when scored
+    # mean teacher-forced log-probability of the target answer (vlens.core.answers), when scored
     mean_target_logprob: float | None = None
 
     def to_dict(self) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from vlens.evaluation.metrics import CountingMetrics
 from vlens.evaluation.runner import EvalResult, Prediction
-from vlens.finite import json_safe
+from vlens.utils.finite import json_safe
 from vlens.viz.html import write_figure_html
 
 PREDICTIONS_FILE = "predictions.jsonl"

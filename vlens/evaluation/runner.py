@@ -25,10 +25,10 @@ from vlens.evaluation.metrics import (
 )
 from vlens.evaluation.parsing import get_parser
 from vlens.evaluation.plots import plot_confusion_matrix
-from vlens.finite import json_safe
 from vlens.parallel import Sharding
-from vlens.results import Result
-from vlens.validation import check_count
+from vlens.utils.finite import json_safe
+from vlens.utils.results import Result
+from vlens.utils.validation import check_count
 from vlens.viz.optional import require_plotly
 
 
@@ -37,7 +37,7 @@ class Prediction:
     """One example's prompt, the model's raw output, the parsed answer and its score.
 
     target_tokens / target_logprob: the target answer's token ids and its teacher-forced
-    log-probability after the prompt (vlens.answers), where the backend can score answers.
+    log-probability after the prompt (vlens.core.answers), where the backend can score answers.
     """
 
     id: str

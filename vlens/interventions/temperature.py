@@ -43,12 +43,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.architectures import adapter_for
-from vlens.architectures.base import HFModule
-from vlens.errors import UserInputError
-from vlens.finite import warn_non_finite
-from vlens.results import Result
-from vlens.validation import check_count, check_float
+from vlens.core.architectures import adapter_for
+from vlens.core.architectures.base import HFModule
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import warn_non_finite
+from vlens.utils.results import Result
+from vlens.utils.validation import check_count, check_float
 from vlens.viz.figures import layer_head_heatmap
 
 Head = tuple[int, int]

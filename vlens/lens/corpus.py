@@ -16,7 +16,7 @@ from torch import Tensor
 from vlens.data import TASKS, make_task_sample
 from vlens.datasets import record_dicts
 from vlens.parallel import Sharding
-from vlens.validation import check_count
+from vlens.utils.validation import check_count
 
 Sample = tuple[Any, str, dict]
 POSITION_KINDS = ("final", "text", "all")

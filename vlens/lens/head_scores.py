@@ -32,13 +32,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.finite import warn_non_finite
+from vlens.core.token_labels import str_tokens
 from vlens.lens.corpus import Sample, prepare_batch
 from vlens.lens.headlens import HeadLens
 from vlens.lens.vocabularies import vocabulary_token_ids
 from vlens.parallel import Sharding
-from vlens.results import Result
-from vlens.token_labels import str_tokens
+from vlens.utils.finite import warn_non_finite
+from vlens.utils.results import Result
 from vlens.viz.figures import layer_head_heatmap
 
 SCORE_NAMES: tuple[str, ...] = (

@@ -31,16 +31,16 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from vlens.finite import finite_rows
+from vlens.core.runtime import module_device
+from vlens.core.token_labels import str_tokens
 from vlens.lens.decomposition import head_contributions
 from vlens.lens.translators import Translators, TunedLens
-from vlens.results import Result
-from vlens.runtime import module_device
-from vlens.token_labels import str_tokens
+from vlens.utils.finite import finite_rows
+from vlens.utils.results import Result
 from vlens.viz.figures import layer_head_heatmap
 
 if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+    from vlens.core.model import HookedVLM
 
 
 @dataclass

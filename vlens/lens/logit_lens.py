@@ -6,7 +6,7 @@ output. For each example it records the correct answer's probability and rank (1
 the top token per layer.
 
 Answers of several tokens (Qwen writes "12" as "1", "2") follow vlens's answer rule
-(`vlens.answers`): the answer is teacher-forced after the prompt and each layer's reading
+(`vlens.core.answers`): the answer is teacher-forced after the prompt and each layer's reading
 at every answer position is scored. The probability is the whole answer's,
 ``prod_j p_l(a_j | prompt, a_<j)``; the rank is the worst rank of its tokens (1 = that layer's
 greedy readout reproduces the whole answer); the top token is the one read at the final
@@ -27,20 +27,20 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from vlens.answers import answer_ids, single_token, teacher_force
+from vlens.core.answers import answer_ids, single_token, teacher_force
+from vlens.core.runtime import module_device
 from vlens.data import record_image
-from vlens.finite import finite_rows, json_safe, warn_non_finite
 from vlens.lens.base import Lens
 from vlens.parallel import Sharding
-from vlens.results import Result
-from vlens.runtime import module_device
-from vlens.stats import bootstrap_interval
-from vlens.validation import check_count
+from vlens.utils.finite import finite_rows, json_safe, warn_non_finite
+from vlens.utils.results import Result
+from vlens.utils.stats import bootstrap_interval
+from vlens.utils.validation import check_count
 from vlens.viz.figures import logit_lens_figure
 
 if TYPE_CHECKING:
-    from vlens.inputs import VLMInputs
-    from vlens.model import HookedVLM
+    from vlens.core.inputs import VLMInputs
+    from vlens.core.model import HookedVLM
 
 
 @dataclass
@@ -111,7 +111,7 @@ class LogitLensResult(Result):
             "mean_rank": self.mean_rank.tolist(),
             "top1_accuracy": self.top1_accuracy.tolist(),
             "answers": list(self.answers),
-            "answer_rule": "vlens.answers: whole answer teacher-forced; probability = product over its tokens, "
+            "answer_rule": "vlens.core.answers: whole answer teacher-forced; probability = product over its tokens, "
                            "rank = worst rank of its tokens",
             "answer_tokens": [list(a) for a in self.answer_tokens],
             "probabilities": self.probabilities.tolist(),
@@ -173,7 +173,7 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
     teacher-forced answer positions that follow it).
 
     answer_tokens: [batch] one token per row, or per row the answer's token ids
-        (`vlens.answers.answer_ids`).
+        (`vlens.core.answers.answer_ids`).
     first_example: index of the batch's first row in a larger dataset (for warnings only).
     lens: how each layer's residual is read (default `LogitLens(model)`); e.g. a
         `vlens.lens.translators.TunedLens` gives the tuned lens with the same scoring.
@@ -235,7 +235,7 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
 
 def first_answer_token(model: HookedVLM, answer: str) -> int:
     """The answer's token when it is a single token; otherwise a clear error naming its tokens
-    (multi-token answers: pass `vlens.answers.answer_ids(model, answer)` to `logit_lens`)."""
+    (multi-token answers: pass `vlens.core.answers.answer_ids(model, answer)` to `logit_lens`)."""
     return single_token(model, str(answer), "first_answer_token (one-token logit lens)")
 
 

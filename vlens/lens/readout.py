@@ -53,7 +53,7 @@ class LensReadout:
         if weight is None or not hasattr(model.ln_final, "eps"):
             raise TypeError(
                 f"model.ln_final is {type(model.ln_final).__name__} and the unembedding holds no final-norm "
-                "weight; lenses expect an RMSNorm read-out (vlens.components: RMSNormPre + Unembed)."
+                "weight; lenses expect an RMSNorm read-out (vlens.core.components: RMSNormPre + Unembed)."
             )
         b_U = model.b_U if getattr(model.unembed.lm_head, "bias", None) is not None else None
         return cls(model.unembed.W_U_unfolded, b_U, weight, model.ln_final.eps)

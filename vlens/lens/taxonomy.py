@@ -35,7 +35,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from vlens.lens.head_scores import SCORE_NAMES, HeadScores
-from vlens.results import Result
+from vlens.utils.results import Result
 from vlens.viz.figures import layer_head_heatmap
 
 HEAD_CLASSES: tuple[str, ...] = (

@@ -29,14 +29,14 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from vlens.errors import UserInputError
-from vlens.fileio import atomic_folder
-from vlens.finite import finite_rows, warn_non_finite
 from vlens.lens.base import Lens
 from vlens.lens.kl import TargetTerms, layer_kl
 from vlens.lens.readout import LensReadout, unembedding_hash
-from vlens.results import Result
-from vlens.validation import check_count, check_float
+from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import atomic_folder
+from vlens.utils.finite import finite_rows, warn_non_finite
+from vlens.utils.results import Result
+from vlens.utils.validation import check_count, check_float
 from vlens.viz.optional import require_plotly
 
 CONFIG_FILE = "config.json"
@@ -114,7 +114,7 @@ class Translators(nn.Module):
     # ---------------------------------------------------------------- save / load
     def save(self, folder: str | Path, overwrite: bool = False) -> Path:
         """Write ``config.json`` + ``translators.safetensors`` as `folder`, whole or not at all
-        (`vlens.fileio.atomic_folder`); replacing an existing lens folder needs `overwrite`."""
+        (`vlens.utils.fileio.atomic_folder`); replacing an existing lens folder needs `overwrite`."""
 
 
         with atomic_folder(folder, overwrite=overwrite, name="lens folder") as out:

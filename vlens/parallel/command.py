@@ -19,10 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from vlens.errors import UserInputError
 from vlens.parallel.launch import from_env, stop_on_sigterm
 from vlens.parallel.sharding import DistributedRunError, Sharding
 from vlens.parallel.store import UnitStore, plain_settings
+from vlens.utils.errors import UserInputError
 
 STORE_FOLDER = ".vlens-shards"  # inside --out: finished work units of an unfinished run
 # arguments that change no number of the results (where and how they are written or shown)

@@ -4,7 +4,7 @@ Under torchrun every process loads the same model and runs the same code, so a w
 the model, the settings or a library (a transformers config note, a deprecation, a vlens
 `logger.warning`) would appear world_size times. On ranks other than 0, `other_ranks_quiet`
 drops Python warnings and log records below ERROR (of every logger: vlens, transformers, ...)
-for the duration of the command. What stays: errors, and `vlens.finite.NonFiniteWarning`,
+for the duration of the command. What stays: errors, and `vlens.utils.finite.NonFiniteWarning`,
 which is about the rank's own work units (NaN activations in the examples it ran) and would
 otherwise be lost.
 """
@@ -16,8 +16,8 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from vlens.finite import NonFiniteWarning
 from vlens.parallel.sharding import Sharding
+from vlens.utils.finite import NonFiniteWarning
 
 
 @contextmanager

@@ -27,18 +27,18 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.errors import UserInputError
-from vlens.finite import json_safe, warn_non_finite
-from vlens.hooks import act_name
+from vlens.core.hooks import act_name
 from vlens.patching.conditions import final_logits, readout_logits
 from vlens.patching.metrics import MetricFn, MetricFunction, logit_diff
 from vlens.patching.pairs import PairBatch, Readout
-from vlens.results import Result
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import json_safe, warn_non_finite
+from vlens.utils.results import Result
 from vlens.viz.figures import layer_head_heatmap
 from vlens.viz.optional import require_plotly
 
 if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+    from vlens.core.model import HookedVLM
 
 
 @dataclass

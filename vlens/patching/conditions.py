@@ -16,11 +16,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from vlens.hooks import act_name
+from vlens.core.hooks import act_name
 from vlens.patching.pairs import PairBatch
 
 if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+    from vlens.core.model import HookedVLM
 
 COMPONENTS: tuple[str, ...] = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v")
 

@@ -22,17 +22,17 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from vlens.components.attention import AttentionMasks, KVCache
-from vlens.hooks import act_name
+from vlens.core.components.attention import AttentionMasks, KVCache
+from vlens.core.hooks import act_name
+from vlens.core.runtime import RunState, build_masks
 from vlens.patching.conditions import PatchSpec, corrupt_activations, patch_hook, readout_logits
 from vlens.patching.final_block import block_has_hooks, last_block_at
 from vlens.patching.metrics import final_baseline
 from vlens.patching.pairs import PairBatch
-from vlens.runtime import RunState, build_masks
-from vlens.validation import check_count
+from vlens.utils.validation import check_count
 
 if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+    from vlens.core.model import HookedVLM
 
 
 def repeat_run_state(state: RunState, k: int) -> RunState:

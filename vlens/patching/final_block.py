@@ -17,12 +17,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from vlens.components.rotary import apply_rotary
+from vlens.core.components.rotary import apply_rotary
+from vlens.core.runtime import RunState, module_device
 from vlens.patching.conditions import gather_positions
-from vlens.runtime import RunState, module_device
 
 if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+    from vlens.core.model import HookedVLM
 
 
 def block_has_hooks(block) -> bool:

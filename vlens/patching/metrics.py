@@ -18,7 +18,7 @@ is the argmax token at the final position):
   means of LD: 0 = no effect, 1 = the patched run is as "corrupt" as the corrupt run.
 
 Non-finite logits (a NaN activation) are never turned into predictions: such a pair's logit
-difference is NaN, its prediction -1, and every rate over it NaN (see `vlens.finite`).
+difference is NaN, its prediction -1, and every rate over it NaN (see `vlens.utils.finite`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from vlens.errors import UserInputError
-from vlens.finite import finite_rows
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import finite_rows
 
 if TYPE_CHECKING:
     from vlens.patching.pairs import PairBatch
@@ -159,7 +159,7 @@ class AnswerMetrics:
     Per condition it keeps what those metrics read (per pair: the logit difference of
     the corrupt vs the clean answer token, and the argmax token); `summarize` turns them, with
     the unpatched runs, into overwrite rate, flip-away rate, logit difference, normalised patch
-    effect and corrupt-answer rate. The answer tokens are the pair batch's (`vlens.answers`).
+    effect and corrupt-answer rate. The answer tokens are the pair batch's (`vlens.core.answers`).
     """
 
     names: tuple[str, ...] = METRICS

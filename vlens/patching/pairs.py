@@ -7,7 +7,7 @@ positions in both roles, so that "position p" means the same token slot in both 
 
 Answer tokens: the clean answer is the clean record's ground-truth ``answer`` and the
 corrupt answer the corrupt record's (e.g. "3" and "5"). They follow vlens's one answer rule
-(`vlens.answers.contrast`): each is tokenised as it continues the chat prompt, their shared
+(`vlens.core.answers.contrast`): each is tokenised as it continues the chat prompt, their shared
 prefix is teacher-forced (appended to the prompt: "12" vs "13" under Qwen's digit tokenizer
 appends "1"), and the metric token is the first token where they differ, read at the final
 position; "1" vs "12" compares the end-of-turn token with "2".
@@ -25,15 +25,15 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from vlens.answers import append_tokens, contrast
+from vlens.core.answers import append_tokens, contrast
+from vlens.core.inputs import TokenRegions, VLMInputs
 from vlens.data import make_pair, read_imagefolder, record_image
 from vlens.datasets import DatasetError, record_dicts
-from vlens.errors import UserInputError
-from vlens.inputs import TokenRegions, VLMInputs
-from vlens.validation import check_count
+from vlens.utils.errors import UserInputError
+from vlens.utils.validation import check_count
 
 if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+    from vlens.core.model import HookedVLM
 
 
 # where patching reads the logits: "final" or column index / indices of the left-padded batch
@@ -132,7 +132,7 @@ class PairBatch:
     def answers_json(self) -> dict:
         """The answers and their tokens (lists), as results.json records them."""
         return {
-            "answer_rule": "vlens.answers.contrast: shared answer prefix teacher-forced, first differing token "
+            "answer_rule": "vlens.core.answers.contrast: shared answer prefix teacher-forced, first differing token "
                            "(end-of-turn closes an answer that is a prefix of the other)",
             "clean_answers": list(self.clean_answers), "corrupt_answers": list(self.corrupt_answers),
             "clean_answer_tokens": self.clean_answer_ids, "corrupt_answer_tokens": self.corrupt_answer_ids,
@@ -231,7 +231,7 @@ def load_pair_examples(data_dir: str | Path, limit: int | None = None) -> list[P
 
 # ---------------------------------------------------------------------- tokenisation + validation
 def answer_tokens(model: HookedVLM, clean_answer: str, corrupt_answer: str, pair_id: str = "?") -> tuple[list[int], int, int]:
-    """(shared prefix ids, clean token, corrupt token): see `vlens.answers.contrast`."""
+    """(shared prefix ids, clean token, corrupt token): see `vlens.core.answers.contrast`."""
     c = contrast(model, clean_answer, corrupt_answer, example=pair_id)
     return c.prefix, c.clean_id, c.corrupt_id
 

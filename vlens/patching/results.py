@@ -8,10 +8,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.finite import json_safe
 from vlens.patching.metrics import METRICS, Baseline
-from vlens.results import Result
-from vlens.stats import wilson_interval
+from vlens.utils.finite import json_safe
+from vlens.utils.results import Result
+from vlens.utils.stats import wilson_interval
 from vlens.viz.figures import layer_head_heatmap, layer_region_figure
 from vlens.viz.optional import require_make_subplots, require_plotly
 

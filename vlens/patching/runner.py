@@ -21,7 +21,7 @@ from vlens.patching.metrics import Baseline, final_baseline
 from vlens.patching.pairs import PairBatch
 
 if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+    from vlens.core.model import HookedVLM
 
 # ---------------------------------------------------------------------- naive
 class NaivePlan:

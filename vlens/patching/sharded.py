@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from vlens.errors import UserInputError
 from vlens.parallel import Sharding
 from vlens.patching.conditions import PatchSpec
 from vlens.patching.fast import FastPlan, count_chunks
 from vlens.patching.metrics import AnswerMetrics, MetricFunction, Summary
 from vlens.patching.pairs import PairBatch, Readout
 from vlens.patching.runner import NaivePlan
+from vlens.utils.errors import UserInputError
 
 if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+    from vlens.core.model import HookedVLM
 
 
 def pair_chunks(n_pairs: int, pair_batch_size: int | None) -> list[list[int]]:

@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vlens.errors import UserInputError
-from vlens.finite import finite_rows, warn_non_finite
 from vlens.patching.conditions import PatchSpec, check_component
 from vlens.patching.metrics import AnswerMetrics, MetricFn, as_metric
 from vlens.patching.pairs import PairBatch, Readout
 from vlens.patching.results import PatchingResult, stack_metrics
 from vlens.patching.sharded import run_specs_reduced
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import finite_rows, warn_non_finite
 
 if TYPE_CHECKING:
-    from vlens.model import HookedVLM
+    from vlens.core.model import HookedVLM
     from vlens.parallel import Sharding
 
 REGIONS: tuple[str, ...] = ("image", "text", "final", "all")

@@ -1,5 +1,5 @@
 """LoRA fine-tuning with the object-focused attention loss and export to Hugging Face (needs the
-`train` extra: peft). The interventions study built on it is `vlens.recipes.studies.interventions`.
+`train` extra: peft). The interventions study built on it is `vlens.studies.interventions`.
 
     from vlens.training import SFTConfig, train_sft, read_sft_folder, save_adapters, save_merged
     examples = read_sft_folder("data/syndot") + read_sft_folder("data/synpoly")

@@ -18,14 +18,14 @@ from jaxtyping import Int
 from PIL import Image
 from torch import Tensor
 
-from vlens.answers import answer_ids as rule_ids
-from vlens.answers import end_token_id
+from vlens.core.answers import answer_ids as rule_ids
+from vlens.core.answers import end_token_id
+from vlens.core.inputs import VLMInputs
+from vlens.core.processing import chat_prompt
+from vlens.core.prompt_text import escape_special_tokens
 from vlens.datasets import load_record_images, read_imagefolder_dataset
-from vlens.inputs import VLMInputs
 from vlens.interventions.focus import FocusPrior, ImageObjects, focus_prior, objects_from_record
-from vlens.processing import chat_prompt
-from vlens.prompt_text import escape_special_tokens
-from vlens.validation import check_count
+from vlens.utils.validation import check_count
 
 IGNORE_INDEX = -100
 
@@ -96,7 +96,7 @@ class SFTBatch:
 def answer_ids(model, prompt: str, answer: str, example: str = "?") -> list[int]:
     """The ids the answer and the end-of-turn token (tokenizer.eos_token) get *after this prompt*.
 
-    vlens's answer rule (`vlens.answers.answer_ids` with the prompt as context, so tokenizers
+    vlens's answer rule (`vlens.core.answers.answer_ids` with the prompt as context, so tokenizers
     that mark word starts give the ids the model generates), then the end-of-turn token. Errors
     name the example for an empty, unknown-token or prompt-merging answer.
     """

@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from vlens.fileio import atomic_folder
 from vlens.training.lora import ADAPTER_NAME, add_lora, has_lora, lora_config, lora_layers
+from vlens.utils.fileio import atomic_folder
 
 PEFT_PREFIX = "base_model.model."
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -65,7 +65,7 @@ def save_adapters(model, folder: str | Path, base_model_name_or_path: str | None
                   overwrite: bool = False) -> Path:
     """Write the adapters in peft format for the plain HF model; returns the folder.
 
-    Written whole or not at all (`vlens.fileio.atomic_folder`); replacing an existing adapter or
+    Written whole or not at all (`vlens.utils.fileio.atomic_folder`); replacing an existing adapter or
     model folder needs `overwrite`.
     """
     with atomic_folder(folder, overwrite=overwrite, name="adapter folder") as staging:
@@ -147,7 +147,7 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
 def save_merged(model, folder: str | Path, save_processor: bool = True, overwrite: bool = False) -> Path:
     """A merged HF checkpoint (`from_pretrained` loads it with plain transformers).
 
-    Written whole or not at all (`vlens.fileio.atomic_folder`): a failure leaves an existing
+    Written whole or not at all (`vlens.utils.fileio.atomic_folder`): a failure leaves an existing
     folder as it was; replacing an existing model folder needs `overwrite`.
     """
     with atomic_folder(folder, overwrite=overwrite, name="merged folder") as staging:

@@ -31,16 +31,16 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from vlens.errors import UserInputError
 from vlens.interventions.focus import capture_patterns, default_focus_layers, focus_loss
-from vlens.results import Result
 from vlens.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from vlens.training.data import SFTBatch, SFTExample, answer_loss, check_answers, collate
 from vlens.training.export import save_adapters
 from vlens.training.lora import ATTENTION_PROJECTIONS, add_lora, has_lora, lora_parameters
 from vlens.training.memory import answer_only_loss, gradient_checkpointing, use_checkpointing
 from vlens.training.schedule import learning_rate_at
-from vlens.validation import check_count, check_float
+from vlens.utils.errors import UserInputError
+from vlens.utils.results import Result
+from vlens.utils.validation import check_count, check_float
 from vlens.viz.optional import require_plotly
 
 

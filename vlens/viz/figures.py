@@ -214,7 +214,7 @@ def layer_region_figure(
         region_names: one name per column.
         kind: "lines" (one line per region) or "heatmap" (layers on x, regions on y).
         layer_labels: the layer numbers (default 0..n_layers-1); integer ticks only.
-        lower, upper: an interval per value (e.g. `vlens.stats.wilson_interval` over pairs), drawn
+        lower, upper: an interval per value (e.g. `vlens.utils.stats.wilson_interval` over pairs), drawn
             as error bars.
 
     Returns:
@@ -367,7 +367,7 @@ def count_accuracy_figure(
     """Accuracy per ground-truth count, one line per method (e.g. {"baseline": ..., "ours": ...}).
 
     lower, upper: an interval per point (same shape as `accuracy`, e.g. Wilson 95% intervals from
-    `vlens.stats.wilson_interval`), drawn as error bars.
+    `vlens.utils.stats.wilson_interval`), drawn as error bars.
 
     Returns:
         A Figure with one Scatter per series, each with `len(counts)` points.

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
-from vlens.processing import chat_messages
+from vlens.core.processing import chat_messages
 from vlens.zoo.processor import (
     CELL,
     IMAGE_SIZE,

@@ -14,7 +14,7 @@ sources come from here, so they change with the weights:
 
 from __future__ import annotations
 
-from vlens.stats import wilson_interval
+from vlens.utils.stats import wilson_interval
 
 README_BEGIN, README_END = "<!-- vlens:embedded-model-claims -->", "<!-- /vlens:embedded-model-claims -->"
 YES_NO_TASKS = ("existence", "spatial")  # answers are "yes" / "no": chance is 50%

@@ -1,6 +1,6 @@
 """`vlens zoo ...`: train (reproduce) and evaluate the embedded model.
 
-Only the standard library, vlens.validation and the recipe's plain settings dataclasses are
+Only the standard library, vlens.utils.validation and the recipe's plain settings dataclasses are
 imported at top level (the dispatcher builds this parser for `vlens zoo ... --help`); the
 recipe, torch and transformers load when a command runs. Every numeric flag is checked while
 parsing (exit 2 with one line naming the flag and its allowed range), before anything is
@@ -15,9 +15,9 @@ import logging
 from pathlib import Path
 
 from vlens.cli.console import echo
-from vlens.errors import UserInputError
 from vlens.recipes.embedded.settings import RecipeSettings, TrainSettings
-from vlens.validation import arg_float, arg_int
+from vlens.utils.errors import UserInputError
+from vlens.utils.validation import arg_float, arg_int
 
 logger = logging.getLogger(__name__)
 CELL = 28  # px per merged image token (vlens.zoo.processor.CELL), kept here so parsing stays light
@@ -89,12 +89,12 @@ def _evaluate(args: argparse.Namespace) -> int:
         return 0
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from vlens.loading import from_pretrained_checked
+    from vlens.core.loading import from_pretrained_checked
     from vlens.recipes.embedded.evaluate import evaluate_samples
     from vlens.recipes.embedded.training_set import held_out_samples
-    from vlens.specs import hf_progress_bars
     from vlens.zoo import model_path
     from vlens.zoo.processor import load_processor
+    from vlens.zoo.specs import hf_progress_bars
 
     folder = Path(args.model) if args.model else model_path()
     with hf_progress_bars(not args.quiet):

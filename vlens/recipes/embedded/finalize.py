@@ -14,13 +14,13 @@ from pathlib import Path
 
 from transformers import Qwen2_5_VLForConditionalGeneration
 
-from vlens.fileio import atomic_folder
-from vlens.loading import from_pretrained_checked
+from vlens.core.loading import from_pretrained_checked
 from vlens.recipes.embedded.evaluate import evaluate_samples
 from vlens.recipes.embedded.model_card import rewrite_model_card
 from vlens.recipes.embedded.probe import probe_tower
 from vlens.recipes.embedded.settings import TRAINING_LOG
 from vlens.recipes.embedded.training_set import held_out_samples
+from vlens.utils.fileio import atomic_folder
 from vlens.zoo.processor import load_processor
 
 REWRITTEN = (TRAINING_LOG, "evaluation.json", "MODEL_CARD.md")

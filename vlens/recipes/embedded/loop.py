@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from vlens.errors import UserInputError
 from vlens.recipes.embedded.settings import Schedule
 from vlens.training.schedule import learning_rate_at
+from vlens.utils.errors import UserInputError
 
 STATE_FILE = "state.pt"
 

@@ -6,7 +6,7 @@ A stage is either the vision pretraining stage (`stage="vision"`: the tower and 
 alone, on dense cell labels) or a language stage (answer tokens; the tower trained along
 or frozen). Each stage is resumable: its state lives in a checkpoint folder next to the
 output until the output folder is complete, and the output folder is written whole or not
-at all (vlens.fileio.atomic_folder).
+at all (vlens.utils.fileio.atomic_folder).
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ import numpy as np
 import torch
 from transformers import GenerationConfig
 
-from vlens.errors import UserInputError
-from vlens.fileio import atomic_folder
-from vlens.loading import from_pretrained_checked
+from vlens.core.loading import from_pretrained_checked
 from vlens.recipes.embedded import architecture as arch
 from vlens.recipes.embedded.appearance import id_map_of
 from vlens.recipes.embedded.batches import to_model_image
@@ -47,7 +45,9 @@ from vlens.recipes.embedded.training_set import (
 from vlens.recipes.embedded.vision_aux import dense_labels
 from vlens.recipes.embedded.vision_pretrain import pretrain_vision
 from vlens.recipes.embedded.vocabulary import vocabulary_words
-from vlens.validation import check_output_folder
+from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import atomic_folder
+from vlens.utils.validation import check_output_folder
 from vlens.zoo.processor import (
     CELL,
     IMAGE_SIZE,

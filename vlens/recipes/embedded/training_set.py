@@ -22,13 +22,13 @@ from tqdm.auto import tqdm
 
 from vlens.data import LayoutError, make_task_sample
 from vlens.data.templates import COUNT_DOTS
-from vlens.errors import UserInputError
 from vlens.recipes.embedded.appearance import id_map_of, photometric, redraw
 from vlens.recipes.embedded.batches import EncodedExample, encode_example, to_model_image
 from vlens.recipes.embedded.dot_variants import render_dot_variant
 from vlens.recipes.embedded.foreign import foreign_sample
 from vlens.recipes.embedded.image_store import ImageStore
 from vlens.recipes.embedded.vision_aux import dense_labels
+from vlens.utils.errors import UserInputError
 from vlens.zoo.processor import CELL, image_size_of
 
 Sample = tuple[Image.Image, dict]

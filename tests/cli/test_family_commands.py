@@ -1,0 +1,35 @@
+"""Every command runs on a saved random folder of each built-in family (tests/helpers/family_commands.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.family_commands import counting_folder, run_every_command, save_family_folder
+from vlens import testing
+
+# family -> (HF model, processor, flags that size the images, whether `temperature export` applies)
+FAMILIES = {
+    "qwen2_vl": (lambda: testing.tiny_hf_model("qwen2_vl", seed=1, n_layers=2, d_model=48, n_heads=3, n_kv_heads=1),
+                 testing.tiny_qwen_processor, ["--image-size", "56"], True),
+    "qwen2_5_vl": (lambda: testing.tiny_hf_model("qwen2_5_vl", seed=2, n_layers=3, d_model=40, n_heads=5, n_kv_heads=1),
+                   testing.tiny_qwen_processor, ["--image-size", "56"], True),
+    "qwen3_vl": (lambda: testing.tiny_qwen3_vl_model(seed=3, n_layers=2, n_heads=6, n_kv_heads=2, d_head=8),
+                 testing.tiny_qwen3_vl_processor, ["--image-size", "64"], False),
+    "llava": (lambda: testing.tiny_llava_model(seed=4, n_layers=2, d_model=48, n_heads=6, n_kv_heads=3),
+              testing.tiny_llava_processor, [], True),
+}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return counting_folder(tmp_path_factory.mktemp("data"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_command_on_a_saved_folder(family, tmp_path, data):
+    build, processor, image_args, export = FAMILIES[family]
+    hf = build()
+    folder = save_family_folder(hf, processor(), tmp_path / family)
+    cfg = hf.config.get_text_config()
+    run_every_command(folder, tmp_path / "out", data, image_args, n_layers=cfg.num_hidden_layers,
+                      n_heads=cfg.num_attention_heads, export=export)

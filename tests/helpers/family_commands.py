@@ -1,0 +1,99 @@
+"""Every `vlens` command on a saved model folder of one family, at the smallest settings.
+
+A family's CLI test saves its tiny random HF model and processor (`save_family_folder`) and calls
+`run_every_command` on the folder; each command runs in-process (`vlens.cli.main`) and must exit 0
+and write its results. The checks here are what every family shares; a family's own test adds its
+family-specific ones on the returned results.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vlens.cli import main
+
+
+def save_family_folder(hf_model: Any, processor: Any, folder: Path) -> str:
+    """`save_pretrained` of the model and its processor into `folder`; returns the folder as a --model spec."""
+    folder.mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return str(folder)
+
+
+def counting_folder(root: Path, image_size: int = 56, n: int = 3) -> Path:
+    """A tiny SynDot imagefolder (`vlens data syndot`) for the commands that read --data."""
+    folder = root / "counting"
+    if not (folder / "metadata.jsonl").is_file():
+        assert main(["data", "syndot", "--n", str(n), "--image-size", str(image_size), "--out", str(folder),
+                     "--quiet"]) == 0
+    return folder
+
+
+def results(folder: Path, name: str = "results.json") -> dict:
+    return json.loads((folder / name).read_text())
+
+
+def run(argv: Sequence[str]) -> None:
+    code = main([*argv, "--quiet"])
+    assert code == 0, f"vlens {' '.join(argv)} exited {code}"
+
+
+def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[str] = ("--image-size", "56"),
+                      n_layers: int | None = None, n_heads: int | None = None,
+                      export: bool = True) -> dict[str, dict]:
+    """patch, logit-lens, lens train, headlens, ablate, eval, train, temperature fit/apply/export and
+    info on the model folder `model`; returns each command's results (by command name).
+
+    image_args: the flags that size the images the commands render (and the processor's budget) for
+    this family; n_layers / n_heads: the model's, to check the shapes of what the commands wrote;
+    export: also `temperature export` (families whose q projection can absorb a head's temperature).
+    """
+    image = list(image_args)
+    done: dict[str, dict] = {}
+    run(["info", "--model", model])
+
+    run(["patch", "--model", model, "--make-pairs", "2", *image, "--mode", "layer-head", "--out", str(out / "patch")])
+    done["patch"] = results(out / "patch")
+
+    run(["logit-lens", "--model", model, "--data", str(data), "--out", str(out / "logit-lens")])
+    done["logit-lens"] = results(out / "logit-lens")
+
+    run(["lens", "train", "--model", model, "--make", "3", "--steps", "2", *image, "--out", str(out / "lens")])
+    assert (out / "lens" / "translators.safetensors").is_file()
+    run(["headlens", "--model", model, "--make", "2", "--lens", str(out / "lens"), "--k", "3", *image,
+         "--out", str(out / "headlens")])
+    done["headlens"] = results(out / "headlens")
+
+    run(["ablate", "--model", model, "--tasks", "counting,counting@synreal", "--n-examples", "2", "--n-reference", "2",
+         "--top-k", "2", *image, "--out", str(out / "ablate")])
+    done["ablate"] = results(out / "ablate")
+
+    run(["eval", "--model", model, "--data", str(data), "--limit", "2", "--max-new-tokens", "2",
+         "--out", str(out / "eval")])
+    done["eval"] = results(out / "eval")
+
+    run(["train", "--model", model, "--data", str(data), "--limit", "2", "--max-steps", "1", "--lora-rank", "2",
+         "--out", str(out / "train")])
+    done["train"] = results(out / "train", "sft_result.json")
+
+    run(["temperature", "fit", "--result", str(out / "ablate"), "--task", "counting", "--top-k", "2",
+         "--out", str(out / "fit")])
+    done["temperature fit"] = results(out / "fit")
+    run(["temperature", "apply", "--model", model, "--temps", str(out / "fit"), "--data", str(data), "--limit", "2",
+         "--max-new-tokens", "2", "--out", str(out / "apply")])
+    done["temperature apply"] = results(out / "apply")
+    if export:
+        run(["temperature", "export", "--model", model, "--temps", str(out / "fit"), "--out", str(out / "export")])
+        assert any((out / "export").glob("*.safetensors"))
+
+    if n_layers is not None and n_heads is not None:
+        heads = done["headlens"]["heads"]
+        assert len(heads) == n_layers * n_heads
+        grid = done["patch"].get("patch_effect") or done["patch"].get("overwrite_rate")
+        assert grid is not None and len(grid) == n_layers and len(grid[0]) == n_heads
+    assert done["train"]["steps"] == 1
+    return done

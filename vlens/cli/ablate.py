@@ -1,0 +1,156 @@
+"""`vlens ablate`: the cross-task ablation study (`vlens.studies.ablation`), a thin command.
+
+    vlens ablate --model tiny --tasks counting,colour,spatial,arithmetic --top-k 20 --out runs/ablation
+    vlens ablate --model PATH --data pixmo.parquet countbenchqa.parquet --image-dir images/ --out runs/real
+
+Writes ``results.json`` (the report), ``report.html`` (Jaccard heatmap, per-task damage heatmaps,
+top heads) and ``summary.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from vlens.cli.console import echo, non_finite_exit
+from vlens.cli.dataset_options import add_data_arguments, load_data_arg
+from vlens.cli.options import (
+    RESULTS_FILE,
+    add_batch_size,
+    add_model_options,
+    add_out,
+    load_model_from_args,
+    prepare_out,
+    rendered_size,
+)
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import add_allow_nan_argument
+from vlens.utils.validation import arg_int
+
+logger = logging.getLogger(__name__)
+
+# vlens.ablation's names, spelled out so that building this parser imports no torch
+# (tests/cli/test_conventions.py checks them against the library)
+METHODS = ("mean", "zero", "resample")
+ALIGNMENTS = ("all", "position", "region")
+RANK_BY = ("logprob", "accuracy")
+DEFAULT_TASKS = ("counting", "colour", "shape", "spatial", "arithmetic", "existence", "counting@synreal")
+REFERENCE_MODES = ("per-task", "pooled")
+DEFAULT_IMAGE_SIZE = 224
+REPORT_HTML, SUMMARY_MD = "report.html", "summary.md"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """`vlens ablate`."""
+    parser.description = ("Ablate each head alone (on hook_z) on task-suite examples, rank heads by the drop in "
+                          "answer log-probability (or accuracy) per task, and compare the tasks' top-k head sets "
+                          "by Jaccard similarity.")
+    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
+    add_data_arguments(parser, multiple=True,
+                       help="real datasets, each one task named after its file (PixMo-Count, CountBenchQA, "
+                            "multiple choice, imagefolders, qa rows; see --format); with --tasks too, both are run")
+    parser.add_argument("--tasks", default=None,
+                        help="comma-separated tasks, TASK or TASK@STYLE (e.g. counting@synreal); "
+                             f"default {','.join(DEFAULT_TASKS)}")
+    parser.add_argument("--top-k", type=arg_int(min=1), default=20, help="size of each task's head set (default 20)")
+    parser.add_argument("--method", choices=METHODS, default="mean", help="ablation (default mean)")
+    parser.add_argument("--alignment", choices=ALIGNMENTS, default="region",
+                        help="how reference means are aligned: one mean over all positions, per position "
+                             "from the end, or per token region (default region)")
+    parser.add_argument("--reference", choices=REFERENCE_MODES, default="per-task",
+                        help="reference set: each task's own held-out examples, or all tasks' pooled")
+    parser.add_argument("--rank-by", choices=RANK_BY, default="logprob", help="damage metric for the ranking")
+    parser.add_argument("--n-examples", type=arg_int(min=1), default=64, help="evaluation examples per task")
+    parser.add_argument("--n-reference", type=arg_int(min=1), default=64,
+                        help="reference examples per task (other seeds)")
+    add_batch_size(parser, 16)
+    parser.add_argument("--heads-per-pass", type=arg_int(min=1), default=8,
+                        help="heads of one layer run in one stacked batch")
+    parser.add_argument("--seed", type=arg_int(min=0), default=0)
+    parser.add_argument("--retest-seed", type=arg_int(min=0), default=None,
+                        help="also sweep a second evaluation set from this seed and report, per task, the Jaccard "
+                             "of the two top-k sets (reliability); use a seed >= seed + n-examples")
+    parser.add_argument("--patching", type=Path, default=None,
+                        help="results.json of a `vlens patch --mode layer-head` (or atp) run, or any JSON with a head "
+                             "score grid or head list, optionally per task: also report its Jaccard with each "
+                             "task's ablation set")
+    parser.add_argument("--patching-metric", default=None,
+                        help="grid of the patching JSON that ranks heads (default patch_effect, then overwrite_rate)")
+    add_out(parser, f"{RESULTS_FILE}, {REPORT_HTML}, {SUMMARY_MD}")
+    add_allow_nan_argument(parser)
+    parser.set_defaults(func=run_ablate, shardable=True)  # torchrun splits each sweep (vlens.parallel)
+
+
+def run_ablate(args: argparse.Namespace) -> int:
+    from vlens.studies.ablation import ablation_study, add_patching_overlap, tasks_with_datasets
+    from vlens.utils.finite import collect_non_finite
+    from vlens.utils.validation import check_top_k
+
+    if args.tasks is None:
+        args.tasks = "" if args.data else ",".join(DEFAULT_TASKS)
+    tasks = [t for t in args.tasks.split(",") if t.strip()]
+    if not tasks and not args.data:
+        raise UserInputError("--tasks is empty: give e.g. --tasks counting,colour (or real sets with --data)")
+    datasets = [load_data_arg(args, path) for path in args.data or []]  # read (and checked) before the model
+    if args.patching is not None and not args.patching.is_file():
+        raise UserInputError(f"--patching {args.patching}: no such file")
+    out = prepare_out(args, RESULTS_FILE, REPORT_HTML, SUMMARY_MD)
+    patching = _read_json(args.patching, "--patching") if args.patching is not None else None
+    model = load_model_from_args(args)
+    check_top_k(args.top_k, "--top-k", model.cfg.n_layers * model.cfg.n_heads)  # before the sweep
+    if patching is not None:  # a wrong --patching-metric or grid fails now, not after the sweep
+        _check_patching(patching, model, args)
+    suite = (tasks_with_datasets(model, tasks, datasets, args.n_examples, args.n_reference, args.seed,
+                                 rendered_size(args, DEFAULT_IMAGE_SIZE)) if datasets else tasks)
+    with collect_non_finite() as problems:
+        report = ablation_study(
+            model, suite, n_examples=args.n_examples, n_reference=args.n_reference, method=args.method,
+            alignment=args.alignment, reference_mode=args.reference, top_k=args.top_k, rank_by=args.rank_by,
+            image_size=rendered_size(args, DEFAULT_IMAGE_SIZE), batch_size=args.batch_size,
+            heads_per_pass=args.heads_per_pass, seed=args.seed, retest_seed=args.retest_seed,
+            progress=not args.quiet, sharding=args.sharding,
+        )
+    if not args.sharding.is_main:  # every rank holds the report; rank 0 writes it
+        return non_finite_exit(problems, True, "vlens ablate")
+    report.settings["model_arg"] = args.model
+    if args.patching is not None:
+        add_patching_overlap(report, patching, source=str(args.patching), metric=args.patching_metric)
+    report.save(out / RESULTS_FILE)
+    written = [out / RESULTS_FILE]
+    try:
+        from vlens.ablation.stability import overlap_stability
+
+        stability = overlap_stability(report)  # None without --retest-seed
+        report.html_report(findings=stability.findings() if stability is not None else None).write(out / REPORT_HTML)
+        written.append(out / REPORT_HTML)
+    except ImportError as error:
+        logger.warning("no %s: %s (install the viz extra: pip install 'vlens[viz]')", REPORT_HTML, error)
+    (out / SUMMARY_MD).write_text(report.to_markdown())
+    written.append(out / SUMMARY_MD)
+    echo(report.summary())
+    logger.info("wrote %s", ", ".join(str(p) for p in written))
+    return non_finite_exit(problems, args.allow_nan, "vlens ablate")
+
+
+def _read_json(path: Path, flag: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise UserInputError(f"{flag} {path} is not valid JSON: {error}") from None
+
+
+def _check_patching(patching, model, args: argparse.Namespace) -> None:
+    """Read the patching head set(s) as `add_patching_overlap` will, so their errors come first."""
+    from collections.abc import Mapping
+
+    from vlens.ablation.overlap import head_set_from_json
+
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    per_task = patching.get("tasks") if isinstance(patching, Mapping) else None
+    named = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if per_task is None and isinstance(patching, Mapping) and set(patching) & set(named):
+        per_task = {task: patching[task] for task in named if task in patching}
+    for data in (per_task.values() if isinstance(per_task, Mapping) else [patching]):
+        head_set_from_json(data, n_layers, n_heads, args.top_k, args.patching_metric)

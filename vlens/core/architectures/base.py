@@ -1,0 +1,200 @@
+"""What an architecture adapter provides: the only family-specific code in vlens.
+
+An adapter turns one HF `...ForConditionalGeneration` class into the pieces `HookedVLM`
+runs: a `VLMConfig`, hooked decoder blocks built around the HF parameters, a hooked vision
+tower, image features, position ids and the prompt format. Adding a family is a subclass in
+its own file, registered with `@vlens.register_adapter` (see CONTRIBUTING.md).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vlens.core.components import (
+    Attention,
+    Embed,
+    GatedMLP,
+    HookedVisionTower,
+    RMSNorm,
+    RMSNormPre,
+    RotaryEmbedding,
+    TransformerBlock,
+    Unembed,
+)
+from vlens.core.config import VLMConfig
+
+# An HF model or one of its submodules. Its parts are dynamic attributes (`hf_model.config`,
+# `layer.self_attn.q_proj`) that torch types as `Tensor | Module`; only adapters read them.
+HFModule = Any
+
+
+@dataclass
+class ImageFeatures:
+    """Output of the vision side for a batch.
+
+    embeds: [n_image_tokens, d_model], all images concatenated, in placeholder order.
+    deepstack: per early decoder layer, [n_image_tokens, d_model] added after that layer
+        (Qwen3-VL), else empty.
+    """
+
+    embeds: Tensor
+    deepstack: list[Tensor]
+
+
+@dataclass
+class DecoderParts:
+    embed: Embed
+    blocks: list[TransformerBlock]
+    ln_final: RMSNormPre
+    unembed: Unembed
+    rotary: RotaryEmbedding
+
+
+class ArchitectureAdapter(ABC):
+    """What vlens needs to know about one HF model family; the only place that names HF modules.
+
+    Subclasses set `hf_class_names` and `family` and implement the abstract methods; the
+    others have defaults for the Llama / Qwen decoder layout (override where a family differs).
+    """
+
+    hf_class_names: tuple[str, ...] = ()
+    family: str = ""
+
+    def hf_model_class(self, class_name: str) -> type:
+        """The HF class that loads a checkpoint whose config names `class_name` (default: the class
+        of that name in `transformers`; a family from another package returns its own)."""
+        import transformers
+
+        return getattr(transformers, class_name)
+
+    # ---- conversion ----
+    @abstractmethod
+    def build_config(self, hf_model: HFModule) -> VLMConfig:
+        """A `VLMConfig` (TransformerLens field names) from the HF model's config."""
+
+    def language_model(self, hf_model: HFModule) -> HFModule:
+        """The HF text decoder (has embed_tokens, layers, norm, rotary_emb)."""
+        return hf_model.model.language_model
+
+    def decoder_layers(self, hf_model: HFModule) -> nn.ModuleList:
+        """The HF decoder layers, in order."""
+        return self.language_model(hf_model).layers
+
+    def query_projection(self, hf_layer: HFModule) -> nn.Linear:
+        """A decoder layer's query projection (output [..., n_heads * d_head])."""
+        return hf_layer.self_attn.q_proj
+
+    def query_norm(self, hf_layer: HFModule) -> nn.Module | None:
+        """A decoder layer's per-head query norm (output [..., n_heads, d_head]), None if the family has none."""
+        return getattr(hf_layer.self_attn, "q_norm", None)
+
+    def n_heads(self, hf_model: HFModule) -> int:
+        """Query heads per decoder layer."""
+        return self.build_config(hf_model).n_heads
+
+    def build_decoder(self, hf_model: HFModule, cfg: VLMConfig) -> DecoderParts:
+        """Hooked modules around the HF parameters (Llama/Qwen layer layout)."""
+        lm = self.language_model(hf_model)
+        blocks = [self.build_block(cfg, layer, hf_layer) for layer, hf_layer in enumerate(lm.layers)]
+        return DecoderParts(
+            embed=Embed(lm.embed_tokens),
+            blocks=blocks,
+            # the final norm's weight is applied by the unembedding (an effective W_U, as after
+            # TransformerLens's fold_ln), with HF's arithmetic
+            ln_final=RMSNormPre(cfg.eps),
+            unembed=Unembed(hf_model.lm_head, lm.norm.weight, ln_final_source=lm.norm),
+            rotary=RotaryEmbedding(lm.rotary_emb, cfg.rope_kind),
+        )
+
+    def build_block(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> TransformerBlock:
+        sa, mlp = hf_layer.self_attn, hf_layer.mlp
+        attn = Attention(
+            cfg, layer, self.query_projection(hf_layer), sa.k_proj, sa.v_proj, sa.o_proj,
+            q_norm=self.query_norm(hf_layer), k_norm=getattr(sa, "k_norm", None),
+        )
+        return TransformerBlock(
+            layer,
+            ln1=RMSNorm(hf_layer.input_layernorm.weight, cfg.eps, source=hf_layer.input_layernorm),
+            attn=attn,
+            ln2=RMSNorm(hf_layer.post_attention_layernorm.weight, cfg.eps,
+                        source=hf_layer.post_attention_layernorm),
+            mlp=GatedMLP(mlp.gate_proj, mlp.up_proj, mlp.down_proj, cfg.act_fn),
+        )
+
+    @abstractmethod
+    def build_vision(self, hf_model: HFModule) -> HookedVisionTower:
+        """The HF vision tower (and projector / merger) wrapped with hook points."""
+
+    # ---- running ----
+    @abstractmethod
+    def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
+        """Image features in placeholder order (and DeepStack features where the family has them)."""
+
+    @abstractmethod
+    def image_token_counts(self, cfg: VLMConfig, inputs) -> tuple[list[int], list[tuple[int, int]]]:
+        """Per image (in order): number of placeholder tokens and merged grid (rows, cols)."""
+
+    def mm_token_type_ids(self, cfg: VLMConfig, input_ids: Tensor) -> Tensor | None:
+        """0 for text, 1 for image placeholders, 2 for video placeholders (HF's convention)."""
+        types = torch.zeros_like(input_ids, dtype=torch.int)
+        if cfg.image_token_id is not None:
+            types[input_ids == cfg.image_token_id] = 1
+        if cfg.video_token_id is not None:
+            types[input_ids == cfg.video_token_id] = 2
+        return types
+
+    @abstractmethod
+    def position_ids(self, hf_model: HFModule, inputs) -> tuple[Tensor, Tensor | None]:
+        """Prefill position ids (family layout) and per-row deltas for decoding (None if unused)."""
+
+    @abstractmethod
+    def decode_position_ids(self, attention_mask: Tensor, n_new: int, deltas: Tensor | None) -> Tensor:
+        """Position ids of the last `n_new` tokens during cached decoding."""
+
+    def image_points_to_grid(
+        self, processor, points: Tensor, image_size: tuple[int, int], grid: tuple[int, int]
+    ) -> tuple[Tensor, Tensor]:
+        """Points (x, y) in original image pixels -> (row, col) on the image-token grid.
+
+        points: [n, 2] float64; image_size: the original (width, height); grid: (rows, cols) of
+        the image's tokens (``inputs.regions.image_grid``). Returns (grid coordinates [n, 2]
+        with cell centres on integers, visible [n] bool: False for points the preprocessing
+        crops away). Default: the processor resizes the whole image (Qwen's smart_resize, no
+        crop), so each cell covers W / cols x H / rows original pixels whatever the resize.
+        """
+        width, height = image_size
+        rows, cols = grid
+        if width <= 0 or height <= 0 or rows <= 0 or cols <= 0:
+            raise ValueError(f"image size {image_size} and grid {grid} must be positive")
+        x, y = points[:, 0], points[:, 1]
+        visible = (x >= 0) & (x <= width) & (y >= 0) & (y <= height)
+        return torch.stack([y * rows / height - 0.5, x * cols / width - 0.5], dim=-1), visible
+
+    # ---- prompts ----
+    @abstractmethod
+    def image_placeholder(self) -> str:
+        """The text that stands for one image in a prompt (before processor expansion)."""
+
+    @abstractmethod
+    def fallback_chat_prompt(self, question: str, n_images: int) -> str:
+        """The family's chat format, used when the processor has no chat template."""
+
+    def check_inputs(self, cfg: VLMConfig, inputs) -> None:
+        """Raise a clear error for inputs the family cannot run (default: every input is fine)."""
+        return None
+
+
+def token_id_list(value) -> list[int]:
+    """Token id(s) as a list of ints: None -> [], an int, a list / tuple or a tensor of ids."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return [int(v) for v in value.flatten().tolist()]
+    return [int(value)]

@@ -1,0 +1,165 @@
+"""`VLMActivationCache`: TransformerLens's ActivationCache, aware of what a VLM writes into the residual.
+
+Besides attention and MLP outputs, a VLM's residual stream receives
+- token embeddings at text positions (``hook_embed``),
+- the vision features at image positions: block 0's input is ``hook_inputs_embeds``, the token
+  embeddings with the image features written over the image placeholders,
+- for Qwen3-VL, DeepStack features added at image positions after some early blocks
+  (``blocks.{l}.hook_deepstack``, [n_image_tokens, d_model]).
+TransformerLens's `decompose_resid` / `get_full_resid_decomposition` count only ``hook_embed``,
+so at image positions their parts would not add up. Here the components are
+
+    "embed"          hook_embed at text positions, 0 at image positions
+    "image_embed"    the image features at image positions, 0 elsewhere
+    "{l}_deepstack"  layer l's DeepStack features at image positions (Qwen3-VL), 0 elsewhere
+
+and they add up to the residual stream at every position. Image positions are where
+``hook_inputs_embeds`` differs from ``hook_embed`` (where something other than the token's own
+embedding entered the stream), so both hooks must be in the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+from transformer_lens.ActivationCache import ActivationCache
+from transformer_lens.utilities import Slice
+
+from vlens.utils.errors import UserInputError
+
+# hooks laid out [n_image_tokens, d_model] over all images of the batch, in row order
+_IMAGE_TOKEN_HOOKS = ("hook_deepstack", "vision.hook_image_embeds")
+
+
+def _as_slice(pos_slice) -> Slice:
+    return pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
+
+
+class VLMActivationCache(ActivationCache):
+    """An `ActivationCache` whose residual decompositions include the vision inputs (see module doc)."""
+
+    # ------------------------------------------------------------------ vision components
+    def image_positions(self) -> Bool[Tensor, "*batch pos"]:
+        """Where the vision features entered the residual stream: ``hook_inputs_embeds != hook_embed``."""
+        missing = [name for name in ("hook_embed", "hook_inputs_embeds") if name not in self.cache_dict]
+        if missing:
+            raise UserInputError(
+                f"This cache lacks {missing}: decomposing a VLM's residual stream needs hook_embed and "
+                "hook_inputs_embeds (where image features enter). Cache them, e.g. names_filter=None."
+            )
+        return (self["hook_inputs_embeds"] != self["hook_embed"]).any(-1)
+
+    def embed_components(self, pos_slice=None) -> tuple[list[Tensor], list[str]]:
+        """("embed", "image_embed"): token embeddings at text positions and image features, [*batch, pos, d_model]."""
+        is_image = self.image_positions()[..., None]
+        embed = self["hook_embed"].masked_fill(is_image, 0.0)
+        image = self["hook_inputs_embeds"] - embed  # exactly the features at image positions, 0 elsewhere
+        slicer = _as_slice(pos_slice)
+        return [slicer.apply(embed, dim=-2), slicer.apply(image, dim=-2)], ["embed", "image_embed"]
+
+    def deepstack_layers(self, layer: int) -> list[int]:
+        """Layers before `layer` whose DeepStack features entered the stream in this run."""
+        n_deep = getattr(self.model.cfg, "n_deepstack_layers", 0)
+        if not n_deep or not bool(self.image_positions().any()):
+            return []
+        layers = list(range(min(n_deep, layer)))
+        missing = [f"blocks.{i}.hook_deepstack" for i in layers if f"blocks.{i}.hook_deepstack" not in self.cache_dict]
+        if missing:
+            raise UserInputError(f"This cache lacks {missing}: DeepStack features are part of the residual stream "
+                                 "at image positions; cache those hooks too.")
+        return layers
+
+    def deepstack_component(self, layer: int, pos_slice=None) -> Float[Tensor, "*batch pos d_model"]:
+        """Layer `layer`'s DeepStack features placed at the image positions, [*batch, pos, d_model]."""
+        features = self[f"blocks.{layer}.hook_deepstack"]
+        mask = self.image_positions()
+        if int(mask.sum()) != features.shape[0]:
+            raise UserInputError(
+                f"Cannot place blocks.{layer}.hook_deepstack: {features.shape[0]} features for {int(mask.sum())} "
+                "image positions (was the cache made with pos_slice?). Cache the full sequence."
+            )
+        resid = self["hook_inputs_embeds"]
+        out = torch.zeros_like(resid)
+        out[mask] = features.to(out.dtype)
+        return _as_slice(pos_slice).apply(out, dim=-2)
+
+    # ------------------------------------------------------------------ TransformerLens overrides
+    def decompose_resid(self, layer=None, mlp_input=False, mode="all", apply_ln=False, pos_slice=None,
+                        incl_embeds=True, return_labels=False):
+        """TransformerLens's `decompose_resid`, with "embed", "image_embed" and "{l}_deepstack" components.
+
+        Order: embed, image_embed, then per layer l_attn_out, l_mlp_out, l_deepstack (DeepStack
+        features are added after block l's MLP). The DeepStack terms count as embeddings
+        (`incl_embeds`). The components add up to the residual entering `layer`.
+        """
+        n_layers = self.model.cfg.n_layers
+        layer_index = n_layers if layer is None or layer == -1 else layer
+        parts: list[Tensor] = []
+        labels: list[str] = []
+        if layer_index > 0 or (mlp_input and mode != "mlp"):  # TransformerLens cannot stack nothing
+            components, labels = super().decompose_resid(layer=layer, mlp_input=mlp_input, mode=mode, apply_ln=False,
+                                                         pos_slice=pos_slice, incl_embeds=False, return_labels=True)
+            parts = list(components.unbind(0))
+        if incl_embeds:
+            embeds, embed_labels = self.embed_components(pos_slice)
+            parts, labels = embeds + parts, embed_labels + labels
+            for deep in self.deepstack_layers(layer_index):
+                # after that layer's MLP output (or its attention output when `mode` left the MLP out)
+                after = [i for i, name in enumerate(labels) if name in (f"{deep}_mlp_out", f"{deep}_attn_out")]
+                at = (after[-1] + 1) if after else len(labels)
+                parts.insert(at, self.deepstack_component(deep, pos_slice))
+                labels.insert(at, f"{deep}_deepstack")
+        if not parts:
+            empty = _as_slice(pos_slice).apply(self["hook_embed"], dim=-2)
+            stacked = empty.new_zeros(0, *empty.shape)
+        else:
+            stacked = torch.stack(parts)
+        if apply_ln:
+            stacked = self.apply_ln_to_stack(stacked, layer_index, pos_slice=pos_slice, mlp_input=mlp_input)
+        return (stacked, labels) if return_labels else stacked
+
+    def get_full_resid_decomposition(self, layer=None, mlp_input=False, expand_neurons=True, apply_ln=False,
+                                     pos_slice=None, return_labels=False, project_output_onto=None):
+        """TransformerLens's `get_full_resid_decomposition`, plus the vision inputs.
+
+        Rows: every head's result, every neuron (or MLP layer), "embed" (text positions),
+        "image_embed", one "{l}_deepstack" per DeepStack layer before `layer`, and "bias"
+        (`model.accumulated_bias`). They add up to the residual entering `layer` at every
+        position; with ``apply_ln=True`` (final layer) and ``project_output_onto=model.W_U``
+        columns they add up to the logits minus ``b_U``.
+        """
+        n_layers = self.model.cfg.n_layers
+        layer_index = n_layers if layer is None or layer == -1 else layer
+        stack, labels = super().get_full_resid_decomposition(
+            layer=layer, mlp_input=mlp_input, expand_neurons=expand_neurons, apply_ln=apply_ln, pos_slice=pos_slice,
+            return_labels=True, project_output_onto=project_output_onto)
+        embeds, embed_labels = self.embed_components(pos_slice)
+        deep_layers = self.deepstack_layers(layer_index)
+        extra = embeds + [self.deepstack_component(deep, pos_slice) for deep in deep_layers]
+        extra_labels = embed_labels + [f"{deep}_deepstack" for deep in deep_layers]
+        rows = torch.stack(extra)
+        if apply_ln:
+            rows = self.apply_ln_to_stack(rows, layer_index, pos_slice=pos_slice, mlp_input=mlp_input)
+        if project_output_onto is not None:
+            rows = rows @ project_output_onto.to(rows.dtype)
+        at = labels.index("embed")
+        stack = torch.cat([stack[:at], rows.to(stack.dtype), stack[at + 1:]], dim=0)
+        labels = labels[:at] + extra_labels + labels[at + 1:]
+        return (stack, labels) if return_labels else stack
+
+    def apply_slice_to_batch_dim(self, batch_slice) -> VLMActivationCache:
+        """TransformerLens's batch slicing; features flattened over the batch's image tokens
+        ([n_image_tokens, d_model]: DeepStack, ``vision.hook_image_embeds``) keep the chosen rows' tokens."""
+        flat = {k: v for k, v in self.cache_dict.items() if k.endswith(_IMAGE_TOKEN_HOOKS)}
+        if not flat or not self.has_batch_dim:
+            sliced = super().apply_slice_to_batch_dim(batch_slice)
+            return VLMActivationCache(sliced.cache_dict, self.model, has_batch_dim=sliced.has_batch_dim)
+        counts = self.image_positions().sum(-1).tolist()  # image tokens per row
+        rows = _as_slice(batch_slice).apply(torch.arange(len(counts))).reshape(-1).tolist()
+        rest = ActivationCache({k: v for k, v in self.cache_dict.items() if k not in flat}, self.model)
+        sliced = rest.apply_slice_to_batch_dim(batch_slice)
+        for key, features in flat.items():
+            per_row = features.split(counts)
+            sliced.cache_dict[key] = torch.cat([per_row[r] for r in rows]) if rows else features[:0]
+        return VLMActivationCache(sliced.cache_dict, self.model, has_batch_dim=sliced.has_batch_dim)

@@ -1,0 +1,69 @@
+"""One pre-norm decoder block: resid -> ln1 -> attn -> + -> ln2 -> mlp -> +."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import cast, overload
+
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from vlens.core.components.attention import Attention, AttentionMasks, KVCache
+from vlens.core.components.mlp import GatedMLP
+from vlens.core.components.rms_norm import RMSNorm
+from vlens.core.hooks import HookPoint
+
+
+class TransformerBlock(nn.Module):
+    # read by TransformerLens's logit lens: hook_resid_post is the one residual stream
+    hook_out_is_single_residual_stream = True
+
+    def __init__(self, layer: int, ln1: RMSNorm, attn: Attention, ln2: RMSNorm, mlp: GatedMLP):
+        super().__init__()
+        self.layer = layer
+        self.ln1, self.attn, self.ln2, self.mlp = ln1, attn, ln2, mlp
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
+        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
+        self.hook_deepstack = HookPoint()  # [n_image_tokens, d_model] (Qwen3-VL only)
+
+    def forward(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        cos: Tensor,
+        sin: Tensor,
+        masks: AttentionMasks,
+        kv_cache: KVCache | None = None,
+        deepstack: tuple[Tensor, Tensor] | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """`deepstack`: (image-position mask [batch, pos], features [n_image_tokens, d_model]) added
+        to the residual at image positions after this block (Qwen3-VL), before `hook_resid_post`."""
+        resid = self.hook_resid_pre(resid)
+        attn_out = self.hook_attn_out(self.attn(self.ln1(resid), cos, sin, masks, kv_cache))
+        resid = self.hook_resid_mid(resid + attn_out)
+        mlp_out = self.hook_mlp_out(self.mlp(self.ln2(resid)))
+        resid = resid + mlp_out
+        if deepstack is not None:
+            image_mask, features = deepstack
+            features = self.hook_deepstack(features.to(resid.device, resid.dtype))
+            resid = resid.clone()
+            resid[image_mask] = resid[image_mask] + features
+        return self.hook_resid_post(resid)
+
+
+class BlockList(nn.ModuleList):
+    """The decoder blocks: an `nn.ModuleList` that type checkers know holds `TransformerBlock`s."""
+
+    @overload
+    def __getitem__(self, index: slice) -> BlockList: ...
+
+    @overload
+    def __getitem__(self, index: int) -> TransformerBlock: ...
+
+    def __getitem__(self, index: int | slice) -> TransformerBlock | BlockList:
+        return super().__getitem__(index)  # type: ignore[return-value]  # ModuleList types its items as Module
+
+    def __iter__(self) -> Iterator[TransformerBlock]:
+        return cast(Iterator[TransformerBlock], super().__iter__())

@@ -1,0 +1,75 @@
+"""Unembedding around the HF `lm_head`, with the final RMSNorm's weight folded in.
+
+HF computes ``lm_head(w * normalized)`` with ``w`` the final norm's weight. vlens splits that
+at the same place TransformerLens's ``fold_ln`` does: ``model.ln_final`` only normalizes
+(`RMSNormPre`) and this module applies ``w`` and then ``lm_head``, with HF's exact arithmetic
+(logits are bit-identical). ``W_U`` is therefore the *effective* unembedding
+``diag(w) @ lm_head.weight.T``: ``cache.apply_ln_to_stack(stack) @ W_U`` is each component's
+logit contribution and `model.tokens_to_residual_directions` (used by TransformerLens's
+``cache.logit_attrs``) sums to the logits. ``W_U`` is computed from the HF parameters on each
+access (never stored), so it always follows the current weights and costs no memory while
+unused; `directions` reads only the requested columns.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from vlens.core.components.rms_norm import compute_weight
+
+
+class Unembed(nn.Module):
+    """``logits = lm_head(ln_final_w * x)`` for a normalized residual ``x``.
+
+    Attributes:
+        lm_head: the HF output projection (weight [d_vocab, d_model], maybe tied to the embedding).
+        ln_final_w: the HF final norm's weight [d_model] (the parameter itself), or None.
+    """
+
+    def __init__(self, lm_head: nn.Linear, ln_final_w: nn.Parameter | None = None,
+                 ln_final_source: nn.Module | None = None):
+        super().__init__()
+        self.lm_head = lm_head
+        self.ln_final_w = ln_final_w
+        self.__dict__["ln_final_source"] = ln_final_source  # the HF norm (for offloaded weights); not ours
+
+    def _norm_weight(self) -> Tensor:
+        if self.ln_final_w is None:
+            raise ValueError("this unembedding has no final norm weight")
+        return compute_weight(self.ln_final_w, self.__dict__["ln_final_source"])
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        """Effective unembedding ``diag(ln_final_w) @ lm_head.weight.T``, computed on access."""
+        weight = self.lm_head.weight.T
+        return weight if self.ln_final_w is None else self._norm_weight().to(weight.device)[:, None] * weight
+
+    @property
+    def W_U_unfolded(self) -> Float[Tensor, "d_model d_vocab"]:
+        """``lm_head.weight.T`` itself (a view, no copy), without the final norm's weight."""
+        return self.lm_head.weight.T
+
+    @property
+    def b_U(self) -> Float[Tensor, "d_vocab"]:
+        if self.lm_head.bias is not None:
+            return self.lm_head.bias
+        return torch.zeros(self.lm_head.out_features, dtype=self.lm_head.weight.dtype,
+                           device=self.lm_head.weight.device)
+
+    def directions(self, tokens: Int[Tensor, "..."]) -> Float[Tensor, "... d_model"]:
+        """Columns of the effective ``W_U`` for `tokens` (token dims first), without building ``W_U``."""
+        rows = self.lm_head.weight[tokens.to(self.device)]
+        return rows if self.ln_final_w is None else rows * self._norm_weight().to(rows.device)
+
+    def apply_norm_weight(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        """``ln_final_w * x``: what HF's final norm returns for a normalized ``x`` (lm_head's input)."""
+        return x if self.ln_final_w is None else self._norm_weight().to(x.device) * x
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+        return self.lm_head(self.apply_norm_weight(x))

@@ -1,0 +1,101 @@
+"""Default devices and dtypes, and the processor's image resolution, for loading real checkpoints.
+
+The defaults every loader and command share: the device is ``cuda`` when one is available,
+else ``cpu``; the dtype is bfloat16 on a GPU that supports it (float16 on one that does not)
+and float32 on the CPU. A dtype may be given as a `torch.dtype` or a name
+("bfloat16"/"bf16", "float16"/"fp16"/"half", "float32"/"fp32"/"float", "auto"). Bad names and
+settings raise `vlens.utils.errors.UserInputError` (a ValueError).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vlens.utils.errors import UserInputError
+
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+}
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
+    """`device`, or ``cuda`` when available, else ``cpu``. A CUDA device without CUDA is an error."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise UserInputError(f"device {device!r} is not a torch device; use e.g. cpu, cuda or cuda:1") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise UserInputError(f"device {str(device)!r} was asked for but this machine has no CUDA device; "
+                         "use --device cpu (or leave it out: cuda when available, else cpu)")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype | None = None, device: str | torch.device | None = None) -> torch.dtype:
+    """`dtype` (a torch dtype or a name), or the default for `device`: bf16 on GPU, fp32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        target = resolve_device(device)
+        if target.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    name = str(dtype).lower().removeprefix("torch.")
+    if name not in DTYPE_NAMES:
+        raise UserInputError(f"unknown dtype {dtype!r}: use one of bfloat16, float16, float32 (or bf16, fp16, fp32, auto)")
+    return DTYPE_NAMES[name]
+
+
+def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixels: int | None = None,
+                         image_size: int | None = None) -> Any:
+    """Set the image resolution a processor resizes to, in place (returns the processor).
+
+    Qwen-VL processors resize each image to a pixel count in [min_pixels, max_pixels] (a multiple
+    of 28 x 28 per merged token); `image_size` fixes a square side instead (min = max = side^2).
+    CLIP-style processors (LLaVA) take `image_size` as their resize and crop side; their tower
+    has one input size, so other sizes fail in the model with HF's message.
+    """
+    image_processor = getattr(processor, "image_processor", processor)
+    if image_size is not None:
+        if image_size < 1:
+            raise UserInputError(f"image_size must be >= 1 px, got {image_size}")
+        if min_pixels is not None or max_pixels is not None:
+            raise UserInputError("give image_size or min_pixels / max_pixels, not both")
+    for name, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+        if value is not None and value < 1:
+            raise UserInputError(f"{name} must be >= 1, got {value}")
+    if min_pixels is not None and max_pixels is not None and min_pixels > max_pixels:
+        raise UserInputError(f"min_pixels ({min_pixels}) is larger than max_pixels ({max_pixels})")
+    if hasattr(image_processor, "min_pixels") or hasattr(image_processor, "merge_size"):  # Qwen-VL family
+        factor = int(getattr(image_processor, "patch_size", 14)) * int(getattr(image_processor, "merge_size", 1))
+        if image_size is not None and image_size % factor:  # Qwen would round it to another size silently
+            nearest = max(factor, round(image_size / factor) * factor)
+            raise UserInputError(f"image_size {image_size} px is not a multiple of {factor} (this model's patch x "
+                                 f"merge size); use e.g. {nearest}")
+        low = image_size * image_size if image_size is not None else min_pixels
+        high = image_size * image_size if image_size is not None else max_pixels
+        size = {k: v for k, v in dict(getattr(image_processor, "size", None) or {}).items() if v is not None}
+        if low is not None:
+            size["shortest_edge"] = low
+        if high is not None:
+            size["longest_edge"] = high
+            size["shortest_edge"] = min(size.get("shortest_edge", high), high)
+        if low is not None and "longest_edge" in size:
+            size["longest_edge"] = max(size["longest_edge"], low)
+        size = {k: size[k] for k in ("shortest_edge", "longest_edge") if k in size}
+        image_processor.size = size
+        if hasattr(image_processor, "min_pixels"):  # transformers < 5 reads these attributes
+            image_processor.min_pixels, image_processor.max_pixels = size["shortest_edge"], size["longest_edge"]
+        return processor
+    if min_pixels is not None or max_pixels is not None:
+        raise UserInputError(f"{type(image_processor).__name__} has no pixel budget (min_pixels/max_pixels are Qwen-VL "
+                         "settings); use image_size")
+    if image_size is not None:
+        image_processor.size = {"shortest_edge": image_size}
+        image_processor.crop_size = {"height": image_size, "width": image_size}
+    return processor

@@ -1,0 +1,131 @@
+"""Hook points and hook-name helpers.
+
+vlens reuses TransformerLens's `HookPoint` and `HookedRootModule`, so hooks, `run_with_hooks`,
+`run_with_cache` and `ActivationCache` behave exactly as TransformerLens users expect.
+"""
+
+from __future__ import annotations
+
+import re
+from numbers import Integral
+from typing import Any, Literal
+
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint as _TLHookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+from transformer_lens.utilities import get_act_name
+
+from vlens.utils.errors import UserInputError
+
+__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "act_name"]
+
+
+class HookResultError(ValueError):
+    """A forward hook returned something other than a tensor of its input's shape and dtype."""
+
+
+def _hook_label(hook: Any) -> str:
+    func = getattr(hook, "func", hook)  # functools.partial
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+
+
+def _checked(hook: Any, point: _TLHookPoint):
+    """`hook` wrapped so a returned value must match the activation's shape, dtype and device.
+
+    Returning None (TransformerLens: keep the activation, possibly edited in place) is fine. A
+    wrong shape would otherwise be broadcast by the next operation (a [b, 1, q, k] pattern would
+    give every head head 0's pattern) and a wrong dtype silently promoted.
+    """
+
+    def checked_hook(activation: Tensor, hook: Any = None) -> Any:
+        result = inner(activation, hook=hook)
+        if result is None or not isinstance(activation, Tensor):
+            return result
+        if not isinstance(result, Tensor):
+            problem = f"a {type(result).__name__}"
+        elif result.shape != activation.shape:
+            problem = f"shape {tuple(result.shape)}"
+        elif result.dtype != activation.dtype:
+            problem = f"dtype {result.dtype}"
+        elif result.device != activation.device:
+            problem = f"device {result.device}"
+        else:
+            return result
+        name = getattr(hook, "name", None) or point.name
+        raise HookResultError(
+            f"hook {_hook_label(inner)} on {name} returned {problem}, but the activation is a tensor of shape "
+            f"{tuple(activation.shape)}, dtype {activation.dtype} on {activation.device}. Return a tensor of the "
+            "same shape, dtype and device (e.g. edit it in place and return it, or return None)."
+        )
+
+    inner = hook
+    checked_hook.__name__ = f"checked({_hook_label(hook)})"
+    return checked_hook
+
+
+class HookPoint(_TLHookPoint):
+    """TransformerLens's `HookPoint`, with forward hook results checked (see `_checked`)."""
+
+    def add_hook(self, hook: Any, dir: Literal["fwd", "bwd"] = "fwd", *args: Any, **kwargs: Any):
+        if dir == "fwd":
+            hook = _checked(hook, self)
+        return super().add_hook(hook, dir, *args, **kwargs)
+
+
+
+# every hook name of the language side (vision.* names depend on the family and pass through)
+_TOP_LEVEL = {"hook_embed", "hook_inputs_embeds", "ln_final.hook_scale", "ln_final.hook_normalized"}
+_PER_LAYER = re.compile(
+    r"blocks\.\d+\.("
+    r"hook_(resid_pre|resid_mid|resid_post|attn_out|mlp_out|deepstack)"
+    r"|ln[12]\.hook_(scale|normalized)"
+    r"|attn\.hook_(q|k|v|rot_q|rot_k|attn_scores|pattern|z|result)"
+    r"|mlp\.hook_(pre|pre_linear|post))"
+)
+# short names vlens adds on top of TransformerLens's
+_VLENS_ALIASES = {"image_embeds": "vision.hook_image_embeds", "image_features": "vision.hook_image_features"}
+# TransformerLens names with no counterpart here, and what to use instead
+_MISSING = {
+    "hook_pos_embed": "rotary models have no positional embedding hook",
+    "mlp.hook_mid": "hook_mid exists only in SoLU MLPs",
+    "hook_attn_in": "use blocks.{l}.ln1.hook_normalized",
+    "hook_q_input": "use blocks.{l}.attn.hook_q", "hook_k_input": "use blocks.{l}.attn.hook_k",
+    "hook_v_input": "use blocks.{l}.attn.hook_v",
+    "hook_mlp_in": "use blocks.{l}.hook_resid_mid or blocks.{l}.ln2.hook_normalized",
+}
+
+
+def act_name(name: str, layer: int | None = None, layer_type: str | None = None) -> str:
+    """Full hook name from a short one, with TransformerLens `get_act_name` semantics.
+
+    Accepts everything `transformer_lens.utils.get_act_name` does that names a vlens hook:
+    aliases ("attn" -> pattern, "attn_logits", "key"/"query"/"value", "mlp_pre"/"mlp_post"),
+    the compact forms ("k6", "scale4ln1"), `layer_type` ("ln1", "ln2", "a", "m") and full
+    names; plus "deepstack", "inputs_embeds", "image_embeds" and "image_features".
+
+    >>> act_name("z", 3)
+    'blocks.3.attn.hook_z'
+    >>> act_name("mlp_post", 0)
+    'blocks.0.mlp.hook_post'
+    >>> act_name("normalized", 2, "ln1")
+    'blocks.2.ln1.hook_normalized'
+
+    Raises:
+        UserInputError: a name vlens has no hook for (e.g. "pos_embed", "mid", "attn_in").
+    """
+    if not isinstance(name, str):
+        raise UserInputError(f"act_name takes a string name, got {name!r}.")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, Integral) or layer < 0):
+        raise UserInputError(f"act_name: layer must be a non-negative int, got {layer!r}.")
+    if layer is None and layer_type is None and name.removeprefix("hook_") in _VLENS_ALIASES:
+        return _VLENS_ALIASES[name.removeprefix("hook_")]
+    full = get_act_name(name, layer, layer_type)
+    if full in _TOP_LEVEL or _PER_LAYER.fullmatch(full) or full.startswith("vision."):
+        return full
+    why = next((reason for suffix, reason in _MISSING.items() if full.endswith(suffix)), None)
+    raise UserInputError(
+        f"act_name({name!r}, {layer!r}) -> {full!r}, which is not a vlens hook"
+        + (f" ({why})" if why else "")
+        + ". Per-layer names: resid_pre/mid/post, attn_out, mlp_out, deepstack, q, k, v, rot_q, rot_k, attn_scores, "
+        "pattern, z, result, pre, pre_linear, post, scale/normalized (with ln1/ln2); model.hook_dict lists all."
+    )

@@ -1,0 +1,383 @@
+"""`HookedVLM`: a Hugging Face vision-language model with TransformerLens hook points.
+
+The language decoder is rebuilt from our own components around the HF parameters (moved,
+not copied); the vision tower stays HF's, wrapped with hooks. Logits equal HF's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any, Literal, overload
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from vlens.core.architectures import resolve_adapter
+from vlens.core.architectures.base import ArchitectureAdapter, HFModule
+from vlens.core.cache import VLMActivationCache
+from vlens.core.components.attention import KVCache
+from vlens.core.components.block import BlockList
+from vlens.core.config import VLMConfig
+from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype
+from vlens.core.generation import GenerationOutput, generate
+from vlens.core.hooks import HookedRootModule, HookPoint
+from vlens.core.inputs import VLMInputs
+from vlens.core.loading import load_hf_model_and_processor
+from vlens.core.loss import next_token_loss, next_token_targets
+from vlens.core.processing import coerce_inputs, prepare_inputs
+from vlens.core.runtime import RunState, build_masks, module_device
+from vlens.core.tl_surface import TransformerLensSurface
+from vlens.core.token_labels import str_tokens
+from vlens.core.weights import WeightsMixin
+from vlens.utils.errors import UserInputError
+
+# an adapter, its class, or a registered family / HF class name (None: the one registered for the model)
+AdapterSpec = ArchitectureAdapter | type[ArchitectureAdapter] | str | None
+
+ReturnType = Literal["logits", "loss", "both", "resid"] | None
+
+
+class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
+    """A vision-language model whose decoder exposes every TransformerLens hook.
+
+    Build one with `HookedVLM.from_pretrained(path_or_hub_id)`, `HookedVLM.from_hf(hf_model,
+    processor=processor)` or `vlens.load()` (the embedded tiny model). `model.hook_dict` lists the hook names.
+    TransformerLens's tools work on it (README, "Coming from TransformerLens"); the weight views
+    and TransformerLens methods live in `vlens.core.weights` and `vlens.core.tl_surface`.
+
+    Attributes:
+        cfg: `VLMConfig` (TransformerLens field names).
+        embed, vision, rotary, blocks, ln_final, unembed: the model's parts. `ln_final` only
+            normalizes; `unembed` applies the final norm's HF weight, then lm_head.
+        hf_model: the HF model (shares every parameter with this one).
+        processor: the HF processor, if known (needed by `prepare` and `generate` texts).
+    """
+
+    def __init__(self, hf_model: HFModule, processor: Any = None, adapter: AdapterSpec = None):
+        super().__init__()
+        self.adapter = resolve_adapter(adapter, hf_model)
+        self.cfg: VLMConfig = self.adapter.build_config(hf_model)
+        parts = self.adapter.build_decoder(hf_model, self.cfg)
+        self.embed = parts.embed
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.vision = self.adapter.build_vision(hf_model)
+        self.hook_inputs_embeds = HookPoint()  # [batch, pos, d_model]
+        self.rotary = parts.rotary
+        self.blocks = BlockList(parts.blocks)
+        self.ln_final = parts.ln_final
+        self.unembed = parts.unembed
+        # a plain attribute, not a submodule: its parameters are already ours
+        self.__dict__["hf_model"] = hf_model
+        self.processor = processor
+        self.setup()
+        self.eval()
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_hf(cls, hf_model: HFModule, adapter: AdapterSpec = None, processor: Any = None) -> HookedVLM:
+        """Wrap an already-built HF `...ForConditionalGeneration` (parameters are shared).
+
+        adapter: the family's `ArchitectureAdapter` (an instance, a class, or a registered family
+            name such as "llava"); default: the one registered for the model's class
+            (`vlens.register_adapter`).
+        processor: the HF processor (needed by `prepare` and for texts in `generate`).
+        """
+        if adapter is not None and not isinstance(adapter, (str, type, ArchitectureAdapter)):
+            raise UserInputError(f"HookedVLM.from_hf(hf_model, adapter=None, processor=None): the second argument is "
+                                 f"the adapter, got a {type(adapter).__name__}; pass the processor as processor=...")
+        return cls(hf_model, processor=processor, adapter=adapter)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        trust_remote_code: bool = False,
+        load_processor: bool = True,
+        device_map: str | dict[str, Any] | None = None,
+        max_memory: dict[Any, int | str] | None = None,
+        offload_folder: str | None = None,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        image_size: int | None = None,
+        adapter: AdapterSpec = None,
+        **hf_kwargs: Any,
+    ) -> HookedVLM:
+        """Load an HF checkpoint (local folder or hub id) and its processor, safetensors only.
+
+        device / dtype: default ``cuda`` when available, else ``cpu``; bf16 on a GPU, fp32 on the
+        CPU (`vlens.core.devices`); dtype may be a name ("bfloat16"). min_pixels / max_pixels /
+        image_size: the processor's image resolution (`vlens.core.devices.configure_resolution`).
+
+        A checkpoint missing some of the model's tensors raises `vlens.core.loading.MissingWeightsError`
+        (HF would fill them with random values); pass ``allow_missing=True`` to accept that.
+
+        device_map: place one model across devices with HF/accelerate ("auto", "balanced",
+            "sequential", or {module name: device | "cpu" | "disk"}); each block runs where it
+            was placed and the residual stream moves between blocks. Entries "cpu" (next to GPU
+            entries) and "disk" are offloaded: accelerate streams their weights to the execution
+            device on each call. Needs `accelerate` (extra `distributed`). Not with `device`.
+        max_memory: per-device budget for "auto" maps, e.g. {0: "70GiB", 1: "70GiB", "cpu": "200GiB"}.
+        offload_folder: where "disk" entries are kept when the checkpoint cannot be read in place.
+        adapter: the family's adapter (instance, class or registered family name) instead of the one
+            registered for the checkpoint's `architectures`.
+        """
+        if device_map is None:
+            device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device if device_map is None else None)
+        if device_map is not None and device is not None:
+            raise ValueError("give either device (one device) or device_map (a placement across devices), not both")
+        if device_map is not None and importlib.util.find_spec("accelerate") is None:
+            raise ImportError("device_map places the model with accelerate, which is not installed: "
+                              "pip install 'vlens[distributed]'")
+        for name, value in (("device_map", device_map), ("max_memory", max_memory), ("offload_folder", offload_folder)):
+            if value is not None:
+                hf_kwargs[name] = value
+        hf_model, processor = load_hf_model_and_processor(
+            name_or_path, dtype=dtype, trust_remote_code=trust_remote_code,
+            load_processor=load_processor, adapter=adapter, **hf_kwargs,
+        )
+        if processor is not None and (min_pixels, max_pixels, image_size) != (None, None, None):
+            configure_resolution(processor, min_pixels, max_pixels, image_size)
+        model = cls(hf_model, processor=processor, adapter=adapter)
+        if device is not None:
+            model.to(device)
+        return model
+
+    @property
+    def device_map(self) -> dict[str, Any] | None:
+        """HF's placement of the model's modules when loaded with a device_map (else None)."""
+        return getattr(self.hf_model, "hf_device_map", None)
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where inputs go: the token embedding's device (where each forward starts)."""
+        return module_device(self.embed)
+
+    def to(self, *args, **kwargs) -> HookedVLM:  # keep cfg.device/dtype truthful
+        placement = self.device_map
+        if placement is not None:  # accelerate's hooks keep each module's execution device: moving breaks them
+            raise ValueError(f"this model was placed across devices by device_map "
+                             f"({sorted(set(map(str, placement.values())))}); it cannot be moved as a whole. "
+                             "Load it again with device=... instead of device_map.")
+        super().to(*args, **kwargs)
+        weight = self.unembed.lm_head.weight
+        self.cfg.device, self.cfg.dtype = str(weight.device), weight.dtype
+        return self
+
+    # ------------------------------------------------------------------ inputs
+    @property
+    def tokenizer(self):
+        if self.processor is None:
+            raise ValueError("This model has no processor: pass one to HookedVLM.from_hf(hf_model, processor=processor).")
+        return getattr(self.processor, "tokenizer", self.processor)
+
+    def prepare(
+        self,
+        images: Any = None,
+        prompts: str | Sequence[str] = (),
+        chat: bool = True,
+        allow_urls: bool = False,
+    ) -> VLMInputs:
+        """Processor + chat format -> `VLMInputs` (left-padded batch, with token regions).
+
+        images: one image per prompt, a list of images per prompt, or None for text only. An
+            image is a PIL image (16-bit, float, palette and alpha modes are scaled / composited
+            to 8-bit RGB, see `vlens.utils.images`), a local file path, or a numpy array / tensor.
+        allow_urls: fetch "http(s)://" images (refused by default: nothing is downloaded unasked).
+        """
+        return prepare_inputs(self, images=images, prompts=prompts, chat=chat, allow_urls=allow_urls)
+
+    def coerce_inputs(self, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:
+        """Accept `VLMInputs`, a processor output (dict / BatchFeature) or HF keywords."""
+        return coerce_inputs(self, inputs, **hf_kwargs)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        inputs: Any = None,
+        return_type: ReturnType = "logits",
+        stop_at_layer: int | None = None,
+        loss_per_token: bool = False,
+        labels: Tensor | None = None,
+        **hf_kwargs: Any,
+    ) -> Float[Tensor, "batch pos d_vocab"] | Tensor | tuple[Tensor, Tensor] | None:
+        """Logits [batch, pos, d_vocab] for `VLMInputs` or the HF keyword form.
+
+        return_type: "logits"; "loss" (next-token loss, see `vlens.core.loss`: every next text token,
+            or the tokens `labels` marks); "both" for (logits, loss); "resid" for the final
+            residual after the final norm (what lm_head reads); None for nothing.
+        stop_at_layer: return the residual stream entering that block instead.
+        loss_per_token: the loss as [batch, pos - 1] (0 where nothing is predicted).
+        labels: [batch, pos] HF-style targets (-100 = ignore) for the loss.
+        """
+        if return_type not in ("logits", "loss", "both", "resid", None):
+            raise UserInputError(f"Unknown return_type {return_type!r}: use 'logits', 'loss', 'both', 'resid' or None.")
+        run_inputs = self.coerce_inputs(inputs, **hf_kwargs)
+        state = self.start_run(run_inputs)
+        resid = self.run_blocks(state.resid, state, 0, stop_at_layer)
+        if stop_at_layer is not None:
+            return resid
+        if return_type not in ("loss", "both"):
+            return self.finish(resid, return_type)
+
+        logits = self.finish(resid, "logits")
+        placeholders = tuple(t for t in (self.cfg.image_token_id, self.cfg.video_token_id) if t is not None)
+        targets = next_token_targets(run_inputs.input_ids, run_inputs.attention_mask, placeholders, labels)
+        loss = next_token_loss(logits, targets, per_token=loss_per_token)
+        return (logits, loss) if return_type == "both" else loss
+
+    def start_run(self, inputs: VLMInputs, kv_cache: KVCache | None = None) -> RunState:
+        """Embed tokens, encode and merge images, build positions and masks.
+
+        `inputs` as `prepare` / `coerce_inputs` return them (already checked by the adapter).
+        """
+        cfg = self.cfg
+        home = self.input_device
+        if inputs.input_ids.device != home:  # e.g. a model split by a device map starts on its first device
+            inputs = inputs.to(home)
+        ids = inputs.input_ids
+        resid = self.hook_embed(self.embed(ids))
+        deepstack: dict[int, tuple[Tensor, Tensor]] = {}
+        image_mask = ids == cfg.image_token_id if cfg.image_token_id is not None else None
+        if inputs.pixel_values is not None:
+            if image_mask is None:
+                raise ValueError("These inputs carry images but the model's config names no image token "
+                                 "(cfg.image_token_id is None), so there is nowhere to put them.")
+            features = self.adapter.encode_images(self.vision, inputs)
+            n_placeholders = int(image_mask.sum())
+            if n_placeholders != features.embeds.shape[0]:
+                raise ValueError(
+                    f"Image placeholders and image features do not match: the prompt holds {n_placeholders} "
+                    f"image tokens but the vision tower produced {features.embeds.shape[0]} features. Build "
+                    "inputs with model.prepare(...) or the model's processor, which expands each image "
+                    "placeholder to the image's token count."
+                )
+            resid = resid.masked_scatter(image_mask.unsqueeze(-1), features.embeds.to(resid.device, resid.dtype))
+            deepstack = {layer: (image_mask, feats) for layer, feats in enumerate(features.deepstack)}
+        elif image_mask is not None and bool(image_mask.any()):
+            raise ValueError(
+                f"The prompt holds {int(image_mask.sum())} image placeholder tokens but no pixel_values were "
+                "given. Pass the images (model.prepare(images=..., prompts=...)) or remove the placeholders."
+            )
+        resid = self.hook_inputs_embeds(resid)
+        position_ids, deltas = self.adapter.position_ids(self.hf_model, inputs)
+        cos, sin = self.rotary(resid, position_ids)
+        masks = build_masks(inputs.attention_mask, ids.shape[0], ids.shape[1], 0, resid.dtype, resid.device)
+        return RunState(resid=resid, cos=cos, sin=sin, masks=masks, position_ids=position_ids,
+                        rope_deltas=deltas, deepstack=deepstack, kv_cache=kv_cache)
+
+    def run_blocks(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        state: RunState,
+        start_at_layer: int = 0,
+        stop_at_layer: int | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """Run blocks [start_at_layer, stop_at_layer) on a residual stream.
+
+        Each block runs on its own device (one device, or where a device map placed it): the residual
+        and the run state move there first.
+        """
+        for block in self.blocks[start_at_layer:stop_at_layer]:
+            device = module_device(block)
+            if resid.device != device:
+                resid = resid.to(device)
+            local = state.on(device)
+            resid = block(resid, local.cos, local.sin, local.masks, local.kv_cache,
+                          deepstack=local.deepstack.get(block.layer))
+        return resid
+
+    @overload
+    def finish(self, resid: Tensor, return_type: Literal["logits", "resid"] = "logits") -> Tensor: ...
+    @overload
+    def finish(self, resid: Tensor, return_type: None) -> None: ...
+    @overload
+    def finish(self, resid: Tensor, return_type: str | None) -> Tensor | None: ...
+    def finish(self, resid: Tensor, return_type: str | None = "logits") -> Tensor | None:
+        """Final norm and unembedding (the norm's weight is applied by `unembed`, see `vlens.core.weights`).
+
+        return_type: "logits"; "resid" for ``ln_final_w * ln_final(resid)`` (lm_head's input); None.
+        """
+        if return_type is None:
+            return None
+        # the norm has no weight of its own: it runs where lm_head does, as does its HF weight
+        normalized = self.ln_final(resid.to(module_device(self.unembed.lm_head)))
+        if return_type == "resid":
+            return self.unembed.apply_norm_weight(normalized)
+        if return_type == "logits":
+            return self.unembed(normalized)
+        raise UserInputError(f"Unknown return_type {return_type!r}: use 'logits', 'resid' or None.")
+
+    @contextmanager
+    def hooks(self, fwd_hooks: Sequence = (), bwd_hooks: Sequence = (), reset_hooks_end: bool = True,
+              clear_contexts: bool = False):
+        """Temporary hooks (TransformerLens semantics: removed on exit, also on error).
+
+        Unknown hook names fail before anything runs, with the closest existing names.
+        """
+        for name, _ in [*fwd_hooks, *bwd_hooks]:
+            self.check_hook_name(name)
+        with super().hooks(list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts) as model:
+            yield model
+
+    def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, remove_batch_dim: bool = False,
+                       incl_bwd: bool = False, **kwargs: Any):
+        """Run and cache activations: (output, `VLMActivationCache`, a TransformerLens ActivationCache).
+
+        Same keywords as TransformerLens (names_filter, device, remove_batch_dim, incl_bwd, pos_slice).
+        incl_bwd=True needs return_type="loss": the loss is backpropagated and every hook's gradient
+        is cached as "<name>_grad" (also when the weights are frozen: the residual stream then
+        starts the graph). Hooks are removed when it returns, also on error.
+        """
+        with self.backward_ready(model_args, kwargs) if incl_bwd else nullcontext():
+            out, cache_dict = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim,
+                                                     incl_bwd=incl_bwd, **kwargs)
+        if not return_cache_object:
+            return out, cache_dict
+        return out, VLMActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, inputs: Any = None, max_new_tokens: int = 16, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = None,
+                 fwd_hooks: Sequence = (), seed: int | None = None, verbose: bool = False,
+                 **hf_kwargs: Any) -> GenerationOutput:
+        """Autoregressive decoding with a KV cache (M-RoPE deltas handled); see `vlens.core.generation`."""
+        return generate(self, self.coerce_inputs(inputs, **hf_kwargs), max_new_tokens=max_new_tokens,
+                        do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
+                        fwd_hooks=fwd_hooks, seed=seed, verbose=verbose)
+
+    # ------------------------------------------------------------------ TransformerLens conveniences
+    # (more in vlens.core.tl_surface and vlens.core.weights, mixed in above)
+    def to_string(self, tokens: Tensor | Sequence[int]) -> str | list[str]:
+        if isinstance(tokens, Tensor) and tokens.ndim == 2:
+            return [self.tokenizer.decode(row) for row in tokens]
+        return self.tokenizer.decode(tokens)
+
+    def to_str_tokens(self, tokens: str | int | Tensor | Sequence) -> list[str] | list[list[str]]:
+        """Each token decoded on its own, as TransformerLens does (' many', '\\n', not 'Ġmany', 'Ċ').
+
+        Takes a string (tokenised without special tokens), an int, a list of ids, a 1-D tensor
+        (-> list[str]) or a 2-D tensor / list of lists (-> one list per row).
+        """
+        return str_tokens(self.tokenizer, tokens)
+
+    def to_single_token(self, text: str) -> int:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is {len(ids)} tokens ({ids}), not one.")
+        return ids[0]
+
+    def summary(self) -> str:
+        """One line: architecture, sizes and the number of hook points."""
+        c = self.cfg
+        return (f"HookedVLM({c.architecture}: {c.n_layers} layers, d_model={c.d_model}, "
+                f"{c.n_heads} heads ({c.n_key_value_heads} kv), d_head={c.d_head}, "
+                f"{len(self.hook_dict)} hook points)")
+
+
+HookedVisionLanguageModel = HookedVLM

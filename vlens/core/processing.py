@@ -1,0 +1,176 @@
+"""From images + prompts (or processor outputs / HF keywords) to `VLMInputs`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from vlens.core.architectures.base import ArchitectureAdapter
+from vlens.core.config import VLMConfig
+from vlens.core.inputs import VLMInputs, compute_regions
+from vlens.core.prompt_text import escape_special_tokens
+from vlens.utils.images import to_rgb
+
+
+class PreparingModel(Protocol):
+    """What input preparation reads from a model (`HookedVLM` has all of it)."""
+
+    @property
+    def cfg(self) -> VLMConfig: ...
+
+    @property
+    def adapter(self) -> ArchitectureAdapter: ...
+
+    @property
+    def processor(self) -> Any: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def W_U(self) -> Tensor: ...
+
+    @property
+    def input_device(self) -> torch.device: ...
+
+
+def _images_per_row(images: Any, batch: int) -> list[list]:
+    """Normalise `images` to one (possibly empty) list of images per prompt."""
+    if images is None:
+        return [[] for _ in range(batch)]
+    if not isinstance(images, (list, tuple)):
+        images = [images]
+    if len(images) != batch:
+        raise ValueError(
+            f"Got {len(images)} image entries for {batch} prompts. Give one entry per prompt: an image, "
+            "a list of images, or None for a text-only prompt."
+        )
+    rows: list[list] = []
+    for entry in images:
+        if entry is None:
+            rows.append([])
+        elif isinstance(entry, (list, tuple)):
+            rows.append(list(entry))
+        else:
+            rows.append([entry])
+    return rows
+
+
+def chat_messages(prompt: str, n_images: int = 1) -> list[dict]:
+    """One user turn in the chat-template format: `n_images` image slots, then the text."""
+    content: list[dict] = [{"type": "image"} for _ in range(n_images)]
+    content.append({"type": "text", "text": prompt})
+    return [{"role": "user", "content": content}]
+
+
+def chat_prompt(model: PreparingModel, prompt: str, n_images: int) -> str:
+    """The prompt text a chat model gets: its processor's chat template (with the generation
+    prompt), or the family's own format when the processor has no template."""
+    processor = model.processor
+    prompt = escape_special_tokens(model.tokenizer, prompt)  # dataset text cannot forge chat turns
+    template = getattr(processor, "chat_template", None) or getattr(getattr(processor, "tokenizer", None),
+                                                                    "chat_template", None)
+    if template:
+        return processor.apply_chat_template(chat_messages(prompt, n_images), add_generation_prompt=True,
+                                             tokenize=False)
+    return model.adapter.fallback_chat_prompt(prompt, n_images)
+
+
+@contextmanager
+def left_padding(tokenizer: Any) -> Iterator[Any]:
+    """Pad on the left inside the block (generation continues from the last column); the
+    tokenizer's own side is restored on exit, also on error."""
+    previous = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.padding_side = previous
+
+
+def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Sequence[str] = (),
+                   chat: bool = True, allow_urls: bool = False) -> VLMInputs:
+    """Format prompts (chat template or the family's format), run the processor, add regions.
+
+    The batch is left-padded so the final prompt position is the last column of every row.
+    """
+    if model.processor is None:
+        raise ValueError(
+            "prepare() needs a processor. Load with HookedVLM.from_pretrained(folder_with_processor) or "
+            "pass processor= to HookedVLM.from_hf(...)."
+        )
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompts:
+        raise ValueError("prepare() got no prompts: pass prompts=['How many dots are there?', ...].")
+    rows = _images_per_row(images, len(prompts))
+    placeholder = model.adapter.image_placeholder()
+    texts = []
+    for prompt, row_images in zip(prompts, rows, strict=True):
+        if chat:
+            texts.append(chat_prompt(model, prompt, len(row_images)))
+        elif row_images and placeholder not in prompt:
+            texts.append(placeholder * len(row_images) + prompt)
+        else:
+            texts.append(prompt)
+    # 16-bit, float, palette and alpha images scaled / composited correctly (vlens.utils.images)
+    flat = [to_rgb(img, allow_urls=allow_urls, what=f"image {i} of prompt {p}")
+            for p, row in enumerate(rows) for i, img in enumerate(row)]
+    kwargs = {"images": flat} if flat else {}
+    with left_padding(model.tokenizer):
+        encoded = model.processor(text=texts, return_tensors="pt", padding=True, **kwargs)
+    return coerce_inputs(model, dict(encoded))
+
+
+def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:
+    """`VLMInputs` from VLMInputs, a mapping (processor output) or HF keyword arguments.
+
+    Fills what HF would leave implicit: attention_mask (all ones), mm_token_type_ids (from the
+    placeholder ids: HF silently falls back to 1-D positions without it; we never do) and regions.
+    """
+    if isinstance(inputs, VLMInputs):
+        if hf_kwargs:
+            raise ValueError(f"Got VLMInputs and extra keywords {sorted(hf_kwargs)}; pass one or the other.")
+        out = inputs
+    else:
+        if isinstance(inputs, Mapping):
+            merged = {**dict(inputs), **hf_kwargs}
+        elif isinstance(inputs, Tensor):
+            merged = {"input_ids": inputs, **hf_kwargs}
+        elif inputs is None:
+            merged = dict(hf_kwargs)
+        else:
+            raise TypeError(f"Cannot run the model on a {type(inputs).__name__}: pass VLMInputs, a processor "
+                            "output, or input_ids=..., pixel_values=..., image_grid_thw=... keywords.")
+        if merged.get("input_ids") is None:
+            raise ValueError("No input_ids given. Build inputs with model.prepare(images=..., prompts=...).")
+        known = {k: merged.pop(k, None) for k in VLMInputs.HF_KEYS}
+        input_ids = known["input_ids"]
+        if input_ids.ndim == 1:
+            input_ids = input_ids.unsqueeze(0)
+        mask = known["attention_mask"]
+        out = VLMInputs(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids) if mask is None else mask,
+            pixel_values=known["pixel_values"],
+            image_grid_thw=known["image_grid_thw"],
+            mm_token_type_ids=known["mm_token_type_ids"],
+            extra=merged,
+        )
+    model.adapter.check_inputs(model.cfg, out)
+    if out.mm_token_type_ids is None:
+        out.mm_token_type_ids = model.adapter.mm_token_type_ids(model.cfg, out.input_ids)
+    image_token_id = model.cfg.image_token_id
+    if out.regions is None and image_token_id is not None:
+        # placeholders without pixel_values get no regions: start_run raises the clear error for them
+        if out.pixel_values is not None:
+            counts, grids = model.adapter.image_token_counts(model.cfg, out)
+            out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id,
+                                          counts, grids)
+        elif not bool((out.input_ids == image_token_id).any()):
+            out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id, [], [])
+    device = model.input_device
+    return out.to(device) if out.input_ids.device != device else out

@@ -1,0 +1,187 @@
+"""The TransformerLens model methods a notebook reaches for, on a `HookedVLM`.
+
+Tokenization helpers (`to_tokens` with ``prepend_bos`` / ``padding_side``, `to_single_str_token`,
+`get_token_position`), `add_hook` with the same unknown-name error as `run_with_hooks`, and the
+``set_use_*`` switches. Where vlens differs from TransformerLens the method says so and raises
+a clear error instead of silently doing something else.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from vlens.utils.errors import UserInputError
+
+if TYPE_CHECKING:
+    from transformer_lens.hook_points import HookPoint  # HookedRootModule's type for hook_dict
+
+    from vlens.core.components.embed import Embed
+    from vlens.core.config import VLMConfig
+
+
+def unknown_hook_message(name: str, known: list[str], n_layers: int) -> str:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return (f"No hook point named {name!r} (this model has {n_layers} layers, blocks.0 .. blocks.{n_layers - 1})."
+            f"{hint} List them with model.hook_dict or `vlens info --hooks`.")
+
+
+class TransformerLensSurface:
+    """Mixin for `HookedVLM`: TransformerLens-compatible tokenization, hooks and switches."""
+
+    if TYPE_CHECKING:  # what the mixin reads of the model it is mixed into
+        cfg: VLMConfig
+        hook_dict: dict[str, HookPoint]
+        embed: Embed
+        tokenizer: Any
+
+        @property
+        def input_device(self) -> torch.device: ...
+
+        def to_str_tokens(self, tokens: Any) -> Any: ...
+
+        def to_single_token(self, text: str) -> int: ...
+
+    # ------------------------------------------------------------------ hooks
+    def check_hook_name(self, name: Any) -> None:
+        """Raise `UserInputError` naming the closest hooks when `name` (a string) is not a hook point."""
+        if isinstance(name, str) and name not in self.hook_dict:
+            raise UserInputError(unknown_hook_message(name, list(self.hook_dict), self.cfg.n_layers))
+
+    def add_hook(self, name, hook, dir: Literal["fwd", "bwd"] = "fwd", is_permanent: bool = False,
+                 level: int | None = None, prepend: bool = False) -> None:
+        """TransformerLens's `add_hook`; an unknown name is a clear error with suggestions."""
+        self.check_hook_name(name)
+        super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level,  # type: ignore[misc]
+                         prepend=prepend)  # the next class in HookedVLM's MRO is HookedRootModule
+
+    @contextmanager
+    def backward_ready(self, forward_args: tuple, forward_kwargs: dict):
+        """Context for ``run_with_cache(incl_bwd=True)``: checks the call, makes the residual require grad.
+
+        TransformerLens calls ``output.backward()``, so the output must be a scalar loss. With
+        frozen weights nothing would require grad; the token embeddings then start the graph
+        (the vision tower gets gradients only if its own weights require them).
+        """
+        return_type = forward_kwargs.get("return_type", forward_args[1] if len(forward_args) > 1 else "logits")
+        if return_type != "loss" or forward_kwargs.get("loss_per_token"):
+            raise UserInputError("run_with_cache(incl_bwd=True) backpropagates the model's output, which must be a "
+                                 "scalar: pass return_type='loss' (and no loss_per_token).")
+        if not torch.is_grad_enabled():
+            raise UserInputError("run_with_cache(incl_bwd=True) was called with gradients disabled "
+                                 "(torch.no_grad / inference_mode); call it outside that context.")
+
+        def leaf(module, args, output: Tensor) -> Tensor | None:
+            return None if output.requires_grad else output.detach().requires_grad_(True)
+
+        handle = self.embed.register_forward_hook(leaf)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    # ------------------------------------------------------------------ switches
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Toggle per-head `hook_result` [batch, pos, n_heads, d_model] (costs memory)."""
+        self.cfg.use_attn_result = bool(use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Not supported (False is accepted): vlens has no per-head ``hook_q_input``/``hook_k_input``/``hook_v_input``."""
+        _unsupported_switch("set_use_split_qkv_input", use_split_qkv_input,
+                            "patch blocks.{l}.attn.hook_q / hook_k / hook_v (the per-head projections) instead")
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """Not supported (False is accepted): vlens has no ``hook_attn_in``."""
+        _unsupported_switch("set_use_attn_in", use_attn_in,
+                            "hook blocks.{l}.ln1.hook_normalized (the attention's normalized input) instead")
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """Not supported (False is accepted): vlens has no ``hook_mlp_in``."""
+        _unsupported_switch("set_use_hook_mlp_in", use_hook_mlp_in,
+                            "hook blocks.{l}.hook_resid_mid (the MLP's input residual) or blocks.{l}.ln2.hook_normalized")
+
+    # ------------------------------------------------------------------ tokens
+    def to_tokens(self, input: str | Sequence[str], prepend_bos: bool | None = None,
+                  padding_side: Literal["left", "right"] | None = None, move_to_device: bool = True,
+                  truncate: bool = True) -> Int[Tensor, "batch pos"]:
+        """Text -> token ids [batch, pos] (no chat template, no image), TransformerLens semantics.
+
+        prepend_bos: None uses ``cfg.default_prepend_bos`` (False: Qwen tokenizers have no BOS);
+            True prepends the tokenizer's BOS (an error if it has none).
+        padding_side: "left" / "right" for batches of different lengths (default: the tokenizer's).
+        truncate: keep at most ``cfg.n_ctx`` tokens per row.
+        """
+        texts = [input] if isinstance(input, str) else list(input)
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise UserInputError("to_tokens: pass a string or a non-empty list of strings.")
+        tokenizer = self.tokenizer
+        if prepend_bos is None:
+            prepend_bos = bool(getattr(self.cfg, "default_prepend_bos", False))
+        side = padding_side or getattr(tokenizer, "padding_side", "right")
+        if side not in ("left", "right"):
+            raise UserInputError(f"to_tokens: padding_side must be 'left' or 'right', got {padding_side!r}.")
+        prefix: list[int] = []
+        if prepend_bos:
+            if tokenizer.bos_token_id is None:
+                raise UserInputError("to_tokens: prepend_bos=True but this tokenizer has no BOS token; "
+                                     "pass prepend_bos=False.")
+            prefix = [tokenizer.bos_token_id]
+        rows = [prefix + tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        if truncate:
+            rows = [row[: self.cfg.n_ctx] for row in rows]
+        width = max(len(row) for row in rows)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        padded = [([pad] * (width - len(r)) + r) if side == "left" else (r + [pad] * (width - len(r))) for r in rows]
+        tokens = torch.tensor(padded, dtype=torch.long)
+        return tokens.to(self.input_device) if move_to_device else tokens
+
+    def to_single_str_token(self, int_token: int) -> str:
+        """The string of one token id (as `to_str_tokens` shows it)."""
+        if isinstance(int_token, Tensor) and int_token.numel() == 1:
+            int_token = int(int_token.item())
+        if not isinstance(int_token, int) or isinstance(int_token, bool):
+            raise UserInputError(f"to_single_str_token takes one integer token id, got {int_token!r}.")
+        return str(self.to_str_tokens([int_token])[0])
+
+    def get_token_position(self, single_token: str | int | Tensor, input: str | Tensor | Any,
+                           mode: Literal["first", "last"] = "first", prepend_bos: bool | None = None,
+                           padding_side: Literal["left", "right"] | None = None) -> int:
+        """Position of a token in a prompt (TransformerLens semantics).
+
+        input: a string (tokenized with `to_tokens`), token ids [pos] or [1, pos], or one-row
+            `VLMInputs` (positions then count image tokens, as in the model's run).
+        """
+        if mode not in ("first", "last"):
+            raise UserInputError(f"get_token_position: mode must be 'first' or 'last', not {mode!r}.")
+        if isinstance(input, str):
+            tokens = self.to_tokens(input, prepend_bos=prepend_bos, padding_side=padding_side)
+        else:
+            tokens = getattr(input, "input_ids", input)
+        if not isinstance(tokens, Tensor):
+            raise UserInputError(f"get_token_position: input must be a string, token ids or VLMInputs, "
+                                 f"not {type(input).__name__}.")
+        if tokens.ndim == 2:
+            if tokens.shape[0] != 1:
+                raise UserInputError(f"get_token_position: a 2-D input must have one row, got shape "
+                                     f"{tuple(tokens.shape)}.")
+            tokens = tokens[0]
+        if isinstance(single_token, str):
+            single_token = self.to_single_token(single_token)
+        elif isinstance(single_token, Tensor):
+            single_token = int(single_token.item())
+        positions = (tokens == single_token).nonzero().flatten()
+        if positions.numel() == 0:
+            raise UserInputError(f"get_token_position: token {single_token} does not occur in the input.")
+        return int(positions[0] if mode == "first" else positions[-1])
+
+
+def _unsupported_switch(method: str, value: bool, instead: str) -> None:
+    if value:
+        raise NotImplementedError(f"{method}(True) is not supported by vlens: {instead}.")

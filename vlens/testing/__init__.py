@@ -1,0 +1,46 @@
+"""Tiny random models, tokenizers and processors of every supported family, built offline, for tests,
+benchmarks and docs; one module per family (`vlens.testing.qwen`, `vlens.testing.llava`, ...), every
+name re-exported here. Nothing here downloads anything: configs come from HF config classes, the
+tokenizer from `tokenizers`, the image processor from its parameters (PIL backend, no torchvision).
+`vlens.testing.real_vocab` is the real-vocabulary fixture (Qwen2's byte-level BPE, multi-digit
+answers). The library never imports this package, except `vlens.zoo.random_tiny` (`--model
+random-tiny` is the Qwen2.5-VL builder here).
+"""
+
+from vlens.testing.common import (
+    QWEN_CHAT_TEMPLATE,
+    QWEN_SPECIAL_TOKENS,
+    TEST_WORDS,
+    TINY_WORDS,
+    perturb_norms,
+    random_image,
+    word_level_tokenizer,
+)
+from vlens.testing.llava import (
+    LLAVA_CHAT_TEMPLATE,
+    LLAVA_SPECIAL_TOKENS,
+    LLAVA_WORDS,
+    llava_tokenizer,
+    tiny_llava_config,
+    tiny_llava_model,
+    tiny_llava_processor,
+)
+from vlens.testing.qwen import (
+    default_mrope_section,
+    qwen3_vl_image_processor,
+    qwen_image_processor,
+    tiny_hf_model,
+    tiny_qwen3_vl_config,
+    tiny_qwen3_vl_model,
+    tiny_qwen3_vl_processor,
+    tiny_qwen_config,
+    tiny_qwen_processor,
+)
+
+__all__ = [
+    "LLAVA_CHAT_TEMPLATE", "LLAVA_SPECIAL_TOKENS", "LLAVA_WORDS", "QWEN_CHAT_TEMPLATE", "QWEN_SPECIAL_TOKENS",
+    "TEST_WORDS", "TINY_WORDS", "default_mrope_section", "llava_tokenizer", "perturb_norms", "qwen3_vl_image_processor",
+    "qwen_image_processor", "random_image", "tiny_hf_model", "tiny_llava_config", "tiny_llava_model",
+    "tiny_llava_processor", "tiny_qwen3_vl_config", "tiny_qwen3_vl_model", "tiny_qwen3_vl_processor",
+    "tiny_qwen_config", "tiny_qwen_processor", "word_level_tokenizer",
+]
