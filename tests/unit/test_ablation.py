@@ -200,6 +200,6 @@ def test_report_jaccard_and_json_roundtrip(tmp_path):
     assert report.reliability() == {"a": pytest.approx(1 / 3)}
     assert AblationReport.from_dict(report.to_dict()).reliability() == {"a": pytest.approx(1 / 3)}
     markdown = report.to_markdown()
-    assert "| a | 1.00 | 0.33 |" in markdown and "| b | 1.000 | 3.000 | L1H0, L0H1 |" in markdown
+    assert "| a | 1.00 | 0.33 (p 0.83) |" in markdown and "| b | 1.000 | 3.000 | L1H0, L0H1 |" in markdown
     figure = report.plot()
     assert figure.data[0].z.shape == (2, 2)

@@ -21,8 +21,11 @@ from vlens.ablation.hooks import METHODS, ablation_hooks, replacement_values
 from vlens.ablation.overlap import (
     chance_jaccard,
     head_set_from_json,
+    holm_matrix,
     jaccard,
     jaccard_matrix,
+    jaccard_p_matrix,
+    jaccard_p_value,
     rank_heads,
     top_k_heads,
 )
@@ -49,8 +52,11 @@ __all__ = [
     "cross_task_ablation",
     "head_ablation_sweep",
     "head_set_from_json",
+    "holm_matrix",
     "jaccard",
     "jaccard_matrix",
+    "jaccard_p_matrix",
+    "jaccard_p_value",
     "parse_task",
     "rank_heads",
     "replacement_values",

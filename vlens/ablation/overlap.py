@@ -10,6 +10,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from vlens.utils.errors import UserInputError
+from vlens.utils.stats import holm, hypergeometric_tail
 
 Head = tuple[int, int]
 
@@ -62,6 +63,39 @@ def chance_jaccard(k: int, n: int) -> float:
         raise ValueError(f"chance_jaccard needs 1 <= k <= n, got k={k}, n={n}")
     total = math.comb(n, k)
     return sum(math.comb(k, i) * math.comb(n - k, k - i) / total * i / (2 * k - i) for i in range(k + 1))
+
+
+def jaccard_p_value(a: Iterable[Head], b: Iterable[Head], n: int) -> float:
+    """P(J >= observed) for two independent uniformly random sets of |A| and |B| of n units.
+
+    The exact null: |A ∩ B| ~ Hypergeometric(n, |A|, |B|) and J = i / (|A| + |B| - i) grows
+    with i, so the p-value is the upper tail P(I >= |A ∩ B|). Example: two top-8 sets of 32
+    heads sharing 3 (J = 0.23) give p = 0.31; sharing 4 (J = 0.33), p = 0.08.
+    """
+    set_a: set[tuple[int, ...]] = {tuple(h) for h in a}
+    set_b: set[tuple[int, ...]] = {tuple(h) for h in b}
+    if max(len(set_a), len(set_b)) > n:
+        raise ValueError(f"sets of {len(set_a)} and {len(set_b)} units cannot come from {n} units")
+    return hypergeometric_tail(len(set_a & set_b), n, len(set_a), len(set_b))
+
+
+def jaccard_p_matrix(head_sets: Mapping[str, Iterable[Head]], n: int) -> Float[Tensor, "n_sets n_sets"]:
+    """Pairwise `jaccard_p_value` of named head sets (same order as `jaccard_matrix`); NaN on the diagonal."""
+    sets = [list(head_sets[name]) for name in head_sets]
+    return torch.tensor([[float("nan") if i == j else jaccard_p_value(a, b, n) for j, b in enumerate(sets)]
+                         for i, a in enumerate(sets)], dtype=torch.float64)
+
+
+def holm_matrix(p_values: Float[Tensor, "n n"]) -> Float[Tensor, "n n"]:
+    """Holm-adjusted p-values of a symmetric matrix, the family being its upper triangle (each pair once)."""
+    p_values = torch.as_tensor(p_values, dtype=torch.float64)
+    n = p_values.shape[0]
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    adjusted = holm([float(p_values[i, j]) for i, j in pairs])
+    out = torch.full_like(p_values, float("nan"))
+    for (i, j), value in zip(pairs, adjusted, strict=True):
+        out[i, j] = out[j, i] = value
+    return out
 
 
 def jaccard_matrix(head_sets: Mapping[str, Iterable[Head]]) -> tuple[Float[Tensor, "n n"], list[str]]:

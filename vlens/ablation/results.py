@@ -12,13 +12,26 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.ablation.overlap import Head, chance_jaccard, jaccard, jaccard_matrix, rank_heads, top_k_heads
+from vlens.ablation.overlap import (
+    Head,
+    chance_jaccard,
+    holm_matrix,
+    jaccard,
+    jaccard_matrix,
+    jaccard_p_value,
+    rank_heads,
+    top_k_heads,
+)
 from vlens.utils.results import Result
+from vlens.utils.stats import format_p, holm, p_number
 from vlens.utils.validation import check_top_k
 from vlens.viz.figures import jaccard_matrix_figure, layer_head_heatmap
 from vlens.viz.report import Report
 
 RANK_BY: tuple[str, ...] = ("logprob", "accuracy")
+SIGNIFICANCE = 0.05  # a Jaccard is "above chance" when its Holm-adjusted p-value is below this
+P_VALUE_TEST = ("exact: P(J >= observed) for two independent uniformly random head sets of the same sizes "
+                "(|A ∩ B| hypergeometric); Holm-adjusted over the task pairs of one sample")
 
 
 def _grid(values) -> list[list[float | None]]:
@@ -29,6 +42,11 @@ def _grid(values) -> list[list[float | None]]:
 def _number(value) -> float | None:
     value = float(value)
     return round(value, 6) if math.isfinite(value) else None  # JSON has no NaN / inf
+
+
+def _p_grid(values) -> list[list[float | None]]:
+    """Rows of p-values to 6 significant digits (tiny p-values keep their size); NaN -> None."""
+    return [[float(f"{v:.6g}") if math.isfinite(v) else None for v in row.tolist()] for row in torch.as_tensor(values)]
 
 
 def _float(value) -> float:
@@ -180,6 +198,50 @@ class AblationReport(Result):
     def n_heads_total(self) -> int:
         return next(iter(self.results.values())).ablated_logprob.numel()
 
+    def _measured(self, *sweeps: HeadAblation) -> int:
+        """Heads every given sweep measured (finite score): the units a top-k set is drawn from."""
+        finite = torch.ones(sweeps[0].ablated_logprob.shape, dtype=torch.bool)
+        for sweep in sweeps:
+            finite &= torch.isfinite(sweep.scores(self.rank_by))
+        return int(finite.sum())
+
+    def _p_values(self, sweeps: dict[str, HeadAblation]) -> Float[Tensor, "n n"]:
+        """jaccard_p_value of every pair of the sweeps' top-k sets (NaN: diagonal, a non-finite task)."""
+        names = list(sweeps)
+        sets = {task: sweeps[task].top_heads(self.top_k, self.rank_by) for task in names}
+        out = torch.full((len(names), len(names)), float("nan"), dtype=torch.float64)
+        for i, a in enumerate(names):
+            for j, b in enumerate(names):
+                if i < j and sweeps[a].finite and sweeps[b].finite:
+                    out[i, j] = out[j, i] = jaccard_p_value(sets[a], sets[b], self._measured(sweeps[a], sweeps[b]))
+        return out
+
+    def jaccard_p_values(self) -> tuple[Float[Tensor, "n_tasks n_tasks"], list[str]]:
+        """Per task pair, the p-value of its Jaccard under the exact null of two random top-k sets
+        (`vlens.ablation.overlap.jaccard_p_value`; the universe is the heads both sweeps measured).
+        Diagonal NaN. `holm_matrix(p)` adjusts them for the family of pairs."""
+        return self._p_values(self.results), self.tasks
+
+    def retest_jaccard(self) -> tuple[Float[Tensor, "n_tasks n_tasks"], Float[Tensor, "n_tasks n_tasks"]] | None:
+        """The cross-task Jaccard matrix and its p-values on the retest sample (None unless every task
+        was retested)."""
+        if not self.retest or any(task not in self.retest for task in self.tasks):
+            return None
+        sweeps = {task: self.retest[task] for task in self.tasks}
+        matrix, _ = jaccard_matrix({task: r.top_heads(self.top_k, self.rank_by) for task, r in sweeps.items()})
+        for i, task in enumerate(self.tasks):
+            if not sweeps[task].finite or not self.results[task].finite:
+                matrix[i, :] = matrix[:, i] = float("nan")
+        return matrix, self._p_values(sweeps)
+
+    def reliability_p_values(self) -> dict[str, float] | None:
+        """Per task, the p-value of its test-retest Jaccard under the null of two random top-k sets."""
+        if not self.retest:
+            return None
+        return {task: jaccard_p_value(self.results[task].top_heads(self.top_k, self.rank_by),
+                                      again.top_heads(self.top_k, self.rank_by), self._measured(self.results[task], again))
+                for task, again in self.retest.items() if task in self.results}
+
     def chance_jaccard(self) -> float:
         """Jaccard two random top-k sets would have: the baseline to read the matrix against."""
         return chance_jaccard(min(self.top_k, self.n_heads_total), self.n_heads_total)
@@ -194,13 +256,25 @@ class AblationReport(Result):
 
     def to_dict(self) -> dict:
         matrix, names = self.jaccard()
+        p_values, _ = self.jaccard_p_values()
+        retest = self.retest_jaccard()
+        reliability_p = self.reliability_p_values()
         return {
             "top_k": self.top_k, "n_heads_total": self.n_heads_total, "rank_by": self.rank_by,
             "settings": self.settings, "tasks": names,
-            "jaccard": {"tasks": names, "matrix": _grid(matrix), "chance": round(self.chance_jaccard(), 6)},
+            "jaccard": {"tasks": names, "matrix": _grid(matrix), "chance": round(self.chance_jaccard(), 6),
+                        "p_value_test": P_VALUE_TEST, "significance": SIGNIFICANCE},
+            "jaccard_p_value": _p_grid(p_values),
+            "jaccard_p_value_holm": _p_grid(holm_matrix(p_values)),
+            "retest_jaccard": None if retest is None else {
+                "matrix": _grid(retest[0]), "p_value": _p_grid(retest[1]),
+                "p_value_holm": _p_grid(holm_matrix(retest[1]))},
             "results": {task: r.to_dict(self.top_k, self.rank_by) for task, r in self.results.items()},
             "patching": self.patching,
             "reliability": self.reliability(),
+            "reliability_p_value": reliability_p,
+            "reliability_p_value_holm": None if reliability_p is None else dict(
+                zip(reliability_p, holm(list(reliability_p.values())), strict=True)),
             "retest_results": None if not self.retest else {
                 task: r.to_dict(self.top_k, self.rank_by) for task, r in self.retest.items()},
         }
@@ -218,14 +292,31 @@ class AblationReport(Result):
                    retest or None)
 
     def plot(self, title: str | None = None):
-        """Plotly heatmap of the Jaccard matrix (values in the cells) with the chance level and, when
-        the report has a retest sweep, each task's test-retest Jaccard (diagonal and bars)."""
+        """Plotly heatmap of the Jaccard matrix (values and p-values in the cells, Holm-significant ones
+        in bold) with the chance level and, when the report has a retest sweep, each task's
+        test-retest Jaccard (diagonal and bars)."""
         matrix, names = self.jaccard()
+        p_values, _ = self.jaccard_p_values()
         reliability = self.reliability()
         retest = [reliability.get(task, float("nan")) for task in names] if reliability else None
+        reliability_p = self.reliability_p_values()
+        retest_p = [reliability_p.get(task, float("nan")) for task in names] if reliability_p else None
         return jaccard_matrix_figure(matrix.float(), names,
                                      title or f"Jaccard overlap of top-{self.top_k} heads ({self.rank_by} drop)",
-                                     retest=retest, chance=self.chance_jaccard())
+                                     retest=retest, chance=self.chance_jaccard(), p_values=p_values,
+                                     p_values_holm=holm_matrix(p_values), retest_p_values=retest_p,
+                                     significance=SIGNIFICANCE)
+
+    def pair_numbers(self) -> dict[str, str]:
+        """`{"J(a, b)": "0.33 (p = 0.08, Holm 0.31)"}` for every task pair, then the chance level."""
+        matrix, names = self.jaccard()
+        p_values, _ = self.jaccard_p_values()
+        adjusted = holm_matrix(p_values)
+        pairs = {f"J({a}, {b})": f"{float(matrix[i, j]):.2f} ({format_p(float(p_values[i, j]))}, Holm "
+                                 f"{p_number(float(adjusted[i, j]))})"
+                 for i, a in enumerate(names) for j, b in enumerate(names) if i < j}
+        pairs["chance level (random top-k sets)"] = f"{self.chance_jaccard():.2f}"
+        return pairs
 
     def html_report(self, title: str = "Head ablation across tasks", findings: list[str] | None = None):
         """A `vlens.viz.Report`: the Jaccard heatmap, then per task the damage heatmap and top heads.
@@ -233,17 +324,18 @@ class AblationReport(Result):
         findings: sentences saying which cross-task findings hold on both samples
             (`vlens.ablation.stability.overlap_stability(report).findings()`), listed under Reliability.
         """
-        matrix, names = self.jaccard()
+        names = self.tasks
         report = Report(title, intro=f"{self.settings.get('method', '')} ablation of every attention head alone; "
                                      f"top-{self.top_k} heads per task by {self.rank_by} drop. "
                                      f"Settings: {json.dumps(self.settings)}")
-        pairs = {f"J({a}, {b})": float(matrix[i, j]) for i, a in enumerate(names) for j, b in enumerate(names)
-                 if i < j}
-        pairs["chance level (random top-k sets)"] = self.chance_jaccard()
+        pairs = self.pair_numbers()
         if len(names) >= 2 or self.retest:
             report.add_section("Jaccard overlap of top-k head sets",
-                               "How many of their most important heads two tasks share (1: the same set); "
-                               "dashed: two random top-k sets; * / bars: a task's own set on a second sample.",
+                               "How many of their most important heads two tasks share (1: the same set), with "
+                               "the p-value of that overlap under two random top-k sets (exact hypergeometric "
+                               f"null; bold: below {SIGNIFICANCE} after Holm's correction over the task pairs); "
+                               "dashed: the mean Jaccard of two random top-k sets; * / bars: a task's own set on a "
+                               "second sample.",
                                figure=self.plot(), numbers=pairs)
         else:
             report.add_section("Jaccard overlap of top-k head sets",
@@ -253,10 +345,13 @@ class AblationReport(Result):
         if self.retest:
             findings_html = ('<ul class="findings">' + "".join(f"<li>{html.escape(line)}</li>" for line in findings)
                              + "</ul>") if findings else None
+            reliability_p = self.reliability_p_values() or {}
             report.add_section("Reliability", "Jaccard of each task's top-k set on two independent evaluation "
-                               "sets: how far a cross-task Jaccard can be trusted. A cross-task finding is stable "
-                               "only when both samples agree (listed below).", html=findings_html,
-                               numbers=self.reliability())
+                               "sets, with its p-value under two random top-k sets: how far a cross-task Jaccard "
+                               "can be trusted. A cross-task overlap is called stable only when it is significant "
+                               "after Holm's correction on both samples (listed below).", html=findings_html,
+                               numbers={task: f"{value:.2f} ({format_p(reliability_p.get(task))})"
+                                        for task, value in (self.reliability() or {}).items()})
         if self.patching:
             report.add_section("Patching vs ablation", "Jaccard of the VAP head set and each task's ablation set.",
                                numbers=self.patching["jaccard"])
@@ -276,12 +371,15 @@ class AblationReport(Result):
         """The Jaccard matrix and each task's top heads as Markdown tables (for a model card)."""
         matrix, names = self.jaccard()
         method = self.settings.get("method", "mean")
+        p_values, _ = self.jaccard_p_values()
         lines = [f"Jaccard overlap of each task's top-{self.top_k} heads (of {self.n_heads_total}) by {method} "
                  f"ablation, ranked by {self.rank_by} drop; random sets would give "
-                 f"{self.chance_jaccard():.2f}.", "",
+                 f"{self.chance_jaccard():.2f} on average. In brackets: the p-value of the overlap under two "
+                 "random top-k sets (exact hypergeometric null, not corrected for the number of pairs).", "",
                  "| task | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-        lines += [f"| {name} | " + " | ".join(f"{float(v):.2f}" for v in row) + " |"
-                  for name, row in zip(names, matrix, strict=True)]
+        lines += [f"| {name} | " + " | ".join(
+            f"{float(v):.2f}" + ("" if i == j else f" (p {p_number(float(p_values[i, j]))})")
+            for j, v in enumerate(row)) + " |" for i, (name, row) in enumerate(zip(names, matrix, strict=True))]
         lines += ["", "| task | clean accuracy | largest log-prob drop | most important heads |", "|---|---|---|---|"]
         for task, r in self.results.items():
             top = ", ".join(f"L{layer}H{head}" for layer, head in r.top_heads(min(5, self.top_k), self.rank_by))
@@ -297,13 +395,19 @@ class AblationReport(Result):
             lines.append(f"  {task:<18} n={r.n_examples:<4} clean acc {r.clean_accuracy:.3f} "
                          f"logp {r.clean_logprob:.3f} max drop {r.max_drop:.3f} | top: {top}")
         matrix, names = self.jaccard()
+        p_values, _ = self.jaccard_p_values()
         lines.append("Jaccard".ljust(18) + "".join(f"{n[:17]:>18}" for n in names))
         for name, row in zip(names, matrix, strict=True):
             lines.append(f"{name[:17]:<18}" + "".join(f"{float(v):>18.2f}" for v in row))
+        lines.append("p-value".ljust(18) + "".join(f"{n[:17]:>18}" for n in names)
+                     + "   (two random top-k sets; uncorrected)")
+        for name, row in zip(names, p_values, strict=True):
+            lines.append(f"{name[:17]:<18}" + "".join(f"{'-' if v != v else f'{float(v):.3g}':>18}" for v in row))
         reliability = self.reliability()
         if reliability is not None:
+            reliability_p = self.reliability_p_values() or {}
             lines.append(f"reliability (top-{self.top_k} Jaccard, two evaluation sets): " +
-                         ", ".join(f"{t} {v:.2f}" for t, v in reliability.items()))
+                         ", ".join(f"{t} {v:.2f} ({format_p(reliability_p.get(t))})" for t, v in reliability.items()))
         if self.patching:
             lines.append(f"patching vs ablation (top-{self.patching['top_k']}): " +
                          ", ".join(f"{t} {v:.2f}" for t, v in self.patching["jaccard"].items()))

@@ -5,6 +5,11 @@
 - `bootstrap_interval(values)`: a percentile bootstrap interval of a mean over examples (or pairs)
   along dim 0, with a fixed seed so a report is reproducible. NaN examples are left out.
 - `spread(values)`: mean, standard deviation and range over seeds (the seed spread of a study).
+- `hypergeometric_tail(i, population, successes, draws)`: P(X >= i), exact (math.comb): the
+  null of an overlap of random sets (`vlens.ablation.overlap.jaccard_p_value`) and of Fisher's
+  exact test (`fisher_greater`).
+- `holm(p_values)`: Holm's step-down adjustment of a family of p-values.
+- `t_quantile(q, df)`: quantile of Student's t (an interval over a handful of seeds).
 """
 
 from __future__ import annotations
@@ -93,4 +98,115 @@ def format_share(share: float, n: int, digits: int = 2) -> str:
     return format_interval(share, float(low), float(high), digits)
 
 
-__all__ = ["LEVEL", "bootstrap_interval", "format_interval", "format_share", "spread", "wilson_interval"]
+def hypergeometric_tail(i: int, population: int, successes: int, draws: int) -> float:
+    """P(X >= i) for X ~ Hypergeometric(population, successes, draws), computed exactly.
+
+    X is the overlap of a fixed set of `successes` units with `draws` units drawn uniformly
+    without replacement from `population`. Example: hypergeometric_tail(1, 4, 1, 1) = 0.25.
+    """
+    if not 0 <= successes <= population or not 0 <= draws <= population:
+        raise ValueError(f"need 0 <= successes, draws <= population, got {successes}, {draws} of {population}")
+    total = math.comb(population, draws)
+    top = min(successes, draws)
+    mass = sum(math.comb(successes, j) * math.comb(population - successes, draws - j)
+               for j in range(max(int(i), 0), top + 1))
+    return min(1.0, mass / total)
+
+
+def fisher_greater(hits_a: int, n_a: int, hits_b: int, n_b: int) -> float:
+    """One-sided Fisher exact test that the share hits_a / n_a exceeds hits_b / n_b: the probability,
+    given all hits and both group sizes, that group a holds at least `hits_a` of them by chance."""
+    if not (0 <= hits_a <= n_a and 0 <= hits_b <= n_b):
+        raise ValueError("hits must lie in [0, n] in both groups")
+    return hypergeometric_tail(hits_a, n_a + n_b, hits_a + hits_b, n_a)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (same order; NaN stays NaN and is not counted in the family).
+
+    With m finite p-values sorted p_(1) <= ... <= p_(m): adj_(j) = max_{l <= j} min(1, (m - l + 1) p_(l)).
+    A hypothesis is rejected at level a when its adjusted p-value is < a; this controls the
+    chance of any false rejection in the family at a.
+    """
+    values = [float("nan") if p is None else float(p) for p in p_values]
+    finite = sorted((p, i) for i, p in enumerate(values) if math.isfinite(p))
+    m = len(finite)
+    adjusted = list(values)
+    running = 0.0
+    for rank, (p, i) in enumerate(finite):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def _t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom (Simpson's rule on the density)."""
+    if t < 0:
+        return 1.0 - _t_cdf(-t, df)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    # substitute t = tan(u): the density times sec^2 stays smooth and bounded on [0, atan(t)]
+    end, steps = math.atan(t), 2000
+    h = end / steps
+
+    def f(u: float) -> float:
+        x = math.tan(u)
+        return math.exp(log_c - (df + 1) / 2 * math.log1p(x * x / df)) / math.cos(u) ** 2
+
+    total = f(0.0) + f(end) + sum((4 if j % 2 else 2) * f(j * h) for j in range(1, steps))
+    return 0.5 + total * h / 3
+
+
+def t_quantile(q: float, df: float) -> float:
+    """The q-quantile of Student's t with `df` > 0 degrees of freedom (bisection on the CDF, ~1e-9).
+
+    Example: t_quantile(0.975, 2) = 4.303 (the 95% interval of a mean over 3 seeds).
+    """
+    if not 0 < q < 1:
+        raise ValueError(f"q must be in (0, 1), got {q}")
+    if not df > 0:
+        raise ValueError(f"df must be positive, got {df}")
+    if q < 0.5:
+        return -t_quantile(1 - q, df)
+    low, high = 0.0, 1.0
+    while _t_cdf(high, df) < q:
+        high *= 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        if _t_cdf(middle, df) < q:
+            low = middle
+        else:
+            high = middle
+        if high - low < 1e-10:
+            break
+    return (low + high) / 2
+
+
+def mean_interval(values: Sequence[float], level: float = LEVEL) -> dict[str, float]:
+    """Mean of a few numbers (per-seed gains) with its t interval: {"n", "mean", "std", "low", "high"}.
+
+    One value gives no interval (low = high = NaN); NaN / None values are left out.
+    """
+    stats = spread(values)
+    n = int(stats["n"])
+    low = high = math.nan
+    if n >= 2:
+        half = t_quantile(1 - (1 - level) / 2, n - 1) * stats["std"] / math.sqrt(n)
+        low, high = stats["mean"] - half, stats["mean"] + half
+    return {"n": n, "mean": stats["mean"], "std": stats["std"], "low": low, "high": high}
+
+
+def p_number(p: float | None) -> str:
+    """A p-value's digits: `0.031`, `<0.001`, `0.42`, `n/a`."""
+    if p is None or not math.isfinite(p):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+
+
+def format_p(p: float | None) -> str:
+    """A p-value for text: `p = 0.031`, `p < 0.001`, `p = n/a`."""
+    text = p_number(p)
+    return f"p {text[0]} {text[1:]}" if text.startswith("<") else f"p = {text}"
+
+
+__all__ = ["LEVEL", "bootstrap_interval", "fisher_greater", "format_interval", "format_p", "format_share", "holm",
+           "hypergeometric_tail", "mean_interval", "p_number", "spread", "t_quantile", "wilson_interval"]

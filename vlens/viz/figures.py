@@ -5,6 +5,7 @@ Every builder validates shapes and says which argument is wrong; plotly is impor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.utils.stats import p_number
 from vlens.viz.checks import as_float_tensor, as_grid, check_labels
 from vlens.viz.optional import require_make_subplots, require_plotly
 
@@ -479,6 +481,10 @@ def jaccard_matrix_figure(
     title: str = "",
     retest: Sequence[float] | None = None,
     chance: float | None = None,
+    p_values: Float[Tensor, "n_tasks n_tasks"] | None = None,
+    p_values_holm: Float[Tensor, "n_tasks n_tasks"] | None = None,
+    retest_p_values: Sequence[float] | None = None,
+    significance: float = 0.05,
 ):
     """Jaccard similarity of the top-k head sets of several tasks, values written in the cells.
 
@@ -488,6 +494,9 @@ def jaccard_matrix_figure(
             test-retest reliability); shown on the diagonal instead of 1, and as bars.
         chance: the expected Jaccard of two random top-k sets (`vlens.ablation.chance_jaccard`),
             drawn as a dashed line next to the matrix.
+        p_values: per pair, the p-value of its Jaccard under random sets, written under the value;
+            p_values_holm: the same Holm-adjusted: a cell below `significance` is written in bold.
+        retest_p_values: per task, the p-value of its test-retest Jaccard (on the diagonal).
 
     Returns:
         Without `retest` / `chance`: a Figure whose Heatmap z is `[n_tasks, n_tasks]` on a fixed
@@ -504,10 +513,20 @@ def jaccard_matrix_figure(
     if again is not None and len(again) != n:
         raise ValueError(f"retest has {len(again)} values for {n} tasks")
     text = np.vectorize(lambda v: "" if np.isnan(v) else f"{v:.2f}")(values).astype(object)
+    p = None if p_values is None else as_float_tensor(p_values, "p_values", 2).numpy()
+    strong = None if p_values_holm is None else as_float_tensor(p_values_holm, "p_values_holm", 2).numpy() < significance
+    if p is not None:
+        for i in range(n):
+            for j in range(n):
+                if i != j and text[i, j] and not np.isnan(p[i, j]):
+                    cell = f"{text[i, j]}<br>p {p_number(float(p[i, j]))}"
+                    text[i, j] = f"<b>{cell}</b>" if strong is not None and strong[i, j] else cell
     if again is not None:
         np.fill_diagonal(values, again)
         for i in range(n):
             text[i, i] = "" if np.isnan(again[i]) else f"{again[i]:.2f}*"
+            if retest_p_values is not None and text[i, i] and math.isfinite(float(retest_p_values[i])):
+                text[i, i] += f"<br>p {p_number(float(retest_p_values[i]))}"
     heatmap_trace = {
         "z": values, "x": names, "y": names, "colorscale": "Viridis", "zmin": 0.0, "zmax": 1.0,
         "text": text, "texttemplate": "%{text}", "colorbar": {"title": {"text": "Jaccard"}},
