@@ -81,6 +81,13 @@ def test_head_set_from_patching_json_formats():
     assert head_set_from_json(vap, k=1, metric="overwrite_rate") == [(2, 1)]
     with pytest.raises(ValueError, match="n_layers, n_heads"):
         head_set_from_json([[1.0, 2.0, 3.0]], 2, 2)
+    # a patch effect below its noise floor is null: those heads are left out (and said so), none at all refused
+    vap["patch_effect"] = [[None, 0.1], [-0.9, None]]
+    assert head_set_from_json(vap, k=3) == [(3, 0), (2, 1)]
+    vap["patch_effect"] = [[None, None], [None, None]]
+    vap["patch_effect_floor"] = {"defined": False, "rule": "NaN unless ..."}
+    with pytest.raises(ValueError, match="every head's patch_effect is null.*--patching-metric overwrite_rate"):
+        head_set_from_json(vap, k=2)
 
 
 # ---------------------------------------------------------------- tasks

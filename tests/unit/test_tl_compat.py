@@ -251,6 +251,45 @@ def test_transformer_lens_patching_agrees_with_vlens_sweeps(family):
         torch.testing.assert_close(resid.cpu(), ours.float(), rtol=0, atol=1e-5)
 
 
+def test_denoising_equals_transformer_lens_patching_clean_into_corrupt():
+    """TransformerLens patches the clean cache into the corrupted run and scores logit[clean answer] -
+    logit[corrupt answer]; vlens's direction="denoising" is that sweep, normalised the same way."""
+    from tests.helpers.planted import plant_answers, planted_model, planted_pairs
+    from vlens.patching import build_pair_batch, logit_diff, patch_layer_head, patch_layer_position
+
+    def restored_metric(batch):  # TL's usual metric: correct (clean) minus incorrect (corrupt) answer
+        rows = torch.arange(batch.n_pairs)
+        return lambda logits: logit_diff(logits[rows, batch.final.to(logits.device)], batch.corrupt_tokens,
+                                         batch.clean_tokens).mean()
+
+    model = _model_fresh("qwen2_5_vl")
+    batch = _pair_batch(model)
+    restored = restored_metric(batch)
+    _, clean_cache = model.run_with_cache(batch.clean)
+    tl_heads = tl_patching.get_act_patch_attn_head_out_all_pos(model, batch.corrupt, clean_cache, restored)
+    ours = patch_layer_head(model, batch, direction="denoising")
+    torch.testing.assert_close(tl_heads.cpu(), ours.metrics["logit_diff"].float(), rtol=0, atol=1e-5)
+    tl_resid = tl_patching.get_act_patch_resid_pre(model, batch.corrupt, clean_cache, restored)
+    ours_resid = patch_layer_position(model, batch, component="resid_pre", direction="denoising")
+    torch.testing.assert_close(tl_resid.cpu(), ours_resid.metrics["logit_diff"].float(), rtol=0, atol=1e-5)
+    assert float(tl_resid.abs().max()) > 1e-3  # a real comparison
+
+    # normalised: (m - m_corrupt) / (m_clean - m_corrupt), on a model whose runs differ (the planted head)
+    planted = planted_model()
+    pairs = build_pair_batch(planted, planted_pairs())
+    plant_answers(planted, pairs, scale=50.0)
+    restored = restored_metric(pairs)
+    _, clean_cache = planted.run_with_cache(pairs.clean)
+    tl_heads = tl_patching.get_act_patch_attn_head_out_all_pos(planted, pairs.corrupt, clean_cache, restored)
+    with torch.no_grad():
+        clean_value, corrupt_value = restored(planted(pairs.clean)), restored(planted(pairs.corrupt))
+    ours = patch_layer_head(planted, pairs, direction="denoising")
+    assert ours.effect_floor.defined
+    normalised = (tl_heads.cpu() - corrupt_value) / (clean_value - corrupt_value)  # 0 = corrupt, 1 = restored
+    torch.testing.assert_close(normalised, ours.metrics["patch_effect"].float(), rtol=1e-4, atol=1e-5)
+    assert float(normalised.max()) > 0.9  # the planted head restores the clean answer
+
+
 def test_transformer_lens_pattern_patching_matches_a_hand_written_hook():
     model = _model_fresh("qwen2_5_vl")
     batch = _pair_batch(model)

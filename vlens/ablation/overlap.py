@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 
@@ -11,6 +12,8 @@ from torch import Tensor
 
 from vlens.utils.errors import UserInputError
 from vlens.utils.stats import holm, hypergeometric_tail
+
+logger = logging.getLogger(__name__)
 
 Head = tuple[int, int]
 
@@ -110,10 +113,50 @@ PATCHING_METRICS: tuple[str, ...] = ("patch_effect", "overwrite_rate", "head_sco
                                      "logit_diff", "z")
 
 
+def unranked_heads(data, metric: str | None = None) -> int:
+    """How many cells of a patching JSON's ranking grid are null (NaN): heads a ranking leaves out."""
+    if isinstance(data, Mapping):
+        keys = [metric] if metric else [key for key in PATCHING_METRICS if key in data]
+        data = data.get(keys[0]) if keys else None
+    if not isinstance(data, list):
+        return 0
+    return sum(v is None or v != v for row in data for v in (row if isinstance(row, list) else [row]))
+
+
+def _as_grid(values) -> Tensor:
+    """A JSON grid (null -> NaN) or a tensor as float64."""
+    if isinstance(values, Tensor):
+        return values.double()
+
+    def number(v):
+        return [number(x) for x in v] if isinstance(v, list) else float("nan") if v is None else v
+
+    return torch.as_tensor(number(values), dtype=torch.float64)
+
+
+def _say_unranked(grid: Tensor, name: str, data: Mapping) -> None:
+    """Refuse a grid with no measured head; log how many heads a ranking by it leaves out."""
+    missing = int(grid.isnan().sum()) if grid.ndim == 2 else 0
+    if not missing:
+        return
+    floor = data.get("patch_effect_floor") if name == "patch_effect" else None
+    why = (f" (the patch effect is undefined: {floor.get('rule', 'below the noise floor')})"
+           if isinstance(floor, Mapping) and floor.get("defined") is False else
+           " (null: below the patch effect's noise floor, or not finite)")
+    if missing == grid.numel():
+        raise UserInputError(f"patching JSON: every head's {name} is null{why}; rank the heads by another grid "
+                             "(--patching-metric overwrite_rate or logit_diff)")
+    logger.warning("patching JSON: %d of %d heads have no %s%s; they are left out of the ranking", missing,
+                   grid.numel(), name, why)
+
+
 def head_set_from_json(data, n_layers: int | None = None, n_heads: int | None = None, k: int = 20,
                        metric: str | None = None) -> list[Head]:
     """A head set from patching (or any) results: the top-k heads of a score grid by |score|
     (patch effects may have either sign), or an explicit list of heads.
+
+    Heads whose score is null / NaN (a patch effect below its noise floor) are left out, with a
+    logged warning saying how many; a grid with no score at all is refused.
 
     Accepted:
     - `vlens patch --mode layer-head` / `--mode atp` JSON: the grid under `metric` (default
@@ -130,7 +173,8 @@ def head_set_from_json(data, n_layers: int | None = None, n_heads: int | None = 
         if not keys or keys[0] not in data:
             raise UserInputError(f"patching JSON: no head scores under {metric or PATCHING_METRICS} and no explicit "
                              f"'heads' list of [layer, head] (keys: {sorted(data)})")
-        grid = torch.as_tensor(data[keys[0]], dtype=torch.float64)
+        grid = _as_grid(data[keys[0]])
+        _say_unranked(grid, keys[0], data)
         layer_labels = data.get("layers") or list(range(grid.shape[0]))
         head_labels = listed if isinstance(listed, list) and listed else list(range(grid.shape[-1]))
         if grid.ndim != 2 or grid.shape != (len(layer_labels), len(head_labels)):
@@ -138,7 +182,8 @@ def head_set_from_json(data, n_layers: int | None = None, n_heads: int | None = 
                              f"[{len(layer_labels)} layers, {len(head_labels)} heads]")
         ranked = top_k_heads(grid, k, absolute=True)
         return [(int(layer_labels[i]), int(head_labels[j])) for i, j in ranked]
-    grid = torch.as_tensor(data, dtype=torch.float64)
+    grid = _as_grid(data)
+    _say_unranked(grid, "the grid", {})
     if grid.ndim != 2 or (n_layers is not None and tuple(grid.shape) != (n_layers, n_heads)):
         raise UserInputError(f"patching head scores must be a [n_layers, n_heads] grid"
                          f"{'' if n_layers is None else f' = [{n_layers}, {n_heads}]'}, got {tuple(grid.shape)}")

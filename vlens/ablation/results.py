@@ -353,8 +353,12 @@ class AblationReport(Result):
                                numbers={task: f"{value:.2f} ({format_p(reliability_p.get(task))})"
                                         for task, value in (self.reliability() or {}).items()})
         if self.patching:
-            report.add_section("Patching vs ablation", "Jaccard of the VAP head set and each task's ablation set.",
-                               numbers=self.patching["jaccard"])
+            unranked = {t: n for t, n in (self.patching.get("unranked_heads") or {}).items() if n}
+            note = ("" if not unranked else " Heads whose patching score is null (below the patch effect's noise "
+                    "floor, or not finite) are left out of the patching ranking: " +
+                    ", ".join(f"{t}: {n}" for t, n in unranked.items()) + ".")
+            report.add_section("Patching vs ablation", "Jaccard of the VAP head set and each task's ablation set."
+                               + note, numbers=self.patching["jaccard"])
         for task, result in self.results.items():
             lp, acc = result.logprob_drop, result.accuracy_drop
             table = [{"rank": i + 1, "head": f"L{layer}H{head}", "logprob drop": float(lp[layer, head]),

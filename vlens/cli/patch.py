@@ -54,6 +54,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="positions patched in layer-head mode (default all)")
     parser.add_argument("--metric", default="overwrite_rate", help=f"metric shown in {FIGURE_FILE} "
                         "(default overwrite_rate)")
+    parser.add_argument("--direction", default="noising", choices=("noising", "denoising"),
+                        help="noising (default): patch the corrupt run's activations into the clean run; denoising: "
+                        "the clean run's into the corrupt run (TransformerLens's get_act_patch_* convention); the "
+                        "metrics read the patched run against the run patched from (docs/method.md)")
     parser.add_argument("--method", default="fast", choices=("fast", "naive"))
     parser.add_argument("--compare-exact", action="store_true", help="atp: also run the exact head sweep, report Spearman")
     parser.add_argument("--only-correct", action="store_true",
@@ -111,6 +115,8 @@ def run_patch(args: argparse.Namespace) -> int:
 
     if args.mode != "atp":  # everything the user gave is checked before the model loads
         check_choice(args.metric, "--metric", METRICS)
+    elif args.direction != "noising":
+        raise UserInputError("--mode atp estimates noising (corrupt into clean) only: drop --direction denoising")
     out = prepare_out(args, RESULTS_FILE, FIGURE_FILE)
     model = load_model_from_args(args)
     batch = load_batch(model, args)
@@ -118,11 +124,13 @@ def run_patch(args: argparse.Namespace) -> int:
                   pair_batch_size=args.pair_batch_size, sharding=args.sharding)
     with collect_non_finite() as problems:
         if args.mode == "layer-region":
-            result = sweeps.patch_layer_region(model, batch, component=args.component, **common)
+            result = sweeps.patch_layer_region(model, batch, component=args.component, direction=args.direction,
+                                               **common)
         elif args.mode == "layer-pos":
-            result = sweeps.patch_layer_position(model, batch, component=args.component, **common)
+            result = sweeps.patch_layer_position(model, batch, component=args.component, direction=args.direction,
+                                                 **common)
         elif args.mode == "layer-head":
-            result = sweeps.patch_layer_head(model, batch, region=args.region, **common)
+            result = sweeps.patch_layer_head(model, batch, region=args.region, direction=args.direction, **common)
         else:
             result = _run_atp(model, batch, args, common)
     if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it

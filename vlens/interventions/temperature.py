@@ -303,6 +303,10 @@ def importance_from_result(
         return _nan_if_none(result[clean]) - torch.tensor(_nan_if_none(result[ablated]), dtype=torch.float64)
     if result.get("mode") == "layer-head":  # PatchingResult JSON
         name = metric or "overwrite_rate"
+        floor = result.get("patch_effect_floor")
+        if name == "patch_effect" and isinstance(floor, dict) and floor.get("defined") is False:
+            raise UserInputError(f"the patching result's patch effect is undefined ({floor.get('rule', 'noise floor')}: "
+                                 f"denominator {floor.get('denominator')}); use --metric overwrite_rate or logit_diff")
         if name not in result:
             raise UserInputError(f"the patching result has no metric {name!r}; choose one of "
                                  f"{sorted(k for k in result if isinstance(result[k], list) and k not in ('layers', 'heads', 'pair_ids'))}")

@@ -15,7 +15,18 @@ is the argmax token at the final position):
 - corrupt-answer rate: the patched run predicts k_i, whatever the clean run predicted (equal to
   the overwrite rate when the model gets every clean prompt right).
 - normalised patch effect: (LD_patched - LD_clean) / (LD_corrupt - LD_clean), on the pair
-  means of LD: 0 = no effect, 1 = the patched run is as "corrupt" as the corrupt run.
+  means of LD: 0 = no effect, 1 = the patched run is as "corrupt" as the corrupt run. Its
+  denominator is guarded by a noise floor (`effect_floor`): when the mean clean-corrupt
+  difference is within 2 standard errors of 0 over the pairs, or within 16 steps of the logits'
+  dtype resolution at their magnitude, the effect is NaN (null in JSON) rather than a ratio of noise.
+
+Direction ("noising", the default, or "denoising"; `vlens.patching.sweeps`): the metrics are
+always read on the run that *receives* the patch ("base") against the run the activation comes
+from ("source"). Noising: base = clean, source = corrupt, as above. Denoising swaps the roles
+(`PairBatch.swapped`): LD = logit[clean answer] - logit[corrupt answer], the overwrite rate is the
+share of pairs whose corrupt run answers the corrupt count and whose patched run answers the clean
+one, and the patch effect is the share of the clean-corrupt difference restored (TransformerLens's
+normalised metric for `get_act_patch_*`, which patch clean into corrupt).
 
 Non-finite logits (a NaN activation) are never turned into predictions: such a pair's logit
 difference is NaN, its prediction -1, and every rate over it NaN (see `vlens.utils.finite`).
@@ -24,6 +35,7 @@ difference is NaN, its prediction -1, and every rate over it NaN (see `vlens.uti
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -39,6 +51,79 @@ if TYPE_CHECKING:
     from vlens.patching.pairs import PairBatch
 
 METRICS: tuple[str, ...] = ("overwrite_rate", "flip_away_rate", "logit_diff", "patch_effect", "corrupt_answer_rate")
+FLOOR_STANDARD_ERRORS = 2.0  # the effect's denominator must exceed 2 standard errors of its mean over pairs
+FLOOR_RESOLUTION_STEPS = 16  # ... and 16 steps of the logits' dtype resolution (eps * magnitude)
+
+
+class NoiseFloorWarning(UserWarning):
+    """The normalised patch effect is undefined: the clean and corrupt runs barely differ."""
+
+
+@dataclass
+class EffectFloor:
+    """The patch effect's denominator and the noise floor it is checked against.
+
+    denominator: mean over pairs of LD_corrupt - LD_clean; standard_error: its standard error
+    over pairs (NaN for one pair); resolution: eps(dtype) * mean over pairs and both runs of
+    the largest |logit| of the row (one step of the dtype at the logits' magnitude);
+    floor = max(2 * standard_error, 16 * resolution). `defined` is |denominator| > floor.
+    """
+
+    denominator: float
+    standard_error: float
+    resolution: float
+    dtype: str
+    n_pairs: int
+
+    @property
+    def floor(self) -> float:
+        parts = [FLOOR_RESOLUTION_STEPS * self.resolution]
+        if math.isfinite(self.standard_error):
+            parts.append(FLOOR_STANDARD_ERRORS * self.standard_error)
+        return max(parts)
+
+    @property
+    def defined(self) -> bool:
+        return math.isfinite(self.denominator) and abs(self.denominator) > self.floor
+
+    def to_dict(self) -> dict:
+        return {"denominator": self.denominator, "standard_error": self.standard_error,
+                "resolution": self.resolution, "dtype": self.dtype, "n_pairs": self.n_pairs, "floor": self.floor,
+                "defined": self.defined,
+                "rule": f"NaN unless |mean(LD_corrupt - LD_clean)| > max({FLOOR_STANDARD_ERRORS:g} standard errors "
+                        f"over pairs, {FLOOR_RESOLUTION_STEPS} * eps(dtype) * mean max|logit|)"}
+
+    def describe(self) -> str:
+        return (f"mean clean-corrupt logit difference {self.denominator:.3g} over {self.n_pairs} pairs is within the "
+                f"noise floor {self.floor:.3g} (standard error {self.standard_error:.3g}, {self.dtype} resolution "
+                f"{self.resolution:.3g} per logit)")
+
+
+def _resolution(logits: Tensor, dtype: torch.dtype) -> Tensor:
+    """eps(dtype) * the largest |logit| of each row ([n_pairs]; NaN where the row is not finite)."""
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    return eps * logits.detach().float().abs().amax(-1).cpu().masked_fill(~finite_rows(logits).cpu(), torch.nan)
+
+
+def _floor_parts(difference: Float[Tensor, "n_pairs"], ok: Tensor, resolution: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per condition (ok: bool [..., n_pairs]): mean difference, its standard error, mean resolution."""
+    weight = ok.double()
+    n = weight.sum(-1)
+    d = difference.double().nan_to_num(0.0)
+    mean = (d * weight).sum(-1) / n.clamp_min(1)
+    variance = (((d - mean[..., None]) ** 2) * weight).sum(-1) / (n - 1).clamp_min(1)
+    standard_error = torch.where(n > 1, (variance / n.clamp_min(1)).sqrt(), torch.nan)
+    res = (resolution.double().nan_to_num(0.0) * weight).sum(-1) / n.clamp_min(1)
+    return torch.where(n > 0, mean, torch.nan), standard_error, res
+
+
+def effect_floor(baseline: Baseline, ok: Tensor | None = None) -> EffectFloor:
+    """The noise floor of the patch effect over the pairs `ok` (bool [n_pairs], default all finite)."""
+    ok = baseline.finite if ok is None else ok.cpu() & baseline.finite
+    mean, standard_error, resolution = _floor_parts(baseline.corrupt_logit_diff.cpu() - baseline.clean_logit_diff.cpu(),
+                                                    ok, baseline.resolution)
+    return EffectFloor(float(mean), float(standard_error), float(resolution),
+                       str(baseline.resolution_dtype).replace("torch.", ""), int(ok.sum()))
 
 
 def logit_diff(logits: Float[Tensor, "... n_pairs d_vocab"], clean_tokens: Int[Tensor, "n_pairs"],
@@ -58,6 +143,19 @@ class Baseline:
     corrupt_logits: Float[Tensor, "n_pairs d_vocab"]
     clean_tokens: Int[Tensor, "n_pairs"]
     corrupt_tokens: Int[Tensor, "n_pairs"]
+    dtype: torch.dtype | None = None  # the model's compute dtype (default: the logits')
+
+    @property
+    def resolution_dtype(self) -> torch.dtype:
+        """The coarser of the model's dtype and the logits' dtype: the resolution the logits were computed at."""
+        dtypes = [d for d in (self.dtype, self.clean_logits.dtype) if d is not None and d.is_floating_point]
+        return max(dtypes, key=lambda d: torch.finfo(d).eps) if dtypes else torch.float32
+
+    @property
+    def resolution(self) -> Float[Tensor, "n_pairs"]:
+        """Per pair, one step of the dtype at the logits' magnitude (mean of the clean and corrupt runs)."""
+        dtype = self.resolution_dtype
+        return (_resolution(self.clean_logits, dtype) + _resolution(self.corrupt_logits, dtype)) / 2
 
     @property
     def clean_logit_diff(self) -> Float[Tensor, "n_pairs"]:
@@ -129,13 +227,7 @@ def metrics_from_reduced(per_pair: Float[Tensor, "... n_pairs"], prediction: Int
     overwrite = clean_correct & (prediction == corrupt_tokens)
     flip_away = clean_correct & (prediction != clean_tokens)
     per_pair, prediction = per_pair.masked_fill(~ok, torch.nan), prediction.masked_fill(~ok, -1)
-    clean_mean = baseline.clean_logit_diff.float().cpu().mean()
-    corrupt_mean = baseline.corrupt_logit_diff.float().cpu().mean()
-    denominator = corrupt_mean - clean_mean
-    if abs(float(denominator)) < 1e-12:
-        effect = torch.full(per_pair.shape[:-1], float("nan"))
-    else:
-        effect = (per_pair.mean(-1) - clean_mean) / denominator
+    effect = patch_effect_of(per_pair, baseline, ok)
     return {
         "overwrite_rate": rate(overwrite),
         "flip_away_rate": rate(flip_away),
@@ -145,6 +237,22 @@ def metrics_from_reduced(per_pair: Float[Tensor, "... n_pairs"], prediction: Int
         "per_pair_logit_diff": per_pair,
         "per_pair_prediction": prediction,
     }
+
+
+def patch_effect_of(per_pair: Float[Tensor, "... n_pairs"], baseline: Baseline, ok: Tensor | None = None,
+                    ) -> Float[Tensor, "..."]:
+    """The normalised patch effect per condition, on the pairs `ok` of each ([..., n_pairs], default:
+    the finite ones): mean(LD_patched - LD_clean) / mean(LD_corrupt - LD_clean); NaN where that
+    denominator is within the noise floor (`effect_floor`)."""
+    clean = baseline.clean_logit_diff.double().cpu()
+    difference = baseline.corrupt_logit_diff.double().cpu() - clean
+    ok = (per_pair.isfinite() if ok is None else ok.cpu()) & baseline.finite & per_pair.isfinite()
+    denominator, standard_error, resolution = _floor_parts(difference, ok, baseline.resolution)
+    floor = torch.maximum(FLOOR_STANDARD_ERRORS * standard_error.nan_to_num(0.0), FLOOR_RESOLUTION_STEPS * resolution)
+    weight = ok.double()
+    numerator = ((per_pair.double() - clean).nan_to_num(0.0) * weight).sum(-1) / weight.sum(-1).clamp_min(1)
+    effect = numerator / denominator
+    return torch.where(denominator.abs() > floor, effect, torch.nan).float()
 
 
 # ---------------------------------------------------------------------- metric callables
@@ -164,12 +272,14 @@ class AnswerMetrics:
 
     names: tuple[str, ...] = METRICS
 
-    def __init__(self, clean_tokens: Int[Tensor, "n_pairs"], corrupt_tokens: Int[Tensor, "n_pairs"]):
+    def __init__(self, clean_tokens: Int[Tensor, "n_pairs"], corrupt_tokens: Int[Tensor, "n_pairs"],
+                 dtype: torch.dtype | None = None):
         self.clean_tokens, self.corrupt_tokens = clean_tokens, corrupt_tokens
+        self.dtype = dtype  # the model's compute dtype, for the patch effect's noise floor
 
     def subset(self, rows: Sequence[int]) -> AnswerMetrics:
         """The same metric for some of the pairs (a pair chunk)."""
-        return AnswerMetrics(self.clean_tokens[list(rows)], self.corrupt_tokens[list(rows)])
+        return AnswerMetrics(self.clean_tokens[list(rows)], self.corrupt_tokens[list(rows)], self.dtype)
 
     def __call__(self, logits: Float[Tensor, "n_pairs n_readout d_vocab"]) -> dict[str, Tensor]:
         if logits.shape[-2] != 1:
@@ -180,7 +290,7 @@ class AnswerMetrics:
 
     def summarize(self, values: Mapping[str, Tensor], clean: Tensor, corrupt: Tensor) -> Summary:
         """values: name -> [n_specs, n_pairs]; clean / corrupt: unpatched readout logits [n_pairs, 1, d_vocab]."""
-        baseline = Baseline(clean[:, -1], corrupt[:, -1], self.clean_tokens, self.corrupt_tokens)
+        baseline = Baseline(clean[:, -1], corrupt[:, -1], self.clean_tokens, self.corrupt_tokens, self.dtype)
         reduced = metrics_from_reduced(values["logit_diff"], values["prediction"], baseline)
         per_pair = {"logit_diff": reduced.pop("per_pair_logit_diff"), "prediction": reduced.pop("per_pair_prediction")}
         return Summary(metrics=reduced, per_pair=per_pair, baseline=baseline)
@@ -262,10 +372,12 @@ class Summary:
     baseline_values: dict[str, dict[str, Tensor]] | None = None
 
 
-def as_metric(metric: MetricFn | AnswerMetrics | MetricFunction | None, batch: PairBatch) -> AnswerMetrics | MetricFunction:
-    """The sweep's metric: the answer metrics of `batch` by default, else the callable given."""
+def as_metric(metric: MetricFn | AnswerMetrics | MetricFunction | None, batch: PairBatch,
+              dtype: torch.dtype | None = None) -> AnswerMetrics | MetricFunction:
+    """The sweep's metric: the answer metrics of `batch` by default (dtype: the model's, for the
+    patch effect's noise floor), else the callable given."""
     if metric is None:
-        return AnswerMetrics(batch.clean_tokens, batch.corrupt_tokens)
+        return AnswerMetrics(batch.clean_tokens, batch.corrupt_tokens, dtype)
     if isinstance(metric, (AnswerMetrics, MetricFunction)):
         return metric
     return MetricFunction(metric)

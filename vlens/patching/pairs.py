@@ -129,6 +129,17 @@ class PairBatch:
             corrupt_answer_ids=None if self.corrupt_answer_ids is None else [self.corrupt_answer_ids[r] for r in rows],
         )
 
+    def swapped(self) -> PairBatch:
+        """The same pairs with the roles exchanged (the corrupt run becomes the one patched): what a
+        denoising sweep runs, so that every metric reads base and source the same way."""
+        return PairBatch(
+            pair_ids=list(self.pair_ids), clean=self.corrupt, corrupt=self.clean,
+            clean_tokens=self.corrupt_tokens, corrupt_tokens=self.clean_tokens,
+            clean_answers=list(self.corrupt_answers), corrupt_answers=list(self.clean_answers),
+            answer_prefix_len=list(self.answer_prefix_len),
+            clean_answer_ids=self.corrupt_answer_ids, corrupt_answer_ids=self.clean_answer_ids,
+        )
+
     def answers_json(self) -> dict:
         """The answers and their tokens (lists), as results.json records them."""
         return {

@@ -8,15 +8,17 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.patching.metrics import METRICS, Baseline
+from vlens.patching.metrics import METRICS, Baseline, EffectFloor
 from vlens.utils.finite import json_safe
 from vlens.utils.results import Result
-from vlens.utils.stats import wilson_interval
+from vlens.utils.stats import LEVEL, bootstrap_counts, percentile_interval, resampled_means, wilson_interval
 from vlens.viz.figures import layer_head_heatmap, layer_region_figure
 from vlens.viz.optional import require_make_subplots, require_plotly
 
 # mode -> name of the cell axis in JSON
 CELL_AXIS = {"layer-region": "regions", "layer-pos": "positions", "layer-head": "heads"}
+N_RESAMPLES = 1000  # bootstrap resamples of the pairs behind every cell's interval
+ROLES = {"noising": {"base": "clean", "source": "corrupt"}, "denoising": {"base": "corrupt", "source": "clean"}}
 
 
 def _jsonable(values: Tensor) -> list:
@@ -44,6 +46,13 @@ class PatchingResult(Result):
         region: for "layer-head", the positions patched ("all", "image", ...).
         tokens: for "layer-pos", the token string at each position (first pair).
         image_positions, image_grid: for "layer-pos", the image-token columns and their (rows, cols) grid.
+        direction: "noising" (corrupt activations patched into the clean run) or "denoising" (clean
+            into corrupt). The metrics and `baseline` are always of the run that receives the patch
+            ("clean" in `Baseline`'s names) against the run the activation comes from: for denoising
+            `baseline.clean_*` is the corrupt input's run (`ROLES`).
+        effect_floor: the patch effect's denominator and noise floor (`vlens.patching.metrics.EffectFloor`).
+        intervals: metric -> (low, high) [n_layers, n_cells]: 95% percentile bootstrap intervals over
+            pairs (`bootstrap`), set by the sweeps.
     """
 
     mode: str
@@ -62,10 +71,71 @@ class PatchingResult(Result):
     image_positions: list[int] | None = None
     image_grid: tuple[int, int] | None = None
     extra: dict = field(default_factory=dict)
+    direction: str = "noising"
+    effect_floor: EffectFloor | None = None
+    intervals: dict[str, tuple[Tensor, Tensor]] | None = None
 
     @property
     def n_pairs(self) -> int:
         return len(self.pair_ids)
+
+    def cell_name(self, row: int, column: int) -> str:
+        """A cell for messages: "L3H1" (layer-head), "layer 3 position 17", "layer 3 image"."""
+        layer, cell = self.layers[row], self.cells[column]
+        if self.mode == "layer-head":
+            return f"L{layer}H{cell}"
+        return f"layer {layer} position {cell}" if self.mode == "layer-pos" else f"layer {layer} {cell}"
+
+    def pair_values(self) -> dict[str, Tensor]:
+        """What each metric averages over pairs: name -> [n_layers, n_cells, n_pairs], NaN where a pair
+        is undefined (for the patch effect: the numerator LD_patched - LD_base of each pair)."""
+        if self.baseline is None:
+            return {name: value.double() for name, value in self.per_pair.items()}
+        b = self.baseline
+        prediction = self.per_pair["prediction"]
+        ok = (prediction >= 0) & b.finite
+        clean_correct = b.clean_correct
+        clean_tokens, corrupt_tokens = b.clean_tokens.cpu(), b.corrupt_tokens.cpu()
+
+        def share(hit: Tensor) -> Tensor:
+            return torch.where(ok, hit.double(), torch.nan)
+
+        diff = self.per_pair["logit_diff"].double()
+        return {
+            "overwrite_rate": share(clean_correct & (prediction == corrupt_tokens)),
+            "flip_away_rate": share(clean_correct & (prediction != clean_tokens)),
+            "corrupt_answer_rate": share(prediction == corrupt_tokens),
+            "logit_diff": torch.where(ok, diff, torch.nan),
+            "patch_effect": torch.where(ok, diff - b.clean_logit_diff.double(), torch.nan),
+        }
+
+    def bootstrap(self, n_resamples: int = N_RESAMPLES, seed: int = 0,
+                  level: float = LEVEL) -> dict[str, tuple[Tensor, Tensor]]:
+        """Percentile bootstrap intervals over pairs of every metric in every cell.
+
+        The pairs are resampled with replacement (seeded) and each metric recomputed on the
+        resample: rates and the logit difference as means, the patch effect as the ratio of means
+        mean(LD_patched - LD_base) / mean(LD_source - LD_base), NaN in a resample whose
+        denominator falls within the full sample's noise floor. A cell whose metric is NaN gets
+        a NaN interval.
+        """
+        counts = bootstrap_counts(self.n_pairs, n_resamples, seed)
+        out = {}
+        for name, values in self.pair_values().items():
+            if name not in self.metrics:
+                continue
+            draws = resampled_means(values.movedim(-1, 0), counts)  # [n_resamples, n_layers, n_cells]
+            if name == "patch_effect" and self.baseline is not None:
+                b = self.baseline
+                difference = (b.corrupt_logit_diff.double() - b.clean_logit_diff.double()).cpu()
+                defined = values.isfinite()
+                denominators = resampled_means(torch.where(defined, difference, torch.nan).movedim(-1, 0), counts)
+                floor = self.effect_floor.floor if self.effect_floor is not None else 0.0
+                draws = torch.where(denominators.abs() > floor, draws / denominators, torch.nan)
+            low, high = percentile_interval(draws, level)
+            missing = self.metrics[name].isnan()
+            out[name] = (low.masked_fill(missing, torch.nan), high.masked_fill(missing, torch.nan))
+        return out
 
     @property
     def per_pair_logit_diff(self) -> Float[Tensor, "n_layers n_cells n_pairs"]:
@@ -100,7 +170,8 @@ class PatchingResult(Result):
     # ------------------------------------------------------------------ I/O
     def to_dict(self) -> dict:
         """A JSON-ready dict: mode, n_pairs, layers, the cell axis, and per metric a [layer][cell] list."""
-        out: dict = {"mode": self.mode, "component": self.component, "n_pairs": self.n_pairs,
+        out: dict = {"mode": self.mode, "component": self.component, "direction": self.direction,
+                     "roles": ROLES[self.direction], "n_pairs": self.n_pairs,
                      "pair_ids": list(self.pair_ids), "layers": list(self.layers), CELL_AXIS[self.mode]: list(self.cells),
                      "metric": self.metric, "readout": self.readout}
         if self.region is not None:
@@ -128,6 +199,12 @@ class PatchingResult(Result):
         if self.baseline_values is not None:
             out["baseline"] = {name: {role: _jsonable(v) for role, v in roles.items()}
                                for name, roles in self.baseline_values.items()}
+        if self.effect_floor is not None:
+            out["patch_effect_floor"] = self.effect_floor.to_dict()
+        if self.intervals:
+            out["intervals"] = {"level": LEVEL, "method": f"percentile bootstrap over pairs ({N_RESAMPLES} resamples, "
+                                "seed 0)", **{name: {"low": _jsonable(low), "high": _jsonable(high)}
+                                              for name, (low, high) in self.intervals.items()}}
         out.update(self.extra)
         return out
 

@@ -5,8 +5,13 @@
     result = patch_layer_position(model, batch)                        # every position; image grid too
     result = patch_layer_head(model, batch, region="all")              # one head's hook_z at a time
 
-Every cell patches the corrupt run's activation into the clean run (see `runner`); method
-"fast" (default) and "naive" give equal numbers, "naive" being the one-forward-per-cell loop.
+Every cell patches the corrupt run's activation into the clean run (`direction="noising"`, the
+default; see `runner`), or the clean run's into the corrupt one (`direction="denoising"`, what
+TransformerLens's `get_act_patch_*` do); method "fast" (default) and "naive" give equal numbers,
+"naive" being the one-forward-per-cell loop. Every cell of the answer metrics carries a 95%
+percentile bootstrap interval over pairs (`result.intervals`), and the normalised patch effect
+is NaN where the clean and corrupt runs differ by less than the noise floor
+(`vlens.patching.metrics.effect_floor`), with a `NoiseFloorWarning` naming the cells.
 Common keywords: `metric` (default: the answer metrics of `vlens.patching.metrics`; or any
 callable, TransformerLens style: ``metric(logits [n_pairs, n_readout, d_vocab]) -> [n_pairs]``,
 a number, or a dict of those), `readout` (where the logits are read: "final", or column
@@ -18,13 +23,14 @@ processes; every process gets the result).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from vlens.patching.conditions import PatchSpec, check_component
-from vlens.patching.metrics import AnswerMetrics, MetricFn, as_metric
+from vlens.patching.metrics import AnswerMetrics, MetricFn, NoiseFloorWarning, as_metric, effect_floor
 from vlens.patching.pairs import PairBatch, Readout
 from vlens.patching.results import PatchingResult, stack_metrics
 from vlens.patching.sharded import run_specs_reduced
@@ -36,6 +42,32 @@ if TYPE_CHECKING:
     from vlens.parallel import Sharding
 
 REGIONS: tuple[str, ...] = ("image", "text", "final", "all")
+DIRECTIONS: tuple[str, ...] = ("noising", "denoising")  # corrupt into clean (default) | clean into corrupt
+
+
+def oriented(batch: PairBatch, direction: str) -> PairBatch:
+    """The batch whose "clean" run receives the patch: as is for noising, roles swapped for denoising."""
+    if direction not in DIRECTIONS:
+        raise UserInputError(f"direction must be one of {DIRECTIONS} (noising: corrupt activations into the clean "
+                             f"run; denoising: clean into the corrupt run), got {direction!r}")
+    return batch if direction == "noising" else batch.swapped()
+
+
+def warn_noise_floor(result: PatchingResult) -> None:
+    """A `NoiseFloorWarning` naming the cells whose patch effect the noise floor left undefined."""
+    effect, diff = result.metrics.get("patch_effect"), result.metrics.get("logit_diff")
+    if effect is None or diff is None or result.effect_floor is None:
+        return
+    undefined = (effect.isnan() & diff.isfinite()).nonzero().tolist()
+    if not undefined:
+        return
+    cells = ", ".join(result.cell_name(a, b) for a, b in undefined[:6])
+    more = f" (+{len(undefined) - 6} more)" if len(undefined) > 6 else ""
+    every = " (every cell)" if len(undefined) == effect.numel() else ""
+    warnings.warn(f"patching: the normalised patch effect is NaN at {len(undefined)} cells{every}: {cells}{more}: "
+                  f"the {result.effect_floor.describe()}; the logit difference and the rates are still reported. "
+                  "Use more pairs, a higher-precision dtype, or pairs whose answers the model tells apart.",
+                  NoiseFloorWarning, stacklevel=3)
 
 
 def _layers(model: HookedVLM, layers: Sequence[int] | None) -> list[int]:
@@ -66,11 +98,13 @@ def report_non_finite(model, batch: PairBatch, baseline, per_pair: torch.Tensor,
 
 
 def _result(model, batch, specs, mode, component, layers, cells, method, max_batch, progress, pair_batch_size,
-            sharding, metric, readout, **extra) -> PatchingResult:
+            sharding, metric, readout, direction="noising", **extra) -> PatchingResult:
     if metric is None and readout != "final":
         raise UserInputError("the default answer metrics read the final position: pass metric=... to read "
                              f"readout={readout!r}")
-    scorer = as_metric(metric, batch)
+    given = batch
+    batch = oriented(batch, direction)
+    scorer = as_metric(metric, batch, getattr(model.cfg, "dtype", None))
     summary = run_specs_reduced(model, batch, specs, method=method, max_batch=max_batch, progress=progress,
                                 pair_batch_size=pair_batch_size, sharding=sharding, metric=scorer, readout=readout)
     metrics = stack_metrics(summary.metrics, len(layers), len(cells))
@@ -81,22 +115,29 @@ def _result(model, batch, specs, mode, component, layers, cells, method, max_bat
         broken = sorted(name for name, value in metrics.items() if bool(value.isnan().any()))
         if broken:
             warn_non_finite("patching", f"metric values {broken} of patched {component}")
-    return PatchingResult(mode=mode, component=component, layers=layers, cells=cells, metrics=metrics,
-                          per_pair=per_pair, pair_ids=list(batch.pair_ids), baseline=summary.baseline,
-                          baseline_values=summary.baseline_values,
-                          metric="answer" if isinstance(scorer, AnswerMetrics) else scorer.name,
-                          readout=readout if isinstance(readout, str) else [int(c) for c in ([readout] if isinstance(
-                              readout, int) else readout)],
-                          extra={"answers": batch.answers_json()}, **extra)
+    result = PatchingResult(mode=mode, component=component, layers=layers, cells=cells, metrics=metrics,
+                            per_pair=per_pair, pair_ids=list(batch.pair_ids), baseline=summary.baseline,
+                            baseline_values=summary.baseline_values,
+                            metric="answer" if isinstance(scorer, AnswerMetrics) else scorer.name,
+                            readout=readout if isinstance(readout, str) else [int(c) for c in ([readout] if isinstance(
+                                readout, int) else readout)],
+                            direction=direction, extra={"answers": given.answers_json()}, **extra)
+    if summary.baseline is not None:
+        result.effect_floor = effect_floor(summary.baseline)
+        warn_noise_floor(result)
+    result.intervals = result.bootstrap()
+    return result
 
 
 def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
                        regions: Sequence[str] = REGIONS, layers: Sequence[int] | None = None,
                        method: str = "fast", max_batch: int = 64, progress: bool = False,
                        pair_batch_size: int | None = None, sharding: Sharding | None = None,
-                       metric: MetricFn | None = None, readout: Readout = "final") -> PatchingResult:
+                       metric: MetricFn | None = None, readout: Readout = "final",
+                       direction: str = "noising") -> PatchingResult:
     """Patch `component` ("resid_pre", "attn_out", "mlp_out") of each layer at each region.
 
+    direction: "noising" (corrupt activations into the clean run, default) or "denoising".
     Returns a PatchingResult with metrics [n_layers, n_regions].
     """
     check_component(component)
@@ -107,7 +148,7 @@ def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "res
     masks = {r: batch.region_mask(r) for r in regions}
     specs = [PatchSpec(layer, component, masks[r]) for layer in layers for r in regions]
     return _result(model, batch, specs, "layer-region", component, layers, list(regions), method, max_batch, progress,
-                   pair_batch_size, sharding, metric, readout)
+                   pair_batch_size, sharding, metric, readout, direction)
 
 
 def patch_layer_region_components(model: HookedVLM, batch: PairBatch,
@@ -121,8 +162,10 @@ def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "r
                          layers: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
                          progress: bool = False, pair_batch_size: int | None = None,
                          sharding: Sharding | None = None, metric: MetricFn | None = None,
-                         readout: Readout = "final") -> PatchingResult:
+                         readout: Readout = "final", direction: str = "noising") -> PatchingResult:
     """Patch `component` of each layer at each position (a column of the left-padded batch).
+
+    direction: "noising" (corrupt activations into the clean run, default) or "denoising".
 
     Rows are left-padded, so column p is the same slot counted from the final token in every
     pair; columns where a pair has padding patch nothing for that pair. When every pair has its
@@ -151,16 +194,18 @@ def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "r
             and all(regions.image_grid[r] == regions.image_grid[0] for r in rows):
         image_positions, grid = first, tuple(regions.image_grid[0][0])
     return _result(model, batch, specs, "layer-pos", component, layers, positions, method, max_batch, progress,
-                   pair_batch_size, sharding, metric, readout, tokens=token_strings, image_positions=image_positions,
-                   image_grid=grid)
+                   pair_batch_size, sharding, metric, readout, direction, tokens=token_strings,
+                   image_positions=image_positions, image_grid=grid)
 
 
 def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", layers: Sequence[int] | None = None,
                      heads: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
                      progress: bool = False, pair_batch_size: int | None = None,
                      sharding: Sharding | None = None, metric: MetricFn | None = None,
-                     readout: Readout = "final") -> PatchingResult:
+                     readout: Readout = "final", direction: str = "noising") -> PatchingResult:
     """Patch one head's `hook_z` at a time (at `region`'s positions: "all", "image", "text", "final").
+
+    direction: "noising" (corrupt activations into the clean run, default) or "denoising".
 
     Returns a PatchingResult with metrics [n_layers, n_heads].
     """
@@ -174,4 +219,4 @@ def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", la
     mask = batch.region_mask(region)
     specs = [PatchSpec(layer, "z", mask, head=h) for layer in layers for h in heads]
     return _result(model, batch, specs, "layer-head", "z", layers, heads, method, max_batch,
-                   progress, pair_batch_size, sharding, metric, readout, region=region)
+                   progress, pair_batch_size, sharding, metric, readout, direction, region=region)

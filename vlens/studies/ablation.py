@@ -20,6 +20,7 @@ from vlens.ablation import (
     jaccard,
 )
 from vlens.ablation.crosstask import REFERENCE_MODES
+from vlens.ablation.overlap import unranked_heads
 from vlens.ablation.tasks import canonical_task_name, dataset_task_batches
 from vlens.parallel import Sharding
 from vlens.utils.errors import UserInputError
@@ -130,8 +131,10 @@ def add_patching_overlap(report: AblationReport, patching, source: str = "", k: 
     else:
         shared = head_set_from_json(patching, n_layers, n_heads, k, metric)
         heads = {t: shared for t in ablation_sets}
+    tables = per_task if per_task is not None else {t: patching for t in heads}
     report.patching = {
         "source": source, "top_k": k, "metric": metric,
+        "unranked_heads": {t: unranked_heads(tables[t], metric) for t in heads},  # null scores, left out
         "heads": {t: [list(h) for h in hs] for t, hs in heads.items()},
         "jaccard": {t: jaccard(hs, ablation_sets[t]) for t, hs in heads.items()},
     }

@@ -50,6 +50,40 @@ def wilson_interval(successes, n, level: float = LEVEL) -> tuple[Tensor, Tensor]
     return low, high
 
 
+def bootstrap_counts(n: int, n_resamples: int = 1000, seed: int = 0) -> Float[Tensor, "n_resamples n"]:
+    """How often each of n rows is drawn in each bootstrap resample (rows drawn with replacement, seeded)."""
+    if n < 1:
+        raise ValueError("a bootstrap needs at least one value along dim 0")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.randint(0, n, (n_resamples, n), generator=generator)
+    return torch.zeros(n_resamples, n, dtype=torch.float64).scatter_add_(1, index, torch.ones(index.shape,
+                                                                                           dtype=torch.float64))
+
+
+def resampled_means(values: Float[Tensor, "n ..."], counts: Float[Tensor, "n_resamples n"],
+                    chunk: int = 4096) -> Float[Tensor, "n_resamples ..."]:
+    """The mean along dim 0 of every resample (`bootstrap_counts`), NaN rows left out of each mean;
+    computed as a weighted sum in chunks of columns, never as a [n_resamples, n, ...] copy."""
+    x = torch.as_tensor(values, dtype=torch.float64)
+    flat = x.reshape(x.shape[0], -1)
+    finite = flat.isfinite().double()
+    out = []
+    for start in range(0, max(flat.shape[1], 1), chunk):
+        part, weight = flat[:, start:start + chunk].nan_to_num(0.0), finite[:, start:start + chunk]
+        out.append((counts @ (part * weight)) / (counts @ weight))  # 0 / 0 -> NaN: no finite row drawn
+    return torch.cat(out, dim=1).reshape(counts.shape[0], *x.shape[1:])
+
+
+def percentile_interval(draws: Float[Tensor, "n_resamples ..."], level: float = LEVEL) -> tuple[Tensor, Tensor]:
+    """The central `level` percentile interval over resamples (NaN draws ignored)."""
+    _z(level)
+    tail = (1 - level) / 2
+    low, high = torch.nanquantile(draws, torch.tensor([tail, 1 - tail], dtype=torch.float64), dim=0)
+    return low, high
+
+
 def bootstrap_interval(
     values: Float[Tensor, "n ..."] | Sequence[float], n_resamples: int = 1000, level: float = LEVEL, seed: int = 0
 ) -> tuple[Tensor, Tensor]:
@@ -61,16 +95,8 @@ def bootstrap_interval(
     x = torch.as_tensor(values, dtype=torch.float64)
     if x.ndim == 0 or x.shape[0] == 0:
         raise ValueError("bootstrap_interval needs at least one value along dim 0")
-    if n_resamples < 1:
-        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     _z(level)
-    generator = torch.Generator().manual_seed(seed)
-    index = torch.randint(0, x.shape[0], (n_resamples, x.shape[0]), generator=generator)
-    means = x[index].nanmean(dim=1)  # [n_resamples, ...]
-    tail = (1 - level) / 2
-    quantiles = torch.tensor([tail, 1 - tail], dtype=torch.float64)
-    low, high = torch.nanquantile(means, quantiles, dim=0)
-    return low, high
+    return percentile_interval(resampled_means(x, bootstrap_counts(x.shape[0], n_resamples, seed)), level)
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -208,5 +234,5 @@ def format_p(p: float | None) -> str:
     return f"p {text[0]} {text[1:]}" if text.startswith("<") else f"p = {text}"
 
 
-__all__ = ["LEVEL", "bootstrap_interval", "fisher_greater", "format_interval", "format_p", "format_share", "holm",
+__all__ = ["LEVEL", "bootstrap_counts", "bootstrap_interval", "percentile_interval", "resampled_means", "fisher_greater", "format_interval", "format_p", "format_share", "holm",
            "hypergeometric_tail", "mean_interval", "p_number", "spread", "t_quantile", "wilson_interval"]
