@@ -17,6 +17,18 @@ FAMILIES = {
                  testing.tiny_qwen3_vl_processor, ["--image-size", "64"], False),
     "llava": (lambda: testing.tiny_llava_model(seed=4, n_layers=2, d_model=48, n_heads=6, n_kv_heads=3),
               testing.tiny_llava_processor, [], True),
+    "qwen3_vl_moe": (lambda: testing.tiny_qwen3_vl_moe_model(seed=5, n_layers=2, n_heads=3, n_kv_heads=1, d_head=8,
+                                                               n_experts=4, top_k=2, d_expert=12),
+                     testing.tiny_qwen3_vl_processor, ["--image-size", "64"], False),
+    # hybrid decoders: linear-attention layers have 4 heads, full attention 2 (and 3)
+    "qwen3_5": (lambda: testing.tiny_qwen3_5_model(seed=6, n_layers=3, n_heads=2, n_kv_heads=1, d_head=8,
+                                                     linear_heads=4, linear_key_heads=2, linear_d_head=6,
+                                                     linear_d_key=6),
+                testing.tiny_qwen3_vl_processor, ["--image-size", "64"], False),
+    "qwen3_5_moe": (lambda: testing.tiny_qwen3_5_moe_model(seed=7, n_layers=2, n_heads=3, n_kv_heads=1, d_head=8,
+                                                             linear_heads=2, linear_key_heads=1, linear_d_head=8,
+                                                             linear_d_key=6, n_experts=4, top_k=2, d_expert=10),
+                    testing.tiny_qwen3_vl_processor, ["--image-size", "64"], False),
 }
 
 
@@ -31,5 +43,8 @@ def test_every_command_on_a_saved_folder(family, tmp_path, data):
     hf = build()
     folder = save_family_folder(hf, processor(), tmp_path / family)
     cfg = hf.config.get_text_config()
+    linear = [t == "linear_attention" for t in getattr(cfg, "layer_types", None) or []]
+    heads = [cfg.linear_num_value_heads if is_linear else cfg.num_attention_heads
+             for is_linear in (linear or [False] * cfg.num_hidden_layers)]
     run_every_command(folder, tmp_path / "out", data, image_args, n_layers=cfg.num_hidden_layers,
-                      n_heads=cfg.num_attention_heads, export=export)
+                      n_heads=max(heads), export=export, n_heads_total=sum(heads))

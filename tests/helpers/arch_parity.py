@@ -11,8 +11,10 @@ import torch
 
 
 def hf_attention(model, hf, layer: int):
-    """The HF self-attention module of decoder layer `layer`."""
-    return model.adapter.language_model(hf).layers[layer].self_attn
+    """The HF token mixer of decoder layer `layer`: its self-attention, or its linear attention
+    (`linear_attn`, a hybrid decoder's Gated DeltaNet) where it has no self-attention."""
+    hf_layer = model.adapter.language_model(hf).layers[layer]
+    return getattr(hf_layer, "self_attn", None) or hf_layer.linear_attn
 
 
 def input_matrix(model, sizes: list[tuple[int, int]]) -> dict:
@@ -110,8 +112,8 @@ def hf_logits(hf, inputs, forward_hooks=(), pre_hooks=()):
 
 
 def assert_hook_z_edit_matches_hf(model, hf, inputs, layer: int, head: int) -> None:
-    """Editing one head's z equals the same edit on the input of HF's o_proj."""
-    d_head = model.cfg.d_head
+    """Editing one head's z equals the same edit on the input of HF's o_proj (out_proj for linear attention)."""
+    d_head = model.cfg.d_head_at(layer)
     cols = slice(head * d_head, (head + 1) * d_head)
 
     def edit_z(z, hook):
@@ -126,7 +128,8 @@ def assert_hook_z_edit_matches_hf(model, hf, inputs, layer: int, head: int) -> N
 
     with torch.no_grad():
         ours = model.run_with_hooks(inputs, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", edit_z)])
-    expected = hf_logits(hf, inputs, pre_hooks=[(hf_attention(model, hf, layer).o_proj, edit_o_proj_input)])
+    attn = hf_attention(model, hf, layer)
+    expected = hf_logits(hf, inputs, pre_hooks=[(getattr(attn, "o_proj", None) or attn.out_proj, edit_o_proj_input)])
     torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
 
 

@@ -44,12 +44,14 @@ def run(argv: Sequence[str]) -> None:
 
 def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[str] = ("--image-size", "56"),
                       n_layers: int | None = None, n_heads: int | None = None,
-                      export: bool = True) -> dict[str, dict]:
+                      export: bool = True, n_heads_total: int | None = None) -> dict[str, dict]:
     """patch, logit-lens, lens train, headlens, ablate, eval, train, temperature fit/apply/export and
     info on the model folder `model`; returns each command's results (by command name).
 
     image_args: the flags that size the images the commands render (and the processor's budget) for
-    this family; n_layers / n_heads: the model's, to check the shapes of what the commands wrote;
+    this family; n_layers / n_heads: the model's, to check the shapes of what the commands wrote (n_heads:
+    the widest layer's heads; n_heads_total: every layer's heads together where layers differ, as in a
+    hybrid decoder, default n_layers * n_heads);
     export: also `temperature export` (families whose q projection can absorb a head's temperature).
     """
     image = list(image_args)
@@ -92,7 +94,7 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
 
     if n_layers is not None and n_heads is not None:
         heads = done["headlens"]["heads"]
-        assert len(heads) == n_layers * n_heads
+        assert len(heads) == (n_heads_total or n_layers * n_heads)
         grid = done["patch"].get("patch_effect") or done["patch"].get("overwrite_rate")
         assert grid is not None and len(grid) == n_layers and len(grid[0]) == n_heads
     assert done["train"]["steps"] == 1

@@ -21,6 +21,9 @@ BUILDERS = {
     "Qwen2_5_VLForConditionalGeneration": lambda: _qwen("qwen2_5_vl"),
     "Qwen3VLForConditionalGeneration": lambda: tiny_vlm("qwen3_vl"),
     "LlavaForConditionalGeneration": lambda: tiny_vlm("llava", attention_bias=True),
+    "Qwen3VLMoeForConditionalGeneration": lambda: tiny_vlm("qwen3_vl_moe", n_layers=2),
+    "Qwen3_5ForConditionalGeneration": lambda: tiny_vlm("qwen3_5"),
+    "Qwen3_5MoeForConditionalGeneration": lambda: tiny_vlm("qwen3_5_moe"),
 }
 
 

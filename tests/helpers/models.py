@@ -19,12 +19,18 @@ from vlens.testing import (
     tiny_hf_model,
     tiny_llava_model,
     tiny_llava_processor,
+    tiny_qwen3_5_model,
+    tiny_qwen3_5_moe_model,
     tiny_qwen3_vl_model,
+    tiny_qwen3_vl_moe_model,
     tiny_qwen3_vl_processor,
     tiny_qwen_processor,
 )
 
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava")
+FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+# the Qwen3-VL-processor families (16 px patches) beyond Qwen3-VL itself: builder by family
+QWEN3_BUILDERS = {"qwen3_vl": tiny_qwen3_vl_model, "qwen3_vl_moe": tiny_qwen3_vl_moe_model,
+                  "qwen3_5": tiny_qwen3_5_model, "qwen3_5_moe": tiny_qwen3_5_moe_model}
 QWEN_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
 
 
@@ -35,8 +41,8 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}: one of {FAMILIES}")
     options = {"tokenizer": tokenizer} if tokenizer is not None else {}
-    if family == "qwen3_vl":
-        hf = tiny_qwen3_vl_model(seed=seed, attn_implementation=attn, **options, **config)
+    if family in QWEN3_BUILDERS:
+        hf = QWEN3_BUILDERS[family](seed=seed, attn_implementation=attn, **options, **config)
         made = tiny_qwen3_vl_processor(**options, **(processor or {}))
     elif family == "llava":
         hf = tiny_llava_model(seed=seed, attn_implementation=attn, **options, **config)

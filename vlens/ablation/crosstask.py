@@ -54,7 +54,7 @@ def cross_task_ablation(
     """
     sharding = sharding or Sharding()
     shown = sharding.progress(progress)
-    check_top_k(top_k, "top_k", model.cfg.n_layers * model.cfg.n_heads)
+    check_top_k(top_k, "top_k", model.cfg.n_heads_total)
     for name, value in (("batch_size", batch_size), ("heads_per_pass", heads_per_pass)):
         check_count(value, name, min=1)
     if reference_mode not in REFERENCE_MODES:

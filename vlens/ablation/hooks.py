@@ -46,7 +46,7 @@ def replacement_values(
     check_method(method, reference)
     if method == "zero":
         cfg = model.cfg
-        return torch.zeros(*inputs.input_ids.shape, cfg.n_heads, cfg.d_head, dtype=cfg.dtype,
+        return torch.zeros(*inputs.input_ids.shape, cfg.heads_at(layer), cfg.d_head_at(layer), dtype=cfg.dtype,
                            device=model.unembed.device)
     if reference is None:
         raise ValueError(f"{method} ablation needs reference activations")
@@ -93,9 +93,10 @@ def ablation_hooks(
     """
     by_layer: dict[int, list[int]] = defaultdict(list)
     for layer, head in heads:
-        if not (0 <= layer < model.cfg.n_layers and 0 <= head < model.cfg.n_heads):
-            raise ValueError(f"head ({layer}, {head}) is outside the model's "
-                             f"{model.cfg.n_layers} layers x {model.cfg.n_heads} heads")
+        if not (0 <= layer < model.cfg.n_layers and 0 <= head < model.cfg.heads_at(layer)):
+            where = f"layer {layer}'s {model.cfg.heads_at(layer)} heads" if 0 <= layer < model.cfg.n_layers else \
+                f"the model's {model.cfg.n_layers} layers"
+            raise ValueError(f"head ({layer}, {head}) is outside {where}")
         by_layer[layer].append(head)
     real = inputs.attention_mask.bool()
     hooks = []

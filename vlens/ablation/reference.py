@@ -70,8 +70,9 @@ class ReferenceActivations:
 
     Attributes:
         alignment: "all", "position" or "region" (module docstring); what `mean_values` uses.
-        global_mean: [n_layers, n_heads, d_head], mean over every real reference position.
-        slot_keys: the aligned positions (slots) seen; slot_means [n_layers, n_slots, n_heads,
+        global_mean: per layer [n_heads, d_head] (that layer's own head shape: a hybrid decoder's
+            linear-attention layers differ), mean over every real reference position.
+        slot_keys: the aligned positions (slots) seen; slot_means per layer [n_slots, n_heads,
             d_head] and slot_counts [n_slots] (how many reference positions fell in each).
         n_examples, n_positions: size of the reference set (examples, real positions).
         samples: for resampling, per layer [n_positions, n_heads, d_head] every reference
@@ -79,9 +80,9 @@ class ReferenceActivations:
     """
 
     alignment: str
-    global_mean: Float[Tensor, "n_layers n_heads d_head"]
+    global_mean: list[Float[Tensor, "n_heads d_head"]]
     slot_keys: list[Key]
-    slot_means: Float[Tensor, "n_layers n_slots n_heads d_head"]
+    slot_means: list[Float[Tensor, "n_slots n_heads d_head"]]
     slot_counts: Int[Tensor, "n_slots"]
     n_examples: int
     n_positions: int
@@ -101,7 +102,7 @@ class ReferenceActivations:
                     slot_ids: Tensor | None = None) -> Float[Tensor, "batch pos n_heads d_head"]:
         """The mean each head's output is replaced by, at every position of `inputs`."""
         if self.alignment == "all":
-            return self.global_mean[layer].expand(*inputs.input_ids.shape, *self.global_mean.shape[1:])
+            return self.global_mean[layer].expand(*inputs.input_ids.shape, *self.global_mean[layer].shape)
         return self._aligned_means(layer, self.slot_ids(inputs) if slot_ids is None else slot_ids)
 
     def resample_values(self, layer: int, inputs: VLMInputs, partners: Sequence[int],
@@ -123,7 +124,7 @@ class ReferenceActivations:
 
     def _aligned_means(self, layer: int, slots: Tensor) -> Tensor:
         """Slot means at known slots, the global mean elsewhere."""
-        base = self.global_mean[layer].expand(*slots.shape, *self.global_mean.shape[1:])
+        base = self.global_mean[layer].expand(*slots.shape, *self.global_mean[layer].shape)
         slots = slots.to(base.device)
         return torch.where((slots >= 0)[..., None, None], self.slot_means[layer][slots.clamp(min=0)], base)
 
@@ -171,7 +172,9 @@ def collect_reference(
         batches, total = iter(reference), None
     lookup: dict[Key, int] = {}
     device = model.unembed.device
-    sums = torch.zeros(cfg.n_layers, 0, cfg.n_heads, cfg.d_head, dtype=torch.float32, device=device)
+    # per layer [n_slots, n_heads, d_head]: each layer's own head shape
+    sums = [torch.zeros(0, cfg.heads_at(layer), cfg.d_head_at(layer), dtype=torch.float32, device=device)
+            for layer in range(cfg.n_layers)]
     counts = torch.zeros(0, dtype=torch.long)
     samples: list[list[Tensor]] = [[] for _ in range(cfg.n_layers)]
     example_slots: list[dict[int, int]] = []  # per reference example: slot -> sample row
@@ -188,9 +191,9 @@ def collect_reference(
             cols += positions.tolist()
             slot_list += ids
         slot_idx = torch.tensor(slot_list, dtype=torch.long)
-        if len(lookup) > sums.shape[1]:
-            grow = len(lookup) - sums.shape[1]
-            sums = torch.cat([sums, sums.new_zeros(cfg.n_layers, grow, cfg.n_heads, cfg.d_head)], dim=1)
+        if len(lookup) > sums[0].shape[0]:
+            grow = len(lookup) - sums[0].shape[0]
+            sums = [torch.cat([layer_sums, layer_sums.new_zeros(grow, *layer_sums.shape[1:])]) for layer_sums in sums]
             counts = torch.cat([counts, counts.new_zeros(grow)])
         counts.index_add_(0, slot_idx, torch.ones_like(slot_idx))
         n_positions += len(slot_list)
@@ -203,8 +206,8 @@ def collect_reference(
     if n_positions == 0:
         raise ValueError("the reference set is empty: give at least one example with real tokens")
     dtype = cfg.dtype
-    slot_means = (sums / counts.clamp(min=1).to(device)[None, :, None, None]).to(dtype)
-    global_mean = (sums.sum(dim=1) / n_positions).to(dtype)
+    slot_means = [(layer_sums / counts.clamp(min=1).to(device)[:, None, None]).to(dtype) for layer_sums in sums]
+    global_mean = [(layer_sums.sum(dim=0) / n_positions).to(dtype) for layer_sums in sums]
     sample_tensors, sample_index = None, None
     if keep_samples:
         sample_tensors = [torch.cat(per_layer).to(device, dtype) for per_layer in samples]

@@ -83,6 +83,12 @@ class HeadAblation(Result):
     ablated_accuracy: Float[Tensor, "n_layers n_heads"]
     answers: list[str] | None = None
     answer_tokens: list[list[int]] | None = None
+    heads_per_layer: list[int] | None = None  # where layers differ (hybrid decoders); None: all n_heads
+
+    @property
+    def n_heads_total(self) -> int:
+        """Heads in the model (the grid's cells, less those beyond a layer's own heads)."""
+        return sum(self.heads_per_layer) if self.heads_per_layer else self.ablated_logprob.numel()
 
     @property
     def logprob_drop(self) -> Float[Tensor, "n_layers n_heads"]:
@@ -135,6 +141,7 @@ class HeadAblation(Result):
             "ablated_accuracy": _grid(self.ablated_accuracy),
             "answer_rule": "vlens.core.answers: whole answer teacher-forced (sum of its tokens' log-probabilities)",
             "answers": self.answers, "answer_tokens": self.answer_tokens,
+            **({"heads_per_layer": self.heads_per_layer} if self.heads_per_layer else {}),
         }
 
     @classmethod
@@ -144,7 +151,7 @@ class HeadAblation(Result):
                    clean_accuracy=_float(data["clean_accuracy"]),
                    ablated_logprob=_tensor(data["ablated_logprob"]),
                    ablated_accuracy=_tensor(data["ablated_accuracy"]), answers=data.get("answers"),
-                   answer_tokens=data.get("answer_tokens"))
+                   answer_tokens=data.get("answer_tokens"), heads_per_layer=data.get("heads_per_layer"))
 
     def plot(self, rank_by: str = "logprob"):
         """Layer x head heatmap of the damage (plotly)."""
@@ -196,7 +203,7 @@ class AblationReport(Result):
 
     @property
     def n_heads_total(self) -> int:
-        return next(iter(self.results.values())).ablated_logprob.numel()
+        return next(iter(self.results.values())).n_heads_total
 
     def _measured(self, *sweeps: HeadAblation) -> int:
         """Heads every given sweep measured (finite score): the units a top-k set is drawn from."""

@@ -92,7 +92,8 @@ def head_ablation_sweep(
             whole model with `run_with_hooks` per head (the plain, slower reference path).
         sharding: split the work, one unit per (chunk of examples, layer), across processes
             (`vlens.parallel`); every process returns the full result.
-    Heads outside `layers` keep NaN.
+    Heads outside `layers` keep NaN, as do the cells beyond a layer's own heads where layers differ
+    (a hybrid decoder's linear-attention layers: their heads are its value heads, `hook_z` before out_proj).
     """
     check_method(method, reference)
     if batch_size < 1 or heads_per_pass < 1:
@@ -122,8 +123,9 @@ def head_ablation_sweep(
         results = sharding.map(units, run, desc=f"ablate {task.name}", progress=progress)
     clean_runs.clear()
     clean_lp, clean_acc = torch.zeros(n), torch.zeros(n)
-    abl_lp = torch.full((cfg.n_layers, cfg.n_heads, n), float("nan"))
-    abl_acc = torch.full((cfg.n_layers, cfg.n_heads, n), float("nan"))
+    # [n_layers, widest layer's heads, n]: a layer with fewer heads (hybrid decoders) keeps NaN beyond them
+    abl_lp = torch.full((cfg.n_layers, cfg.max_heads, n), float("nan"))
+    abl_acc = torch.full((cfg.n_layers, cfg.max_heads, n), float("nan"))
     for (c, layer), out in zip(units, results, strict=True):
         rows = list(chunks[c])
         if "clean" in out:
@@ -136,6 +138,7 @@ def head_ablation_sweep(
         n_examples=n, clean_logprob=float(clean_lp.mean()), clean_accuracy=float(clean_acc.mean()),
         ablated_logprob=abl_lp.mean(dim=-1).double(), ablated_accuracy=abl_acc.mean(dim=-1).double(),
         answers=list(task.answers), answer_tokens=[list(a) for a in task.answer_tokens],
+        heads_per_layer=None if cfg.uniform_heads else [cfg.heads_at(layer) for layer in range(cfg.n_layers)],
     )
 
 
@@ -148,7 +151,7 @@ def _report_non_finite(model, task: TaskBatch, chunks: list[range], clean_lp: Te
         warn_non_finite(f"ablation ({task.name})", f"the unablated run of examples {bad_rows[:6]}", model,
                         task.inputs(model, chunk))
         return
-    broken = [(layer, head) for layer in layers for head in range(abl_lp.shape[1])
+    broken = [(layer, head) for layer in layers for head in range(model.cfg.heads_at(layer))
               if bool(abl_lp[layer, head].isnan().any())]
     if broken:
         warn_non_finite(f"ablation ({task.name})", "ablating heads " + ", ".join(f"L{a}H{b}" for a, b in broken[:6])
@@ -179,7 +182,7 @@ class _CleanChunk:
 
     def ablate_layer(self, model, method: str, layer: int, heads_per_pass: int, resume: bool) -> dict:
         """Answer log-prob and accuracy [n_rows] with each head of `layer` ablated alone, head by head."""
-        n_heads = model.cfg.n_heads
+        n_heads = model.cfg.heads_at(layer)
         values = replacement_values(model, method, layer, self.inputs, self.reference, self.partners, self.slot_ids)
         logprob, accuracy = [], []
         for start in range(0, n_heads, heads_per_pass if resume else 1):

@@ -99,7 +99,7 @@ def run_ablate(args: argparse.Namespace) -> int:
     out = prepare_out(args, RESULTS_FILE, REPORT_HTML, SUMMARY_MD)
     patching = _read_json(args.patching, "--patching") if args.patching is not None else None
     model = load_model_from_args(args)
-    check_top_k(args.top_k, "--top-k", model.cfg.n_layers * model.cfg.n_heads)  # before the sweep
+    check_top_k(args.top_k, "--top-k", model.cfg.n_heads_total)  # before the sweep
     if patching is not None:  # a wrong --patching-metric or grid fails now, not after the sweep
         _check_patching(patching, model, args)
     suite = (tasks_with_datasets(model, tasks, datasets, args.n_examples, args.n_reference, args.seed,
@@ -147,7 +147,7 @@ def _check_patching(patching, model, args: argparse.Namespace) -> None:
 
     from vlens.ablation.overlap import head_set_from_json
 
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.max_heads
     per_task = patching.get("tasks") if isinstance(patching, Mapping) else None
     named = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if per_task is None and isinstance(patching, Mapping) and set(patching) & set(named):

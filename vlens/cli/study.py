@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
     def load():
         model = load_model(args.model, **options)
-        check_count(args.top_k_heads, "--top-k-heads", max=model.cfg.n_layers * model.cfg.n_heads)  # the flag's name
+        check_count(args.top_k_heads, "--top-k-heads", max=model.cfg.n_heads_total)  # the flag's name
         return model
 
     result = run_study(load, settings, args.out, progress=not args.quiet, model_name=name)

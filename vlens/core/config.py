@@ -48,6 +48,22 @@ class VLMConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     spatial_merge_size: int = 1
     n_deepstack_layers: int = 0
+    # hybrid decoders (Qwen3.5): each layer's token mixer, "full_attention" (softmax) or
+    # "linear_attention" (Gated DeltaNet); empty: every layer is full attention. A linear-attention
+    # layer's heads are its value heads: `linear_n_heads` of size `linear_d_head` (its hook_z).
+    layer_types: list[str] = field(default_factory=list)
+    linear_n_heads: int = 0
+    linear_d_head: int = 0
+    linear_n_key_heads: int = 0
+    linear_d_key: int = 0
+    linear_conv_kernel: int = 0
+    # mixture of experts (0 / empty for dense MLPs): experts per MoE layer, experts per token, the
+    # layers whose MLP is a MoE block, an expert's hidden size, the shared expert's (0: none)
+    n_experts: int = 0
+    n_experts_per_token: int = 0
+    moe_layers: list[int] = field(default_factory=list)
+    d_expert: int = 0
+    d_shared_expert: int = 0
     # behaviour switches
     use_attn_result: bool = False  # compute per-head `hook_result` [batch, pos, n_heads, d_model]
     model_name: str = ""
@@ -65,6 +81,38 @@ class VLMConfig:
     @property
     def d_vocab_out(self) -> int:
         return self.d_vocab
+
+    def is_linear_attention(self, layer: int) -> bool:
+        """True when decoder layer `layer` mixes tokens by linear attention (no attention pattern)."""
+        return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
+
+    def heads_at(self, layer: int) -> int:
+        """Heads of decoder layer `layer` (its hook_z's head dimension)."""
+        return self.linear_n_heads if self.is_linear_attention(layer) else self.n_heads
+
+    def d_head_at(self, layer: int) -> int:
+        """Size of one head's output in decoder layer `layer` (its hook_z's last dimension)."""
+        return self.linear_d_head if self.is_linear_attention(layer) else self.d_head
+
+    @property
+    def max_heads(self) -> int:
+        """The most heads any layer has: the width of a [n_layers, heads] grid (NaN where a layer has fewer)."""
+        return max(self.heads_at(layer) for layer in range(self.n_layers))
+
+    @property
+    def n_heads_total(self) -> int:
+        """Heads in the whole decoder (every layer's own count)."""
+        return sum(self.heads_at(layer) for layer in range(self.n_layers))
+
+    @property
+    def uniform_heads(self) -> bool:
+        """True when every layer has the same head shape (n_heads x d_head), as in a dense decoder."""
+        return all((self.heads_at(x), self.d_head_at(x)) == (self.n_heads, self.d_head) for x in range(self.n_layers))
+
+    @property
+    def linear_attention_layers(self) -> list[int]:
+        """Layers whose token mixer is linear attention (Gated DeltaNet)."""
+        return [x for x in range(self.n_layers) if self.is_linear_attention(x)]
 
     @property
     def n_groups(self) -> int:

@@ -39,6 +39,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from vlens.utils.errors import UserInputError
+
 # Qwen2.5-VL-7B (28 layers): layer 2 and the routing layers 18-22 (docs/method.md, section 7)
 PAPER_FOCUS_LAYERS: tuple[int, ...] = (2, 18, 19, 20, 21, 22)
 PAPER_N_LAYERS = 28
@@ -49,15 +51,31 @@ Centres = Sequence[Sequence[float]]
 ImageObjects = tuple[Centres, tuple[int, int]]
 
 
-def default_focus_layers(n_layers: int) -> list[int]:
+def default_focus_layers(n_layers: int, softmax_layers: Sequence[int] | None = None) -> list[int]:
     """The paper's target layers mapped proportionally onto a model of `n_layers` layers.
 
     Layer l of the 28-layer model maps to round(l * (n_layers - 1) / 27); identical for 28.
+    softmax_layers: the layers that have an attention pattern, where only some do (a hybrid decoder:
+    Qwen3.5's linear-attention layers have none); each mapped layer moves to the nearest of them
+    (the lower one on a tie).
     """
     if n_layers < 1:
         raise ValueError(f"n_layers must be positive, got {n_layers}")
     scale = (n_layers - 1) / (PAPER_N_LAYERS - 1)
-    return sorted({round(layer * scale) for layer in PAPER_FOCUS_LAYERS})
+    mapped = {round(layer * scale) for layer in PAPER_FOCUS_LAYERS}
+    if softmax_layers is not None:
+        if not softmax_layers:
+            raise UserInputError("this model has no softmax-attention layer: the focus loss needs attention patterns")
+        mapped = {min(softmax_layers, key=lambda s: (abs(s - m), s)) for m in mapped}  # noqa: B023 (used at once)
+    return sorted(mapped)
+
+
+def model_focus_layers(model) -> list[int]:
+    """`default_focus_layers` for `model`, on its softmax-attention layers where it has linear ones."""
+    cfg = model.cfg
+    softmax = [x for x in range(cfg.n_layers) if not cfg.is_linear_attention(x)] if cfg.linear_attention_layers \
+        else None
+    return default_focus_layers(cfg.n_layers, softmax)
 
 
 def pixel_to_grid(
@@ -264,6 +282,10 @@ def capture_patterns(
     for layer in layers:
         if not 0 <= layer < model.cfg.n_layers:
             raise ValueError(f"focus layer {layer} is outside the model's {model.cfg.n_layers} layers")
+        if model.cfg.is_linear_attention(layer):
+            softmax = [x for x in range(model.cfg.n_layers) if not model.cfg.is_linear_attention(x)]
+            raise UserInputError(f"focus layer {layer} is a linear-attention (Gated DeltaNet) layer: it has no "
+                                 f"attention pattern to focus; choose among the softmax-attention layers {softmax}")
     hooks = [(f"blocks.{layer}.attn.hook_pattern", make_hook(layer)) for layer in layers]
     with model.hooks(fwd_hooks=hooks):
         yield captured
@@ -279,10 +301,10 @@ def run_with_focus(
 ) -> tuple[Float[Tensor, "batch pos d_vocab"], Float[Tensor, ""]]:
     """One forward returning (logits, L_focus).
 
-    layers: default `default_focus_layers(n_layers)`; query_positions: default the final
+    layers: default `model_focus_layers(model)`; query_positions: default the final
     prompt position of each row (`inputs.regions.final`).
     """
-    layers = default_focus_layers(model.cfg.n_layers) if layers is None else list(layers)
+    layers = model_focus_layers(model) if layers is None else list(layers)
     if query_positions is None:
         query_positions = inputs.regions.final
     with capture_patterns(model, layers, query_positions) as captured:

@@ -33,6 +33,7 @@ Where it acts:
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -53,6 +54,7 @@ from vlens.viz.figures import layer_head_heatmap
 
 Head = tuple[int, int]
 NORMALISATIONS = ("max", "mean", "none")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -99,11 +101,21 @@ class HeadTemperature(Result):
             raise ValueError(f"temperature layers {bad} are outside the model's {n_layers} layers")
 
     # ------------------------------------------------------------------ HookedVLM
+    def softmax_layers(self, is_linear: Callable[[int], bool]) -> list[int]:
+        """The target layers that have attention scores; target heads on linear-attention layers
+        (a hybrid decoder's Gated DeltaNet layers: no softmax, no temperature) are left alone, with a warning."""
+        skipped = [layer for layer in self.layers if is_linear(layer)]
+        if skipped:
+            heads = ", ".join(f"L{layer}H{head}" for layer, head in sorted(self.betas) if layer in skipped)
+            logger.warning("head temperature: %s %s on linear-attention layers, which have no attention scores "
+                           "to sharpen; left unchanged", heads, "is" if len(heads.split(", ")) == 1 else "are")
+        return [layer for layer in self.layers if layer not in skipped]
+
     def hooks(self, model) -> list[tuple[str, Callable]]:
-        """`[(hook name, fn)]` on `hook_attn_scores` of every target layer."""
+        """`[(hook name, fn)]` on `hook_attn_scores` of every target layer with softmax attention."""
         self._check(model.cfg.n_layers)
         out = []
-        for layer in self.layers:
+        for layer in self.softmax_layers(model.cfg.is_linear_attention):
             scales = self.layer_scales(layer, model.cfg.n_heads)
 
             def scale_scores(scores: Tensor, hook=None, scales=scales) -> Tensor:
@@ -136,9 +148,10 @@ class HeadTemperature(Result):
         adapter = adapter_for(hf_model)
         layers = adapter.decoder_layers(hf_model)
         self._check(len(layers))
-        n_heads = adapter.n_heads(hf_model)
+        cfg = adapter.build_config(hf_model)
+        n_heads = cfg.n_heads
         handles = []
-        for layer in self.layers:
+        for layer in self.softmax_layers(cfg.is_linear_attention):
             scales = self.layer_scales(layer, n_heads)
             q_norm = adapter.query_norm(layers[layer])
             if q_norm is not None:  # output [..., n_heads, d_head]: the query just before rotary
@@ -158,10 +171,11 @@ class HeadTemperature(Result):
         adapter = adapter_for(hf_model)
         layers = adapter.decoder_layers(hf_model)
         self._check(len(layers))
-        n_heads = adapter.n_heads(hf_model)
+        cfg = adapter.build_config(hf_model)
+        n_heads = cfg.n_heads
         by_id = {id(m): name for name, m in hf_model.named_modules()}
         state = {k: v.detach() for k, v in hf_model.state_dict().items()}
-        for layer in self.layers:
+        for layer in self.softmax_layers(cfg.is_linear_attention):
             if adapter.query_norm(layers[layer]) is not None:
                 raise ValueError(
                     "this family normalises each head's query (a query norm): a temperature cannot be baked into "
@@ -284,7 +298,8 @@ def importance_from_result(
     if hasattr(result, "to_dict") and hasattr(result, "results"):  # AblationReport
         result = result.to_dict()
     elif hasattr(result, "logprob_drop"):  # HeadAblation
-        return (result.accuracy_drop if metric == "accuracy" else result.logprob_drop).double()
+        drop = (result.accuracy_drop if metric == "accuracy" else result.logprob_drop).double()
+        return _zero_missing_heads(drop, getattr(result, "heads_per_layer", None))
     elif hasattr(result, "metrics") and hasattr(result, "mode"):  # PatchingResult
         result = result.to_dict()
     if not isinstance(result, dict):
@@ -300,7 +315,8 @@ def importance_from_result(
     if "ablated_logprob" in result:  # HeadAblation JSON (null: NaN, a head not measured or not finite)
         clean, ablated = ("clean_accuracy", "ablated_accuracy") if metric == "accuracy" else \
             ("clean_logprob", "ablated_logprob")
-        return _nan_if_none(result[clean]) - torch.tensor(_nan_if_none(result[ablated]), dtype=torch.float64)
+        drop = _nan_if_none(result[clean]) - torch.tensor(_nan_if_none(result[ablated]), dtype=torch.float64)
+        return _zero_missing_heads(drop, result.get("heads_per_layer"))
     if result.get("mode") == "layer-head":  # PatchingResult JSON
         name = metric or "overwrite_rate"
         floor = result.get("patch_effect_floor")
@@ -330,6 +346,17 @@ def importance_from_result(
         "unrecognised importance result: expected an ablation report / head ablation, "
         "a layer-head patching result, or {'scores': [[...]]}"
     )
+
+
+def _zero_missing_heads(importance: Tensor, heads_per_layer: Sequence[int] | None) -> Tensor:
+    """Importance 0 (never selected, not "non-finite") in the cells beyond a layer's own heads, where
+    layers differ (a hybrid decoder's ablation grid is as wide as its widest layer)."""
+    if not heads_per_layer:
+        return importance
+    importance = importance.clone()
+    for layer, heads in enumerate(heads_per_layer):
+        importance[layer, heads:] = 0.0
+    return importance
 
 
 def _read_result_file(path: Path) -> dict:

@@ -58,6 +58,8 @@ class HeadScores(Result):
     vocab_sizes: dict[str, int] = field(default_factory=dict)
     d_vocab: int | None = None  # vocab_sizes / d_vocab is the chance level of vgs / cter
     non_finite: Tensor | None = None  # bool [n_layers, n_heads]: NaN/inf logits on some example
+    # heads of each layer where layers differ (hybrid decoders: cells beyond a layer's heads are NaN)
+    heads_per_layer: list[int] | None = None
 
     def __getattr__(self, name: str):
         scores = self.__dict__.get("scores", {})
@@ -69,6 +71,14 @@ class HeadScores(Result):
     def shape(self) -> tuple[int, int]:
         n_layers, n_heads = next(iter(self.scores.values())).shape
         return int(n_layers), int(n_heads)
+
+    def heads_in(self, layer: int) -> int:
+        """How many heads layer `layer` has (the grid's width unless layers differ)."""
+        return self.heads_per_layer[layer] if self.heads_per_layer else self.shape[1]
+
+    def head_keys(self) -> list[tuple[int, int]]:
+        """Every (layer, head) of the model, layer-major."""
+        return [(layer, head) for layer in range(self.shape[0]) for head in range(self.heads_in(layer))]
 
     def head(self, layer: int, head: int) -> dict[str, float | None]:
         """The scores of one head (None where undefined)."""
@@ -89,13 +99,13 @@ class HeadScores(Result):
                                   value_label=score)
 
     def to_dict(self) -> dict:
-        n_layers, n_heads = self.shape
         return {
             "n_examples": self.n_examples, "k": self.k, "vocab_sizes": self.vocab_sizes, "d_vocab": self.d_vocab,
             "heads": [{"layer": layer, "head": head, "scores": self.head(layer, head),
                        "non_finite": self.head_non_finite(layer, head),
                        "top_tokens": [[t, c] for t, c in self.top_tokens.get((layer, head), [])]}
-                      for layer in range(n_layers) for head in range(n_heads)],
+                      for layer, head in self.head_keys()],
+            **({"heads_per_layer": self.heads_per_layer} if self.heads_per_layer else {}),
         }
 
 
@@ -139,7 +149,9 @@ def compute_head_scores(
     vocab = vocabulary_token_ids(model.tokenizer, vocabularies)
     for needed in ("visual", "number", "existence", "difficulty"):
         vocab.setdefault(needed, set())
-    L, H = model.cfg.n_layers, model.cfg.n_heads
+    L, H = model.cfg.n_layers, model.cfg.max_heads
+    # cells beyond a layer's own heads (hybrid decoders): HeadLens leaves them empty (-1 / NaN)
+    exists = torch.tensor([[head < model.cfg.heads_at(layer) for head in range(H)] for layer in range(L)])
     accumulators = [*SCORE_NAMES, "_difficulty_crowded", "_difficulty_uncrowded"]
     existence_ids = torch.tensor(sorted(vocab["existence"])) if vocab["existence"] else torch.empty(0, dtype=torch.long)
 
@@ -175,7 +187,7 @@ def compute_head_scores(
             add("_difficulty_crowded", says_difficult, crowded)
             add("_difficulty_uncrowded", says_difficult, uncrowded)
         part["ids"] = ids
-        bad = (ids < 0).any(-1)  # [batch, L, H]: HeadLens found non-finite head logits
+        bad = (ids < 0).any(-1) & exists  # [batch, L, H]: HeadLens found non-finite head logits
         if bool(bad.any()):
             rows = [start + r for r in bad.any(-1).any(-1).nonzero().flatten().tolist()]
             warn_non_finite("HeadLens", f"head logits of examples {rows[:6]}", model, inputs)
@@ -184,7 +196,8 @@ def compute_head_scores(
     parts = sharding.map(range(0, len(samples), batch_size), run, desc="head scores", progress=progress)
     sums = {name: torch.zeros(L, H) for name in accumulators}
     counts = {name: torch.zeros(L, H) for name in accumulators}
-    frequent: dict[tuple[int, int], Counter] = {(layer, head): Counter() for layer in range(L) for head in range(H)}
+    frequent: dict[tuple[int, int], Counter] = {(layer, head): Counter() for layer in range(L)
+                                                for head in range(model.cfg.heads_at(layer))}
     n_examples = 0
     broken = torch.zeros(L, H, dtype=torch.bool)  # heads with non-finite logits on some example
     for part in parts:  # in batch order: the same float sums as one process
@@ -192,9 +205,9 @@ def compute_head_scores(
             sums[name] += value
             counts[name] += part["counts"][name]
         ids = part["ids"]
-        broken |= (ids < 0).any(-1).any(0)
+        broken |= (ids < 0).any(-1).any(0) & exists
         for layer in range(L):
-            for head in range(H):
+            for head in range(model.cfg.heads_at(layer)):
                 frequent[(layer, head)].update(i for i in ids[:, layer, head].reshape(-1).tolist() if i >= 0)
         n_examples += ids.shape[0]
 
@@ -202,11 +215,12 @@ def compute_head_scores(
              for name in accumulators}
     crowded, uncrowded = means.pop("_difficulty_crowded"), means.pop("_difficulty_uncrowded")
     means["difficulty_response"] = torch.where(counts["_difficulty_uncrowded"] > 0, crowded - uncrowded, crowded)
-    scores = {name: means[name].masked_fill(broken, torch.nan) for name in SCORE_NAMES}
+    scores = {name: means[name].masked_fill(broken | ~exists, torch.nan) for name in SCORE_NAMES}
     common = {key: counter.most_common(n_top_tokens) for key, counter in frequent.items()}
     ids = sorted({i for pairs in common.values() for i, _ in pairs})
     label = dict(zip(ids, str_tokens(model.tokenizer, ids), strict=True))  # readable, as to_str_tokens
     top_tokens = {key: [(label[i], c) for i, c in pairs] for key, pairs in common.items()}
     return HeadScores(scores=scores, top_tokens=top_tokens, n_examples=n_examples, k=k,
                       vocab_sizes={name: len(ids) for name, ids in vocab.items()}, d_vocab=model.cfg.d_vocab,
-                      non_finite=broken)
+                      non_finite=broken,
+                      heads_per_layer=None if model.cfg.uniform_heads else [model.cfg.heads_at(x) for x in range(L)])

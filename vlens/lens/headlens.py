@@ -54,6 +54,9 @@ class HeadLensOutput(Result):
         image_attention [batch, p, L, H] attention mass from the position onto image tokens;
         image_share [batch, p] share of the visible keys that are image tokens (uniform baseline);
         has_image [batch]; logits [batch, p, L, H, d_vocab] only with ``return_logits=True``.
+    H is the widest layer's head count: where layers differ (a hybrid decoder, whose linear-attention
+    layers' heads are their value heads), a layer's missing heads have top_ids -1 and NaN values.
+    A linear-attention layer has no attention pattern: its image_attention is NaN.
     """
 
     layers: list[int]
@@ -109,6 +112,16 @@ def _resolve_positions(inputs, positions) -> Tensor:
     if positions.min() < 0 or positions.max() >= seq_len:
         raise IndexError(f"positions must lie in [0, {seq_len}), got {positions.min()}..{positions.max()}")
     return positions
+
+
+def _pad_heads(x: Tensor, width: int, fill: float, dim: int = 2) -> Tensor:
+    """x with its head dimension `dim` padded to `width` with `fill` (a layer with fewer heads)."""
+    missing = width - x.shape[dim]
+    if not missing:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x, x.new_full(shape, fill)], dim=dim)
 
 
 def _gather(x: Tensor, positions: Tensor) -> Tensor:
@@ -190,7 +203,7 @@ class HeadLens(TunedLens):
         for layer in layers:
             hooks.append((f"blocks.{layer}.attn.hook_z", keep(f"z{layer}")))
             hooks.append((f"blocks.{layer}.hook_resid_post", keep(f"resid{layer}")))
-            if image_attention:
+            if image_attention and not model.cfg.is_linear_attention(layer):  # linear attention has no pattern
                 hooks.append((f"blocks.{layer}.attn.hook_pattern", keep_image_mass(f"img{layer}")))
         with torch.no_grad():
             resid = model.run_with_hooks(inputs, fwd_hooks=hooks, return_type="resid")
@@ -198,15 +211,20 @@ class HeadLens(TunedLens):
         model_top1 = final_logits.argmax(-1).masked_fill(~finite_rows(final_logits), -1).cpu()
 
         tops, values, full = [], [], []
+        width = max(model.cfg.heads_at(layer) for layer in layers)  # layers may differ (hybrid decoders)
         for layer in layers:
             head_logits = self.decode_heads(store[f"z{layer}"], store[f"resid{layer}"], layer)  # [b, p, H, V]
             top = head_logits.topk(k, dim=-1)
             broken = ~finite_rows(head_logits)[..., None]  # NaN logits: no token, no value
-            tops.append(top.indices.masked_fill(broken, -1).cpu())
-            values.append(top.values.masked_fill(broken, torch.nan).cpu())
+            tops.append(_pad_heads(top.indices.masked_fill(broken, -1).cpu(), width, -1))
+            values.append(_pad_heads(top.values.masked_fill(broken, torch.nan).cpu(), width, torch.nan))
             if return_logits:
-                full.append(head_logits.cpu())
-        mass = torch.stack([store[f"img{x}"].cpu() for x in layers], 2) if image_attention else None
+                full.append(_pad_heads(head_logits.cpu(), width, torch.nan))
+        mass = None
+        if image_attention:
+            batch_size, n_pos = pos.shape
+            mass = torch.stack([_pad_heads(store[f"img{x}"].cpu(), width, torch.nan, dim=-1) if f"img{x}" in store
+                                else torch.full((batch_size, n_pos, width), torch.nan) for x in layers], 2)
         visible = inputs.attention_mask.bool().cpu()
         key_index = torch.arange(inputs.input_ids.shape[1])
         before = key_index[None, None, :] <= pos[:, :, None]  # causal: keys up to the position

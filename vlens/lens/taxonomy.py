@@ -163,11 +163,10 @@ class HeadTaxonomy(Result):
 
     def heads_json(self) -> list[dict]:
         """Per head: layer, head, scores, class, top tokens (what ``heads.json`` holds)."""
-        n_layers, n_heads = self.shape
         return [{"layer": layer, "head": head, "class": self.classes[(layer, head)],
                  "scores": self.scores.head(layer, head),
                  "top_tokens": [[t, c] for t, c in self.scores.top_tokens.get((layer, head), [])]}
-                for layer in range(n_layers) for head in range(n_heads)]
+                for layer, head in self.scores.head_keys()]
 
     def to_dict(self) -> dict:
         return {"thresholds": self.thresholds.to_dict(), "counts": self.counts(),
@@ -178,9 +177,8 @@ class HeadTaxonomy(Result):
 
 def classify_heads(scores: HeadScores, thresholds: TaxonomyThresholds = TaxonomyThresholds()) -> HeadTaxonomy:
     """Apply the rules to every head."""
-    n_layers, n_heads = scores.shape
     chance = token_share_chance(scores)
     classes = {(layer, head): "non-finite" if scores.head_non_finite(layer, head)
                else classify_head(scores.head(layer, head), thresholds, chance)
-               for layer in range(n_layers) for head in range(n_heads)}
+               for layer, head in scores.head_keys()}
     return HeadTaxonomy(classes=classes, scores=scores, thresholds=thresholds)

@@ -27,12 +27,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.core.components.attention import Attention
 from vlens.core.hooks import act_name
 from vlens.patching.conditions import final_logits, readout_logits
 from vlens.patching.metrics import MetricFn, MetricFunction, logit_diff
 from vlens.patching.pairs import PairBatch, Readout
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe, warn_non_finite
+from vlens.utils.ragged import pad_heads
 from vlens.utils.results import Result
 from vlens.viz.figures import layer_head_heatmap
 from vlens.viz.optional import require_plotly
@@ -143,7 +145,9 @@ def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool, metric:
                        readout: Readout = "final") -> AttributionResult:
     cfg = model.cfg
     n_layers = cfg.n_layers
-    names = {kind: [act_name(kind, layer) for layer in range(n_layers)] for kind in ("z", "resid_pre", "rot_q", "rot_k")}
+    softmax = [layer for layer in range(n_layers) if not cfg.is_linear_attention(layer)]  # layers with q, k, pattern
+    names = {kind: [act_name(kind, layer) for layer in range(n_layers)] for kind in ("z", "resid_pre")}
+    names.update({kind: [act_name(kind, layer) for layer in softmax] for kind in ("rot_q", "rot_k")})
     wanted = {n for group in names.values() for n in group}
     with torch.no_grad():
         _, corrupt = model.run_with_cache(batch.corrupt, names_filter=lambda n: n in wanted, return_type=None)
@@ -154,7 +158,7 @@ def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool, metric:
     def keep(act: Tensor, hook) -> None:
         clean[hook.name] = act
 
-    pattern_names = [act_name("pattern", layer) for layer in range(n_layers)]
+    pattern_names = [act_name("pattern", layer) for layer in softmax]
     capture = [(n, keep) for n in sorted(wanted) + pattern_names]
     with torch.enable_grad():
         resid_in = state.resid.detach().requires_grad_(True)
@@ -182,13 +186,17 @@ def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool, metric:
             return ((corrupt[name].to(grad.dtype) - clean[name].detach()) * grad).sum(reduce_dims)
 
         valid = batch.clean.attention_mask.to(resid.device).bool()
-        per_pair_z = torch.stack([atp(n, (1, 3)) for n in names["z"]], dim=1).float().cpu()  # [n, L, H]
+        # [n, L, H]; NaN where a layer has fewer heads than the widest (a hybrid decoder's linear attention)
+        per_pair_z = pad_heads([atp(n, (1, 3)).float().cpu() for n in names["z"]], cfg.max_heads, dim=1)
         resid_est = torch.stack([atp(n, (2,)) * valid for n in names["resid_pre"]], dim=1).float().cpu()  # [n, L, pos]
         if qk_fix:
             q_est, k_est = _qk_atp_star(model, state, clean, corrupt, grads)
         else:
-            q_est = torch.stack([atp(n, (1, 3)) for n in names["rot_q"]], dim=1).float().cpu().mean(0)
-            k_est = torch.stack([atp(n, (1, 3)) for n in names["rot_k"]], dim=1).float().cpu().mean(0)
+            q_est = torch.full((n_layers, cfg.max_heads), float("nan"))
+            k_est = torch.full((n_layers, cfg.n_key_value_heads), float("nan"))
+            for layer, q_name, k_name in zip(softmax, names["rot_q"], names["rot_k"], strict=True):
+                q_est[layer, :cfg.n_heads] = atp(q_name, (1, 3)).float().cpu().mean(0)
+                k_est[layer] = atp(k_name, (1, 3)).float().cpu().mean(0)
     _report_non_finite(model, batch, per_pair_ld.detach(), {"z": per_pair_z, "q": q_est, "k": k_est,
                                                             "resid_pre": resid_est})
     return AttributionResult(
@@ -217,16 +225,21 @@ def _softmax_pattern(q: Tensor, k: Tensor, masks, scaling: float) -> Tensor:
 
 
 def _qk_atp_star(model: HookedVLM, state, clean: dict, corrupt, grads: dict) -> tuple[Tensor, Tensor]:
-    """AtP* query / key estimates: exact new softmax, linear after it. Returns ([L, H], [L, n_kv])."""
+    """AtP* query / key estimates: exact new softmax, linear after it. Returns ([L, H], [L, n_kv]); NaN on
+    linear-attention layers (no queries, keys or pattern there)."""
     cfg = model.cfg
     groups = cfg.n_heads // cfg.n_key_value_heads
-    q_out = torch.zeros(cfg.n_layers, cfg.n_heads)
-    k_out = torch.zeros(cfg.n_layers, cfg.n_key_value_heads)
+    q_out = torch.full((cfg.n_layers, cfg.max_heads), float("nan"))
+    k_out = torch.full((cfg.n_layers, cfg.n_key_value_heads), float("nan"))
     for layer in range(cfg.n_layers):
+        attn = model.blocks[layer].attn
+        if not isinstance(attn, Attention):
+            continue
+        q_out[layer, :cfg.n_heads], k_out[layer] = 0.0, 0.0
         grad_pattern = grads[act_name("pattern", layer)]
         if grad_pattern is None:
             continue
-        scaling = model.blocks[layer].attn.scaling
+        scaling = attn.scaling
         pattern = clean[act_name("pattern", layer)].detach()  # [b, H, q, k]
         q_clean = clean[act_name("rot_q", layer)].detach().transpose(1, 2)  # [b, H, pos, d]
         k_clean = clean[act_name("rot_k", layer)].detach().transpose(1, 2).repeat_interleave(groups, dim=1)
@@ -234,7 +247,7 @@ def _qk_atp_star(model: HookedVLM, state, clean: dict, corrupt, grads: dict) -> 
         k_corr = corrupt[act_name("rot_k", layer)].to(k_clean.dtype).transpose(1, 2).repeat_interleave(groups, dim=1)
         # patch every head's queries at once: head h's new pattern only depends on head h's queries
         new_q = _softmax_pattern(q_corr, k_clean, state.masks, scaling)
-        q_out[layer] = ((new_q - pattern) * grad_pattern).sum((2, 3)).float().mean(0).cpu()
+        q_out[layer, :cfg.n_heads] = ((new_q - pattern) * grad_pattern).sum((2, 3)).float().mean(0).cpu()
         new_k = _softmax_pattern(q_clean, k_corr, state.masks, scaling)
         per_head = ((new_k - pattern) * grad_pattern).sum((2, 3)).float().mean(0).cpu()  # [H]
         k_out[layer] = per_head.view(cfg.n_key_value_heads, groups).sum(-1)

@@ -9,6 +9,9 @@
 - Several conditions run in one forward, as copies of the batch stacked along the batch
   dimension (`repeat_run_state`), each copy patching its own cell.
 - The last block runs for the final position only (`final_block`): only its logits are read.
+- A model with linear-attention layers (Qwen3.5's Gated DeltaNet) always runs whole rows: a suffix
+  run would need each such layer's recurrent state at the suffix start, which the clean run does
+  not keep. Its last block runs in full too when it is not plain softmax attention.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from vlens.core.components.attention import AttentionMasks, KVCache
 from vlens.core.hooks import act_name
 from vlens.core.runtime import RunState, build_masks
 from vlens.patching.conditions import PatchSpec, corrupt_activations, patch_hook, readout_logits
-from vlens.patching.final_block import block_has_hooks, last_block_at
+from vlens.patching.final_block import block_has_hooks, last_block_at, supports_last_block_at
 from vlens.patching.metrics import final_baseline
 from vlens.patching.pairs import PairBatch
 from vlens.utils.validation import check_count
@@ -90,12 +93,14 @@ def _clean_run(model: HookedVLM, state: RunState, names: set[str]):
     def keep(act: Tensor, hook) -> None:
         store[hook.name] = act
 
-    kv_names = [act_name(kind, layer) for layer in range(n_layers) for kind in ("rot_k", "v")]
+    softmax = [layer for layer in range(n_layers) if not model.cfg.is_linear_attention(layer)]
+    kv_names = [act_name(kind, layer) for layer in softmax for kind in ("rot_k", "v")]
     with model.hooks(fwd_hooks=[(name, keep) for name in sorted(set(kv_names) | names)]):
         resids = [state.resid]
         for layer in range(n_layers):
             resids.append(model.run_blocks(resids[-1], state, layer, layer + 1))
-    kv = [(store[act_name("rot_k", layer)], store[act_name("v", layer)]) for layer in range(n_layers)]
+    kv = [(store[act_name("rot_k", layer)], store[act_name("v", layer)]) if layer in softmax else None
+          for layer in range(n_layers)]
     return resids, kv, {name: store[name] for name in names}
 
 
@@ -145,13 +150,17 @@ class FastPlan:
                 differs[name] = diff.any(-1).cpu()
         first_read = int(self.readout.min())  # nothing before the first change reaches a readout position
         self.starts = [min(_first_change(s, differs[s.hook_name], first_read), first_read) for s in self.specs]
+        if model.cfg.linear_attention_layers:
+            # a suffix run would need each linear-attention layer's recurrent state at its start: run whole rows
+            self.starts = [0] * len(self.specs)
         groups: dict[tuple[int, str], list[int]] = defaultdict(list)
         for index in sorted(range(len(self.specs)), key=lambda i: self.starts[i]):  # chunk mates share prefixes
             groups[(self.specs[index].layer, self.specs[index].component)].append(index)
         per_chunk = max(1, max_batch // n)
         self.chunks = [idx[i:i + per_chunk] for idx in groups.values() for i in range(0, len(idx), per_chunk)]
         self._repeated: dict[int, tuple[RunState, Tensor]] = {}
-        self._last_block_free = not block_has_hooks(model.blocks[self.n_layers - 1])
+        last_block = model.blocks[self.n_layers - 1]
+        self._last_block_free = not block_has_hooks(last_block) and supports_last_block_at(last_block)
 
     def run_chunk(self, chunk: int) -> tuple[list[int], Float[Tensor, "k n_pairs n_readout d_vocab"]]:
         """(spec indices, their patched readout logits [k, n_pairs, n_readout, d_vocab]) for chunk `chunk`."""
@@ -164,8 +173,8 @@ class FastPlan:
                 mask = self.batch.clean.attention_mask.to(self.state.cos.device).repeat(k, 1)
                 self._repeated[k] = (repeat_run_state(self.state, k), mask)
             full_state, attention_mask = self._repeated[k]
-            prefix = {l_: (kk[:, :start].repeat(k, 1, 1, 1), vv[:, :start].repeat(k, 1, 1, 1))
-                      for l_, (kk, vv) in enumerate(self.clean_kv) if l_ >= layer}
+            prefix = {l_: (kv[0][:, :start].repeat(k, 1, 1, 1), kv[1][:, :start].repeat(k, 1, 1, 1))
+                      for l_, kv in enumerate(self.clean_kv) if l_ >= layer and kv is not None}
             run_state = suffix_state(full_state, attention_mask, start, prefix, self.n_layers)
             resid = self.resids[layer][:, start:].repeat(k, 1, 1)
             reads = self.readout.to(resid.device).repeat(k, 1) - start

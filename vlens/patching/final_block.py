@@ -17,12 +17,19 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers.integrations.sdpa_attention import repeat_kv
 
+from vlens.core.components.attention import Attention
 from vlens.core.components.rotary import apply_rotary
 from vlens.core.runtime import RunState, module_device
 from vlens.patching.conditions import gather_positions
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
+
+
+def supports_last_block_at(block) -> bool:
+    """True when `last_block_at` can run the block: plain softmax attention (no output gate, no linear
+    attention: those run the whole block)."""
+    return type(block.attn) is Attention
 
 
 def block_has_hooks(block) -> bool:
@@ -41,6 +48,8 @@ def last_block_at(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], s
     device = module_device(block)  # where a device map placed it
     resid, state = resid.to(device), state.on(device)
     attn = block.attn
+    if not isinstance(attn, Attention) or not supports_last_block_at(block):
+        raise ValueError(f"last_block_at runs plain softmax attention only, not {type(attn).__name__}")
     batch, pos, _ = resid.shape
     n_read = positions.shape[1]
     rows = torch.arange(batch, device=resid.device)[:, None]

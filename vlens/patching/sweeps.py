@@ -97,8 +97,25 @@ def report_non_finite(model, batch: PairBatch, baseline, per_pair: torch.Tensor,
                                                                          if len(broken) > 6 else ""))
 
 
+def _fill_missing(values: dict[str, torch.Tensor], present: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Per-condition values of the conditions that exist ([n_present, ...]) spread over every cell of the
+    grid (`present`: bool [n_cells]), NaN (-1 for integer values) where a cell has no condition: a
+    layer with fewer heads than the widest one (a hybrid decoder's linear-attention layers)."""
+    if present is None:
+        return values
+    out = {}
+    for name, value in values.items():
+        fill = -1 if not value.is_floating_point() else float("nan")
+        full = torch.full((len(present), *value.shape[1:]), fill, dtype=value.dtype)
+        full[present] = value
+        out[name] = full
+    return out
+
+
 def _result(model, batch, specs, mode, component, layers, cells, method, max_batch, progress, pair_batch_size,
-            sharding, metric, readout, direction="noising", **extra) -> PatchingResult:
+            sharding, metric, readout, direction="noising", present: torch.Tensor | None = None,
+            **extra) -> PatchingResult:
+    """present: bool [n_layers * n_cells] (layer-major), which cells `specs` hold (None: all of them)."""
     if metric is None and readout != "final":
         raise UserInputError("the default answer metrics read the final position: pass metric=... to read "
                              f"readout={readout!r}")
@@ -107,10 +124,12 @@ def _result(model, batch, specs, mode, component, layers, cells, method, max_bat
     scorer = as_metric(metric, batch, getattr(model.cfg, "dtype", None))
     summary = run_specs_reduced(model, batch, specs, method=method, max_batch=max_batch, progress=progress,
                                 pair_batch_size=pair_batch_size, sharding=sharding, metric=scorer, readout=readout)
-    metrics = stack_metrics(summary.metrics, len(layers), len(cells))
-    per_pair = stack_metrics(summary.per_pair, len(layers), len(cells))
+    metrics = stack_metrics(_fill_missing(summary.metrics, present), len(layers), len(cells))
+    per_pair = stack_metrics(_fill_missing(summary.per_pair, present), len(layers), len(cells))
     if summary.baseline is not None:
-        report_non_finite(model, batch, summary.baseline, per_pair["logit_diff"], layers, cells, component)
+        measured = per_pair["logit_diff"] if present is None else \
+            per_pair["logit_diff"].masked_fill(~present.view(len(layers), len(cells), 1), 0.0)
+        report_non_finite(model, batch, summary.baseline, measured, layers, cells, component)
     else:
         broken = sorted(name for name, value in metrics.items() if bool(value.isnan().any()))
         if broken:
@@ -207,16 +226,21 @@ def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", la
 
     direction: "noising" (corrupt activations into the clean run, default) or "denoising".
 
-    Returns a PatchingResult with metrics [n_layers, n_heads].
+    Returns a PatchingResult with metrics [n_layers, n_heads]. In a hybrid decoder (Qwen3.5) the
+    heads of a linear-attention layer are its value heads (their `hook_z`, before out_proj), and a
+    layer with fewer heads than the widest layer has NaN in the cells it lacks.
     """
     if region not in REGIONS:
         raise ValueError(f"unknown region {region!r}: use one of {REGIONS}")
     layers = _layers(model, layers)
-    n_heads = model.cfg.n_heads
+    cfg = model.cfg
+    n_heads = cfg.max_heads
     heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
     if any(not 0 <= h < n_heads for h in heads):
         raise ValueError(f"heads {heads} are not valid: the model has heads 0..{n_heads - 1}")
     mask = batch.region_mask(region)
-    specs = [PatchSpec(layer, "z", mask, head=h) for layer in layers for h in heads]
+    present = torch.tensor([h < cfg.heads_at(layer) for layer in layers for h in heads], dtype=torch.bool)
+    specs = [PatchSpec(layer, "z", mask, head=h) for layer in layers for h in heads if h < cfg.heads_at(layer)]
     return _result(model, batch, specs, "layer-head", "z", layers, heads, method, max_batch,
-                   progress, pair_batch_size, sharding, metric, readout, direction, region=region)
+                   progress, pair_batch_size, sharding, metric, readout, direction,
+                   present=None if bool(present.all()) else present, region=region)

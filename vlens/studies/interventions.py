@@ -398,7 +398,7 @@ def run_study(
     def fresh_model():
         model = load_model()
         if "sft_focus_beta" in settings.conditions:  # before any training, not after it
-            check_count(settings.top_k_heads, "top_k_heads", max=model.cfg.n_layers * model.cfg.n_heads)
+            check_count(settings.top_k_heads, "top_k_heads", max=model.cfg.n_heads_total)
         return model
 
     for seed in settings.seeds:

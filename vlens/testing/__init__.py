@@ -36,6 +36,9 @@ from vlens.testing.qwen import (
     tiny_qwen_config,
     tiny_qwen_processor,
 )
+from vlens.testing.qwen3_5 import tiny_qwen3_5_config, tiny_qwen3_5_model
+from vlens.testing.qwen3_5_moe import tiny_qwen3_5_moe_config, tiny_qwen3_5_moe_model
+from vlens.testing.qwen3_vl_moe import tiny_qwen3_vl_moe_config, tiny_qwen3_vl_moe_model
 
 __all__ = [
     "LLAVA_CHAT_TEMPLATE", "LLAVA_SPECIAL_TOKENS", "LLAVA_WORDS", "QWEN_CHAT_TEMPLATE", "QWEN_SPECIAL_TOKENS",
@@ -43,4 +46,6 @@ __all__ = [
     "qwen_image_processor", "random_image", "tiny_hf_model", "tiny_llava_config", "tiny_llava_model",
     "tiny_llava_processor", "tiny_qwen3_vl_config", "tiny_qwen3_vl_model", "tiny_qwen3_vl_processor",
     "tiny_qwen_config", "tiny_qwen_processor", "word_level_tokenizer",
+    "tiny_qwen3_5_config", "tiny_qwen3_5_model", "tiny_qwen3_5_moe_config", "tiny_qwen3_5_moe_model",
+    "tiny_qwen3_vl_moe_config", "tiny_qwen3_vl_moe_model",
 ]

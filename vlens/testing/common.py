@@ -64,6 +64,14 @@ def perturb_norms(model: torch.nn.Module, seed: int) -> None:
 
 
 
+def finish_tiny_model(model, seed: int):
+    """Eval mode, the chat format's EOS (<|im_end|>) for generation, perturbed norms; returns the model."""
+    model.eval()
+    model.generation_config.eos_token_id = word_level_tokenizer().convert_tokens_to_ids("<|im_end|>")
+    perturb_norms(model, seed)
+    return model
+
+
 def random_image(width: int = 56, height: int = 56, seed: int = 0):
     """A random RGB PIL image (deterministic in seed)."""
     rng = np.random.default_rng(seed)

@@ -31,7 +31,7 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from vlens.interventions.focus import capture_patterns, default_focus_layers, focus_loss
+from vlens.interventions.focus import capture_patterns, focus_loss, model_focus_layers
 from vlens.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from vlens.training.data import SFTBatch, SFTExample, answer_loss, check_answers, collate
 from vlens.training.export import save_adapters
@@ -267,7 +267,7 @@ def train_sft(
     optimizer = torch.optim.AdamW(params.values(), lr=config.learning_rate, weight_decay=config.weight_decay)
     plan = StepPlan(len(examples), config)
     layers = (
-        default_focus_layers(model.cfg.n_layers) if config.focus_layers is None else list(config.focus_layers)
+        model_focus_layers(model) if config.focus_layers is None else list(config.focus_layers)
     )
     device = model.unembed.device
     autocast = (

@@ -18,13 +18,16 @@ from torch import Tensor, nn
 from vlens.core.components import (
     Attention,
     Embed,
+    GatedDeltaNet,
     GatedMLP,
     HookedVisionTower,
+    MoEMLP,
     RMSNorm,
     RMSNormPre,
     RotaryEmbedding,
     TransformerBlock,
     Unembed,
+    ZeroCenteredRMSNorm,
 )
 from vlens.core.config import VLMConfig
 
@@ -107,24 +110,42 @@ class ArchitectureAdapter(ABC):
             # the final norm's weight is applied by the unembedding (an effective W_U, as after
             # TransformerLens's fold_ln), with HF's arithmetic
             ln_final=RMSNormPre(cfg.eps),
-            unembed=Unembed(hf_model.lm_head, lm.norm.weight, ln_final_source=lm.norm),
+            unembed=Unembed(hf_model.lm_head, lm.norm.weight, ln_final_source=lm.norm,
+                            ln_final_offset=self.norm_weight_offset),
             rotary=RotaryEmbedding(lm.rotary_emb, cfg.rope_kind),
         )
 
+    # what the family's RMSNorms multiply by: w (0.0) or, for zero-centred norms (Qwen3.5), 1 + w (1.0)
+    norm_weight_offset: float = 0.0
+
     def build_block(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> TransformerBlock:
-        sa, mlp = hf_layer.self_attn, hf_layer.mlp
-        attn = Attention(
+        """One decoder layer: its norms (`build_norm`), token mixer (`build_attention`) and MLP (`build_mlp`)."""
+        return TransformerBlock(
+            layer,
+            ln1=self.build_norm(cfg, hf_layer.input_layernorm),
+            attn=self.build_attention(cfg, layer, hf_layer),
+            ln2=self.build_norm(cfg, hf_layer.post_attention_layernorm),
+            mlp=self.build_mlp(cfg, layer, hf_layer),
+        )
+
+    def build_norm(self, cfg: VLMConfig, hf_norm: HFModule) -> RMSNormPre:
+        """A hooked RMSNorm around an HF norm's weight (zero-centred where `norm_weight_offset` is 1)."""
+        if self.norm_weight_offset:
+            return ZeroCenteredRMSNorm(hf_norm.weight, cfg.eps, source=hf_norm)
+        return RMSNorm(hf_norm.weight, cfg.eps, source=hf_norm)
+
+    def build_attention(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> Attention | GatedDeltaNet:
+        """The layer's token mixer: softmax attention around HF's q/k/v/o projections (and q/k norms)."""
+        sa = hf_layer.self_attn
+        return Attention(
             cfg, layer, self.query_projection(hf_layer), sa.k_proj, sa.v_proj, sa.o_proj,
             q_norm=self.query_norm(hf_layer), k_norm=getattr(sa, "k_norm", None),
         )
-        return TransformerBlock(
-            layer,
-            ln1=RMSNorm(hf_layer.input_layernorm.weight, cfg.eps, source=hf_layer.input_layernorm),
-            attn=attn,
-            ln2=RMSNorm(hf_layer.post_attention_layernorm.weight, cfg.eps,
-                        source=hf_layer.post_attention_layernorm),
-            mlp=GatedMLP(mlp.gate_proj, mlp.up_proj, mlp.down_proj, cfg.act_fn),
-        )
+
+    def build_mlp(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> GatedMLP | MoEMLP:
+        """The layer's MLP: a gated MLP around HF's gate/up/down projections."""
+        mlp = hf_layer.mlp
+        return GatedMLP(mlp.gate_proj, mlp.up_proj, mlp.down_proj, cfg.act_fn)
 
     @abstractmethod
     def build_vision(self, hf_model: HFModule) -> HookedVisionTower:

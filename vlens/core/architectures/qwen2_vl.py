@@ -33,7 +33,8 @@ class Qwen2VLAdapter(ArchitectureAdapter):
             n_heads=text.num_attention_heads,
             n_key_value_heads=text.num_key_value_heads,
             d_head=d_head,
-            d_mlp=text.intermediate_size,
+            # MoE decoders without dense layers (Qwen3.5-MoE) have only the experts' size
+            d_mlp=int(getattr(text, "intermediate_size", None) or getattr(text, "moe_intermediate_size", None) or 0),
             d_vocab=text.vocab_size,
             act_fn=text.hidden_act,
             eps=text.rms_norm_eps,

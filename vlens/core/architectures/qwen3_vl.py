@@ -57,4 +57,4 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
         out = tower(inputs.pixel_values.type(tower.dtype), grid_thw=inputs.image_grid_thw)
         embeds = vision.hook_image_embeds(out.pooler_output)
         # [n_image_tokens, d_model] per early decoder layer; hooked at blocks.{l}.hook_deepstack
-        return ImageFeatures(embeds=embeds, deepstack=list(out.deepstack_features or []))
+        return ImageFeatures(embeds=embeds, deepstack=list(getattr(out, "deepstack_features", None) or []))

@@ -7,21 +7,29 @@ objects: moved, not copied), so converting a 7B checkpoint needs no second copy.
 from vlens.core.components.attention import Attention
 from vlens.core.components.block import TransformerBlock
 from vlens.core.components.embed import Embed
+from vlens.core.components.gated_attention import GatedAttention
+from vlens.core.components.gated_deltanet import DeltaRuleKernels, GatedDeltaNet
 from vlens.core.components.mlp import GatedMLP
-from vlens.core.components.rms_norm import RMSNorm, RMSNormPre
+from vlens.core.components.moe import MoEMLP
+from vlens.core.components.rms_norm import RMSNorm, RMSNormPre, ZeroCenteredRMSNorm
 from vlens.core.components.rotary import RotaryEmbedding, apply_rotary
 from vlens.core.components.unembed import Unembed
 from vlens.core.components.vision import HookedVisionTower
 
 __all__ = [
     "Attention",
+    "DeltaRuleKernels",
     "Embed",
+    "GatedAttention",
+    "GatedDeltaNet",
     "GatedMLP",
     "HookedVisionTower",
+    "MoEMLP",
     "RMSNorm",
     "RMSNormPre",
     "RotaryEmbedding",
     "TransformerBlock",
     "Unembed",
+    "ZeroCenteredRMSNorm",
     "apply_rotary",
 ]

@@ -31,6 +31,22 @@ class AttentionMasks:
         # query rows that may attend to nothing (padding queries under left padding)
         self.fully_masked = ~allowed.any(dim=-1).squeeze(1)  # [batch, q]
         self.any_fully_masked = bool(self.fully_masked.any())
+        self._query_real: Tensor | None = None
+        self._query_real_known = False
+
+    @property
+    def query_real(self) -> Tensor | None:
+        """bool [batch, q]: which query positions are real tokens (False at padding), None when all are.
+
+        The last query row sees every key (causal), so its row of the padding-and-causal mask is
+        the padding mask over the keys; its last q entries are the queries' (HF's 2-D
+        `attention_mask[:, -q:]`, which linear-attention layers use to zero padding inputs).
+        """
+        if not self._query_real_known:
+            real = self.allowed[:, 0, -1, -self.allowed.shape[-2]:]
+            self._query_real = None if bool(real.all()) else real
+            self._query_real_known = True
+        return self._query_real
 
     def to(self, device: torch.device) -> AttentionMasks:
         """The same masks on `device` (for a block that a device map placed there)."""
@@ -47,15 +63,30 @@ class AttentionMasks:
 
 
 class KVCache:
-    """Per-layer cache of rotated keys and values, [batch, pos, n_kv_heads, d_head]."""
+    """Per-layer decoding cache.
+
+    Softmax-attention layers: rotated keys and values, [batch, pos, n_kv_heads, d_head].
+    Linear-attention layers (Gated DeltaNet): the short convolution's last inputs
+    `conv_states[layer]` [batch, conv_dim, kernel] and the recurrent state
+    `recurrent_states[layer]` [batch, n_heads, d_key, d_head]; `positions[layer]` counts what they have seen.
+    """
 
     def __init__(self, n_layers: int):
         self.keys: list[Tensor | None] = [None] * n_layers
         self.values: list[Tensor | None] = [None] * n_layers
+        self.conv_states: list[Tensor | None] = [None] * n_layers
+        self.recurrent_states: list[Tensor | None] = [None] * n_layers
+        self.positions: list[int] = [0] * n_layers
 
     @property
     def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[1]
+        """Positions already cached (the first layer that holds anything)."""
+        for keys, seen in zip(self.keys, self.positions, strict=True):
+            if keys is not None:
+                return keys.shape[1]
+            if seen:
+                return seen
+        return 0
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         past_k, past_v = self.keys[layer], self.values[layer]
@@ -181,7 +212,8 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch pos d_model"]:
         batch, pos, _ = x.shape
         d_head = self.cfg.d_head
-        q = self.hook_q(self.q_proj(x).view(batch, pos, -1, d_head))
+        q, gate = self.project_queries(x)
+        q = self.hook_q(q)
         k = self.hook_k(self.k_proj(x).view(batch, pos, -1, d_head))
         v = self.hook_v(self.v_proj(x).view(batch, pos, -1, d_head))
         if self.q_norm is not None and self.k_norm is not None:
@@ -199,12 +231,22 @@ class Attention(nn.Module):
             z, _ = sdpa_attention_forward(self, q_t, k_t, v_t, masks.sdpa, dropout=0.0, scaling=self.scaling)
             if masks.any_fully_masked:
                 z = _eager_fully_masked_rows(z, v_t, masks, self.num_key_value_groups)
-        z = self.hook_z(z)  # [batch, pos, n_heads, d_head]
+        z = self.hook_z(self.gate_heads(z, gate))  # [batch, pos, n_heads, d_head]
 
         if self.cfg.use_attn_result:
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             return result.sum(dim=2) + self.b_O
         return self.o_proj(z.reshape(batch, pos, -1))
+
+    def project_queries(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(queries [batch, pos, n_heads, d_head], an output gate or None) from the block's normed input.
+        Plain attention has no gate; `GatedAttention` (Qwen3.5) splits its gate off q_proj's output."""
+        batch, pos, _ = x.shape
+        return self.q_proj(x).view(batch, pos, -1, self.cfg.d_head), None
+
+    def gate_heads(self, z: Tensor, gate: Tensor | None) -> Tensor:
+        """The per-head output o_proj reads: z itself (GatedAttention multiplies it by its gate)."""
+        return z
 
     def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, masks: AttentionMasks) -> Tensor:
         """HF eager attention with hooks on the scores and the pattern. q,k,v: [batch, heads, pos, d]."""

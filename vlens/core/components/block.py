@@ -9,8 +9,10 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from vlens.core.components.attention import Attention, AttentionMasks, KVCache
+from vlens.core.components.gated_deltanet import GatedDeltaNet
 from vlens.core.components.mlp import GatedMLP
-from vlens.core.components.rms_norm import RMSNorm
+from vlens.core.components.moe import MoEMLP
+from vlens.core.components.rms_norm import RMSNormPre
 from vlens.core.hooks import HookPoint
 
 
@@ -18,7 +20,10 @@ class TransformerBlock(nn.Module):
     # read by TransformerLens's logit lens: hook_resid_post is the one residual stream
     hook_out_is_single_residual_stream = True
 
-    def __init__(self, layer: int, ln1: RMSNorm, attn: Attention, ln2: RMSNorm, mlp: GatedMLP):
+    def __init__(self, layer: int, ln1: RMSNormPre, attn: Attention | GatedDeltaNet, ln2: RMSNormPre,
+                 mlp: GatedMLP | MoEMLP):
+        """attn: softmax attention (`Attention`, `GatedAttention`) or linear attention (`GatedDeltaNet`);
+        mlp: a dense `GatedMLP` or a mixture of experts (`MoEMLP`); ln1 / ln2: `RMSNorm` or `ZeroCenteredRMSNorm`."""
         super().__init__()
         self.layer = layer
         self.ln1, self.attn, self.ln2, self.mlp = ln1, attn, ln2, mlp

@@ -77,3 +77,36 @@ class RMSNorm(RMSNormPre):
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
         return compute_weight(self.w, self.source) * super().forward(x)
+
+
+class ZeroCenteredRMSNorm(RMSNormPre):
+    """(1 + w) * x / sqrt(mean(x^2) + eps), the weight stored as an offset from 1 (Qwen3.5; HF's
+    "RMSNormZeroCentered", the Gemma norm), computed all in fp32 and cast back once, as HF does.
+
+    `w` is the HF parameter itself (zeros at initialisation); `effective_weight` is 1 + w.
+    `hook_normalized` is x / scale in fp32 (before the weight), `hook_scale` the scale.
+    """
+
+    def __init__(self, weight: nn.Parameter, eps: float, source: nn.Module | None = None):
+        super().__init__(eps)
+        self.w = weight
+        self.__dict__["source"] = source  # not a submodule: its parameter is already ours
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.w
+
+    @property
+    def effective_weight(self) -> Tensor:
+        """The factor the normalized input is multiplied by: 1 + w."""
+        return 1.0 + compute_weight(self.w, self.source)
+
+    def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
+        hidden = x.to(torch.float32)
+        variance = hidden.pow(2).mean(-1, keepdim=True) + self.eps
+        if self.hook_scale.fwd_hooks or self.hook_scale.bwd_hooks:
+            hidden = hidden / self.hook_scale(variance.sqrt())
+        else:
+            hidden = hidden * torch.rsqrt(variance)
+        hidden = self.hook_normalized(hidden)
+        return (hidden * (1.0 + compute_weight(self.w, self.source).float())).type_as(x)

@@ -40,7 +40,15 @@ def apply_rotary(
     cos: Float[Tensor, "batch pos d_head"],
     sin: Float[Tensor, "batch pos d_head"],
 ) -> Float[Tensor, "batch pos heads d_head"]:
-    """Rotate q or k ([batch, pos, heads, d_head] layout) by the given angles."""
+    """Rotate q or k ([batch, pos, heads, d_head] layout) by the given angles.
+
+    Partial rotary (Qwen3.5: `partial_rotary_factor`): when cos / sin cover fewer than d_head
+    dimensions, only the first cos.shape[-1] are rotated and the rest pass through, as in HF.
+    """
     cos = cos.unsqueeze(2)
     sin = sin.unsqueeze(2)
-    return (x * cos) + (rotate_half(x) * sin)
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return (x * cos) + (rotate_half(x) * sin)
+    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+    return torch.cat([(x_rot * cos) + (rotate_half(x_rot) * sin), x_pass], dim=-1)

@@ -29,16 +29,19 @@ class Unembed(nn.Module):
     """
 
     def __init__(self, lm_head: nn.Linear, ln_final_w: nn.Parameter | None = None,
-                 ln_final_source: nn.Module | None = None):
+                 ln_final_source: nn.Module | None = None, ln_final_offset: float = 0.0):
         super().__init__()
         self.lm_head = lm_head
         self.ln_final_w = ln_final_w
         self.__dict__["ln_final_source"] = ln_final_source  # the HF norm (for offloaded weights); not ours
+        # a zero-centred final norm (Qwen3.5) multiplies by 1 + w: its offset is 1
+        self.ln_final_offset = ln_final_offset
 
     def _norm_weight(self) -> Tensor:
         if self.ln_final_w is None:
             raise ValueError("this unembedding has no final norm weight")
-        return compute_weight(self.ln_final_w, self.__dict__["ln_final_source"])
+        weight = compute_weight(self.ln_final_w, self.__dict__["ln_final_source"])
+        return weight if not self.ln_final_offset else weight + self.ln_final_offset
 
     @property
     def device(self) -> torch.device:
