@@ -29,6 +29,16 @@ FAMILIES = {
                                                              linear_heads=2, linear_key_heads=1, linear_d_head=8,
                                                              linear_d_key=6, n_experts=4, top_k=2, d_expert=10),
                     testing.tiny_qwen3_vl_processor, ["--image-size", "64"], False),
+    # anyres: tiles of 28 px (2x2 tokens); --image-size 56 keeps the pinpoints up to 56 x 56 (at most 2x2 tiles)
+    "llava_next": (lambda: testing.tiny_llava_next_model(seed=5, n_layers=2, d_model=48, n_heads=6, n_kv_heads=2,
+                                                         tile=28, patch_size=14),
+                   lambda: testing.tiny_llava_next_processor(tile=28, patch_size=14), ["--image-size", "56"], True),
+    "llava_onevision": (lambda: testing.tiny_llava_onevision_model(seed=6, n_layers=2, d_model=40, n_heads=5,
+                                                                   n_kv_heads=1, tile=28, patch_size=14,
+                                                                   vision_aspect_ratio="anyres_max_2"),
+                        lambda: testing.tiny_llava_onevision_processor(tile=28, patch_size=14,
+                                                                       vision_aspect_ratio="anyres_max_2"),
+                        ["--image-size", "56"], True),
 }
 
 
@@ -48,3 +58,33 @@ def test_every_command_on_a_saved_folder(family, tmp_path, data):
              for is_linear in (linear or [False] * cfg.num_hidden_layers)]
     run_every_command(folder, tmp_path / "out", data, image_args, n_layers=cfg.num_hidden_layers,
                       n_heads=max(heads), export=export, n_heads_total=sum(heads))
+
+
+@pytest.mark.parametrize("family", ["llava_next", "llava_onevision"])
+def test_anyres_folder_loads_in_bfloat16_and_runs(family, tmp_path, data):
+    """--dtype bfloat16 on a saved folder: the model loads in bf16 (tower, projector, newline, decoder) and
+    the commands run; the logits stay close to the fp32 model's."""
+    import torch
+
+    from tests.helpers.family_commands import results, run
+    from vlens import HookedVLM
+
+    build, processor, image_args, _ = FAMILIES[family]
+    folder = save_family_folder(build(), processor(), tmp_path / family)
+    run(["eval", "--model", folder, "--dtype", "bfloat16", "--device", "cpu", "--data", str(data), "--limit", "2",
+         "--max-new-tokens", "2", "--out", str(tmp_path / "eval")])
+    assert results(tmp_path / "eval")["metrics"]["n"] == 2
+    run(["logit-lens", "--model", folder, "--dtype", "bfloat16", "--device", "cpu", "--data", str(data),
+         "--out", str(tmp_path / "lens")])
+    half = HookedVLM.from_pretrained(folder, device="cpu", dtype=torch.bfloat16)
+    full = HookedVLM.from_pretrained(folder, device="cpu", dtype=torch.float32)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16}
+    assert half.vision.image_newline.dtype == torch.bfloat16
+    from vlens.testing import random_image
+
+    images, prompt = [random_image(56, 40, 1)], "How many dots are there?"
+    with torch.no_grad():
+        low = half(half.prepare(images=images, prompts=[prompt])).float()
+        high = full(full.prepare(images=images, prompts=[prompt]))
+    assert torch.isfinite(low).all()
+    assert (low - high).abs().max() < 0.1 * high.abs().max()

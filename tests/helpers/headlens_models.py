@@ -24,6 +24,8 @@ BUILDERS = {
     "Qwen3VLMoeForConditionalGeneration": lambda: tiny_vlm("qwen3_vl_moe", n_layers=2),
     "Qwen3_5ForConditionalGeneration": lambda: tiny_vlm("qwen3_5"),
     "Qwen3_5MoeForConditionalGeneration": lambda: tiny_vlm("qwen3_5_moe"),
+    "LlavaNextForConditionalGeneration": lambda: tiny_vlm("llava_next", d_model=48, n_heads=3, n_kv_heads=1),
+    "LlavaOnevisionForConditionalGeneration": lambda: tiny_vlm("llava_onevision", n_heads=4, n_kv_heads=2),
 }
 
 

@@ -12,7 +12,7 @@ from vlens.testing import random_image
 from vlens.training.export import load_adapters, save_adapters, save_merged
 from vlens.training.lora import add_lora, lora_layers, lora_parameters
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "llava_onevision"]
 
 
 def _hf(family: str):
@@ -21,6 +21,10 @@ def _hf(family: str):
         return vt.tiny_hf_model(family, seed=0), vt.tiny_qwen_processor()
     if family == "qwen3_vl":
         return vt.tiny_qwen3_vl_model(seed=0), vt.tiny_qwen3_vl_processor()
+    if family == "llava_next":
+        return vt.tiny_llava_next_model(seed=0), vt.tiny_llava_next_processor()
+    if family == "llava_onevision":
+        return vt.tiny_llava_onevision_model(seed=0), vt.tiny_llava_onevision_processor()
     return vt.tiny_llava_model(seed=0), vt.tiny_llava_processor()
 
 
@@ -30,7 +34,7 @@ def _hooked(family: str) -> HookedVLM:
 
 def _hf_kwargs(inputs, family: str) -> dict:
     kwargs = inputs.to_hf_kwargs()
-    if family == "llava":
+    if family.startswith("llava"):
         kwargs.pop("mm_token_type_ids", None)
     return kwargs
 

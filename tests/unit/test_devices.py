@@ -61,3 +61,35 @@ def test_attribution_in_chunks_equals_one_batch():
     for name in ("z", "q", "k", "resid_pre", "per_pair_z", "clean_logit_diff"):
         assert torch.allclose(getattr(whole, name), getattr(chunked, name), atol=1e-5), name
     assert whole.to_dict()["answers"]["clean_answer_tokens"] == chunked.to_dict()["answers"]["clean_answer_tokens"]
+
+
+@pytest.mark.parametrize("family", ["llava_next", "llava_onevision"])
+def test_anyres_image_size_bounds_the_tiling_resolution(family, tmp_path):
+    """--image-size PX on an anyres folder keeps the pinpoints that fit in PX x PX, in the processor and the
+    model (which reads them too), so a large image gets at most (PX // tile)^2 tiles; logits stay HF's."""
+    from vlens import HookedVLM, testing
+    from vlens.utils.errors import UserInputError
+
+    if family == "llava_next":
+        hf, processor = testing.tiny_llava_next_model(seed=1, tile=24, patch_size=8), \
+            testing.tiny_llava_next_processor(tile=24, patch_size=8)
+    else:
+        hf, processor = testing.tiny_llava_onevision_model(seed=1, tile=24, patch_size=8), \
+            testing.tiny_llava_onevision_processor(tile=24, patch_size=8)
+    hf.save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    image = testing.random_image(72, 72, 3)
+    full = HookedVLM.from_pretrained(str(tmp_path), device="cpu")
+    assert full.adapter.tiles_per_image(full.prepare(images=[image], prompts=["red"])) == [1 + 9]
+    model = HookedVLM.from_pretrained(str(tmp_path), device="cpu", image_size=50)
+    kept = [[24, 24], [24, 48], [48, 24], [48, 48]]
+    assert model.processor.image_processor.image_grid_pinpoints == kept
+    assert model.hf_model.config.image_grid_pinpoints == kept
+    inputs = model.prepare(images=[image], prompts=["red"])
+    assert model.adapter.tiles_per_image(inputs) == [1 + 4]
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs), model.hf_model(**inputs.to_hf_kwargs()).logits, atol=1e-4, rtol=0)
+    with pytest.raises(UserInputError, match="use at least 24"):
+        configure_resolution(processor, image_size=20)
+    with pytest.raises(UserInputError, match="no pixel budget"):
+        configure_resolution(processor, max_pixels=100)

@@ -163,3 +163,13 @@ def test_built_in_families_are_advertised_as_entry_points():
     advertised = set(pyproject["project"]["entry-points"][registry.ENTRY_POINT_GROUP].values())
     built_in = {a.__module__ for a in vlens.registered_adapters().values() if a.__module__.startswith("vlens.")}
     assert built_in == advertised, "list every built-in family module under [project.entry-points.\"vlens.adapters\"]"
+
+
+def test_vlens_info_lists_the_families_without_loading_a_model(capsys):
+    from vlens.cli import main
+
+    assert main(["info", "--families", "--model", "no-such-model"]) == 0
+    out = capsys.readouterr().out
+    for family, adapter in vlens.registered_adapters().items():
+        assert f"  {family}: {', '.join(adapter.hf_class_names)}" in out
+    assert "LlavaNextForConditionalGeneration" in out and "LlavaOnevisionForConditionalGeneration" in out

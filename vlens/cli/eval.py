@@ -72,7 +72,7 @@ def load_backend(args: argparse.Namespace):
 
 def load_hf_model(args: argparse.Namespace):
     """(plain HF image-text-to-text model, processor) for ``--backend hf`` (safetensors only)."""
-    from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype
+    from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype, sync_resolution
     from vlens.zoo.specs import hf_progress_bars, resolve_spec
 
     kind, target = resolve_spec(args.model)
@@ -94,6 +94,7 @@ def load_hf_model(args: argparse.Namespace):
         else:
             from transformers import AutoModelForImageTextToText
 
+            from vlens.core.architectures import adapter_for
             from vlens.core.loading import from_pretrained_checked, load_processor_for
 
             model = from_pretrained_checked(AutoModelForImageTextToText, target, dtype=dtype, use_safetensors=True,
@@ -101,8 +102,13 @@ def load_hf_model(args: argparse.Namespace):
             if not placement:  # accelerate placed the modules; moving the whole model would break its hooks
                 model = model.to(device)
             # the processor fallback covers machines without torchvision (Qwen's video processor needs it)
-            model, processor = model.eval(), load_processor_for(target)
+            try:
+                family = adapter_for(model)
+            except UserInputError:  # the HF backend also runs families vlens has no adapter for
+                family = None
+            model, processor = model.eval(), load_processor_for(target, adapter=family)
     configure_resolution(processor, args.min_pixels, args.max_pixels, args.image_size)
+    sync_resolution(model, processor)
     return model, processor
 
 

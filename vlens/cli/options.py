@@ -70,7 +70,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | 
     group.add_argument("--offload-folder", type=Path, default=None, metavar="DIR",
                        help="where --device-map keeps the modules it places on disk (when the budget is too small)")
     fixed = ("the model's processor resizes every image to about PX*PX pixels, keeping its aspect ratio "
-             "(Qwen-VL: a multiple of 28, 32 for Qwen3-VL)")
+             "(Qwen-VL: a multiple of 28, 32 for Qwen3-VL; LLaVA-NeXT / OneVision: tiles at most PX x PX pixels "
+             "of each image, keeping the image_grid_pinpoints that fit)")
     if render_default is None:
         size_help = f"{fixed}; default: the processor's own setting"
     else:

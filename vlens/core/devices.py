@@ -58,7 +58,12 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
     Qwen-VL processors resize each image to a pixel count in [min_pixels, max_pixels] (a multiple
     of 28 x 28 per merged token); `image_size` fixes a square side instead (min = max = side^2).
     CLIP-style processors (LLaVA) take `image_size` as their resize and crop side; their tower
-    has one input size, so other sizes fail in the model with HF's message.
+    has one input size, so other sizes fail in the model with HF's message. Anyres processors
+    (LLaVA-NeXT, LLaVA-OneVision: `image_grid_pinpoints`) cut each image into tiles of the tower's
+    side at one of the pinpoint resolutions; `image_size` is the largest resolution they may use:
+    only the pinpoints whose height and width are both <= image_size are kept (at least one tile
+    side), which bounds the tiles, and so the image tokens, of every image. The model reads the
+    pinpoints too: call `sync_resolution(hf_model, processor)` after this.
     """
     image_processor = getattr(processor, "image_processor", processor)
     if image_size is not None:
@@ -95,7 +100,27 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
     if min_pixels is not None or max_pixels is not None:
         raise UserInputError(f"{type(image_processor).__name__} has no pixel budget (min_pixels/max_pixels are Qwen-VL "
                          "settings); use image_size")
+    pinpoints = getattr(image_processor, "image_grid_pinpoints", None)
+    if pinpoints and image_size is not None:  # anyres (LLaVA-NeXT / OneVision): a resolution budget
+        kept = [list(p) for p in pinpoints if max(int(p[0]), int(p[1])) <= image_size]
+        if not kept:
+            smallest = min(max(int(p[0]), int(p[1])) for p in pinpoints)
+            raise UserInputError(f"image_size {image_size} px is smaller than every tiling resolution of this anyres "
+                                 f"processor (image_grid_pinpoints {[list(p) for p in pinpoints]}): use at least "
+                                 f"{smallest}, the side of its smallest resolution")
+        image_processor.image_grid_pinpoints = kept
+        return processor
     if image_size is not None:
         image_processor.size = {"shortest_edge": image_size}
         image_processor.crop_size = {"height": image_size, "width": image_size}
     return processor
+
+
+def sync_resolution(hf_model: Any, processor: Any) -> None:
+    """Give an anyres model (its config's `image_grid_pinpoints`) the processor's pinpoints, which HF's
+    forward reads to find each image's tiles; a no-op for other models."""
+    image_processor = getattr(processor, "image_processor", processor)
+    pinpoints = getattr(image_processor, "image_grid_pinpoints", None)
+    config: Any = getattr(hf_model, "config", None)
+    if pinpoints and config is not None and getattr(config, "image_grid_pinpoints", None) is not None:
+        config.image_grid_pinpoints = [list(p) for p in pinpoints]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
+
+from vlens.core.architectures.base import ImageTile, whole_image_tiles
 
 
 @dataclass
@@ -20,7 +22,14 @@ class TokenRegions:
             over its merged grid).
         text: per row, LongTensor of the non-image, non-padding positions.
         final: LongTensor [batch], the last real (non-padding) position of each row.
-        image_grid: per row, per image, the merged patch grid (rows, cols).
+        image_grid: per row, per image, the merged patch grid (rows, cols). For a tiled image
+            (LLaVA-NeXT / OneVision anyres) the grid of its base view, the one grid that covers the
+            whole image (`image_view`); its other tokens are described by `tiles`.
+        tiles: per row, per image, the `ImageTile` records that divide the image's tokens (each
+            token in exactly one, positions in the row): one "image" record for an untiled image
+            ("cls" + "image" with a leading class token); for an anyres image the "base" view,
+            every high-resolution "tile" (its grid and place in the tile layout) and the
+            "newline" tokens. Empty lists where the regions were built without them.
     """
 
     image: list[Tensor]
@@ -28,6 +37,7 @@ class TokenRegions:
     text: list[Tensor]
     final: Tensor
     image_grid: list[list[tuple[int, int]]]
+    tiles: list[list[list[ImageTile]]] = field(default_factory=list)
 
     def region(self, name: str, row: int) -> Tensor:
         """Positions of a named region ("image", "text", "final", "all") in one row."""
@@ -40,6 +50,35 @@ class TokenRegions:
         if name == "all":
             return torch.cat([self.image[row], self.text[row]]).sort().values
         raise ValueError(f"Unknown region {name!r}: use one of 'image', 'text', 'final', 'all'.")
+
+    def image_view(self, row: int, image: int = 0) -> ImageTile:
+        """The record whose grid covers the whole image (kind "image", or an anyres image's "base"
+        view): its positions are row-major over its grid, what per-cell figures and maps read."""
+        records = self.tiles[row][image] if row < len(self.tiles) and image < len(self.tiles[row]) else []
+        for record in records:
+            if record.spatial and record.kind in ("image", "base"):
+                return record
+        if not records:  # regions built by hand without tile records
+            positions = self.images[row][image]
+            record = whole_image_tiles(len(positions), self.image_grid[row][image])[-1]
+            return replace(record, positions=positions[record.positions])
+        raise ValueError(f"image {image} of row {row} has no grid that covers the whole image "
+                         f"(its tokens: {[r.kind for r in records]})")
+
+    def tile_positions(self, row: int, kind: str) -> Tensor:
+        """Sorted positions of one row's image tokens of one kind ("image", "base", "tile", "newline", ...)."""
+        found = [r.positions for records in (self.tiles[row] if row < len(self.tiles) else [])
+                 for r in records if r.kind == kind]
+        return torch.cat(found).sort().values if found else torch.zeros(0, dtype=torch.long)
+
+    def select(self, rows: list[int]) -> TokenRegions:
+        """The regions of some rows, in the given order."""
+        return TokenRegions(
+            image=[self.image[r] for r in rows], images=[self.images[r] for r in rows],
+            text=[self.text[r] for r in rows], final=self.final[torch.tensor(rows, dtype=torch.long)],
+            image_grid=[self.image_grid[r] for r in rows],
+            tiles=[self.tiles[r] for r in rows] if self.tiles else [],
+        )
 
     def mask(self, name: str, seq_len: int) -> Tensor:
         """Boolean [batch, seq_len] mask of a named region."""
@@ -115,8 +154,12 @@ def compute_regions(
     image_token_id: int,
     image_token_counts: list[int],
     image_grids: list[tuple[int, int]],
+    image_tiles: list[list[ImageTile]] | None = None,
 ) -> TokenRegions:
     """Token regions from the ids and each image's token count / merged grid (in order of appearance).
+
+    image_tiles: per image, its `ImageTile` records with positions counted from the image's first
+        token (an adapter's `image_tiles`); None: each image is one grid (`whole_image_tiles`).
 
     Raises:
         ValueError: if the placeholder tokens do not add up to the images' token counts.
@@ -130,18 +173,26 @@ def compute_regions(
             f"{sum(image_token_counts)} ({image_token_counts} per image). Build inputs with "
             "model.prepare(...) or the model's processor so placeholders are expanded to match."
         )
-    image_iter = iter(zip(image_token_counts, image_grids, strict=True))
-    images, image_all, text, grids = [], [], [], []
+    if image_tiles is None:
+        image_tiles = [whole_image_tiles(c, g) for c, g in zip(image_token_counts, image_grids, strict=True)]
+    image_iter = iter(zip(image_token_counts, image_grids, image_tiles, strict=True))
+    images, image_all, text, grids, tiles = [], [], [], [], []
     for row in range(batch):
         positions = is_image[row].nonzero().flatten()
-        row_images, row_grids, start = [], [], 0
+        row_images, row_grids, row_tiles, start = [], [], [], 0
         while start < len(positions):
-            count, grid = next(image_iter)
-            row_images.append(positions[start : start + count])
+            count, grid, records = next(image_iter)
+            here = positions[start : start + count]
+            if sum(len(r.positions) for r in records) != count:
+                raise ValueError(f"the tile records of an image hold {sum(len(r.positions) for r in records)} "
+                                 f"tokens but the image has {count}")
+            row_images.append(here)
             row_grids.append(grid)
+            row_tiles.append([replace(r, positions=here[r.positions.long()]) for r in records])
             start += count
         images.append(row_images)
         grids.append(row_grids)
+        tiles.append(row_tiles)
         image_all.append(positions)
         text.append((attention_mask[row].bool() & ~is_image[row]).nonzero().flatten())
     valid = attention_mask.bool()
@@ -149,4 +200,4 @@ def compute_regions(
         [int(valid[row].nonzero().max()) if valid[row].any() else input_ids.shape[1] - 1 for row in range(batch)],
         dtype=torch.long,
     )
-    return TokenRegions(image=image_all, images=images, text=text, final=final, image_grid=grids)
+    return TokenRegions(image=image_all, images=images, text=text, final=final, image_grid=grids, tiles=tiles)

@@ -58,7 +58,8 @@ def load_hf_model_and_processor(name_or_path: str, dtype: torch.dtype | None = N
         raise ValueError(f"{name_or_path}: config.json names no 'architectures'; cannot tell which model to build.")
     class_name = architectures[0]
     # an unsupported family fails here, before any weight is read
-    hf_class = resolve_adapter(adapter, class_name).hf_model_class(class_name)
+    family = resolve_adapter(adapter, class_name)
+    hf_class = family.hf_model_class(class_name)
     hf_kwargs.setdefault("use_safetensors", True)  # never unpickle weights
     if dtype is not None:
         hf_kwargs["dtype"] = dtype
@@ -70,19 +71,24 @@ def load_hf_model_and_processor(name_or_path: str, dtype: torch.dtype | None = N
         is_local = os.path.isdir(name_or_path)
         has_files = not is_local or any(os.path.exists(os.path.join(name_or_path, f)) for f in _PROCESSOR_FILES)
         if has_files:
-            processor = load_processor_for(name_or_path, trust_remote_code=trust_remote_code)
+            processor = load_processor_for(name_or_path, trust_remote_code=trust_remote_code, adapter=family)
     return hf_model, processor
 
 
-def load_processor_for(name_or_path: str, trust_remote_code: bool = False):
-    """HF's AutoProcessor, or, where it cannot be built (its video processor needs torchvision),
-    a `SimpleVLProcessor` from the folder's tokenizer and image processor."""
+def load_processor_for(name_or_path: str, trust_remote_code: bool = False,
+                       adapter: ArchitectureAdapter | None = None):
+    """HF's AutoProcessor, or, where it cannot be built (its video processor needs torchvision), the
+    family's own (`adapter.load_processor`, e.g. LLaVA-OneVision's image-only processor), else a
+    `SimpleVLProcessor` from the folder's tokenizer and image processor."""
     try:
         processor = transformers.AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
         if hasattr(processor, "tokenizer") and hasattr(processor, "image_processor"):
             return processor
     except (ImportError, AttributeError, ValueError, TypeError, OSError) as error:
-        logger.info("AutoProcessor unavailable for %s (%s); using SimpleVLProcessor", name_or_path, error)
+        logger.info("AutoProcessor unavailable for %s (%s); using a fallback processor", name_or_path, error)
+    own = adapter.load_processor(name_or_path, trust_remote_code=trust_remote_code) if adapter is not None else None
+    if own is not None:
+        return own
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     image_processor = transformers.AutoImageProcessor.from_pretrained(name_or_path,

@@ -21,7 +21,7 @@ from vlens.core.cache import VLMActivationCache
 from vlens.core.components.attention import KVCache
 from vlens.core.components.block import BlockList
 from vlens.core.config import VLMConfig
-from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype
+from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype, sync_resolution
 from vlens.core.generation import GenerationOutput, generate
 from vlens.core.hooks import HookedRootModule, HookPoint
 from vlens.core.inputs import VLMInputs
@@ -143,6 +143,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
         )
         if processor is not None and (min_pixels, max_pixels, image_size) != (None, None, None):
             configure_resolution(processor, min_pixels, max_pixels, image_size)
+            sync_resolution(hf_model, processor)  # anyres models read the tiling resolutions too
         model = cls(hf_model, processor=processor, adapter=adapter)
         if device is not None:
             model.to(device)

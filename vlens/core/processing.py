@@ -117,9 +117,10 @@ def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Seq
         else:
             texts.append(prompt)
     # 16-bit, float, palette and alpha images scaled / composited correctly (vlens.utils.images)
-    flat = [to_rgb(img, allow_urls=allow_urls, what=f"image {i} of prompt {p}")
-            for p, row in enumerate(rows) for i, img in enumerate(row)]
-    kwargs = {"images": flat} if flat else {}
+    rgb = [[to_rgb(img, allow_urls=allow_urls, what=f"image {i} of prompt {p}") for i, img in enumerate(row)]
+           for p, row in enumerate(rows)]
+    # the family decides how per-prompt images reach its processor (LLaVA-OneVision: one list per prompt)
+    kwargs = {"images": model.adapter.processor_images(rgb)} if any(rgb) else {}
     with left_padding(model.tokenizer):
         encoded = model.processor(text=texts, return_tensors="pt", padding=True, **kwargs)
     return coerce_inputs(model, dict(encoded))
@@ -169,7 +170,7 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
         if out.pixel_values is not None:
             counts, grids = model.adapter.image_token_counts(model.cfg, out)
             out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id,
-                                          counts, grids)
+                                          counts, grids, model.adapter.image_tiles(model.cfg, out))
         elif not bool((out.input_ids == image_token_id).any()):
             out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id, [], [])
     device = model.input_device

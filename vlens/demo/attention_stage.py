@@ -103,7 +103,10 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
     example = _example(samples)
     inputs = model.prepare(images=[example.image], prompts=[example.question], chat=True)
     maps = final_to_image_attention(model, inputs)[0]  # [L, H, n_img]
-    grid = tuple(inputs.regions.image_grid[0][0])
+    # the grid that covers the whole image (an anyres image's base view; no CLS token)
+    view = inputs.regions.image_view(0, 0)
+    maps = maps[..., torch.isin(inputs.regions.image[0].cpu(), view.positions.cpu())]
+    grid = tuple(view.grid)
     heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
     if len(heads) > MAX_TILES:  # the most image-focused heads of the whole model
         heads = sorted(heads, key=lambda lh: -float(share[lh]))[:MAX_TILES]
@@ -133,8 +136,9 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
     with torch.no_grad():
         _, cache = model.run_with_cache(inputs, names_filter=lambda n: n == names[top_layer], return_type=None)
     pattern = cache[names[top_layer]][0].float().cpu()  # [H, pos, pos]
-    labels = token_labels(model.to_str_tokens(inputs.input_ids[0]), inputs.regions.images[0],
-                          inputs.regions.image_grid[0])
+    views = [inputs.regions.image_view(0, i) for i in range(len(inputs.regions.images[0]))]
+    labels = token_labels(model.to_str_tokens(inputs.input_ids[0]), [v.positions for v in views],
+                          [v.grid for v in views])
     circuits_section = Section(
         key="attention_circuitsvis",
         title=f"Attention patterns of layer {top_layer} (circuitsvis)",

@@ -24,10 +24,11 @@ def model_summary(model, model_name: str) -> dict:
     }
 
 
-def model_section(summary: dict, image_grid: tuple[int, int] | None) -> Section:
+def model_section(summary: dict, image_grid: tuple[int, int] | None, n_image_tokens: int | None = None) -> Section:
+    """n_image_tokens: the image's token count where it is not the grid's (CLS, anyres tiles and newlines)."""
     numbers = {k: summary[k] for k in ("n_layers", "n_heads", "d_model", "d_head", "d_vocab", "n_parameters")}
     if image_grid is not None:
-        numbers["image tokens"] = image_grid[0] * image_grid[1]
+        numbers["image tokens"] = n_image_tokens if n_image_tokens is not None else image_grid[0] * image_grid[1]
         numbers["image grid"] = f"{image_grid[0]}x{image_grid[1]}"
     table = [{"field": key, "value": value} for key, value in summary.items() if value is not None]
     return Section(

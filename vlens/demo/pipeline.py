@@ -120,7 +120,8 @@ def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo"
     regions = grid_inputs.token_regions
     grid = tuple(regions.image_grid[0][0]) if regions.image_grid[0] else None
     summary = model_summary(hooked, name)
-    sections = [model_section(summary, grid), data_section(samples, settings)]
+    sections = [model_section(summary, grid, len(regions.images[0][0]) if regions.images[0] else None),
+                data_section(samples, settings)]
     with torch.no_grad():
         sections += stages.run("counting evaluation", counting_sections, hooked, samples, settings, progress)
         sections += stages.run("attention over the image", attention_sections, hooked, samples, settings)

@@ -24,6 +24,12 @@ Several images in one row: every image's Gaussians are evaluated on its own grid
 normalised jointly over all image tokens of the row (objects in either image attract the
 query). Rows without objects are left out of the batch mean.
 
+Tiled images (LLaVA-NeXT / OneVision anyres, `inputs.regions.tiles`): the Gaussians are laid on
+every spatial record of the image, the base view and each high-resolution tile, through the
+pixel box each covers (sigma in that grid's own cells; a Gaussian near a tile border continues
+into the neighbouring tile), and normalised jointly with the rest of the row; newline and CLS
+tokens get no mass.
+
 Compute only what is needed: `capture_patterns` hooks `blocks.{l}.attn.hook_pattern` of the
 target layers only, so every other layer keeps the fast SDPA path; gradients flow through the
 captured pattern.
@@ -39,6 +45,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from vlens.core.architectures.base import points_to_box_grid
 from vlens.utils.errors import UserInputError
 
 # Qwen2.5-VL-7B (28 layers): layer 2 and the routing layers 18-22 (docs/method.md, section 7)
@@ -160,12 +167,14 @@ def focus_prior(
     model: the HookedVLM the inputs are for: centres go through its family's preprocessing
         (resize, crop). Without it, the whole-image (Qwen) map is used.
     """
-    to_grid = None
-    if model is not None:
-        adapter, processor = model.adapter, model.processor
-
-        def to_grid(points, size, grid):
-            return adapter.image_points_to_grid(processor, points, size, grid)
+    def tile_map(tile):
+        """The pixel -> grid map of one spatial tile record (None: the whole-image map)."""
+        if model is not None:
+            adapter, processor = model.adapter, model.processor
+            return lambda points, size, grid: adapter.image_points_to_tile(processor, points, size, tile)
+        if tile.box is not None:
+            return lambda points, size, grid: points_to_box_grid(points, size, tile.box, grid)
+        return None
 
     regions = inputs.regions
     if regions is None:
@@ -186,17 +195,18 @@ def focus_prior(
                 f"row {row} has {len(regions.images[row])} images but objects for {len(row_objects)}; give "
                 "(centres, (width, height)) for every image of the row, in prompt order"
             )
-        for (centres, size), positions, grid in zip(
-            row_objects, regions.images[row], regions.image_grid[row], strict=False
-        ):
+        for image, (centres, size) in enumerate(row_objects):
             if len(centres) == 0:
                 continue
             if size is None:
                 raise ValueError(f"row {row}: give each image's (width, height) with its object centres")
-            positions = positions.cpu()
-            if len(positions) == grid[0] * grid[1] + 1:  # a leading CLS token (LLaVA "full"): no cell
-                positions = positions[1:]
-            weights[row, positions] += object_prior(centres, size, grid, sigma, normalise=False, to_grid=to_grid)
+            # every spatial record of the image: its one grid, or an anyres image's base view and tiles
+            # (CLS and newline tokens are no place on the image and get no mass)
+            records = regions.tiles[row][image] if regions.tiles else [regions.image_view(row, image)]
+            for tile in records:
+                if tile.spatial:
+                    weights[row, tile.positions.cpu()] += object_prior(centres, size, tile.grid, sigma, normalise=False,
+                                                                       to_grid=tile_map(tile))
         total = weights[row].sum()
         if total > 0:
             weights[row] /= total

@@ -26,7 +26,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from vlens.core.answers import append_tokens, contrast
-from vlens.core.inputs import TokenRegions, VLMInputs
+from vlens.core.inputs import VLMInputs
 from vlens.data import make_pair, read_imagefolder, record_image
 from vlens.datasets import DatasetError, record_dicts
 from vlens.utils.errors import UserInputError
@@ -319,6 +319,16 @@ def _check_aligned_pair(clean: VLMInputs, corrupt: VLMInputs, row: int, pair_id:
     grid_a, grid_b = clean.token_regions.image_grid[row], corrupt.token_regions.image_grid[other]
     if grid_a != grid_b:
         raise ValueError(f"pair {pair_id!r} is misaligned: image grids {grid_a} (clean) vs {grid_b} (corrupt)")
+    tiles_a, tiles_b = _tile_layout(clean, row), _tile_layout(corrupt, other)
+    if tiles_a != tiles_b:
+        raise ValueError(f"pair {pair_id!r} is misaligned: the images are tiled differently ({tiles_a} (clean) vs "
+                         f"{tiles_b} (corrupt)); use images of the same size in both roles")
+
+
+def _tile_layout(inputs: VLMInputs, row: int) -> list:
+    """Per image of a row, (kind, grid, layout) of each of its token records (anyres tiles)."""
+    tiles = inputs.token_regions.tiles
+    return [[(t.kind, t.grid, t.layout) for t in image] for image in tiles[row]] if tiles else []
 
 
 def _select_rows(inputs: VLMInputs, rows: list[int]) -> VLMInputs:
@@ -341,13 +351,7 @@ def _select_rows(inputs: VLMInputs, rows: list[int]) -> VLMInputs:
             grid_thw = grid_thw[torch.tensor(chosen, dtype=torch.long, device=grid_thw.device)] if chosen else None
     sub = {k: v[index.to(v.device)] for k, v in inputs.extra.items() if isinstance(v, Tensor) and v.shape[:1] == inputs.input_ids.shape[:1]}
 
-    new_regions = TokenRegions(
-        image=[regions.image[r] for r in rows],
-        images=[regions.images[r] for r in rows],
-        text=[regions.text[r] for r in rows],
-        final=regions.final[index],
-        image_grid=[regions.image_grid[r] for r in rows],
-    )
+    new_regions = regions.select(rows)
     dev = inputs.input_ids.device
     return VLMInputs(
         input_ids=inputs.input_ids[index.to(dev)],

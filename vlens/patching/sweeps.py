@@ -211,7 +211,9 @@ def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "r
     rows = range(batch.n_pairs)
     if first and len(regions.image_grid[0]) == 1 and all(regions.image[r].tolist() == first for r in rows) \
             and all(regions.image_grid[r] == regions.image_grid[0] for r in rows):
-        image_positions, grid = first, tuple(regions.image_grid[0][0])
+        # the grid that covers the whole image: no CLS token; an anyres image's base view
+        view = regions.image_view(0, 0)
+        image_positions, grid = view.positions.tolist(), tuple(view.grid)
     return _result(model, batch, specs, "layer-pos", component, layers, positions, method, max_batch, progress,
                    pair_batch_size, sharding, metric, readout, direction, tokens=token_strings,
                    image_positions=image_positions, image_grid=grid)

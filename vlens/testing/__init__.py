@@ -1,5 +1,5 @@
 """Tiny random models, tokenizers and processors of every supported family, built offline, for tests,
-benchmarks and docs; one module per family (`vlens.testing.qwen`, `vlens.testing.llava`, ...), every
+benchmarks and docs; one module per family (`vlens.testing.qwen`, `vlens.testing.llava`, `vlens.testing.llava_next`, ...), every
 name re-exported here. Nothing here downloads anything: configs come from HF config classes, the
 tokenizer from `tokenizers`, the image processor from its parameters (PIL backend, no torchvision).
 `vlens.testing.real_vocab` is the real-vocabulary fixture (Qwen2's byte-level BPE, multi-digit
@@ -25,6 +25,22 @@ from vlens.testing.llava import (
     tiny_llava_model,
     tiny_llava_processor,
 )
+from vlens.testing.llava_next import (
+    LLAVA_NEXT_CHAT_TEMPLATE,
+    LLAVA_NEXT_SPECIAL_TOKENS,
+    LLAVA_NEXT_WORDS,
+    LLAVA_ONEVISION_CHAT_TEMPLATE,
+    LLAVA_ONEVISION_SPECIAL_TOKENS,
+    default_pinpoints,
+    llava_next_tokenizer,
+    llava_onevision_tokenizer,
+    tiny_llava_next_config,
+    tiny_llava_next_model,
+    tiny_llava_next_processor,
+    tiny_llava_onevision_config,
+    tiny_llava_onevision_model,
+    tiny_llava_onevision_processor,
+)
 from vlens.testing.qwen import (
     default_mrope_section,
     qwen3_vl_image_processor,
@@ -41,6 +57,10 @@ from vlens.testing.qwen3_5_moe import tiny_qwen3_5_moe_config, tiny_qwen3_5_moe_
 from vlens.testing.qwen3_vl_moe import tiny_qwen3_vl_moe_config, tiny_qwen3_vl_moe_model
 
 __all__ = [
+    "LLAVA_NEXT_CHAT_TEMPLATE", "LLAVA_NEXT_SPECIAL_TOKENS", "LLAVA_NEXT_WORDS", "LLAVA_ONEVISION_CHAT_TEMPLATE",
+    "LLAVA_ONEVISION_SPECIAL_TOKENS", "default_pinpoints", "llava_next_tokenizer", "llava_onevision_tokenizer",
+    "tiny_llava_next_config", "tiny_llava_next_model", "tiny_llava_next_processor", "tiny_llava_onevision_config",
+    "tiny_llava_onevision_model", "tiny_llava_onevision_processor",
     "LLAVA_CHAT_TEMPLATE", "LLAVA_SPECIAL_TOKENS", "LLAVA_WORDS", "QWEN_CHAT_TEMPLATE", "QWEN_SPECIAL_TOKENS",
     "TEST_WORDS", "TINY_WORDS", "default_mrope_section", "llava_tokenizer", "perturb_norms", "qwen3_vl_image_processor",
     "qwen_image_processor", "random_image", "tiny_hf_model", "tiny_llava_config", "tiny_llava_model",

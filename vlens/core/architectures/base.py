@@ -49,6 +49,72 @@ class ImageFeatures:
     deepstack: list[Tensor]
 
 
+@dataclass(frozen=True)
+class ImageTile:
+    """One part of an image's placeholder tokens: a whole-image grid, a base view, a tile, ...
+
+    Families that split an image (anyres tiles, thumbnails, separator tokens) describe each
+    image's tokens as a list of these records that together hold every token of the image once.
+    In `inputs.regions.tiles[row][image]` the positions are the tokens' positions in the row; an
+    adapter's `image_tiles` returns them counted from the image's first placeholder token.
+
+    Attributes:
+        kind: what the tokens are. vlens's families use "image" (the whole image as one grid),
+            "cls" (a leading class token), "base" (an anyres family's downscaled view of the
+            whole image), "tile" (one high-resolution tile) and "newline" (the row-end tokens of
+            the tiled grid); another family may add its own kinds.
+        positions: LongTensor [n], row-major over `grid`.
+        grid: (rows, cols) of these tokens (rows * cols == n; newline tokens: (n, 1)).
+        index: the tile's place in the processor's pixel_values (LLaVA-NeXT: 0 the base view,
+            1 + r * layout_cols + c the tile at layout cell (r, c)); 0 where it has none.
+        layout: (row, col) of a tile in the image's tile layout; None for other kinds.
+        box: (x0, y0, x1, y1), the original-image pixels the grid covers (cell (r, c) covers
+            the r-th of rows equal bands of [y0, y1) and the c-th of cols of [x0, x1)); None where
+            the family maps pixels itself (`image_points_to_grid`, kind "image") or for tokens
+            that are not places on the image.
+        spatial: whether the tokens are places on the image (cells of `grid`); False for CLS and
+            newline tokens.
+    """
+
+    kind: str
+    positions: Tensor
+    grid: tuple[int, int]
+    index: int = 0
+    layout: tuple[int, int] | None = None
+    box: tuple[float, float, float, float] | None = None
+    spatial: bool = True
+
+
+def whole_image_tiles(count: int, grid: tuple[int, int]) -> list[ImageTile]:
+    """The records of an image whose tokens form one grid: ``[image]``, or ``[cls, image]`` when a
+    leading class token comes first (LLaVA's "full" strategy); a count that fits neither is one
+    non-spatial "tokens" record."""
+    rows, cols = grid
+    if count == rows * cols:
+        return [ImageTile("image", torch.arange(count), (rows, cols))]
+    if count == rows * cols + 1:
+        return [ImageTile("cls", torch.arange(1), (1, 1), spatial=False),
+                ImageTile("image", torch.arange(1, count), (rows, cols))]
+    return [ImageTile("tokens", torch.arange(count), (1, count), spatial=False)]
+
+
+def points_to_box_grid(points: Tensor, image_size: tuple[int, int], box: tuple[float, float, float, float],
+                       grid: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """Points (x, y) in original pixels -> (row, col) on a grid that covers `box` of the image.
+
+    The coordinates continue outside the box (a Gaussian centred in a neighbouring tile still
+    reaches this tile's cells); visible: the point lies on the image (0 <= x <= W, 0 <= y <= H).
+    """
+    x0, y0, x1, y1 = box
+    rows, cols = grid
+    if x1 <= x0 or y1 <= y0 or rows <= 0 or cols <= 0:
+        raise ValueError(f"box {box} and grid {grid} must be non-empty")
+    width, height = image_size
+    x, y = points[:, 0], points[:, 1]
+    visible = (x >= 0) & (x <= width) & (y >= 0) & (y <= height)
+    return torch.stack([(y - y0) * rows / (y1 - y0) - 0.5, (x - x0) * cols / (x1 - x0) - 0.5], dim=-1), visible
+
+
 @dataclass
 class DecoderParts:
     embed: Embed
@@ -158,7 +224,14 @@ class ArchitectureAdapter(ABC):
 
     @abstractmethod
     def image_token_counts(self, cfg: VLMConfig, inputs) -> tuple[list[int], list[tuple[int, int]]]:
-        """Per image (in order): number of placeholder tokens and merged grid (rows, cols)."""
+        """Per image (in order): number of placeholder tokens and merged grid (rows, cols); for a
+        tiled image, the grid of the view that covers the whole image (`image_tiles`)."""
+
+    def image_tiles(self, cfg: VLMConfig, inputs) -> list[list[ImageTile]] | None:
+        """Per image (in order), its tokens as `ImageTile` records, positions counted from the
+        image's first placeholder token. None (the default): every image is one grid
+        (`whole_image_tiles` of its count and grid)."""
+        return None
 
     def mm_token_type_ids(self, cfg: VLMConfig, input_ids: Tensor) -> Tensor | None:
         """0 for text, 1 for image placeholders, 2 for video placeholders (HF's convention)."""
@@ -196,7 +269,29 @@ class ArchitectureAdapter(ABC):
         visible = (x >= 0) & (x <= width) & (y >= 0) & (y <= height)
         return torch.stack([y * rows / height - 0.5, x * cols / width - 0.5], dim=-1), visible
 
+    def image_points_to_tile(
+        self, processor, points: Tensor, image_size: tuple[int, int], tile: ImageTile
+    ) -> tuple[Tensor, Tensor]:
+        """Points (x, y) in original image pixels -> (row, col) on one spatial tile's grid.
+
+        Returns (grid coordinates [n, 2], visible [n] bool). A tile with a `box` maps through it
+        (`points_to_box_grid`); one without (kind "image") through `image_points_to_grid`.
+        """
+        if tile.box is not None:
+            return points_to_box_grid(points, image_size, tile.box, tile.grid)
+        return self.image_points_to_grid(processor, points, image_size, tile.grid)
+
     # ---- prompts ----
+    def processor_images(self, rows: list[list]) -> list:
+        """The processor's ``images=`` argument for one list of images per prompt (default: all
+        images in one flat list, in prompt order)."""
+        return [image for row in rows for image in row]
+
+    def load_processor(self, name_or_path: str, trust_remote_code: bool = False):
+        """The family's processor for a folder where HF's AutoProcessor cannot build one (its video
+        processor needs torchvision); None (the default): vlens's generic `SimpleVLProcessor`."""
+        return None
+
     @abstractmethod
     def image_placeholder(self) -> str:
         """The text that stands for one image in a prompt (before processor expansion)."""

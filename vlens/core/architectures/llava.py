@@ -1,9 +1,13 @@
 """LLaVA-1.5 (`LlavaForConditionalGeneration`): Llama text decoder, CLIP vision tower, MLP projector.
 
 - Decoder: the Llama layer layout is the core's (`ArchitectureAdapter.build_block`); 1-D RoPE
-  from HF's rotary module (any rope scaling included).
-- Vision: CLIP's hidden states are computed block by block (embeddings -> pre-LayerNorm ->
-  encoder layers, all of them as HF does), so an edit on `vision.blocks.{i}.hook_resid_post`
+  from HF's rotary module (any rope scaling included). Mistral and Qwen2 text models have the
+  same layout; the q/k/v and o biases are read from the modules (Qwen2: q/k/v only). A sliding
+  attention window (Mistral, Qwen2 with `use_sliding_window`) is not applied: a prompt longer
+  than the window is refused (`check_text_inputs`; a generation that runs past it is not checked).
+- Vision: CLIP's (or SigLIP's, no CLS and no pre-LayerNorm) hidden states are computed block by
+  block (embeddings -> pre-LayerNorm -> encoder layers, all of them as HF does), so an edit on
+  `vision.blocks.{i}.hook_resid_post`
   always reaches the selected features (HF's own hidden-state capture may record a block's output
   before such an edit, depending on hook registration order). Then, as HF does:
   select the layer(s) (`vision_feature_layer`: int or list, concatenated on the feature axis),
@@ -30,6 +34,7 @@ from vlens.core.components import HookedVisionTower
 from vlens.core.components.vision import attach_vision_head_hooks
 from vlens.core.config import VLMConfig
 from vlens.core.hooks import HookPoint
+from vlens.utils.errors import UserInputError
 
 
 @register_adapter
@@ -44,12 +49,15 @@ class LlavaAdapter(ArchitectureAdapter):
         self.feature_layer = config.vision_feature_layer
         self.select_strategy = config.vision_feature_select_strategy
         self.patch_size = config.vision_config.patch_size
+        self.tower_has_cls = hasattr(tower_core(hf_model.model.vision_tower).embeddings, "class_embedding")
+        self.sliding_window = _sliding_window(text)
         rope = getattr(text, "rope_parameters", None) or {}
         generation = getattr(hf_model, "generation_config", None)
         eos = getattr(generation, "eos_token_id", None) if generation is not None else None
         eos = eos if eos is not None else text.eos_token_id
         pad = getattr(text, "pad_token_id", None)
-        bias = bool(getattr(text, "attention_bias", False))
+        # read from the modules: Llama / Mistral set attention_bias, Qwen2 always has q/k/v bias and none on o
+        attn: HFModule = self.decoder_layers(hf_model)[0].self_attn
         return VLMConfig(
             architecture=type(hf_model).__name__,
             n_layers=text.num_hidden_layers,
@@ -64,8 +72,8 @@ class LlavaAdapter(ArchitectureAdapter):
             rope_theta=float(rope.get("rope_theta", 10000.0)),
             rope_kind="1d",
             qk_norm=False,
-            attn_qkv_bias=bias,
-            attn_out_bias=bias,
+            attn_qkv_bias=attn.q_proj.bias is not None,
+            attn_out_bias=attn.o_proj.bias is not None,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             image_token_id=config.image_token_id,
             pad_token_id=pad if pad is not None else getattr(config, "pad_token_id", None),
@@ -80,7 +88,7 @@ class LlavaAdapter(ArchitectureAdapter):
     # ---- vision ----
     def build_vision(self, hf_model: HFModule) -> HookedVisionTower:
         tower = hf_model.model.vision_tower
-        layers = list(_clip_core(tower).encoder.layers)
+        layers = list(tower_core(tower).encoder.layers)
         vision = HookedVisionTower(tower, layers, projector=hf_model.model.multi_modal_projector)
         vision.hook_image_features = HookPoint()  # projector input
         heads = hf_model.config.vision_config.num_attention_heads
@@ -93,9 +101,20 @@ class LlavaAdapter(ArchitectureAdapter):
                 f"LLaVA expects pixel_values of shape [n_images, channels, height, width], got "
                 f"{tuple(inputs.pixel_values.shape)}. Build inputs with model.prepare(...) or the LLaVA processor."
             )
+        self.check_text_inputs(inputs)
+
+    def check_text_inputs(self, inputs) -> None:
+        """The checks every LLaVA-style family shares: the select strategy and the sliding window."""
         strategy = inputs.extra.get("vision_feature_select_strategy") or self.select_strategy
         if strategy not in ("default", "full"):
             raise ValueError(f"vision_feature_select_strategy must be 'default' or 'full', got {strategy!r}.")
+        window = getattr(self, "sliding_window", None)
+        if window is not None and inputs.input_ids.shape[1] > window:
+            raise UserInputError(
+                f"the prompt is {inputs.input_ids.shape[1]} tokens, longer than the text model's sliding window of "
+                f"{window} tokens, which vlens's decoder does not apply (its logits would differ from HF's): use "
+                "shorter prompts or fewer image tokens"
+            )
 
     def _selection(self, inputs) -> tuple[int | list[int], str]:
         layer = inputs.extra.get("vision_feature_layer")
@@ -103,9 +122,16 @@ class LlavaAdapter(ArchitectureAdapter):
         return (self.feature_layer if layer is None else layer), (strategy or self.select_strategy)
 
     def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
+        embeds = self.project_images(vision, inputs, inputs.pixel_values)  # [n_images, n_tokens, d_model]
+        embeds = vision.hook_image_embeds(embeds.reshape(-1, embeds.shape[-1]))
+        return ImageFeatures(embeds=embeds, deepstack=[])
+
+    def project_images(self, vision: HookedVisionTower, inputs, pixel_values: Tensor) -> Tensor:
+        """[n, n_tokens, d_model]: the vision tower on `pixel_values` [n, C, H, W] block by block, the
+        selected layer(s) and strategy, the projector (its input at `vision.hook_image_features`)."""
         feature_layer, strategy = self._selection(inputs)
         layers = [feature_layer] if isinstance(feature_layer, int) else list(feature_layer)
-        hidden_states = _clip_hidden_states(vision.tower, inputs.pixel_values, layers)
+        hidden_states = _tower_hidden_states(vision.tower, pixel_values, layers)
         selected = [hidden_states[i] for i in layers]
         if strategy == "default":
             selected = [h[:, 1:] for h in selected]  # drop CLS
@@ -113,18 +139,17 @@ class LlavaAdapter(ArchitectureAdapter):
             raise ValueError("a LLaVA vision tower needs its multi-modal projector")
         # the hook point build_vision added (nn.Module attributes are untyped to checkers)
         features = vision.get_submodule("hook_image_features")(torch.cat(selected, dim=-1))
-        embeds = vision.projector(features)  # [n_images, n_tokens, d_model]
-        embeds = vision.hook_image_embeds(embeds.reshape(-1, embeds.shape[-1]))
-        return ImageFeatures(embeds=embeds, deepstack=[])
+        return vision.projector(features)
 
     def image_token_counts(self, cfg: VLMConfig, inputs) -> tuple[list[int], list[tuple[int, int]]]:
-        """n_patches per image (+1 for CLS with "full"); grid (rows, cols) of patches."""
+        """n_patches per image (+1 for CLIP's CLS with "full"; "default" drops the first token); grid
+        (rows, cols) of patches."""
         if inputs.pixel_values is None:
             return [], []
         _, strategy = self._selection(inputs)
         n_images, _, height, width = inputs.pixel_values.shape
         rows, cols = height // self.patch_size, width // self.patch_size
-        count = rows * cols + (1 if strategy == "full" else 0)
+        count = rows * cols + int(self.tower_has_cls) - (1 if strategy == "default" else 0)
         return [count] * n_images, [(rows, cols)] * n_images
 
     def image_points_to_grid(
@@ -179,25 +204,41 @@ def _positions_from_mask(attention_mask: Tensor) -> Tensor:
     return positions.masked_fill(attention_mask == 0, 0)
 
 
-def _clip_core(tower: HFModule) -> HFModule:
-    """The module holding embeddings / pre_layrnorm / encoder (CLIPVisionModel, or its inner vision_model)."""
+def _sliding_window(text_config) -> int | None:
+    """The text model's sliding attention window, where some layer applies one (Mistral: every
+    layer while `sliding_window` is set; Qwen2: the layers `layer_types` marks), else None."""
+    window = getattr(text_config, "sliding_window", None)
+    layer_types = getattr(text_config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window) if window else None
+
+
+def tower_core(tower: HFModule) -> HFModule:
+    """The module holding embeddings / encoder (CLIP: also pre_layrnorm; SigLIP: none), the tower
+    itself (CLIPVisionModel, SiglipVisionModel) or its inner vision_model."""
     for module in (tower, getattr(tower, "vision_model", None)):
-        if module is not None and all(hasattr(module, a) for a in ("embeddings", "pre_layrnorm", "encoder")):
+        if module is not None and all(hasattr(module, a) for a in ("embeddings", "encoder")) \
+                and hasattr(module.encoder, "layers"):
             return module
     raise ValueError(
-        f"vlens supports LLaVA with a CLIP vision tower; got {type(tower).__name__}. Other towers need their "
-        "own adapter (see CONTRIBUTING.md, 'Adding an architecture')."
+        f"vlens supports LLaVA-style models with a CLIP or SigLIP vision tower; got {type(tower).__name__}. Other "
+        "towers need their own adapter (see CONTRIBUTING.md, 'Adding an architecture')."
     )
 
 
-def _clip_hidden_states(tower: HFModule, pixel_values: Tensor, layers: list[int]) -> dict[int, Tensor]:
+def _tower_hidden_states(tower: HFModule, pixel_values: Tensor, layers: list[int]) -> dict[int, Tensor]:
     """HF's `hidden_states` tuple entries for the requested indices (negative allowed).
 
-    Index 0 is the pre-LayerNorm'd embeddings, index i the output of encoder layer i - 1. Every
-    layer runs, as in HF, so every vision hook fires (later layers do not change the features).
+    Index 0 is the embeddings (CLIP: after its pre-LayerNorm), index i the output of encoder layer
+    i - 1 (before SigLIP's post-LayerNorm, as in HF). Every layer runs, as in HF, so every vision
+    hook fires (later layers do not change the features).
     """
-    core = _clip_core(tower)
-    hidden = core.pre_layrnorm(core.embeddings(pixel_values))
+    core = tower_core(tower)
+    hidden = core.embeddings(pixel_values.to(core.embeddings.patch_embedding.weight.dtype))
+    pre_norm = getattr(core, "pre_layrnorm", None)
+    if pre_norm is not None:
+        hidden = pre_norm(hidden)
     states = [hidden]
     for layer in core.encoder.layers:
         hidden = layer(hidden, None)
