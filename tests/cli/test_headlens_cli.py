@@ -30,6 +30,10 @@ def test_lens_train_then_headlens_on_an_imagefolder(tmp_path, capsys):
     assert head["class"] in HEAD_CLASSES and set(head["scores"]) >= {"vgs", "cter", "image_attention"}
     assert len(head["top_tokens"]) > 0
     assert sum(result["counts"].values()) == 8
+    # image attention relative to the image-token share; every class with its stability over resampled examples
+    assert 0 < result["image_share"] < 1 and "image_attention_ratio" in head["scores"]
+    assert 0 <= head["stability"] <= 1 and isinstance(head["stable"], bool)
+    assert result["stability"]["n_resamples"] == 200 and set(result["counts_interval"]) == set(result["counts"])
     assert (out / "taxonomy.md").read_text().startswith("| class | head |")
     assert (out / "taxonomy.html").is_file()
 
@@ -38,7 +42,7 @@ def test_headlens_trains_its_lens_when_none_is_given(tmp_path, capsys):
     out = tmp_path / "run"
     only_grounding = tmp_path / "thresholds.json"  # every other rule unreachable, grounding always true
     only_grounding.write_text(json.dumps({"existence_min": 1, "difficulty_min": 1, "alignment_min": 1,
-                                          "routing_image_min": 1, "routing_cter_min": 1, "grounding_vgs_min": 0,
+                                          "routing_image_ratio_min": 100, "routing_cter_min": 1, "grounding_vgs_min": 0,
                                           "chance_corrected": False}))
     args = ["headlens", "--make", "6", "--tasks", "counting", "--lens-make", "6", "--lens-steps", "10", "--out", str(out),
             "--thresholds", str(only_grounding), *COMMON]
@@ -55,7 +59,7 @@ def test_cli_errors_are_explained(tmp_path, capsys):
     bad = tmp_path / "thresholds.json"
     bad.write_text('{"vgs": 0.5}')
     assert main(["headlens", "--make", "2", "--thresholds", str(bad), "--out", str(tmp_path), *COMMON]) == 2
-    assert "keys among" in capsys.readouterr().err
+    assert "unknown thresholds ['vgs']" in capsys.readouterr().err
     assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "missing"), "--out", str(tmp_path), *COMMON]) == 2
     assert "holds no config.json" in capsys.readouterr().err
     assert main(["lens", "train", "--make", "2", "--tasks", "counting,juggling", "--out", str(tmp_path / "lens"),

@@ -109,10 +109,13 @@ def _scores(**values) -> dict:
 @pytest.mark.parametrize("values, expected", [
     (dict(existence_response=0.6), "awareness"),
     (dict(difficulty_response=0.3), "awareness"),
-    (dict(answer_alignment=0.9, image_attention=0.05, cter=0.9), "counting aggregation"),
-    (dict(answer_alignment=0.9, image_attention=0.5, cter=0.9), "cross-modal routing"),
-    (dict(image_attention=0.3, cter=0.3), "cross-modal routing"),
-    (dict(image_attention=0.9, cter=0.2, vgs=0.4), "visual grounding"),
+    (dict(answer_alignment=0.9, image_attention_ratio=0.2, cter=0.9), "counting aggregation"),
+    (dict(answer_alignment=0.9, image_attention_ratio=1.2, cter=0.9), "cross-modal routing"),
+    (dict(image_attention_ratio=1.0, cter=0.3), "cross-modal routing"),
+    (dict(image_attention_ratio=1.3, cter=0.2, vgs=0.4), "visual grounding"),
+    # 0.9 of the attention on image tokens that are 95% of the keys is less than uniform: not routing
+    (dict(image_attention=0.9, image_attention_ratio=0.9 / 0.95, cter=0.9), "other"),
+    (dict(answer_alignment=0.9, image_attention=0.1, image_attention_ratio=0.5), "other"),
     (dict(vgs=0.29), "other"),
     (dict(existence_response=float("nan"), difficulty_response=None, vgs=0.5), "visual grounding"),
 ])
@@ -123,6 +126,7 @@ def test_classification_rules(values, expected):
 def test_chance_correction_of_token_shares():
     grid = {name: torch.zeros(1, 2) for name in SCORE_NAMES}
     grid["image_attention"][:] = 0.9
+    grid["image_attention_ratio"][:] = 1.3
     grid["cter"][0] = torch.tensor([0.6, 0.9])  # half the vocabulary are numbers: chance 0.5
     scores = HeadScores(scores=grid, top_tokens={}, n_examples=1, k=10, vocab_sizes={"number": 50, "visual": 0},
                         d_vocab=100)
@@ -137,12 +141,17 @@ def test_thresholds_are_configurable_and_validated():
     assert classify_head(_scores(vgs=0.2), TaxonomyThresholds(grounding_vgs_min=0.2)) == "visual grounding"
     with pytest.raises(ValueError, match="grounding_vgs_min"):
         TaxonomyThresholds(grounding_vgs_min=1.5)
+    assert TaxonomyThresholds(routing_image_ratio_min=1.4).routing_image_ratio_min == 1.4  # a ratio may exceed 1
+    with pytest.raises(ValueError, match="relative to the image-token share"):
+        TaxonomyThresholds.from_dict({"routing_image_min": 0.3})
 
 
 def test_taxonomy_table_figure_and_json():
     grid = {name: torch.zeros(2, 3) for name in SCORE_NAMES}
     grid["vgs"][0, 1] = 0.8
     grid["image_attention"][1, 0], grid["cter"][1, 0] = 0.6, 0.5
+    grid["image_attention_ratio"][:] = 0.5  # neither routing (>= 1) nor aggregation (<= 0.25) ...
+    grid["image_attention_ratio"][1, 0], grid["image_attention_ratio"][1, 2] = 1.2, 0.1  # ... but these
     grid["answer_alignment"][1, 2] = 1.0
     grid["difficulty_response"][:] = math.nan
     scores = HeadScores(scores=grid, top_tokens={(0, 1): [("red", 5)]}, n_examples=5, k=10)
@@ -151,7 +160,7 @@ def test_taxonomy_table_figure_and_json():
                                  "awareness": 0, "other": 3}
     assert taxonomy.heads_of("counting aggregation") == [(1, 2)]
     table = taxonomy.table()
-    assert "| visual grounding | L0H1 | 0.80 |" in table and "'red'" in table and "L0H0" not in table
+    assert "| visual grounding | L0H1 | - | 0.80 |" in table and "'red'" in table and "L0H0" not in table
     figure = taxonomy.plot()
     z = figure.data[0].z
     assert [list(row) for row in z] == taxonomy.class_grid().tolist()

@@ -177,17 +177,17 @@ def _load_vocab(path: str | None):
 
 
 def _load_thresholds(path: str | None):
-    from dataclasses import fields
-
     from vlens.lens.taxonomy import TaxonomyThresholds
 
     if path is None:
         return TaxonomyThresholds()
     data = _read_json_file(path, "--thresholds")
-    known = {f.name for f in fields(TaxonomyThresholds)}
-    if not isinstance(data, dict) or set(data) - known:
-        raise UserInputError(f"--thresholds {path} must hold a JSON object with keys among {sorted(known)}")
-    return TaxonomyThresholds(**data)
+    if not isinstance(data, dict):
+        raise UserInputError(f"--thresholds {path} must hold a JSON object {{threshold: value}}")
+    try:
+        return TaxonomyThresholds.from_dict(data)
+    except ValueError as error:
+        raise UserInputError(f"--thresholds {path}: {error}") from None
 
 
 def run_headlens(args: argparse.Namespace) -> int:
@@ -231,7 +231,9 @@ def run_headlens(args: argparse.Namespace) -> int:
     write_results(out, {**taxonomy.to_dict(), "world_size": args.sharding.world_size})
     (out / TAXONOMY_MD).write_text(taxonomy.table() + "\n", encoding="utf-8")
     write_figure(taxonomy.plot, out / TAXONOMY_HTML)
-    echo(f"{scores.n_examples} examples; classes: {taxonomy.counts()}")
+    echo(f"{scores.n_examples} examples; classes: {taxonomy.counts()}"
+         + ("" if taxonomy.stability is None else f"; {int(taxonomy.stability.unstable.sum())} heads unstable over "
+            f"{taxonomy.stability.n_resamples} resamples of the examples"))
     echo(taxonomy.table())
     logger.info("wrote %s", out / RESULTS_FILE)
     return non_finite_exit(problems, args.allow_nan, "vlens headlens")

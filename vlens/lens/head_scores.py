@@ -6,6 +6,10 @@ For each head (all at the chosen position, default the final prompt position; k 
   (colours, shapes, edges, sizes).
 - ``cter`` counting-token emergence rate: mean share of the top-k tokens in the "number" vocabulary.
 - ``image_attention``: mean attention mass from the position onto image tokens (rows with an image).
+- ``image_attention_ratio``: the same relative to uniform attention: per example, the mass on
+  image tokens divided by the share of image tokens among the keys the position sees, averaged
+  over rows with an image (1.0 = the head attends to the image as much as uniform attention
+  would; 36 of a prompt's 52 tokens being image tokens, a uniform head has mass 0.69 and ratio 1).
 - ``answer_alignment``: share of examples where the head's top-1 token is the model's own top-1.
 - ``existence_response``: share of examples where the head's top-1 is an "existence" token
   (``1``, ``yes``, ``present``, ...) although the model's answer is not one — a head that fires
@@ -20,6 +24,9 @@ For each head (all at the chosen position, default the final prompt position; k 
 Scores are ``[n_layers, n_heads]`` tensors; NaN stands for "undefined" (None in JSON). A head
 whose decoded logits were not finite on any example (NaN activations) has every score NaN and
 is flagged in ``HeadScores.non_finite`` (the taxonomy then gives it the class "non-finite").
+``HeadScores.per_example`` keeps every example's values (NaN where an example does not count),
+so the scores can be recomputed on bootstrap resamples of the examples (`resampled`): the
+taxonomy's class stability.
 """
 
 from __future__ import annotations
@@ -39,11 +46,15 @@ from vlens.lens.vocabularies import vocabulary_token_ids
 from vlens.parallel import Sharding
 from vlens.utils.finite import warn_non_finite
 from vlens.utils.results import Result
+from vlens.utils.stats import resampled_means
 from vlens.viz.figures import layer_head_heatmap
 
 SCORE_NAMES: tuple[str, ...] = (
-    "vgs", "cter", "image_attention", "answer_alignment", "existence_response", "difficulty_response",
+    "vgs", "cter", "image_attention", "image_attention_ratio", "answer_alignment", "existence_response",
+    "difficulty_response",
 )
+# per-example values behind the scores (difficulty: its two groups, combined by `scores_from_examples`)
+EXAMPLE_VALUES: tuple[str, ...] = (*SCORE_NAMES[:-1], "_difficulty_crowded", "_difficulty_uncrowded")
 DEFAULT_LARGE_COUNT = 7
 
 
@@ -60,6 +71,17 @@ class HeadScores(Result):
     non_finite: Tensor | None = None  # bool [n_layers, n_heads]: NaN/inf logits on some example
     # heads of each layer where layers differ (hybrid decoders: cells beyond a layer's heads are NaN)
     heads_per_layer: list[int] | None = None
+    per_example: dict[str, Float[Tensor, "n_examples n_layers n_heads"]] | None = None  # EXAMPLE_VALUES
+    image_share: float | None = None  # mean share of image tokens among the keys (rows with an image)
+
+    def resampled(self, counts: Float[Tensor, "n_resamples n_examples"]) -> dict[str, Tensor]:
+        """The scores on each bootstrap resample of the examples (`vlens.utils.stats.bootstrap_counts`):
+        name -> [n_resamples, n_layers, n_heads]. Needs `per_example` (kept by `compute_head_scores`)."""
+        if self.per_example is None:
+            raise ValueError("these head scores keep no per-example values (loaded from JSON?): recompute them with "
+                             "compute_head_scores to resample the examples")
+        missing = ~self.exists() if self.non_finite is None else self.non_finite | ~self.exists()
+        return scores_from_examples(self.per_example, counts, missing)
 
     def __getattr__(self, name: str):
         scores = self.__dict__.get("scores", {})
@@ -79,6 +101,13 @@ class HeadScores(Result):
     def head_keys(self) -> list[tuple[int, int]]:
         """Every (layer, head) of the model, layer-major."""
         return [(layer, head) for layer in range(self.shape[0]) for head in range(self.heads_in(layer))]
+
+    def exists(self) -> Tensor:
+        """bool [n_layers, n_heads]: the cells that are heads of their layer."""
+        grid = torch.zeros(self.shape, dtype=torch.bool)
+        for layer, head in self.head_keys():
+            grid[layer, head] = True
+        return grid
 
     def head(self, layer: int, head: int) -> dict[str, float | None]:
         """The scores of one head (None where undefined)."""
@@ -101,12 +130,33 @@ class HeadScores(Result):
     def to_dict(self) -> dict:
         return {
             "n_examples": self.n_examples, "k": self.k, "vocab_sizes": self.vocab_sizes, "d_vocab": self.d_vocab,
+            "image_share": self.image_share,
             "heads": [{"layer": layer, "head": head, "scores": self.head(layer, head),
                        "non_finite": self.head_non_finite(layer, head),
                        "top_tokens": [[t, c] for t, c in self.top_tokens.get((layer, head), [])]}
                       for layer, head in self.head_keys()],
             **({"heads_per_layer": self.heads_per_layer} if self.heads_per_layer else {}),
         }
+
+
+def scores_from_examples(per_example: Mapping[str, Tensor], counts: Tensor | None = None,
+                         non_finite: Tensor | None = None) -> dict[str, Tensor]:
+    """Scores from per-example values (`EXAMPLE_VALUES`, [n, L, H], NaN where an example does not count).
+
+    counts: [n_resamples, n] how often each example is drawn (scores then get a leading resample
+    dim); None: every example once, scores [L, H]. NaN where no counted example was drawn.
+    """
+    n = next(iter(per_example.values())).shape[0]
+    weights = torch.ones(1, n, dtype=torch.float64) if counts is None else counts.double()
+    means = {name: resampled_means(values, weights).float() for name, values in per_example.items()}
+    crowded, uncrowded = means.pop("_difficulty_crowded"), means.pop("_difficulty_uncrowded")
+    has_uncrowded = per_example["_difficulty_uncrowded"].isfinite().double()
+    drawn = (weights @ has_uncrowded.flatten(1)).reshape(weights.shape[0], *has_uncrowded.shape[1:]) > 0
+    means["difficulty_response"] = torch.where(drawn, crowded - uncrowded, crowded)  # no uncrowded row: P(.)
+    out = {name: means[name] for name in SCORE_NAMES}
+    if non_finite is not None:
+        out = {name: value.masked_fill(non_finite, torch.nan) for name, value in out.items()}
+    return {name: value[0] for name, value in out.items()} if counts is None else out
 
 
 def object_count(record: Mapping) -> int | None:
@@ -152,75 +202,69 @@ def compute_head_scores(
     L, H = model.cfg.n_layers, model.cfg.max_heads
     # cells beyond a layer's own heads (hybrid decoders): HeadLens leaves them empty (-1 / NaN)
     exists = torch.tensor([[head < model.cfg.heads_at(layer) for head in range(H)] for layer in range(L)])
-    accumulators = [*SCORE_NAMES, "_difficulty_crowded", "_difficulty_uncrowded"]
     existence_ids = torch.tensor(sorted(vocab["existence"])) if vocab["existence"] else torch.empty(0, dtype=torch.long)
 
     def run(start: int) -> dict:
-        """One batch's sums and counts per accumulator ([L, H] each) and its top-k ids [batch, L, H]."""
+        """One batch's per-example values ([batch, L, H] each, NaN where the example does not count),
+        its image-token shares [batch] and its top-k ids [batch, L, H, k]."""
         inputs, records = prepare_batch(model, samples[start:start + batch_size])
         out = lens.run(inputs, positions="final", k=k)
         ids = out.top_ids[:, 0]  # [batch, L, H, k]
         if out.image_attention is None:
             raise RuntimeError("HeadLens.run returned no image attention")
-        part: dict = {"sums": {}, "counts": {}}
+        nan = torch.full(ids.shape[:-1], float("nan"))
 
-        def add(name: str, values: Tensor, rows: Tensor) -> None:
-            """values [batch, L, H] for the rows that count ([batch] bool)."""
-            part["sums"][name] = values[rows].sum(0)
-            part["counts"][name] = rows.sum()
+        def where(rows: Tensor, values: Tensor) -> Tensor:
+            """values [batch, L, H] on the rows that count ([batch] bool), NaN elsewhere."""
+            return torch.where(rows[:, None, None], values.float(), nan)
 
-        everyone = torch.ones(ids.shape[0], dtype=torch.bool)
-        add("vgs", _share_in(ids, vocab["visual"]), everyone)
-        add("cter", _share_in(ids, vocab["number"]), everyone)
-        add("image_attention", out.image_attention[:, 0], out.has_image)
+        share = out.image_share[:, 0].float()
+        has_image = out.has_image & (share > 0)
+        mass = out.image_attention[:, 0].float()
         answer = out.model_top1[:, 0]
-        add("answer_alignment", (ids[..., 0] == answer[:, None, None]).float(), everyone)
+        values = {"vgs": _share_in(ids, vocab["visual"]), "cter": _share_in(ids, vocab["number"]),
+                  "image_attention": where(out.has_image, mass),
+                  "image_attention_ratio": where(has_image, mass / share.clamp_min(1e-12)[:, None, None]),
+                  "answer_alignment": (ids[..., 0] == answer[:, None, None]).float(),
+                  "existence_response": nan.clone(), "_difficulty_crowded": nan.clone(),
+                  "_difficulty_uncrowded": nan.clone()}
         if len(existence_ids):
             not_existence_answer = ~torch.isin(answer, existence_ids)
-            add("existence_response", torch.isin(ids[..., 0], existence_ids).float(), not_existence_answer)
+            values["existence_response"] = where(not_existence_answer, torch.isin(ids[..., 0], existence_ids))
         if vocab["difficulty"]:
             n_objects = [object_count(r) for r in records]
             known = any(c is not None for c in n_objects)
             crowded = torch.tensor([(c is not None and c >= large_count) if known else True for c in n_objects])
             uncrowded = torch.tensor([c is not None and c < large_count for c in n_objects])
             says_difficult = _share_in(ids[..., :1], vocab["difficulty"])  # top-1 in the vocabulary: 0 / 1
-            add("_difficulty_crowded", says_difficult, crowded)
-            add("_difficulty_uncrowded", says_difficult, uncrowded)
-        part["ids"] = ids
+            values["_difficulty_crowded"] = where(crowded, says_difficult)
+            values["_difficulty_uncrowded"] = where(uncrowded, says_difficult)
         bad = (ids < 0).any(-1) & exists  # [batch, L, H]: HeadLens found non-finite head logits
         if bool(bad.any()):
             rows = [start + r for r in bad.any(-1).any(-1).nonzero().flatten().tolist()]
             warn_non_finite("HeadLens", f"head logits of examples {rows[:6]}", model, inputs)
-        return part
+        return {"values": values, "ids": ids, "image_share": torch.where(out.has_image, share, torch.nan)}
 
     parts = sharding.map(range(0, len(samples), batch_size), run, desc="head scores", progress=progress)
-    sums = {name: torch.zeros(L, H) for name in accumulators}
-    counts = {name: torch.zeros(L, H) for name in accumulators}
     frequent: dict[tuple[int, int], Counter] = {(layer, head): Counter() for layer in range(L)
                                                 for head in range(model.cfg.heads_at(layer))}
-    n_examples = 0
     broken = torch.zeros(L, H, dtype=torch.bool)  # heads with non-finite logits on some example
-    for part in parts:  # in batch order: the same float sums as one process
-        for name, value in part["sums"].items():
-            sums[name] += value
-            counts[name] += part["counts"][name]
+    for part in parts:  # in batch order, as in one process
         ids = part["ids"]
         broken |= (ids < 0).any(-1).any(0) & exists
         for layer in range(L):
             for head in range(model.cfg.heads_at(layer)):
                 frequent[(layer, head)].update(i for i in ids[:, layer, head].reshape(-1).tolist() if i >= 0)
-        n_examples += ids.shape[0]
-
-    means = {name: torch.where(counts[name] > 0, sums[name] / counts[name].clamp(min=1), torch.nan)
-             for name in accumulators}
-    crowded, uncrowded = means.pop("_difficulty_crowded"), means.pop("_difficulty_uncrowded")
-    means["difficulty_response"] = torch.where(counts["_difficulty_uncrowded"] > 0, crowded - uncrowded, crowded)
-    scores = {name: means[name].masked_fill(broken | ~exists, torch.nan) for name in SCORE_NAMES}
+    per_example = {name: torch.cat([part["values"][name] for part in parts]) for name in EXAMPLE_VALUES}
+    shares = torch.cat([part["image_share"] for part in parts])
+    n_examples = int(shares.shape[0])
+    scores = scores_from_examples(per_example, non_finite=broken | ~exists)
     common = {key: counter.most_common(n_top_tokens) for key, counter in frequent.items()}
     ids = sorted({i for pairs in common.values() for i, _ in pairs})
     label = dict(zip(ids, str_tokens(model.tokenizer, ids), strict=True))  # readable, as to_str_tokens
     top_tokens = {key: [(label[i], c) for i, c in pairs] for key, pairs in common.items()}
+    image_share = float(shares.nanmean()) if bool(shares.isfinite().any()) else None
     return HeadScores(scores=scores, top_tokens=top_tokens, n_examples=n_examples, k=k,
                       vocab_sizes={name: len(ids) for name, ids in vocab.items()}, d_vocab=model.cfg.d_vocab,
-                      non_finite=broken,
+                      non_finite=broken, per_example=per_example, image_share=image_share,
                       heads_per_layer=None if model.cfg.uniform_heads else [model.cfg.heads_at(x) for x in range(L)])

@@ -200,7 +200,7 @@ class PatchingResult(Result):
             out["baseline"] = {name: {role: _jsonable(v) for role, v in roles.items()}
                                for name, roles in self.baseline_values.items()}
         if self.effect_floor is not None:
-            out["patch_effect_floor"] = self.effect_floor.to_dict()
+            out["patch_effect_floor"] = json_safe(self.effect_floor.to_dict())
         if self.intervals:
             out["intervals"] = {"level": LEVEL, "method": f"percentile bootstrap over pairs ({N_RESAMPLES} resamples, "
                                 "seed 0)", **{name: {"low": _jsonable(low), "high": _jsonable(high)}
