@@ -11,7 +11,12 @@ import torch
 
 import vlens.testing as vt
 from vlens import HookedVLM
-from vlens.interventions.temperature import HeadTemperature, fit_temperature, importance_from_result
+from vlens.interventions.temperature import (
+    HeadTemperature,
+    fit_temperature,
+    importance_from_result,
+    taxonomy_heads,
+)
 
 
 @functools.lru_cache(maxsize=4)
@@ -46,6 +51,59 @@ def test_fit_temperature_by_hand():
     assert again.betas == temp.betas and again.gammas == temp.gammas
     with pytest.raises(ValueError, match="no positive entry"):
         fit_temperature(-importance.abs())
+
+
+def test_results_say_which_heads_the_multiplier_changes():
+    importance = torch.tensor([[0.5, -1.0, 0.1], [2.0, 1.0, 0.0]])
+    temp = fit_temperature(importance, top_k=3, alpha=1.2)  # L1H0 beta 1.2; L1H1 (0.6) and L0H0 (0.3) floored
+    data = temp.to_dict()
+    assert data["changed_heads"] == [[1, 0]] and data["unchanged_heads"] == [[0, 0], [1, 1]] and data["n_changed"] == 1
+    by_head = {(e["layer"], e["head"]): e for e in data["heads"]}
+    assert by_head[(1, 0)]["changed"] and by_head[(1, 0)]["logit_change"] == pytest.approx(0.2)
+    assert by_head[(1, 1)]["floored"] and not by_head[(1, 1)]["changed"] and by_head[(1, 1)]["logit_change"] == 0
+    summary = temp.summary()
+    assert "L1H0: gamma 1.000 -> beta 1.200: attention logits x1.200 (+20.0%)" in summary
+    assert "L1H1: gamma 0.500 -> beta 1.000: unchanged (alpha * gamma below the floor)" in summary
+    assert summary.endswith("1 of 3 selected heads changed; left at beta = 1: L0H0, L1H1")
+
+
+def test_heads_from_the_taxonomy_routing_and_aggregation():
+    taxonomy = {"heads": [{"layer": 0, "head": 0, "class": "visual grounding", "stable": True},
+                          {"layer": 1, "head": 0, "class": "cross-modal routing", "stable": False},
+                          {"layer": 1, "head": 1, "class": "counting aggregation", "stable": True},
+                          {"layer": 1, "head": 2, "class": "other"}]}
+    assert taxonomy_heads(taxonomy) == [(1, 0), (1, 1)]
+    assert taxonomy_heads(taxonomy, stable_only=True) == [(1, 1)]
+    assert taxonomy_heads(taxonomy, classes=["visual grounding"]) == [(0, 0)]
+    with pytest.raises(ValueError, match="unknown head classes"):
+        taxonomy_heads(taxonomy, classes=["routing"])
+    with pytest.raises(ValueError, match="not a HeadLens taxonomy"):
+        taxonomy_heads({"results": {}})
+    plain = fit_temperature(None, heads=taxonomy_heads(taxonomy), alpha=1.2)  # no importance: beta = alpha
+    assert plain.betas == {(1, 0): 1.2, (1, 1): 1.2} and plain.changed() == [(1, 0), (1, 1)]
+    importance = torch.tensor([[1.0, 0.0, 0.0], [-0.5, 2.0, 0.0]])  # L1H0 hurts when ablated: gamma < 0
+    weighted = fit_temperature(importance, heads=taxonomy_heads(taxonomy), alpha=1.2)
+    assert weighted.betas == {(1, 0): 1.0, (1, 1): pytest.approx(1.2)} and weighted.unchanged() == [(1, 0)]
+    with pytest.raises(ValueError, match="no positive importance"):
+        fit_temperature(importance, heads=taxonomy_heads(taxonomy), floor=None)
+
+
+def test_temperature_fit_from_a_taxonomy_on_the_command_line(tmp_path, capsys):
+    import json
+
+    from vlens.cli import main
+
+    folder = tmp_path / "headlens"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"heads": [
+        {"layer": 0, "head": 1, "class": "cross-modal routing"}, {"layer": 1, "head": 0, "class": "other"}]}))
+    assert main(["temperature", "fit", "--select", "taxonomy", "--taxonomy", str(folder), "--out",
+                 str(tmp_path / "fit"), "--quiet"]) == 0
+    data = json.loads((tmp_path / "fit" / "results.json").read_text())
+    assert data["changed_heads"] == [[0, 1]] and data["source"]["selection"] == "taxonomy"
+    assert "1 of 1 selected heads changed" in capsys.readouterr().out
+    assert main(["temperature", "fit", "--select", "taxonomy", "--out", str(tmp_path / "f2"), "--quiet"]) == 2
+    assert "needs --taxonomy" in capsys.readouterr().err
 
 
 def test_importance_from_ablation_and_patching_json():

@@ -1,6 +1,7 @@
 """`vlens temperature`: fit head temperatures from an importance result, apply them, export them.
 
     vlens temperature fit --result runs/ablation/results.json --task counting --top-k 8 --out runs/temps
+    vlens temperature fit --select taxonomy --taxonomy runs/headlens --result runs/ablation --task counting --out runs/t
     vlens temperature apply --model tiny --temps runs/temps --data data/synreal --out runs/temp_eval
     vlens temperature export --model PATH --temps runs/temps --out hf_with_temperature/
 
@@ -42,11 +43,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fit = commands.add_parser("fit", help="temperatures from an ablation or patching result file")
     fit.add_argument(
         "--result",
-        required=True,
         type=Path,
+        default=None,
         help="results.json of `vlens ablate` (AblationReport / HeadAblation) or of a layer-head `vlens patch`, "
-        "or that command's --out folder",
+        "or that command's --out folder: the importance gamma (needed with --select importance)",
     )
+    fit.add_argument("--select", choices=("importance", "taxonomy"), default="importance",
+                     help="which heads: the --top-k most important (default), or the paper's target classes of a "
+                     "HeadLens taxonomy (--taxonomy; gamma from --result when given, else 1)")
+    fit.add_argument("--taxonomy", type=Path, default=None,
+                     help="results.json (or --out folder) of `vlens headlens`, for --select taxonomy")
+    fit.add_argument("--classes", default=",".join(("cross-modal routing", "counting aggregation")),
+                     help="head classes for --select taxonomy, comma-separated (default: cross-modal routing,"
+                     "counting aggregation)")
+    fit.add_argument("--stable-only", action="store_true",
+                     help="--select taxonomy: only heads whose class is stable over resampled examples")
     fit.add_argument("--task", help="the task of an ablation report holding several")
     fit.add_argument(
         "--metric",
@@ -102,14 +113,33 @@ def _parse_heads(text: str) -> list[tuple[int, int]]:
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    from vlens.interventions.temperature import fit_temperature, importance_from_result
+    from vlens.interventions.temperature import fit_temperature, importance_from_result, taxonomy_heads
     from vlens.utils.finite import collect_non_finite
 
     heads = _parse_heads(args.heads) if args.heads else None
+    if args.select == "taxonomy":
+        if args.taxonomy is None:
+            raise UserInputError("--select taxonomy needs --taxonomy DIR (the --out folder of `vlens headlens`)")
+        if heads is not None:
+            raise UserInputError("--heads and --select taxonomy both choose the heads: give one of them")
+    elif args.result is None:
+        raise UserInputError("--select importance needs --result (an ablation or layer-head patching result)")
     out = prepare_out(args, RESULTS_FILE)
-    importance = importance_from_result(temps_file(args.result), task=args.task, metric=args.metric)
-    if heads is None:  # more heads than the result scores would quietly take every positive one
+    importance = (importance_from_result(temps_file(args.result), task=args.task, metric=args.metric)
+                  if args.result is not None else None)
+    if args.select == "taxonomy":
+        classes = [c.strip() for c in args.classes.split(",") if c.strip()]
+        heads = taxonomy_heads(args.taxonomy, classes, stable_only=args.stable_only)
+        if not heads:
+            raise UserInputError(f"the taxonomy {args.taxonomy} has no {'stable ' if args.stable_only else ''}head of "
+                                 f"the classes {classes}: nothing to sharpen")
+    elif heads is None:  # more heads than the result scores would quietly take every positive one
+        assert importance is not None
         check_count(args.top_k, "--top-k", max=importance.numel())
+    source = {"result": None if args.result is None else str(args.result), "task": args.task, "metric": args.metric,
+              "selection": args.select}
+    if args.select == "taxonomy":
+        source.update(taxonomy=str(args.taxonomy), classes=classes, stable_only=args.stable_only)
     with collect_non_finite() as problems:
         temp = fit_temperature(
             importance,
@@ -118,11 +148,10 @@ def run_fit(args: argparse.Namespace) -> int:
             alpha=args.alpha,
             normalisation=args.normalisation,
             floor=None if args.no_floor else args.floor,
-            source={"result": str(args.result), "task": args.task, "metric": args.metric},
+            source=source,
         )
     temp.save(out / RESULTS_FILE)
-    for entry in temp.to_dict()["heads"]:
-        echo(f"L{entry['layer']}H{entry['head']}: gamma {entry['gamma']:.3f} -> beta {entry['beta']:.3f}")
+    echo(temp.summary())
     logger.info("wrote %s", out / RESULTS_FILE)
     return non_finite_exit(problems, args.allow_nan, "vlens temperature fit")
 

@@ -22,14 +22,17 @@ from vlens.interventions.focus import (
     run_with_focus,
 )
 from vlens.interventions.temperature import (
+    TEMPERATURE_CLASSES,
     HeadTemperature,
     TemperatureHandle,
     fit_temperature,
     importance_from_result,
+    taxonomy_heads,
 )
 
 __all__ = [
     "PAPER_FOCUS_LAYERS",
+    "TEMPERATURE_CLASSES",
     "FocusPrior",
     "HeadTemperature",
     "TemperatureHandle",
@@ -44,4 +47,5 @@ __all__ = [
     "objects_from_record",
     "pixel_to_grid",
     "run_with_focus",
+    "taxonomy_heads",
 ]

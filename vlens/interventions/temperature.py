@@ -55,6 +55,8 @@ from vlens.viz.figures import layer_head_heatmap
 Head = tuple[int, int]
 NORMALISATIONS = ("max", "mean", "none")
 logger = logging.getLogger(__name__)
+SELECTIONS = ("importance", "taxonomy")  # the top-k heads by importance, or the paper's head classes
+TEMPERATURE_CLASSES = ("cross-modal routing", "counting aggregation")  # the paper's target heads
 
 
 @dataclass
@@ -80,6 +82,29 @@ class HeadTemperature(Result):
         if self.floor is None:
             return []
         return sorted(head for head, gamma in self.gammas.items() if self.alpha * gamma < self.floor)
+
+    def changed(self) -> list[Head]:
+        """Selected heads whose attention logits the multiplier actually changes (beta != 1)."""
+        return sorted(head for head, beta in self.betas.items() if abs(beta - 1.0) > 1e-12)
+
+    def unchanged(self) -> list[Head]:
+        """Selected heads left as they were (beta = 1: typically floored, alpha * gamma < 1)."""
+        return sorted(head for head, beta in self.betas.items() if abs(beta - 1.0) <= 1e-12)
+
+    def summary(self) -> str:
+        """One line per selected head (gamma, beta, the change of its logits) and how many changed."""
+        floored = set(self.floored())
+        lines = []
+        for head, beta in sorted(self.betas.items()):
+            gamma = self.gammas.get(head)
+            gamma_text = "" if gamma is None else f"gamma {gamma:.3f} -> "
+            what = ("unchanged (alpha * gamma below the floor)" if head in floored else
+                    "unchanged" if abs(beta - 1) <= 1e-12 else f"attention logits x{beta:.3f} ({100 * (beta - 1):+.1f}%)")
+            lines.append(f"L{head[0]}H{head[1]}: {gamma_text}beta {beta:.3f}: {what}")
+        lines.append(f"{len(self.changed())} of {len(self.betas)} selected heads changed"
+                     + (f"; left at beta = 1: {', '.join(f'L{a}H{b}' for a, b in self.unchanged())}"
+                        if self.unchanged() else ""))
+        return "\n".join(lines)
 
     @property
     def layers(self) -> list[int]:
@@ -194,14 +219,19 @@ class HeadTemperature(Result):
 
     # ------------------------------------------------------------------ I/O
     def to_dict(self) -> dict:
+        floored = set(self.floored())
         return {
             "alpha": self.alpha,
             "normalisation": self.normalisation,
             "floor": self.floor,
             "heads": [
-                {"layer": layer, "head": head, "beta": b, "gamma": self.gammas.get((layer, head))}
+                {"layer": layer, "head": head, "beta": b, "gamma": self.gammas.get((layer, head)),
+                 "changed": abs(b - 1.0) > 1e-12, "logit_change": b - 1.0, "floored": (layer, head) in floored}
                 for (layer, head), b in sorted(self.betas.items())
             ],
+            "changed_heads": [list(h) for h in self.changed()],
+            "unchanged_heads": [list(h) for h in self.unchanged()],
+            "n_changed": len(self.changed()),
             "source": self.source,
         }
 
@@ -374,8 +404,33 @@ def _nan_if_none(value):
     return float("nan") if value is None else value
 
 
+def taxonomy_heads(result, classes: Sequence[str] = TEMPERATURE_CLASSES, stable_only: bool = False) -> list[Head]:
+    """The heads of some HeadLens classes (default the paper's targets: cross-modal routing and
+    counting aggregation heads), from a `vlens headlens` result: its results.json (path, folder or
+    dict) or a taxonomy object with `to_dict()`. stable_only: only heads whose class held on the
+    bootstrap resamples of the examples ("stable" in the result)."""
+    if isinstance(result, (str, Path)):
+        path = Path(result)
+        try:
+            result = _read_result_file(path / "results.json" if path.is_dir() else path)
+        except UserInputError as err:
+            raise UserInputError(f"{path}: {err}") from None
+    elif hasattr(result, "to_dict"):
+        result = result.to_dict()
+    entries = result.get("heads") if isinstance(result, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and "class" in e for e in entries):
+        raise UserInputError("not a HeadLens taxonomy: expected the results.json of `vlens headlens` (heads with a "
+                             "'class' each)")
+    known = sorted({e["class"] for e in entries} | set(TEMPERATURE_CLASSES))
+    unknown = [c for c in classes if c not in known]
+    if unknown:
+        raise UserInputError(f"unknown head classes {unknown}; the taxonomy's classes: {known}")
+    return [(int(e["layer"]), int(e["head"])) for e in entries
+            if e["class"] in classes and (not stable_only or e.get("stable", True))]
+
+
 def fit_temperature(
-    importance: Float[Tensor, "n_layers n_heads"],
+    importance: Float[Tensor, "n_layers n_heads"] | None,
     heads: Sequence[Head] | None = None,
     top_k: int | None = 8,
     alpha: float = 1.2,
@@ -384,8 +439,23 @@ def fit_temperature(
     layers: Sequence[int] | None = None,
     source: dict | None = None,
 ) -> HeadTemperature:
-    """betas from importance: the `heads` given, else the `top_k` most important heads (only
-    heads with positive importance; optionally only in `layers`). See the module docstring."""
+    """betas from importance: the `heads` given (e.g. `taxonomy_heads`: the routing and aggregation
+    heads), else the `top_k` most important heads (only heads with positive importance; optionally
+    only in `layers`). See the module docstring.
+
+    importance None (only with `heads`): every head gets gamma = 1, beta = alpha. A given head whose
+    importance is not positive gets gamma <= 0: the floor leaves it unchanged (reported by
+    `HeadTemperature.unchanged`), and without a floor it is refused.
+    """
+    if importance is None:
+        if heads is None:
+            raise UserInputError("fit_temperature without importance needs heads=... (e.g. taxonomy_heads(...))")
+        if not heads:
+            raise UserInputError("no head selected: the taxonomy has no head of the classes asked for")
+        alpha = check_float(alpha, "alpha", min=0, min_open=True)
+        chosen = sorted({(int(layer), int(head)) for layer, head in heads})
+        return HeadTemperature(betas=dict.fromkeys(chosen, alpha), alpha=alpha, gammas=dict.fromkeys(chosen, 1.0),
+                               normalisation="none", floor=floor, source=source or {})
     importance = torch.as_tensor(importance, dtype=torch.float64)
     if importance.ndim != 2:
         raise ValueError(f"importance must be [n_layers, n_heads], got shape {tuple(importance.shape)}")
@@ -428,6 +498,10 @@ def fit_temperature(
     if not denominator > 0:
         raise ValueError(f"cannot normalise importance by {normalisation}: it is {float(denominator)}")
     gammas = {head: float(v / denominator) for head, v in zip(heads, values, strict=True)}
+    if floor is None and any(g <= 0 for g in gammas.values()):
+        weak = [f"L{a}H{b}" for (a, b), g in gammas.items() if g <= 0]
+        raise UserInputError(f"heads {weak} have no positive importance, so beta = alpha * gamma would be <= 0: keep "
+                             "the floor (they are then left unchanged) or choose other heads")
     betas = {head: max(floor, alpha * g) if floor is not None else alpha * g for head, g in gammas.items()}
     return HeadTemperature(
         betas=betas, alpha=alpha, gammas=gammas, normalisation=normalisation, floor=floor, source=source or {}

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from vlens.ablation import TaskBatch, build_task_batch, collect_reference, head_ablation_sweep
 from vlens.data import make_task_sample
 from vlens.evaluation import HookedVLMBackend, counting_metrics, parse_count
-from vlens.interventions.temperature import fit_temperature, importance_from_result
+from vlens.interventions.temperature import HeadTemperature, fit_temperature, importance_from_result
 from vlens.training.data import SFTExample, example_from_sample
 from vlens.training.sft import SFTConfig, train_sft
 from vlens.utils.finite import json_safe
@@ -347,10 +347,12 @@ class StudyResult(Result):
                 )
                 lines.append(f"{name} accuracy per seed ({seeds}): {per_seed}.")
         for seed, temp in self.temperatures.items():
-            heads = ", ".join(f"L{e['layer']}H{e['head']} beta={e['beta']:.2f}"
-                              + (" (floor: unchanged)" if _at_floor(temp, e) else "") for e in temp["heads"])
-            changed = sum(not _at_floor(temp, e) for e in temp["heads"])
-            lines.append(f"Seed {seed} heads: {heads}; {changed} of {len(temp['heads'])} sharpened.")
+            fitted = HeadTemperature.from_dict(temp)
+            floored = set(fitted.floored())
+            heads = ", ".join(f"L{layer}H{head} beta={beta:.2f}" + (" (floor: unchanged)" if (layer, head) in floored
+                                                                   else "")
+                              for (layer, head), beta in sorted(fitted.betas.items()))
+            lines.append(f"Seed {seed} heads: {heads}; {len(fitted.changed())} of {len(fitted.betas)} sharpened.")
         for seed, runs in self.training.items():
             parts = [
                 f"{CONDITIONS[c]}: {r['steps']} steps, {r['mean_step_time_s'] * 1000:.0f} ms/step, final "
@@ -365,12 +367,6 @@ class StudyResult(Result):
             lines.append(f"Measured {p.get('measured_at')} (vlens {p.get('vlens_version')}, commit {p.get('commit')}, "
                          f"weights fingerprint {p.get('weights_fingerprint')}).")
         return "\n".join(lines)
-
-
-def _at_floor(temperature: dict, head: dict) -> bool:
-    """A stored head whose alpha * gamma fell below the floor (its beta is the floor)."""
-    floor = temperature.get("floor")
-    return floor is not None and temperature["alpha"] * head["gamma"] < floor
 
 
 def run_study(
