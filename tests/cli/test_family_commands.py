@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.family_commands import counting_folder, run_every_command, save_family_folder
+from tests.helpers.family_commands import (
+    counting_folder,
+    run_every_command,
+    run_expert_commands,
+    save_family_folder,
+)
 from vlens import testing
 
 # family -> (HF model, processor, flags that size the images, whether `temperature export` applies)
@@ -58,6 +63,14 @@ def test_every_command_on_a_saved_folder(family, tmp_path, data):
              for is_linear in (linear or [False] * cfg.num_hidden_layers)]
     run_every_command(folder, tmp_path / "out", data, image_args, n_layers=cfg.num_hidden_layers,
                       n_heads=max(heads), export=export, n_heads_total=sum(heads))
+    if getattr(cfg, "num_experts", 0):  # the mixture-of-experts commands
+        done = run_expert_commands(folder, tmp_path / "out", image_args)
+        n_experts, n_layers = cfg.num_experts, cfg.num_hidden_layers
+        assert len(done["routing"]["share"]["image"][0]) == n_experts
+        ranked = done["ablate --unit expert"]["results"]["counting"]["ranked_heads"]
+        assert done["ablate --unit expert"]["results"]["counting"]["unit"] == "expert" and "expert" in ranked[0]
+        assert len(done["patch --mode layer-expert"]["experts"]) == n_experts
+        assert len(done["patch --mode layer-expert"]["layers"]) <= n_layers
 
 
 @pytest.mark.parametrize("family", ["llava_next", "llava_onevision"])

@@ -99,3 +99,20 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
         assert grid is not None and len(grid) == n_layers and len(grid[0]) == n_heads
     assert done["train"]["steps"] == 1
     return done
+
+
+def run_expert_commands(model: str, out: Path, image_args: Sequence[str] = ("--image-size", "56")) -> dict[str, dict]:
+    """The mixture-of-experts commands on a MoE model folder: routing statistics, expert ablation across
+    two tasks, expert patching; returns each one's results."""
+    image = list(image_args)
+    done: dict[str, dict] = {}
+    run(["routing", "--model", model, "--make", "3", *image, "--out", str(out / "routing")])
+    done["routing"] = results(out / "routing")
+    assert (out / "routing" / "routing.html").is_file()
+    run(["ablate", "--model", model, "--unit", "expert", "--tasks", "counting,counting@synreal", "--n-examples", "2",
+         "--n-reference", "2", "--top-k", "2", *image, "--out", str(out / "ablate-experts")])
+    done["ablate --unit expert"] = results(out / "ablate-experts")
+    run(["patch", "--model", model, "--make-pairs", "2", *image, "--mode", "layer-expert", "--region", "image",
+         "--out", str(out / "patch-experts")])
+    done["patch --mode layer-expert"] = results(out / "patch-experts")
+    return done

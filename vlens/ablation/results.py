@@ -84,6 +84,13 @@ class HeadAblation(Result):
     answers: list[str] | None = None
     answer_tokens: list[list[int]] | None = None
     heads_per_layer: list[int] | None = None  # where layers differ (hybrid decoders); None: all n_heads
+    # what was ablated: "head" (hook_z), or "expert" (a MoE layer's expert, `vlens.ablation.experts`:
+    # the grid is [n_layers, n_experts] and heads_per_layer is then the experts per layer, 0 for dense MLPs)
+    unit: str = "head"
+
+    def unit_label(self, layer: int, index: int) -> str:
+        """"L3H5" for a head, "L3E5" for an expert."""
+        return f"L{layer}{self.unit[:1].upper()}{index}"
 
     @property
     def n_heads_total(self) -> int:
@@ -132,7 +139,7 @@ class HeadAblation(Result):
             "clean_logprob": _number(self.clean_logprob), "clean_accuracy": _number(self.clean_accuracy),
             "max_logprob_drop": _number(self.max_drop),
             "ranked_heads": [
-                {"rank": i + 1, "layer": layer, "head": head, "logprob_drop": _number(lp[layer, head]),
+                {"rank": i + 1, "layer": layer, self.unit: head, "logprob_drop": _number(lp[layer, head]),
                  "accuracy_drop": _number(acc[layer, head])}
                 for i, (layer, head) in enumerate(ranked)
             ],
@@ -142,6 +149,7 @@ class HeadAblation(Result):
             "answer_rule": "vlens.core.answers: whole answer teacher-forced (sum of its tokens' log-probabilities)",
             "answers": self.answers, "answer_tokens": self.answer_tokens,
             **({"heads_per_layer": self.heads_per_layer} if self.heads_per_layer else {}),
+            **({"unit": self.unit} if self.unit != "head" else {}),
         }
 
     @classmethod
@@ -151,13 +159,14 @@ class HeadAblation(Result):
                    clean_accuracy=_float(data["clean_accuracy"]),
                    ablated_logprob=_tensor(data["ablated_logprob"]),
                    ablated_accuracy=_tensor(data["ablated_accuracy"]), answers=data.get("answers"),
-                   answer_tokens=data.get("answer_tokens"), heads_per_layer=data.get("heads_per_layer"))
+                   answer_tokens=data.get("answer_tokens"), heads_per_layer=data.get("heads_per_layer"),
+                   unit=data.get("unit", "head"))
 
     def plot(self, rank_by: str = "logprob"):
         """Layer x head heatmap of the damage (plotly)."""
         label = "answer log-prob drop" if rank_by == "logprob" else "accuracy drop"
         return layer_head_heatmap(self.scores(rank_by).float(), title=f"{self.task}: {self.method} ablation",
-                                  value_label=label)
+                                  value_label=label, unit=self.unit)
 
 
 @dataclass
@@ -204,6 +213,11 @@ class AblationReport(Result):
     @property
     def n_heads_total(self) -> int:
         return next(iter(self.results.values())).n_heads_total
+
+    @property
+    def unit(self) -> str:
+        """What the report ranks: "head" or "expert" (`HeadAblation.unit`)."""
+        return next(iter(self.results.values())).unit
 
     def _measured(self, *sweeps: HeadAblation) -> int:
         """Heads every given sweep measured (finite score): the units a top-k set is drawn from."""
@@ -309,7 +323,7 @@ class AblationReport(Result):
         reliability_p = self.reliability_p_values()
         retest_p = [reliability_p.get(task, float("nan")) for task in names] if reliability_p else None
         return jaccard_matrix_figure(matrix.float(), names,
-                                     title or f"Jaccard overlap of top-{self.top_k} heads ({self.rank_by} drop)",
+                                     title or f"Jaccard overlap of top-{self.top_k} {self.unit}s ({self.rank_by} drop)",
                                      retest=retest, chance=self.chance_jaccard(), p_values=p_values,
                                      p_values_holm=holm_matrix(p_values), retest_p_values=retest_p,
                                      significance=SIGNIFICANCE)
@@ -332,21 +346,23 @@ class AblationReport(Result):
             (`vlens.ablation.stability.overlap_stability(report).findings()`), listed under Reliability.
         """
         names = self.tasks
-        report = Report(title, intro=f"{self.settings.get('method', '')} ablation of every attention head alone; "
-                                     f"top-{self.top_k} heads per task by {self.rank_by} drop. "
+        unit = self.unit
+        what = "attention head" if unit == "head" else "expert of every mixture-of-experts layer"
+        report = Report(title, intro=f"{self.settings.get('method', '')} ablation of every {what} alone; "
+                                     f"top-{self.top_k} {unit}s per task by {self.rank_by} drop. "
                                      f"Settings: {json.dumps(self.settings)}")
         pairs = self.pair_numbers()
         if len(names) >= 2 or self.retest:
-            report.add_section("Jaccard overlap of top-k head sets",
-                               "How many of their most important heads two tasks share (1: the same set), with "
+            report.add_section(f"Jaccard overlap of top-k {unit} sets",
+                               f"How many of their most important {unit}s two tasks share (1: the same set), with "
                                "the p-value of that overlap under two random top-k sets (exact hypergeometric "
                                f"null; bold: below {SIGNIFICANCE} after Holm's correction over the task pairs); "
                                "dashed: the mean Jaccard of two random top-k sets; * / bars: a task's own set on a "
                                "second sample.",
                                figure=self.plot(), numbers=pairs)
         else:
-            report.add_section("Jaccard overlap of top-k head sets",
-                               f"Only one task ({names[0]}): there is no second head set to compare with. Give "
+            report.add_section(f"Jaccard overlap of top-k {unit} sets",
+                               f"Only one task ({names[0]}): there is no second {unit} set to compare with. Give "
                                "two or more tasks for the cross-task matrix, or a retest seed for this task's "
                                "test-retest Jaccard.", numbers=pairs)
         if self.retest:
@@ -368,12 +384,12 @@ class AblationReport(Result):
                                + note, numbers=self.patching["jaccard"])
         for task, result in self.results.items():
             lp, acc = result.logprob_drop, result.accuracy_drop
-            table = [{"rank": i + 1, "head": f"L{layer}H{head}", "logprob drop": float(lp[layer, head]),
+            table = [{"rank": i + 1, unit: result.unit_label(layer, head), "logprob drop": float(lp[layer, head]),
                       "accuracy drop": float(acc[layer, head])}
                      for i, (layer, head) in enumerate(result.top_heads(self.top_k, self.rank_by))]
-            note = "" if table else " No head could be measured: the runs gave NaN/inf (non-finite) values."
-            report.add_section(f"{task}: damage per head", f"Drop in the answer's {self.rank_by} when one head "
-                               f"is ablated (positive: the head helps the task).{note}",
+            note = "" if table else f" No {unit} could be measured: the runs gave NaN/inf (non-finite) values."
+            report.add_section(f"{task}: damage per {unit}", f"Drop in the answer's {self.rank_by} when one {unit} "
+                               f"is ablated (positive: the {unit} helps the task).{note}",
                                figure=result.plot(self.rank_by), table=table or None,
                                numbers={"clean accuracy": result.clean_accuracy, "clean log-prob": result.clean_logprob})
         return report
@@ -383,7 +399,7 @@ class AblationReport(Result):
         matrix, names = self.jaccard()
         method = self.settings.get("method", "mean")
         p_values, _ = self.jaccard_p_values()
-        lines = [f"Jaccard overlap of each task's top-{self.top_k} heads (of {self.n_heads_total}) by {method} "
+        lines = [f"Jaccard overlap of each task's top-{self.top_k} {self.unit}s (of {self.n_heads_total}) by {method} "
                  f"ablation, ranked by {self.rank_by} drop; random sets would give "
                  f"{self.chance_jaccard():.2f} on average. In brackets: the p-value of the overlap under two "
                  "random top-k sets (exact hypergeometric null, not corrected for the number of pairs).", "",
@@ -391,18 +407,19 @@ class AblationReport(Result):
         lines += [f"| {name} | " + " | ".join(
             f"{float(v):.2f}" + ("" if i == j else f" (p {p_number(float(p_values[i, j]))})")
             for j, v in enumerate(row)) + " |" for i, (name, row) in enumerate(zip(names, matrix, strict=True))]
-        lines += ["", "| task | clean accuracy | largest log-prob drop | most important heads |", "|---|---|---|---|"]
+        lines += ["", f"| task | clean accuracy | largest log-prob drop | most important {self.unit}s |",
+                  "|---|---|---|---|"]
         for task, r in self.results.items():
-            top = ", ".join(f"L{layer}H{head}" for layer, head in r.top_heads(min(5, self.top_k), self.rank_by))
+            top = ", ".join(r.unit_label(layer, head) for layer, head in r.top_heads(min(5, self.top_k), self.rank_by))
             lines.append(f"| {task} | {r.clean_accuracy:.3f} | {r.max_drop:.3f} | {top} |")
         return "\n".join(lines) + "\n"
 
     def summary(self) -> str:
         """Plain-text table: per task clean accuracy and top heads, then the Jaccard matrix."""
-        lines = [f"top-k = {self.top_k} of {self.n_heads_total} heads, ranked by {self.rank_by} drop; "
+        lines = [f"top-k = {self.top_k} of {self.n_heads_total} {self.unit}s, ranked by {self.rank_by} drop; "
                  f"two random top-k sets have Jaccard {self.chance_jaccard():.2f} on average"]
         for task, r in self.results.items():
-            top = ", ".join(f"L{layer}H{head}" for layer, head in r.top_heads(min(5, self.top_k), self.rank_by))
+            top = ", ".join(r.unit_label(layer, head) for layer, head in r.top_heads(min(5, self.top_k), self.rank_by))
             lines.append(f"  {task:<18} n={r.n_examples:<4} clean acc {r.clean_accuracy:.3f} "
                          f"logp {r.clean_logprob:.3f} max drop {r.max_drop:.3f} | top: {top}")
         matrix, names = self.jaccard()

@@ -19,7 +19,6 @@ from vlens.ablation.results import HeadAblation
 from vlens.ablation.tasks import TaskBatch
 from vlens.core.answers import answer_logprobs
 from vlens.core.hooks import act_name
-from vlens.core.inputs import VLMInputs
 from vlens.core.runtime import RunState, build_masks
 from vlens.parallel import Sharding
 from vlens.utils.finite import finite_rows, warn_non_finite
@@ -122,16 +121,8 @@ def head_ablation_sweep(
     with torch.no_grad():
         results = sharding.map(units, run, desc=f"ablate {task.name}", progress=progress)
     clean_runs.clear()
-    clean_lp, clean_acc = torch.zeros(n), torch.zeros(n)
     # [n_layers, widest layer's heads, n]: a layer with fewer heads (hybrid decoders) keeps NaN beyond them
-    abl_lp = torch.full((cfg.n_layers, cfg.max_heads, n), float("nan"))
-    abl_acc = torch.full((cfg.n_layers, cfg.max_heads, n), float("nan"))
-    for (c, layer), out in zip(units, results, strict=True):
-        rows = list(chunks[c])
-        if "clean" in out:
-            clean_lp[rows], clean_acc[rows] = out["clean"]
-        for head, (lp, acc) in enumerate(zip(out["logprob"], out["accuracy"], strict=True)):
-            abl_lp[layer, head, rows], abl_acc[layer, head, rows] = lp, acc
+    clean_lp, clean_acc, abl_lp, abl_acc = gather_units(units, results, chunks, cfg.n_layers, cfg.max_heads, n)
     _report_non_finite(model, task, chunks, clean_lp, abl_lp, layers)
     return HeadAblation(
         task=task.name, method=method, alignment=reference.alignment if reference is not None else "none",
@@ -140,6 +131,25 @@ def head_ablation_sweep(
         answers=list(task.answers), answer_tokens=[list(a) for a in task.answer_tokens],
         heads_per_layer=None if cfg.uniform_heads else [cfg.heads_at(layer) for layer in range(cfg.n_layers)],
     )
+
+
+def gather_units(units: list[tuple[int, int]], results: list[dict], chunks: list[range], n_layers: int, width: int,
+                 n: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A sweep's per-(chunk, layer) unit results assembled: clean log-prob and accuracy [n], and with each
+    unit (head, expert) of each layer ablated [n_layers, width, n] (NaN where nothing was measured).
+
+    results[i] belongs to units[i] = (chunk, layer): "logprob" / "accuracy" lists (one [rows] tensor per
+    unit of the layer) and, for one layer per chunk, "clean" = (log-prob, accuracy)."""
+    clean_lp, clean_acc = torch.zeros(n), torch.zeros(n)
+    abl_lp = torch.full((n_layers, width, n), float("nan"))
+    abl_acc = torch.full((n_layers, width, n), float("nan"))
+    for (c, layer), out in zip(units, results, strict=True):
+        rows = list(chunks[c])
+        if "clean" in out:
+            clean_lp[rows], clean_acc[rows] = out["clean"]
+        for unit, (lp, acc) in enumerate(zip(out["logprob"], out["accuracy"], strict=True)):
+            abl_lp[layer, unit, rows], abl_acc[layer, unit, rows] = lp, acc
+    return clean_lp, clean_acc, abl_lp, abl_acc
 
 
 def _report_non_finite(model, task: TaskBatch, chunks: list[range], clean_lp: Tensor, abl_lp: Tensor,
@@ -158,12 +168,12 @@ def _report_non_finite(model, task: TaskBatch, chunks: list[range], clean_lp: Te
                         + (f" (+{len(broken) - 6} more)" if len(broken) > 6 else ""))
 
 
-class _CleanChunk:
-    """One chunk of evaluation examples: its clean run (the residual entering every layer), the
-    answer metrics without ablation, and what ablating a head of any layer needs."""
+class CleanChunk:
+    """One chunk of evaluation examples and its clean run: the residual entering every layer, the
+    answer metrics without ablation, and the run state stacked for groups of copies. What an ablation of
+    any unit (head, expert) of any layer resumes from."""
 
-    def __init__(self, model, task: TaskBatch, rows: range, reference: ReferenceActivations | None,
-                 partners: list[int] | None):
+    def __init__(self, model, task: TaskBatch, rows: range):
         self.inputs = task.inputs(model, rows)
         self.answers = [task.answer_tokens[r] for r in rows]
         self.k = max(len(a) for a in self.answers)
@@ -175,41 +185,53 @@ class _CleanChunk:
             resid = model.run_blocks(resid, self.state, layer, layer + 1)
         self.clean_lp, self.clean_acc = answer_metrics(
             final_position_logits(model, resid, self.inputs.token_regions.final, self.k), self.answers)
+        self.stacked: dict[int, RunState] = {}  # copies -> the chunk's run state stacked that often
+
+    def copies_metrics(self, model, layer: int, hooks: list, copies: int,
+                       resume: bool = True) -> tuple[list[Tensor], list[Tensor]]:
+        """Answer log-prob and accuracy [n_rows] of each of `copies` copies of the chunk, run with `hooks`
+        (each copy ablating its own unit of `layer`): resumed from the clean residual entering `layer`,
+        or (resume=False, one copy) the whole model with `run_with_hooks`."""
+        if resume and copies not in self.stacked:
+            self.stacked[copies] = stack_state(self.state, self.inputs.attention_mask, copies)
+        final = self.inputs.token_regions.final
+        if not resume:
+            if copies != 1:
+                raise ValueError("the plain path (resume=False) runs one copy at a time")
+            logits = last_positions(model.run_with_hooks(self.inputs, fwd_hooks=hooks), final, self.k)
+        else:
+            with model.hooks(fwd_hooks=hooks):
+                resid = model.run_blocks(self.layer_inputs[layer].repeat(copies, 1, 1), self.stacked[copies], layer,
+                                         None)
+            logits = final_position_logits(model, resid, final.repeat(copies), self.k)
+        logprob, accuracy = [], []
+        for g in range(copies):
+            lp, acc = answer_metrics(logits[g * self.n_rows:(g + 1) * self.n_rows], self.answers)
+            logprob.append(lp)
+            accuracy.append(acc)
+        return logprob, accuracy
+
+
+class _CleanChunk(CleanChunk):
+    """A clean chunk and what ablating a head of any layer needs (reference means, resampling partners)."""
+
+    def __init__(self, model, task: TaskBatch, rows: range, reference: ReferenceActivations | None,
+                 partners: list[int] | None):
+        super().__init__(model, task, rows)
         self.reference = reference
         self.slot_ids = reference.slot_ids(self.inputs) if reference is not None else None
         self.partners = None if partners is None else [partners[r] for r in rows]
-        self.stacked: dict[int, RunState] = {}  # copies -> the chunk's run state stacked that often
 
     def ablate_layer(self, model, method: str, layer: int, heads_per_pass: int, resume: bool) -> dict:
         """Answer log-prob and accuracy [n_rows] with each head of `layer` ablated alone, head by head."""
         n_heads = model.cfg.heads_at(layer)
         values = replacement_values(model, method, layer, self.inputs, self.reference, self.partners, self.slot_ids)
+        real = self.inputs.attention_mask.bool()
         logprob, accuracy = [], []
         for start in range(0, n_heads, heads_per_pass if resume else 1):
             heads = list(range(start, min(start + heads_per_pass, n_heads))) if resume else [start]
-            if resume and len(heads) not in self.stacked:
-                self.stacked[len(heads)] = stack_state(self.state, self.inputs.attention_mask, len(heads))
-            logits = _ablated_final_logits(model, self.inputs, self.stacked.get(len(heads)), self.layer_inputs[layer],
-                                           layer, heads, values, resume, self.k)
-            for g in range(len(heads)):
-                lp, acc = answer_metrics(logits[g * self.n_rows:(g + 1) * self.n_rows], self.answers)
-                logprob.append(lp)
-                accuracy.append(acc)
+            hook = (act_name("z", layer), stacked_head_hook(heads, values, real))
+            lp, acc = self.copies_metrics(model, layer, [hook], len(heads), resume)
+            logprob += lp
+            accuracy += acc
         return {"logprob": logprob, "accuracy": accuracy}
-
-
-def _ablated_final_logits(model, inputs: VLMInputs, stacked: RunState | None, layer_input: Tensor, layer: int,
-                          heads: list[int], values: Tensor, resume: bool, k: int = 1) -> Tensor:
-    """Logits [copies * batch, k, d_vocab] of the last k positions with each of `heads` ablated in its
-    own copy of the batch.
-
-    stacked: the chunk's run state repeated len(heads) times (resume only)."""
-    real = inputs.attention_mask.bool()
-    hook = (act_name("z", layer), stacked_head_hook(heads, values, real))
-    final = inputs.token_regions.final
-    if not resume:
-        return last_positions(model.run_with_hooks(inputs, fwd_hooks=[hook]), final, k)
-    copies = len(heads)
-    with model.hooks(fwd_hooks=[hook]):
-        resid = model.run_blocks(layer_input.repeat(copies, 1, 1), stacked, layer, None)
-    return final_position_logits(model, resid, final.repeat(copies), k)

@@ -2,6 +2,7 @@
 
     vlens ablate --model tiny --tasks counting,colour,spatial,arithmetic --top-k 20 --out runs/ablation
     vlens ablate --model PATH --data pixmo.parquet countbenchqa.parquet --image-dir images/ --out runs/real
+    vlens ablate --model MOE_DIR --unit expert --tasks counting,colour --top-k 10 --out runs/experts
 
 Writes ``results.json`` (the report), ``report.html`` (Jaccard heatmap, per-task damage heatmaps,
 top heads) and ``summary.md`` into ``--out``.
@@ -38,6 +39,7 @@ ALIGNMENTS = ("all", "position", "region")
 RANK_BY = ("logprob", "accuracy")
 DEFAULT_TASKS = ("counting", "colour", "shape", "spatial", "arithmetic", "existence", "counting@synreal")
 REFERENCE_MODES = ("per-task", "pooled")
+UNITS = ("head", "expert")
 DEFAULT_IMAGE_SIZE = 224
 REPORT_HTML, SUMMARY_MD = "report.html", "summary.md"
 
@@ -54,6 +56,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", default=None,
                         help="comma-separated tasks, TASK or TASK@STYLE (e.g. counting@synreal); "
                              f"default {','.join(DEFAULT_TASKS)}")
+    parser.add_argument("--unit", choices=UNITS, default="head",
+                        help="what is ablated: each attention head (hook_z), or each expert of every mixture-of-"
+                             "experts layer (its output where the router chose it; --method mean or zero)")
     parser.add_argument("--top-k", type=arg_int(min=1), default=20, help="size of each task's head set (default 20)")
     parser.add_argument("--method", choices=METHODS, default="mean", help="ablation (default mean)")
     parser.add_argument("--alignment", choices=ALIGNMENTS, default="region",
@@ -96,10 +101,17 @@ def run_ablate(args: argparse.Namespace) -> int:
     datasets = [load_data_arg(args, path) for path in args.data or []]  # read (and checked) before the model
     if args.patching is not None and not args.patching.is_file():
         raise UserInputError(f"--patching {args.patching}: no such file")
+    if args.unit == "expert" and args.patching is not None:
+        raise UserInputError("--patching compares head sets: it does not apply to --unit expert")
+    if args.unit == "expert" and args.method == "resample":
+        raise UserInputError("--unit expert ablates with --method mean or zero (resampling an expert is not defined)")
     out = prepare_out(args, RESULTS_FILE, REPORT_HTML, SUMMARY_MD)
     patching = _read_json(args.patching, "--patching") if args.patching is not None else None
     model = load_model_from_args(args)
-    check_top_k(args.top_k, "--top-k", model.cfg.n_heads_total)  # before the sweep
+    units = model.cfg.n_heads_total if args.unit == "head" else len(model.cfg.moe_layers) * model.cfg.n_experts
+    if args.unit == "expert" and not units:
+        raise UserInputError(f"--unit expert: {model.cfg.architecture} has no mixture-of-experts layer")
+    check_top_k(args.top_k, "--top-k", units)  # before the sweep
     if patching is not None:  # a wrong --patching-metric or grid fails now, not after the sweep
         _check_patching(patching, model, args)
     suite = (tasks_with_datasets(model, tasks, datasets, args.n_examples, args.n_reference, args.seed,
@@ -110,7 +122,7 @@ def run_ablate(args: argparse.Namespace) -> int:
             alignment=args.alignment, reference_mode=args.reference, top_k=args.top_k, rank_by=args.rank_by,
             image_size=rendered_size(args, DEFAULT_IMAGE_SIZE), batch_size=args.batch_size,
             heads_per_pass=args.heads_per_pass, seed=args.seed, retest_seed=args.retest_seed,
-            progress=not args.quiet, sharding=args.sharding,
+            progress=not args.quiet, sharding=args.sharding, unit=args.unit,
         )
     if not args.sharding.is_main:  # every rank holds the report; rank 0 writes it
         return non_finite_exit(problems, True, "vlens ablate")

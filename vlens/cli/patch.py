@@ -3,6 +3,7 @@
     vlens patch --model tiny --make-pairs 32 --mode layer-region --out runs/vap
     vlens patch --model tiny --pairs data/pairs --mode layer-head --out runs/heads
     vlens patch --model tiny --make-pairs 32 --mode atp --compare-exact --out runs/atp
+    vlens patch --model MOE_DIR --make-pairs 32 --mode layer-expert --region image --out runs/experts
 
 ``--pairs PATH`` reads any dataset (``--format``) whose rows have ``pair_id`` / ``role`` columns
 (``vlens data pairs``); a set without them is refused with what to do instead.
@@ -34,7 +35,7 @@ from vlens.utils.validation import arg_int
 
 logger = logging.getLogger(__name__)
 
-MODES = ("layer-region", "layer-pos", "layer-head", "atp")
+MODES = ("layer-region", "layer-pos", "layer-head", "layer-expert", "atp")
 FIGURE_FILE = "figure.html"
 DEFAULT_IMAGE_SIZE = 168
 
@@ -51,7 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--component", default="resid_pre", choices=("resid_pre", "attn_out", "mlp_out"),
                         help="activation patched in layer-region / layer-pos mode (default resid_pre)")
     parser.add_argument("--region", default="all", choices=("all", "image", "text", "final"),
-                        help="positions patched in layer-head mode (default all)")
+                        help="positions patched in layer-head / layer-expert mode (default all)")
     parser.add_argument("--metric", default="overwrite_rate", help=f"metric shown in {FIGURE_FILE} "
                         "(default overwrite_rate)")
     parser.add_argument("--direction", default="noising", choices=("noising", "denoising"),
@@ -131,6 +132,8 @@ def run_patch(args: argparse.Namespace) -> int:
                                                  **common)
         elif args.mode == "layer-head":
             result = sweeps.patch_layer_head(model, batch, region=args.region, direction=args.direction, **common)
+        elif args.mode == "layer-expert":
+            result = _run_experts(model, batch, args)
         else:
             result = _run_atp(model, batch, args, common)
     if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it
@@ -143,6 +146,16 @@ def run_patch(args: argparse.Namespace) -> int:
                             out / FIGURE_FILE)]
     logger.info("wrote %s (%s, %d pairs)", ", ".join(str(p) for p in written if p), args.mode, batch.n_pairs)
     return non_finite_exit(problems, args.allow_nan, "vlens patch")
+
+
+def _run_experts(model, batch, args):
+    """layer-expert: each expert's contribution of each MoE layer patched alone (`vlens.patching.experts`)."""
+    from vlens.patching.experts import patch_layer_expert
+
+    if args.sharding.world_size > 1:
+        raise UserInputError("--mode layer-expert runs in one process: start it without torchrun")
+    return patch_layer_expert(model, batch, region=args.region, max_batch=args.max_batch, progress=not args.quiet,
+                              direction=args.direction)
 
 
 def _run_atp(model, batch, args, common):

@@ -16,7 +16,7 @@ from vlens.viz.figures import layer_head_heatmap, layer_region_figure
 from vlens.viz.optional import require_make_subplots, require_plotly
 
 # mode -> name of the cell axis in JSON
-CELL_AXIS = {"layer-region": "regions", "layer-pos": "positions", "layer-head": "heads"}
+CELL_AXIS = {"layer-region": "regions", "layer-pos": "positions", "layer-head": "heads", "layer-expert": "experts"}
 N_RESAMPLES = 1000  # bootstrap resamples of the pairs behind every cell's interval
 ROLES = {"noising": {"base": "clean", "source": "corrupt"}, "denoising": {"base": "corrupt", "source": "clean"}}
 
@@ -31,7 +31,7 @@ class PatchingResult(Result):
     """One exact sweep.
 
     Attributes:
-        mode: "layer-region", "layer-pos" or "layer-head".
+        mode: "layer-region", "layer-pos", "layer-head" or "layer-expert" (`vlens.patching.experts`).
         component: the patched activation ("resid_pre", "attn_out", "mlp_out" or "z").
         layers: patched layers (rows of every metric).
         cells: column labels: region names, positions, or heads ("H0", ...).
@@ -82,8 +82,8 @@ class PatchingResult(Result):
     def cell_name(self, row: int, column: int) -> str:
         """A cell for messages: "L3H1" (layer-head), "layer 3 position 17", "layer 3 image"."""
         layer, cell = self.layers[row], self.cells[column]
-        if self.mode == "layer-head":
-            return f"L{layer}H{cell}"
+        if self.mode in ("layer-head", "layer-expert"):
+            return f"L{layer}{'H' if self.mode == 'layer-head' else 'E'}{cell}"
         return f"layer {layer} position {cell}" if self.mode == "layer-pos" else f"layer {layer} {cell}"
 
     def pair_values(self) -> dict[str, Tensor]:
@@ -232,8 +232,9 @@ class PatchingResult(Result):
             return layer_region_figure(values, [str(c) for c in self.cells], title=title, value_label=metric,
                                        kind=kind or "lines", layer_labels=[str(x) for x in self.layers],
                                        lower=low, upper=high)
-        if self.mode == "layer-head":
-            return layer_head_heatmap(values, title=title, value_label=metric)
+        if self.mode in ("layer-head", "layer-expert"):
+            return layer_head_heatmap(values, title=title, value_label=metric,
+                                      unit="head" if self.mode == "layer-head" else "expert")
 
         go = require_plotly()
         labels = [f"{p}:{t}" for p, t in zip(self.cells, self.tokens or [""] * len(self.cells), strict=True)]

@@ -124,6 +124,17 @@ def _result(model, batch, specs, mode, component, layers, cells, method, max_bat
     scorer = as_metric(metric, batch, getattr(model.cfg, "dtype", None))
     summary = run_specs_reduced(model, batch, specs, method=method, max_batch=max_batch, progress=progress,
                                 pair_batch_size=pair_batch_size, sharding=sharding, metric=scorer, readout=readout)
+    return result_from_summary(model, given, batch, summary, scorer, mode, component, layers, cells, readout,
+                               direction, present, **extra)
+
+
+def result_from_summary(model, given: PairBatch, batch: PairBatch, summary, scorer, mode: str, component: str,
+                        layers: list[int], cells: list, readout: Readout, direction: str = "noising",
+                        present: torch.Tensor | None = None, **extra) -> PatchingResult:
+    """A `PatchingResult` from a sweep's metric `summary` (one condition per present cell, layer-major):
+    the grids, non-finite warnings, the noise floor and the bootstrap intervals.
+
+    given: the pairs as the caller gave them; batch: as run (`oriented` for the direction)."""
     metrics = stack_metrics(_fill_missing(summary.metrics, present), len(layers), len(cells))
     per_pair = stack_metrics(_fill_missing(summary.per_pair, present), len(layers), len(cells))
     if summary.baseline is not None:

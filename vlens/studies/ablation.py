@@ -20,6 +20,7 @@ from vlens.ablation import (
     jaccard,
 )
 from vlens.ablation.crosstask import REFERENCE_MODES
+from vlens.ablation.experts import cross_task_expert_ablation
 from vlens.ablation.overlap import unranked_heads
 from vlens.ablation.tasks import canonical_task_name, dataset_task_batches
 from vlens.parallel import Sharding
@@ -48,6 +49,7 @@ def ablation_study(
     retest_seed: int | None = None,
     progress: bool = True,
     sharding: Sharding | None = None,
+    unit: str = "head",
 ) -> AblationReport:
     """`cross_task_ablation` on task-suite tasks ("counting", "counting@synreal", ...) or on given
     {name: (evaluation TaskBatch, reference TaskBatch)} (e.g. real datasets).
@@ -56,6 +58,9 @@ def ablation_study(
         n_examples, n_reference: evaluation / reference examples per task (disjoint seeds).
         retest_seed: also sweep a second evaluation set (seeds retest_seed, retest_seed + 1, ...)
             with the same reference: `report.reliability()`.
+        unit: "head" (`cross_task_ablation`) or "expert": every expert of the MoE layers
+            (`vlens.ablation.experts.cross_task_expert_ablation`; heads_per_pass is then experts per pass,
+            alignment and reference_mode do not apply: each task's own reference means).
         The other arguments are `cross_task_ablation`'s.
     """
     for name, value in (("n_examples", n_examples), ("n_reference", n_reference), ("image_size", image_size)):
@@ -78,10 +83,17 @@ def ablation_study(
                 for name in names}
     retest = None if retest_seed is None else {
         name: build_task_batch(model, name, n_examples, retest_seed, image_size) for name in sets}
-    report = cross_task_ablation(model, sets, method=method, alignment=alignment, reference_mode=reference_mode,
-                                 top_k=top_k, rank_by=rank_by, batch_size=batch_size, heads_per_pass=heads_per_pass,
-                                 seed=seed, retest=retest, retest_seed=retest_seed, progress=progress,
-                                 sharding=sharding)
+    if unit == "expert":
+        report = cross_task_expert_ablation(model, sets, method=method, top_k=top_k, rank_by=rank_by,
+                                            batch_size=batch_size, experts_per_pass=heads_per_pass, retest=retest,
+                                            progress=progress, sharding=sharding)
+    elif unit == "head":
+        report = cross_task_ablation(model, sets, method=method, alignment=alignment, reference_mode=reference_mode,
+                                     top_k=top_k, rank_by=rank_by, batch_size=batch_size,
+                                     heads_per_pass=heads_per_pass, seed=seed, retest=retest, retest_seed=retest_seed,
+                                     progress=progress, sharding=sharding)
+    else:
+        raise ValueError(f"unit must be 'head' or 'expert', got {unit!r}")
     report.settings.update(n_examples=n_examples, n_reference=n_reference, image_size=image_size,
                            retest_seed=retest_seed)
     return report

@@ -84,6 +84,7 @@ def layer_head_heatmap(
     n_heads: int | None = None,
     colorscale: str = "RdBu_r",
     zmid: float | None = 0.0,
+    unit: str = "head",
 ):
     """Layer x head heatmap of per-head values, or a categorical map of head classes.
 
@@ -97,6 +98,7 @@ def layer_head_heatmap(
             needed with `classes`.
         n_layers, n_heads: the grid size when only a `classes` mapping is given.
         colorscale, zmid: for the value heatmap (diverging around 0 by default).
+        unit: what the columns are: "head" (labels H0, H1, ...) or "expert" (E0, E1, ...: a layer x expert map).
 
     Returns:
         A Figure whose `Heatmap` trace has z of shape `[n_layers, n_heads]`.
@@ -115,8 +117,8 @@ def layer_head_heatmap(
         n_layers, n_heads = tuple(torch.as_tensor(classes).shape)
         values_np = None
     layer_labels = [f"L{layer}" for layer in range(n_layers)]
-    head_labels = [f"H{head}" for head in range(n_heads)]
-    axes = {"x_title": "head", "y_title": "layer"}
+    head_labels = [f"{unit[:1].upper()}{head}" for head in range(n_heads)]
+    axes = {"x_title": unit, "y_title": "layer"}
 
     if classes is None and values_np is not None:  # (values_np is None only with classes)
         return _heatmap(
