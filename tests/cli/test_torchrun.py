@@ -16,7 +16,7 @@ import pytest
 from tests.helpers.torchrun import THEN, torchrun
 from vlens.cli import main
 
-WORLD_KEYS = {"world_size"}
+WORLD_KEYS = {"world_size", "provenance"}  # provenance: when it was measured
 
 
 def _strip_world(value):
@@ -93,6 +93,8 @@ def test_ablation_evaluation_and_lenses_on_two_processes_equal_one(tmp_path):
         "logit-lens": ["logit-lens", "--model", "tiny", "--make", "5", "--batch-size", "2"],
         "headlens": ["headlens", "--model", "tiny", "--make", "5", "--batch-size", "2", "--lens-make", "6",
                      "--lens-steps", "5"],
+        "circuit": ["circuit", "--model", "tiny", "--make-pairs", "4", "--pair-batch-size", "2", "--ig-steps", "2",
+                    "--target", "0.5", "--exact-check", "6", "--max-batch", "8"],
     }
     launch = []
     for name, args in commands.items():

@@ -31,3 +31,13 @@ def test_readme_transformer_lens_section_runs_and_adds_up():
     assert namespace["heads"].shape == (model.cfg.n_layers, model.cfg.n_heads)
     assert namespace["loss"].ndim == 0 and "blocks.0.hook_resid_pre_grad" in namespace["grad_cache"].cache_dict
     assert all(not hp.fwd_hooks and not hp.bwd_hooks for hp in model.hook_dict.values())
+
+
+def test_readme_circuits_snippet_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    block = next(b for b in blocks if "vlens.circuits" in b)
+    namespace: dict = {"model": __import__("vlens").load()}
+    exec(compile(block, "README.md", "exec"), namespace)
+    circuit, exact = namespace["circuit"], namespace["exact"]
+    assert circuit.faithfulness >= 0.9 and len(exact.effects) == 10
+    assert namespace["figure"].layout.images  # the picture under the image-region nodes

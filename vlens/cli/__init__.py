@@ -32,6 +32,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("data", "vlens.cli.data", "generate synthetic datasets (imagefolders)"),
     Command("eval", "vlens.cli.eval", "evaluate a model on a local counting or multiple-choice set"),
     Command("patch", "vlens.cli.patch", "activation patching sweeps (layer x region/position/head) and AtP"),
+    Command("circuit", "vlens.cli.circuit", "edge attribution (EAP, EAP-IG) and a circuit with exact faithfulness"),
     Command("logit-lens", "vlens.cli.logit_lens", "the logit lens per layer at the final prompt position"),
     Command("lens", "vlens.cli.lens:configure_lens", "train lenses (per-layer translators)"),
     Command("headlens", "vlens.cli.lens:configure_headlens", "HeadLens: decode every head, score and classify it"),

@@ -40,13 +40,26 @@ FIGURE_FILE = "figure.html"
 DEFAULT_IMAGE_SIZE = 168
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
+def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    """--pairs PATH | --make-pairs N, and --only-correct, --limit, --seed, --style, --pair-batch-size
+    (read with `load_examples` / `load_batch`)."""
     source = parser.add_mutually_exclusive_group(required=True)
     add_data_arguments(parser, flag="--pairs", group=source,
                        help="dataset of pairs: rows with pair_id / role ('clean' / 'corrupt') columns "
                             "(vlens data pairs --out DIR, or any --format with those columns)")
     source.add_argument("--make-pairs", type=arg_int(min=1), metavar="N", help="generate N controlled counting pairs")
+    parser.add_argument("--only-correct", action="store_true",
+                        help="keep only pairs whose clean and corrupt runs both predict their own answer")
+    parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many pairs of --pairs")
+    parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of --make-pairs (default 0)")
+    parser.add_argument("--style", default="syndot", help="style of --make-pairs (default syndot)")
+    parser.add_argument("--pair-batch-size", type=arg_int(min=1), default=None,
+                        help="run the pairs in chunks of this many (memory); default all at once")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
+    add_pair_arguments(parser)
     parser.add_argument("--mode", choices=MODES, required=True)
     add_out(parser, f"{RESULTS_FILE} and {FIGURE_FILE}")
     parser.add_argument("--component", default="resid_pre", choices=("resid_pre", "attn_out", "mlp_out"),
@@ -61,22 +74,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "metrics read the patched run against the run patched from (docs/method.md)")
     parser.add_argument("--method", default="fast", choices=("fast", "naive"))
     parser.add_argument("--compare-exact", action="store_true", help="atp: also run the exact head sweep, report Spearman")
-    parser.add_argument("--only-correct", action="store_true",
-                        help="keep only pairs whose clean and corrupt runs both predict their own answer")
-    parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many pairs of --pairs")
-    parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of --make-pairs (default 0)")
-    parser.add_argument("--style", default="syndot", help="style of --make-pairs (default syndot)")
     parser.add_argument("--max-batch", type=arg_int(min=1), default=64,
                         help="rows per forward in the fast path (default 64)")
-    parser.add_argument("--pair-batch-size", type=arg_int(min=1), default=None,
-                        help="run the pairs in chunks of this many (memory); default all at once")
     add_allow_nan_argument(parser)
     parser.set_defaults(func=run_patch, shardable=True)  # torchrun splits the forwards (vlens.parallel)
 
 
-def load_batch(model, args: argparse.Namespace):
-    """The PairBatch the arguments ask for (optionally only the pairs the model gets right)."""
-    from vlens.patching.pairs import build_pair_batch, make_count_pairs, pairs_from_dataset
+def load_examples(args: argparse.Namespace):
+    """The pairs (`PairExample`s) the arguments ask for: --pairs (minus control pairs) or --make-pairs."""
+    from vlens.patching.pairs import make_count_pairs, pairs_from_dataset
 
     if args.pairs:
         examples = pairs_from_dataset(load_data_arg(args, args.pairs))
@@ -91,7 +97,15 @@ def load_batch(model, args: argparse.Namespace):
     else:
         examples = make_count_pairs(args.make_pairs, seed=args.seed, size=rendered_size(args, DEFAULT_IMAGE_SIZE),
                                     style=args.style)
-    batch = build_pair_batch(model, examples)
+    return examples
+
+
+def load_batch(model, args: argparse.Namespace, examples=None):
+    """The PairBatch the arguments ask for (optionally only the pairs the model gets right);
+    `examples`: the pairs already read with `load_examples`."""
+    from vlens.patching.pairs import build_pair_batch
+
+    batch = build_pair_batch(model, load_examples(args) if examples is None else examples)
     if args.only_correct:
         import torch
 

@@ -259,6 +259,7 @@ def attention_tiles_figure(
     colormap: str = "inferno",
     opacity: float = 0.6,
     value_label: str = "attention",
+    signed: bool = False,
 ):
     """Several attention maps over the same image, one panel each, on ONE shared colour scale.
 
@@ -269,6 +270,8 @@ def attention_tiles_figure(
         maps: one row of image-token weights per tile (row-major over `grid`).
         titles: one caption per tile (e.g. "L2H7"); default "map 0", "map 1", ...
         n_cols: tiles per row; tile_size: the picture's longest side in each tile (pixels).
+        signed: maps of signed scores (attributions): a diverging colour scale symmetric about 0
+            (-m to m, m the largest |value| of any tile; `colormap` is then ignored).
 
     Returns:
         A Figure with one `Image` + one `Heatmap` trace per tile, all heatmaps on `coloraxis`.
@@ -302,14 +305,17 @@ def attention_tiles_figure(
         figure.add_trace(go.Image(source=source, hoverinfo="skip"), row=row, col=col)
         figure.add_trace(go.Heatmap(z=values, x0=cell_w / 2, dx=cell_w, y0=cell_h / 2, dy=cell_h, opacity=opacity,
                                     coloraxis="coloraxis", name=titles[index],
-                                    hovertemplate=f"{titles[index]}<br>{value_label}: %{{z:.3f}}<extra></extra>"),
+                                    hovertemplate=f"{titles[index]}<br>{value_label}: %{{z:{'.4g' if signed else '.3f'}}}"
+                                                  "<extra></extra>"),
                          row=row, col=col)
     figure.update_xaxes(visible=False)
     figure.update_yaxes(visible=False)
     figure.update_annotations(font_size=11)
-    top = float(maps.max())
+    top = float(maps.abs().max()) if signed else float(maps.max())
+    top = top if top > 0 else 1.0
+    colorscale = "RdBu_r" if signed else PLOTLY_NAMES.get(colormap, colormap)
     figure.update_layout(
-        coloraxis={"colorscale": PLOTLY_NAMES.get(colormap, colormap), "cmin": 0.0, "cmax": top if top > 0 else 1.0,
+        coloraxis={"colorscale": colorscale, "cmin": -top if signed else 0.0, "cmax": top,
                    "colorbar": {"title": {"text": f"{value_label}<br>(shared)"}, "thickness": 14}},
         height=max(260, 150 * n_rows + 80), margin={"t": 60, "l": 10, "r": 10, "b": 10},
     )

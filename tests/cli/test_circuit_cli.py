@@ -1,0 +1,40 @@
+"""`vlens circuit`: scores, a circuit with exact faithfulness, the figures, the checks; one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+from vlens.circuits import Circuit
+from vlens.cli import main
+
+
+def test_circuit_command_writes_a_circuit_that_loads_back(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["circuit", "--model", "tiny", "--make-pairs", "3", "--ig-steps", "2", "--target", "0.6",
+            "--exact-check", "12", "--image-attribution", "--max-batch", "32", "--quiet", "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "faithfulness" in printed and "Spearman" in printed
+    for name in ("results.json", "circuit.html", "faithfulness.html", "image_attribution.html"):
+        assert (out / name).is_file(), name
+    data = json.loads((out / "results.json").read_text())
+    assert data["kind"] == "circuit" and data["method"] == "eap-ig" and data["ig_steps"] == 2
+    assert data["faithfulness"] >= 0.6 and data["target"] == 0.6
+    assert data["provenance"]["weights_fingerprint"] and data["model"] == "tiny" and data["world_size"] == 1
+    assert data["exact_check"]["n_edges"] == 12 and -1 <= data["exact_check"]["spearman"] <= 1
+    assert set(data["image_attribution"]["scores"]) == {"gradient_x_input", "attribution_patching", "exact"}
+    circuit = Circuit.load(out)
+    assert circuit.n_edges == data["n_edges"] and circuit.extra["model"] == "tiny"
+    assert main(args) == 2  # refuses to overwrite
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_circuit_command_errors_are_one_line(tmp_path, capsys):
+    base = ["circuit", "--model", "tiny", "--make-pairs", "2", "--out", str(tmp_path / "x")]
+    assert main([*base, "--method", "eap", "--ig-steps", "3"]) == 2
+    assert "--ig-steps applies to --method eap-ig only" in capsys.readouterr().err
+    assert main([*base, "--image-nodes", "grid"]) == 2
+    err = capsys.readouterr().err
+    assert "ROWSxCOLS" in err and len(err.strip().splitlines()) == 1
+    assert main([*base, "--image-nodes", "9x9"]) == 2  # more blocks than the 6x6 token grid
+    assert "only a 6x6 token grid" in capsys.readouterr().err

@@ -1,0 +1,308 @@
+"""Circuits: the smallest set of top-scored edges that reaches a faithfulness, measured exactly.
+
+A circuit C is run by corrupting every edge *not* in C (`vlens.circuits.path_patching`): the
+receivers read the corrupt senders' outputs except along C's edges. Its faithfulness is
+
+    F(C) = (mean M(C) - mean M(corrupt)) / (mean M(clean) - mean M(corrupt))
+
+over the pairs (1: the circuit alone gives the full model's metric; 0: as if everything were
+corrupt; the empty circuit is the corrupt run and the full graph the clean run, exactly).
+
+`extract_circuit` ranks the edges by a score (|EAP-IG| by default), takes the top k, keeps the
+edges that lie on a path from an input node to the logits within the set (the others cannot
+change the run), and measures F exactly for k on a doubling grid (1, 2, 4, ... and every edge).
+With a `target` it then narrows down the smallest k whose circuit reaches the target between
+the last grid point below it and the first one at or above it, evaluating up to `refine`
+evenly spaced k per round (this assumes F rises with k inside that bracket; the measured
+curve is kept so a reader can see where it does not). 95% bootstrap intervals of F resample
+the pairs (the ratio of resampled means).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from jaxtyping import Float
+from PIL import Image
+from torch import Tensor
+
+from vlens.circuits.attribution import edge_attribution
+from vlens.circuits.graph import CircuitGraph, ImageNodes
+from vlens.circuits.path_patching import Condition, run_conditions
+from vlens.circuits.results import EdgeScores, edges_figure, ranked
+from vlens.circuits.runs import CircuitMetric, pair_batch
+from vlens.parallel import Sharding
+from vlens.patching.metrics import MetricFn
+from vlens.patching.pairs import Readout
+from vlens.utils.errors import UserInputError
+from vlens.utils.finite import json_safe
+from vlens.utils.results import Result
+from vlens.utils.validation import check_count, check_float
+from vlens.viz.optional import require_plotly
+
+LEVEL = 0.95
+
+
+def faithfulness(patched: Tensor, clean: Tensor, corrupt: Tensor) -> Tensor:
+    """F per condition from per-pair metric values: patched [n_conditions, n_pairs], clean / corrupt [n_pairs]
+    (NaN when the clean and corrupt means coincide)."""
+    clean_mean, corrupt_mean = clean.double().mean(), corrupt.double().mean()
+    gap = clean_mean - corrupt_mean
+    if abs(float(gap)) < 1e-12:
+        return torch.full(patched.shape[:1], float("nan"), dtype=torch.float64)
+    return (patched.double().mean(-1) - corrupt_mean) / gap
+
+
+def faithfulness_interval(patched: Tensor, clean: Tensor, corrupt: Tensor, n_resamples: int = 1000,
+                          seed: int = 0, level: float = LEVEL) -> tuple[Tensor, Tensor]:
+    """Percentile bootstrap interval over pairs of F for each condition ([n_conditions] low, high)."""
+    n = clean.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.randint(0, n, (n_resamples, n), generator=generator)
+    clean_b, corrupt_b = clean.double()[index].mean(-1), corrupt.double()[index].mean(-1)  # [R]
+    patched_b = patched.double()[:, index].mean(-1)  # [C, R]
+    values = (patched_b - corrupt_b) / (clean_b - corrupt_b)
+    values = values.masked_fill((clean_b - corrupt_b).abs() < 1e-12, float("nan"))
+    tail = (1 - level) / 2
+    quantiles = torch.tensor([tail, 1 - tail], dtype=torch.float64)
+    low, high = torch.nanquantile(values, quantiles, dim=1)
+    return low, high
+
+
+def doubling_grid(n_edges: int) -> list[int]:
+    """1, 2, 4, ... below n_edges, and n_edges."""
+    grid, k = [], 1
+    while k < n_edges:
+        grid.append(k)
+        k *= 2
+    return [*grid, n_edges]
+
+
+@dataclass
+class Circuit(Result):
+    """An extracted circuit, its faithfulness curve and the scores it was ranked by.
+
+    edges: the circuit's edge indices (after pruning to input-to-logits paths); k: how many
+    top-ranked edges were taken; faithfulness with its 95% bootstrap interval (low, high);
+    curve: every measured point {k, n_edges, faithfulness, low, high}; per_pair_metric: [n_pairs]
+    the metric with only the circuit's edges clean; clean_metric / corrupt_metric: [n_pairs].
+    """
+
+    scores: EdgeScores
+    edges: list[int]
+    k: int
+    faithfulness: float
+    interval: tuple[float, float]
+    target: float | None
+    curve: list[dict]
+    per_pair_metric: Float[Tensor, " n_pairs"]
+    clean_metric: Float[Tensor, " n_pairs"]
+    corrupt_metric: Float[Tensor, " n_pairs"]
+    rank_by: str = "abs"
+    pruned: bool = True
+    extra: dict = field(default_factory=dict)
+
+    kind: ClassVar[str] = "circuit"
+
+    @property
+    def graph(self) -> CircuitGraph:
+        return self.scores.graph
+
+    @property
+    def edge_names(self) -> list[str]:
+        return [self.graph.edge_names[e] for e in self.edges]
+
+    @property
+    def n_edges(self) -> int:
+        return len(self.edges)
+
+    @property
+    def thumbnail(self) -> Image.Image | None:
+        return self.scores.thumbnail
+
+    def nodes(self) -> list[str]:
+        """The senders and receivers the circuit's edges join."""
+        graph, names = self.graph, []
+        for e in self.edges:
+            for name in (graph.senders[int(graph.edge_sender[e])], graph.receivers[int(graph.edge_receiver[e])].name):
+                if name not in names:
+                    names.append(name)
+        return names
+
+    def to_dict(self) -> dict:
+        return json_safe({
+            "kind": self.kind,
+            "definition": "faithfulness = (mean M(circuit) - mean M(corrupt)) / (mean M(clean) - mean M(corrupt)); "
+                          "M(circuit): the metric with every edge outside the circuit corrupted (exact edge patching)",
+            "metric": self.scores.metric, "method": self.scores.method, "ig_steps": self.scores.ig_steps,
+            "rank_by": self.rank_by, "pruned": self.pruned, "target": self.target, "k": self.k,
+            "n_edges": self.n_edges, "n_graph_edges": self.graph.n_edges, "faithfulness": self.faithfulness,
+            "faithfulness_interval": {"level": LEVEL, "method": "percentile bootstrap over pairs",
+                                      "low": self.interval[0], "high": self.interval[1]},
+            "edges": self.edge_names, "edge_scores": [float(self.scores.scores[e]) for e in self.edges],
+            "nodes": self.nodes(), "curve": self.curve,
+            "per_pair_metric": self.per_pair_metric.tolist(),
+            "clean_metric_mean": float(self.clean_metric.mean()), "corrupt_metric_mean": float(self.corrupt_metric.mean()),
+            "clean_metric": self.clean_metric.tolist(), "corrupt_metric": self.corrupt_metric.tolist(),
+            **self.extra,
+            "scores": self.scores.to_dict(),
+        })
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Circuit:
+        if data.get("kind") != "circuit":
+            raise ValueError(f"not a circuit result (kind {data.get('kind')!r})")
+        scores = EdgeScores.from_dict(data["scores"])
+        interval = data["faithfulness_interval"]
+        known = {"kind", "definition", "metric", "method", "ig_steps", "rank_by", "pruned", "target", "k", "n_edges",
+                 "n_graph_edges", "faithfulness", "faithfulness_interval", "edges", "edge_scores", "nodes", "curve",
+                 "per_pair_metric", "clean_metric_mean", "corrupt_metric_mean", "clean_metric", "corrupt_metric",
+                 "scores"}
+
+        def floats(values) -> Tensor:
+            return torch.tensor([float("nan") if v is None else float(v) for v in values])
+
+        return cls(scores=scores, edges=[scores.graph.edge_index(e) for e in data["edges"]], k=int(data["k"]),
+                   faithfulness=float("nan") if data["faithfulness"] is None else float(data["faithfulness"]),
+                   interval=(_nan(interval["low"]), _nan(interval["high"])), target=data.get("target"),
+                   curve=list(data["curve"]), per_pair_metric=floats(data["per_pair_metric"]),
+                   clean_metric=floats(data["clean_metric"]), corrupt_metric=floats(data["corrupt_metric"]),
+                   rank_by=data.get("rank_by", "abs"), pruned=bool(data.get("pruned", True)),
+                   extra={k: v for k, v in data.items() if k not in known})
+
+    @classmethod
+    def load(cls, path: str | Path) -> Circuit:
+        """Read what `save` wrote (the JSON file, or a folder holding results.json)."""
+        return cls.from_dict(cls.read_saved(path))
+
+    def plot(self):
+        """The circuit's graph: its edges, width by |score|, image regions on the picture."""
+        title = (f"circuit: {self.n_edges} of {self.graph.n_edges} edges, faithfulness {self.faithfulness:.2f} "
+                 f"[{self.interval[0]:.2f}, {self.interval[1]:.2f}] ({self.scores.method.upper()}, {self.scores.metric})")
+        return edges_figure(self.graph, self.edges, self.scores.scores, self.thumbnail, title,
+                            f"{self.scores.method.upper()} score")
+
+    def plot_curve(self):
+        """Faithfulness against the circuit's size (edges after pruning), with 95% bootstrap intervals."""
+        go = require_plotly()
+        points = sorted(self.curve, key=lambda p: p["n_edges"])
+        x = [p["n_edges"] for p in points]
+        y = [p["faithfulness"] for p in points]
+        upper = [None if p["high"] is None or p["faithfulness"] is None else p["high"] - p["faithfulness"]
+                 for p in points]
+        lower = [None if p["low"] is None or p["faithfulness"] is None else p["faithfulness"] - p["low"]
+                 for p in points]
+        figure = go.Figure(go.Scatter(x=x, y=y, mode="lines+markers", name="faithfulness",
+                                      error_y={"type": "data", "array": upper, "arrayminus": lower},
+                                      text=[f"top {p['k']} edges" for p in points],
+                                      hovertemplate="%{text}: %{x} edges<br>faithfulness %{y:.3f}<extra></extra>"))
+        if self.target is not None:
+            figure.add_hline(y=self.target, line_dash="dash", annotation_text=f"target {self.target:g}")
+        figure.add_vline(x=max(self.n_edges, 1), line_dash="dot", annotation_text=f"circuit: {self.n_edges} edges")
+        return figure.update_layout(title="circuit faithfulness (exact) against size", xaxis_type="log",
+                                    xaxis_title="edges in the circuit", yaxis_title="faithfulness")
+
+
+def _nan(value) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def circuit_edges(graph: CircuitGraph, order: Tensor, k: int, prune: bool) -> Tensor:
+    """Indices of the top-k edges of `order` (pruned to input-to-logits paths)."""
+    keep = torch.zeros(graph.n_edges, dtype=torch.bool)
+    keep[order[:k]] = True
+    if prune:
+        keep = graph.prune(keep)
+    return keep.nonzero().flatten()
+
+
+def extract_circuit(model, pairs: Any, scores: EdgeScores | None = None, target: float | None = 0.9,
+                    top_k: int | None = None, method: str = "eap-ig", ig_steps: int | None = None,
+                    metric: MetricFn | None = None, readout: Readout = "final", image_nodes: ImageNodes = "token",
+                    rank_by: str = "abs", prune: bool = True, refine: int = 8, n_resamples: int = 1000,
+                    seed: int = 0, max_batch: int = 64, batch_size: int | None = None, progress: bool = False,
+                    sharding: Sharding | None = None) -> Circuit:
+    """The smallest top-ranked edge set whose exact faithfulness reaches `target` (or the top `top_k`).
+
+    Args:
+        pairs: a `PairBatch` or pairs; the circuit is measured on them.
+        scores: edge scores to rank by (default: `edge_attribution(model, pairs, method, ...)`).
+        target: faithfulness to reach (in (0, 1]); ignored when `top_k` is given.
+        top_k: take exactly the top k edges instead (the curve is still measured).
+        rank_by: "abs" (|score|, default) or "signed" (largest positive first).
+        prune: keep only edges on input-to-logits paths within the set (they alone change the run).
+        refine: k values evaluated per refinement round.
+        n_resamples / seed: the bootstrap of the intervals.
+    """
+    if top_k is None and target is None:
+        raise UserInputError("give a target faithfulness (e.g. target=0.9) or top_k")
+    if top_k is None:
+        target = check_float(target, "target", min=0.0, max=1.0, min_open=True)
+    refine = check_count(refine, "refine", min=2)
+    batch, picture = pair_batch(model, pairs)
+    if scores is None:
+        scores = edge_attribution(model, batch, metric=metric, method=method, ig_steps=ig_steps,
+                                  image_nodes=image_nodes, readout=readout, batch_size=batch_size,
+                                  progress=progress, sharding=sharding)
+        scores.thumbnail = scores.thumbnail or picture
+    graph = scores.graph
+    if len(scores.pair_ids) != batch.n_pairs or list(scores.pair_ids) != list(batch.pair_ids):
+        raise UserInputError("scores were computed on other pairs than these: pass the same pairs (or no scores)")
+    expected = CircuitGraph.for_batch(model, batch.clean.token_regions, graph.image_nodes)
+    if expected.n_edges != graph.n_edges:
+        raise UserInputError(f"scores hold {graph.n_edges} edges, these pairs' graph {expected.n_edges}")
+    if top_k is not None:
+        top_k = check_count(top_k, "top_k", max=graph.n_edges)
+    circuit_metric = CircuitMetric(batch, metric, readout)
+    order = ranked(scores.scores, rank_by)
+    measured: dict[int, dict] = {}
+    sets: dict[int, Tensor] = {}
+    runs: dict = {}  # the pairs' clean and corrupt runs, shared by every round
+    clean = corrupt = torch.zeros(0)
+
+    def measure(ks: list[int]) -> None:
+        nonlocal clean, corrupt
+        ks = sorted({k for k in ks if k not in measured})
+        if not ks:
+            return
+        for k in ks:
+            sets[k] = circuit_edges(graph, order, k, prune)
+        values = run_conditions(model, graph, batch, circuit_metric, [Condition(sets[k], invert=True) for k in ks],
+                                max_batch, batch_size, sharding, progress, desc="circuit faithfulness", cache=runs)
+        clean, corrupt = values.clean, values.corrupt
+        value = faithfulness(values.patched, clean, corrupt)
+        low, high = faithfulness_interval(values.patched, clean, corrupt, n_resamples, seed)
+        for i, k in enumerate(ks):
+            measured[k] = {"k": k, "n_edges": len(sets[k]), "faithfulness": float(value[i]), "low": float(low[i]),
+                           "high": float(high[i]), "per_pair": values.patched[i]}
+
+    grid = doubling_grid(graph.n_edges)
+    measure(grid + ([top_k] if top_k is not None else []))
+    if top_k is not None:
+        chosen = top_k
+    else:
+        assert target is not None
+        reached = [k for k in grid if measured[k]["faithfulness"] >= target]
+        chosen = reached[0] if reached else graph.n_edges
+        below = max([k for k in grid if k < chosen], default=0)
+        while chosen - below > 1:  # narrow the bracket (below, chosen]
+            step = max(1, (chosen - below) // refine)
+            candidates = list(range(below + step, chosen, step))[:refine]
+            if not candidates:
+                break
+            measure(candidates)
+            hits = [k for k in candidates if measured[k]["faithfulness"] >= target]
+            if hits:
+                chosen = hits[0]
+            below = max([k for k in candidates if k < chosen], default=below)
+            if step == 1:
+                break
+    point = measured[chosen]
+    curve = [{key: value for key, value in measured[k].items() if key != "per_pair"} for k in sorted(measured)]
+    return Circuit(scores=scores, edges=sets[chosen].tolist(), k=chosen, faithfulness=point["faithfulness"],
+                   interval=(point["low"], point["high"]), target=None if top_k is not None else target, curve=curve,
+                   per_pair_metric=point["per_pair"], clean_metric=clean, corrupt_metric=corrupt, rank_by=rank_by,
+                   pruned=prune)

@@ -1,0 +1,357 @@
+"""The decoder as a graph: who writes into the residual stream, who reads it, and every edge between them.
+
+Senders (nodes that write into the residual stream), in topological order:
+
+    tokens                         the token embeddings at every non-image position
+    img0 | img0[r2,c3] | img0[r0-1,c2-3]   image 0's tokens: the whole image, one token (one cell
+                                   of the merged patch grid), or a block of the grid (rows 0-1,
+                                   cols 2-3 of the token grid)
+    L{l}H{h}                       head h of layer l: its output z_h W_O[h] (bias b_O left out:
+                                   it is the same in every run)
+    MLP{l}                         layer l's MLP output
+
+Receivers (inputs that read the residual stream, *before* the block's norm):
+
+    L{l}H{h}.q                     head h's queries
+    L{l}H{h}.k / L{l}H{h}.v        key / value head h (one per head without grouped-query attention)
+    L{l}H{a}-{b}.k / .v            with grouped-query attention: the key / value head read by heads a..b
+    MLP{l}                         the MLP's input
+    logits                         the final residual stream (what the final norm and unembedding read)
+
+An edge ``u->v`` joins every sender u upstream of receiver v: heads and MLPs of earlier layers
+and every input node for a layer's q / k / v; the same plus that layer's heads for its MLP;
+everything for the logits. A sender's contribution along an edge is its output *added to the
+receiver's residual input before the norm*: the pre-norm residual stream is exactly the sum of
+the senders' outputs and constant biases, so each receiver's input splits into one term per
+incoming edge (the standard edge attribution formulation; `vlens.circuits.runs` checks the
+sum on every model it runs).
+
+Senders are ordered so that the senders upstream of any receiver are a *prefix* of the sender
+list; a receiver's edges are contiguous in the edge list (receiver by receiver, sender by
+sender), which is how scores are stored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from vlens.utils.errors import UserInputError
+
+if TYPE_CHECKING:
+    from vlens.core.inputs import TokenRegions
+    from vlens.core.model import HookedVLM
+
+TOKENS = "tokens"
+LOGITS = "logits"
+RECEIVER_KINDS: tuple[str, ...] = ("q", "k", "v", "mlp", "logits")
+SENDER_KINDS: tuple[str, ...] = ("input", "head", "mlp")
+# how the image tokens become input nodes
+ImageNodes = str | tuple[int, int]
+
+
+@dataclass(frozen=True)
+class InputNode:
+    """An input node: the text tokens (`image` None) or a block of one image's token grid.
+
+    rows / cols: the token-grid rows and columns it covers, [start, stop) (None: the whole image).
+    """
+
+    name: str
+    image: int | None = None
+    rows: tuple[int, int] | None = None
+    cols: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """One input port: kind "q" / "k" / "v" (index = head / key-value head), "mlp" or "logits".
+
+    layer: its layer (n_layers for the logits); heads: the heads it feeds; n_senders: its
+    upstream senders are `graph.senders[:n_senders]`.
+    """
+
+    name: str
+    kind: str
+    layer: int
+    index: int
+    heads: tuple[int, ...]
+    n_senders: int
+
+
+def parse_image_nodes(spec: ImageNodes) -> ImageNodes:
+    """"image", "token", or a (rows, cols) block grid (also written "3x3")."""
+    if isinstance(spec, str):
+        text = spec.strip().lower()
+        if text in ("image", "token"):
+            return text
+        match = re.fullmatch(r"(\d+)\s*x\s*(\d+)", text)
+        if match:
+            spec = (int(match[1]), int(match[2]))
+        else:
+            raise UserInputError(f"image_nodes {spec!r}: use 'image' (one node per image), 'token' (one per image "
+                                 "token) or ROWSxCOLS (blocks of the token grid, e.g. 3x3)")
+    if (not isinstance(spec, tuple) or len(spec) != 2 or not all(isinstance(v, int) for v in spec)
+            or min(spec) < 1):
+        raise UserInputError(f"image_nodes {spec!r}: a block grid is two positive ints (rows, cols)")
+    return spec
+
+
+def _splits(n: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) of `parts` near-equal blocks of range(n)."""
+    edges = [round(i * n / parts) for i in range(parts + 1)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def _span(prefix: str, span: tuple[int, int]) -> str:
+    return f"{prefix}{span[0]}" if span[1] - span[0] == 1 else f"{prefix}{span[0]}-{span[1] - 1}"
+
+
+def image_input_nodes(image: int, grid: tuple[int, int], spec: ImageNodes) -> list[InputNode]:
+    """The input nodes of image `image` (token grid `grid`) under `spec`, row-major."""
+    rows, cols = grid
+    if spec == "image":
+        return [InputNode(f"img{image}", image)]
+    blocks = (rows, cols) if spec == "token" else spec
+    assert isinstance(blocks, tuple)
+    if blocks[0] > rows or blocks[1] > cols:
+        raise UserInputError(f"image_nodes {blocks[0]}x{blocks[1]}: image {image} has only a {rows}x{cols} token "
+                             "grid; use at most that many blocks (or 'token')")
+    return [InputNode(f"img{image}[{_span('r', r)},{_span('c', c)}]", image, r, c)
+            for r in _splits(rows, blocks[0]) for c in _splits(cols, blocks[1])]
+
+
+class CircuitGraph:
+    """Nodes, receivers and edges of a decoder with `n_layers` x `n_heads` heads (`n_kv_heads` key/value
+    heads) reading `grids` images (each its merged token grid (rows, cols)).
+
+    Build it with `CircuitGraph.for_batch(model, batch.clean, image_nodes)` (the grids of the
+    pairs' images) or directly. Attributes: `inputs`, `senders` (names), `receivers`,
+    `n_edges`; edge e joins sender `edge_sender[e]` to receiver `edge_receiver[e]`.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, grids: Sequence[tuple[int, int]] = (),
+                 image_nodes: ImageNodes = "token"):
+        if n_heads % n_kv_heads:
+            raise ValueError(f"{n_heads} heads do not split into {n_kv_heads} key/value heads")
+        self.n_layers, self.n_heads, self.n_kv_heads = n_layers, n_heads, n_kv_heads
+        self.image_nodes = parse_image_nodes(image_nodes)
+        self.grids = [(int(r), int(c)) for r, c in grids]
+        self.inputs: list[InputNode] = [InputNode(TOKENS)]
+        for image, grid in enumerate(self.grids):
+            self.inputs += image_input_nodes(image, grid, self.image_nodes)
+        self.n_inputs = len(self.inputs)
+        self.senders: list[str] = [node.name for node in self.inputs]
+        for layer in range(n_layers):
+            self.senders += [f"L{layer}H{h}" for h in range(n_heads)] + [f"MLP{layer}"]
+        self.receivers: list[Receiver] = []
+        groups = n_heads // n_kv_heads
+        for layer in range(n_layers):
+            upstream = self.layer_base(layer)
+            self.receivers += [Receiver(f"L{layer}H{h}.q", "q", layer, h, (h,), upstream) for h in range(n_heads)]
+            for kind in ("k", "v"):
+                for j in range(n_kv_heads):
+                    heads = tuple(range(j * groups, (j + 1) * groups))
+                    label = f"L{layer}H{heads[0]}" if groups == 1 else f"L{layer}H{heads[0]}-{heads[-1]}"
+                    self.receivers.append(Receiver(f"{label}.{kind}", kind, layer, j, heads, upstream))
+            self.receivers.append(Receiver(f"MLP{layer}", "mlp", layer, 0, (), upstream + n_heads))
+        self.receivers.append(Receiver(LOGITS, "logits", n_layers, 0, (), len(self.senders)))
+        counts = torch.tensor([r.n_senders for r in self.receivers], dtype=torch.long)
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+        self.n_edges = int(self.offsets[-1])
+        self.edge_receiver = torch.repeat_interleave(torch.arange(len(self.receivers)), counts)
+        self.edge_sender = torch.cat([torch.arange(int(c)) for c in counts])
+
+    @classmethod
+    def for_model(cls, model: HookedVLM, grids: Sequence[tuple[int, int]] = (),
+                  image_nodes: ImageNodes = "token") -> CircuitGraph:
+        """The graph of `model`'s decoder (every block must have an attention and an MLP with hooks)."""
+        cfg = model.cfg
+        for block in model.blocks:
+            attn = getattr(block, "attn", None)
+            if attn is None or not all(hasattr(attn, h) for h in ("hook_q", "hook_k", "hook_v", "hook_z")):
+                raise UserInputError(f"layer {block.layer} has no softmax attention with q/k/v hooks: circuit graphs "
+                                     "cover decoders whose every block is attention + MLP")
+        return cls(cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, grids, image_nodes)
+
+    @classmethod
+    def for_batch(cls, model: HookedVLM, regions: TokenRegions, image_nodes: ImageNodes = "token") -> CircuitGraph:
+        """The graph for inputs with these token regions: every row must show the same image grids
+        unless `image_nodes="image"` (then a row may hold fewer images)."""
+        spec = parse_image_nodes(image_nodes)
+        per_row = [[(int(g[0]), int(g[1])) for g in row] for row in regions.image_grid]
+        if spec == "image":
+            count = max((len(row) for row in per_row), default=0)
+            grids = [(1, 1)] * count  # the grid is not used for whole-image nodes
+        else:
+            distinct = {tuple(row) for row in per_row}
+            if len(distinct) > 1:
+                raise UserInputError(f"the pairs show images with different token grids ({sorted(distinct)[:3]}): "
+                                     "grid-cell nodes need one layout; use image_nodes='image' or images of one size")
+            grids = list(per_row[0]) if per_row else []
+        return cls.for_model(model, grids, spec)
+
+    # ------------------------------------------------------------------ indices
+    def layer_base(self, layer: int) -> int:
+        """Index of sender L{layer}H0 (the senders of layer `layer` start there; MLP at + n_heads)."""
+        return self.n_inputs + layer * (self.n_heads + 1)
+
+    def head_sender(self, layer: int, head: int) -> int:
+        return self.layer_base(layer) + head
+
+    def mlp_sender(self, layer: int) -> int:
+        return self.layer_base(layer) + self.n_heads
+
+    @cached_property
+    def sender_index(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.senders)}
+
+    @cached_property
+    def receiver_index(self) -> dict[str, int]:
+        return {r.name: i for i, r in enumerate(self.receivers)}
+
+    @cached_property
+    def edge_names(self) -> list[str]:
+        return [f"{self.senders[s]}->{self.receivers[r].name}"
+                for r, s in zip(self.edge_receiver.tolist(), self.edge_sender.tolist(), strict=True)]
+
+    def sender_kind(self, sender: int) -> str:
+        if sender < self.n_inputs:
+            return "input"
+        return "mlp" if (sender - self.n_inputs) % (self.n_heads + 1) == self.n_heads else "head"
+
+    def sender_layer(self, sender: int) -> int:
+        """-1 for input nodes."""
+        return -1 if sender < self.n_inputs else (sender - self.n_inputs) // (self.n_heads + 1)
+
+    def edge(self, sender: str, receiver: str) -> int:
+        """Index of the edge `sender->receiver` (raises UserInputError naming what does not exist)."""
+        if sender not in self.sender_index:
+            raise UserInputError(f"no sender {sender!r} in this graph (senders look like tokens, img0[r2,c3], L2H7, "
+                                 f"MLP3; this graph has {len(self.senders)}, e.g. {self.senders[:3]})")
+        if receiver not in self.receiver_index:
+            raise UserInputError(f"no receiver {receiver!r} in this graph (receivers look like L2H7.q, "
+                                 f"{self.receivers[self.n_heads].name}, MLP3, logits)")
+        r, s = self.receiver_index[receiver], self.sender_index[sender]
+        if s >= self.receivers[r].n_senders:
+            raise UserInputError(f"{sender} is not upstream of {receiver}: there is no edge {sender}->{receiver}")
+        return int(self.offsets[r]) + s
+
+    def edge_index(self, edge: str | int | tuple[str, str]) -> int:
+        """An edge given as "u->v", (u, v) or its index."""
+        if isinstance(edge, bool):
+            raise UserInputError(f"an edge is 'sender->receiver' or an index, got {edge!r}")
+        if isinstance(edge, int):
+            if not 0 <= edge < self.n_edges:
+                raise UserInputError(f"edge index {edge} is outside the graph's {self.n_edges} edges")
+            return edge
+        if isinstance(edge, str):
+            sender, arrow, receiver = edge.partition("->")
+            if not arrow:
+                raise UserInputError(f"edge {edge!r}: write it as 'sender->receiver', e.g. 'L0H1->MLP2'")
+            return self.edge(sender.strip(), receiver.strip())
+        if isinstance(edge, tuple) and len(edge) == 2:
+            return self.edge(*edge)
+        raise UserInputError(f"an edge is 'sender->receiver', (sender, receiver) or an index, got {edge!r}")
+
+    def edge_set(self, edges: Iterable[str | int | tuple[str, str]]) -> Tensor:
+        """Sorted unique edge indices of `edges`."""
+        return torch.tensor(sorted({self.edge_index(e) for e in edges}), dtype=torch.long)
+
+    def edges_from(self, sender: str) -> Tensor:
+        """Every edge out of `sender` (indices)."""
+        if sender not in self.sender_index:
+            raise UserInputError(f"no sender {sender!r} in this graph")
+        return (self.edge_sender == self.sender_index[sender]).nonzero().flatten()
+
+    @cached_property
+    def edge_types(self) -> list[str]:
+        """"{sender kind}->{receiver kind}" per edge (input/head/mlp -> q/k/v/mlp/logits)."""
+        kinds = [self.sender_kind(s) for s in range(len(self.senders))]
+        return [f"{kinds[s]}->{self.receivers[r].kind}"
+                for r, s in zip(self.edge_receiver.tolist(), self.edge_sender.tolist(), strict=True)]
+
+    # ------------------------------------------------------------------ positions of the input nodes
+    def input_masks(self, regions: TokenRegions, seq_len: int) -> Bool[Tensor, "n_inputs batch pos"]:
+        """Where each input node sits in each row: `tokens` = every non-image position (padding too,
+        which is the same in both runs), an image node = its tokens of that row's image."""
+        batch = len(regions.image)
+        masks = torch.zeros(self.n_inputs, batch, seq_len, dtype=torch.bool)
+        masks[0] = True
+        for row in range(batch):
+            masks[0, row, regions.image[row].cpu()] = False
+            images = regions.images[row]
+            for index, node in enumerate(self.inputs[1:], start=1):
+                assert node.image is not None
+                if node.image >= len(images):
+                    continue
+                positions = images[node.image].cpu()
+                if node.rows is None or node.cols is None:
+                    masks[index, row, positions] = True
+                    continue
+                _, cols = self.grids[node.image]
+                cells = [r * cols + c for r in range(*node.rows) for c in range(*node.cols)]
+                masks[index, row, positions[cells]] = True
+        return masks
+
+    # ------------------------------------------------------------------ circuits
+    def prune(self, keep: Bool[Tensor, " n_edges"]) -> Bool[Tensor, " n_edges"]:
+        """The edges of `keep` that lie on a path from an input node to the logits using only edges of
+        `keep`. The others change nothing when the circuit runs (a sender whose every input is
+        corrupt writes its corrupt output; a node that reaches no logits path is never read)."""
+        keep = keep.bool().cpu()
+        n_senders = len(self.senders)
+        sender_of, receiver_of = self.edge_sender, self.edge_receiver
+        reached = torch.zeros(n_senders, dtype=torch.bool)
+        reached[: self.n_inputs] = True
+        fed = torch.zeros(len(self.receivers), dtype=torch.bool)
+        for r, receiver in enumerate(self.receivers):  # receivers in layer order: their senders are settled
+            lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
+            fed[r] = bool((keep[lo:hi] & reached[sender_of[lo:hi]]).any())
+            if receiver.kind in ("q", "k", "v") and fed[r]:
+                for h in receiver.heads:
+                    reached[self.head_sender(receiver.layer, h)] = True
+            elif receiver.kind == "mlp" and fed[r]:
+                reached[self.mlp_sender(receiver.layer)] = True
+        # backwards: which receivers' nodes lead on to the logits
+        leads = torch.zeros(n_senders, dtype=torch.bool)  # sender -> has a kept edge into a leading receiver
+        receiver_leads = torch.zeros(len(self.receivers), dtype=torch.bool)
+        for r in range(len(self.receivers) - 1, -1, -1):
+            receiver = self.receivers[r]
+            if receiver.kind == "logits":
+                receiver_leads[r] = True
+            elif receiver.kind == "mlp":
+                receiver_leads[r] = bool(leads[self.mlp_sender(receiver.layer)])
+            else:
+                receiver_leads[r] = bool(any(leads[self.head_sender(receiver.layer, h)] for h in receiver.heads))
+            if receiver_leads[r]:
+                lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
+                leads[sender_of[lo:hi][keep[lo:hi]]] = True
+        return keep & reached[sender_of] & receiver_leads[receiver_of]
+
+    # ------------------------------------------------------------------ saving
+    def to_dict(self) -> dict[str, Any]:
+        spec = self.image_nodes
+        return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+                "grids": [list(g) for g in self.grids],
+                "image_nodes": spec if isinstance(spec, str) else list(spec), "n_edges": self.n_edges}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CircuitGraph:
+        spec = data["image_nodes"]
+        graph = cls(int(data["n_layers"]), int(data["n_heads"]), int(data["n_kv_heads"]),
+                    [tuple(g) for g in data["grids"]], spec if isinstance(spec, str) else tuple(spec))
+        if "n_edges" in data and int(data["n_edges"]) != graph.n_edges:
+            raise ValueError(f"stored graph has {data['n_edges']} edges, rebuilt {graph.n_edges}")
+        return graph
+
+    def __repr__(self) -> str:
+        return (f"CircuitGraph({self.n_layers} layers x {self.n_heads} heads ({self.n_kv_heads} kv), "
+                f"{self.n_inputs} input nodes, {len(self.receivers)} receivers, {self.n_edges} edges)")
