@@ -23,6 +23,7 @@ import torch
 HEAD = re.compile(r"L(\d+)H(\d+)")
 MLP = re.compile(r"MLP(\d+)")
 IMAGE = re.compile(r"img(\d+)(?:\[r(\d+)(?:-(\d+))?,c(\d+)(?:-(\d+))?\])?")
+PART = re.compile(r"img(\d+)\.(tile\[r(\d+),c(\d+)\]|[a-z]+)")
 RECEIVER = re.compile(r"L(\d+)H(\d+)(?:-(\d+))?\.(q|k|v)")
 
 
@@ -48,12 +49,22 @@ def _positions(batch, sender: str, row: int) -> torch.Tensor:
         mask = torch.ones(batch.seq_len, dtype=torch.bool)
         mask[regions.image[row]] = False
         return mask.nonzero().flatten()
+    records = regions.tiles[row][int(sender[3:].split("[")[0].split(".")[0])] if regions.tiles else []
+    part = PART.fullmatch(sender)
+    if part:  # a tile (by its layout cell), the newline or class tokens of a tiled image
+        if part[3] is not None:
+            return next(r.positions for r in records if r.kind == "tile" and tuple(r.layout) == (int(part[3]),
+                                                                                              int(part[4])))
+        return next(r.positions for r in records if r.kind == part[2])
     match = IMAGE.fullmatch(sender)
     assert match, sender
     image = int(match[1])
     positions = regions.images[row][image]
     if match[2] is None:
         return positions
+    views = [r for r in records if r.kind in ("image", "base")]
+    if views:  # the grid that covers the whole image
+        positions = views[0].positions
     rows, cols = regions.image_grid[row][image]
     r0, c0 = int(match[2]), int(match[4])
     r1 = int(match[3] or match[2]) + 1

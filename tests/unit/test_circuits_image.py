@@ -59,6 +59,7 @@ def plain_token_patch(model, batch, token: int) -> torch.Tensor:
     return ref.metric(model, batch, logits) - clean_metric
 
 
+@pytest.mark.filterwarnings("ignore::vlens.patching.metrics.NoiseFloorWarning")  # 3 pairs of a random model
 def test_estimates_are_sums_of_edge_scores_and_exact_is_exact(setup):
     family, model, pairs, batch = setup
     attribution = image_attribution(model, pairs, ig_steps=6)

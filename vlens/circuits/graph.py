@@ -6,6 +6,11 @@ Senders (nodes that write into the residual stream), in topological order:
     img0 | img0[r2,c3] | img0[r0-1,c2-3]   image 0's tokens: the whole image, one token (one cell
                                    of the merged patch grid), or a block of the grid (rows 0-1,
                                    cols 2-3 of the token grid)
+    img0.tile[r0,c1], img0.newline, img0.cls   the other parts of an image whose tokens are more
+                                   than one grid (`inputs.regions.tiles`): each anyres tile
+                                   (by its place in the tile layout), the row-end tokens, a
+                                   class token; the grid nodes cover the view of the whole
+                                   image (the base view of an anyres image)
     L{l}H{h}                       head h of layer l: its output z_h W_O[h] (bias b_O left out:
                                    it is the same in every run)
     MLP{l}                         layer l's MLP output
@@ -43,6 +48,7 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
+from vlens.core.architectures.base import ImageTile, whole_image_tiles
 from vlens.utils.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -59,15 +65,50 @@ ImageNodes = str | tuple[int, int]
 
 @dataclass(frozen=True)
 class InputNode:
-    """An input node: the text tokens (`image` None) or a block of one image's token grid.
+    """An input node: the text tokens (`image` None), or tokens of image `image`.
 
-    rows / cols: the token-grid rows and columns it covers, [start, stop) (None: the whole image).
+    rows / cols: the cells of the image's grid (its whole-image view) it covers, [start, stop);
+    part: instead, the index of one other part of the image (`ImagePart`: a tile, newlines, ...);
+    neither: the whole image.
     """
 
     name: str
     image: int | None = None
     rows: tuple[int, int] | None = None
     cols: tuple[int, int] | None = None
+    part: int | None = None
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """One part of an image's tokens, as every row of a batch has it (an `ImageTile` without positions)."""
+
+    kind: str
+    grid: tuple[int, int]
+    layout: tuple[int, int] | None = None
+    spatial: bool = True
+
+    @property
+    def is_view(self) -> bool:
+        """The part whose grid covers the whole image (what grid nodes and maps are laid on)."""
+        return self.spatial and self.kind in ("image", "base")
+
+
+def image_records(regions: TokenRegions, row: int, image: int) -> list[ImageTile]:
+    """The parts of one image of one row with their positions in the row (`regions.tiles`, or the
+    image as one grid where the regions were built without tile records)."""
+    if row < len(regions.tiles) and image < len(regions.tiles[row]) and regions.tiles[row][image]:
+        return list(regions.tiles[row][image])
+    positions = regions.images[row][image]
+    rows, cols = regions.image_grid[row][image]
+    return [ImageTile(r.kind, positions[r.positions], r.grid, r.index, r.layout, r.box, r.spatial)
+            for r in whole_image_tiles(len(positions), (int(rows), int(cols)))]
+
+
+def image_parts(regions: TokenRegions, row: int, image: int) -> list[ImagePart]:
+    return [ImagePart(r.kind, (int(r.grid[0]), int(r.grid[1])),
+                      None if r.layout is None else (int(r.layout[0]), int(r.layout[1])), r.spatial)
+            for r in image_records(regions, row, image)]
 
 
 @dataclass(frozen=True)
@@ -114,18 +155,34 @@ def _span(prefix: str, span: tuple[int, int]) -> str:
     return f"{prefix}{span[0]}" if span[1] - span[0] == 1 else f"{prefix}{span[0]}-{span[1] - 1}"
 
 
-def image_input_nodes(image: int, grid: tuple[int, int], spec: ImageNodes) -> list[InputNode]:
-    """The input nodes of image `image` (token grid `grid`) under `spec`, row-major."""
-    rows, cols = grid
+def _part_name(image: int, part: ImagePart, index: int, parts: Sequence[ImagePart]) -> str:
+    if part.kind == "tile" and part.layout is not None:
+        return f"img{image}.tile[r{part.layout[0]},c{part.layout[1]}]"
+    same = [p for p in parts if p.kind == part.kind]
+    return f"img{image}.{part.kind}" if len(same) == 1 else f"img{image}.{part.kind}{same.index(part)}"
+
+
+def image_input_nodes(image: int, grid: tuple[int, int], spec: ImageNodes,
+                      parts: Sequence[ImagePart] | None = None) -> list[InputNode]:
+    """The input nodes of image `image` under `spec`: its view's grid `grid` (cells row-major), then
+    one node per other part (`parts`: the image's parts; default: the grid alone)."""
     if spec == "image":
         return [InputNode(f"img{image}", image)]
-    blocks = (rows, cols) if spec == "token" else spec
-    assert isinstance(blocks, tuple)
-    if blocks[0] > rows or blocks[1] > cols:
-        raise UserInputError(f"image_nodes {blocks[0]}x{blocks[1]}: image {image} has only a {rows}x{cols} token "
-                             "grid; use at most that many blocks (or 'token')")
-    return [InputNode(f"img{image}[{_span('r', r)},{_span('c', c)}]", image, r, c)
-            for r in _splits(rows, blocks[0]) for c in _splits(cols, blocks[1])]
+    parts = list(parts) if parts is not None else [ImagePart("image", grid)]
+    nodes = []
+    for index, part in enumerate(parts):
+        if not part.is_view:
+            nodes.append(InputNode(_part_name(image, part, index, parts), image, part=index))
+            continue
+        rows, cols = part.grid
+        blocks = (rows, cols) if spec == "token" else spec
+        assert isinstance(blocks, tuple)
+        if blocks[0] > rows or blocks[1] > cols:
+            raise UserInputError(f"image_nodes {blocks[0]}x{blocks[1]}: image {image} has only a {rows}x{cols} "
+                                 "token grid; use at most that many blocks (or 'token')")
+        nodes += [InputNode(f"img{image}[{_span('r', r)},{_span('c', c)}]", image, r, c)
+                  for r in _splits(rows, blocks[0]) for c in _splits(cols, blocks[1])]
+    return nodes
 
 
 class CircuitGraph:
@@ -138,15 +195,18 @@ class CircuitGraph:
     """
 
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, grids: Sequence[tuple[int, int]] = (),
-                 image_nodes: ImageNodes = "token"):
+                 image_nodes: ImageNodes = "token", parts: Sequence[Sequence[ImagePart]] | None = None):
         if n_heads % n_kv_heads:
             raise ValueError(f"{n_heads} heads do not split into {n_kv_heads} key/value heads")
         self.n_layers, self.n_heads, self.n_kv_heads = n_layers, n_heads, n_kv_heads
         self.image_nodes = parse_image_nodes(image_nodes)
         self.grids = [(int(r), int(c)) for r, c in grids]
+        self.parts = [list(p) for p in parts] if parts is not None else [[ImagePart("image", g)] for g in self.grids]
+        if len(self.parts) != len(self.grids):
+            raise ValueError(f"{len(self.parts)} images of parts for {len(self.grids)} grids")
         self.inputs: list[InputNode] = [InputNode(TOKENS)]
         for image, grid in enumerate(self.grids):
-            self.inputs += image_input_nodes(image, grid, self.image_nodes)
+            self.inputs += image_input_nodes(image, grid, self.image_nodes, self.parts[image])
         self.n_inputs = len(self.inputs)
         self.senders: list[str] = [node.name for node in self.inputs]
         for layer in range(n_layers):
@@ -170,33 +230,43 @@ class CircuitGraph:
         self.edge_sender = torch.cat([torch.arange(int(c)) for c in counts])
 
     @classmethod
-    def for_model(cls, model: HookedVLM, grids: Sequence[tuple[int, int]] = (),
-                  image_nodes: ImageNodes = "token") -> CircuitGraph:
-        """The graph of `model`'s decoder (every block must have an attention and an MLP with hooks)."""
+    def for_model(cls, model: HookedVLM, grids: Sequence[tuple[int, int]] = (), image_nodes: ImageNodes = "token",
+                  parts: Sequence[Sequence[ImagePart]] | None = None) -> CircuitGraph:
+        """The graph of `model`'s decoder (every block: softmax attention with q/k/v hooks, then an MLP)."""
         cfg = model.cfg
         for block in model.blocks:
             attn = getattr(block, "attn", None)
-            if attn is None or not all(hasattr(attn, h) for h in ("hook_q", "hook_k", "hook_v", "hook_z")):
-                raise UserInputError(f"layer {block.layer} has no softmax attention with q/k/v hooks: circuit graphs "
-                                     "cover decoders whose every block is attention + MLP")
-        return cls(cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, grids, image_nodes)
+            if cfg.is_linear_attention(block.layer) or attn is None or not all(
+                    hasattr(attn, name) for name in ("hook_q", "hook_k", "hook_v", "hook_z", "q_proj", "k_proj",
+                                                     "v_proj")):
+                raise UserInputError(f"layer {block.layer} is not softmax attention with q/k/v projections (e.g. a "
+                                     "Gated DeltaNet layer of Qwen3.5): circuit graphs cover decoders whose every "
+                                     "block is softmax attention + MLP")
+        return cls(cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, grids, image_nodes, parts)
 
     @classmethod
     def for_batch(cls, model: HookedVLM, regions: TokenRegions, image_nodes: ImageNodes = "token") -> CircuitGraph:
-        """The graph for inputs with these token regions: every row must show the same image grids
-        unless `image_nodes="image"` (then a row may hold fewer images)."""
+        """The graph for inputs with these token regions: every row must show its images in the same
+        layout (grids, tiles) unless `image_nodes="image"` (then a row may hold fewer images)."""
         spec = parse_image_nodes(image_nodes)
-        per_row = [[(int(g[0]), int(g[1])) for g in row] for row in regions.image_grid]
+        n_rows = len(regions.images)
         if spec == "image":
-            count = max((len(row) for row in per_row), default=0)
-            grids = [(1, 1)] * count  # the grid is not used for whole-image nodes
-        else:
-            distinct = {tuple(row) for row in per_row}
-            if len(distinct) > 1:
-                raise UserInputError(f"the pairs show images with different token grids ({sorted(distinct)[:3]}): "
-                                     "grid-cell nodes need one layout; use image_nodes='image' or images of one size")
-            grids = list(per_row[0]) if per_row else []
-        return cls.for_model(model, grids, spec)
+            count = max((len(row) for row in regions.images), default=0)
+            return cls.for_model(model, [(1, 1)] * count, spec)  # no grid: one node per image
+        layouts = [[image_parts(regions, row, i) for i in range(len(regions.images[row]))] for row in range(n_rows)]
+        if any(layout != layouts[0] for layout in layouts):
+            seen = sorted({str([tuple(g) for g in regions.image_grid[row]]) for row in range(n_rows)})
+            raise UserInputError(f"the pairs show images with different token grids or tiles ({', '.join(seen[:3])}): "
+                                 "grid-cell nodes need one layout; use image_nodes='image' or images of one size")
+        parts = layouts[0] if layouts else []
+        grids: list[tuple[int, int]] = []
+        for image, image_parts_ in enumerate(parts):
+            views = [p.grid for p in image_parts_ if p.is_view]
+            grids.append(views[0] if views else (1, 1))
+            if not views:
+                raise UserInputError(f"image {image} has no grid that covers the whole image (its tokens: "
+                                     f"{[p.kind for p in image_parts_]}): use image_nodes='image'")
+        return cls.for_model(model, grids, spec, parts)
 
     # ------------------------------------------------------------------ indices
     def layer_base(self, layer: int) -> int:
@@ -288,17 +358,25 @@ class CircuitGraph:
         for row in range(batch):
             masks[0, row, regions.image[row].cpu()] = False
             images = regions.images[row]
+            records: dict[int, list[ImageTile]] = {}
             for index, node in enumerate(self.inputs[1:], start=1):
                 assert node.image is not None
                 if node.image >= len(images):
                     continue
-                positions = images[node.image].cpu()
-                if node.rows is None or node.cols is None:
-                    masks[index, row, positions] = True
+                if node.part is None and node.rows is None:
+                    masks[index, row, images[node.image].cpu()] = True
                     continue
-                _, cols = self.grids[node.image]
+                if node.image not in records:
+                    records[node.image] = image_records(regions, row, node.image)
+                parts = records[node.image]
+                if node.part is not None:
+                    masks[index, row, parts[node.part].positions.cpu()] = True
+                    continue
+                assert node.rows is not None and node.cols is not None
+                view = next(p for p in parts if p.spatial and p.kind in ("image", "base"))
+                cols = view.grid[1]
                 cells = [r * cols + c for r in range(*node.rows) for c in range(*node.cols)]
-                masks[index, row, positions[cells]] = True
+                masks[index, row, view.positions.cpu()[cells]] = True
         return masks
 
     # ------------------------------------------------------------------ circuits
@@ -341,13 +419,20 @@ class CircuitGraph:
         spec = self.image_nodes
         return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
                 "grids": [list(g) for g in self.grids],
+                "parts": [[{"kind": p.kind, "grid": list(p.grid), "layout": None if p.layout is None else list(p.layout),
+                            "spatial": p.spatial} for p in parts] for parts in self.parts],
                 "image_nodes": spec if isinstance(spec, str) else list(spec), "n_edges": self.n_edges}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CircuitGraph:
         spec = data["image_nodes"]
+        parts = None if "parts" not in data else [
+            [ImagePart(p["kind"], (int(p["grid"][0]), int(p["grid"][1])),
+                       None if p["layout"] is None else (int(p["layout"][0]), int(p["layout"][1])), bool(p["spatial"]))
+             for p in image] for image in data["parts"]]
         graph = cls(int(data["n_layers"]), int(data["n_heads"]), int(data["n_kv_heads"]),
-                    [tuple(g) for g in data["grids"]], spec if isinstance(spec, str) else tuple(spec))
+                    [(int(g[0]), int(g[1])) for g in data["grids"]], spec if isinstance(spec, str) else tuple(spec),
+                    parts)
         if "n_edges" in data and int(data["n_edges"]) != graph.n_edges:
             raise ValueError(f"stored graph has {data['n_edges']} edges, rebuilt {graph.n_edges}")
         return graph

@@ -1,5 +1,8 @@
 """Attribution over the image: one score per image token, three estimates and the exact value.
 
+The tokens scored are those of the grid that covers the whole image (`inputs.regions`; for an
+anyres image its base view, not its high-resolution tiles), so that the maps lie on the picture.
+
 Token t's *inputs* are its merged input embedding e_t (`hook_inputs_embeds` at its position)
 and, for Qwen3-VL, the DeepStack features added at its position after the early blocks. With
 M the metric (default logit[corrupt answer] - logit[clean answer] at the final position) and
@@ -27,6 +30,7 @@ from PIL import Image
 from torch import Tensor
 
 from vlens.circuits.attribution import interpolate_state
+from vlens.circuits.graph import image_records
 from vlens.circuits.results import decode_image, encode_image
 from vlens.circuits.runs import CircuitMetric, pair_batch, record_run, thumbnail
 from vlens.core.runtime import RunState
@@ -70,20 +74,25 @@ def _per_position(resid_grad: Tensor, feat_grads: dict[int, Tensor], resid_value
     return out
 
 
-def _token_positions(batch: PairBatch, image: int) -> Tensor:
-    """[n_pairs, n_tokens] the positions of image `image`'s tokens in every row."""
+def _token_positions(batch: PairBatch, image: int) -> tuple[Tensor, tuple[int, int]]:
+    """([n_pairs, n_tokens] the positions of image `image`'s grid tokens in every row, the grid): the
+    tokens of the view that covers the whole image (an anyres image's base view)."""
     regions = batch.clean.token_regions
-    rows = []
+    rows, grids = [], set()
     for row in range(batch.n_pairs):
-        images = regions.images[row]
-        if image >= len(images):
+        if image >= len(regions.images[row]):
             raise UserInputError(f"pair {batch.pair_ids[row]!r} has no image {image}: image attribution needs the "
                                  "same images in every pair")
-        rows.append(images[image].cpu())
-    if len({r.numel() for r in rows}) != 1:
-        raise UserInputError("the pairs' images have different token counts: image attribution needs images of one "
-                             "size (one token grid)")
-    return torch.stack(rows)
+        view = next((r for r in image_records(regions, row, image) if r.spatial and r.kind in ("image", "base")), None)
+        if view is None:
+            raise UserInputError(f"image {image} of pair {batch.pair_ids[row]!r} has no grid that covers the whole "
+                                 "image, so its tokens cannot be drawn over it")
+        rows.append(view.positions.cpu())
+        grids.add((int(view.grid[0]), int(view.grid[1])))
+    if len(grids) != 1:
+        raise UserInputError(f"the pairs' images have different token grids ({sorted(grids)}): image attribution "
+                             "needs images of one size (one token grid)")
+    return torch.stack(rows), grids.pop()
 
 
 def _exact_token_patches(model, state: RunState, corrupt: RunState, metric: CircuitMetric, positions: Tensor,
@@ -214,8 +223,8 @@ def image_attribution(model, pairs: Any, metric: MetricFn | None = None, readout
     n_images = len(regions.images[0]) if regions.images else 0
     if n_images == 0:
         raise UserInputError("these pairs have no images: image attribution needs image tokens")
-    grids = [(int(g[0]), int(g[1])) for g in regions.image_grid[0]]
-    positions = [_token_positions(batch, i) for i in range(n_images)]
+    found = [_token_positions(batch, i) for i in range(n_images)]
+    positions, grids = [p for p, _ in found], [g for _, g in found]
     circuit_metric = CircuitMetric(batch, metric, readout)
     sharding = sharding or Sharding()
     chunks = pair_chunks(batch.n_pairs, batch_size)

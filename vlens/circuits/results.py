@@ -42,6 +42,9 @@ def graph_nodes(graph: CircuitGraph) -> list[GraphNode]:
     """Every node of `graph`, for `circuit_graph_figure`."""
     nodes = []
     for node in graph.inputs:
+        if node.part is not None:  # a tile, newlines, a class token: drawn under the picture
+            nodes.append(GraphNode(node.name, "image_part", head=node.part, image=node.image))
+            continue
         box = None if node.rows is None or node.cols is None else (*node.rows, *node.cols)
         nodes.append(GraphNode(node.name, "tokens" if node.image is None else "image", image=node.image, box=box))
     for layer in range(graph.n_layers):

@@ -27,8 +27,9 @@ IMAGE_LEFT, IMAGE_RIGHT = -2.4, -0.2  # the input column's picture, in x units o
 
 @dataclass(frozen=True)
 class GraphNode:
-    """A node to draw. kind: "tokens", "image", "head", "mlp" or "logits"; `box`: for an image
-    node the token-grid rows / cols it covers (r0, r1, c0, c1), [start, stop) (None: the whole image)."""
+    """A node to draw. kind: "tokens", "image", "image_part", "head", "mlp" or "logits"; `box`: for an
+    image node the token-grid rows / cols it covers (r0, r1, c0, c1), [start, stop) (None: the whole
+    image); an "image_part" (an image's tile, newline or class tokens) is drawn under its picture."""
 
     name: str
     kind: str
@@ -60,6 +61,13 @@ def _layout(nodes: Sequence[GraphNode], n_layers: int, n_heads: int, grids: Sequ
         y1 = top - i * (height + gap)
         boxes.append((IMAGE_LEFT, IMAGE_RIGHT, y1 - height, y1))
     where: dict[str, tuple[float, float]] = {}
+    parts = [n for n in nodes if n.kind == "image_part"]
+    for node in parts:
+        if node.image is not None and node.image < len(boxes):
+            x0, x1, y0, _ = boxes[node.image]
+            mine = [p for p in parts if p.image == node.image]
+            k = mine.index(node)
+            where[node.name] = (x0 + (x1 - x0) * (k + 0.5) / len(mine), y0 - 0.06 * top - 0.1)
     for node in nodes:
         if node.kind == "head":
             where[node.name] = (2.0 + 2 * node.layer, float(top - node.head) if n_heads > 1 else 0.5)
@@ -133,8 +141,9 @@ def circuit_graph_figure(nodes: Sequence[GraphNode], edges: Sequence[GraphEdge],
     if mids_x:
         figure.add_trace(go.Scatter(x=mids_x, y=mids_y, mode="markers", text=mids_text, hoverinfo="text",
                                     marker={"size": 7, "color": mids_colour, "opacity": 0.35}, showlegend=False))
-    symbols = {"head": "circle", "mlp": "square", "logits": "diamond", "tokens": "circle", "image": "circle"}
-    for kind in ("image", "tokens", "head", "mlp", "logits"):
+    symbols = {"head": "circle", "mlp": "square", "logits": "diamond", "tokens": "circle", "image": "circle",
+               "image_part": "triangle-up"}
+    for kind in ("image", "image_part", "tokens", "head", "mlp", "logits"):
         chosen = [n for n in nodes if n.kind == kind and n.name in where]
         if not chosen:
             continue
@@ -144,7 +153,7 @@ def circuit_graph_figure(nodes: Sequence[GraphNode], edges: Sequence[GraphEdge],
             mode="markers+text" if kind in ("mlp", "logits", "tokens") else "markers",
             text=[n.name for n in chosen] if kind in ("mlp", "logits", "tokens") else None,
             textposition="bottom center", hovertext=[n.name for n in chosen], hoverinfo="text",
-            marker={"symbol": symbols[kind], "size": [11 if a else 6 for a in active] if kind != "image"
+            marker={"symbol": symbols[kind], "size": [11 if a else 6 for a in active] if kind not in ("image", "image_part")
                     else [9 if a else 5 for a in active],
                     "color": ["#222" if a else "#bbb" for a in active],
                     "line": {"color": "white", "width": 1}},
