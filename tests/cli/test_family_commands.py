@@ -11,6 +11,7 @@ from tests.helpers.family_commands import (
     save_family_folder,
 )
 from vlens import testing
+from vlens.cli import main
 
 # family -> (HF model, processor, flags that size the images, whether `temperature export` applies)
 FAMILIES = {
@@ -44,7 +45,14 @@ FAMILIES = {
                         lambda: testing.tiny_llava_onevision_processor(tile=28, patch_size=14,
                                                                        vision_aspect_ratio="anyres_max_2"),
                         ["--image-size", "56"], True),
+    # fixed-size images (the processor resizes every image to the tower's 32 px); the query norm refuses export
+    "gemma3": (lambda: testing.tiny_gemma3_model(seed=5, n_layers=3, d_model=40, n_heads=5, n_kv_heads=1, d_head=8,
+                                                sliding_window=4),
+               testing.tiny_gemma3_processor, [], False),
 }
+
+# families whose every attention layer normalizes its queries: `temperature export` refuses them
+QUERY_NORM_REFUSES_EXPORT = {"qwen3_vl", "qwen3_vl_moe", "gemma3"}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +61,7 @@ def data(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_command_on_a_saved_folder(family, tmp_path, data):
+def test_every_command_on_a_saved_folder(family, tmp_path, data, capsys):
     build, processor, image_args, export = FAMILIES[family]
     hf = build()
     folder = save_family_folder(hf, processor(), tmp_path / family)
@@ -61,7 +69,8 @@ def test_every_command_on_a_saved_folder(family, tmp_path, data):
     linear = [t == "linear_attention" for t in getattr(cfg, "layer_types", None) or []]
     heads = [cfg.linear_num_value_heads if is_linear else cfg.num_attention_heads
              for is_linear in (linear or [False] * cfg.num_hidden_layers)]
-    run_every_command(folder, tmp_path / "out", data, image_args, n_layers=cfg.num_hidden_layers,
+    out = tmp_path / "out"
+    run_every_command(folder, out, data, image_args, n_layers=cfg.num_hidden_layers,
                       n_heads=max(heads), export=export, n_heads_total=sum(heads))
     if getattr(cfg, "num_experts", 0):  # the mixture-of-experts commands
         done = run_expert_commands(folder, tmp_path / "out", image_args)
@@ -101,3 +110,9 @@ def test_anyres_folder_loads_in_bfloat16_and_runs(family, tmp_path, data):
         high = full(full.prepare(images=images, prompts=[prompt]))
     assert torch.isfinite(low).all()
     assert (low - high).abs().max() < 0.1 * high.abs().max()
+    if family in QUERY_NORM_REFUSES_EXPORT:  # a query norm would undo a scaled q_proj: one line, exit 2, nothing written
+        capsys.readouterr()
+        code = main(["temperature", "export", "--model", folder, "--temps", str(out / "fit"),
+                     "--out", str(out / "export")])
+        assert code == 2 and "query norm" in capsys.readouterr().err
+        assert not (out / "export").exists()

@@ -136,7 +136,7 @@ def assert_hook_z_edit_matches_hf(model, hf, inputs, layer: int, head: int) -> N
 def assert_scores_edit_matches_scaling_q(model, hf, inputs, layer: int, head: int, beta: float = 1.7) -> None:
     """Scaling one head's scores equals scaling its query in HF after the q norm (if any), before rotary.
 
-    Rotary is linear, so scaling q before it equals scaling after it. With a q norm (Qwen3-VL)
+    Rotary is linear, so scaling q before it equals scaling after it. With a q norm (Qwen3-VL, Gemma 3)
     the scale must come after the norm, which would otherwise undo it.
     """
     d_head = model.cfg.d_head
@@ -149,8 +149,10 @@ def assert_scores_edit_matches_scaling_q(model, hf, inputs, layer: int, head: in
 
     def scale_q(module, args, output):
         output = output.clone()
-        if output.shape[-1] == d_head:  # q_norm output [b, pos, heads, d_head]
-            output[..., head, :] *= beta
+        if output.shape[-1] == d_head:  # q_norm output, heads on the adapter's axis ([b, pos, heads, d] or [b, heads, pos, d])
+            index = [slice(None)] * output.ndim
+            index[model.adapter.query_norm_head_axis] = head
+            output[tuple(index)] *= beta
         else:  # q_proj output [b, pos, heads * d_head]
             output[..., head * d_head:(head + 1) * d_head] *= beta
         return output

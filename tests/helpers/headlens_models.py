@@ -26,6 +26,7 @@ BUILDERS = {
     "Qwen3_5MoeForConditionalGeneration": lambda: tiny_vlm("qwen3_5_moe"),
     "LlavaNextForConditionalGeneration": lambda: tiny_vlm("llava_next", d_model=48, n_heads=3, n_kv_heads=1),
     "LlavaOnevisionForConditionalGeneration": lambda: tiny_vlm("llava_onevision", n_heads=4, n_kv_heads=2),
+    "Gemma3ForConditionalGeneration": lambda: tiny_vlm("gemma3", attention_bias=True),
 }
 
 

@@ -10,6 +10,7 @@ from vlens.core.architectures.registry import supported_architectures
 from vlens.lens.decomposition import (
     flat_W_O,
     head_contributions,
+    layer_bias_contribution,
     layer_head_contributions,
     reconstruct_attn_out,
     zero_padded_head_output,
@@ -26,13 +27,15 @@ def test_every_supported_architecture_has_a_tiny_model_here():
 def test_heads_sum_with_b_O_to_attn_out(architecture):
     model = tiny_model(architecture)
     inputs = two_image_batch(model)
-    _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith(("hook_z", "hook_attn_out")))
+    # a block that normalizes its attention output (Gemma 3's ln1_post) needs that norm's scale too
+    names = ("hook_z", "hook_attn_out", "ln1_post.hook_scale")
+    _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith(names))
     for layer in range(model.cfg.n_layers):
-        attn = model.blocks[layer].attn
         per_head = layer_head_contributions(model, cache, layer)
         assert per_head.shape == (*inputs.input_ids.shape, model.cfg.heads_at(layer), model.cfg.d_model)
-        torch.testing.assert_close(reconstruct_attn_out(per_head, attn.b_O), cache[f"blocks.{layer}.hook_attn_out"],
-                                   atol=1e-5, rtol=0, msg=f"{architecture} layer {layer}")
+        bias = layer_bias_contribution(model, cache, layer)  # b_O (through the post norm where there is one)
+        torch.testing.assert_close(reconstruct_attn_out(per_head, bias), cache[f"blocks.{layer}.hook_attn_out"],
+                                   atol=1e-5, rtol=1e-5, msg=f"{architecture} layer {layer}")
 
 
 def test_zero_padded_form_and_hook_result_agree():
@@ -75,11 +78,14 @@ def test_headlens_runs_on_every_architecture(architecture):
     inputs = two_image_batch(model)
     lens = HeadLens(model)
     out = lens.run(inputs, k=3, return_logits=True)
-    _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith(("hook_z", "hook_resid_post")))
+    names = ("hook_z", "hook_resid_post", "ln1_post.hook_scale")
+    _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith(names))
     rows, final = torch.arange(2), inputs.regions.final
     for layer in range(model.cfg.n_layers):
         z = cache[f"blocks.{layer}.attn.hook_z"][rows, final]
-        expected = lens.decode_heads(z, cache[f"blocks.{layer}.hook_resid_post"][rows, final], layer)
+        scale = cache.cache_dict.get(f"blocks.{layer}.ln1_post.hook_scale")
+        expected = lens.decode_heads(z, cache[f"blocks.{layer}.hook_resid_post"][rows, final], layer,
+                                     None if scale is None else scale[rows, final])
         heads = model.cfg.heads_at(layer)  # hybrid decoders: the widest layer sets the width, the rest is empty
         torch.testing.assert_close(out.logits[:, 0, layer, :heads], expected, atol=1e-4, rtol=1e-4)
         assert (out.top_ids[:, 0, layer, :heads] == expected.topk(3, dim=-1).indices).all()

@@ -58,7 +58,9 @@ def stack_state(state: RunState, attention_mask: Tensor, copies: int) -> RunStat
         return t.repeat(copies, *([1] * (t.ndim - 1)))
 
     batch, pos = attention_mask.shape
-    masks = build_masks(rep(attention_mask), batch * copies, pos, 0, state.masks.dtype, state.resid.device)
+    blocks = None if state.masks.blocks is None else rep(state.masks.blocks)
+    masks = build_masks(rep(attention_mask), batch * copies, pos, 0, state.masks.dtype, state.resid.device,
+                        blocks=blocks)
     deepstack = {layer: (rep(mask), rep(feats)) for layer, (mask, feats) in state.deepstack.items()}
     return RunState(resid=rep(state.resid), cos=rep(state.cos), sin=rep(state.sin), masks=masks,
                     position_ids=state.position_ids, rope_deltas=state.rope_deltas, deepstack=deepstack)

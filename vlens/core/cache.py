@@ -13,7 +13,9 @@ so at image positions their parts would not add up. Here the components are
     "image_embed"    the image features at image positions, 0 elsewhere
     "{l}_deepstack"  layer l's DeepStack features at image positions (Qwen3-VL), 0 elsewhere
 
-and they add up to the residual stream at every position. Image positions are where
+and they add up to the residual stream at every position. Where a norm follows a block's attention
+(Gemma 3's ``ln1_post``), a head's result is its share of that norm's output at the cached scale, and
+single neurons are refused where one follows the MLP (``ln2_post``). Image positions are where
 ``hook_inputs_embeds`` differs from ``hook_embed`` (where something other than the token's own
 embedding entered the stream), so both hooks must be in the cache.
 """
@@ -26,6 +28,7 @@ from torch import Tensor
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.utilities import Slice
 
+from vlens.core.components.sandwich_block import post_norm_shares
 from vlens.utils.errors import UserInputError
 
 # hooks laid out [n_image_tokens, d_model] over all images of the batch, in row order
@@ -131,6 +134,12 @@ class VLMActivationCache(ActivationCache):
         """
         n_layers = self.model.cfg.n_layers
         layer_index = n_layers if layer is None or layer == -1 else layer
+        normed_bias = [i for i in range(layer_index) if self._post_norm(i, "ln1_post") is not None
+                       and bool(self.model.blocks[i].attn.b_O.abs().sum() > 0)]
+        if normed_bias:
+            raise UserInputError(f"Blocks {normed_bias} normalize their attention output, which carries o_proj's bias: "
+                                 "its share depends on the position, which the 'bias' component cannot hold; use "
+                                 "decompose_resid or stack_head_results (the bias is the remainder there).")
         stack, labels = super().get_full_resid_decomposition(
             layer=layer, mlp_input=mlp_input, expand_neurons=expand_neurons, apply_ln=apply_ln, pos_slice=pos_slice,
             return_labels=True, project_output_onto=project_output_onto)
@@ -147,6 +156,48 @@ class VLMActivationCache(ActivationCache):
         stack = torch.cat([stack[:at], rows.to(stack.dtype), stack[at + 1:]], dim=0)
         labels = labels[:at] + extra_labels + labels[at + 1:]
         return (stack, labels) if return_labels else stack
+
+    # ------------------------------------------------------------------ post-sublayer norms (Gemma 3)
+    def _post_norm(self, layer: int, name: str):
+        return getattr(self.model.blocks[layer], name, None)
+
+    def stack_head_results(self, layer=-1, return_labels=False, incl_remainder=False, pos_slice=None,
+                           apply_ln=False):
+        """TransformerLens's `stack_head_results`. In a block that normalizes its attention output
+        (``ln1_post``), a head's result is its share of `hook_attn_out`, ``w * (z_h @ W_O[h]) / s`` at the
+        norm's cached scale ``s`` (`post_norm_shares`), so the heads still add up to what attention wrote."""
+        n_layers = self.model.cfg.n_layers
+        last = n_layers if layer is None or layer == -1 else layer
+        normed = [i for i in range(last) if self._post_norm(i, "ln1_post") is not None]
+        saved = {}
+        for i in normed:
+            key, scale_key = f"blocks.{i}.attn.hook_result", f"blocks.{i}.ln1_post.hook_scale"
+            if scale_key not in self.cache_dict or f"blocks.{i}.attn.hook_z" not in self.cache_dict:
+                raise UserInputError(f"This cache lacks blocks.{i}.attn.hook_z or {scale_key}: block {i} normalizes "
+                                     "its attention output, so its heads' results need both; cache them.")
+            saved[key] = self.cache_dict.get(key)
+            z, W_O = self.cache_dict[f"blocks.{i}.attn.hook_z"], self.model.blocks[i].attn.W_O
+            heads = torch.einsum("...hd,hdm->...hm", z, W_O.to(z.dtype))
+            self.cache_dict[key] = post_norm_shares(heads, self._post_norm(i, "ln1_post"), self.cache_dict[scale_key])
+        try:
+            return super().stack_head_results(layer=layer, return_labels=return_labels, incl_remainder=incl_remainder,
+                                              pos_slice=pos_slice, apply_ln=apply_ln)
+        finally:
+            for key, value in saved.items():  # the cache holds what the run wrote, as before
+                if value is None:
+                    self.cache_dict.pop(key, None)
+                else:
+                    self.cache_dict[key] = value
+
+    def stack_neuron_results(self, layer, *args, **kwargs):
+        """TransformerLens's `stack_neuron_results`; refused where a norm follows the MLP (``ln2_post``), whose
+        output is not the sum of its neurons' writes."""
+        last = self.model.cfg.n_layers if layer is None or layer == -1 else layer
+        if any(self._post_norm(i, "ln2_post") is not None for i in range(last)):
+            raise UserInputError("This model normalizes each MLP's output (ln2_post), so single neurons do not add "
+                                 "up to what the MLP writes; decompose by MLP layer (expand_neurons=False, "
+                                 "blocks.{l}.hook_mlp_out) instead.")
+        return super().stack_neuron_results(layer, *args, **kwargs)
 
     def apply_slice_to_batch_dim(self, batch_slice) -> VLMActivationCache:
         """TransformerLens's batch slicing; features flattened over the batch's image tokens

@@ -36,6 +36,12 @@ class VLMConfig:
     mrope_section: list[int] = field(default_factory=list)  # per (t, h, w), sums to d_head // 2
     rope_attention_scaling: float = 1.0
     qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before rotary
+    # the attention logits' scale (None: d_head ** -0.5; Gemma 3: query_pre_attn_scalar ** -0.5)
+    attn_scale: float | None = None
+    sliding_window: int | None = None  # keys a "sliding_attention" query sees, itself included
+    # layer types with rotary tables of their own, in the order of the run's cos/sin third axis
+    # (Gemma 3: a local and a global base); empty: one [batch, pos, d_head] table for every layer
+    rope_layer_types: list[str] = field(default_factory=list)
     attn_qkv_bias: bool = True
     attn_out_bias: bool = False
     tie_word_embeddings: bool = False
@@ -48,8 +54,9 @@ class VLMConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     spatial_merge_size: int = 1
     n_deepstack_layers: int = 0
-    # hybrid decoders (Qwen3.5): each layer's token mixer, "full_attention" (softmax) or
-    # "linear_attention" (Gated DeltaNet); empty: every layer is full attention. A linear-attention
+    # hybrid decoders: each layer's token mixer, HF's layer type: "full_attention" (softmax),
+    # "sliding_attention" (softmax over the last `sliding_window` keys, Gemma 3) or "linear_attention"
+    # (Gated DeltaNet, Qwen3.5); empty: every layer is full attention. A linear-attention
     # layer's heads are its value heads: `linear_n_heads` of size `linear_d_head` (its hook_z).
     layer_types: list[str] = field(default_factory=list)
     linear_n_heads: int = 0
@@ -113,6 +120,18 @@ class VLMConfig:
     def linear_attention_layers(self) -> list[int]:
         """Layers whose token mixer is linear attention (Gated DeltaNet)."""
         return [x for x in range(self.n_layers) if self.is_linear_attention(x)]
+    def attention_window(self, layer: int) -> int | None:
+        """How many keys (itself included) a query of `layer` sees: the sliding window for a
+        "sliding_attention" layer, None (every earlier key) otherwise."""
+        if self.layer_types and self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    def rotary_index(self, layer: int) -> int | None:
+        """Which of the run's rotary tables `layer` reads (None: the only one)."""
+        if not self.rope_layer_types:
+            return None
+        return self.rope_layer_types.index(self.layer_types[layer])
 
     @property
     def n_groups(self) -> int:

@@ -57,8 +57,9 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
 
     Qwen-VL processors resize each image to a pixel count in [min_pixels, max_pixels] (a multiple
     of 28 x 28 per merged token); `image_size` fixes a square side instead (min = max = side^2).
-    CLIP-style processors (LLaVA) take `image_size` as their resize and crop side; their tower
-    has one input size, so other sizes fail in the model with HF's message. Anyres processors
+    CLIP-style processors (LLaVA) take `image_size` as their resize and crop side, fixed-size ones
+    (Gemma 3) as their height and width; their tower has one input size, so other sizes fail in the
+    model (Gemma 3: with a message naming it). Anyres processors
     (LLaVA-NeXT, LLaVA-OneVision: `image_grid_pinpoints`) cut each image into tiles of the tower's
     side at one of the pinpoint resolutions; `image_size` is the largest resolution they may use:
     only the pinpoints whose height and width are both <= image_size are kept (at least one tile
@@ -111,8 +112,11 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
         image_processor.image_grid_pinpoints = kept
         return processor
     if image_size is not None:
-        image_processor.size = {"shortest_edge": image_size}
-        image_processor.crop_size = {"height": image_size, "width": image_size}
+        if _size_keys(getattr(image_processor, "size", None)) >= {"height", "width"} and not getattr(image_processor, "do_center_crop", False):
+            image_processor.size = {"height": image_size, "width": image_size}  # a fixed resize (Gemma 3)
+        else:
+            image_processor.size = {"shortest_edge": image_size}
+            image_processor.crop_size = {"height": image_size, "width": image_size}
     return processor
 
 
@@ -124,3 +128,11 @@ def sync_resolution(hf_model: Any, processor: Any) -> None:
     config: Any = getattr(hf_model, "config", None)
     if pinpoints and config is not None and getattr(config, "image_grid_pinpoints", None) is not None:
         config.image_grid_pinpoints = [list(p) for p in pinpoints]
+
+
+def _size_keys(size: Any) -> set[str]:
+    """The keys an image processor's `size` sets (a dict or HF's SizeDict)."""
+    if size is None:
+        return set()
+    items = size.items() if isinstance(size, dict) else vars(size).items()
+    return {key for key, value in items if value is not None}

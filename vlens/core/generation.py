@@ -112,7 +112,8 @@ def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, 
     pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_token_ids or [0])[0]
     generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
     batch = inputs.batch_size
-    cache = KVCache(cfg.n_layers)
+    # sliding-window layers keep only their window, as HF's cache does
+    cache = KVCache(cfg.n_layers, windows=[cfg.attention_window(layer) for layer in range(cfg.n_layers)])
     new_tokens = []
     finished = torch.zeros(batch, dtype=torch.bool, device=inputs.input_ids.device)
     non_finite = torch.zeros(batch, dtype=torch.bool, device=inputs.input_ids.device)

@@ -78,7 +78,7 @@ _TOP_LEVEL = {"hook_embed", "hook_inputs_embeds", "ln_final.hook_scale", "ln_fin
 _PER_LAYER = re.compile(
     r"blocks\.\d+\.("
     r"hook_(resid_pre|resid_mid|resid_post|attn_out|mlp_out|deepstack)"
-    r"|ln[12]\.hook_(scale|normalized)"
+    r"|ln[12](_post)?\.hook_(scale|normalized)"
     r"|attn\.hook_(q|k|v|rot_q|rot_k|attn_scores|pattern|z|result"
     r"|output_gate|beta|g|recurrent_state|core_out)"
     r"|mlp\.hook_(pre|pre_linear|post|router_logits|expert_weights|expert_indices|expert_out|routed_out"
@@ -130,5 +130,6 @@ def act_name(name: str, layer: int | None = None, layer_type: str | None = None)
         f"act_name({name!r}, {layer!r}) -> {full!r}, which is not a vlens hook"
         + (f" ({why})" if why else "")
         + ". Per-layer names: resid_pre/mid/post, attn_out, mlp_out, deepstack, q, k, v, rot_q, rot_k, attn_scores, "
-        "pattern, z, result, pre, pre_linear, post, scale/normalized (with ln1/ln2); model.hook_dict lists all."
+        "pattern, z, result, pre, pre_linear, post, scale/normalized (with ln1/ln2, and ln1_post/ln2_post where "
+        "the family has post-sublayer norms); model.hook_dict lists all."
     )

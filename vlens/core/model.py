@@ -268,7 +268,8 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
         resid = self.hook_inputs_embeds(resid)
         position_ids, deltas = self.adapter.position_ids(self.hf_model, inputs)
         cos, sin = self.rotary(resid, position_ids)
-        masks = build_masks(inputs.attention_mask, ids.shape[0], ids.shape[1], 0, resid.dtype, resid.device)
+        masks = build_masks(inputs.attention_mask, ids.shape[0], ids.shape[1], 0, resid.dtype, resid.device,
+                            blocks=self.adapter.attention_blocks(cfg, inputs))
         return RunState(resid=resid, cos=cos, sin=sin, masks=masks, position_ids=position_ids,
                         rope_deltas=deltas, deepstack=deepstack, kv_cache=kv_cache)
 

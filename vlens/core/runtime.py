@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
-from transformers.masking_utils import sdpa_mask
+from transformers.masking_utils import blockwise_overlay, causal_mask_function, or_masks, sdpa_mask
 
 from vlens.core.components.attention import AttentionMasks, KVCache
 
@@ -20,8 +20,9 @@ class RunState:
     """Everything the decoder blocks need besides the residual stream.
 
     resid: [batch, pos, d_model], the input to block 0 (`hook_inputs_embeds` output).
-    cos, sin: [batch, pos, d_head] rotary tables (model dtype).
-    masks: the attention masks (HF sdpa form and eager form).
+    cos, sin: [batch, pos, d_head] rotary tables (model dtype), or [batch, pos, n_kinds, d_head] where
+        layers read different ones (Gemma 3: each layer type's base; `VLMConfig.rope_layer_types`).
+    masks: the attention masks (HF sdpa form and eager form; a sliding-window layer narrows them itself).
     deepstack: layer -> (image-position mask [batch, pos], features [n_image_tokens, d_model]).
     position_ids: the family's position ids; rope_deltas: [batch, 1] for decoding (M-RoPE).
     """
@@ -75,13 +76,27 @@ def module_device(module: nn.Module) -> torch.device:
 
 
 def build_masks(attention_mask: Tensor | None, batch: int, q_len: int, past_len: int,
-                dtype: torch.dtype, device: torch.device) -> AttentionMasks:
+                dtype: torch.dtype, device: torch.device, blocks: Tensor | None = None) -> AttentionMasks:
     """Causal + padding masks exactly as HF builds them (its `sdpa_mask`).
 
     attention_mask: [batch, past_len + q_len] (1 = real token) or None.
+    blocks: [batch, <= past_len + q_len] bidirectional blocks (`ArchitectureAdapter.attention_blocks`:
+        the tokens of one block see each other, -1 = causal only; shorter rows are padded with -1),
+        OR-ed with the causal mask as HF's `blockwise_overlay` does (Gemma 3's image tokens); None: causal.
     """
     kv_len = past_len + q_len
     padding = attention_mask.to(device=device, dtype=torch.bool) if attention_mask is not None else None
+    if blocks is not None:
+        blocks = blocks.to(device=device, dtype=torch.long)
+        if blocks.shape[-1] < kv_len:
+            blocks = torch.nn.functional.pad(blocks, (0, kv_len - blocks.shape[-1]), value=-1)
+        allowed = sdpa_mask(batch_size=batch, q_length=q_len, kv_length=kv_len, q_offset=past_len, kv_offset=0,
+                            mask_function=or_masks(causal_mask_function, blockwise_overlay(blocks)),
+                            attention_mask=padding, device=device, allow_is_causal_skip=False)
+        if allowed is None:
+            raise RuntimeError("transformers' sdpa_mask returned no mask with allow_is_causal_skip=False")
+        # HF materialises the mask whenever blocks are given (also when no token is in one)
+        return AttentionMasks(sdpa=allowed, allowed=allowed, dtype=dtype, blocks=blocks)
 
     def hf_mask(allow_is_causal_skip: bool) -> Tensor | None:
         return sdpa_mask(batch_size=batch, q_length=q_len, kv_length=kv_len, q_offset=past_len, kv_offset=0,

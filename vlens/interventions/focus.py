@@ -249,24 +249,35 @@ def focus_loss(
     patterns: layer -> attention probabilities of the T query tokens, [batch, T, heads, key]
         (what `capture_patterns` stores). Heads are averaged, the result renormalised over the
         image tokens, then cross-entropy with g; mean over layers and query tokens, then over
-        the valid rows. Returns a 0-d float32 tensor (0 when no row has objects).
+        the valid rows. A query token that reads no image token at that layer (outside a sliding
+        window) is left out of the means. Returns a 0-d float32 tensor (0 when no row has objects).
     """
     if not patterns:
         raise ValueError("no attention patterns captured: is any target layer hooked?")
     if not bool(prior.valid.any()):
         first = next(iter(patterns.values()))
         return first.sum() * 0.0
-    per_row = []
+    per_row, seen_rows = [], []
     for rows in patterns.values():
         attn = rows.float().mean(dim=2)  # [batch, T, key]
         mask = prior.image_mask[:, None, :].to(attn.device)
         on_image = attn * mask
-        q = on_image / on_image.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        mass = on_image.sum(-1, keepdim=True)
+        # a query that reads no image token (a sliding-window layer whose window ends before the image)
+        # has nothing to focus: left out, with a finite gradient (no division by zero mass)
+        sees = mass[..., 0] > 0  # [batch, T]
+        q = on_image / torch.where(mass > 0, mass, torch.ones_like(mass))
         g = prior.weights[:, None, :].to(attn.device, torch.float32)
-        cross_entropy = -(g * torch.log(q + eps)).sum(-1)  # [batch, T]
-        per_row.append(cross_entropy.mean(-1))  # mean over query tokens
-    loss = torch.stack(per_row).mean(0)  # mean over layers -> [batch]
-    return loss[prior.valid.to(loss.device)].mean()
+        cross_entropy = torch.where(sees, -(g * torch.log(q + eps)).sum(-1), 0.0)  # [batch, T]
+        count = sees.sum(-1)
+        per_row.append(cross_entropy.sum(-1) / count.clamp_min(1))  # mean over the query tokens that see images
+        seen_rows.append(count > 0)
+    seen = torch.stack(seen_rows)  # [layers, batch]
+    loss = torch.stack(per_row).sum(0) / seen.sum(0).clamp_min(1)  # mean over layers -> [batch]
+    valid = prior.valid.to(loss.device) & seen.any(0)
+    if not bool(valid.any()):
+        return loss.sum() * 0.0
+    return loss[valid].mean()
 
 
 @contextmanager

@@ -179,8 +179,8 @@ class HeadTemperature(Result):
         for layer in self.softmax_layers(cfg.is_linear_attention):
             scales = self.layer_scales(layer, n_heads)
             q_norm = adapter.query_norm(layers[layer])
-            if q_norm is not None:  # output [..., n_heads, d_head]: the query just before rotary
-                handles.append(q_norm.register_forward_hook(_scale_normed(scales)))
+            if q_norm is not None:  # the query just before rotary, heads on the adapter's axis
+                handles.append(q_norm.register_forward_hook(_scale_normed(scales, adapter.query_norm_head_axis)))
             else:  # output [..., n_heads * d_head]
                 projection = adapter.query_projection(layers[layer])
                 handles.append(projection.register_forward_hook(_scale_projected(scales, n_heads)))
@@ -288,9 +288,11 @@ def _remove_lens_handles(handles) -> None:
         hook_point.fwd_hooks = [h for h in hook_point.fwd_hooks if h is not handle]
 
 
-def _scale_normed(scales: Tensor):
+def _scale_normed(scales: Tensor, head_axis: int = -2):
     def hook(module, args, output: Tensor) -> Tensor:
-        return output * scales.to(output.device, output.dtype)[:, None]
+        shape = [1] * output.ndim
+        shape[head_axis] = -1  # [..., n_heads, d_head] (axis -2) or [batch, n_heads, pos, d_head] (axis 1)
+        return output * scales.to(output.device, output.dtype).view(shape)
 
     return hook
 

@@ -8,6 +8,12 @@ zeroed, ``W_O_flat`` the ``[n_heads * d_head, d_model]`` output projection) and
     sum_i z_i @ W_O[i] + b_O == hook_attn_out        (exactly, up to float rounding)
 
 This is TransformerLens's per-head ``hook_result`` without materialising it in the forward.
+
+Blocks with a norm after the attention (Gemma 3's ``ln1_post``) add ``ln1_post(sum_i z_i @ W_O[i] +
+b_O)`` to the residual, and that is their ``hook_attn_out``. At the run's scale ``s`` (the norm's
+``hook_scale``) the norm is linear, so head i's share is ``w * (z_i @ W_O[i]) / s`` with ``w`` the
+norm's effective weight, and the shares plus ``w * b_O / s`` sum to ``hook_attn_out`` (TransformerLens's
+``apply_ln_to_stack`` convention): `layer_head_contributions` and `layer_bias_contribution` do this.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import einops
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+from vlens.core.components.sandwich_block import post_norm_shares
 
 
 def head_contributions(
@@ -46,12 +54,40 @@ def flat_W_O(W_O: Float[Tensor, "n_heads d_head d_model"]) -> Float[Tensor, "hd 
     return einops.rearrange(W_O, "h d m -> (h d) m")
 
 
+def attention_post_norm(model, layer: int):
+    """The norm block `layer` applies to its attention output before the residual (``ln1_post``), or None."""
+    return getattr(model.blocks[layer], "ln1_post", None)
+
+
+def _post_norm_scale(model, cache, layer: int):
+    norm = attention_post_norm(model, layer)
+    if norm is None:
+        return None, None
+    name = f"blocks.{layer}.ln1_post.hook_scale"
+    if name not in cache:
+        raise KeyError(f"{name} is not in the cache: block {layer} normalizes its attention output, so its heads' "
+                       "shares need that scale; include it in run_with_cache(..., names_filter=...).")
+    return norm, cache[name]
+
+
 def layer_head_contributions(model, cache, layer: int) -> Float[Tensor, "batch pos n_heads d_model"]:
-    """Head contributions of one layer from a cache holding ``blocks.{layer}.attn.hook_z``."""
+    """Head contributions of one layer to ``hook_attn_out`` from a cache holding ``blocks.{layer}.attn.hook_z``
+    (and ``blocks.{layer}.ln1_post.hook_scale`` where the block normalizes its attention output)."""
     name = f"blocks.{layer}.attn.hook_z"
     if name not in cache:
         raise KeyError(f"{name} is not in the cache: run model.run_with_cache(..., names_filter=...) including it.")
-    return head_contributions(cache[name], model.blocks[layer].attn.W_O)
+    contributions = head_contributions(cache[name], model.blocks[layer].attn.W_O)
+    norm, scale = _post_norm_scale(model, cache, layer)
+    return contributions if norm is None else post_norm_shares(contributions, norm, scale)
+
+
+def layer_bias_contribution(model, cache, layer: int) -> Float[Tensor, "... d_model"]:
+    """What ``hook_attn_out`` holds besides the heads: ``b_O``, or ``w * b_O / scale`` through a post norm."""
+    b_O = model.blocks[layer].attn.b_O
+    norm, scale = _post_norm_scale(model, cache, layer)
+    if norm is None:
+        return b_O
+    return post_norm_shares(b_O.expand(*scale.shape[:-1], 1, -1).to(scale.dtype), norm, scale)[..., 0, :]
 
 
 def reconstruct_attn_out(

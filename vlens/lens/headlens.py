@@ -4,7 +4,8 @@ For head i of layer l at a position,
 
     l_i(x) = W_U^T ( w_final * T_l^lin(c_i) / s_l ) ,   c_i = z_i @ W_O[i]
 
-- ``c_i`` is the head's contribution to the residual (``vlens.lens.decomposition``).
+- ``c_i`` is the head's contribution to the residual (``vlens.lens.decomposition``; through the block's
+  post-attention norm at the run's scale where there is one, Gemma 3).
 - ``T_l`` is layer l's translator (``vlens.lens.translators``): heads of layer l are part of
   ``resid_post`` of l, which is what ``T_l`` was trained on. ``T_l`` is affine; a head gets
   its *linear* part ``T_l^lin(c) = c + A_l c``. The bias ``b_l`` is one constant per layer,
@@ -31,9 +32,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.core.components.sandwich_block import post_norm_shares
 from vlens.core.runtime import module_device
 from vlens.core.token_labels import str_tokens
-from vlens.lens.decomposition import head_contributions
+from vlens.lens.decomposition import attention_post_norm, head_contributions
 from vlens.lens.translators import Translators, TunedLens
 from vlens.utils.finite import finite_rows
 from vlens.utils.results import Result
@@ -156,10 +158,21 @@ class HeadLens(TunedLens):
         z: Float[Tensor, "... n_heads d_head"],
         resid_post: Float[Tensor, "... d_model"],
         layer: int,
+        attn_scale: Float[Tensor, "... 1"] | None = None,
     ) -> Float[Tensor, "... n_heads d_vocab"]:
-        """Per-head logits of layer `layer` from its ``hook_z`` and ``hook_resid_post`` at the same positions."""
+        """Per-head logits of layer `layer` from its ``hook_z`` and ``hook_resid_post`` at the same positions.
+
+        attn_scale: ``blocks.{layer}.ln1_post.hook_scale`` there, for a block that normalizes its attention
+        output (Gemma 3): a head's contribution is then its share of that norm's output (`vlens.lens.decomposition`).
+        """
         with torch.no_grad():
             contributions = head_contributions(z.float(), self.model.blocks[layer].attn.W_O.float())
+            norm = attention_post_norm(self.model, layer)
+            if norm is not None:
+                if attn_scale is None:
+                    raise ValueError(f"block {layer} normalizes its attention output: pass attn_scale, its "
+                                     f"blocks.{layer}.ln1_post.hook_scale at the same positions")
+                contributions = post_norm_shares(contributions, norm, attn_scale.float())
             translated = self.translators.linear(contributions, layer)
             if self.include_bias:
                 translated = translated + self.translators.b[layer]
@@ -203,6 +216,8 @@ class HeadLens(TunedLens):
         for layer in layers:
             hooks.append((f"blocks.{layer}.attn.hook_z", keep(f"z{layer}")))
             hooks.append((f"blocks.{layer}.hook_resid_post", keep(f"resid{layer}")))
+            if attention_post_norm(model, layer) is not None:
+                hooks.append((f"blocks.{layer}.ln1_post.hook_scale", keep(f"scale{layer}")))
             if image_attention and not model.cfg.is_linear_attention(layer):  # linear attention has no pattern
                 hooks.append((f"blocks.{layer}.attn.hook_pattern", keep_image_mass(f"img{layer}")))
         with torch.no_grad():
@@ -213,7 +228,8 @@ class HeadLens(TunedLens):
         tops, values, full = [], [], []
         width = max(model.cfg.heads_at(layer) for layer in layers)  # layers may differ (hybrid decoders)
         for layer in layers:
-            head_logits = self.decode_heads(store[f"z{layer}"], store[f"resid{layer}"], layer)  # [b, p, H, V]
+            head_logits = self.decode_heads(store[f"z{layer}"], store[f"resid{layer}"], layer,
+                                            store.get(f"scale{layer}"))  # [b, p, H, V]
             top = head_logits.topk(k, dim=-1)
             broken = ~finite_rows(head_logits)[..., None]  # NaN logits: no token, no value
             tops.append(_pad_heads(top.indices.masked_fill(broken, -1).cpu(), width, -1))

@@ -2,7 +2,8 @@
 
 Lenses train through the read-out but must never change (or accumulate gradients in) the
 model, so the read-out is copied once, detached, in fp32. ``LensReadout.from_model`` mirrors
-the model's final RMSNorm (``w * x / sqrt(mean(x^2) + eps)``, ``w = model.unembed.ln_final_w``) and
+the model's final RMSNorm (``w * x / sqrt(mean(x^2) + eps)``, ``w = model.unembed.final_norm_weight``:
+``ln_final_w``, or ``1 + ln_final_w`` for an offset norm) and
 its lm_head (``W_U`` here is lm_head's own, without ``w``; ``model.W_U`` has ``w`` folded in).
 """
 
@@ -49,7 +50,8 @@ class LensReadout:
     @classmethod
     def from_model(cls, model) -> LensReadout:
         """The final RMSNorm (weight ``model.unembed.ln_final_w``, ``model.ln_final.eps``) and lm_head."""
-        weight = getattr(model.unembed, "ln_final_w", None)
+        # the weight the normalized residual is multiplied by (1 + w for Gemma's offset norm)
+        weight = getattr(model.unembed, "final_norm_weight", getattr(model.unembed, "ln_final_w", None))
         if weight is None or not hasattr(model.ln_final, "eps"):
             raise TypeError(
                 f"model.ln_final is {type(model.ln_final).__name__} and the unembedding holds no final-norm "

@@ -239,16 +239,16 @@ def _qk_atp_star(model: HookedVLM, state, clean: dict, corrupt, grads: dict) -> 
         grad_pattern = grads[act_name("pattern", layer)]
         if grad_pattern is None:
             continue
-        scaling = attn.scaling
+        scaling, masks = attn.scaling, attn.layer_masks(state.masks)  # a sliding layer's window included
         pattern = clean[act_name("pattern", layer)].detach()  # [b, H, q, k]
         q_clean = clean[act_name("rot_q", layer)].detach().transpose(1, 2)  # [b, H, pos, d]
         k_clean = clean[act_name("rot_k", layer)].detach().transpose(1, 2).repeat_interleave(groups, dim=1)
         q_corr = corrupt[act_name("rot_q", layer)].to(q_clean.dtype).transpose(1, 2)
         k_corr = corrupt[act_name("rot_k", layer)].to(k_clean.dtype).transpose(1, 2).repeat_interleave(groups, dim=1)
         # patch every head's queries at once: head h's new pattern only depends on head h's queries
-        new_q = _softmax_pattern(q_corr, k_clean, state.masks, scaling)
+        new_q = _softmax_pattern(q_corr, k_clean, masks, scaling)
         q_out[layer, :cfg.n_heads] = ((new_q - pattern) * grad_pattern).sum((2, 3)).float().mean(0).cpu()
-        new_k = _softmax_pattern(q_clean, k_corr, state.masks, scaling)
+        new_k = _softmax_pattern(q_clean, k_corr, masks, scaling)
         per_head = ((new_k - pattern) * grad_pattern).sum((2, 3)).float().mean(0).cpu()  # [H]
         k_out[layer] = per_head.view(cfg.n_key_value_heads, groups).sum(-1)
     return q_out, k_out

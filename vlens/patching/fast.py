@@ -52,7 +52,7 @@ def repeat_run_state(state: RunState, k: int) -> RunState:
         return None if t is None else rep(t)
 
     masks = AttentionMasks(sdpa=rep_optional(state.masks.sdpa), allowed=rep(state.masks.allowed),
-                           dtype=state.masks.dtype)
+                           dtype=state.masks.dtype, blocks=rep_optional(state.masks.blocks))
     position_ids = state.position_ids
     position_ids = rep(position_ids, 1 if position_ids.ndim == 3 else 0)
     # DeepStack features are flattened over image tokens in row order: copy-major repeat keeps that order.
@@ -71,7 +71,8 @@ def suffix_state(state: RunState, attention_mask: Tensor, start: int, prefix_kv:
     if start == 0:
         return state
     batch, pos = attention_mask.shape
-    masks = build_masks(attention_mask, batch, pos - start, start, state.masks.dtype, state.cos.device)
+    masks = build_masks(attention_mask, batch, pos - start, start, state.masks.dtype, state.cos.device,
+                        blocks=state.masks.blocks)
     cache = KVCache(n_layers)
     for layer, (k, v) in prefix_kv.items():
         cache.keys[layer], cache.values[layer] = k, v
@@ -149,7 +150,9 @@ class FastPlan:
                 diff = self.cache[name].to(clean_acts[name].device) != clean_acts[name]
                 differs[name] = diff.any(-1).cpu()
         first_read = int(self.readout.min())  # nothing before the first change reaches a readout position
-        self.starts = [min(_first_change(s, differs[s.hook_name], first_read), first_read) for s in self.specs]
+        # a change is read by positions before it where attention is bidirectional (Gemma 3's image blocks)
+        reach = self.state.masks.first_affected
+        self.starts = [reach(min(_first_change(s, differs[s.hook_name], first_read), first_read)) for s in self.specs]
         if model.cfg.linear_attention_layers:
             # a suffix run would need each linear-attention layer's recurrent state at its start: run whole rows
             self.starts = [0] * len(self.specs)

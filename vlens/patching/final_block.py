@@ -5,7 +5,8 @@ there alone: its attention still reads keys / values at every position, but the 
 output projection and the MLP are only needed at those positions. Numerically this is the
 block's own computation restricted to those queries (SDPA over the same keys), equal within
 float noise.
-Used only when no hook is attached to the last block (its hooks would see a different shape).
+Used only when no hook is attached to the last block (its hooks would see a different shape) and the
+block is the plain pre-norm one (`supports_last_block_at`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor
 from transformers.integrations.sdpa_attention import repeat_kv
 
 from vlens.core.components.attention import Attention
+from vlens.core.components.block import TransformerBlock
 from vlens.core.components.rotary import apply_rotary
 from vlens.core.runtime import RunState, module_device
 from vlens.patching.conditions import gather_positions
@@ -27,9 +29,12 @@ if TYPE_CHECKING:
 
 
 def supports_last_block_at(block) -> bool:
-    """True when `last_block_at` can run the block: plain softmax attention (no output gate, no linear
-    attention: those run the whole block)."""
-    return type(block.attn) is Attention
+    """True when `last_block_at` can run the block: the plain pre-norm block with plain softmax attention
+    (no output gate, no linear attention, one rotary table, no sliding window, no post-sublayer norms);
+    other blocks run whole."""
+    attn = block.attn
+    return (type(block) is TransformerBlock and type(attn) is Attention and attn.sliding_window is None
+            and attn.rotary_index is None)
 
 
 def block_has_hooks(block) -> bool:

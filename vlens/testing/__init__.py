@@ -16,6 +16,16 @@ from vlens.testing.common import (
     random_image,
     word_level_tokenizer,
 )
+from vlens.testing.gemma3 import (
+    GEMMA3_CHAT_TEMPLATE,
+    GEMMA3_SPECIAL_TOKENS,
+    GEMMA3_WORDS,
+    gemma3_image_processor,
+    gemma3_tokenizer,
+    tiny_gemma3_config,
+    tiny_gemma3_model,
+    tiny_gemma3_processor,
+)
 from vlens.testing.llava import (
     LLAVA_CHAT_TEMPLATE,
     LLAVA_SPECIAL_TOKENS,
@@ -61,6 +71,8 @@ __all__ = [
     "LLAVA_ONEVISION_SPECIAL_TOKENS", "default_pinpoints", "llava_next_tokenizer", "llava_onevision_tokenizer",
     "tiny_llava_next_config", "tiny_llava_next_model", "tiny_llava_next_processor", "tiny_llava_onevision_config",
     "tiny_llava_onevision_model", "tiny_llava_onevision_processor",
+    "GEMMA3_CHAT_TEMPLATE", "GEMMA3_SPECIAL_TOKENS", "GEMMA3_WORDS", "gemma3_image_processor", "gemma3_tokenizer",
+    "tiny_gemma3_config", "tiny_gemma3_model", "tiny_gemma3_processor",
     "LLAVA_CHAT_TEMPLATE", "LLAVA_SPECIAL_TOKENS", "LLAVA_WORDS", "QWEN_CHAT_TEMPLATE", "QWEN_SPECIAL_TOKENS",
     "TEST_WORDS", "TINY_WORDS", "default_mrope_section", "llava_tokenizer", "perturb_norms", "qwen3_vl_image_processor",
     "qwen_image_processor", "random_image", "tiny_hf_model", "tiny_llava_config", "tiny_llava_model",

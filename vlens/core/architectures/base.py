@@ -133,6 +133,9 @@ class ArchitectureAdapter(ABC):
 
     hf_class_names: tuple[str, ...] = ()
     family: str = ""
+    # the heads axis of the HF query norm's output: -2 for [..., n_heads, d_head] (Qwen3), 1 where
+    # HF normalizes after moving heads forward, [batch, n_heads, pos, d_head] (Gemma 3)
+    query_norm_head_axis: int = -2
 
     def hf_model_class(self, class_name: str) -> type:
         """The HF class that loads a checkpoint whose config names `class_name` (default: the class
@@ -241,6 +244,12 @@ class ArchitectureAdapter(ABC):
         if cfg.video_token_id is not None:
             types[input_ids == cfg.video_token_id] = 2
         return types
+
+    def attention_blocks(self, cfg: VLMConfig, inputs) -> Tensor | None:
+        """[batch, pos] the bidirectional block of each token (its tokens see each other on top of the
+        causal mask; -1: causal only), or None where the family attends causally everywhere (default).
+        Gemma 3: each image's tokens form one block (HF's `token_type_ids` blocks)."""
+        return None
 
     @abstractmethod
     def position_ids(self, hf_model: HFModule, inputs) -> tuple[Tensor, Tensor | None]:

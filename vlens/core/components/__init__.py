@@ -6,13 +6,14 @@ objects: moved, not copied), so converting a 7B checkpoint needs no second copy.
 
 from vlens.core.components.attention import Attention
 from vlens.core.components.block import TransformerBlock
-from vlens.core.components.embed import Embed
+from vlens.core.components.embed import Embed, ScaledEmbed
 from vlens.core.components.gated_attention import GatedAttention
 from vlens.core.components.gated_deltanet import DeltaRuleKernels, GatedDeltaNet
 from vlens.core.components.mlp import GatedMLP
 from vlens.core.components.moe import MoEMLP
-from vlens.core.components.rms_norm import RMSNorm, RMSNormPre, ZeroCenteredRMSNorm
-from vlens.core.components.rotary import RotaryEmbedding, apply_rotary
+from vlens.core.components.rms_norm import RMSNorm, RMSNormPre, ZeroCenteredRMSNorm, ZeroCenteredRMSNormPre
+from vlens.core.components.rotary import LayerTypeRotary, RotaryEmbedding, apply_rotary
+from vlens.core.components.sandwich_block import SandwichBlock
 from vlens.core.components.unembed import Unembed
 from vlens.core.components.vision import HookedVisionTower
 
@@ -24,12 +25,16 @@ __all__ = [
     "GatedDeltaNet",
     "GatedMLP",
     "HookedVisionTower",
+    "LayerTypeRotary",
     "MoEMLP",
     "RMSNorm",
     "RMSNormPre",
     "RotaryEmbedding",
+    "SandwichBlock",
+    "ScaledEmbed",
     "TransformerBlock",
     "Unembed",
     "ZeroCenteredRMSNorm",
+    "ZeroCenteredRMSNormPre",
     "apply_rotary",
 ]

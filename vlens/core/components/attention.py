@@ -9,6 +9,8 @@ Two numerically HF-identical paths:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import einops
 import torch
 from jaxtyping import Float
@@ -21,13 +23,21 @@ from vlens.core.hooks import HookPoint
 
 
 class AttentionMasks:
-    """One causal+padding mask in HF's two forms: sdpa's (bool or None) and eager's (additive)."""
+    """One attention mask in HF's two forms: sdpa's (bool or None) and eager's (additive).
 
-    def __init__(self, sdpa: Tensor | None, allowed: Tensor, dtype: torch.dtype):
+    blocks: [batch, kv_len] the bidirectional block of each key position (-1: causal only) when
+    the mask was built with them (Gemma 3: an image's tokens see each other), else None. Code that
+    rebuilds a mask for other query rows or a repeated batch passes them on (`runtime.build_masks`).
+    """
+
+    def __init__(self, sdpa: Tensor | None, allowed: Tensor, dtype: torch.dtype, blocks: Tensor | None = None):
         self.sdpa = sdpa  # bool [batch, 1, q, k] or None (plain causal: sdpa's is_causal)
         self.allowed = allowed  # bool [batch, 1, q, k]
         self.dtype = dtype
+        self.blocks = blocks  # [batch, kv_len] or None
         self._additive: Tensor | None = None
+        self._windowed: dict[tuple[int, int], AttentionMasks] = {}
+        self._reach: list[int] | None = None
         # query rows that may attend to nothing (padding queries under left padding)
         self.fully_masked = ~allowed.any(dim=-1).squeeze(1)  # [batch, q]
         self.any_fully_masked = bool(self.fully_masked.any())
@@ -51,7 +61,8 @@ class AttentionMasks:
     def to(self, device: torch.device) -> AttentionMasks:
         """The same masks on `device` (for a block that a device map placed there)."""
         sdpa = None if self.sdpa is None else self.sdpa.to(device)
-        return AttentionMasks(sdpa=sdpa, allowed=self.allowed.to(device), dtype=self.dtype)
+        blocks = None if self.blocks is None else self.blocks.to(device)
+        return AttentionMasks(sdpa=sdpa, allowed=self.allowed.to(device), dtype=self.dtype, blocks=blocks)
 
     @property
     def additive(self) -> Tensor:
@@ -61,6 +72,51 @@ class AttentionMasks:
             self._additive = torch.where(self.allowed, zero, torch.finfo(self.dtype).min)
         return self._additive
 
+    def windowed(self, window: int, kv_offset: int = 0) -> AttentionMasks:
+        """This mask in a sliding-window layer: a query at position i also needs key j > i - window
+        (HF's sliding overlay, AND-ed with everything else, image blocks included), over the keys
+        from absolute position `kv_offset` on (a KV cache that keeps only the window holds no more).
+
+        The queries are the mask's last q_len positions (a prefill, a decoding step, a suffix run
+        after a cached prefix). Built once per (window, offset) and kept.
+        """
+        key = (window, kv_offset)
+        if key not in self._windowed:
+            q_len, kv_len = self.allowed.shape[-2:]
+            device = self.allowed.device
+            queries = torch.arange(kv_len - q_len, kv_len, device=device)
+            keys = torch.arange(kv_offset, kv_len, device=device)
+            band = keys[None, :] > queries[:, None] - window  # [q, kept keys]
+            if kv_offset == 0 and bool(band.all()):
+                self._windowed[key] = self  # the window cuts nothing here
+            else:
+                allowed = self.allowed[..., kv_offset:] & band
+                self._windowed[key] = AttentionMasks(sdpa=allowed, allowed=allowed, dtype=self.dtype)
+        return self._windowed[key]
+
+    def first_affected(self, position: int) -> int:
+        """The first query position whose output can change when the key at `position` changes.
+
+        Follows attention reads through the layers (a query that reads a changed key changes, and
+        so does a later layer's query that reads it): `position` itself under a causal mask, the
+        first token of its image block under Gemma 3's bidirectional image blocks. No position
+        before the one returned reads a key at or after it, so a run may keep those positions'
+        clean activations. Over every row of the batch; for the square mask of a whole sequence.
+        """
+        if self._reach is None:
+            reads = self.allowed.any(dim=0)[0]  # [q, k]: some row's query q reads key k
+            columns = torch.arange(reads.shape[-1], device=reads.device)
+            # the first query that reads each key (the key's own position when none does: padding)
+            first = torch.where(reads.any(dim=0), reads.int().argmax(dim=0), columns)
+            first = torch.minimum(first, columns)
+            # the earliest reader of any key at or after each position
+            self._reach = torch.flip(torch.cummin(torch.flip(first, [0]), dim=0).values, [0]).tolist()
+        reach = self._reach
+        start = min(int(position), len(reach) - 1)
+        while reach[start] < start:
+            start = reach[start]
+        return start
+
 
 class KVCache:
     """Per-layer decoding cache.
@@ -69,31 +125,48 @@ class KVCache:
     Linear-attention layers (Gated DeltaNet): the short convolution's last inputs
     `conv_states[layer]` [batch, conv_dim, kernel] and the recurrent state
     `recurrent_states[layer]` [batch, n_heads, d_key, d_head]; `positions[layer]` counts what they have seen.
+    windows: per layer, a sliding window (the layer keeps only its last window - 1 keys, as HF's
+    sliding cache layer does: the next query reads at most those and itself) or None (keeps all).
     """
 
-    def __init__(self, n_layers: int):
+    def __init__(self, n_layers: int, windows: Sequence[int | None] | None = None):
         self.keys: list[Tensor | None] = [None] * n_layers
         self.values: list[Tensor | None] = [None] * n_layers
         self.conv_states: list[Tensor | None] = [None] * n_layers
         self.recurrent_states: list[Tensor | None] = [None] * n_layers
         self.positions: list[int] = [0] * n_layers
+        self.windows: list[int | None] = list(windows) if windows is not None else [None] * n_layers
+        if len(self.windows) != n_layers:
+            raise ValueError(f"KVCache: {len(self.windows)} windows for {n_layers} layers")
+        self._dropped = [0] * n_layers  # keys a windowed layer no longer holds
+        self._offsets = [0] * n_layers  # absolute position of the first key the last update returned
 
     @property
     def length(self) -> int:
-        """Positions already cached (the first layer that holds anything)."""
-        for keys, seen in zip(self.keys, self.positions, strict=True):
+        """Positions already cached (the first layer that holds anything; a windowed layer holds fewer keys)."""
+        for layer, (keys, seen) in enumerate(zip(self.keys, self.positions, strict=True)):
             if keys is not None:
-                return keys.shape[1]
+                return self._dropped[layer] + keys.shape[1]
             if seen:
                 return seen
         return 0
 
+    def offset(self, layer: int) -> int:
+        """Absolute position of the first key that `update` returned for `layer` (0 unless windowed)."""
+        return self._offsets[layer]
+
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Append this step's keys / values; returns all the keys / values this step's queries may read."""
         past_k, past_v = self.keys[layer], self.values[layer]
         if past_k is not None and past_v is not None:
             k = torch.cat([past_k, k], dim=1)
             v = torch.cat([past_v, v], dim=1)
-        self.keys[layer], self.values[layer] = k, v
+        self._offsets[layer] = self._dropped[layer]
+        window = self.windows[layer]
+        keep = k.shape[1] if window is None else min(k.shape[1], max(window - 1, 0))
+        drop = k.shape[1] - keep
+        self.keys[layer], self.values[layer] = k[:, drop:], v[:, drop:]
+        self._dropped[layer] += drop
         return k, v
 
 
@@ -120,7 +193,9 @@ class Attention(nn.Module):
         self.layer = layer
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
         self.q_norm, self.k_norm = q_norm, k_norm
-        self.scaling = cfg.d_head**-0.5
+        self.scaling = cfg.attn_scale if cfg.attn_scale is not None else cfg.d_head**-0.5
+        self.sliding_window = cfg.attention_window(layer)  # None: every earlier key
+        self.rotary_index = cfg.rotary_index(layer)  # which of the run's rotary tables (None: the only one)
         # read by HF's sdpa_attention_forward
         self.num_key_value_groups = cfg.n_heads // cfg.n_key_value_heads
         self.is_causal = True
@@ -219,10 +294,14 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
+        cos, sin = self.rotary_tables(cos, sin)
         q = self.hook_rot_q(apply_rotary(q, cos, sin))
         k = self.hook_rot_k(apply_rotary(k, cos, sin))
+        kv_offset = 0
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)
+            kv_offset = kv_cache.offset(self.layer)
+        masks = self.layer_masks(masks, kv_offset)
 
         q_t, k_t, v_t = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.needs_pattern():
@@ -247,6 +326,23 @@ class Attention(nn.Module):
     def gate_heads(self, z: Tensor, gate: Tensor | None) -> Tensor:
         """The per-head output o_proj reads: z itself (GatedAttention multiplies it by its gate)."""
         return z
+
+    def rotary_tables(self, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """This layer's (cos, sin) [batch, pos, d_head] from the run's tables: the only one, or its
+        own of [batch, pos, n_kinds, d_head] where layers differ (Gemma 3's local and global bases)."""
+        if self.rotary_index is None:
+            if cos.ndim != 3:
+                raise ValueError(f"layer {self.layer} reads one rotary table [batch, pos, d_head], got "
+                                 f"{tuple(cos.shape)}")
+            return cos, sin
+        return cos[:, :, self.rotary_index], sin[:, :, self.rotary_index]
+
+    def layer_masks(self, masks: AttentionMasks, kv_offset: int = 0) -> AttentionMasks:
+        """The run's mask as this layer applies it: with its sliding window (over the keys from
+        absolute position `kv_offset` on), or as it is."""
+        if self.sliding_window is None:
+            return masks
+        return masks.windowed(self.sliding_window, kv_offset)
 
     def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, masks: AttentionMasks) -> Tensor:
         """HF eager attention with hooks on the scores and the pattern. q,k,v: [batch, heads, pos, d]."""

@@ -79,7 +79,23 @@ class RMSNorm(RMSNormPre):
         return compute_weight(self.w, self.source) * super().forward(x)
 
 
-class ZeroCenteredRMSNorm(RMSNormPre):
+class ZeroCenteredRMSNormPre(RMSNormPre):
+    """x / sqrt(mean(x^2) + eps) computed in fp32 and returned in fp32, no weight: the first half of a
+    zero-centred norm (Gemma's), whose ``1 + w`` the next module applies in fp32 and only then casts back
+    (the final norm's, by `Unembed` with ``ln_final_offset=1``), so bf16 runs stay bit-identical to HF.
+    `hook_scale` and `hook_normalized` are fp32."""
+
+    def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
+        hidden = x.to(torch.float32)
+        variance = hidden.pow(2).mean(-1, keepdim=True) + self.eps
+        if self.hook_scale.fwd_hooks or self.hook_scale.bwd_hooks:
+            hidden = hidden / self.hook_scale(variance.sqrt())
+        else:
+            hidden = hidden * torch.rsqrt(variance)  # HF's exact arithmetic
+        return self.hook_normalized(hidden)
+
+
+class ZeroCenteredRMSNorm(ZeroCenteredRMSNormPre):
     """(1 + w) * x / sqrt(mean(x^2) + eps), the weight stored as an offset from 1 (Qwen3.5; HF's
     "RMSNormZeroCentered", the Gemma norm), computed all in fp32 and cast back once, as HF does.
 
@@ -102,11 +118,5 @@ class ZeroCenteredRMSNorm(RMSNormPre):
         return 1.0 + compute_weight(self.w, self.source)
 
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
-        hidden = x.to(torch.float32)
-        variance = hidden.pow(2).mean(-1, keepdim=True) + self.eps
-        if self.hook_scale.fwd_hooks or self.hook_scale.bwd_hooks:
-            hidden = hidden / self.hook_scale(variance.sqrt())
-        else:
-            hidden = hidden * torch.rsqrt(variance)
-        hidden = self.hook_normalized(hidden)
+        hidden = super().forward(x)
         return (hidden * (1.0 + compute_weight(self.w, self.source).float())).type_as(x)

@@ -52,3 +52,24 @@ def apply_rotary(
         return (x * cos) + (rotate_half(x) * sin)
     x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
     return torch.cat([(x_rot * cos) + (rotate_half(x_rot) * sin), x_pass], dim=-1)
+
+
+class LayerTypeRotary(RotaryEmbedding):
+    """Wraps an HF rotary module with one table per layer type (Gemma 3: ``forward(x, position_ids,
+    layer_type)``, a local base for "sliding_attention" and a global one for "full_attention").
+
+    Returns (cos, sin), each [batch, pos, n_types, d_head] in the order of `layer_types`
+    (`VLMConfig.rope_layer_types`); each attention layer reads its own (`Attention.rotary_tables`).
+    """
+
+    def __init__(self, hf_rotary: nn.Module, layer_types: list[str], kind: str = "1d"):
+        super().__init__(hf_rotary, kind)
+        self.layer_types = list(layer_types)
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        position_ids: Int[Tensor, "... batch pos"],
+    ) -> tuple[Float[Tensor, "batch pos n_types d_head"], Float[Tensor, "batch pos n_types d_head"]]:
+        tables = [self.hf_rotary(x, position_ids, layer_type) for layer_type in self.layer_types]
+        return torch.stack([cos for cos, _ in tables], dim=2), torch.stack([sin for _, sin in tables], dim=2)

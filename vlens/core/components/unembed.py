@@ -44,6 +44,12 @@ class Unembed(nn.Module):
         return weight if not self.ln_final_offset else weight + self.ln_final_offset
 
     @property
+    def final_norm_weight(self) -> Tensor | None:
+        """The weight the final norm multiplies the normalized residual by (``ln_final_w`` here; a
+        norm with an offset weight returns ``1 + w``), or None without a final norm. Lenses read it."""
+        return None if self.ln_final_w is None else self._norm_weight()
+
+    @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
@@ -71,8 +77,16 @@ class Unembed(nn.Module):
         return rows if self.ln_final_w is None else rows * self._norm_weight().to(rows.device)
 
     def apply_norm_weight(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        """``ln_final_w * x``: what HF's final norm returns for a normalized ``x`` (lm_head's input)."""
-        return x if self.ln_final_w is None else self._norm_weight().to(x.device) * x
+        """``ln_final_w * x``: what HF's final norm returns for a normalized ``x`` (lm_head's input).
+
+        A zero-centred norm's fp32-normalized ``x`` (`ZeroCenteredRMSNormPre`) is multiplied by ``1 + w`` in
+        fp32 and then cast to lm_head's dtype, HF's ``(x * (1 + w)).to(dtype)``."""
+        if self.ln_final_w is None:
+            return x
+        if self.ln_final_offset and x.dtype == torch.float32:
+            weight = compute_weight(self.ln_final_w, self.__dict__["ln_final_source"]).float() + self.ln_final_offset
+            return (x * weight.to(x.device)).to(self.lm_head.weight.dtype)
+        return self._norm_weight().to(x.device) * x
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
         return self.lm_head(self.apply_norm_weight(x))
