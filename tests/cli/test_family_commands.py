@@ -80,12 +80,18 @@ def test_every_command_on_a_saved_folder(family, tmp_path, data, capsys):
         assert done["ablate --unit expert"]["results"]["counting"]["unit"] == "expert" and "expert" in ranked[0]
         assert len(done["patch --mode layer-expert"]["experts"]) == n_experts
         assert len(done["patch --mode layer-expert"]["layers"]) <= n_layers
+    if family in QUERY_NORM_REFUSES_EXPORT:  # a query norm would undo a scaled q_proj: one line, exit 2, nothing written
+        capsys.readouterr()
+        code = main(["temperature", "export", "--model", folder, "--temps", str(out / "fit"),
+                     "--out", str(out / "export")])
+        assert code == 2 and "query norm" in capsys.readouterr().err
+        assert not (out / "export").exists()
 
 
 @pytest.mark.parametrize("family", ["llava_next", "llava_onevision"])
 def test_anyres_folder_loads_in_bfloat16_and_runs(family, tmp_path, data):
     """--dtype bfloat16 on a saved folder: the model loads in bf16 (tower, projector, newline, decoder) and
-    the commands run; the logits stay close to the fp32 model's."""
+    the commands run; the logits stay close to the fp32 model's (and in fp16)."""
     import torch
 
     from tests.helpers.family_commands import results, run
@@ -110,9 +116,7 @@ def test_anyres_folder_loads_in_bfloat16_and_runs(family, tmp_path, data):
         high = full(full.prepare(images=images, prompts=[prompt]))
     assert torch.isfinite(low).all()
     assert (low - high).abs().max() < 0.1 * high.abs().max()
-    if family in QUERY_NORM_REFUSES_EXPORT:  # a query norm would undo a scaled q_proj: one line, exit 2, nothing written
-        capsys.readouterr()
-        code = main(["temperature", "export", "--model", folder, "--temps", str(out / "fit"),
-                     "--out", str(out / "export")])
-        assert code == 2 and "query norm" in capsys.readouterr().err
-        assert not (out / "export").exists()
+    fp16 = HookedVLM.from_pretrained(folder, device="cpu", dtype="float16")
+    with torch.no_grad():
+        logits = fp16(fp16.prepare(images=images, prompts=[prompt])).float()
+    assert fp16.cfg.dtype == torch.float16 and (logits - high).abs().max() < 0.05 * high.abs().max()

@@ -5,7 +5,8 @@ Alignment (prompts of a reference set differ in length and layout):
 - "all": one mean per head over every real (non-padding) position of the reference set.
 - "position": per position counted from the end of the prompt (offset 0 = final prompt
   token), i.e. right-aligned; with left padding this is the column counted from the right.
-- "region": image tokens by (image index, merged grid, row-major index in the grid); text
+- "region": image tokens by (image index, merged grid, row-major index in the grid; a tiled
+  image's tokens by their tile record: kind, layout cell, grid, index in it); text
   before the first image counted from the start, text after the last image counted from
   the end, text between images i and i+1 counted from the end of image i.
 A position whose slot the reference set never saw (a longer prompt, another grid) falls back
@@ -53,6 +54,11 @@ def row_position_keys(regions: TokenRegions, row: int, alignment: str) -> tuple[
     for i, (img, grid) in enumerate(zip(images, regions.image_grid[row], strict=True)):
         for k, p in enumerate(img):
             key_of[p] = ("image", i, *grid, k)
+        records = regions.tiles[row][i] if regions.tiles else []
+        if any(r.kind not in ("image", "cls") for r in records):  # a tiled image: the same tile, the same cell
+            for r in records:
+                for k, p in enumerate(r.positions.tolist()):
+                    key_of[p] = ("image", i, r.kind, r.layout, *r.grid, k)
     for p in regions.text[row].tolist():
         if p < first_image:
             key_of[p] = ("start", p - first_real)

@@ -1,6 +1,7 @@
-"""L_focus on anyres (tiled) images: the prior is laid on the base view and on the high-resolution
-tiles through the pixel box of each, against a hand computation on one 80 x 64 LLaVA-NeXT image,
-and the pixel boxes of an image's tiles are checked against the pixels the processor put in them."""
+"""Methods on anyres (tiled) images: L_focus lays its prior on the base view and on the high-resolution
+tiles through the pixel box of each (against a hand computation on one 80 x 64 LLaVA-NeXT image);
+the pixel boxes of an image's tiles hold the pixels the processor put in them; the ablation's
+"region" alignment keys a tiled image's tokens by tile."""
 
 from __future__ import annotations
 
@@ -70,3 +71,22 @@ def test_tile_boxes_hold_the_pixels_the_processor_put_in_each_tile(next_model, w
         tol = 1.5
         assert abs(float(seen_x.min()) - x0) <= tol and abs(float(seen_x.max()) + 1 - x1) <= tol, (record, seen_x)
         assert abs(float(seen_y.min()) - y0) <= tol and abs(float(seen_y.max()) + 1 - y1) <= tol, (record, seen_y)
+
+
+def test_region_alignment_keys_tiled_tokens_by_tile(next_model):
+    from vlens.ablation.reference import row_position_keys
+
+    inputs = next_model.prepare(images=[random_image(80, 64, 1), random_image(40, 40, 2)], prompts=["red", "red"])
+    keyed = []
+    for row in range(2):
+        positions, keys = row_position_keys(inputs.regions, row, "region")
+        keyed.append(dict(zip(positions.tolist(), keys, strict=True)))
+        for record in inputs.regions.tiles[row][0]:
+            got = [keyed[row][int(p)] for p in record.positions]
+            assert got == [("image", 0, record.kind, record.layout, *record.grid, k) for k in range(len(got))]
+    base = [set(k for k in keys.values() if k[2:3] == ("base",)) for keys in keyed]
+    assert base[0] == base[1] and len(base[0]) == 16  # the base view is the same slot in both images
+    tiles = [set(k for k in keys.values() if k[2:3] == ("tile",)) for keys in keyed]
+    # both tile 2 x 3, but unpadding keeps 3 + 4 + 3 token columns of the 80 x 64 image and 2 + 4 + 2 of the
+    # square one: the edge tiles are other slots, the middle ones the same
+    assert tiles[0] != tiles[1] and tiles[0] & tiles[1]
