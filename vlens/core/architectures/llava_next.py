@@ -180,7 +180,7 @@ class LlavaNextAdapter(LlavaAdapter):
         vision.hook_image_newline = HookPoint()  # [d_model]
         # registered here so that moving / casting the HookedVLM moves it too (the same Parameter as HF's)
         vision.image_newline = hf_model.model.image_newline
-        vision.__dict__["pack_image_features"] = hf_model.model.pack_image_features  # HF's packing, not a submodule
+        self.hf_pack_image_features = hf_model.model.pack_image_features  # HF's own packing (read in `pack`)
         return vision
 
     def check_inputs(self, cfg: VLMConfig, inputs) -> None:
@@ -284,8 +284,8 @@ class LlavaNextAdapter(LlavaAdapter):
         """HF's `pack_image_features` on the per-image tile features (base first, unpadded, newlines)."""
         _, strategy = self._selection(inputs)
         sizes = torch.tensor(self.image_sizes(inputs))
-        packed, _ = vision.__dict__["pack_image_features"](per_image, sizes, vision_feature_select_strategy=strategy,
-                                                           image_newline=newline)
+        packed, _ = self.hf_pack_image_features(per_image, sizes, vision_feature_select_strategy=strategy,
+                                                image_newline=newline)
         return list(packed)
 
     # ---- prompts ----

@@ -107,8 +107,8 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
     def pack(self, vision: HookedVisionTower, per_image: list[Tensor], inputs, newline: Tensor) -> list[Tensor]:
         """HF's OneVision `pack_image_features` (its anyres_max downscale, untiled multi-image images)."""
         sizes = torch.tensor(self.image_sizes(inputs))
-        packed, _ = vision.__dict__["pack_image_features"](per_image, sizes, image_newline=newline,
-                                                           vision_aspect_ratio=self.hf_config.vision_aspect_ratio)
+        packed, _ = self.hf_pack_image_features(per_image, sizes, image_newline=newline,
+                                                vision_aspect_ratio=self.hf_config.vision_aspect_ratio)
         return list(packed)
 
     # ---- processor ----
