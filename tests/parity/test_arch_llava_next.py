@@ -165,19 +165,24 @@ def test_saved_checkpoint_loads_with_its_processor(tmp_path):
     assert_saved_checkpoint_loads(hf, model.processor, tmp_path, [random_image(40, 40, 1), random_image(64, 32, 2)])
 
 
-def test_a_sliding_window_shorter_than_the_prompt_is_refused():
-    """vlens's decoder applies no sliding window: a Mistral text model whose window the prompt exceeds is
-    refused (its logits would differ from HF's); within the window the logits are HF's."""
+@pytest.mark.parametrize("text_model", ["mistral", "qwen2"])
+def test_a_sliding_window_shorter_than_the_prompt_matches_hf(text_model):
+    """A Mistral text model (every layer slides) and a Qwen2 one (`use_sliding_window`: the layers from
+    `max_window_layers` on) with a window of 12 keys, far shorter than the prompts: logits and greedy
+    generation past the window equal HF's."""
     from vlens import HookedVLM
     from vlens.testing import tiny_llava_next_model, tiny_llava_next_processor
-    from vlens.utils.errors import UserInputError
 
-    hf = tiny_llava_next_model(seed=9, text_model="mistral", sliding_window=12, tile=16, patch_size=8,
-                               pinpoints=[[16, 16], [16, 32]])
+    extra = dict(use_sliding_window=True, max_window_layers=1) if text_model == "qwen2" else {}
+    hf = tiny_llava_next_model(seed=9, text_model=text_model, sliding_window=12, n_layers=3, tile=16, patch_size=8,
+                               pinpoints=[[16, 16], [16, 32]], **extra)
     model = HookedVLM.from_hf(hf, processor=tiny_llava_next_processor(tile=16, patch_size=8,
                                                                       pinpoints=[[16, 16], [16, 32]]))
-    short = model.prepare(prompts=["red"])
-    with torch.no_grad():
-        torch.testing.assert_close(model(short), hf(**short.to_hf_kwargs()).logits, atol=1e-4, rtol=0)
-    with pytest.raises(UserInputError, match="sliding window of 12"):
-        model(model.prepare(images=[random_image(30, 20, 1)], prompts=["How many dots are there?"]))
+    sliding = ["sliding_attention"] * 3 if text_model == "mistral" else ["full_attention"] + ["sliding_attention"] * 2
+    assert model.cfg.layer_types == sliding and model.cfg.sliding_window == 12
+    cases = {"one_image": model.prepare(images=[random_image(30, 20, 1)], prompts=["How many dots are there?"]),
+             "left_padded_batch": model.prepare(images=[random_image(30, 20, 1), random_image(20, 33, 2)],
+                                                prompts=["How many dots are there?", "red"])}
+    assert cases["one_image"].seq_len > 12
+    assert_logits_match(model, hf, cases)
+    assert_generate_matches_hf(model, hf, cases["left_padded_batch"], max_new_tokens=8)

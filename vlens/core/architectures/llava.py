@@ -3,8 +3,8 @@
 - Decoder: the Llama layer layout is the core's (`ArchitectureAdapter.build_block`); 1-D RoPE
   from HF's rotary module (any rope scaling included). Mistral and Qwen2 text models have the
   same layout; the q/k/v and o biases are read from the modules (Qwen2: q/k/v only). A sliding
-  attention window (Mistral, Qwen2 with `use_sliding_window`) is not applied: a prompt longer
-  than the window is refused (`check_text_inputs`; a generation that runs past it is not checked).
+  attention window (Mistral; Qwen2 with `use_sliding_window`) is the core's: `cfg.layer_types`
+  marks the sliding layers and `cfg.sliding_window` their window, in prefill masks and the KV cache.
 - Vision: CLIP's (or SigLIP's, no CLS and no pre-LayerNorm) hidden states are computed block by
   block (embeddings -> pre-LayerNorm -> encoder layers, all of them as HF does), so an edit on
   `vision.blocks.{i}.hook_resid_post`
@@ -34,7 +34,6 @@ from vlens.core.components import HookedVisionTower
 from vlens.core.components.vision import attach_vision_head_hooks
 from vlens.core.config import VLMConfig
 from vlens.core.hooks import HookPoint
-from vlens.utils.errors import UserInputError
 
 
 @register_adapter
@@ -50,7 +49,7 @@ class LlavaAdapter(ArchitectureAdapter):
         self.select_strategy = config.vision_feature_select_strategy
         self.patch_size = config.vision_config.patch_size
         self.tower_has_cls = hasattr(tower_core(hf_model.model.vision_tower).embeddings, "class_embedding")
-        self.sliding_window = _sliding_window(text)
+        layer_types, window = sliding_layers(text)
         rope = getattr(text, "rope_parameters", None) or {}
         generation = getattr(hf_model, "generation_config", None)
         eos = getattr(generation, "eos_token_id", None) if generation is not None else None
@@ -71,6 +70,8 @@ class LlavaAdapter(ArchitectureAdapter):
             eps=text.rms_norm_eps,
             rope_theta=float(rope.get("rope_theta", 10000.0)),
             rope_kind="1d",
+            layer_types=layer_types,
+            sliding_window=window,
             qk_norm=False,
             attn_qkv_bias=attn.q_proj.bias is not None,
             attn_out_bias=attn.o_proj.bias is not None,
@@ -104,17 +105,10 @@ class LlavaAdapter(ArchitectureAdapter):
         self.check_text_inputs(inputs)
 
     def check_text_inputs(self, inputs) -> None:
-        """The checks every LLaVA-style family shares: the select strategy and the sliding window."""
+        """The checks every LLaVA-style family shares: the feature select strategy."""
         strategy = inputs.extra.get("vision_feature_select_strategy") or self.select_strategy
         if strategy not in ("default", "full"):
             raise ValueError(f"vision_feature_select_strategy must be 'default' or 'full', got {strategy!r}.")
-        window = getattr(self, "sliding_window", None)
-        if window is not None and inputs.input_ids.shape[1] > window:
-            raise UserInputError(
-                f"the prompt is {inputs.input_ids.shape[1]} tokens, longer than the text model's sliding window of "
-                f"{window} tokens, which vlens's decoder does not apply (its logits would differ from HF's): use "
-                "shorter prompts or fewer image tokens"
-            )
 
     def _selection(self, inputs) -> tuple[int | list[int], str]:
         layer = inputs.extra.get("vision_feature_layer")
@@ -204,14 +198,19 @@ def _positions_from_mask(attention_mask: Tensor) -> Tensor:
     return positions.masked_fill(attention_mask == 0, 0)
 
 
-def _sliding_window(text_config) -> int | None:
-    """The text model's sliding attention window, where some layer applies one (Mistral: every
-    layer while `sliding_window` is set; Qwen2: the layers `layer_types` marks), else None."""
+def sliding_layers(text_config) -> tuple[list[str], int | None]:
+    """(HF layer types, sliding window) of a text model that slides: Mistral slides every layer
+    while `sliding_window` is set; Qwen2 (`use_sliding_window`) the layers its `layer_types`
+    mark. ([], None) for one that does not (Llama)."""
     window = getattr(text_config, "sliding_window", None)
+    if not window:
+        return [], None
     layer_types = getattr(text_config, "layer_types", None)
-    if layer_types is not None and "sliding_attention" not in layer_types:
-        return None
-    return int(window) if window else None
+    if layer_types is None:
+        return ["sliding_attention"] * text_config.num_hidden_layers, int(window)
+    if "sliding_attention" not in layer_types:
+        return [], None
+    return list(layer_types), int(window)
 
 
 def tower_core(tower: HFModule) -> HFModule:
