@@ -26,7 +26,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from vlens import HookedVLM
+    from vlens import HookedVLM, SweepOptions
     from vlens.ablation import build_task_batch, collect_reference, head_ablation_sweep
 
     if args.trained:
@@ -42,14 +42,14 @@ def main() -> None:
     evaluation = build_task_batch(model, args.task, args.n)
     reference_set = build_task_batch(model, args.task, args.n, reference=True)
     start = time.perf_counter()
-    reference = collect_reference(model, reference_set, "region", args.batch_size, progress=False)
+    quiet = SweepOptions(batch_size=args.batch_size, progress=False)
+    reference = collect_reference(model, reference_set, "region", options=quiet)
     print(f"reference means over {args.n} examples: {time.perf_counter() - start:.2f} s")
     timings, results = {}, {}
-    for label, kwargs in {"resumed+stacked": {"resume": True, "heads_per_pass": model.cfg.n_heads},
-                          "plain run_with_hooks": {"resume": False}}.items():
+    for label, (resume, options) in {"resumed+stacked": (True, quiet.replace(heads_per_pass=model.cfg.n_heads)),
+                                     "plain run_with_hooks": (False, quiet)}.items():
         start = time.perf_counter()
-        results[label] = head_ablation_sweep(model, evaluation, "mean", reference, args.batch_size,
-                                             progress=False, **kwargs)
+        results[label] = head_ablation_sweep(model, evaluation, "mean", reference, resume=resume, options=options)
         timings[label] = time.perf_counter() - start
         print(f"{label:>22}: {timings[label]:.2f} s for {model.cfg.n_layers * model.cfg.n_heads} heads "
               f"x {args.n} examples")

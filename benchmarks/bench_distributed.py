@@ -2,7 +2,7 @@
 
 The script launches `python -m torch.distributed.run --nproc-per-node K` on itself (worker
 mode) for each K, interleaved, `--repeats` times. Each worker builds the same random medium
-Qwen2.5-VL and pair batch, waits at a barrier, and times `patch_layer_head(..., sharding=...)`
+Qwen2.5-VL and pair batch, waits at a barrier, and times `patch_layer_head(..., options=SweepOptions(sharding=...))`
 (the work split in units, every rank's plan, the gather), one torch thread per process. Rank 0
 reports the time and the result; the script checks that every run gave the same numbers and
 reports the scaling efficiency t(1) / (K * t(K)) from the median wall times. On a shared machine
@@ -42,7 +42,7 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench_patching import medium_model
 
-    from vlens.parallel import from_env
+    from vlens.parallel import SweepOptions, from_env
     from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head
 
     torch.set_num_threads(args.threads)
@@ -53,7 +53,8 @@ def worker(args: argparse.Namespace) -> None:
         model(batch.clean)  # warm-up
     sharding.barrier()
     start, cpu_start = time.perf_counter(), time.process_time()
-    result = patch_layer_head(model, batch, max_batch=args.max_batch, sharding=sharding)
+    result = patch_layer_head(model, batch, options=SweepOptions(max_batch=args.max_batch, progress=False,
+                                                                 sharding=sharding))
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     # one unit per rank: every rank's CPU seconds, gathered in rank order
     cpu_per_rank = sharding.map(range(sharding.world_size), lambda _: cpu, desc="cpu", progress=False)

@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from vlens import SweepOptions
 from vlens.lens.corpus import collect_residuals, task_samples
 from vlens.lens.kl import TargetTerms, layer_kl
 from vlens.lens.readout import LensReadout
@@ -81,7 +82,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = real_vocab_model("qwen2.5-vl-7b", tiny=True, n_layers=args.layers, vision_depth=1)
-    resid = collect_residuals(model, task_samples(args.samples, size=56), positions="text", progress=False)
+    resid = collect_residuals(model, task_samples(args.samples, size=56), positions="text",
+                              options=SweepOptions(progress=False))
     readout = LensReadout.from_model(model)
     final = resid[:, -1]
     translators = Translators.for_model(model)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from vlens import HookedVLM
+from vlens import HookedVLM, SweepOptions
 from vlens.patching import (
     attribution_patching,
     build_pair_batch,
@@ -32,6 +32,8 @@ from vlens.patching import (
 )
 from vlens.testing import tiny_hf_model, tiny_qwen_processor
 from vlens.viz.html import write_figure_html
+
+QUIET = SweepOptions(progress=False)
 
 # Random medium configs: an 8-layer x 8-head decoder (d_model 256), 168 px images -> 144 patches -> 36 tokens.
 # "medium" keeps Qwen2.5-VL-7B's proportions of vision tower to decoder (32 vision blocks of width
@@ -85,9 +87,10 @@ def _timed(fn, repeats: int):
 def bench_sweep(model: HookedVLM, n_pairs: int, repeats: int, max_batch: int, sweep=patch_layer_head) -> dict:
     """Naive vs fast timing of one full sweep (default: every layer x head hook_z) and their max difference."""
     batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=0, size=168))
-    sweep(model, batch, method="fast", max_batch=max_batch)  # warm-up
-    t_naive, naive = _timed(lambda: sweep(model, batch, method="naive"), repeats)
-    t_fast, fast = _timed(lambda: sweep(model, batch, method="fast", max_batch=max_batch), repeats)
+    options = SweepOptions(max_batch=max_batch, progress=False)
+    sweep(model, batch, options=options)  # warm-up
+    t_naive, naive = _timed(lambda: sweep(model, batch, options=QUIET.replace(implementation="naive")), repeats)
+    t_fast, fast = _timed(lambda: sweep(model, batch, options=options), repeats)
     diff = float((fast.per_pair_logit_diff - naive.per_pair_logit_diff).abs().max())
     return {
         "sweep": sweep.__name__,
@@ -113,20 +116,21 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
     from vlens.lens.logit_lens import logit_lens_records
 
     batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=1, size=168))
-    region = patch_layer_region(model, batch, component="resid_pre")
-    heads = patch_layer_head(model, batch)
+    region = patch_layer_region(model, batch, component="resid_pre", options=QUIET)
+    heads = patch_layer_head(model, batch, options=QUIET)
     exact = heads.metrics["logit_diff"] - heads.baseline.clean_logit_diff.mean()
-    atp = attribution_patching(model, batch)
+    atp = attribution_patching(model, batch, options=QUIET)
     atp.exact_z = exact
-    positions = patch_layer_position(model, batch)
+    positions = patch_layer_position(model, batch, options=QUIET)
     exact_pos = positions.metrics["logit_diff"] - positions.baseline.clean_logit_diff.mean()
     from vlens.data import make_task_sample
 
     samples = [
         make_task_sample("counting", seed=10_000 + i, size=168, style="syndot") for i in range(n_pairs)
     ]
-    lens = logit_lens_records(model, [{**r, "image": im} for im, r in samples], batch_size=16)
-    others = {c: patch_layer_region(model, batch, component=c) for c in ("attn_out", "mlp_out")}
+    lens = logit_lens_records(model, [{**r, "image": im} for im, r in samples],
+                              options=QUIET.replace(batch_size=16))
+    others = {c: patch_layer_region(model, batch, component=c, options=QUIET) for c in ("attn_out", "mlp_out")}
     out = {
         "n_pairs": n_pairs,
         "components_overwrite_rate": {c: r.metrics["overwrite_rate"].tolist() for c, r in others.items()},

@@ -37,6 +37,7 @@ _LAZY = {
     "registered_adapters": "vlens.core.architectures",
     "supported_architectures": "vlens.core.architectures",
     "UserInputError": "vlens.utils.errors",
+    "SweepOptions": "vlens.parallel.options",
 }
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "HookedVLM",
     "HookedVisionLanguageModel",
     "ImageFeatures",
+    "SweepOptions",
     "TokenRegions",
     "UserInputError",
     "VLMConfig",
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from vlens.core.hooks import act_name
     from vlens.core.inputs import TokenRegions, VLMInputs
     from vlens.core.model import HookedVisionLanguageModel, HookedVLM
+    from vlens.parallel.options import SweepOptions
     from vlens.utils.errors import UserInputError
     from vlens.zoo.specs import load_model
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.helpers.models import tiny_vlm
+from vlens import SweepOptions
 from vlens.data import make_task_sample, write_imagefolder
 from vlens.lens.logit_lens import logit_lens, logit_lens_records
 from vlens.testing import random_image
@@ -45,7 +46,7 @@ def test_records_and_cli(tiny, tmp_path):
     write_imagefolder(samples, tmp_path / "data")
     from vlens.data import read_imagefolder
 
-    result = logit_lens_records(tiny, read_imagefolder(tmp_path / "data"), batch_size=2)
+    result = logit_lens_records(tiny, read_imagefolder(tmp_path / "data"), options=SweepOptions(batch_size=2))
     assert result.ranks.shape == (3, 3) and result.answers == [s[1]["answer"] for s in samples]
     assert len(result.plot().data) == 2
 

@@ -91,6 +91,8 @@ def test_ablation_evaluation_and_lenses_on_two_processes_equal_one(tmp_path):
         "eval": ["eval", "--model", "tiny", "--data", str(data), "--format", "imagefolder", "--batch-size", "2",
                  "--max-new-tokens", "3", "--skip-missing"],
         "logit-lens": ["logit-lens", "--model", "tiny", "--make", "5", "--batch-size", "2"],
+        # attribution patching splits its pair chunks (SweepOptions.batch_size) across the processes
+        "atp": ["patch", "--model", "tiny", "--make-pairs", "5", "--mode", "atp", "--batch-size", "2"],
         "headlens": ["headlens", "--model", "tiny", "--make", "5", "--batch-size", "2", "--lens-make", "6",
                      "--lens-steps", "5"],
         "circuit": ["circuit", "--model", "tiny", "--make-pairs", "4", "--pair-batch-size", "2", "--ig-steps", "2",

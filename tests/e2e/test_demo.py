@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from vlens import SweepOptions
 from vlens.demo.geometry_stage import count_alignment
 from vlens.demo.interventions_stage import interventions_rows, interventions_section
 from vlens.demo.report_sections import Section, build_report, jsonable, results_document
@@ -300,7 +301,7 @@ def test_final_position_readouts_match_the_cache_by_hand(qwen_pair):
         _, cache = model.run_with_cache(inputs)
     maps = final_to_image_attention(model, inputs)  # [batch, L, H, n_image]
     residuals = collect_residuals(model, [(s.image, s.question, s.record) for s in samples], positions="final",
-                                  batch_size=2, progress=False).transpose(0, 1)  # [L, batch, d_model]
+                                  options=SweepOptions(batch_size=2, progress=False)).transpose(0, 1)  # [L, batch, d]
     for row in range(2):
         final, image = int(inputs.regions.final[row]), inputs.regions.image[row]
         for layer in range(model.cfg.n_layers):

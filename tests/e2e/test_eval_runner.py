@@ -8,7 +8,9 @@ import torch
 
 from tests.helpers.eval_data import write_imagefolder, write_mcq
 from tests.helpers.models import tiny_pair, tiny_vlm
+from vlens import SweepOptions
 from vlens.evaluation import (
+    EvalSettings,
     HFBackend,
     HookedVLMBackend,
     evaluate,
@@ -19,6 +21,8 @@ from vlens.evaluation import (
 )
 from vlens.evaluation.metrics import counting_metrics
 from vlens.evaluation.runner import score_predictions
+
+QUIET = SweepOptions(progress=False)
 
 
 class ScriptedBackend:
@@ -44,7 +48,7 @@ def tiny_hf():
 def test_counting_loop_scores_and_reports(tmp_path):
     data = read_counting_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 3, 5]))
     backend = ScriptedBackend(["1", "There are three dots.", "3", "no idea", "four"])
-    result = evaluate(backend, data, batch_size=2, progress=False)
+    result = evaluate(backend, data, options=SweepOptions(batch_size=2, progress=False))
     assert [b[0] for b in backend.batches] == [2, 2, 1]
     assert backend.batches[0][2][0] == "How many dots are there? Answer with a number."  # nothing appended
     assert [p.parsed for p in result.predictions] == [1, 3, 3, None, 4]
@@ -71,7 +75,7 @@ def test_skipped_rows_reach_the_report(tmp_path):
     write_imagefolder(tmp_path / "data", [1, 2, 3])
     (tmp_path / "data" / "img_002.png").unlink()
     data = read_counting_imagefolder(tmp_path / "data", skip_missing=True)
-    result = evaluate(ScriptedBackend(["1", "2"]), data, progress=False)
+    result = evaluate(ScriptedBackend(["1", "2"]), data, options=QUIET)
     paths = write_report(result, tmp_path / "out")
     report = json.loads(paths["json"].read_text())
     assert (report["n_evaluated"], report["n_skipped"]) == (2, 1)
@@ -81,7 +85,7 @@ def test_skipped_rows_reach_the_report(tmp_path):
 def test_mcq_loop_prompts_with_options(tmp_path):
     data = read_mcq(write_mcq(tmp_path))
     backend = ScriptedBackend(["B", "(A)", "the answer is square, B"])
-    result = evaluate(backend, data, category_field="subject", progress=False)
+    result = evaluate(backend, data, EvalSettings(category_field="subject"), options=QUIET)
     prompts = backend.batches[0][2]
     assert prompts[1] == (
         "Which is bigger?\nA. left\nB. right\nC. same\nAnswer with the option's letter from the given choices directly."
@@ -98,15 +102,16 @@ def test_mcq_loop_prompts_with_options(tmp_path):
 def test_bad_arguments_are_clear_errors(tmp_path):
     data = read_counting_imagefolder(write_imagefolder(tmp_path, [1]))
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
-        evaluate(ScriptedBackend([]), data, batch_size=0)
+        evaluate(ScriptedBackend([]), data, options=SweepOptions(batch_size=0))
     with pytest.raises(ValueError, match="unknown answer parser"):
-        evaluate(ScriptedBackend([]), data, parser="regex")
+        evaluate(ScriptedBackend([]), data, EvalSettings(parser="regex"))
 
 
 def test_tiny_hf_model_end_to_end(tmp_path, tiny_hf):
     model, processor = tiny_hf
     data = read_counting_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 4, 5]))
-    result = evaluate(HFBackend(model, processor), data, batch_size=3, max_new_tokens=3, progress=False)
+    result = evaluate(HFBackend(model, processor), data, EvalSettings(max_new_tokens=3),
+                      options=SweepOptions(batch_size=3, progress=False))
     assert processor.tokenizer.padding_side == "right"  # restored after left-padded generation
     assert [p.id for p in result.predictions] == [e.id for e in data.examples]
     assert all(isinstance(p.output, str) for p in result.predictions)
@@ -122,8 +127,9 @@ def test_tiny_hf_model_end_to_end(tmp_path, tiny_hf):
 def test_batching_does_not_change_greedy_answers(tmp_path, tiny_hf):
     model, processor = tiny_hf
     data = read_counting_imagefolder(write_imagefolder(tmp_path, [1, 2, 3]))
-    one = evaluate(HFBackend(model, processor), data, batch_size=1, max_new_tokens=3, progress=False)
-    three = evaluate(HFBackend(model, processor), data, batch_size=3, max_new_tokens=3, progress=False)
+    short = EvalSettings(max_new_tokens=3)
+    one = evaluate(HFBackend(model, processor), data, short, options=SweepOptions(batch_size=1, progress=False))
+    three = evaluate(HFBackend(model, processor), data, short, options=SweepOptions(batch_size=3, progress=False))
     assert [p.output for p in one.predictions] == [p.output for p in three.predictions]
 
 
@@ -167,7 +173,7 @@ def test_hooked_backend_matches_hf_and_keeps_hooks_on(tmp_path, tiny_hf):
     model, processor = tiny_hf
     hooked = tiny_vlm("qwen2_5_vl")  # the same cached pair: parameters shared with `model`
     data = read_counting_imagefolder(write_imagefolder(tmp_path, [1, 2, 3]))
-    kwargs = {"batch_size": 2, "max_new_tokens": 3, "progress": False}
+    kwargs = {"settings": EvalSettings(max_new_tokens=3), "options": SweepOptions(batch_size=2, progress=False)}
     plain = evaluate(HFBackend(model, processor), data, **kwargs)
     through_hooks = evaluate(HookedVLMBackend(hooked), data, **kwargs)
     assert [p.output for p in through_hooks.predictions] == [p.output for p in plain.predictions]
@@ -230,7 +236,7 @@ def test_cli_loads_a_saved_checkpoint_with_either_backend(tmp_path, tiny_hf):
 def test_undecodable_image_is_skipped_by_name_and_the_rest_scored(tmp_path):
     write_imagefolder(tmp_path / "data", [1, 2, 3])
     (tmp_path / "data" / "img_001.png").write_bytes(b"not a png")
-    result = evaluate(ScriptedBackend(["1", "3"]), read_counting_imagefolder(tmp_path / "data"), progress=False)
+    result = evaluate(ScriptedBackend(["1", "3"]), read_counting_imagefolder(tmp_path / "data"), options=QUIET)
     assert [p.id for p in result.predictions] == ["img_000.png", "img_002.png"]
     assert len(result.skipped) == 1 and "img_001.png cannot be decoded" in result.skipped[0].reason
     paths = write_report(result, tmp_path / "out")
@@ -245,12 +251,12 @@ def test_post_prompt_follows_the_model(tmp_path):
     rows = pixmo_rows(tmp_path, [2])
     data = read_pixmo(write_jsonl(tmp_path / "p.jsonl", rows), image_dir=tmp_path / "images")
     scripted = ScriptedBackend(["2", "2", "2"])
-    real = evaluate(scripted, data, progress=False)  # not the embedded model: lmms-eval's instruction
+    real = evaluate(scripted, data, options=QUIET)  # not the embedded model: lmms-eval's instruction
     assert scripted.batches[-1][2][0].endswith("\nAnswer with a single number.")
     assert "lmms-eval" in real.settings["post_prompt_source"]
     scripted.model = vlens.load()  # a backend holding the embedded model: the bare question
-    embedded = evaluate(scripted, data, progress=False)
+    embedded = evaluate(scripted, data, options=QUIET)
     assert scripted.batches[-1][2][0] == "How many boats are there?" and embedded.settings["post_prompt"] == ""
     assert "embedded" in embedded.settings["post_prompt_source"]
-    given = evaluate(scripted, data, post_prompt=" Count.", progress=False)
+    given = evaluate(scripted, data, EvalSettings(post_prompt=" Count."), options=QUIET)
     assert scripted.batches[-1][2][0].endswith("? Count.") and given.settings["post_prompt_source"] == "given"

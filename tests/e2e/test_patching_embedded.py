@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vlens import SweepOptions
 from vlens.patching import (
     attribution_patching,
     build_pair_batch,
@@ -29,7 +30,7 @@ def embedded():
 @pytest.mark.parametrize("sweep", [patch_layer_region, patch_layer_position, patch_layer_head])
 def test_fast_equals_naive_on_the_embedded_model(embedded, sweep):
     model, batch = embedded
-    fast, naive = sweep(model, batch, method="fast"), sweep(model, batch, method="naive")
+    fast, naive = sweep(model, batch), sweep(model, batch, options=SweepOptions(implementation="naive"))
     assert torch.allclose(fast.per_pair_logit_diff, naive.per_pair_logit_diff, atol=1e-5)
     assert torch.equal(fast.per_pair_prediction, naive.per_pair_prediction)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.helpers.real_vocab import real_model
+from vlens import SweepOptions
 from vlens.data import make_pair
 
 QUESTION = "How many dots are there?"
@@ -75,7 +76,7 @@ def test_logit_lens_scores_the_whole_answer(model):
 
     pictures = images(5)
     records = [{"question": QUESTION, "answer": str(c), "image": img} for c, img in zip(COUNTS, pictures, strict=True)]
-    result = logit_lens_records(model, records, batch_size=3)
+    result = logit_lens_records(model, records, options=SweepOptions(batch_size=3))
     data = result.to_dict()
     assert data["answer_tokens"] == [digits(c) for c in COUNTS]
     # labels in the JSON are decoded text (' many', '\n'), never byte-level pieces ('Ġmany', 'Ċ')
@@ -95,7 +96,7 @@ def test_ablation_whole_answer_logprob_clean_and_ablated(model):
     pictures = images(5)
     answers = [str(c) for c in COUNTS]
     task = TaskBatch("counting", [QUESTION] * 5, pictures, answers, answer_token_ids(model, answers))
-    sweep = head_ablation_sweep(model, task, "zero", layers=[1], batch_size=2, progress=False)
+    sweep = head_ablation_sweep(model, task, "zero", layers=[1], options=SweepOptions(batch_size=2, progress=False))
     assert sweep.to_dict()["answer_tokens"] == [digits(c) for c in COUNTS]
     clean = [hand_logprob(model, img, digits(c)) for c, img in zip(COUNTS, pictures, strict=True)]
     assert sweep.clean_logprob == pytest.approx(sum(clean) / 5, abs=1e-4)
@@ -116,7 +117,7 @@ def test_ablation_whole_answer_logprob_clean_and_ablated(model):
 
 
 def test_eval_records_the_target_tokens_and_logprob(model, tmp_path):
-    from vlens.evaluation import EvalDataset, EvalExample, HookedVLMBackend, evaluate
+    from vlens.evaluation import EvalDataset, EvalExample, EvalSettings, HookedVLMBackend, evaluate
 
     pictures = images(5)
     paths = []
@@ -126,7 +127,8 @@ def test_eval_records_the_target_tokens_and_logprob(model, tmp_path):
     dataset = EvalDataset(format="imagefolder", source="test", examples=[
         EvalExample(id=f"ex-{c}", images=[str(p)], question=QUESTION, target=c)
         for c, p in zip(COUNTS, paths, strict=True)])
-    result = evaluate(HookedVLMBackend(model), dataset, batch_size=3, max_new_tokens=3, post_prompt="", progress=False)
+    result = evaluate(HookedVLMBackend(model), dataset, EvalSettings(max_new_tokens=3, post_prompt=""),
+                      options=SweepOptions(batch_size=3, progress=False))
     for prediction, count, img in zip(result.predictions, COUNTS, pictures, strict=True):
         assert prediction.target_tokens == digits(count)
         assert prediction.target_logprob == pytest.approx(hand_logprob(model, img, digits(count)), abs=1e-4)

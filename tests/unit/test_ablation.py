@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.helpers.ablation_models import SIZE, report_with_known_sets, task_vocab_model
-from vlens import HookedVLM, act_name
+from vlens import HookedVLM, SweepOptions, act_name
 from vlens.ablation import (
     AblationReport,
     chance_jaccard,
@@ -133,7 +133,7 @@ def _image(seed: int = 0):
 def test_reference_means_are_the_reference_sets_means(model, counting, alignment):
     _, reference_set = counting
     inputs = reference_set.inputs(model, range(len(reference_set)))
-    reference = collect_reference(model, reference_set, alignment, batch_size=3, progress=False)
+    reference = collect_reference(model, reference_set, alignment, options=SweepOptions(batch_size=3, progress=False))
     _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith("hook_z"))
     z = cache[act_name("z", 1)]  # [batch, pos, H, d]
     real = inputs.attention_mask.bool()
@@ -149,7 +149,7 @@ def test_reference_means_are_the_reference_sets_means(model, counting, alignment
 def test_resample_from_a_single_reference_equals_its_aligned_outputs(model, counting):
     evaluation, reference_set = counting
     one = build_task_batch(model, "counting", 1, seed=7, image_size=SIZE, reference=True)
-    reference = collect_reference(model, one, "region", keep_samples=True, progress=False)
+    reference = collect_reference(model, one, "region", keep_samples=True, options=SweepOptions(progress=False))
     inputs = evaluation.inputs(model, range(3))
     resampled = reference.resample_values(0, inputs, [0, 0, 0])
     assert torch.allclose(resampled, reference.mean_values(0, inputs))
@@ -162,10 +162,11 @@ def test_resample_from_a_single_reference_equals_its_aligned_outputs(model, coun
 def test_resumed_stacked_sweep_equals_plain_run_with_hooks(model, counting, method):
     evaluation, reference_set = counting
     reference = None if method == "zero" else collect_reference(
-        model, reference_set, "region", keep_samples=method == "resample", progress=False)
-    fast = head_ablation_sweep(model, evaluation, method, reference, batch_size=3, heads_per_pass=3,
-                               progress=False)
-    plain = head_ablation_sweep(model, evaluation, method, reference, batch_size=5, resume=False, progress=False)
+        model, reference_set, "region", keep_samples=method == "resample", options=SweepOptions(progress=False))
+    fast = head_ablation_sweep(model, evaluation, method, reference,
+                               options=SweepOptions(batch_size=3, heads_per_pass=3, progress=False))
+    plain = head_ablation_sweep(model, evaluation, method, reference, resume=False,
+                                options=SweepOptions(batch_size=5, progress=False))
     assert torch.allclose(fast.ablated_logprob, plain.ablated_logprob, atol=1e-5)
     assert torch.equal(fast.ablated_accuracy, plain.ablated_accuracy)
     assert fast.clean_logprob == pytest.approx(plain.clean_logprob, abs=1e-5)
@@ -179,7 +180,7 @@ def test_resumed_stacked_sweep_equals_plain_run_with_hooks(model, counting, meth
 
 def test_sweep_of_some_layers_leaves_others_nan(model, counting):
     evaluation, _ = counting
-    sweep = head_ablation_sweep(model, evaluation, "zero", layers=[1], progress=False)
+    sweep = head_ablation_sweep(model, evaluation, "zero", layers=[1], options=SweepOptions(progress=False))
     assert torch.isnan(sweep.ablated_logprob[0]).all() and not torch.isnan(sweep.ablated_logprob[1]).any()
     assert all(layer == 1 for layer, _ in sweep.top_heads(4))  # unmeasured heads rank last
     again = AblationReport.from_dict(json.loads(json.dumps(  # NaN -> null

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from tests.helpers.models import tiny_pair
-from vlens import HookedVLM
+from vlens import HookedVLM, SweepOptions
 from vlens.ablation import (
+    AblationSettings,
     TaskBatch,
     ablation_hooks,
     answer_token_ids,
@@ -92,7 +93,7 @@ def model():
 
 def test_planted_model_answers_through_its_heads(model):
     task = counting_batch(model, [2, 7, 4])
-    sweep = head_ablation_sweep(model, task, method="zero", progress=False)
+    sweep = head_ablation_sweep(model, task, method="zero", options=SweepOptions(progress=False))
     assert sweep.clean_accuracy == 1.0 and sweep.clean_logprob > -0.05
     # zeroing the counting head leaves no route to the digit: accuracy collapses
     assert sweep.ablated_accuracy[COUNT_HEAD] == 0.0
@@ -107,8 +108,8 @@ def test_planted_head_ranks_first_for_its_task_only(model, method, alignment):
         "colour": (colour_batch(model, ["red", "blue", "green", "blue"]),
                    colour_batch(model, ["green", "red", "blue"])),
     }
-    report = cross_task_ablation(model, tasks, method=method, alignment=alignment, top_k=2, batch_size=4,
-                                 heads_per_pass=2, progress=False)
+    report = cross_task_ablation(model, tasks, AblationSettings(method=method, alignment=alignment, top_k=2),
+                                 options=SweepOptions(batch_size=4, heads_per_pass=2, progress=False))
     counting, colour = report.results["counting"], report.results["colour"]
     assert counting.ranking()[0] == COUNT_HEAD
     assert colour.ranking()[0] == COLOUR_HEAD
@@ -125,13 +126,14 @@ def test_mean_comes_from_the_reference_set_not_the_evaluation_set(model):
     # model answers "3" everywhere: right on the "3" examples, wrong on the "5" examples. A
     # mean over the evaluation set (3s and 5s mixed) would not give this split.
     evaluation = counting_batch(model, [3, 5, 3, 5])
-    reference = collect_reference(model, counting_batch(model, [3, 3]), alignment="position", progress=False)
+    reference = collect_reference(model, counting_batch(model, [3, 3]), alignment="position",
+                                  options=SweepOptions(progress=False))
     inputs = evaluation.inputs(model, range(4))
     hooks = ablation_hooks(model, inputs, [COUNT_HEAD], "mean", reference)
     logits = model.run_with_hooks(inputs, fwd_hooks=hooks)[:, -1]
     three = model.to_single_token("3")
     assert logits.argmax(-1).tolist() == [three] * 4
-    sweep = head_ablation_sweep(model, evaluation, "mean", reference, progress=False)
+    sweep = head_ablation_sweep(model, evaluation, "mean", reference, options=SweepOptions(progress=False))
     assert sweep.ablated_accuracy[COUNT_HEAD] == 0.5
     assert sweep.clean_accuracy == 1.0
 

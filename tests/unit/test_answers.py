@@ -7,7 +7,9 @@ import torch
 
 from tests.helpers.models import tiny_vlm
 from tests.helpers.real_vocab import hand_logits, real_model
+from vlens import SweepOptions
 from vlens.core.answers import answer_ids, answer_logprobs, contrast, single_token, teacher_force
+from vlens.evaluation import EvalSettings
 from vlens.testing import tiny_qwen_processor
 
 
@@ -80,7 +82,8 @@ def test_eval_warns_and_skips_scoring_an_inexpressible_target(tmp_path):
         EvalExample(id="three", images=[str(path)], question="How many dots are there?", target=3),
         EvalExample(id="thirty-seven", images=[str(path)], question="How many dots are there?", target=37)])
     with pytest.warns(UserWarning, match="example 'thirty-seven'.*'37'.*not in the model's vocabulary"):
-        result = evaluate(HookedVLMBackend(model), dataset, max_new_tokens=2, post_prompt="", progress=False)
+        result = evaluate(HookedVLMBackend(model), dataset, EvalSettings(max_new_tokens=2, post_prompt=""),
+                          options=SweepOptions(progress=False))
     three, other = result.predictions
     assert three.target_tokens == answer_ids(model, "3") and three.target_logprob is not None
     assert other.target_tokens is None and other.target_logprob is None

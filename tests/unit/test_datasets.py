@@ -183,7 +183,7 @@ def test_undecodable_image_is_skipped_by_name(tmp_path):
 
 
 def test_cli_format_names_match_the_layer():
-    from vlens import dataset_options
+    from vlens.cli import dataset_options
     from vlens.datasets import DATA_FORMATS
 
     assert dataset_options.DATA_FORMATS == DATA_FORMATS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vlens import SweepOptions
 from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype
 
 
@@ -57,7 +58,7 @@ def test_attribution_in_chunks_equals_one_batch():
     model = real_model()
     batch = build_pair_batch(model, make_count_pairs(5, seed=1, size=56, counts=[9, 10, 11, 12, 13]))
     whole = attribution_patching(model, batch)
-    chunked = attribution_patching(model, batch, batch_size=2)
+    chunked = attribution_patching(model, batch, options=SweepOptions(batch_size=2))
     for name in ("z", "q", "k", "resid_pre", "per_pair_z", "clean_logit_diff"):
         assert torch.allclose(getattr(whole, name), getattr(chunked, name), atol=1e-5), name
     assert whole.to_dict()["answers"]["clean_answer_tokens"] == chunked.to_dict()["answers"]["clean_answer_tokens"]

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from tests.helpers.arch_parity import hf_logits
-from vlens.ablation import build_task_batch
+from vlens import SweepOptions
+from vlens.ablation import AblationSettings, build_task_batch
 from vlens.ablation.experts import (
     collect_expert_reference,
     cross_task_expert_ablation,
@@ -26,6 +27,8 @@ from vlens.patching import build_pair_batch, make_count_pairs
 from vlens.patching.conditions import patch_hook
 from vlens.patching.experts import expert_patch_hooks, patch_layer_expert
 from vlens.routing import routing_statistics
+
+QUIET = SweepOptions(progress=False)
 
 LAYER, EXPERT, SIZE = 2, 2, 64
 TASKS = ("counting", "counting@synreal")
@@ -88,7 +91,7 @@ def test_zero_ablation_equals_zeroing_the_expert_in_hf():
 def test_mean_ablation_writes_the_reference_mean_where_the_expert_was_chosen():
     _, model = _planted()
     reference_set = _task("counting", reference=True)
-    reference = collect_expert_reference(model, reference_set, progress=False)
+    reference = collect_expert_reference(model, reference_set, options=QUIET)
     # the reference mean by hand: expert 2's output at every real reference position (it is chosen everywhere)
     inputs = reference_set.inputs(model, range(len(reference_set)))
     _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.startswith(f"blocks.{LAYER}.mlp.hook_expert"))
@@ -116,12 +119,13 @@ def test_mean_ablation_writes_the_reference_mean_where_the_expert_was_chosen():
 def test_sweep_finds_the_planted_expert_and_nothing_else():
     _, model = _planted()
     task = _task("counting")
-    reference = collect_expert_reference(model, _task("counting", reference=True), progress=False)
+    reference = collect_expert_reference(model, _task("counting", reference=True), options=QUIET)
     others = [(layer, e) for layer in model.cfg.moe_layers for e in range(3) if (layer, e) != (LAYER, EXPERT)]
     for method in ("mean", "zero"):
-        result = expert_ablation_sweep(model, task, method, reference, batch_size=2, experts_per_pass=2,
-                                       progress=False)
-        plain = expert_ablation_sweep(model, task, method, reference, batch_size=3, resume=False, progress=False)
+        result = expert_ablation_sweep(model, task, method, reference,
+                                       options=QUIET.replace(batch_size=2, heads_per_pass=2))
+        plain = expert_ablation_sweep(model, task, method, reference, resume=False,
+                                      options=QUIET.replace(batch_size=3))
         torch.testing.assert_close(result.ablated_logprob, plain.ablated_logprob, atol=1e-5, rtol=0, equal_nan=True)
         drop = result.logprob_drop
         assert result.unit == "expert" and drop.shape == (3, 3) and result.n_heads_total == 6
@@ -135,7 +139,8 @@ def test_sweep_finds_the_planted_expert_and_nothing_else():
 def test_cross_task_report_ranks_experts_and_compares_tasks():
     _, model = _planted()
     tasks = {name: (_task(name), _task(name, reference=True)) for name in TASKS}
-    report = cross_task_expert_ablation(model, tasks, method="zero", top_k=1, batch_size=3, progress=False)
+    report = cross_task_expert_ablation(model, tasks, AblationSettings(method="zero", top_k=1, unit="expert"),
+                                        options=QUIET.replace(batch_size=3))
     matrix, names = report.jaccard()
     assert names == list(TASKS) and float(matrix[0, 1]) == 1.0  # both tasks' top expert is the planted one
     assert report.unit == "expert" and report.n_heads_total == 6
@@ -178,7 +183,7 @@ def test_routing_statistics_count_by_region():
 def test_expert_patching_matches_the_plain_hooked_run(region):
     _, model = _planted()
     batch = build_pair_batch(model, make_count_pairs(2, seed=1, size=SIZE))
-    result = patch_layer_expert(model, batch, region=region, max_batch=4)
+    result = patch_layer_expert(model, batch, region=region, options=SweepOptions(max_batch=4))
     assert result.mode == "layer-expert" and result.metrics["logit_diff"].shape == (2, 3)
     _, corrupt = model.run_with_cache(batch.corrupt, names_filter=lambda n: "hook_expert" in n)
     positions = batch.region_mask(region)

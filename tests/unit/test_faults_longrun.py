@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.helpers.eval_data import write_imagefolder
+from vlens import SweepOptions
 from vlens.evaluation import evaluate, read_counting_imagefolder
 
 
@@ -28,6 +29,6 @@ def test_evaluation_streams_predictions_before_a_late_failure(tmp_path):
     data = read_counting_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3, 4, 5, 6]))
     partial = tmp_path / "out" / "predictions.partial.jsonl"
     with pytest.raises(RuntimeError, match="out of memory"):
-        evaluate(FailsOnThirdBatch(), data, batch_size=2, progress=False, stream_to=partial)
+        evaluate(FailsOnThirdBatch(), data, stream_to=partial, options=SweepOptions(batch_size=2, progress=False))
     kept = [json.loads(line) for line in partial.read_text().splitlines()]
     assert [row["output"] for row in kept] == ["2"] * 4 and [row["target"] for row in kept] == [1, 2, 3, 4]

@@ -86,13 +86,15 @@ def test_json_safe():
 
 
 def test_ablation_gives_nan_and_valid_json(model, tmp_path):
-    from vlens.ablation import build_task_batch, cross_task_ablation
+    from vlens import SweepOptions
+    from vlens.ablation import AblationSettings, build_task_batch, cross_task_ablation
 
     sets = {task: (build_task_batch(model, task, 2, image_size=56),
                    build_task_batch(model, task, 2, image_size=56, reference=True))
             for task in ("counting", "counting@synreal")}
     with pytest.warns(NonFiniteWarning, match=r"ablation \(counting\).*unablated run.*First non-finite"):
-        report = cross_task_ablation(model, sets, top_k=3, batch_size=2, progress=False)
+        report = cross_task_ablation(model, sets, AblationSettings(top_k=3),
+                                     options=SweepOptions(batch_size=2, progress=False))
     matrix, _ = report.jaccard()
     assert matrix.isnan().all()  # never 1.00 from two empty or arbitrary head sets
     result = report.results["counting"]
@@ -103,12 +105,14 @@ def test_ablation_gives_nan_and_valid_json(model, tmp_path):
 
 
 def test_headlens_heads_are_non_finite_not_classified(model):
+    from vlens import SweepOptions
     from vlens.lens.corpus import task_samples
     from vlens.lens.head_scores import compute_head_scores
     from vlens.lens.taxonomy import classify_heads
 
     with pytest.warns(NonFiniteWarning, match="HeadLens"):
-        scores = compute_head_scores(model, task_samples(2, seed=0, size=56), k=3, batch_size=2, progress=False)
+        scores = compute_head_scores(model, task_samples(2, seed=0, size=56), k=3,
+                                     options=SweepOptions(batch_size=2, progress=False))
     taxonomy = classify_heads(scores)
     n_heads = model.cfg.n_heads
     assert scores.non_finite[NAN_LAYER:].all() and not scores.non_finite[:NAN_LAYER].any()
@@ -119,10 +123,12 @@ def test_headlens_heads_are_non_finite_not_classified(model):
 
 def test_generation_and_evaluation_never_parse_nan_answers(model, tmp_path):
     from tests.helpers.eval_data import write_imagefolder
-    from vlens.evaluation import HookedVLMBackend, evaluate, read_counting_imagefolder
+    from vlens import SweepOptions
+    from vlens.evaluation import EvalSettings, HookedVLMBackend, evaluate, read_counting_imagefolder
 
     data = read_counting_imagefolder(write_imagefolder(tmp_path / "data", [1, 2, 3]))
     with pytest.warns(NonFiniteWarning, match=r"generate.*rows \[0, 1\].*First non-finite activation"):
-        result = evaluate(HookedVLMBackend(model), data, batch_size=2, max_new_tokens=2, progress=False)
+        result = evaluate(HookedVLMBackend(model), data, EvalSettings(max_new_tokens=2),
+                          options=SweepOptions(batch_size=2, progress=False))
     assert all(p.parsed is None and not p.correct and p.extra["non_finite"] for p in result.predictions)
     assert result.settings["n_non_finite"] == 3

@@ -13,6 +13,7 @@ from tests.helpers.headlens_models import (
     tiny_model,
     two_image_batch,
 )
+from vlens import SweepOptions
 from vlens.lens.corpus import task_samples
 from vlens.lens.decomposition import head_contributions
 from vlens.lens.head_scores import compute_head_scores
@@ -43,7 +44,8 @@ def test_planted_head_decodes_three():
 
 def test_planted_head_scores_high_cter_and_answer_alignment():
     model = planted_three_model()
-    scores = compute_head_scores(model, task_samples(12, size=56), k=10, batch_size=6, progress=False)
+    scores = compute_head_scores(model, task_samples(12, size=56), k=10,
+                                 options=SweepOptions(batch_size=6, progress=False))
     assert scores.n_examples == 12 and scores.cter.shape == (2, 4)
     assert scores.cter[PLANTED_LAYER, PLANTED_HEAD] == 1.0
     assert scores.cter[PLANTED_LAYER, PLANTED_HEAD] == scores.cter.max()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.helpers.headlens_models import tiny_model
+from vlens import SweepOptions
 from vlens.lens.head_scores import SCORE_NAMES, HeadScores, compute_head_scores
 from vlens.lens.headlens import HeadLensOutput
 from vlens.lens.taxonomy import HEAD_CLASSES, TaxonomyThresholds, classify_head, classify_heads
@@ -75,8 +76,8 @@ def test_scores_match_hand_computed_values():
     records = [{"objects": [{}] * 8}, {"objects": [{}] * 2}, {"count": 9}, {}]
     samples = [(image if i < 3 else None, "How many dots are there?", r) for i, r in enumerate(records)]
     vocab = {"visual": ["red", "blue"], "number": ["1", "2", "3"], "existence": ["1", "yes"], "difficulty": ["no"]}
-    scores = compute_head_scores(model, samples, ScriptedLens(model.tokenizer), k=2, batch_size=4,
-                                 vocabularies=vocab, large_count=7, progress=False)
+    scores = compute_head_scores(model, samples, ScriptedLens(model.tokenizer), k=2, vocabularies=vocab,
+                                 large_count=7, options=SweepOptions(batch_size=4, progress=False))
     head = scores.head(0, 0)
     assert head["vgs"] == pytest.approx((1 + 0.5 + 0 + 0) / 4)
     assert head["cter"] == pytest.approx((0 + 0.5 + 0 + 1) / 4)
@@ -94,7 +95,8 @@ def test_scores_match_hand_computed_values():
 def test_undefined_scores_are_nan_and_none_in_json():
     model = tiny_model(QWEN)
     samples = [(random_image(56, 56, i), "How many dots are there?", {}) for i in range(4)]
-    scores = compute_head_scores(model, samples, ScriptedLens(model.tokenizer), k=2, batch_size=4, progress=False)
+    scores = compute_head_scores(model, samples, ScriptedLens(model.tokenizer), k=2,
+                                 options=SweepOptions(batch_size=4, progress=False))
     assert torch.isnan(scores.difficulty_response).all()  # the test tokenizer has no difficulty word
     assert scores.to_dict()["heads"][0]["scores"]["difficulty_response"] is None
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.headlens_models import tiny_model
+from vlens import SweepOptions
 from vlens.lens.corpus import collect_residuals, task_samples
 from vlens.lens.kl import ReadoutLogSumExp, TargetTerms, direct_kl, layer_kl
 from vlens.lens.readout import LensReadout
@@ -77,7 +78,8 @@ def test_readout_logsumexp_equals_torch_logsumexp_and_refuses_a_second_backward(
 
 def test_layer_kl_on_a_tiny_model_equals_the_per_layer_formula():
     model = tiny_model("Qwen2_5_VLForConditionalGeneration")
-    resid = collect_residuals(model, task_samples(4, size=56), positions="text", progress=False)[:40]
+    resid = collect_residuals(model, task_samples(4, size=56), positions="text",
+                              options=SweepOptions(progress=False))[:40]
     readout = LensReadout.from_model(model)
     translators = Translators.for_model(model)
     with torch.no_grad():

@@ -9,6 +9,7 @@ import torch
 
 from tests.helpers.models import tiny_vlm
 from tests.helpers.planted import PLANTED_HEAD, PLANTED_LAYER, plant_answers, planted_model, planted_pairs
+from vlens import SweepOptions
 from vlens.data import make_pair, write_imagefolder
 from vlens.patching import (
     METRICS,
@@ -128,8 +129,8 @@ def test_planted_region_sweep(planted):
     (patch_layer_head, {"region": "image"}),
 ])
 def test_fast_equals_naive(tiny, image_batch, sweep, kwargs):
-    fast = sweep(tiny, image_batch, method="fast", max_batch=7, **kwargs)
-    naive = sweep(tiny, image_batch, method="naive", **kwargs)
+    fast = sweep(tiny, image_batch, options=SweepOptions(max_batch=7), **kwargs)
+    naive = sweep(tiny, image_batch, options=SweepOptions(implementation="naive"), **kwargs)
     assert torch.allclose(fast.per_pair_logit_diff, naive.per_pair_logit_diff, atol=1e-5)
     for name in ("overwrite_rate", "flip_away_rate"):
         assert torch.equal(fast[name], naive[name])
@@ -139,16 +140,16 @@ def test_fast_path_respects_hooks_on_the_last_block(tiny, image_batch):
     """An outer hook on the last block (here: scaling its MLP output) must act in both paths."""
     scale = [("blocks.1.hook_mlp_out", lambda act, hook: act * 3.0)]
     with tiny.hooks(fwd_hooks=scale):
-        fast = patch_layer_head(tiny, image_batch, method="fast")
-        naive = patch_layer_head(tiny, image_batch, method="naive")
-    plain = patch_layer_head(tiny, image_batch, method="fast")
+        fast = patch_layer_head(tiny, image_batch)
+        naive = patch_layer_head(tiny, image_batch, options=SweepOptions(implementation="naive"))
+    plain = patch_layer_head(tiny, image_batch)
     assert torch.allclose(fast.per_pair_logit_diff, naive.per_pair_logit_diff, atol=1e-5)
     assert not torch.allclose(fast.per_pair_logit_diff, plain.per_pair_logit_diff, atol=1e-5)
 
 
 def test_pair_chunks_give_the_same_result(tiny, image_batch):
     whole = patch_layer_head(tiny, image_batch, region="image")
-    chunked = patch_layer_head(tiny, image_batch, region="image", pair_batch_size=2)
+    chunked = patch_layer_head(tiny, image_batch, region="image", options=SweepOptions(batch_size=2))
     assert torch.allclose(whole.per_pair_logit_diff, chunked.per_pair_logit_diff, atol=1e-5)
     assert torch.allclose(whole["logit_diff"], chunked["logit_diff"], atol=1e-5)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.helpers.models import tiny_vlm
+from vlens import SweepOptions
 from vlens.data import make_pair
 from vlens.patching import attribution_patching, build_pair_batch, patch_layer_head, patch_layer_region
 from vlens.utils.errors import UserInputError
@@ -50,10 +51,10 @@ def test_a_hand_written_logit_difference_equals_the_default_metric(tiny, batch):
 
 def test_pair_chunks_pass_the_rows_and_give_the_same_values(tiny, batch):
     whole = patch_layer_head(tiny, batch, metric=_logit_diff(batch))
-    chunked = patch_layer_head(tiny, batch, metric=_logit_diff(batch), pair_batch_size=2)
+    chunked = patch_layer_head(tiny, batch, metric=_logit_diff(batch), options=SweepOptions(batch_size=2))
     torch.testing.assert_close(chunked["logit_diff"], whole["logit_diff"], atol=1e-5, rtol=0)
     with pytest.raises(UserInputError, match="rows"):  # a closure over the whole batch would be wrong here
-        patch_layer_head(tiny, batch, metric=lambda logits: logits[:, -1, 0], pair_batch_size=2)
+        patch_layer_head(tiny, batch, metric=lambda logits: logits[:, -1, 0], options=SweepOptions(batch_size=2))
 
 
 def test_dict_and_scalar_metrics(tiny, batch):
@@ -62,8 +63,8 @@ def test_dict_and_scalar_metrics(tiny, batch):
     assert set(both.metrics) == {"top", "mean"} and both["mean"].shape == (tiny.cfg.n_layers, 2)
     assert set(both.per_pair) == {"top"}  # a scalar has no per-pair values
     with pytest.raises(UserInputError, match="one number per batch"):
-        patch_layer_region(tiny, batch, metric=lambda logits, rows: logits.mean(), pair_batch_size=2,
-                           regions=("image",))
+        patch_layer_region(tiny, batch, metric=lambda logits, rows: logits.mean(),
+                           options=SweepOptions(batch_size=2), regions=("image",))
     with pytest.raises(UserInputError, match="shape"):
         patch_layer_region(tiny, batch, metric=lambda logits: logits[:, -1], regions=("image",))
 
@@ -71,31 +72,32 @@ def test_dict_and_scalar_metrics(tiny, batch):
 def test_a_readout_before_the_patch_cannot_move(tiny, batch):
     """Causal attention: patching the final position changes nothing at the column before it."""
     first = lambda logits: logits[:, 0, 5]  # noqa: E731  (logit of token 5 at the first readout column)
-    result = patch_layer_region(tiny, batch, regions=("final",), readout=[-2, -1], metric=first)
+    result = patch_layer_region(tiny, batch, regions=("final",), options=SweepOptions(readout=[-2, -1]), metric=first)
     clean = result.baseline_values["metric"]["clean"]
     assert result.readout == [-2, -1]
     torch.testing.assert_close(result.per_pair["metric"][:, 0], clean.expand(tiny.cfg.n_layers, -1),
                                atol=1e-6, rtol=0)  # equal up to the fast path's float noise
     last = lambda logits: logits[:, 1, 5]  # noqa: E731
-    moved = patch_layer_region(tiny, batch, regions=("final",), readout=[-2, -1], metric=last)
+    moved = patch_layer_region(tiny, batch, regions=("final",), options=SweepOptions(readout=[-2, -1]), metric=last)
     # at layer 1 the final position already holds what it read from the image: patching it moves the logits
     assert not torch.allclose(moved.per_pair["metric"][-1, 0], moved.baseline_values["metric"]["clean"], atol=1e-4)
 
 
 def test_fast_equals_naive_at_several_readout_positions(tiny, batch):
     read = lambda logits: logits[:, :, :7].sum((1, 2))  # noqa: E731
-    fast = patch_layer_head(tiny, batch, metric=read, readout=[-3, -1], method="fast", max_batch=5)
-    naive = patch_layer_head(tiny, batch, metric=read, readout=[-3, -1], method="naive")
+    fast = patch_layer_head(tiny, batch, metric=read, options=SweepOptions(readout=[-3, -1], max_batch=5))
+    naive = patch_layer_head(tiny, batch, metric=read, options=SweepOptions(readout=[-3, -1], implementation="naive"))
     torch.testing.assert_close(fast.per_pair["metric"], naive.per_pair["metric"], atol=1e-4, rtol=1e-5)
 
 
 def test_readout_errors_are_clear(tiny, batch):
     with pytest.raises(UserInputError, match="final position"):
-        patch_layer_head(tiny, batch, readout=-2)  # the default answer metrics read the final position
+        patch_layer_head(tiny, batch, options=SweepOptions(readout=-2))  # the default answer metrics read the final position
     with pytest.raises(UserInputError, match="outside"):
-        patch_layer_head(tiny, batch, metric=lambda logits: logits[:, 0, 0], readout=[batch.seq_len])
+        patch_layer_head(tiny, batch, metric=lambda logits: logits[:, 0, 0],
+                         options=SweepOptions(readout=[batch.seq_len]))
     with pytest.raises(UserInputError, match="padding"):  # column 0 is padding for the shorter pairs
-        patch_layer_head(tiny, batch, metric=lambda logits: logits[:, 0, 0], readout=0)
+        patch_layer_head(tiny, batch, metric=lambda logits: logits[:, 0, 0], options=SweepOptions(readout=0))
 
 
 def test_attribution_patching_with_a_metric(tiny, batch):

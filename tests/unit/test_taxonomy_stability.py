@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.helpers.headlens_models import tiny_model
+from vlens import SweepOptions
 from vlens.lens.head_scores import EXAMPLE_VALUES, HeadScores, compute_head_scores, scores_from_examples
 from vlens.lens.headlens import HeadLensOutput
 from vlens.lens.taxonomy import HEAD_CLASSES, classify_head, classify_heads
@@ -39,8 +40,8 @@ def test_image_attention_is_read_against_the_image_token_share():
     model = tiny_model("Qwen2_5_VLForConditionalGeneration")
     samples = [(random_image(56, 56, i), "How many dots are there?", {}) for i in range(3)]
     lens = ShareLens(model, mass=[0.3, 0.6, 0.9], share=[0.3, 0.6, 0.9])  # uniform attention
-    scores = compute_head_scores(model, samples, lens, k=1, batch_size=3, vocabularies={"visual": [], "number": []},
-                                 progress=False)
+    scores = compute_head_scores(model, samples, lens, k=1, vocabularies={"visual": [], "number": []},
+                                 options=SweepOptions(batch_size=3, progress=False))
     assert scores.head(0, 0)["image_attention"] == pytest.approx(0.6)
     assert scores.head(0, 0)["image_attention_ratio"] == pytest.approx(1.0)  # uniform = 1
     assert scores.head(0, 1)["image_attention_ratio"] == pytest.approx((0.5 / 0.3 + 0.5 / 0.6 + 0.5 / 0.9) / 3)

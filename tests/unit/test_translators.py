@@ -11,9 +11,19 @@ import torch
 
 from tests.helpers.headlens_models import tiny_model, two_image_batch
 from tests.helpers.models import tiny_vlm
+from vlens import SweepOptions
 from vlens.lens.corpus import collect_residuals, task_samples
 from vlens.lens.readout import LensReadout, unembedding_hash
-from vlens.lens.translators import CONFIG_FILE, LensMismatchError, Translators, layer_kl, train_translators
+from vlens.lens.translators import (
+    CONFIG_FILE,
+    LensMismatchError,
+    LensTraining,
+    Translators,
+    layer_kl,
+    train_translators,
+)
+
+QUIET = SweepOptions(progress=False)
 
 torch.set_num_threads(1)
 QWEN = "Qwen2_5_VLForConditionalGeneration"
@@ -30,8 +40,8 @@ def test_recovers_a_planted_affine_map():
     h = torch.randn(n, d, generator=g)
     final = h + h @ A_true.T + b_true
     translators = Translators(2, d)
-    report = train_translators(translators, torch.stack([h, final], 1), LensReadout(W_U), steps=800, lr=0.02,
-                               batch_size=256, patience=100, progress=False)
+    report = train_translators(translators, torch.stack([h, final], 1), LensReadout(W_U),
+                               training=LensTraining(steps=800, lr=0.02, batch_size=256, patience=100), progress=False)
     assert report.kl_before[0] > 0.3 and report.kl_after[0] < 1e-4
     torch.testing.assert_close(translators.A[0].detach(), A_true, atol=0.01, rtol=0)
     torch.testing.assert_close(translators.b[0].detach(), b_true, atol=0.01, rtol=0)
@@ -56,12 +66,12 @@ def test_readout_reproduces_the_models_logits():
 
 def test_training_on_a_tiny_model_lowers_kl_with_early_stopping():
     model = tiny_model(QWEN)
-    resid = collect_residuals(model, task_samples(16, size=56), positions="text", progress=False)
+    resid = collect_residuals(model, task_samples(16, size=56), positions="text", options=QUIET)
     assert resid.shape[1:] == (model.cfg.n_layers, model.cfg.d_model) and resid.shape[0] > 100
     translators = Translators.for_model(model)
     readout = LensReadout.from_model(model)
-    report = train_translators(translators, resid, readout, steps=400, lr=1e-2, eval_every=10, patience=3,
-                               progress=False)
+    report = train_translators(translators, resid, readout,
+                               training=LensTraining(steps=400, lr=1e-2, eval_every=10, patience=3), progress=False)
     assert report.kl_after[0] < 0.5 * report.kl_before[0]
     assert report.kl_before[-1] == pytest.approx(0.0, abs=1e-6)
     assert report.best_step <= report.steps <= 400
@@ -117,11 +127,11 @@ def test_collected_residuals_are_the_chosen_positions():
     samples = task_samples(3, size=56)
     inputs = model.prepare(images=[s[0] for s in samples], prompts=[s[1] for s in samples])
     _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith("hook_resid_post"))
-    final = collect_residuals(model, samples, positions="final", progress=False)
+    final = collect_residuals(model, samples, positions="final", options=QUIET)
     rows = torch.arange(3)
     for layer in range(model.cfg.n_layers):
         torch.testing.assert_close(final[:, layer], cache[f"blocks.{layer}.hook_resid_post"][rows, inputs.regions.final])
-    text = collect_residuals(model, samples, positions="text", progress=False)
+    text = collect_residuals(model, samples, positions="text", options=QUIET)
     assert text.shape[0] == sum(len(t) for t in inputs.regions.text)
     with pytest.raises(ValueError, match="positions must be one of"):
-        collect_residuals(model, samples, positions="image", progress=False)
+        collect_residuals(model, samples, positions="image", options=QUIET)

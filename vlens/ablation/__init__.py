@@ -2,17 +2,18 @@
 Jaccard overlap of top-k head sets across tasks (docs/method.md, section 6).
 
     import vlens
-    from vlens.ablation import build_task_batch, cross_task_ablation
+    from vlens.ablation import AblationSettings, build_task_batch, cross_task_ablation
     model = vlens.load()
     sets = {task: (build_task_batch(model, task, 64), build_task_batch(model, task, 64, reference=True))
             for task in ("counting", "colour", "spatial", "arithmetic")}
-    report = cross_task_ablation(model, sets, top_k=20)
+    report = cross_task_ablation(model, sets, AblationSettings(top_k=20))
     print(report.summary()); report.save("out/"); report.plot().show()
 
 The paper's study on the task suites (seven tasks, retest seeds, overlap with a patching head
 set) is `vlens ablate`, in `vlens.studies.ablation`. Lower level: `build_task_batch` (evaluation / reference sets), `collect_reference` (head
 means, aligned over all positions / per position / per region), `head_ablation_sweep`
-(every head alone), `ablation_hooks` (ablate chosen heads in any run), `top_k_heads`,
+(every head alone), `AblationSettings` (what an ablation measures; how it runs is
+`vlens.SweepOptions`), `ablation_hooks` (ablate chosen heads in any run), `top_k_heads`,
 `jaccard_matrix`.
 """
 
@@ -31,6 +32,7 @@ from vlens.ablation.overlap import (
 )
 from vlens.ablation.reference import ALIGNMENTS, ReferenceActivations, collect_reference, resample_partners
 from vlens.ablation.results import RANK_BY, AblationReport, HeadAblation
+from vlens.ablation.settings import AblationSettings
 from vlens.ablation.sweep import answer_metrics, head_ablation_sweep
 from vlens.ablation.tasks import TaskBatch, answer_token_ids, build_task_batch, parse_task
 
@@ -40,6 +42,7 @@ __all__ = [
     "RANK_BY",
     "REFERENCE_MODES",
     "AblationReport",
+    "AblationSettings",
     "HeadAblation",
     "ReferenceActivations",
     "TaskBatch",

@@ -3,87 +3,81 @@ top-k head sets compared by Jaccard (docs/method.md, section 6).
 
     sets = {task: (build_task_batch(model, task, 64), build_task_batch(model, task, 64, reference=True))
             for task in ("counting", "colour")}
-    report = cross_task_ablation(model, sets, top_k=20)
+    report = cross_task_ablation(model, sets, AblationSettings(top_k=20))
     report.summary(); report.save("out/"); report.plot()
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from vlens.ablation.reference import collect_reference
-from vlens.ablation.results import RANK_BY, AblationReport
+from vlens.ablation.results import AblationReport
+from vlens.ablation.settings import REFERENCE_MODES, AblationSettings, split_legacy
 from vlens.ablation.sweep import head_ablation_sweep
 from vlens.ablation.tasks import TaskBatch
-from vlens.parallel import Sharding
-from vlens.utils.validation import check_count, check_top_k
+from vlens.parallel.options import SweepOptions, fold_legacy
+from vlens.utils.errors import UserInputError
+from vlens.utils.validation import check_top_k
 
-REFERENCE_MODES: tuple[str, ...] = ("per-task", "pooled")
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
+__all__ = ["REFERENCE_MODES", "cross_task_ablation"]
 
 
 def cross_task_ablation(
-    model,
+    model: HookedVLM,
     tasks: Mapping[str, tuple[TaskBatch, TaskBatch]],
-    method: str = "mean",
-    alignment: str = "region",
-    reference_mode: str = "per-task",
-    top_k: int = 20,
-    rank_by: str = "logprob",
-    batch_size: int = 16,
-    heads_per_pass: int = 8,
-    seed: int = 0,
+    settings: AblationSettings | None = None,
     retest: Mapping[str, TaskBatch] | None = None,
-    retest_seed: int | None = None,
-    progress: bool = True,
-    sharding: Sharding | None = None,
+    options: SweepOptions | None = None,
+    **legacy: Any,
 ) -> AblationReport:
     """Ablate every head on every task; rank heads per task; compare top-k sets by Jaccard.
 
     Args:
+        model: the model.
         tasks: {name: (evaluation TaskBatch, reference TaskBatch)}, e.g. from `build_task_batch`.
-        method, alignment: see `head_ablation_sweep` and `vlens.ablation.reference`.
-        reference_mode: "per-task" (each task's own reference set) or "pooled" (all tasks'
-            reference sets together, one mean for every task).
-        top_k, rank_by: size of each task's head set; rank by "logprob" or "accuracy" drop.
-        seed: the resampling seed (method "resample").
+        settings: the ablation method, alignment, reference mode, top_k, rank_by and seeds
+            (`AblationSettings`; default mean ablation, region alignment, top 20 by log-prob drop).
         retest: {name: a second evaluation set} swept with the same reference means:
-            `report.reliability()` compares the two top-k sets per task; `retest_seed` is its
-            resampling seed (default `seed`).
-        sharding: split each sweep across processes (`vlens.parallel`); every process builds the
-            same reference means and returns the full report.
+            `report.reliability()` compares the two top-k sets per task (resampling seed
+            `settings.retest_seed`, default `settings.seed`).
+        options: `batch_size` (examples per forward, default 16), `heads_per_pass`, `progress`,
+            `sharding` (each sweep split across processes; every process builds the same
+            reference means and returns the full report), `cache_device` (`vlens.SweepOptions`).
+    Returns:
+        an `AblationReport`.
     """
-    sharding = sharding or Sharding()
-    shown = sharding.progress(progress)
-    check_top_k(top_k, "top_k", model.cfg.n_heads_total)
-    for name, value in (("batch_size", batch_size), ("heads_per_pass", heads_per_pass)):
-        check_count(value, name, min=1)
-    if reference_mode not in REFERENCE_MODES:
-        raise ValueError(f"reference_mode must be one of {REFERENCE_MODES}, got {reference_mode!r}")
-    if rank_by not in RANK_BY:
-        raise ValueError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
+    settings, rest = split_legacy(settings, legacy, "cross_task_ablation")
+    options = fold_legacy(options, rest, "cross_task_ablation", ("batch_size", "heads_per_pass", "progress",
+                                                                 "sharding"))
+    options.require_final("cross_task_ablation")
+    check_top_k(settings.top_k, "top_k", model.cfg.n_heads_total)
     if not tasks:
-        raise ValueError("cross_task_ablation got no tasks")
+        raise UserInputError("cross_task_ablation got no tasks")
     unknown = sorted(set(retest or {}) - set(tasks))
     if unknown:
-        raise ValueError(f"retest sets {unknown} name no task of {sorted(tasks)}")
+        raise UserInputError(f"retest sets {unknown} name no task of {sorted(tasks)}")
+    method = settings.method
     keep_samples = method == "resample"
     pooled = None
-    if method != "zero" and reference_mode == "pooled":
+    if method != "zero" and settings.reference_mode == "pooled":
         pooled = collect_reference(model, TaskBatch.concat("pooled", [ref for _, ref in tasks.values()]),
-                                   alignment, batch_size, keep_samples, shown)
+                                   settings.alignment, keep_samples, options)
     results, retested = {}, {}
     for name, (evaluation, ref_set) in tasks.items():
         reference = pooled
         if method != "zero" and reference is None:
-            reference = collect_reference(model, ref_set, alignment, batch_size, keep_samples, shown)
-        results[name] = head_ablation_sweep(model, evaluation, method, reference, batch_size, heads_per_pass,
-                                            seed=seed, progress=progress, sharding=sharding)
+            reference = collect_reference(model, ref_set, settings.alignment, keep_samples, options)
+        results[name] = head_ablation_sweep(model, evaluation, method, reference, seed=settings.seed, options=options)
         if retest is not None and name in retest:
-            retested[name] = head_ablation_sweep(model, retest[name], method, reference, batch_size, heads_per_pass,
-                                                 seed=seed if retest_seed is None else retest_seed,
-                                                 progress=progress, sharding=sharding)
-    settings = {
-        "model": model.summary(), "method": method, "alignment": alignment if method != "zero" else "none",
-        "reference_mode": reference_mode, "seed": seed, "world_size": sharding.world_size,
+            seed = settings.seed if settings.retest_seed is None else settings.retest_seed
+            retested[name] = head_ablation_sweep(model, retest[name], method, reference, seed=seed, options=options)
+    recorded = {
+        "model": model.summary(), "method": method, "alignment": settings.alignment if method != "zero" else "none",
+        "reference_mode": settings.reference_mode, "seed": settings.seed, "world_size": options.shards.world_size,
     }
-    return AblationReport(results, top_k, rank_by, settings, retest=retested or None)
+    return AblationReport(results, settings.top_k, settings.rank_by, recorded, retest=retested or None)

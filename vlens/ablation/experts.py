@@ -14,7 +14,8 @@ is mean-ablated to zero, and `ExpertReference.counts` says which experts that wa
 
     reference = collect_expert_reference(model, reference_task)
     result = expert_ablation_sweep(model, task, "mean", reference)      # HeadAblation, unit "expert"
-    report = cross_task_expert_ablation(model, {"counting": (ev, ref), "colour": (ev2, ref2)}, top_k=10)
+    report = cross_task_expert_ablation(model, {"counting": (ev, ref), "colour": (ev2, ref2)},
+                                        AblationSettings(top_k=10, unit="expert"))
 
 The results are `HeadAblation` / `AblationReport` with unit "expert": grids [n_layers, n_experts] (NaN
 rows for dense layers), so rankings, top-k sets, Jaccard, p-values and reliability are the heads' own.
@@ -26,20 +27,25 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from vlens.ablation.results import RANK_BY, AblationReport, HeadAblation
+from vlens.ablation.results import AblationReport, HeadAblation
+from vlens.ablation.settings import AblationSettings, split_legacy
 from vlens.ablation.sweep import CleanChunk, gather_units
 from vlens.ablation.tasks import TaskBatch
 from vlens.core.inputs import VLMInputs
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import warn_non_finite
-from vlens.utils.validation import check_count, check_top_k
+from vlens.utils.validation import check_top_k
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
 
 EXPERT_METHODS: tuple[str, ...] = ("mean", "zero")
 Hook = Callable[[Tensor, object], Tensor | None]
@@ -84,10 +90,21 @@ def _batches(model, reference: Iterable[VLMInputs] | TaskBatch, batch_size: int)
     return iter(reference), None
 
 
-def collect_expert_reference(model, reference: Iterable[VLMInputs] | TaskBatch, batch_size: int = 16,
-                             progress: bool = True) -> ExpertReference:
-    """Run the reference set once and average every expert's output where the router chose it."""
-    check_count(batch_size, "batch_size")
+def collect_expert_reference(model: HookedVLM, reference: Iterable[VLMInputs] | TaskBatch,
+                             options: SweepOptions | None = None, **legacy: Any) -> ExpertReference:
+    """Run the reference set once and average every expert's output where the router chose it.
+
+    Args:
+        model: a mixture-of-experts model.
+        reference: a `TaskBatch` (run in chunks of `options.batch_size`, default 16) or an iterable
+            of `VLMInputs`.
+        options: `batch_size`, `progress` (`vlens.SweepOptions`).
+    Returns:
+        `ExpertReference`: per MoE layer the mean output of every expert [n_experts, d_model] and how
+        often the reference set chose it.
+    """
+    options = fold_legacy(options, legacy, "collect_expert_reference", ("batch_size", "progress"))
+    batch_size, progress = options.batch(16), options.shown
     layers = moe_layers(model)
     cfg, device = model.cfg, model.unembed.device
     sums = {layer: torch.zeros(cfg.n_experts, cfg.d_model, dtype=torch.float32, device=device) for layer in layers}
@@ -188,30 +205,38 @@ def expert_ablation_hooks(model, inputs: VLMInputs, experts: Sequence[tuple[int,
 
 
 def expert_ablation_sweep(
-    model,
+    model: HookedVLM,
     task: TaskBatch,
     method: str = "mean",
     reference: ExpertReference | None = None,
-    batch_size: int = 16,
-    experts_per_pass: int = 8,
     layers: Sequence[int] | None = None,
     resume: bool = True,
-    progress: bool = True,
-    sharding: Sharding | None = None,
+    options: SweepOptions | None = None,
+    **legacy: Any,
 ) -> HeadAblation:
     """Ablate each expert of the MoE `layers` (default all) alone on `task`; mean damage per expert.
 
     Args:
+        model: a mixture-of-experts model.
+        task: the evaluation examples.
         method: "mean" (reference means, see the module docstring) or "zero".
-        experts_per_pass: experts of one layer run together (the chunk stacked once per expert);
+        reference: from `collect_expert_reference` on a reference set (method "mean").
+        layers: the MoE layers swept (default all).
         resume: resume from the clean residual entering the ablated layer (exact: earlier layers are
             untouched); False runs the whole model once per expert (the plain reference path).
-        sharding: split the work, one unit per (chunk of examples, layer), across processes.
-    Returns a `HeadAblation` with unit "expert": [n_layers, n_experts] grids, NaN for dense layers
-    and layers not swept.
+        options: `batch_size` (examples per forward, default 16), `heads_per_pass` (experts of one
+            layer run together, the chunk stacked once per expert), `progress`, `sharding` (one unit
+            per (chunk of examples, layer) across processes), `cache_device` (`vlens.SweepOptions`).
+    Returns:
+        a `HeadAblation` with unit "expert": [n_layers, n_experts] grids, NaN for dense layers and
+        layers not swept.
     """
-    check_count(batch_size, "batch_size")
-    check_count(experts_per_pass, "experts_per_pass")
+    if "experts_per_pass" in legacy:  # its old name: the same field as heads_per_pass
+        legacy = {**{k: v for k, v in legacy.items() if k != "experts_per_pass"},
+                  "heads_per_pass": legacy["experts_per_pass"]}
+    options = fold_legacy(options, legacy, "expert_ablation_sweep", ("batch_size", "heads_per_pass", "progress",
+                                                                     "sharding"))
+    batch_size, experts_per_pass, progress = options.batch(16), options.heads_per_pass, options.progress
     all_moe = moe_layers(model)
     layers = all_moe if layers is None else [int(x) for x in layers]
     bad = [x for x in layers if x not in all_moe]
@@ -219,7 +244,7 @@ def expert_ablation_sweep(
         raise ValueError(f"layers {bad} have no mixture of experts (MoE layers: {all_moe})")
     for layer in layers:
         _values(method, reference, layer)  # a missing reference fails now
-    sharding = sharding or Sharding()
+    sharding = options.shards
     cfg, n = model.cfg, len(task)
     chunks = [range(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
     clean_runs: dict[int, CleanChunk] = {}
@@ -228,7 +253,7 @@ def expert_ablation_sweep(
         c, layer = unit
         if c not in clean_runs:
             clean_runs.clear()
-            clean_runs[c] = CleanChunk(model, task, chunks[c])
+            clean_runs[c] = CleanChunk(model, task, chunks[c], options.cache_device)
         chunk = clean_runs[c]
         values = _values(method, reference, layer)
         real = chunk.inputs.attention_mask.bool()
@@ -266,29 +291,36 @@ def expert_ablation_sweep(
 
 
 def cross_task_expert_ablation(
-    model,
+    model: HookedVLM,
     tasks: Mapping[str, tuple[TaskBatch, TaskBatch]],
-    method: str = "mean",
-    top_k: int = 20,
-    rank_by: str = "logprob",
-    batch_size: int = 16,
-    experts_per_pass: int = 8,
+    settings: AblationSettings | None = None,
     retest: Mapping[str, TaskBatch] | None = None,
-    progress: bool = True,
-    sharding: Sharding | None = None,
+    options: SweepOptions | None = None,
+    **legacy: Any,
 ) -> AblationReport:
     """Ablate every expert on every task; rank experts per task; compare the top-k sets by Jaccard.
 
-    tasks: {name: (evaluation TaskBatch, reference TaskBatch)} (each task's own reference means);
-    retest: {name: a second evaluation set} for each task's test-retest Jaccard (same reference).
-    Returns an `AblationReport` with unit "expert" (Jaccard p-values, Holm, reliability as for heads).
+    Args:
+        model: a mixture-of-experts model.
+        tasks: {name: (evaluation TaskBatch, reference TaskBatch)} (each task's own reference means).
+        settings: `AblationSettings`: method ("mean" or "zero"), top_k, rank_by (alignment and
+            reference_mode do not apply to experts).
+        retest: {name: a second evaluation set} for each task's test-retest Jaccard (same reference).
+        options: `batch_size`, `heads_per_pass` (experts per pass), `progress`, `sharding`,
+            `cache_device` (`vlens.SweepOptions`).
+    Returns:
+        an `AblationReport` with unit "expert" (Jaccard p-values, Holm, reliability as for heads).
     """
-    sharding = sharding or Sharding()
-    shown = sharding.progress(progress)
+    if "experts_per_pass" in legacy:  # its old name: the same field as heads_per_pass
+        legacy = {**{k: v for k, v in legacy.items() if k != "experts_per_pass"},
+                  "heads_per_pass": legacy["experts_per_pass"]}
+    settings, rest = split_legacy(settings, legacy, "cross_task_expert_ablation")
+    options = fold_legacy(options, rest, "cross_task_expert_ablation", ("batch_size", "heads_per_pass", "progress",
+                                                                        "sharding"))
+    method, top_k, rank_by = settings.method, settings.top_k, settings.rank_by
+    batch_size, experts_per_pass = options.batch(16), options.heads_per_pass
     layers = moe_layers(model)
     check_top_k(top_k, "top_k", len(layers) * model.cfg.n_experts)
-    if rank_by not in RANK_BY:
-        raise ValueError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
     if not tasks:
         raise ValueError("cross_task_expert_ablation got no tasks")
     unknown = sorted(set(retest or {}) - set(tasks))
@@ -296,16 +328,14 @@ def cross_task_expert_ablation(
         raise ValueError(f"retest sets {unknown} name no task of {sorted(tasks)}")
     results, retested, never = {}, {}, {}
     for name, (evaluation, ref_set) in tasks.items():
-        reference = None if method == "zero" else collect_expert_reference(model, ref_set, batch_size, shown)
+        reference = None if method == "zero" else collect_expert_reference(model, ref_set, options)
         if reference is not None:
             never[name] = [f"L{layer}E{e}" for layer, e in reference.never_chosen()]
-        results[name] = expert_ablation_sweep(model, evaluation, method, reference, batch_size, experts_per_pass,
-                                              progress=progress, sharding=sharding)
+        results[name] = expert_ablation_sweep(model, evaluation, method, reference, options=options)
         if retest and name in retest:
-            retested[name] = expert_ablation_sweep(model, retest[name], method, reference, batch_size,
-                                                   experts_per_pass, progress=progress, sharding=sharding)
-    settings = {"unit": "expert", "method": method, "model": model.cfg.model_name or model.cfg.architecture,
+            retested[name] = expert_ablation_sweep(model, retest[name], method, reference, options=options)
+    recorded = {"unit": "expert", "method": method, "model": model.cfg.model_name or model.cfg.architecture,
                 "moe_layers": layers, "n_experts": model.cfg.n_experts, "top_k_routing": model.cfg.n_experts_per_token,
                 "batch_size": batch_size, "experts_per_pass": experts_per_pass,
                 "reference_never_chose": never or None}
-    return AblationReport(results, top_k=top_k, rank_by=rank_by, settings=settings, retest=retested or None)
+    return AblationReport(results, top_k=top_k, rank_by=rank_by, settings=recorded, retest=retested or None)

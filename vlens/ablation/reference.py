@@ -15,9 +15,10 @@ to the all-positions mean. Padding positions are never counted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
@@ -27,14 +28,20 @@ from tqdm.auto import tqdm
 from vlens.ablation.tasks import TaskBatch
 from vlens.core.hooks import act_name
 from vlens.core.inputs import TokenRegions, VLMInputs
+from vlens.parallel.options import SweepOptions, fold_legacy
+from vlens.utils.errors import UserInputError
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
 
 ALIGNMENTS: tuple[str, ...] = ("all", "position", "region")
 Key = tuple
 
 
 def check_alignment(alignment: str) -> str:
+    """`alignment` if it is one of `ALIGNMENTS` (else a `UserInputError`)."""
     if alignment not in ALIGNMENTS:
-        raise ValueError(f"unknown alignment {alignment!r}: use one of {ALIGNMENTS} (see vlens.ablation.reference)")
+        raise UserInputError(f"unknown alignment {alignment!r}: use one of {ALIGNMENTS} (see vlens.ablation.reference)")
     return alignment
 
 
@@ -152,21 +159,29 @@ def resample_partners(n_eval: int, n_reference: int, seed: int = 0) -> list[int]
 
 
 def collect_reference(
-    model,
+    model: HookedVLM,
     reference: Iterable[VLMInputs] | TaskBatch,
     alignment: str = "region",
-    batch_size: int = 16,
     keep_samples: bool = False,
-    progress: bool = True,
+    options: SweepOptions | None = None,
+    **legacy: Any,
 ) -> ReferenceActivations:
     """Run the reference set once and summarise every head's `hook_z` output.
 
     Args:
-        model: a HookedVLM.
-        reference: a `TaskBatch` (run in chunks of batch_size) or an iterable of `VLMInputs`.
+        model: the model.
+        reference: a `TaskBatch` (run in chunks of `options.batch_size`, default 16) or an
+            iterable of `VLMInputs`.
         alignment: "all", "position" or "region" (see the module docstring).
         keep_samples: also keep every reference position's output (needed for resampling).
+        options: `batch_size`, `progress`, `cache_device` (where the means and samples are
+            kept; default the unembedding's device) (`vlens.SweepOptions`).
+    Returns:
+        `ReferenceActivations`: global_mean [n_layers, n_heads, d_head], slot_means
+        [n_layers, n_slots, n_heads, d_head], and the samples when kept.
     """
+    options = fold_legacy(options, legacy, "collect_reference", ("batch_size", "progress"))
+    batch_size, progress = options.batch(16), options.shown
     check_alignment(alignment)
     cfg = model.cfg
     if isinstance(reference, TaskBatch):
@@ -177,7 +192,7 @@ def collect_reference(
     else:
         batches, total = iter(reference), None
     lookup: dict[Key, int] = {}
-    device = model.unembed.device
+    device = model.unembed.device if options.cache_device is None else options.cache_device
     # per layer [n_slots, n_heads, d_head]: each layer's own head shape
     sums = [torch.zeros(0, cfg.heads_at(layer), cfg.d_head_at(layer), dtype=torch.float32, device=device)
             for layer in range(cfg.n_layers)]
@@ -204,13 +219,13 @@ def collect_reference(
         counts.index_add_(0, slot_idx, torch.ones_like(slot_idx))
         n_positions += len(slot_list)
         where = (torch.tensor(rows), torch.tensor(cols), slot_idx)
-        hooks = [(act_name("z", layer), partial(_accumulate, where=where, sums=sums[layer],
+        hooks: list[tuple[str | Callable, Callable]] = [(act_name("z", layer), partial(_accumulate, where=where, sums=sums[layer],
                                                samples=samples[layer] if keep_samples else None))
                  for layer in range(cfg.n_layers)]
         with torch.no_grad():
             model.run_with_hooks(inputs, return_type=None, fwd_hooks=hooks)
     if n_positions == 0:
-        raise ValueError("the reference set is empty: give at least one example with real tokens")
+        raise UserInputError("the reference set is empty: give at least one example with real tokens")
     dtype = cfg.dtype
     slot_means = [(layer_sums / counts.clamp(min=1).to(device)[:, None, None]).to(dtype) for layer_sums in sums]
     global_mean = [(layer_sums.sum(dim=0) / n_positions).to(dtype) for layer_sums in sums]

@@ -8,6 +8,7 @@ residual entering block l (exact: blocks before l are untouched by an ablation a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
@@ -20,8 +21,11 @@ from vlens.ablation.tasks import TaskBatch
 from vlens.core.answers import answer_logprobs
 from vlens.core.hooks import act_name
 from vlens.core.runtime import RunState, build_masks
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.utils.finite import finite_rows, warn_non_finite
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
 
 
 def answer_metrics(
@@ -67,39 +71,43 @@ def stack_state(state: RunState, attention_mask: Tensor, copies: int) -> RunStat
 
 
 def head_ablation_sweep(
-    model,
+    model: HookedVLM,
     task: TaskBatch,
     method: str = "mean",
     reference: ReferenceActivations | None = None,
-    batch_size: int = 16,
-    heads_per_pass: int = 8,
-    resume: bool = True,
     layers: Sequence[int] | None = None,
     seed: int = 0,
-    progress: bool = True,
-    sharding: Sharding | None = None,
+    resume: bool = True,
+    options: SweepOptions | None = None,
+    **legacy: Any,
 ) -> HeadAblation:
     """Ablate each head of `layers` (default all) alone on `task`; mean damage per head.
 
     Args:
-        model: a HookedVLM.
+        model: the model.
         task: evaluation examples (answers of any length: whole-answer log-probability, `vlens.core.answers`).
         method: "mean" (reference means), "zero", or "resample" (a seeded reference example
             per evaluation example, aligned like the means).
         reference: from `collect_reference` on a reference set disjoint from `task`.
-        batch_size: evaluation examples per forward; heads_per_pass: heads of one layer run
-            together (the chunk stacked once per head).
+        layers: the layers whose heads are ablated (default all); heads outside them keep NaN.
+        seed: the resampling seed (method "resample").
         resume: resume from the cached clean residual at the ablated layer; False runs the
             whole model with `run_with_hooks` per head (the plain, slower reference path).
-        sharding: split the work, one unit per (chunk of examples, layer), across processes
-            (`vlens.parallel`); every process returns the full result.
+        options: `batch_size` (evaluation examples per forward, default 16), `heads_per_pass`
+            (heads of one layer run together, the chunk stacked once per head), `progress`,
+            `sharding` (one unit per (chunk of examples, layer) across processes; every process
+            returns the full result), `cache_device` (where each chunk's clean residuals are kept).
+    Returns:
+        a `HeadAblation`: ablated_logprob / ablated_accuracy [n_layers, n_heads] (means over examples).
     Heads outside `layers` keep NaN, as do the cells beyond a layer's own heads where layers differ
     (a hybrid decoder's linear-attention layers: their heads are its value heads, `hook_z` before out_proj).
     """
+    options = fold_legacy(options, legacy, "head_ablation_sweep", ("batch_size", "heads_per_pass", "progress",
+                                                                   "sharding"))
+    options.require_final("head_ablation_sweep")
     check_method(method, reference)
-    if batch_size < 1 or heads_per_pass < 1:
-        raise ValueError(f"batch_size and heads_per_pass must be >= 1, got {batch_size} and {heads_per_pass}")
-    sharding = sharding or Sharding()
+    batch_size, heads_per_pass, progress = options.batch(16), options.heads_per_pass, options.progress
+    sharding = options.shards
     cfg = model.cfg
     layers = list(range(cfg.n_layers)) if layers is None else list(layers)
     n = len(task)
@@ -112,7 +120,7 @@ def head_ablation_sweep(
         c, layer = unit
         if c not in clean_runs:
             clean_runs.clear()
-            clean_runs[c] = _CleanChunk(model, task, chunks[c], reference, partners)
+            clean_runs[c] = _CleanChunk(model, task, chunks[c], reference, partners, options.cache_device)
         chunk = clean_runs[c]
         out = chunk.ablate_layer(model, method, layer, heads_per_pass, resume)
         if layer == layers[0]:
@@ -175,15 +183,17 @@ class CleanChunk:
     answer metrics without ablation, and the run state stacked for groups of copies. What an ablation of
     any unit (head, expert) of any layer resumes from."""
 
-    def __init__(self, model, task: TaskBatch, rows: range):
+    def __init__(self, model: HookedVLM, task: TaskBatch, rows: range, cache_device: torch.device | str | None = None):
         self.inputs = task.inputs(model, rows)
         self.answers = [task.answer_tokens[r] for r in rows]
         self.k = max(len(a) for a in self.answers)
         self.n_rows = len(rows)
         self.state = model.start_run(self.inputs)
-        resid, self.layer_inputs = self.state.resid, []
+        # each layer's clean input, kept on cache_device (and returned to where it was computed when used)
+        resid, self.layer_inputs, self.layer_devices = self.state.resid, [], []
         for layer in range(model.cfg.n_layers):
-            self.layer_inputs.append(resid)
+            self.layer_inputs.append(resid if cache_device is None else resid.to(cache_device))
+            self.layer_devices.append(resid.device)
             resid = model.run_blocks(resid, self.state, layer, layer + 1)
         self.clean_lp, self.clean_acc = answer_metrics(
             final_position_logits(model, resid, self.inputs.token_regions.final, self.k), self.answers)
@@ -203,8 +213,8 @@ class CleanChunk:
             logits = last_positions(model.run_with_hooks(self.inputs, fwd_hooks=hooks), final, self.k)
         else:
             with model.hooks(fwd_hooks=hooks):
-                resid = model.run_blocks(self.layer_inputs[layer].repeat(copies, 1, 1), self.stacked[copies], layer,
-                                         None)
+                layer_input = self.layer_inputs[layer].to(self.layer_devices[layer])
+                resid = model.run_blocks(layer_input.repeat(copies, 1, 1), self.stacked[copies], layer, None)
             logits = final_position_logits(model, resid, final.repeat(copies), self.k)
         logprob, accuracy = [], []
         for g in range(copies):
@@ -217,9 +227,9 @@ class CleanChunk:
 class _CleanChunk(CleanChunk):
     """A clean chunk and what ablating a head of any layer needs (reference means, resampling partners)."""
 
-    def __init__(self, model, task: TaskBatch, rows: range, reference: ReferenceActivations | None,
-                 partners: list[int] | None):
-        super().__init__(model, task, rows)
+    def __init__(self, model: HookedVLM, task: TaskBatch, rows: range, reference: ReferenceActivations | None,
+                 partners: list[int] | None, cache_device: torch.device | str | None = None):
+        super().__init__(model, task, rows, cache_device)
         self.reference = reference
         self.slot_ids = reference.slot_ids(self.inputs) if reference is not None else None
         self.partners = None if partners is None else [partners[r] for r in rows]

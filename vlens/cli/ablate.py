@@ -89,6 +89,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_ablate(args: argparse.Namespace) -> int:
+    from vlens.ablation import AblationSettings
+    from vlens.parallel.options import SweepOptions
     from vlens.studies.ablation import ablation_study, add_patching_overlap, tasks_with_datasets
     from vlens.utils.finite import collect_non_finite
     from vlens.utils.validation import check_top_k
@@ -118,11 +120,13 @@ def run_ablate(args: argparse.Namespace) -> int:
                                  rendered_size(args, DEFAULT_IMAGE_SIZE)) if datasets else tasks)
     with collect_non_finite() as problems:
         report = ablation_study(
-            model, suite, n_examples=args.n_examples, n_reference=args.n_reference, method=args.method,
-            alignment=args.alignment, reference_mode=args.reference, top_k=args.top_k, rank_by=args.rank_by,
-            image_size=rendered_size(args, DEFAULT_IMAGE_SIZE), batch_size=args.batch_size,
-            heads_per_pass=args.heads_per_pass, seed=args.seed, retest_seed=args.retest_seed,
-            progress=not args.quiet, sharding=args.sharding, unit=args.unit,
+            model, suite, n_examples=args.n_examples, n_reference=args.n_reference,
+            image_size=rendered_size(args, DEFAULT_IMAGE_SIZE),
+            settings=AblationSettings(method=args.method, alignment=args.alignment, reference_mode=args.reference,
+                                      top_k=args.top_k, rank_by=args.rank_by, seed=args.seed,
+                                      retest_seed=args.retest_seed, unit=args.unit),
+            options=SweepOptions(batch_size=args.batch_size, heads_per_pass=args.heads_per_pass,
+                                 progress=not args.quiet, sharding=args.sharding),
         )
     if not args.sharding.is_main:  # every rank holds the report; rank 0 writes it
         return non_finite_exit(problems, True, "vlens ablate")

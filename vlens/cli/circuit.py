@@ -99,16 +99,16 @@ def run_circuit(args: argparse.Namespace) -> int:
     common = dict(progress=not args.quiet, sharding=args.sharding)
     with collect_non_finite() as problems:
         scores = edge_attribution(model, batch, method=args.method, ig_steps=args.ig_steps, image_nodes=image_nodes,
-                                  batch_size=args.pair_batch_size, **common)
+                                  batch_size=args.batch_size, **common)
         scores.thumbnail = picture
         target = None if args.top_k is not None else (DEFAULT_TARGET if args.target is None else args.target)
         circuit = extract_circuit(model, batch, scores=scores, target=target, top_k=args.top_k, rank_by=args.rank_by,
                                   prune=not args.no_prune, seed=args.seed, max_batch=args.max_batch,
-                                  batch_size=args.pair_batch_size, **common)
+                                  batch_size=args.batch_size, **common)
         if args.exact_check:
             top = [name for name, _ in scores.top(min(args.exact_check, scores.graph.n_edges), by=args.rank_by)]
             exact = path_patch(model, batch, top, image_nodes=image_nodes, max_batch=args.max_batch,
-                               batch_size=args.pair_batch_size, **common)
+                               batch_size=args.batch_size, **common)
             index = torch.tensor([scores.graph.edge_index(name) for name in top])
             check = exact_check_summary(scores.scores[index], exact.effects, [scores.graph.edge_types[i] for i in index],
                                         spearman)
@@ -119,7 +119,7 @@ def run_circuit(args: argparse.Namespace) -> int:
         attribution = None
         if args.image_attribution:
             attribution = image_attribution(model, [by_id[i] for i in batch.pair_ids], max_batch=args.max_batch,
-                                            batch_size=args.pair_batch_size, **common)
+                                            batch_size=args.batch_size, **common)
             circuit.extra["image_attribution"] = attribution.to_dict()
     if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it
         return non_finite_exit(problems, True, "vlens circuit")

@@ -126,7 +126,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from vlens.evaluation.formats import get_format
     from vlens.evaluation.metrics import CountingMetrics
     from vlens.evaluation.report import PREDICTIONS_FILE, REPORT_JSON, REPORT_MD, write_report
-    from vlens.evaluation.runner import evaluate
+    from vlens.evaluation.runner import EvalSettings, evaluate
+    from vlens.parallel.options import SweepOptions
     from vlens.utils.finite import collect_non_finite
 
     out = prepare_out(args, PREDICTIONS_FILE, REPORT_JSON, REPORT_MD)  # before reading data or loading the model
@@ -143,17 +144,12 @@ def run_eval(args: argparse.Namespace) -> int:
             result = evaluate(
                 backend,
                 dataset,
-                fmt,
-                batch_size=args.batch_size,
-                max_new_tokens=args.max_new_tokens,
-                parser=args.parser,
-                post_prompt=args.post_prompt,
-                limit=args.limit,
-                unparsed_value=args.unparsed_value,
-                category_field=args.category_field,
-                progress=not args.quiet,
-                sharding=args.sharding,
+                EvalSettings(max_new_tokens=args.max_new_tokens, parser=args.parser, post_prompt=args.post_prompt,
+                             limit=args.limit, unparsed_value=args.unparsed_value,
+                             category_field=args.category_field),
+                data_format=fmt,
                 stream_to=partial,
+                options=SweepOptions(batch_size=args.batch_size, progress=not args.quiet, sharding=args.sharding),
             )
         except BaseException:
             if partial.is_file() and partial.stat().st_size:

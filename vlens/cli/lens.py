@@ -125,16 +125,17 @@ def _train(model, samples, args, steps, lr, positions):
     give every rank that lens (so that all score the heads with the same translators)."""
     from vlens.lens.corpus import collect_residuals
     from vlens.lens.readout import LensReadout
-    from vlens.lens.translators import TrainingReport, Translators, train_translators
+    from vlens.lens.translators import LensTraining, TrainingReport, Translators, train_translators
+    from vlens.parallel.options import SweepOptions
 
     sharding = args.sharding
-    resid = collect_residuals(model, samples, positions=positions, batch_size=args.batch_size,
-                              progress=not args.quiet, sharding=sharding)
+    resid = collect_residuals(model, samples, positions=positions, options=SweepOptions(
+        batch_size=args.batch_size, progress=not args.quiet, sharding=sharding))
     translators = Translators.for_model(model)
     trained = None
     if sharding.is_main:
-        report = train_translators(translators, resid, LensReadout.from_model(model), steps=steps, lr=lr,
-                                   progress=not args.quiet)
+        report = train_translators(translators, resid, LensReadout.from_model(model),
+                                   training=LensTraining(steps=steps, lr=lr), progress=not args.quiet)
         translators.info.update(training={"positions": positions, "n_samples": len(samples), **report.to_dict()})
         trained = (translators.state_dict(), translators.info, report.to_dict())
     state, info, report_json = sharding.broadcast(trained, desc="lens training")
@@ -196,6 +197,7 @@ def run_headlens(args: argparse.Namespace) -> int:
     from vlens.lens.headlens import HeadLens
     from vlens.lens.taxonomy import classify_heads
     from vlens.lens.translators import Translators
+    from vlens.parallel.options import SweepOptions
     from vlens.utils.finite import collect_non_finite
 
     _tasks(args)
@@ -223,8 +225,9 @@ def run_headlens(args: argparse.Namespace) -> int:
         echo(report.table())
     with collect_non_finite() as problems:
         scores = compute_head_scores(model, samples, HeadLens(model, translators), k=args.k,
-                                     batch_size=args.batch_size, vocabularies=vocabularies, progress=not args.quiet,
-                                     sharding=args.sharding)
+                                     vocabularies=vocabularies, options=SweepOptions(
+                                         batch_size=args.batch_size, progress=not args.quiet,
+                                         sharding=args.sharding))
     if not args.sharding.is_main:  # every rank holds the scores; rank 0 writes them
         return non_finite_exit(problems, True, "vlens headlens")
     taxonomy = classify_heads(scores, thresholds)

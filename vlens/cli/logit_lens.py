@@ -71,13 +71,14 @@ def _records(args: argparse.Namespace):
 
 def run_logit_lens(args: argparse.Namespace) -> int:
     from vlens.lens.logit_lens import logit_lens_records
+    from vlens.parallel.options import SweepOptions
     from vlens.utils.finite import collect_non_finite
 
     out = prepare_out(args, RESULTS_FILE, FIGURE_FILE)
     model = load_model_from_args(args)
     with collect_non_finite() as problems:
-        result = logit_lens_records(model, _records(args), batch_size=args.batch_size, progress=not args.quiet,
-                                    sharding=args.sharding)
+        result = logit_lens_records(model, _records(args), options=SweepOptions(
+            batch_size=args.batch_size, progress=not args.quiet, sharding=args.sharding))
     if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it
         return non_finite_exit(problems, True, "vlens logit-lens")
     path = write_results(out, {**result.to_dict(), "world_size": args.sharding.world_size})

@@ -41,7 +41,7 @@ DEFAULT_IMAGE_SIZE = 168
 
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
-    """--pairs PATH | --make-pairs N, and --only-correct, --limit, --seed, --style, --pair-batch-size
+    """--pairs PATH | --make-pairs N, and --only-correct, --limit, --seed, --style, --batch-size
     (read with `load_examples` / `load_batch`)."""
     source = parser.add_mutually_exclusive_group(required=True)
     add_data_arguments(parser, flag="--pairs", group=source,
@@ -53,8 +53,9 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many pairs of --pairs")
     parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of --make-pairs (default 0)")
     parser.add_argument("--style", default="syndot", help="style of --make-pairs (default syndot)")
-    parser.add_argument("--pair-batch-size", type=arg_int(min=1), default=None,
-                        help="run the pairs in chunks of this many (memory); default all at once")
+    parser.add_argument("--batch-size", "--pair-batch-size", dest="batch_size", type=arg_int(min=1), default=None,
+                        metavar="N", help="pairs per forward: run the pairs in chunks of this many (memory); default "
+                        "all at once (--pair-batch-size is the old spelling)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -107,22 +108,14 @@ def load_batch(model, args: argparse.Namespace, examples=None):
 
     batch = build_pair_batch(model, load_examples(args) if examples is None else examples)
     if args.only_correct:
-        import torch
+        from vlens.patching.conditions import correct_pairs
 
-        from vlens.patching.conditions import corrupt_activations, final_logits
-
-        with torch.no_grad():
-            clean = final_logits(model, model(batch.clean, stop_at_layer=model.cfg.n_layers), batch.final)
-            corrupt, _ = corrupt_activations(model, batch, set())
-        keep = ((clean.argmax(-1).cpu() == batch.clean_tokens) & (corrupt.argmax(-1).cpu() == batch.corrupt_tokens))
-        rows = keep.nonzero().flatten().tolist()
-        if not rows:
-            raise UserInputError("--only-correct: the model answers no pair correctly in both roles")
-        batch = batch.select(rows)
+        batch = correct_pairs(model, batch, what="--only-correct")
     return batch
 
 
 def run_patch(args: argparse.Namespace) -> int:
+    from vlens.parallel.options import SweepOptions
     from vlens.patching import sweeps
     from vlens.patching.metrics import METRICS
     from vlens.utils.finite import collect_non_finite
@@ -135,21 +128,22 @@ def run_patch(args: argparse.Namespace) -> int:
     out = prepare_out(args, RESULTS_FILE, FIGURE_FILE)
     model = load_model_from_args(args)
     batch = load_batch(model, args)
-    common = dict(method=args.method, max_batch=args.max_batch, progress=not args.quiet,
-                  pair_batch_size=args.pair_batch_size, sharding=args.sharding)
+    options = SweepOptions(batch_size=args.batch_size, max_batch=args.max_batch, implementation=args.method,
+                           progress=not args.quiet, sharding=args.sharding)
     with collect_non_finite() as problems:
         if args.mode == "layer-region":
             result = sweeps.patch_layer_region(model, batch, component=args.component, direction=args.direction,
-                                               **common)
+                                               options=options)
         elif args.mode == "layer-pos":
             result = sweeps.patch_layer_position(model, batch, component=args.component, direction=args.direction,
-                                                 **common)
+                                                 options=options)
         elif args.mode == "layer-head":
-            result = sweeps.patch_layer_head(model, batch, region=args.region, direction=args.direction, **common)
+            result = sweeps.patch_layer_head(model, batch, region=args.region, direction=args.direction,
+                                             options=options)
         elif args.mode == "layer-expert":
-            result = _run_experts(model, batch, args)
+            result = _run_experts(model, batch, args, options)
         else:
-            result = _run_atp(model, batch, args, common)
+            result = _run_atp(model, batch, args, options)
     if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it
         return non_finite_exit(problems, True, "vlens patch")
     payload = result.to_dict()
@@ -162,23 +156,23 @@ def run_patch(args: argparse.Namespace) -> int:
     return non_finite_exit(problems, args.allow_nan, "vlens patch")
 
 
-def _run_experts(model, batch, args):
+def _run_experts(model, batch, args, options):
     """layer-expert: each expert's contribution of each MoE layer patched alone (`vlens.patching.experts`)."""
     from vlens.patching.experts import patch_layer_expert
 
     if args.sharding.world_size > 1:
         raise UserInputError("--mode layer-expert runs in one process: start it without torchrun")
-    return patch_layer_expert(model, batch, region=args.region, max_batch=args.max_batch, progress=not args.quiet,
-                              direction=args.direction)
+    return patch_layer_expert(model, batch, region=args.region, direction=args.direction,
+                              options=options.replace(sharding=None))
 
 
-def _run_atp(model, batch, args, common):
+def _run_atp(model, batch, args, options):
     from vlens.patching.attribution import attribution_patching
     from vlens.patching.sweeps import patch_layer_head
 
-    result = attribution_patching(model, batch, batch_size=args.pair_batch_size)
+    result = attribution_patching(model, batch, options=options)
     if args.compare_exact:
-        exact = patch_layer_head(model, batch, region="all", **common)
+        exact = patch_layer_head(model, batch, region="all", options=options)
         result.exact_z = exact.metrics["logit_diff"] - exact.baseline.clean_logit_diff.mean()
         echo(f"Spearman(AtP z, exact head sweep) = {result.spearman_z:.3f}")
     return result

@@ -157,9 +157,10 @@ def run_fit(args: argparse.Namespace) -> int:
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    from vlens.evaluation import HookedVLMBackend, evaluate, get_format, write_report
+    from vlens.evaluation import EvalSettings, HookedVLMBackend, evaluate, get_format, write_report
     from vlens.evaluation.datasets import check_counting
     from vlens.interventions.temperature import HeadTemperature
+    from vlens.parallel.options import SweepOptions
     from vlens.utils.finite import collect_non_finite
 
     out = prepare_out(args, RESULTS_FILE) if args.out is not None else None
@@ -175,10 +176,8 @@ def run_apply(args: argparse.Namespace) -> int:
             result = evaluate(
                 HookedVLMBackend(model, fwd_hooks=hooks),
                 data,
-                batch_size=args.batch_size,
-                max_new_tokens=args.max_new_tokens,
-                limit=args.limit,
-                progress=not args.quiet,
+                settings=EvalSettings(max_new_tokens=args.max_new_tokens, limit=args.limit),
+                options=SweepOptions(batch_size=args.batch_size, progress=not args.quiet),
             )
         problems += found
         mae = getattr(result.metrics, "mae", None)

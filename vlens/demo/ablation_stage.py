@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import html
 
-from vlens.ablation import build_task_batch, cross_task_ablation, parse_task
+from vlens.ablation import AblationSettings, build_task_batch, cross_task_ablation, parse_task
 from vlens.ablation.stability import overlap_stability
 from vlens.data import TEMPLATES
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
+from vlens.parallel.options import SweepOptions
 from vlens.utils.stats import format_share
 
 TITLE = "Ablation: Jaccard overlap of important heads across tasks"
@@ -38,8 +39,9 @@ def ablation_section(model, settings: DemoSettings, progress: bool = True) -> Se
                 for task in settings.ablation_tasks}
         # a second, independent evaluation sample per task (same reference means): test-retest
         retest = {task: build_task_batch(model, task, n, seed + RETEST_OFFSET, size) for task in settings.ablation_tasks}
-        report = cross_task_ablation(model, sets, top_k=settings.ablation_top_k, batch_size=settings.batch_size,
-                                     seed=seed, retest=retest, progress=progress)
+        report = cross_task_ablation(model, sets, AblationSettings(top_k=settings.ablation_top_k, seed=seed),
+                                     retest=retest, options=SweepOptions(batch_size=settings.batch_size,
+                                                                         progress=progress))
     except ValueError as err:  # e.g. task answers that the tokenizer cannot express
         return Section.skipped("ablation_jaccard", TITLE, EXPLANATION, f"the ablation study could not run: {err}")
     report.settings.update(n_examples=n, n_reference=n, image_size=size, retest_seed_offset=RETEST_OFFSET)

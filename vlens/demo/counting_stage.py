@@ -5,8 +5,9 @@ from __future__ import annotations
 from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
-from vlens.evaluation import EvalDataset, EvalExample, HookedVLMBackend, evaluate
+from vlens.evaluation import EvalDataset, EvalExample, EvalSettings, HookedVLMBackend, evaluate
 from vlens.evaluation.metrics import SUBITIZING_ACCURACY, confusion_matrix, subitizing_limit
+from vlens.parallel.options import SweepOptions
 from vlens.utils.stats import format_interval, wilson_interval
 from vlens.viz.figures import confusion_matrix_figure, count_accuracy_figure
 
@@ -23,8 +24,9 @@ def evaluate_counting(model, samples: list[CountingSample], settings: DemoSettin
         examples=[EvalExample(id=f"count-{i}", images=[s.image], question=s.question, target=s.count)
                   for i, s in enumerate(samples)],
     )
-    return evaluate(backend or HookedVLMBackend(model), dataset, batch_size=settings.batch_size,
-                    max_new_tokens=settings.max_new_tokens, progress=progress)
+    return evaluate(backend or HookedVLMBackend(model), dataset,
+                    settings=EvalSettings(max_new_tokens=settings.max_new_tokens),
+                    options=SweepOptions(batch_size=settings.batch_size, progress=progress))
 
 
 def counting_sections(model, samples: list[CountingSample], settings: DemoSettings,

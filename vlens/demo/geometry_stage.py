@@ -12,6 +12,7 @@ from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.lens.corpus import collect_residuals
+from vlens.parallel.options import SweepOptions
 from vlens.patching import spearman
 from vlens.utils.stats import bootstrap_interval, format_interval
 from vlens.viz.geometry import pca, representation_geometry_figure, tsne
@@ -74,7 +75,8 @@ def separation_finding(hits: Tensor, counts: list[int], seed: int = 0) -> dict:
 
 def geometry_sections(model, samples: list[CountingSample], settings: DemoSettings) -> list[Section]:
     residuals = collect_residuals(model, [(s.image, s.question, s.record) for s in samples], positions="final",
-                                  batch_size=settings.batch_size, progress=False).transpose(0, 1)  # [L, n, d]
+                                  options=SweepOptions(batch_size=settings.batch_size, progress=False)
+                                  ).transpose(0, 1)  # [L, n, d]
     counts = [s.count for s in samples]
     layers = list(range(residuals.shape[0]))
     shown = layers if len(layers) <= 4 else None  # the figure picks 4 evenly spaced layers itself

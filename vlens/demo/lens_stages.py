@@ -14,7 +14,8 @@ from vlens.lens.headlens import HeadLens
 from vlens.lens.logit_lens import LogitLensResult, logit_lens
 from vlens.lens.readout import LensReadout
 from vlens.lens.taxonomy import classify_heads
-from vlens.lens.translators import Translators, train_translators
+from vlens.lens.translators import LensTraining, Translators, train_translators
+from vlens.parallel.options import SweepOptions
 from vlens.utils.stats import format_interval, format_share
 
 LENS_SEED_OFFSET = 1_000_003  # translator-training samples never coincide with scored samples
@@ -67,10 +68,11 @@ def _translators(model, settings: DemoSettings, lens_dir: Path | None, progress:
     if lens_dir is not None and (lens_dir / "config.json").is_file():
         return Translators.load(lens_dir, model=model), {"source": str(lens_dir)}
     samples = task_samples(settings.lens_samples, seed=settings.seed + LENS_SEED_OFFSET, size=settings.image_size)
-    resid = collect_residuals(model, samples, positions="text", batch_size=settings.batch_size, progress=progress)
+    resid = collect_residuals(model, samples, positions="text",
+                              options=SweepOptions(batch_size=settings.batch_size, progress=progress))
     translators = Translators.for_model(model)
-    report = train_translators(translators, resid, LensReadout.from_model(model), steps=settings.lens_steps,
-                              progress=progress)
+    report = train_translators(translators, resid, LensReadout.from_model(model),
+                               training=LensTraining(steps=settings.lens_steps), progress=progress)
     return translators, {"source": f"trained here: {settings.lens_samples} samples, {settings.lens_steps} steps",
                          **report.to_dict()}
 
@@ -97,8 +99,8 @@ def class_summary(counts: dict[str, int]) -> tuple[list[str], list[str]]:
 def headlens_section(model, settings: DemoSettings, lens_dir: Path | None = None, progress: bool = True) -> Section:
     translators, lens_info = _translators(model, settings, lens_dir, progress)
     samples = task_samples(settings.headlens_samples, seed=settings.seed, size=settings.image_size)
-    scores = compute_head_scores(model, samples, HeadLens(model, translators), batch_size=settings.batch_size,
-                                 progress=progress)
+    scores = compute_head_scores(model, samples, HeadLens(model, translators),
+                                 options=SweepOptions(batch_size=settings.batch_size, progress=progress))
     taxonomy = classify_heads(scores)
     rows = []
     for head in taxonomy.heads_json():

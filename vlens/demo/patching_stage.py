@@ -6,6 +6,7 @@ import torch
 
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
+from vlens.parallel.options import SweepOptions
 from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head, patch_layer_region
 from vlens.utils.stats import format_interval, format_share
 
@@ -61,7 +62,7 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
         return [Section.skipped("vap_layer_region", VAP_TITLE, VAP_EXPLANATION, reason),
                 Section.skipped("vap_layer_head", HEADS_TITLE, HEADS_EXPLANATION, reason)]
 
-    regions = patch_layer_region(model, batch, progress=progress)
+    regions = patch_layer_region(model, batch, options=SweepOptions(progress=progress))
     rate = regions["overwrite_rate"]  # [L, n_regions]
     low, high = regions.rate_interval("overwrite_rate")
     assert regions.baseline is not None  # the default answer metrics keep the unpatched runs
@@ -88,7 +89,7 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
                                           "high": high.tolist()}},
     )
 
-    heads = patch_layer_head(model, batch, region="all", progress=progress)
+    heads = patch_layer_head(model, batch, region="all", options=SweepOptions(progress=progress))
     effect = heads["patch_effect"]  # [L, H]
     n_heads = effect.shape[1]
     order = effect.nan_to_num(float("-inf")).flatten().argsort(descending=True)[:5].tolist()

@@ -1,9 +1,11 @@
 """Evaluation on local copies of counting and multiple-choice sets (lmms-eval conventions).
 
 ```python
-from vlens.evaluation import read_pixmo, HookedVLMBackend, evaluate, write_report
+import vlens
+from vlens.evaluation import EvalSettings, HookedVLMBackend, evaluate, read_pixmo, write_report
 data = read_pixmo("pixmo_count_test.parquet", image_dir="images/", skip_missing=True)
-result = evaluate(HookedVLMBackend(model, fwd_hooks=temperature_hooks), data, batch_size=16)
+result = evaluate(HookedVLMBackend(model, fwd_hooks=temperature_hooks), data, EvalSettings(max_new_tokens=8),
+                  options=vlens.SweepOptions(batch_size=16))
 write_report(result, "out/pixmo", model_name="Qwen2.5-VL-7B + temperature")
 ```
 """
@@ -29,7 +31,7 @@ from vlens.evaluation.parsing import (
 )
 from vlens.evaluation.plots import plot_confusion_matrix
 from vlens.evaluation.report import load_predictions, write_report
-from vlens.evaluation.runner import EvalResult, Prediction, evaluate, score_predictions
+from vlens.evaluation.runner import EvalResult, EvalSettings, Prediction, evaluate, score_predictions
 
 __all__ = [
     "ANSWER_PARSERS",
@@ -41,6 +43,7 @@ __all__ = [
     "EvalExample",
     "EvalFormat",
     "EvalResult",
+    "EvalSettings",
     "GenerationBackend",
     "HFBackend",
     "HookedVLMBackend",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from vlens.evaluation.backends import GenerationBackend
 from vlens.evaluation.examples import (
@@ -25,7 +27,8 @@ from vlens.evaluation.metrics import (
 )
 from vlens.evaluation.parsing import get_parser
 from vlens.evaluation.plots import plot_confusion_matrix
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions, fold_legacy
+from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
 from vlens.utils.results import Result
 from vlens.utils.validation import check_count
@@ -127,53 +130,94 @@ def score_predictions(
         # a multiple-choice run parses option letters (str or None)
         return choice_metrics(cast(list[str | None], [p.parsed for p in predictions]),
                               cast(list[str], [p.target for p in predictions]), categories=categories)
-    raise ValueError(f"unknown task {task!r}; use 'count' or 'choice'")
+    raise UserInputError(f"unknown task {task!r}; use 'count' or 'choice'")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What an evaluation generates and how it scores (how it runs is `vlens.SweepOptions`).
+
+    Attributes:
+        max_new_tokens: generation length (lmms-eval uses 32 for counting).
+        parser: answer parser name; None: the format's (see ``vlens.evaluation.parsing``).
+        post_prompt: instruction appended to each question; None: the model's default (none for
+            the embedded model, the format's lmms-eval instruction otherwise), recorded in the settings.
+        limit: evaluate only the first ``limit`` examples (recorded in the settings).
+        unparsed_value: count that an unparsed answer is scored as in MAE (None: left out).
+        category_field: ``extra`` field to break multiple-choice accuracy down by.
+    """
+
+    max_new_tokens: int = 32
+    parser: str | None = None
+    post_prompt: str | None = None
+    limit: int | None = None
+    unparsed_value: int | None = None
+    category_field: str | None = None
+
+    def __post_init__(self) -> None:
+        check_count(self.max_new_tokens, "max_new_tokens")
+        check_count(self.limit, "limit", allow_none=True)
+
+    def replace(self, **changes: Any) -> EvalSettings:
+        """A copy with some fields changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+EVAL_SETTING_NAMES = ("max_new_tokens", "parser", "post_prompt", "limit", "unparsed_value", "category_field")
 
 
 def evaluate(
     backend: GenerationBackend,
     dataset: EvalDataset,
+    settings: EvalSettings | None = None,
     data_format: str | EvalFormat | None = None,
-    batch_size: int = 8,
-    max_new_tokens: int = 32,
-    parser: str | None = None,
-    post_prompt: str | None = None,
-    limit: int | None = None,
-    unparsed_value: int | None = None,
-    category_field: str | None = None,
-    progress: bool = True,
-    sharding: Sharding | None = None,
     stream_to: str | Path | None = None,
+    options: SweepOptions | None = None,
+    **legacy: Any,
 ) -> EvalResult:
     """Generate an answer for every example and score it.
 
     Args:
         backend: a HookedVLMBackend, HFBackend or anything with the same ``generate``.
         dataset: examples from one of the readers.
+        settings: generation length, parser, instruction, limit and scoring (`EvalSettings`).
         data_format: how to prompt and score; defaults to ``dataset.format``.
-        batch_size: examples per ``generate`` call (padded together).
-        max_new_tokens: generation length (lmms-eval uses 32 for counting).
-        parser: answer parser name; defaults to the format's (see ``parsing``).
-        post_prompt: instruction appended to each question; None: the model's default (none for
-            the embedded model, the format's lmms-eval instruction otherwise), recorded in the settings.
-        limit: evaluate only the first ``limit`` examples (recorded in the settings).
-        unparsed_value: count that an unparsed answer is scored as in MAE (None: left out).
-        category_field: ``extra`` field to break multiple-choice accuracy down by.
-        progress: show a progress bar.
-        sharding: split the batches across processes (`vlens.parallel`); every process
-            returns the full result, in example order (rank 0 writes it).
         stream_to: append each batch's predictions to this JSONL file as soon as they are made
             (single-process runs), so a failure late in a long run keeps the earlier answers.
+        options: `batch_size` (examples per ``generate`` call, padded together; default 8),
+            `progress`, `sharding` (the batches split across processes; every process returns
+            the full result, in example order; rank 0 writes it) (`vlens.SweepOptions`).
+    Returns:
+        an `EvalResult`: settings, per-example predictions, skipped rows, metrics.
 
     A row whose logits were NaN/inf while generating (`HookedVLMBackend`) is never parsed: its
     ``parsed`` is None, ``extra["non_finite"]`` True, and ``settings["n_non_finite"]`` counts them.
     """
+    if isinstance(settings, str | EvalFormat):  # the old third argument
+        warnings.warn("evaluate: the third argument is settings=EvalSettings(...) now; pass the format as "
+                      "data_format=...", DeprecationWarning, stacklevel=2)
+        if data_format is not None:
+            raise UserInputError("evaluate: give the format once, as data_format=...")
+        settings, data_format = None, settings
+    if settings is not None and not isinstance(settings, EvalSettings):
+        raise UserInputError(f"evaluate: settings must be an EvalSettings, got {type(settings).__name__}")
+    mine = {k: v for k, v in legacy.items() if k in EVAL_SETTING_NAMES}
+    if mine:
+        warnings.warn(f"evaluate: the keywords {', '.join(f'{k}=' for k in sorted(mine))} moved into "
+                      "settings=EvalSettings(...)", DeprecationWarning, stacklevel=2)
+        if settings is not None:
+            raise UserInputError(f"evaluate: give {', '.join(sorted(mine))} in settings=EvalSettings(...) only")
+        settings = EvalSettings(**mine)
+    settings = EvalSettings() if settings is None else settings
+    options = fold_legacy(options, {k: v for k, v in legacy.items() if k not in mine}, "evaluate",
+                          ("batch_size", "progress", "sharding"))
+    options.require_final("evaluate")
+    batch_size, max_new_tokens, limit = options.batch(8), settings.max_new_tokens, settings.limit
+    parser, post_prompt, progress = settings.parser, settings.post_prompt, options.progress
+    unparsed_value, category_field = settings.unparsed_value, settings.category_field
     fmt = (
         get_format(data_format or dataset.format) if not isinstance(data_format, EvalFormat) else data_format
     )
-    check_count(batch_size, "batch_size")
-    check_count(max_new_tokens, "max_new_tokens")
-    check_count(limit, "limit", allow_none=True)
     parser_name = parser or fmt.parser
     parse = get_parser(parser_name)
     if post_prompt is None:
@@ -182,9 +226,9 @@ def evaluate(
         instruction, instruction_source = post_prompt, "given"
     examples = dataset.examples[:limit] if limit is not None else dataset.examples
     if not examples:
-        raise ValueError(f"{dataset.source} has no examples to evaluate ({len(dataset.skipped)} skipped)")
+        raise UserInputError(f"{dataset.source} has no examples to evaluate ({len(dataset.skipped)} skipped)")
 
-    sharding = sharding or Sharding()
+    sharding = options.shards
     stream = Path(stream_to) if stream_to is not None and sharding.world_size == 1 else None
     if stream is not None:
         stream.parent.mkdir(parents=True, exist_ok=True)
@@ -240,8 +284,8 @@ def evaluate(
 
     if not predictions:
         reasons = "; ".join(s.reason for s in skipped[:3])
-        raise ValueError(f"{dataset.source}: every example was skipped ({len(skipped)}): {reasons}")
-    settings = {
+        raise UserInputError(f"{dataset.source}: every example was skipped ({len(skipped)}): {reasons}")
+    recorded = {
         "backend": getattr(backend, "name", type(backend).__name__),
         "parser": parser_name,
         "post_prompt": instruction,
@@ -258,7 +302,7 @@ def evaluate(
         format=fmt.name,
         task=fmt.task,
         source=dataset.source,
-        settings=settings,
+        settings=recorded,
         predictions=predictions,
         skipped=skipped,
         metrics=score_predictions(fmt.task, predictions, unparsed_value, category_field),

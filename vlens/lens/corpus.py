@@ -7,7 +7,7 @@ A sample is ``(image, prompt, record)``; records carry the task metadata (``task
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -15,8 +15,12 @@ from torch import Tensor
 
 from vlens.data import TASKS, make_task_sample
 from vlens.datasets import record_dicts
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions, fold_legacy
+from vlens.utils.errors import UserInputError
 from vlens.utils.validation import check_count
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
 
 Sample = tuple[Any, str, dict]
 POSITION_KINDS = ("final", "text", "all")
@@ -28,7 +32,7 @@ def task_samples(n: int, seed: int = 0, size: int = DEFAULT_IMAGE_SIZE, style: s
     """`n` task-suite samples, cycling through `tasks` (default: all of ``vlens.data.TASKS``)."""
     tasks = tuple(tasks or TASKS)
     if n < 1:
-        raise ValueError(f"need at least one sample, got n={n}")
+        raise UserInputError(f"need at least one sample, got n={n}")
     out = []
     for i in range(n):
         image, record = make_task_sample(tasks[i % len(tasks)], seed=seed + i, size=size, style=style)
@@ -44,7 +48,7 @@ def dataset_samples(dataset, limit: int | None = None) -> list[Sample]:
     return [(row["image"], row["question"], row) for row in record_dicts(dataset, limit)]
 
 
-def prepare_batch(model, chunk: Sequence[Sample]) -> tuple[Any, list[dict]]:
+def prepare_batch(model: HookedVLM, chunk: Sequence[Sample]) -> tuple[Any, list[dict]]:
     """``(VLMInputs, records)`` of some samples (left-padded, chat format)."""
     inputs = model.prepare(images=[s[0] for s in chunk], prompts=[s[1] for s in chunk])
     return inputs.to(model.unembed.device), [s[2] for s in chunk]
@@ -53,20 +57,30 @@ def prepare_batch(model, chunk: Sequence[Sample]) -> tuple[Any, list[dict]]:
 def position_mask(inputs, positions: str) -> Tensor:
     """bool [batch, pos] of the training positions: "final", "text" (non-image, non-pad) or "all"."""
     if positions not in POSITION_KINDS:
-        raise ValueError(f"positions must be one of {POSITION_KINDS}, got {positions!r}")
+        raise UserInputError(f"positions must be one of {POSITION_KINDS}, got {positions!r}")
     return inputs.regions.mask(positions, inputs.input_ids.shape[1])
 
 
-def collect_residuals(model, samples: Sequence[Sample], positions: str = "text", batch_size: int = 8,
-                      progress: bool = True, sharding: Sharding | None = None) -> Float[Tensor, "n n_layers d_model"]:
-    """``blocks.{l}.hook_resid_post`` for every layer at the chosen positions, fp32 on CPU.
+def collect_residuals(model: HookedVLM, samples: Sequence[Sample], positions: str = "text",
+                      options: SweepOptions | None = None, **legacy: Any) -> Float[Tensor, "n n_layers d_model"]:
+    """``blocks.{l}.hook_resid_post`` for every layer at the chosen positions, in fp32.
 
     The last layer's column is the final residual (input of ``ln_final``): the lens target.
-    sharding: split the batches across processes (`vlens.parallel`); every process gets all rows.
+
+    Args:
+        model: the model.
+        samples: (image, prompt, record) triples.
+        positions: "text" (every non-image, non-padding position), "final" or "all".
+        options: `batch_size` (samples per forward, default 8), `progress`, `sharding` (the
+            batches split across processes; every process gets all rows), `cache_device`
+            (where the rows are collected; default the CPU) (`vlens.SweepOptions`).
+    Returns:
+        [n_positions, n_layers, d_model], fp32.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    sharding = sharding or Sharding()
+    options = fold_legacy(options, legacy, "collect_residuals", ("batch_size", "progress", "sharding"))
+    batch_size, progress = options.batch(8), options.progress
+    sharding = options.shards
+    where = torch.device("cpu") if options.cache_device is None else options.cache_device
     names = {f"blocks.{layer}.hook_resid_post" for layer in range(model.cfg.n_layers)}
 
     def run(start: int) -> Tensor:
@@ -75,7 +89,7 @@ def collect_residuals(model, samples: Sequence[Sample], positions: str = "text",
             _, cache = model.run_with_cache(inputs, names_filter=lambda name: name in names, return_type=None)
         mask = position_mask(inputs, positions).to(model.unembed.device)
         stacked = torch.stack([cache[f"blocks.{layer}.hook_resid_post"] for layer in range(model.cfg.n_layers)], 2)
-        return stacked[mask].float().cpu()  # [n_positions, n_layers, d_model]
+        return stacked[mask].float().to(where)  # [n_positions, n_layers, d_model]
 
     rows = sharding.map(range(0, len(samples), batch_size), run, desc="collecting residuals", progress=progress)
     return torch.cat(rows)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -43,11 +44,14 @@ from vlens.core.token_labels import str_tokens
 from vlens.lens.corpus import Sample, prepare_batch
 from vlens.lens.headlens import HeadLens
 from vlens.lens.vocabularies import vocabulary_token_ids
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.utils.finite import warn_non_finite
 from vlens.utils.results import Result
 from vlens.utils.stats import resampled_means
 from vlens.viz.figures import layer_head_heatmap
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
 
 SCORE_NAMES: tuple[str, ...] = (
     "vgs", "cter", "image_attention", "image_attention_ratio", "answer_alignment", "existence_response",
@@ -176,26 +180,39 @@ def _share_in(ids: Tensor, members: set[int]) -> Tensor:
 
 
 def compute_head_scores(
-    model,
+    model: HookedVLM,
     samples: Sequence[Sample],
     lens: HeadLens | None = None,
     k: int = 10,
-    batch_size: int = 8,
     vocabularies: Mapping[str, Iterable[str]] | None = None,
     large_count: int = DEFAULT_LARGE_COUNT,
     n_top_tokens: int = 10,
-    progress: bool = True,
-    sharding: Sharding | None = None,
+    options: SweepOptions | None = None,
+    **legacy: Any,
 ) -> HeadScores:
     """Run HeadLens at the final position over `samples` and score every head (see module docstring).
 
-    sharding: split the batches across processes (`vlens.parallel`); each batch's sums are added
-    in batch order, as in one process, and every process returns the full scores.
+    Args:
+        model: the model.
+        samples: (image, prompt, record) triples (`vlens.lens.corpus.task_samples` / `dataset_samples`).
+        lens: the HeadLens (default: untrained translators, the heads' logit lens).
+        k: top-k tokens decoded per head.
+        vocabularies: {name: words} replacing the default vocabularies (visual, number, existence,
+            difficulty).
+        large_count: objects from which an image counts as crowded (difficulty response).
+        n_top_tokens: frequent top tokens kept per head.
+        options: `batch_size` (samples per forward, default 8), `progress`, `sharding` (the
+            batches split across processes; each batch's sums are added in batch order, as in
+            one process, and every process returns the full scores); the readout is the final
+            position (`vlens.SweepOptions`).
+    Returns:
+        `HeadScores`: every score [n_layers, n_heads] and each head's frequent top tokens.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    options = fold_legacy(options, legacy, "compute_head_scores", ("batch_size", "progress", "sharding"))
+    options.require_final("compute_head_scores")
+    batch_size, progress = options.batch(8), options.progress
     lens = lens or HeadLens(model)
-    sharding = sharding or Sharding()
+    sharding = options.shards
     vocab = vocabulary_token_ids(model.tokenizer, vocabularies)
     for needed in ("visual", "number", "existence", "difficulty"):
         vocab.setdefault(needed, set())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
@@ -31,11 +31,11 @@ from vlens.core.answers import answer_ids, single_token, teacher_force
 from vlens.core.runtime import module_device
 from vlens.data import record_image
 from vlens.lens.base import Lens
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions, fold_legacy
+from vlens.utils.errors import UserInputError
 from vlens.utils.finite import finite_rows, json_safe, warn_non_finite
 from vlens.utils.results import Result
 from vlens.utils.stats import bootstrap_interval
-from vlens.utils.validation import check_count
 from vlens.viz.figures import logit_lens_figure
 
 if TYPE_CHECKING:
@@ -168,16 +168,26 @@ class LogitLens(Lens):
 
 def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "batch"] | Sequence[Sequence[int]],
                answers: Sequence[str] | None = None, first_example: int = 0,
-               lens: Lens | None = None) -> LogitLensResult:
+               lens: Lens | None = None, options: SweepOptions | None = None) -> LogitLensResult:
     """Logit lens of one batch at each row's final position (and, for multi-token answers, at the
     teacher-forced answer positions that follow it).
 
-    answer_tokens: [batch] one token per row, or per row the answer's token ids
-        (`vlens.core.answers.answer_ids`).
-    first_example: index of the batch's first row in a larger dataset (for warnings only).
-    lens: how each layer's residual is read (default `LogitLens(model)`); e.g. a
-        `vlens.lens.translators.TunedLens` gives the tuned lens with the same scoring.
+    Args:
+        model: the model.
+        inputs: one batch (`model.prepare(...)`).
+        answer_tokens: [batch] one token per row, or per row the answer's token ids
+            (`vlens.core.answers.answer_ids`).
+        answers: the answers as text (default: their tokens decoded).
+        first_example: index of the batch's first row in a larger dataset (for warnings only).
+        lens: how each layer's residual is read (default `LogitLens(model)`); e.g. a
+            `vlens.lens.translators.TunedLens` gives the tuned lens with the same scoring.
+        options: `cache_device` (where the residuals at the answer positions are kept before
+            they are read); the readout must be "final" (`vlens.SweepOptions`).
+    Returns:
+        a `LogitLensResult`: probabilities, ranks, top_tokens [n_layers, batch].
     """
+    options = SweepOptions() if options is None else options
+    options.require_final("the logit lens")
     lens = LogitLens(model) if lens is None else lens
     n_layers = model.cfg.n_layers
     names = [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
@@ -185,9 +195,9 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
     answer_ids = ([[int(t)] for t in answer_tokens.tolist()] if isinstance(answer_tokens, Tensor)
                   else [[int(t) for t in a] for a in answer_tokens])
     if len(answer_ids) != inputs.batch_size:
-        raise ValueError(f"got {len(answer_ids)} answers for a batch of {inputs.batch_size}")
+        raise UserInputError(f"got {len(answer_ids)} answers for a batch of {inputs.batch_size}")
     if any(not a for a in answer_ids):
-        raise ValueError("an answer has no tokens")
+        raise UserInputError("an answer has no tokens")
     forced = teacher_force(model, inputs, answer_ids)
     # row r's answer token j is predicted at position final - (n_r - 1) + j
     rows = torch.tensor([r for r, a in enumerate(answer_ids) for _ in a])
@@ -198,7 +208,7 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
     picked: dict[str, Tensor] = {}
 
     def keep(resid: Tensor, hook) -> None:  # only the answer positions: memory stays O(layers x answers)
-        picked[hook.name] = resid[rows.to(resid.device), positions.to(resid.device)].detach()
+        picked[hook.name] = options.keep(resid[rows.to(resid.device), positions.to(resid.device)].detach())
 
     with torch.no_grad():
         with model.hooks(fwd_hooks=[(n, keep) for n in names]):
@@ -239,22 +249,30 @@ def first_answer_token(model: HookedVLM, answer: str) -> int:
     return single_token(model, str(answer), "first_answer_token (one-token logit lens)")
 
 
-def logit_lens_records(model: HookedVLM, records: Sequence[dict], batch_size: int = 8, chat: bool = True,
-                       progress: bool = False, sharding: Sharding | None = None) -> LogitLensResult:
+def logit_lens_records(model: HookedVLM, records: Sequence[dict], chat: bool = True,
+                       options: SweepOptions | None = None, **legacy: Any) -> LogitLensResult:
     """Logit lens over imagefolder records (`question`, `answer`, `image_path` or `image`).
 
-    records: any sequence (e.g. `vlens.parallel.LazyItems`: only the batches a process runs are built).
-    sharding: split the batches across processes (`vlens.parallel`); every process gets the full result.
+    Args:
+        model: the model.
+        records: any sequence (e.g. `vlens.parallel.LazyItems`: only the batches a process runs are built).
+        chat: format each question with the model's chat template.
+        options: `batch_size` (records per forward, default 8), `progress`, `sharding` (the
+            batches split across processes; every process gets the full result), `cache_device`.
+    Returns:
+        a `LogitLensResult` over all records: probabilities, ranks, top_tokens [n_layers, n_records].
     """
+    options = fold_legacy(options, legacy, "logit_lens_records", ("batch_size", "progress", "sharding"))
+    options.require_final("the logit lens")
     if not records:
-        raise ValueError("no records given to the logit lens")
-    check_count(batch_size, "batch_size")  # range(0, n, -1) would silently run nothing
-    sharding = sharding or Sharding()
+        raise UserInputError("no records given to the logit lens")
+    batch_size = options.batch(8)
+    sharding = options.shards
 
     def check(chunk: Sequence[dict], first: int) -> None:
         for index, record in enumerate(chunk, first):
             if "question" not in record or "answer" not in record:
-                raise ValueError(f"record {index} has no 'question' / 'answer' column: the logit lens needs both")
+                raise UserInputError(f"record {index} has no 'question' / 'answer' column: the logit lens needs both")
 
     if isinstance(records, list):  # fail before any forward; generated records are checked as built
         check(records, 0)
@@ -267,7 +285,7 @@ def logit_lens_records(model: HookedVLM, records: Sequence[dict], batch_size: in
         tokens = [answer_ids(model, str(r["answer"]), example=str(r.get("file_name", index)), chat=chat)
                   for index, r in enumerate(chunk, start)]
         return vars(logit_lens(model, inputs, tokens, answers=[str(r["answer"]) for r in chunk],
-                               first_example=start))
+                               first_example=start, options=options))
 
-    parts = sharding.map(range(0, len(records), batch_size), run, desc="logit lens", progress=progress)
+    parts = sharding.map(range(0, len(records), batch_size), run, desc="logit lens", progress=options.progress)
     return LogitLensResult.concat([LogitLensResult(**part) for part in parts])

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -210,41 +212,80 @@ class TrainingReport(Result):
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class LensTraining:
+    """How the translators are fitted (Adam on the KL to the final distribution, early stopping).
+
+    Attributes:
+        steps: optimizer steps at most.
+        lr: Adam learning rate.
+        batch_size: residual rows per step.
+        val_fraction: held-out share of the rows; training stops after `patience` evaluations
+            (every `eval_every` steps) without a better mean held-out KL, keeping the best weights.
+        weight_decay: Adam's weight decay.
+        seed: the split and the row sampling.
+    """
+
+    steps: int = 300
+    lr: float = 1e-3
+    batch_size: int = 128
+    val_fraction: float = 0.2
+    eval_every: int = 20
+    patience: int = 5
+    weight_decay: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every", "patience"):
+            check_count(getattr(self, name), name)
+        check_float(self.lr, "lr", min=0, min_open=True)
+        check_float(self.val_fraction, "val_fraction", min=0, max=1, min_open=True, max_open=True)
+        check_float(self.weight_decay, "weight_decay", min=0)
+
+
 def train_translators(
     translators: Translators,
     resid: Float[Tensor, "n n_layers d_model"],
     readout: LensReadout,
+    training: LensTraining | None = None,
     final: Float[Tensor, "n d_model"] | None = None,
-    steps: int = 300,
-    lr: float = 1e-3,
-    batch_size: int = 128,
-    val_fraction: float = 0.2,
-    eval_every: int = 20,
-    patience: int = 5,
-    weight_decay: float = 0.0,
-    seed: int = 0,
     progress: bool = True,
+    **legacy: Any,
 ) -> TrainingReport:
     """Fit every ``T_l`` to minimise KL(final || readout(T_l(resid_l))), in place.
 
     Args:
+        translators: the lens being trained (its device is where training runs).
         resid: residual streams after each block at the training positions (fp32, any device).
         readout: the frozen final norm + unembedding (``LensReadout.from_model(model)``).
+        training: steps, learning rate, batch size, held-out share, early stopping, seed
+            (`LensTraining`).
         final: the final residual per row (default ``resid[:, -1]``, and then the last layer's
             translator is not trained: it is the identity exactly).
-        val_fraction: held-out share; training stops after `patience` evaluations without a
-            better mean held-out KL and the best weights are kept.
+        progress: show a tqdm bar.
     Returns:
         a `TrainingReport` (held-out KL per layer before and after).
     """
+    names = {f.name for f in fields(LensTraining)}
+    unknown = sorted(set(legacy) - names)
+    if unknown:
+        raise TypeError(f"train_translators() got an unexpected keyword argument {unknown[0]!r}")
+    if legacy:
+        warnings.warn(f"train_translators: the keywords {', '.join(f'{k}=' for k in sorted(legacy))} moved into "
+                      "training=LensTraining(...)", DeprecationWarning, stacklevel=2)
+        if training is not None:
+            raise UserInputError(f"train_translators: give {', '.join(sorted(legacy))} in training=LensTraining(...)"
+                                 " only")
+    if training is not None and not isinstance(training, LensTraining):
+        raise UserInputError(f"train_translators: training must be a LensTraining, got {type(training).__name__} "
+                             "(the final residual goes in final=...)")
+    training = LensTraining(**legacy) if training is None else training
+    steps, lr, batch_size, val_fraction = training.steps, training.lr, training.batch_size, training.val_fraction
+    eval_every, patience, weight_decay, seed = training.eval_every, training.patience, training.weight_decay, \
+        training.seed
     if resid.ndim != 3 or resid.shape[1:] != (translators.n_layers, translators.d_model):
-        raise ValueError(f"resid must be [n, {translators.n_layers}, {translators.d_model}], got {tuple(resid.shape)}")
-    check_count(steps, "steps")
-    check_count(batch_size, "batch_size")
-    check_count(eval_every, "eval_every")
-    check_count(patience, "patience")
-    check_float(lr, "lr", min=0, min_open=True)
-    check_float(val_fraction, "val_fraction", min=0, max=1, min_open=True, max_open=True)
+        raise UserInputError(f"resid must be [n, {translators.n_layers}, {translators.d_model}], got "
+                             f"{tuple(resid.shape)}")
     # the last layer's residual *is* the final residual: its translator stays the exact identity
     trained_layers = range(translators.n_layers - 1) if final is None else range(translators.n_layers)
     final = resid[:, -1] if final is None else final

@@ -1,7 +1,7 @@
 """Sharded runs on `torch.distributed`: split work units across processes, gather, resume.
 
     sharding = vlens.parallel.from_env()              # under torchrun; Sharding() = one process
-    result = patch_layer_head(model, batch, sharding=sharding)   # every rank gets the full result
+    result = patch_layer_head(model, batch, options=SweepOptions(sharding=sharding))  # every rank: the full result
     if sharding.is_main: result.save("heads.json")
 
 Each method lists its work as units formed exactly as its single-process run forms them
@@ -12,6 +12,7 @@ numbers of the run on one. See CONTRIBUTING.md ("Sharded runs") for the design.
 
 from vlens.parallel.items import LazyItems
 from vlens.parallel.launch import from_env, launched_by_torchrun, rank_device, stop_on_sigterm
+from vlens.parallel.options import SweepOptions
 from vlens.parallel.sharding import DistributedRunError, Sharding, shard_indices
 from vlens.parallel.store import UnitStore
 
@@ -19,6 +20,7 @@ __all__ = [
     "DistributedRunError",
     "LazyItems",
     "Sharding",
+    "SweepOptions",
     "UnitStore",
     "from_env",
     "launched_by_torchrun",

@@ -21,7 +21,7 @@ corrupt queries (keys) and linearises only after the softmax:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -29,9 +29,10 @@ from torch import Tensor
 
 from vlens.core.components.attention import Attention
 from vlens.core.hooks import act_name
+from vlens.parallel.options import Readout, SweepOptions, fold_legacy
 from vlens.patching.conditions import final_logits, readout_logits
 from vlens.patching.metrics import MetricFn, MetricFunction, logit_diff
-from vlens.patching.pairs import PairBatch, Readout
+from vlens.patching.pairs import PairBatch
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe, warn_non_finite
 from vlens.utils.ragged import pad_heads
@@ -105,29 +106,49 @@ class AttributionResult(Result):
         return figure.update_layout(title=title, xaxis_title="position", yaxis_title="layer")
 
 
-def attribution_patching(model: HookedVLM, batch: PairBatch, qk_fix: bool = True,
-                         batch_size: int | None = None, metric: MetricFn | None = None,
-                         readout: Readout = "final") -> AttributionResult:
+def attribution_patching(model: HookedVLM, batch: PairBatch, qk_fix: bool = True, metric: MetricFn | None = None,
+                         options: SweepOptions | None = None, **legacy: Any) -> AttributionResult:
     """AtP for every head's hook_z, queries and keys and every residual position (one backward).
 
     Estimates are of mean_pairs(M_patched - M_clean) for the metric M: by default the logit
     difference at the final position (compare with an exact sweep's
     `metrics["logit_diff"] - baseline.clean_logit_diff.mean()`), or a differentiable
-    ``metric(logits [n_pairs, n_readout, d_vocab]) -> [n_pairs]`` read at `readout`.
-    batch_size: pairs per forward/backward (default all at once); the estimates are the same
-    pair means, so memory is bounded by batch_size pairs on long prompts.
+    ``metric(logits [n_pairs, n_readout, d_vocab]) -> [n_pairs]`` read at `options.readout`.
+
+    Args:
+        model: the model.
+        batch: the pairs (`build_pair_batch`).
+        qk_fix: AtP*'s exact softmax for query / key patches (module docstring).
+        metric: default the logit difference at the final position.
+        options: `batch_size` (pairs per forward / backward, default all at once; the estimates
+            are the same pair means, so memory is bounded by batch_size pairs on long prompts),
+            `readout`, `progress`, `sharding` (the pair chunks split across processes),
+            `cache_device` (where the corrupt run's activations are kept).
+    Returns:
+        an `AttributionResult` (z, q: [n_layers, n_heads]; k: [n_layers, n_kv_heads];
+        resid_pre: [n_layers, seq_len]).
     """
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    options = fold_legacy(options, legacy, "attribution_patching", ("batch_size", "readout"))
+    readout = options.readout
     if metric is None and readout != "final":
         raise UserInputError("the default metric (logit difference) reads the final position: pass metric=... "
                              f"to read readout={readout!r}")
     scorer = None if metric is None else MetricFunction(metric)
-    if batch_size is None or batch_size >= batch.n_pairs:
-        return _attribution_chunk(model, batch, qk_fix, scorer, readout)
-    chunks = [list(range(s, min(s + batch_size, batch.n_pairs))) for s in range(0, batch.n_pairs, batch_size)]
-    parts = [_attribution_chunk(model, batch.select(rows), qk_fix, None if scorer is None else scorer.subset(rows),
-                                readout) for rows in chunks]
+    size = batch.n_pairs if options.batch_size is None else min(options.batch_size, batch.n_pairs)
+    chunks = [list(range(s, min(s + size, batch.n_pairs))) for s in range(0, batch.n_pairs, size)]
+
+    def run(rows: list[int]) -> dict:
+        """One chunk's estimates (as plain fields: a unit's result is gathered across processes)."""
+        whole = len(chunks) == 1
+        part = _attribution_chunk(model, batch if whole else batch.select(rows), qk_fix,
+                                  None if scorer is None else scorer if whole else scorer.subset(rows), readout,
+                                  options.cache_device)
+        return vars(part)
+
+    parts = [AttributionResult(**fields) for fields in
+             options.shards.map(chunks, run, desc="attribution patching", progress=options.progress)]
+    if len(parts) == 1:
+        return parts[0]
     weights = torch.tensor([len(p.pair_ids) for p in parts], dtype=torch.float32) / batch.n_pairs
 
     def mean(name: str) -> Tensor:
@@ -142,7 +163,7 @@ def attribution_patching(model: HookedVLM, batch: PairBatch, qk_fix: bool = True
 
 
 def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool, metric: MetricFunction | None = None,
-                       readout: Readout = "final") -> AttributionResult:
+                       readout: Readout = "final", cache_device: torch.device | str | None = None) -> AttributionResult:
     cfg = model.cfg
     n_layers = cfg.n_layers
     softmax = [layer for layer in range(n_layers) if not cfg.is_linear_attention(layer)]  # layers with q, k, pattern
@@ -150,7 +171,9 @@ def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool, metric:
     names.update({kind: [act_name(kind, layer) for layer in softmax] for kind in ("rot_q", "rot_k")})
     wanted = {n for group in names.values() for n in group}
     with torch.no_grad():
-        _, corrupt = model.run_with_cache(batch.corrupt, names_filter=lambda n: n in wanted, return_type=None)
+        where: dict[str, Any] = {} if cache_device is None else {"device": cache_device}
+        _, corrupt = model.run_with_cache(batch.corrupt, names_filter=lambda n: n in wanted, return_type=None,
+                                          **where)
         state = model.start_run(batch.clean)
 
     clean: dict[str, Tensor] = {}
@@ -183,7 +206,7 @@ def _attribution_chunk(model: HookedVLM, batch: PairBatch, qk_fix: bool, metric:
             grad = grads[name]
             if grad is None:
                 return torch.zeros_like(clean[name]).sum(reduce_dims)
-            return ((corrupt[name].to(grad.dtype) - clean[name].detach()) * grad).sum(reduce_dims)
+            return ((corrupt[name].to(grad.device, grad.dtype) - clean[name].detach()) * grad).sum(reduce_dims)
 
         valid = batch.clean.attention_mask.to(resid.device).bool()
         # [n, L, H]; NaN where a layer has fewer heads than the widest (a hybrid decoder's linear attention)
@@ -243,8 +266,9 @@ def _qk_atp_star(model: HookedVLM, state, clean: dict, corrupt, grads: dict) -> 
         pattern = clean[act_name("pattern", layer)].detach()  # [b, H, q, k]
         q_clean = clean[act_name("rot_q", layer)].detach().transpose(1, 2)  # [b, H, pos, d]
         k_clean = clean[act_name("rot_k", layer)].detach().transpose(1, 2).repeat_interleave(groups, dim=1)
-        q_corr = corrupt[act_name("rot_q", layer)].to(q_clean.dtype).transpose(1, 2)
-        k_corr = corrupt[act_name("rot_k", layer)].to(k_clean.dtype).transpose(1, 2).repeat_interleave(groups, dim=1)
+        q_corr = corrupt[act_name("rot_q", layer)].to(q_clean.device, q_clean.dtype).transpose(1, 2)
+        k_corr = corrupt[act_name("rot_k", layer)].to(k_clean.device, k_clean.dtype).transpose(1, 2) \
+            .repeat_interleave(groups, dim=1)
         # patch every head's queries at once: head h's new pattern only depends on head h's queries
         new_q = _softmax_pattern(q_corr, k_clean, masks, scaling)
         q_out[layer, :cfg.n_heads] = ((new_q - pattern) * grad_pattern).sum((2, 3)).float().mean(0).cpu()
@@ -261,7 +285,7 @@ def spearman(a: Tensor, b: Tensor) -> float:
     """
     x, y = a.detach().flatten().double().cpu(), b.detach().flatten().double().cpu()
     if x.shape != y.shape or x.numel() < 2:
-        raise ValueError(f"spearman needs two tensors of the same size >= 2, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise UserInputError(f"spearman needs two tensors of the same size >= 2, got {tuple(a.shape)} and {tuple(b.shape)}")
     if bool((x == x[0]).all()) or bool((y == y[0]).all()):
         return float("nan")
     try:

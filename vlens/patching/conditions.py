@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
@@ -18,6 +18,7 @@ from torch import Tensor
 
 from vlens.core.hooks import act_name
 from vlens.patching.pairs import PairBatch
+from vlens.utils.errors import UserInputError
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
@@ -40,8 +41,9 @@ class PatchSpec:
 
 
 def check_component(component: str) -> None:
+    """Refuse a component name patching does not know (`COMPONENTS`)."""
     if component not in COMPONENTS:
-        raise ValueError(f"unknown component {component!r}: patch one of {COMPONENTS}")
+        raise UserInputError(f"unknown component {component!r}: patch one of {COMPONENTS}")
 
 
 def _patch_mask(specs: Sequence[PatchSpec], act: Tensor, start: int = 0) -> Tensor:
@@ -94,12 +96,31 @@ def readout_logits(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"],
     return model.finish(gather_positions(resid, positions))
 
 
-def corrupt_activations(model: HookedVLM, batch: PairBatch, names: set[str],
-                        readout: Int[Tensor, "n_pairs n_readout"] | None = None):
-    """Corrupt-run logits at the readout positions [n, n_readout, d_vocab] (default: the final
-    position, [n, d_vocab]) and the cached activations at `names`."""
+def correct_pairs(model: HookedVLM, batch: PairBatch, what: str = "correct_pairs") -> PairBatch:
+    """The pairs whose clean and corrupt runs both predict their own answer token at the final
+    position (the usual filter before patching: a flip means something only when both runs were right).
+
+    what: how the caller is named in the error when no pair is left (e.g. the flag "--only-correct").
+    """
     with torch.no_grad():
-        logits, cache = model.run_with_cache(batch.corrupt, names_filter=lambda n: n in names)
+        clean = final_logits(model, model(batch.clean, stop_at_layer=model.cfg.n_layers), batch.final)
+        corrupt, _ = corrupt_activations(model, batch, set())
+    keep = (clean.argmax(-1).cpu() == batch.clean_tokens) & (corrupt.argmax(-1).cpu() == batch.corrupt_tokens)
+    rows = keep.nonzero().flatten().tolist()
+    if not rows:
+        raise UserInputError(f"{what}: the model answers no pair correctly in both roles")
+    return batch.select(rows)
+
+
+def corrupt_activations(model: HookedVLM, batch: PairBatch, names: set[str],
+                        readout: Int[Tensor, "n_pairs n_readout"] | None = None,
+                        cache_device: torch.device | str | None = None):
+    """Corrupt-run logits at the readout positions [n, n_readout, d_vocab] (default: the final
+    position, [n, d_vocab]) and the cached activations at `names` (on `cache_device`, default
+    where they were computed)."""
+    where: dict[str, Any] = {} if cache_device is None else {"device": cache_device}
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(batch.corrupt, names_filter=lambda n: n in names, **where)
     if readout is not None:
         return gather_positions(logits, readout), cache
     rows = torch.arange(batch.n_pairs)

@@ -18,7 +18,7 @@ keep the clean run's values. Metrics, noise floor, intervals and directions are 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -26,14 +26,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from vlens.core.runtime import RunState
+from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.patching.conditions import gather_positions, readout_logits
 from vlens.patching.fast import repeat_run_state
 from vlens.patching.metrics import MetricFn, as_metric
-from vlens.patching.pairs import PairBatch, Readout
+from vlens.patching.pairs import PairBatch
 from vlens.patching.results import PatchingResult
 from vlens.patching.sweeps import REGIONS, oriented, result_from_summary
 from vlens.utils.errors import UserInputError
-from vlens.utils.validation import check_count
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
@@ -83,19 +83,32 @@ def expert_patch_hooks(layer: int, experts: Sequence[int], corrupt: dict[str, Te
 
 
 def patch_layer_expert(model: HookedVLM, batch: PairBatch, region: str = "all", layers: Sequence[int] | None = None,
-                       experts: Sequence[int] | None = None, max_batch: int = 64, progress: bool = False,
-                       metric: MetricFn | None = None, readout: Readout = "final",
-                       direction: str = "noising") -> PatchingResult:
+                       experts: Sequence[int] | None = None, metric: MetricFn | None = None,
+                       direction: str = "noising", options: SweepOptions | None = None,
+                       **legacy: Any) -> PatchingResult:
     """Patch one expert's contribution at a time (at `region`'s positions: "all", "image", "text", "final").
 
     Each condition resumes from the clean residual entering its layer (exact: earlier layers are
-    untouched); conditions of a layer run together as copies of the pairs, at most `max_batch` rows per
-    forward. direction: "noising" (corrupt contributions into the clean run) or "denoising".
-    Returns a PatchingResult of mode "layer-expert" with metrics [n_layers, n_experts].
+    untouched); conditions of a layer run together as copies of the pairs, at most
+    `options.max_batch` rows per forward.
+
+    Args:
+        model: a mixture-of-experts model.
+        batch: the pairs (`build_pair_batch`).
+        region: the positions patched, one of `REGIONS`.
+        layers: the MoE layers patched (default all); experts: the experts (default all).
+        metric: default the answer metrics; or ``metric(logits [n_pairs, n_readout, d_vocab])``.
+        direction: "noising" (corrupt contributions into the clean run) or "denoising".
+        options: `max_batch`, `readout`, `progress` (`vlens.SweepOptions`); one process only.
+    Returns:
+        a `PatchingResult` of mode "layer-expert" with metrics [n_layers, n_experts].
     """
+    options = fold_legacy(options, legacy, "patch_layer_expert", ("max_batch", "progress", "readout"))
+    max_batch, progress, readout = options.max_batch, options.progress, options.readout
+    if options.shards.world_size > 1:
+        raise UserInputError("patch_layer_expert runs in one process: drop SweepOptions.sharding")
     if region not in REGIONS:
-        raise ValueError(f"unknown region {region!r}: use one of {REGIONS}")
-    check_count(max_batch, "max_batch")
+        raise UserInputError(f"unknown region {region!r}: use one of {REGIONS}")
     cfg = model.cfg
     moe = list(cfg.moe_layers)
     if not moe:
@@ -141,5 +154,6 @@ def patch_layer_expert(model: HookedVLM, batch: PairBatch, region: str = "all", 
                 values.setdefault(name, []).append(value)
     summary = scorer.summarize({name: torch.stack(v) for name, v in values.items()}, clean_logits.cpu(),
                                corrupt_logits.cpu())
-    return result_from_summary(model, given, batch, summary, scorer, "layer-expert", "expert", layers, experts,
-                               readout, direction, region=region)
+    axes = {"mode": "layer-expert", "component": "expert", "layers": layers, "cells": experts, "readout": readout,
+            "region": region}
+    return result_from_summary(model, given, batch, summary, scorer, axes, direction)

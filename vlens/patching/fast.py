@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
@@ -28,9 +28,10 @@ from tqdm.auto import tqdm
 from vlens.core.components.attention import AttentionMasks, KVCache
 from vlens.core.hooks import act_name
 from vlens.core.runtime import RunState, build_masks
+from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.patching.conditions import PatchSpec, corrupt_activations, patch_hook, readout_logits
 from vlens.patching.final_block import block_has_hooks, last_block_at, supports_last_block_at
-from vlens.patching.metrics import final_baseline
+from vlens.patching.metrics import Baseline, final_baseline
 from vlens.patching.pairs import PairBatch
 from vlens.utils.validation import check_count
 
@@ -133,17 +134,27 @@ class FastPlan:
     """
 
     def __init__(self, model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max_batch: int = 64,
-                 readout: Int[Tensor, "n_pairs n_readout"] | None = None):
+                 readout: Int[Tensor, "n_pairs n_readout"] | None = None,
+                 cache_device: torch.device | str | None = None):
         self.model, self.batch, self.specs = model, batch, list(specs)
         n = batch.n_pairs
         names = {s.hook_name for s in self.specs}
         self.readout = batch.readout_positions() if readout is None else readout
-        self.corrupt_logits, self.cache = corrupt_activations(model, batch, names, self.readout)
+        self.corrupt_logits, self.cache = corrupt_activations(model, batch, names, self.readout, cache_device)
         self.n_layers = model.cfg.n_layers
         with torch.no_grad():
             self.state = model.start_run(batch.clean)
-            self.resids, self.clean_kv, clean_acts = _clean_run(model, self.state, names)
-            self.clean_logits = readout_logits(model, self.resids[-1], self.readout)
+            resids, clean_kv, clean_acts = _clean_run(model, self.state, names)
+            self.clean_logits = readout_logits(model, resids[-1], self.readout)
+        # each layer's input and keys / values, kept on cache_device; run_chunk returns them to their devices
+        self.resid_devices = [r.device for r in resids]
+        # (a linear-attention layer of a hybrid decoder has no keys / values: None)
+        self.kv_devices = [None if kv is None else (kv[0].device, kv[1].device) for kv in clean_kv]
+        self.resids = [r if cache_device is None else r.to(cache_device) for r in resids]
+        self.clean_kv = [kv if cache_device is None or kv is None else (kv[0].to(cache_device), kv[1].to(cache_device))
+                         for kv in clean_kv]
+        del resids, clean_kv
+        with torch.no_grad():
             # where the corrupt activation differs from the clean one: [n, pos] or [n, pos, heads]
             differs = {}
             for name in names:
@@ -176,10 +187,13 @@ class FastPlan:
                 mask = self.batch.clean.attention_mask.to(self.state.cos.device).repeat(k, 1)
                 self._repeated[k] = (repeat_run_state(self.state, k), mask)
             full_state, attention_mask = self._repeated[k]
-            prefix = {l_: (kv[0][:, :start].repeat(k, 1, 1, 1), kv[1][:, :start].repeat(k, 1, 1, 1))
-                      for l_, kv in enumerate(self.clean_kv) if l_ >= layer and kv is not None}
+            prefix = {}
+            for l_, (kv, devices) in enumerate(zip(self.clean_kv, self.kv_devices, strict=True)):
+                if l_ >= layer and kv is not None and devices is not None:  # (the prefix's keys / values)
+                    prefix[l_] = (kv[0][:, :start].to(devices[0]).repeat(k, 1, 1, 1),
+                                  kv[1][:, :start].to(devices[1]).repeat(k, 1, 1, 1))
             run_state = suffix_state(full_state, attention_mask, start, prefix, self.n_layers)
-            resid = self.resids[layer][:, start:].repeat(k, 1, 1)
+            resid = self.resids[layer][:, start:].to(self.resid_devices[layer]).repeat(k, 1, 1)
             reads = self.readout.to(resid.device).repeat(k, 1) - start
             chunk_specs = [specs[i] for i in indices]
             with model.hooks(fwd_hooks=[(name, patch_hook(chunk_specs, self.cache[name], start))]):
@@ -192,16 +206,18 @@ class FastPlan:
             return indices, readout_logits(model, resid, reads).view(k, n, *reads.shape[1:], -1)
 
 
-def run_fast(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], max_batch: int = 64,
-             progress: bool = False):
+def run_fast(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], options: SweepOptions | None = None,
+             **legacy: Any) -> tuple[Float[Tensor, "n_specs n_pairs d_vocab"], Baseline]:
     """Same result as `run_naive` (within float noise); see the module docstring.
 
-    max_batch: most rows (conditions x pairs) in one forward; conditions are batched in chunks.
+    options: `max_batch` (most rows, conditions x pairs, in one forward; conditions are batched
+        in chunks), `progress`, `cache_device` (`vlens.SweepOptions`).
     Returns (patched final logits [n_specs, n_pairs, d_vocab], Baseline).
     """
-    plan = FastPlan(model, batch, specs, max_batch)
+    options = fold_legacy(options, legacy, "run_fast", ("max_batch", "progress"))
+    plan = FastPlan(model, batch, specs, options.max_batch, cache_device=options.cache_device)
     out: dict[int, Tensor] = {}
-    for chunk in tqdm(range(len(plan.chunks)), desc="patching (fast)", disable=not progress):
+    for chunk in tqdm(range(len(plan.chunks)), desc="patching (fast)", disable=not options.progress):
         indices, logits = plan.run_chunk(chunk)
         for j, i in enumerate(indices):
             out[i] = logits[j, :, 0]

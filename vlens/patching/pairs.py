@@ -29,15 +29,12 @@ from vlens.core.answers import append_tokens, contrast
 from vlens.core.inputs import VLMInputs
 from vlens.data import make_pair, read_imagefolder, record_image
 from vlens.datasets import DatasetError, record_dicts
+from vlens.parallel.options import Readout
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import check_count
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
-
-
-# where patching reads the logits: "final" or column index / indices of the left-padded batch
-Readout = str | int | Sequence[int]
 
 
 @dataclass

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.patching.conditions import PatchSpec, corrupt_activations, gather_positions, patch_hook
 from vlens.patching.fast import run_fast
 from vlens.patching.metrics import Baseline, final_baseline
@@ -29,11 +30,12 @@ class NaivePlan:
     condition (`run_chunk(c)` runs condition c; the same interface as `fast.FastPlan`)."""
 
     def __init__(self, model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec],
-                 readout: Int[Tensor, "n_pairs n_readout"] | None = None):
+                 readout: Int[Tensor, "n_pairs n_readout"] | None = None,
+                 cache_device: torch.device | str | None = None):
         self.model, self.batch, self.specs = model, batch, list(specs)
         self.readout = batch.readout_positions() if readout is None else readout
         self.corrupt_logits, self.cache = corrupt_activations(model, batch, {s.hook_name for s in self.specs},
-                                                              self.readout)
+                                                              self.readout, cache_device)
         with torch.no_grad():
             self.clean_logits = gather_positions(model(batch.clean), self.readout)
         self.chunks = [[i] for i in range(len(self.specs))]
@@ -46,37 +48,40 @@ class NaivePlan:
         return [chunk], gather_positions(logits, self.readout)[None]
 
 
-def run_naive(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], progress: bool = False):
+def run_naive(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], options: SweepOptions | None = None,
+              **legacy: Any) -> tuple[Float[Tensor, "n_specs n_pairs d_vocab"], Baseline]:
     """Reference implementation: one full `run_with_hooks` forward per condition.
 
+    options: `progress` and `cache_device` (`vlens.SweepOptions`).
     Returns (patched final logits [n_specs, n_pairs, d_vocab], Baseline).
     """
-    plan = NaivePlan(model, batch, specs)
+    options = fold_legacy(options, legacy, "run_naive", ("progress",))
+    plan = NaivePlan(model, batch, specs, cache_device=options.cache_device)
     outs = [plan.run_chunk(c)[1][0, :, 0] for c in tqdm(range(len(specs)), desc="patching (naive)",
-                                                       disable=not progress)]
+                                                       disable=not options.progress)]
     baseline = final_baseline(batch, plan.clean_logits, plan.corrupt_logits)
     return torch.stack(outs) if outs else baseline.clean_logits.new_zeros(0, *baseline.clean_logits.shape), baseline
 
 
-def run_specs(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], method: str = "fast",
-              max_batch: int = 64, progress: bool = False, pair_batch_size: int | None = None):
-    """Run conditions with `run_fast` or `run_naive`, optionally `pair_batch_size` pairs at a time.
+def run_specs(model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], options: SweepOptions | None = None,
+              **legacy: Any) -> tuple[Float[Tensor, "n_specs n_pairs d_vocab"], Baseline]:
+    """Run conditions with `run_fast` or `run_naive` (`options.implementation`), optionally
+    `options.batch_size` pairs at a time.
 
+    options: `implementation`, `batch_size` (pairs per chunk), `max_batch`, `progress`, `cache_device`.
     Returns (patched final logits [n_specs, n_pairs, d_vocab], Baseline).
     """
-    if method not in ("fast", "naive"):
-        raise ValueError(f"unknown method {method!r}: use 'fast' or 'naive'")
-    if pair_batch_size is not None and pair_batch_size < 1:
-        raise ValueError(f"pair_batch_size must be >= 1, got {pair_batch_size}")
-    if pair_batch_size is None or pair_batch_size >= batch.n_pairs:
-        if method == "fast":
-            return run_fast(model, batch, specs, max_batch=max_batch, progress=progress)
-        return run_naive(model, batch, specs, progress=progress)
+    options = fold_legacy(options, legacy, "run_specs", ("method", "max_batch", "progress", "pair_batch_size"))
+    size = options.batch_size
+    if size is None or size >= batch.n_pairs:
+        if options.implementation == "fast":
+            return run_fast(model, batch, specs, options=options)
+        return run_naive(model, batch, specs, options=options)
     parts = []
-    for start in range(0, batch.n_pairs, pair_batch_size):
-        rows = list(range(start, min(start + pair_batch_size, batch.n_pairs)))
+    for start in range(0, batch.n_pairs, size):
+        rows = list(range(start, min(start + size, batch.n_pairs)))
         sub_specs = [replace(s, positions=s.positions[rows]) for s in specs]
-        parts.append(run_specs(model, batch.select(rows), sub_specs, method, max_batch, progress))
+        parts.append(run_specs(model, batch.select(rows), sub_specs, options.replace(batch_size=None)))
     baseline = Baseline(
         torch.cat([b.clean_logits for _, b in parts]), torch.cat([b.corrupt_logits for _, b in parts]),
         batch.clean_tokens, batch.corrupt_tokens,

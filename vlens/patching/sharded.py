@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions
 from vlens.patching.conditions import PatchSpec
 from vlens.patching.fast import FastPlan, count_chunks
 from vlens.patching.metrics import AnswerMetrics, MetricFunction, Summary
-from vlens.patching.pairs import PairBatch, Readout
+from vlens.patching.pairs import PairBatch
 from vlens.patching.runner import NaivePlan
 from vlens.utils.errors import UserInputError
 
@@ -30,37 +30,37 @@ if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
 
 
-def pair_chunks(n_pairs: int, pair_batch_size: int | None) -> list[list[int]]:
-    """The rows of each pair chunk (one chunk with every pair unless `pair_batch_size` < n_pairs)."""
-    if pair_batch_size is not None and pair_batch_size < 1:
-        raise ValueError(f"pair_batch_size must be >= 1, got {pair_batch_size}")
-    size = n_pairs if pair_batch_size is None else min(pair_batch_size, n_pairs)
+def pair_chunks(n_pairs: int, batch_size: int | None) -> list[list[int]]:
+    """The rows of each pair chunk (one chunk with every pair unless `batch_size` < n_pairs)."""
+    if batch_size is not None and batch_size < 1:
+        raise UserInputError(f"batch_size must be >= 1, got {batch_size}")
+    size = n_pairs if batch_size is None else min(batch_size, n_pairs)
     return [list(range(start, min(start + size, n_pairs))) for start in range(0, n_pairs, size)]
 
 
 def run_specs_reduced(
-    model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec], method: str = "fast", max_batch: int = 64,
-    progress: bool = False, pair_batch_size: int | None = None, sharding: Sharding | None = None,
-    metric: AnswerMetrics | MetricFunction | None = None, readout: Readout = "final",
+    model: HookedVLM, batch: PairBatch, specs: Sequence[PatchSpec],
+    metric: AnswerMetrics | MetricFunction | None = None, options: SweepOptions | None = None,
 ) -> Summary:
     """Every condition's metric values, computed in the same batches as one process would.
 
     metric: what each unit keeps of its patched readout logits (default: the answer metrics,
         `AnswerMetrics`: per pair the logit difference and the argmax token), so results stay
         small however large the vocabulary is; `summarize` then adds the unpatched runs.
-    readout: where the logits are read ("final" or column indices; `PairBatch.readout_positions`).
-    sharding: split the forwards across processes; every process returns the full result.
+    options: `readout` (where the logits are read, `PairBatch.readout_positions`), `implementation`
+        ("fast" or "naive"), `batch_size` (pairs per chunk), `max_batch`, `progress`, `sharding`
+        (split the forwards across processes; every process returns the full result), `cache_device`.
     """
-    if method not in ("fast", "naive"):
-        raise ValueError(f"unknown method {method!r}: use 'fast' or 'naive'")
+    options = SweepOptions() if options is None else options
+    method = options.implementation
     metric = metric if metric is not None else AnswerMetrics(batch.clean_tokens, batch.corrupt_tokens)
-    positions = batch.readout_positions(readout)
-    sharding = sharding or Sharding()
-    chunks = pair_chunks(batch.n_pairs, pair_batch_size)
+    positions = batch.readout_positions(options.readout)
+    sharding, max_batch = options.shards, options.max_batch
+    chunks = pair_chunks(batch.n_pairs, options.batch_size)
     if len(chunks) > 1 and isinstance(metric, MetricFunction) and not metric.takes_rows:
-        raise UserInputError("with pair_batch_size the metric sees one chunk of pairs at a time: give it a second "
-                             "argument, metric(logits, rows), to know which pairs (rows: their batch indices), "
-                             "or drop pair_batch_size")
+        raise UserInputError("with SweepOptions.batch_size the metric sees one chunk of pairs at a time: give it a "
+                             "second argument, metric(logits, rows), to know which pairs (rows: their batch "
+                             "indices), or drop batch_size")
     units = []
     for p, rows in enumerate(chunks):
         count = count_chunks(specs, len(rows), max_batch) if method == "fast" else len(specs)
@@ -76,8 +76,8 @@ def run_specs_reduced(
                 sub_batch = batch.select(rows)
                 sub_specs = [replace(s, positions=s.positions[rows]) for s in specs]
                 sub_read = positions[rows]
-            plans[p] = FastPlan(model, sub_batch, sub_specs, max_batch, sub_read) if method == "fast" \
-                else NaivePlan(model, sub_batch, sub_specs, sub_read)
+            plans[p] = FastPlan(model, sub_batch, sub_specs, max_batch, sub_read, options.cache_device) \
+                if method == "fast" else NaivePlan(model, sub_batch, sub_specs, sub_read, options.cache_device)
         return plans[p]
 
     def run(unit: tuple[int, int]) -> dict:
@@ -94,7 +94,7 @@ def run_specs_reduced(
             out["corrupt_logits"] = plan.corrupt_logits.cpu()
         return out
 
-    results = sharding.map(units, run, desc=f"patching ({method})", progress=progress)
+    results = sharding.map(units, run, desc=f"patching ({method})", progress=options.progress)
     plans.clear()
     values: dict[str, Tensor] = {}
     clean, corrupt = [], []
@@ -105,7 +105,7 @@ def run_specs_reduced(
             if value.ndim == 1 and len(chunks) > 1:
                 raise UserInputError(f"metric {name!r} returns one number per batch: it cannot be combined over "
                                      "pair chunks; return one value per pair (the sweep averages them) or drop "
-                                     "pair_batch_size")
+                                     "SweepOptions.batch_size")
             if name not in values:
                 shape = (len(specs), batch.n_pairs) if value.ndim == 2 else (len(specs),)
                 values[name] = torch.zeros(shape, dtype=value.dtype)

@@ -12,26 +12,36 @@ TransformerLens's `get_act_patch_*` do); method "fast" (default) and "naive" giv
 percentile bootstrap interval over pairs (`result.intervals`), and the normalised patch effect
 is NaN where the clean and corrupt runs differ by less than the noise floor
 (`vlens.patching.metrics.effect_floor`), with a `NoiseFloorWarning` naming the cells.
-Common keywords: `metric` (default: the answer metrics of `vlens.patching.metrics`; or any
+Common arguments: `metric` (default: the answer metrics of `vlens.patching.metrics`; or any
 callable, TransformerLens style: ``metric(logits [n_pairs, n_readout, d_vocab]) -> [n_pairs]``,
-a number, or a dict of those), `readout` (where the logits are read: "final", or column
-indices of the left-padded batch, -1 being the final one), `max_batch` (rows per forward in
-the fast path), `pair_batch_size` (run the pairs in chunks of this many, for memory),
-`progress` (tqdm bars), `sharding` (a `vlens.parallel.Sharding`: split the forwards across
-processes; every process gets the result).
+a number, or a dict of those), `direction`, and `options` (`vlens.SweepOptions`: `readout`, where
+the logits are read, "final" or column indices of the left-padded batch, -1 being the final one;
+`implementation`, "fast" or "naive"; `max_batch`, rows per forward in the fast path; `batch_size`,
+run the pairs in chunks of this many, for memory; `progress`; `sharding`, split the forwards
+across processes, every process gets the result; `cache_device`, where the corrupt activations
+and clean residuals are kept).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vlens.parallel.options import Readout, SweepOptions, fold_legacy
 from vlens.patching.conditions import PatchSpec, check_component
-from vlens.patching.metrics import AnswerMetrics, MetricFn, NoiseFloorWarning, as_metric, effect_floor
-from vlens.patching.pairs import PairBatch, Readout
+from vlens.patching.metrics import (
+    AnswerMetrics,
+    MetricFn,
+    MetricFunction,
+    NoiseFloorWarning,
+    Summary,
+    as_metric,
+    effect_floor,
+)
+from vlens.patching.pairs import PairBatch
 from vlens.patching.results import PatchingResult, stack_metrics
 from vlens.patching.sharded import run_specs_reduced
 from vlens.utils.errors import UserInputError
@@ -39,10 +49,11 @@ from vlens.utils.finite import finite_rows, warn_non_finite
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
-    from vlens.parallel import Sharding
 
 REGIONS: tuple[str, ...] = ("image", "text", "final", "all")
 DIRECTIONS: tuple[str, ...] = ("noising", "denoising")  # corrupt into clean (default) | clean into corrupt
+# the run keywords the sweeps took before `SweepOptions` (still accepted, with a DeprecationWarning)
+SWEEP_LEGACY = ("method", "max_batch", "progress", "pair_batch_size", "sharding", "readout")
 
 
 def oriented(batch: PairBatch, direction: str) -> PairBatch:
@@ -75,11 +86,11 @@ def _layers(model: HookedVLM, layers: Sequence[int] | None) -> list[int]:
     chosen = list(range(n)) if layers is None else [int(x) for x in layers]
     bad = [x for x in chosen if not 0 <= x < n]
     if bad or not chosen:
-        raise ValueError(f"layers {bad or chosen} are not valid: the model has layers 0..{n - 1}")
+        raise UserInputError(f"layers {bad or chosen} are not valid: the model has layers 0..{n - 1}")
     return chosen
 
 
-def report_non_finite(model, batch: PairBatch, baseline, per_pair: torch.Tensor, layers: list[int], cells: list,
+def report_non_finite(model: HookedVLM, batch: PairBatch, baseline, per_pair: torch.Tensor, layers: list[int], cells: list,
                       component: str) -> None:
     """Warn (`NonFiniteWarning`) about pairs whose unpatched runs, or cells whose patched runs, gave
     non-finite logits; their metrics are NaN already."""
@@ -112,29 +123,32 @@ def _fill_missing(values: dict[str, torch.Tensor], present: torch.Tensor | None)
     return out
 
 
-def _result(model, batch, specs, mode, component, layers, cells, method, max_batch, progress, pair_batch_size,
-            sharding, metric, readout, direction="noising", present: torch.Tensor | None = None,
-            **extra) -> PatchingResult:
-    """present: bool [n_layers * n_cells] (layer-major), which cells `specs` hold (None: all of them)."""
+def _result(model: HookedVLM, batch: PairBatch, specs: list[PatchSpec], axes: dict, metric: MetricFn | None,
+            direction: str, options: SweepOptions, present: torch.Tensor | None = None) -> PatchingResult:
+    """axes: mode, component, layers, cells and the mode's own fields; present: bool [n_layers * n_cells]
+    (layer-major), which cells `specs` hold (None: all of them)."""
+    readout = options.readout
     if metric is None and readout != "final":
         raise UserInputError("the default answer metrics read the final position: pass metric=... to read "
                              f"readout={readout!r}")
     given = batch
     batch = oriented(batch, direction)
     scorer = as_metric(metric, batch, getattr(model.cfg, "dtype", None))
-    summary = run_specs_reduced(model, batch, specs, method=method, max_batch=max_batch, progress=progress,
-                                pair_batch_size=pair_batch_size, sharding=sharding, metric=scorer, readout=readout)
-    return result_from_summary(model, given, batch, summary, scorer, mode, component, layers, cells, readout,
-                               direction, present, **extra)
+    summary = run_specs_reduced(model, batch, specs, metric=scorer, options=options)
+    return result_from_summary(model, given, batch, summary, scorer, {**axes, "readout": readout}, direction, present)
 
 
-def result_from_summary(model, given: PairBatch, batch: PairBatch, summary, scorer, mode: str, component: str,
-                        layers: list[int], cells: list, readout: Readout, direction: str = "noising",
-                        present: torch.Tensor | None = None, **extra) -> PatchingResult:
+def result_from_summary(model: HookedVLM, given: PairBatch, batch: PairBatch, summary: Summary,
+                        scorer: AnswerMetrics | MetricFunction, axes: dict, direction: str = "noising",
+                        present: torch.Tensor | None = None) -> PatchingResult:
     """A `PatchingResult` from a sweep's metric `summary` (one condition per present cell, layer-major):
     the grids, non-finite warnings, the noise floor and the bootstrap intervals.
 
-    given: the pairs as the caller gave them; batch: as run (`oriented` for the direction)."""
+    given: the pairs as the caller gave them; batch: as run (`oriented` for the direction).
+    axes: "mode", "component", "layers", "cells", "readout" and the mode's own fields (region, tokens, ...)."""
+    axes = dict(axes)
+    mode, component, layers, cells = axes.pop("mode"), axes.pop("component"), axes.pop("layers"), axes.pop("cells")
+    readout: Readout = axes.pop("readout")
     metrics = stack_metrics(_fill_missing(summary.metrics, present), len(layers), len(cells))
     per_pair = stack_metrics(_fill_missing(summary.per_pair, present), len(layers), len(cells))
     if summary.baseline is not None:
@@ -151,7 +165,7 @@ def result_from_summary(model, given: PairBatch, batch: PairBatch, summary, scor
                             metric="answer" if isinstance(scorer, AnswerMetrics) else scorer.name,
                             readout=readout if isinstance(readout, str) else [int(c) for c in ([readout] if isinstance(
                                 readout, int) else readout)],
-                            direction=direction, extra={"answers": given.answers_json()}, **extra)
+                            direction=direction, extra={"answers": given.answers_json()}, **axes)
     if summary.baseline is not None:
         result.effect_floor = effect_floor(summary.baseline)
         warn_noise_floor(result)
@@ -161,47 +175,58 @@ def result_from_summary(model, given: PairBatch, batch: PairBatch, summary, scor
 
 def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
                        regions: Sequence[str] = REGIONS, layers: Sequence[int] | None = None,
-                       method: str = "fast", max_batch: int = 64, progress: bool = False,
-                       pair_batch_size: int | None = None, sharding: Sharding | None = None,
-                       metric: MetricFn | None = None, readout: Readout = "final",
-                       direction: str = "noising") -> PatchingResult:
+                       metric: MetricFn | None = None, direction: str = "noising",
+                       options: SweepOptions | None = None, **legacy: Any) -> PatchingResult:
     """Patch `component` ("resid_pre", "attn_out", "mlp_out") of each layer at each region.
 
-    direction: "noising" (corrupt activations into the clean run, default) or "denoising".
-    Returns a PatchingResult with metrics [n_layers, n_regions].
+    Args:
+        model: the model.
+        batch: the pairs (`build_pair_batch`).
+        component: the activation patched at each layer.
+        regions: the positions patched, some of `REGIONS` ("image", "text", "final", "all").
+        layers: the layers patched (default all).
+        metric: default the answer metrics; or ``metric(logits [n_pairs, n_readout, d_vocab])``.
+        direction: "noising" (corrupt activations into the clean run, default) or "denoising".
+        options: readout positions, fast / naive implementation, batch sizes, progress, sharding,
+            cache device (`vlens.SweepOptions`).
+    Returns:
+        a `PatchingResult` with metrics [n_layers, n_regions].
     """
+    options = fold_legacy(options, legacy, "patch_layer_region", SWEEP_LEGACY)
     check_component(component)
     for region in regions:
         if region not in REGIONS:
-            raise ValueError(f"unknown region {region!r}: use some of {REGIONS}")
+            raise UserInputError(f"unknown region {region!r}: use some of {REGIONS}")
     layers = _layers(model, layers)
     masks = {r: batch.region_mask(r) for r in regions}
     specs = [PatchSpec(layer, component, masks[r]) for layer in layers for r in regions]
-    return _result(model, batch, specs, "layer-region", component, layers, list(regions), method, max_batch, progress,
-                   pair_batch_size, sharding, metric, readout, direction)
+    axes = {"mode": "layer-region", "component": component, "layers": layers, "cells": list(regions)}
+    return _result(model, batch, specs, axes, metric, direction, options)
 
 
 def patch_layer_region_components(model: HookedVLM, batch: PairBatch,
                                   components: Sequence[str] = ("resid_pre", "attn_out", "mlp_out"),
-                                  **kwargs) -> dict[str, PatchingResult]:
-    """`patch_layer_region` for several components: {component: result}."""
+                                  **kwargs: Any) -> dict[str, PatchingResult]:
+    """`patch_layer_region` for several components: {component: result} (kwargs: its arguments)."""
     return {component: patch_layer_region(model, batch, component=component, **kwargs) for component in components}
 
 
 def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
-                         layers: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
-                         progress: bool = False, pair_batch_size: int | None = None,
-                         sharding: Sharding | None = None, metric: MetricFn | None = None,
-                         readout: Readout = "final", direction: str = "noising") -> PatchingResult:
+                         layers: Sequence[int] | None = None, metric: MetricFn | None = None,
+                         direction: str = "noising", options: SweepOptions | None = None,
+                         **legacy: Any) -> PatchingResult:
     """Patch `component` of each layer at each position (a column of the left-padded batch).
-
-    direction: "noising" (corrupt activations into the clean run, default) or "denoising".
 
     Rows are left-padded, so column p is the same slot counted from the final token in every
     pair; columns where a pair has padding patch nothing for that pair. When every pair has its
     image at the same columns, the result also maps those columns onto the image grid
     (`result.image_grid_values()`, `result.plot_image_grid()`).
+
+    Args: as `patch_layer_region` (without regions).
+    Returns:
+        a `PatchingResult` with metrics [n_layers, seq_len].
     """
+    options = fold_legacy(options, legacy, "patch_layer_position", SWEEP_LEGACY)
     check_component(component)
     layers = _layers(model, layers)
     seq_len = batch.seq_len
@@ -225,35 +250,36 @@ def patch_layer_position(model: HookedVLM, batch: PairBatch, component: str = "r
         # the grid that covers the whole image: no CLS token; an anyres image's base view
         view = regions.image_view(0, 0)
         image_positions, grid = view.positions.tolist(), tuple(view.grid)
-    return _result(model, batch, specs, "layer-pos", component, layers, positions, method, max_batch, progress,
-                   pair_batch_size, sharding, metric, readout, direction, tokens=token_strings,
-                   image_positions=image_positions, image_grid=grid)
+    axes = {"mode": "layer-pos", "component": component, "layers": layers, "cells": positions,
+            "tokens": token_strings, "image_positions": image_positions, "image_grid": grid}
+    return _result(model, batch, specs, axes, metric, direction, options)
 
 
 def patch_layer_head(model: HookedVLM, batch: PairBatch, region: str = "all", layers: Sequence[int] | None = None,
-                     heads: Sequence[int] | None = None, method: str = "fast", max_batch: int = 64,
-                     progress: bool = False, pair_batch_size: int | None = None,
-                     sharding: Sharding | None = None, metric: MetricFn | None = None,
-                     readout: Readout = "final", direction: str = "noising") -> PatchingResult:
+                     heads: Sequence[int] | None = None, metric: MetricFn | None = None, direction: str = "noising",
+                     options: SweepOptions | None = None, **legacy: Any) -> PatchingResult:
     """Patch one head's `hook_z` at a time (at `region`'s positions: "all", "image", "text", "final").
 
-    direction: "noising" (corrupt activations into the clean run, default) or "denoising".
+    In a hybrid decoder (Qwen3.5) the heads of a linear-attention layer are its value heads (their
+    `hook_z`, before out_proj), and a layer with fewer heads than the widest layer has NaN in the
+    cells it lacks.
 
-    Returns a PatchingResult with metrics [n_layers, n_heads]. In a hybrid decoder (Qwen3.5) the
-    heads of a linear-attention layer are its value heads (their `hook_z`, before out_proj), and a
-    layer with fewer heads than the widest layer has NaN in the cells it lacks.
+    Args: as `patch_layer_region`, with `region` (one of `REGIONS`) and `heads` (default all).
+    Returns:
+        a `PatchingResult` with metrics [n_layers, n_heads].
     """
+    options = fold_legacy(options, legacy, "patch_layer_head", SWEEP_LEGACY)
     if region not in REGIONS:
-        raise ValueError(f"unknown region {region!r}: use one of {REGIONS}")
+        raise UserInputError(f"unknown region {region!r}: use one of {REGIONS}")
     layers = _layers(model, layers)
     cfg = model.cfg
     n_heads = cfg.max_heads
     heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
     if any(not 0 <= h < n_heads for h in heads):
-        raise ValueError(f"heads {heads} are not valid: the model has heads 0..{n_heads - 1}")
+        raise UserInputError(f"heads {heads} are not valid: the model has heads 0..{n_heads - 1}")
     mask = batch.region_mask(region)
     present = torch.tensor([h < cfg.heads_at(layer) for layer in layers for h in heads], dtype=torch.bool)
     specs = [PatchSpec(layer, "z", mask, head=h) for layer in layers for h in heads if h < cfg.heads_at(layer)]
-    return _result(model, batch, specs, "layer-head", "z", layers, heads, method, max_batch,
-                   progress, pair_batch_size, sharding, metric, readout, direction,
-                   present=None if bool(present.all()) else present, region=region)
+    axes = {"mode": "layer-head", "component": "z", "layers": layers, "cells": heads, "region": region}
+    return _result(model, batch, specs, axes, metric, direction, options,
+                   present=None if bool(present.all()) else present)

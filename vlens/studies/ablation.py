@@ -10,22 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from vlens.ablation import (
     AblationReport,
+    AblationSettings,
     TaskBatch,
     build_task_batch,
     cross_task_ablation,
     head_set_from_json,
     jaccard,
 )
-from vlens.ablation.crosstask import REFERENCE_MODES
 from vlens.ablation.experts import cross_task_expert_ablation
 from vlens.ablation.overlap import unranked_heads
+from vlens.ablation.settings import split_legacy
 from vlens.ablation.tasks import canonical_task_name, dataset_task_batches
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import check_count
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
 
 DEFAULT_TASKS: tuple[str, ...] = (
     "counting", "colour", "shape", "spatial", "arithmetic", "existence", "counting@synreal",
@@ -33,42 +38,40 @@ DEFAULT_TASKS: tuple[str, ...] = (
 
 
 def ablation_study(
-    model,
+    model: HookedVLM,
     tasks: Sequence[str] | Mapping[str, tuple[TaskBatch, TaskBatch]] = DEFAULT_TASKS,
     n_examples: int = 64,
     n_reference: int = 64,
-    method: str = "mean",
-    alignment: str = "region",
-    reference_mode: str = "per-task",
-    top_k: int = 20,
-    rank_by: str = "logprob",
     image_size: int = 224,
-    batch_size: int = 16,
-    heads_per_pass: int = 8,
-    seed: int = 0,
-    retest_seed: int | None = None,
-    progress: bool = True,
-    sharding: Sharding | None = None,
-    unit: str = "head",
+    settings: AblationSettings | None = None,
+    options: SweepOptions | None = None,
+    **legacy: Any,
 ) -> AblationReport:
     """`cross_task_ablation` on task-suite tasks ("counting", "counting@synreal", ...) or on given
     {name: (evaluation TaskBatch, reference TaskBatch)} (e.g. real datasets).
 
     Args:
-        n_examples, n_reference: evaluation / reference examples per task (disjoint seeds).
-        retest_seed: also sweep a second evaluation set (seeds retest_seed, retest_seed + 1, ...)
-            with the same reference: `report.reliability()`.
-        unit: "head" (`cross_task_ablation`) or "expert": every expert of the MoE layers
-            (`vlens.ablation.experts.cross_task_expert_ablation`; heads_per_pass is then experts per pass,
-            alignment and reference_mode do not apply: each task's own reference means).
-        The other arguments are `cross_task_ablation`'s.
+        model: the model.
+        tasks: task-suite names or ready task batches.
+        n_examples, n_reference: evaluation / reference examples per task (disjoint seeds, from
+            `settings.seed`).
+        image_size: side in px of the rendered task images.
+        settings: `AblationSettings`; with `retest_seed`, also sweep a second evaluation set
+            (seeds retest_seed, retest_seed + 1, ...) with the same reference: `report.reliability()`;
+            with `unit="expert"`, every expert of the MoE layers instead of every head
+            (`vlens.ablation.experts.cross_task_expert_ablation`: alignment and reference_mode do not
+            apply, each task's own reference means; `options.heads_per_pass` is experts per pass).
+        options: how the sweeps run (`vlens.SweepOptions`).
+    Returns:
+        the `AblationReport` (its settings also record the sizes and the retest seed).
     """
+    settings, rest = split_legacy(settings, legacy, "ablation_study")
+    options = fold_legacy(options, rest, "ablation_study", ("batch_size", "heads_per_pass", "progress", "sharding"))
+    seed, retest_seed = settings.seed, settings.retest_seed
     for name, value in (("n_examples", n_examples), ("n_reference", n_reference), ("image_size", image_size)):
         check_count(value, name, min=28 if name == "image_size" else 1)
-    if reference_mode not in REFERENCE_MODES:
-        raise ValueError(f"reference_mode must be one of {REFERENCE_MODES}, got {reference_mode!r}")
     if retest_seed is not None and isinstance(tasks, Mapping):
-        raise ValueError("retest_seed needs task-suite names (the second evaluation set is drawn from them)")
+        raise UserInputError("retest_seed needs task-suite names (the second evaluation set is drawn from them)")
     if retest_seed is not None and abs(retest_seed - seed) < n_examples:
         raise UserInputError(f"retest seeds {retest_seed}..{retest_seed + n_examples - 1} overlap the evaluation seeds "
                              f"{seed}..{seed + n_examples - 1}: use a retest seed >= {seed + n_examples}")
@@ -77,23 +80,16 @@ def ablation_study(
     else:
         names = [canonical_task_name(t) for t in tasks]
         if len(set(names)) != len(names):
-            raise ValueError(f"duplicate task in {list(tasks)}")
+            raise UserInputError(f"duplicate task in {list(tasks)}")
         sets = {name: (build_task_batch(model, name, n_examples, seed, image_size),
                        build_task_batch(model, name, n_reference, seed, image_size, reference=True))
                 for name in names}
     retest = None if retest_seed is None else {
         name: build_task_batch(model, name, n_examples, retest_seed, image_size) for name in sets}
-    if unit == "expert":
-        report = cross_task_expert_ablation(model, sets, method=method, top_k=top_k, rank_by=rank_by,
-                                            batch_size=batch_size, experts_per_pass=heads_per_pass, retest=retest,
-                                            progress=progress, sharding=sharding)
-    elif unit == "head":
-        report = cross_task_ablation(model, sets, method=method, alignment=alignment, reference_mode=reference_mode,
-                                     top_k=top_k, rank_by=rank_by, batch_size=batch_size,
-                                     heads_per_pass=heads_per_pass, seed=seed, retest=retest, retest_seed=retest_seed,
-                                     progress=progress, sharding=sharding)
+    if settings.unit == "expert":
+        report = cross_task_expert_ablation(model, sets, settings, retest=retest, options=options)
     else:
-        raise ValueError(f"unit must be 'head' or 'expert', got {unit!r}")
+        report = cross_task_ablation(model, sets, settings, retest=retest, options=options)
     report.settings.update(n_examples=n_examples, n_reference=n_reference, image_size=image_size,
                            retest_seed=retest_seed)
     return report

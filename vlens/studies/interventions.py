@@ -33,6 +33,7 @@ from vlens.ablation import TaskBatch, build_task_batch, collect_reference, head_
 from vlens.data import make_task_sample
 from vlens.evaluation import HookedVLMBackend, counting_metrics, parse_count
 from vlens.interventions.temperature import HeadTemperature, fit_temperature, importance_from_result
+from vlens.parallel.options import SweepOptions
 from vlens.training.data import SFTExample, example_from_sample
 from vlens.training.sft import SFTConfig, train_sft
 from vlens.utils.finite import json_safe
@@ -215,8 +216,9 @@ def head_importance(model, settings: StudySettings, seed: int, progress: bool = 
             ),
         ],
     )
-    means = collect_reference(model, reference, alignment="region", progress=progress)
-    return head_ablation_sweep(model, task, method="mean", reference=means, progress=progress)
+    options = SweepOptions(progress=progress)
+    means = collect_reference(model, reference, alignment="region", options=options)
+    return head_ablation_sweep(model, task, method="mean", reference=means, options=options)
 
 
 # ---------------------------------------------------------------------- the study
