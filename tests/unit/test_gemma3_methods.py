@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.helpers.models import tiny_vlm
+from vlens import SweepOptions
 from vlens.data import make_pair
 from vlens.data.templates import all_template_words
 from vlens.patching import build_pair_batch, patch_layer_head, patch_layer_position, patch_layer_region
@@ -51,8 +52,8 @@ def test_a_change_inside_an_image_block_reaches_back_to_the_block_start(gemma, p
     (patch_layer_head, {"region": "image"}),
 ])
 def test_fast_patching_equals_naive(gemma, pair_batch, sweep, kwargs):
-    fast = sweep(gemma, pair_batch, method="fast", max_batch=7, **kwargs)
-    naive = sweep(gemma, pair_batch, method="naive", **kwargs)
+    fast = sweep(gemma, pair_batch, options=SweepOptions(implementation="fast", max_batch=7), **kwargs)
+    naive = sweep(gemma, pair_batch, options=SweepOptions(implementation="naive"), **kwargs)
     assert torch.allclose(fast.per_pair_logit_diff, naive.per_pair_logit_diff, atol=1e-5)
     for name in ("overwrite_rate", "flip_away_rate"):
         assert torch.equal(fast[name], naive[name])
@@ -66,9 +67,11 @@ def test_stacked_ablation_sweep_equals_plain_hooks():
                      **CONFIG)
     evaluation = build_task_batch(model, "counting", 4, seed=0, image_size=48)
     reference = collect_reference(model, build_task_batch(model, "counting", 3, seed=0, image_size=48, reference=True),
-                                  "region", progress=False)
-    fast = head_ablation_sweep(model, evaluation, "mean", reference, batch_size=2, heads_per_pass=3, progress=False)
-    plain = head_ablation_sweep(model, evaluation, "mean", reference, batch_size=4, resume=False, progress=False)
+                                  "region", options=SweepOptions(progress=False))
+    fast = head_ablation_sweep(model, evaluation, "mean", reference,
+                               options=SweepOptions(batch_size=2, heads_per_pass=3, progress=False))
+    plain = head_ablation_sweep(model, evaluation, "mean", reference, resume=False,
+                                options=SweepOptions(batch_size=4, progress=False))
     assert torch.allclose(fast.ablated_logprob, plain.ablated_logprob, atol=1e-5)
     assert not torch.isnan(fast.ablated_logprob).any()
 
@@ -119,3 +122,23 @@ def test_focus_loss_leaves_out_queries_whose_window_holds_no_image(gemma, pair_b
     leaf = patterns[1].detach().requires_grad_(True)
     focus_loss({0: patterns[0].detach().requires_grad_(True), 1: leaf}, prior).backward()
     assert leaf.grad is not None and bool(torch.isfinite(leaf.grad).all())
+
+
+def test_headlens_reads_image_attention_against_what_each_layer_sees(gemma, pair_batch):
+    """A sliding layer whose window ends before the image sees no image token from the final position: its
+    image share is 0 there and the heads' image-attention ratio is undefined (NaN), not 0 ("aggregation")."""
+    from vlens.lens.corpus import task_samples
+    from vlens.lens.head_scores import compute_head_scores
+    from vlens.lens.headlens import HeadLens
+
+    inputs = pair_batch.clean
+    out = HeadLens(gemma).run(inputs, k=3)
+    shares = out.shares_by_layer()[:, 0]  # [batch, L]
+    assert out.layer_image_share is not None
+    assert bool((shares[:, [0, 2]] == 0).all()) and bool((shares[:, 1] == out.image_share[:, 0]).all())
+    assert bool((shares[:, 1] > 0).all())
+    assert float(out.image_attention[:, 0, 0].abs().max()) == 0.0
+    scores = compute_head_scores(gemma, task_samples(2, seed=0, size=48), k=3,
+                                 options=SweepOptions(batch_size=2, progress=False))
+    ratio = scores.per_example["image_attention_ratio"]  # [examples, L, H]
+    assert bool(ratio[:, [0, 2]].isnan().all()) and bool(ratio[:, 1].isfinite().all())

@@ -236,12 +236,16 @@ def compute_head_scores(
             return torch.where(rows[:, None, None], values.float(), nan)
 
         share = out.image_share[:, 0].float()
-        has_image = out.has_image & (share > 0)
+        # per layer: the image share among the keys that layer sees (a sliding window may hold no image token:
+        # its heads have no image attention to read there, NaN rather than 0)
+        layer_share = out.shares_by_layer()[:, 0].float()  # [batch, L]
+        sees_image = out.has_image[:, None] & (layer_share > 0)
         mass = out.image_attention[:, 0].float()
         answer = out.model_top1[:, 0]
         values = {"vgs": _share_in(ids, vocab["visual"]), "cter": _share_in(ids, vocab["number"]),
                   "image_attention": where(out.has_image, mass),
-                  "image_attention_ratio": where(has_image, mass / share.clamp_min(1e-12)[:, None, None]),
+                  "image_attention_ratio": torch.where(sees_image[:, :, None],
+                                                       mass / layer_share.clamp_min(1e-12)[:, :, None], nan),
                   "answer_alignment": (ids[..., 0] == answer[:, None, None]).float(),
                   "existence_response": nan.clone(), "_difficulty_crowded": nan.clone(),
                   "_difficulty_uncrowded": nan.clone()}

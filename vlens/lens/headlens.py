@@ -55,6 +55,8 @@ class HeadLensOutput(Result):
         logits are not finite); top_ids are -1 and top_logits NaN where a head's logits are not finite;
         image_attention [batch, p, L, H] attention mass from the position onto image tokens;
         image_share [batch, p] share of the visible keys that are image tokens (uniform baseline);
+        layer_image_share [batch, p, L] that share per layer where layers see different keys (a
+        sliding-window layer sees only its window: Gemma 3), else None;
         has_image [batch]; logits [batch, p, L, H, d_vocab] only with ``return_logits=True``.
     H is the widest layer's head count: where layers differ (a hybrid decoder, whose linear-attention
     layers' heads are their value heads), a layer's missing heads have top_ids -1 and NaN values.
@@ -70,6 +72,13 @@ class HeadLensOutput(Result):
     image_share: Float[Tensor, "batch p"]
     has_image: Tensor
     logits: Float[Tensor, "batch p L H d_vocab"] | None = None
+    layer_image_share: Float[Tensor, "batch p L"] | None = None
+
+    def shares_by_layer(self) -> Float[Tensor, "batch p L"]:
+        """The image-token share of the keys each decoded layer sees, [batch, p, L]."""
+        if self.layer_image_share is not None:
+            return self.layer_image_share
+        return self.image_share[..., None].expand(*self.image_share.shape, len(self.layers))
 
     def top_tokens(self, tokenizer, row: int, layer: int, head: int, position_index: int = 0) -> list[str]:
         """Decoded top-k tokens of one head (layer is a model layer index), as `to_str_tokens` labels them."""
@@ -95,6 +104,7 @@ class HeadLensOutput(Result):
             "model_top1": self.model_top1.tolist(),
             "image_attention": None if self.image_attention is None else self.image_attention.tolist(),
             "image_share": self.image_share.tolist(),
+            "layer_image_share": None if self.layer_image_share is None else self.layer_image_share.tolist(),
         }
 
 
@@ -245,9 +255,19 @@ class HeadLens(TunedLens):
         key_index = torch.arange(inputs.input_ids.shape[1])
         before = key_index[None, None, :] <= pos[:, :, None]  # causal: keys up to the position
         seen = before & visible[:, None, :]
-        image_share = (seen & image_keys.cpu()[:, None, :]).sum(-1) / seen.sum(-1).clamp(min=1)
+        is_image_key = image_keys.cpu()[:, None, :]
+        image_share = (seen & is_image_key).sum(-1) / seen.sum(-1).clamp(min=1)
+        layer_share = None
+        windows = [getattr(model.blocks[x].attn, "sliding_window", None) for x in layers]
+        if any(w is not None for w in windows):  # a sliding-window layer sees its last `w` keys only
+            shares = []
+            for window in windows:
+                seen_here = seen if window is None else seen & (key_index[None, None, :] > pos[:, :, None] - window)
+                shares.append((seen_here & is_image_key).sum(-1) / seen_here.sum(-1).clamp(min=1))
+            layer_share = torch.stack(shares, -1).float()
         return HeadLensOutput(
             layers=layers, positions=pos, top_ids=torch.stack(tops, 2), top_logits=torch.stack(values, 2),
             model_top1=model_top1, image_attention=mass, image_share=image_share.float(),
             has_image=image_keys.any(-1).cpu(), logits=torch.stack(full, 2) if return_logits else None,
+            layer_image_share=layer_share,
         )
