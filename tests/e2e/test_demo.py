@@ -25,7 +25,8 @@ from vlens.evaluation import subitizing_limit
 CHROMIUM = Path("/usr/bin/chromium")
 SECTION_KEYS = [
     "model", "key_numbers", "data", "counting_accuracy", "confusion_matrix", "attention_share", "attention_image",
-    "attention_circuitsvis", "vap_layer_region", "vap_layer_head", "logit_lens", "headlens", "ablation_jaccard",
+    "attention_circuitsvis", "vap_layer_region", "vap_layer_head", "counting_circuit", "logit_lens", "headlens",
+    "ablation_jaccard",
     "geometry_pca", "geometry_tsne", "interventions",
 ]
 
@@ -114,6 +115,12 @@ def test_numbers_agree_with_the_data_behind_them(demo_run):
     assert float(rate[0, 3]) == pytest.approx(sum(both) / len(both), abs=1e-6)
     model = results["model"]
     assert len(sections["vap_layer_head"]["data"]["patch_effect"]) == model["n_layers"]
+
+    circuit = sections["counting_circuit"]
+    assert circuit["data"]["faithfulness"] >= circuit["numbers"]["target"]
+    assert 0 < circuit["numbers"]["circuit edges"] == len(circuit["data"]["edges"]) < circuit["numbers"]["graph edges"]
+    low, high = circuit["data"]["faithfulness_interval"]["low"], circuit["data"]["faithfulness_interval"]["high"]
+    assert low <= circuit["data"]["faithfulness"] <= high
 
     # Greedy generation's first token is the last layer's top token, so the logit lens's final-layer top-1
     # agrees example by example with "the answer starts with the true count" (same images, same batches).

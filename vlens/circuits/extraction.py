@@ -178,11 +178,16 @@ class Circuit(Result):
         """Read what `save` wrote (the JSON file, or a folder holding results.json)."""
         return cls.from_dict(cls.read_saved(path))
 
-    def plot(self):
-        """The circuit's graph: its edges, width by |score|, image regions on the picture."""
-        title = (f"circuit: {self.n_edges} of {self.graph.n_edges} edges, faithfulness {self.faithfulness:.2f} "
+    def plot(self, max_edges: int | None = 60):
+        """The circuit's graph: its edges (the `max_edges` of largest |score|; None: all), width by
+        |score|, image regions on the picture."""
+        shown = sorted(self.edges, key=lambda e: -abs(float(self.scores.scores[e])))
+        if max_edges is not None:
+            shown = shown[:max_edges]
+        part = "" if len(shown) == self.n_edges else f" (the {len(shown)} of largest |score| drawn)"
+        title = (f"circuit: {self.n_edges} of {self.graph.n_edges} edges{part}, faithfulness {self.faithfulness:.2f} "
                  f"[{self.interval[0]:.2f}, {self.interval[1]:.2f}] ({self.scores.method.upper()}, {self.scores.metric})")
-        return edges_figure(self.graph, self.edges, self.scores.scores, self.thumbnail, title,
+        return edges_figure(self.graph, shown, self.scores.scores, self.thumbnail, title,
                             f"{self.scores.method.upper()} score")
 
     def plot_curve(self):

@@ -5,7 +5,8 @@
     outcome.results["sections"]["counting_accuracy"]["numbers"]
 
 Stages: model summary -> data -> counting evaluation (subitizing curve, confusion) -> attention
-over the image -> VAP layer x region and layer x head -> logit lens -> HeadLens taxonomy ->
+over the image -> VAP layer x region and layer x head -> the counting circuit (EAP-IG, exact
+faithfulness) -> logit lens -> HeadLens taxonomy ->
 ablation Jaccard across tasks -> representation geometry -> interventions table.
 """
 
@@ -23,6 +24,7 @@ import torch
 from vlens.core.model import HookedVLM
 from vlens.demo.ablation_stage import ablation_section
 from vlens.demo.attention_stage import attention_sections
+from vlens.demo.circuit_stage import circuit_sections
 from vlens.demo.counting_stage import counting_sections
 from vlens.demo.data_stage import counting_samples, data_section
 from vlens.demo.geometry_stage import geometry_sections
@@ -110,7 +112,7 @@ def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo"
     model_arg = model if isinstance(model, str) else None
     folder = model_folder(model_arg) if model_arg else None
     name = model_arg or type(model).__name__
-    stages = _Stages(11 if model_arg else 10, progress)
+    stages = _Stages(12 if model_arg else 11, progress)
 
     options = {"progress": progress, **(load_options or {})}
     hooked = stages.run("load model", load_model, model, **options) if isinstance(model, str) else model
@@ -126,6 +128,7 @@ def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo"
         sections += stages.run("counting evaluation", counting_sections, hooked, samples, settings, progress)
         sections += stages.run("attention over the image", attention_sections, hooked, samples, settings)
         sections += stages.run("visual activation patching", patching_sections, hooked, settings, progress)
+        sections += stages.run("counting circuit", circuit_sections, hooked, settings, progress)
         sections.append(stages.run("logit lens", logit_lens_section, hooked, samples, settings))
     lens_dir = folder / SHIPPED_LENS_DIR if folder is not None else None
     sections.append(stages.run("HeadLens taxonomy", headlens_section, hooked, settings, lens_dir, progress))

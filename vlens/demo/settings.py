@@ -20,6 +20,8 @@ class DemoSettings:
             (used only when no trained lens ships with the model).
         headlens_samples: task-suite samples the heads are scored on.
         ablation_tasks, ablation_examples, ablation_top_k: the cross-task ablation study.
+        circuit_pairs, circuit_ig_steps, circuit_target: the counting circuit (EAP-IG scores, the
+            smallest circuit whose exact faithfulness reaches the target).
         max_new_tokens: generation length for the counting evaluation.
         batch_size: examples per forward pass.
         seed: base seed of every generated example.
@@ -36,6 +38,9 @@ class DemoSettings:
     ablation_tasks: tuple[str, ...] = ("counting", "colour", "shape", "spatial", "arithmetic", "existence")
     ablation_examples: int = 64
     ablation_top_k: int = 8
+    circuit_pairs: int = 32
+    circuit_ig_steps: int = 5
+    circuit_target: float = 0.8
     max_new_tokens: int = 6
     batch_size: int = 16
     seed: int = 0
@@ -53,15 +58,20 @@ class DemoSettings:
             ablation_tasks=("counting", "colour", "shape", "spatial", "arithmetic"),
             ablation_examples=24,
             ablation_top_k=6,
+            circuit_pairs=12,
+            circuit_ig_steps=3,
         )
 
     def check(self) -> None:
         for name in ("n_count_images", "n_pairs", "lens_samples", "headlens_samples", "ablation_examples",
-                     "ablation_top_k", "max_new_tokens", "batch_size", "image_size"):
+                     "ablation_top_k", "max_new_tokens", "batch_size", "image_size", "circuit_pairs",
+                     "circuit_ig_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DemoSettings.{name} must be >= 1, got {getattr(self, name)}")
         if not self.counts or min(self.counts) < 0:
             raise ValueError(f"DemoSettings.counts must be non-negative counts, got {self.counts}")
+        if not 0 < self.circuit_target <= 1:
+            raise ValueError(f"DemoSettings.circuit_target must be in (0, 1], got {self.circuit_target}")
         if len(self.ablation_tasks) < 2:
             raise ValueError("the ablation Jaccard needs at least two tasks in DemoSettings.ablation_tasks")
 

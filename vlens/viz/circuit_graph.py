@@ -1,12 +1,13 @@
 """A circuit as an interactive graph: layers left to right, image regions drawn on the picture.
 
-Columns: the input nodes (the image thumbnail with one node per image region at its place on
-the picture, and the text tokens below it), then for each layer its heads (one row per head)
-and its MLP, then the logits. An edge is a line from its sender to the node it feeds: width by
-|score|, red where the score is positive, blue where negative; the receiving port is the line's
-dash (queries dotted, keys dashed, values and MLP / logits inputs solid). Hover an edge's
-midpoint for its name and score, a node for its name. Scatter traces and a layout image only, so
-the page uses the small plotly bundle (`vlens.viz.html`).
+Columns: the input nodes (each image's thumbnail with one node per image region at its place on
+the picture, an anyres image's tiles / newline tokens under it, the text tokens below), then for
+each layer its heads (one row per head, labelled H0, H1, ...) and its MLP, then the logits. An edge
+is a line from its sender to the node it feeds: width by |score|, red where the score is positive,
+blue where negative; the receiving port is the line's dash (queries dotted, keys dashed, values
+and MLP / logits inputs solid). Hover an edge's midpoint for its name and score, a node for its
+name. The picture keeps its aspect ratio on screen (its box is sized from the figure's pixels).
+Scatter traces and a layout image only, so the page uses the small plotly bundle (`vlens.viz.html`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from vlens.viz.optional import require_plotly
 POSITIVE, NEGATIVE = "#d62728", "#1f77b4"
 PORT_DASH = {"q": "dot", "k": "dash", "v": "solid", "mlp": "solid", "logits": "solid"}
 WIDTH_LEVELS = 6
-IMAGE_LEFT, IMAGE_RIGHT = -2.4, -0.2  # the input column's picture, in x units of the layer columns
+MARGIN = {"l": 20, "r": 20, "t": 60, "b": 50}
+IMAGE_PIXELS = 230  # the picture's height on screen (all images together)
 
 
 @dataclass(frozen=True)
@@ -50,24 +52,53 @@ class GraphEdge:
     score: float
 
 
-def _layout(nodes: Sequence[GraphNode], n_layers: int, n_heads: int, grids: Sequence[tuple[int, int]]):
-    """Node positions and the picture boxes (x0, x1, y0, y1) of each image."""
+@dataclass(frozen=True)
+class _Frame:
+    """The figure's size and data ranges, and the picture boxes (x0, x1, y0, y1) in data units."""
+
+    width: int
+    height: int
+    x_range: tuple[float, float]
+    y_range: tuple[float, float]
+    boxes: list[tuple[float, float, float, float]]
+
+
+def _frame(n_layers: int, n_heads: int, n_images: int, aspect: float) -> _Frame:
+    """Sizes so that a picture of width / height `aspect` is drawn undistorted left of the layer columns."""
     top = max(n_heads - 1, 1)
-    n_images = max(len(grids), 1)
-    gap = 0.08 * top
-    height = (top - gap * (n_images - 1)) / n_images
+    width, height = max(760, 90 * (2 * n_layers + 1) + 300), max(440, 36 * n_heads + 200)
+    y_range = (-0.28 * top - 1.0, top + 0.6)
+    plot_w, plot_h = width - MARGIN["l"] - MARGIN["r"], height - MARGIN["t"] - MARGIN["b"]
+    per_y = plot_h / (y_range[1] - y_range[0])
+    box_h = min(top, IMAGE_PIXELS / per_y) if n_images else 0.0
+    gap = 0.06 * top
+    each_h = (box_h - gap * (n_images - 1)) / n_images if n_images else 0.0
+    each_px_w = each_h * per_y * aspect
+    right_edge = 2.6 + 2 * n_layers  # the logits column and a little room
+    # the picture's width in data units: its pixel width at the x scale the width itself sets
+    box_w = each_px_w * (right_edge - 0.7) / max(plot_w - each_px_w, 1.0)
+    x0, x1 = 0.8 - box_w, 0.8
     boxes = []
-    for i in range(len(grids)):
-        y1 = top - i * (height + gap)
-        boxes.append((IMAGE_LEFT, IMAGE_RIGHT, y1 - height, y1))
+    centre = top / 2 + box_h / 2
+    for i in range(n_images):
+        y1 = centre - i * (each_h + gap)
+        boxes.append((x0, x1, y1 - each_h, y1))
+    return _Frame(width, height, (x0 - 0.1, right_edge), y_range, boxes)
+
+
+def _layout(nodes: Sequence[GraphNode], n_layers: int, n_heads: int, grids: Sequence[tuple[int, int]],
+            frame: _Frame) -> dict[str, tuple[float, float]]:
+    """Each node's (x, y)."""
+    top = max(n_heads - 1, 1)
+    boxes = frame.boxes
     where: dict[str, tuple[float, float]] = {}
     parts = [n for n in nodes if n.kind == "image_part"]
     for node in parts:
         if node.image is not None and node.image < len(boxes):
             x0, x1, y0, _ = boxes[node.image]
             mine = [p for p in parts if p.image == node.image]
-            k = mine.index(node)
-            where[node.name] = (x0 + (x1 - x0) * (k + 0.5) / len(mine), y0 - 0.06 * top - 0.1)
+            where[node.name] = (x0 + (x1 - x0) * (mine.index(node) + 0.5) / len(mine), y0 - 0.05 * top - 0.15)
+    low = min((b[2] for b in boxes), default=top / 2)
     for node in nodes:
         if node.kind == "head":
             where[node.name] = (2.0 + 2 * node.layer, float(top - node.head) if n_heads > 1 else 0.5)
@@ -76,7 +107,8 @@ def _layout(nodes: Sequence[GraphNode], n_layers: int, n_heads: int, grids: Sequ
         elif node.kind == "logits":
             where[node.name] = (2.0 + 2 * n_layers, top / 2)
         elif node.kind == "tokens":
-            where[node.name] = ((IMAGE_LEFT + IMAGE_RIGHT) / 2, -0.12 * top - 0.4)
+            x0, x1 = boxes[0][:2] if boxes else (0.1, 0.8)
+            where[node.name] = ((x0 + x1) / 2, low - 0.14 * top - (0.5 if parts else 0.25))
         elif node.kind == "image" and node.image is not None and node.image < len(boxes):
             x0, x1, y0, y1 = boxes[node.image]
             rows, cols = grids[node.image]
@@ -84,10 +116,8 @@ def _layout(nodes: Sequence[GraphNode], n_layers: int, n_heads: int, grids: Sequ
                 where[node.name] = ((x0 + x1) / 2, (y0 + y1) / 2)
             else:
                 r0, r1, c0, c1 = node.box
-                cx = x0 + (x1 - x0) * ((c0 + c1) / 2) / cols
-                cy = y1 - (y1 - y0) * ((r0 + r1) / 2) / rows
-                where[node.name] = (cx, cy)
-    return where, boxes
+                where[node.name] = (x0 + (x1 - x0) * ((c0 + c1) / 2) / cols, y1 - (y1 - y0) * ((r0 + r1) / 2) / rows)
+    return where
 
 
 def circuit_graph_figure(nodes: Sequence[GraphNode], edges: Sequence[GraphEdge], n_layers: int, n_heads: int,
@@ -95,14 +125,17 @@ def circuit_graph_figure(nodes: Sequence[GraphNode], edges: Sequence[GraphEdge],
                          title: str = "circuit", value_label: str = "score"):
     """The graph figure (a plotly Figure); `edges` are the ones drawn (e.g. a circuit's), `nodes` every node.
 
-    grids: each image's token grid (rows, cols), for placing image-region nodes on `thumbnail`.
+    grids: each image's token grid (rows, cols), for placing image-region nodes on `thumbnail`
+    (the first image's picture; later images get an empty box).
     """
     go = require_plotly()
-    where, boxes = _layout(nodes, n_layers, n_heads, grids)
+    aspect = thumbnail.width / thumbnail.height if thumbnail is not None else (grids[0][1] / grids[0][0] if grids else 1.0)
+    frame = _frame(n_layers, n_heads, len(grids), aspect)
+    where = _layout(nodes, n_layers, n_heads, grids, frame)
     figure = go.Figure()
-    for x0, x1, y0, y1 in boxes:
+    for index, (x0, x1, y0, y1) in enumerate(frame.boxes):
         figure.add_shape(type="rect", x0=x0, x1=x1, y0=y0, y1=y1, line={"color": "#999", "width": 1})
-        if thumbnail is not None:
+        if thumbnail is not None and index == 0:
             figure.add_layout_image(source=image_to_data_uri(thumbnail.convert("RGB")), xref="x", yref="y", x=x0,
                                     y=y1, sizex=x1 - x0, sizey=y1 - y0, sizing="stretch", layer="below",
                                     opacity=0.9)
@@ -115,14 +148,12 @@ def circuit_graph_figure(nodes: Sequence[GraphNode], edges: Sequence[GraphEdge],
             continue
         sx, sy = where[edge.sender]
         level = min(WIDTH_LEVELS - 1, int(abs(edge.score) / largest * WIDTH_LEVELS))
-        key = (edge.score >= 0, level, PORT_DASH.get(edge.port, "solid"))
-        xs, ys = groups.setdefault(key, ([], []))
+        xs, ys = groups.setdefault((edge.score >= 0, level, PORT_DASH.get(edge.port, "solid")), ([], []))
         for target in edge.targets:
             if target not in where:
                 continue
             tx, ty = where[target]
-            offset = {"q": 0.1, "k": 0.0, "v": -0.1}.get(edge.port, 0.0)
-            tx, ty = tx - 0.18, ty + offset
+            tx, ty = tx - 0.18, ty + {"q": 0.1, "k": 0.0, "v": -0.1}.get(edge.port, 0.0)
             xs += [sx, tx, None]
             ys += [sy, ty, None]
             mids_x.append((sx + tx) / 2)
@@ -148,27 +179,28 @@ def circuit_graph_figure(nodes: Sequence[GraphNode], edges: Sequence[GraphEdge],
         if not chosen:
             continue
         active = [n.name in touched for n in chosen]
+        small = kind in ("image", "image_part")
+        labelled = kind in ("mlp", "logits", "tokens")
         figure.add_trace(go.Scatter(
             x=[where[n.name][0] for n in chosen], y=[where[n.name][1] for n in chosen],
-            mode="markers+text" if kind in ("mlp", "logits", "tokens") else "markers",
-            text=[n.name for n in chosen] if kind in ("mlp", "logits", "tokens") else None,
+            mode="markers+text" if labelled else "markers", text=[n.name for n in chosen] if labelled else None,
             textposition="bottom center", hovertext=[n.name for n in chosen], hoverinfo="text",
-            marker={"symbol": symbols[kind], "size": [11 if a else 6 for a in active] if kind not in ("image", "image_part")
-                    else [9 if a else 5 for a in active],
-                    "color": ["#222" if a else "#bbb" for a in active],
-                    "line": {"color": "white", "width": 1}},
+            marker={"symbol": symbols[kind], "size": [(9 if a else 5) if small else (11 if a else 6) for a in active],
+                    "color": ["#222" if a else "#bbb" for a in active], "line": {"color": "white", "width": 1}},
             showlegend=False))
-    ticks = [((IMAGE_LEFT + IMAGE_RIGHT) / 2, "inputs")]
+    top = max(n_heads - 1, 1)
+    for h in range(n_heads):  # row labels of the head columns
+        figure.add_annotation(x=1.3, y=float(top - h) if n_heads > 1 else 0.5, text=f"H{h}", showarrow=False,
+                              font={"size": 9, "color": "#777"}, xanchor="right")
+    ticks = [(sum(frame.boxes[0][:2]) / 2 if frame.boxes else 0.45, "inputs")]
     for layer in range(n_layers):
         ticks += [(2.0 + 2 * layer, f"L{layer} heads"), (3.0 + 2 * layer, f"MLP{layer}")]
     ticks.append((2.0 + 2 * n_layers, "logits"))
-    top = max(n_heads - 1, 1)
     figure.update_layout(
-        title=title, plot_bgcolor="white", hovermode="closest",
-        height=max(380, 34 * n_heads + 160), width=max(700, 120 * (n_layers + 2) + 260),
+        title=title, plot_bgcolor="white", hovermode="closest", width=frame.width, height=frame.height,
         xaxis={"tickvals": [t[0] for t in ticks], "ticktext": [t[1] for t in ticks], "showgrid": False,
-               "zeroline": False, "range": [IMAGE_LEFT - 0.3, 2.6 + 2 * n_layers]},
-        yaxis={"visible": False, "range": [-0.2 * top - 1.0, top + 0.5]},
-        legend={"orientation": "h", "y": -0.08}, margin={"l": 20, "r": 20, "t": 60, "b": 40},
+               "zeroline": False, "range": list(frame.x_range), "fixedrange": False},
+        yaxis={"visible": False, "range": list(frame.y_range)},
+        legend={"orientation": "h", "y": -0.1}, margin=MARGIN,
     )
     return figure
