@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 import vlens
-from vlens.circuits import edge_attribution, extract_circuit, path_patch
+from vlens import SweepOptions
+from vlens.circuits import CircuitSettings, edge_attribution, extract_circuit, path_patch
 from vlens.patching import build_pair_batch, make_count_pairs, spearman
 
 
@@ -84,12 +85,15 @@ def main() -> None:
     batch = build_pair_batch(model, pairs)
     fwd_cpu, fwd_wall = forward_seconds(model, batch)
     costs = {}
-    eap, cpu, wall = timed(lambda: edge_attribution(model, batch, method="eap", image_nodes=args.image_nodes))
+    quiet, shown = SweepOptions(progress=False), SweepOptions(progress=True)
+    settings = CircuitSettings(seed=args.seed)
+    eap, cpu, wall = timed(lambda: edge_attribution(model, batch, method="eap", image_nodes=args.image_nodes,
+                                                    options=quiet))
     costs["EAP"] = (cpu, wall)
     eap_ig, cpu, wall = timed(lambda: edge_attribution(model, batch, method="eap-ig", ig_steps=args.ig_steps,
-                                                       image_nodes=args.image_nodes))
+                                                       image_nodes=args.image_nodes, options=quiet))
     costs[f"EAP-IG ({args.ig_steps} steps)"] = (cpu, wall)
-    exact, cpu, wall = timed(lambda: path_patch(model, batch, "all", image_nodes=args.image_nodes, progress=True))
+    exact, cpu, wall = timed(lambda: path_patch(model, batch, "all", image_nodes=args.image_nodes, options=shown))
     costs["exact patching of every edge"] = (cpu, wall)
     graph = eap.graph
     effects = exact.edge_effects()
@@ -107,13 +111,13 @@ def main() -> None:
     ks = [k for k in (8, 16, 32, 64, 128, 256, 512) if k < graph.n_edges]
     curves = {}
     for name, scores in (("EAP", eap), ("EAP-IG", eap_ig)):
-        curves[name] = [extract_circuit(model, batch, scores=scores, top_k=k, seed=args.seed) for k in ks]
+        curves[name] = [extract_circuit(model, batch, scores=scores, top_k=k, settings=settings, options=quiet) for k in ks]
     oracle = replace(eap, scores=effects.nan_to_num(0.0), method="exact")  # rank by the exact effects themselves
-    curves["exact effects"] = [extract_circuit(model, batch, scores=oracle, top_k=k, seed=args.seed) for k in ks]
+    curves["exact effects"] = [extract_circuit(model, batch, scores=oracle, top_k=k, settings=settings, options=quiet) for k in ks]
     results["faithfulness_top_k"] = {name: [{"k": c.k, "n_edges": c.n_edges, "faithfulness": c.faithfulness,
                                              "low": c.interval[0], "high": c.interval[1]} for c in found]
                                      for name, found in curves.items()}
-    circuit, cpu, wall = timed(lambda: extract_circuit(model, batch, scores=eap_ig, target=0.9, seed=args.seed))
+    circuit, cpu, wall = timed(lambda: extract_circuit(model, batch, scores=eap_ig, target=0.9, settings=settings, options=quiet))
     results["circuit_target_0.9"] = {"k": circuit.k, "n_edges": circuit.n_edges, "faithfulness": circuit.faithfulness,
                                      "interval": list(circuit.interval), "points_measured": len(circuit.curve),
                                      "cpu_s": cpu, "wall_s": wall, "forward_equivalents_cpu": cpu / fwd_cpu,

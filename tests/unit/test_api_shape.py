@@ -27,12 +27,6 @@ ALLOWED = {
     "vlens.testing.qwen3_5.qwen3_5_text_config": "one keyword per HF config field the parity tests vary",
     "vlens.viz.figures.jaccard_matrix_figure": "a figure's styling keywords",
     "vlens.testing.gemma3.tiny_gemma3_config": "one keyword per HF config field the parity tests vary",
-    # vlens.circuits (landed just before SweepOptions): its run keywords move into options= next
-    "vlens.circuits.attribution.edge_attribution": "circuits: run keywords not yet in SweepOptions",
-    "vlens.circuits.extraction.extract_circuit": "circuits: run keywords not yet in SweepOptions",
-    "vlens.circuits.image_attribution.image_attribution": "circuits: run keywords not yet in SweepOptions",
-    "vlens.circuits.path_patching.path_patch": "circuits: run keywords not yet in SweepOptions",
-    "vlens.circuits.path_patching.run_conditions": "circuits: run keywords not yet in SweepOptions",
     "vlens.viz.figures.layer_head_heatmap": "a figure's styling keywords (plotly's own take dozens)",
     "vlens.viz.image_attention.attention_grid_image": "a figure's styling keywords",
     "vlens.viz.image_attention.attention_tiles_figure": "a figure's styling keywords",
@@ -79,6 +73,13 @@ def test_every_sweep_takes_the_one_options_object():
     import inspect
 
     from vlens.ablation import collect_reference, cross_task_ablation, head_ablation_sweep
+    from vlens.circuits import (
+        edge_attribution,
+        extract_circuit,
+        image_attribution,
+        path_patch,
+        run_conditions,
+    )
     from vlens.evaluation import evaluate
     from vlens.lens.corpus import collect_residuals
     from vlens.lens.head_scores import compute_head_scores
@@ -97,7 +98,8 @@ def test_every_sweep_takes_the_one_options_object():
     run_keywords = {"progress", "sharding", "max_batch", "pair_batch_size", "heads_per_pass", "readout", "batch_size"}
     for fn in (patch_layer_region, patch_layer_position, patch_layer_head, attribution_patching, run_specs, run_fast,
                run_naive, cross_task_ablation, head_ablation_sweep, collect_reference, ablation_study,
-               logit_lens, logit_lens_records, compute_head_scores, collect_residuals, evaluate):
+               logit_lens, logit_lens_records, compute_head_scores, collect_residuals, evaluate, edge_attribution,
+               path_patch, run_conditions, extract_circuit, image_attribution):
         parameters = inspect.signature(fn).parameters
         assert "options" in parameters, fn.__name__
         assert not run_keywords & set(parameters), f"{fn.__name__} re-declares {run_keywords & set(parameters)}"

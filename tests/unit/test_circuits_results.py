@@ -9,7 +9,16 @@ import pytest
 import torch
 
 from tests.helpers.models import tiny_vlm
-from vlens.circuits import Circuit, EdgeScores, PathPatchResult, edge_attribution, extract_circuit, path_patch
+from vlens import SweepOptions
+from vlens.circuits import (
+    Circuit,
+    CircuitSettings,
+    EdgeScores,
+    PathPatchResult,
+    edge_attribution,
+    extract_circuit,
+    path_patch,
+)
 from vlens.patching import build_pair_batch, make_count_pairs
 from vlens.utils.errors import UserInputError
 from vlens.viz.html import CARTESIAN_TRACES, figure_page, plotly_bundle, trace_types
@@ -21,7 +30,7 @@ torch.set_num_threads(1)
 def circuit():
     model = tiny_vlm("qwen2_5_vl", seed=1, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, initializer_range=0.1)
     pairs = make_count_pairs(4, seed=2, size=56)
-    return model, pairs, extract_circuit(model, pairs, method="eap-ig", ig_steps=3, target=0.8)
+    return model, pairs, extract_circuit(model, pairs, target=0.8, settings=CircuitSettings(ig_steps=3))
 
 
 def test_circuit_round_trip_and_definitions(circuit, tmp_path):
@@ -102,3 +111,7 @@ def test_bad_input_is_one_clear_error(circuit):
     with pytest.raises(UserInputError, match="different token grids"):
         edge_attribution(model, mixed)
     assert edge_attribution(model, mixed, method="eap", image_nodes="image").graph.n_inputs == 2
+    with pytest.raises(UserInputError, match="cache_device"):
+        path_patch(model, pairs, ["MLP0->logits"], options=SweepOptions(cache_device="cpu"))
+    with pytest.raises(UserInputError, match="rank_by"):
+        CircuitSettings(rank_by="random")

@@ -16,7 +16,13 @@ patching), `extraction` (circuits and faithfulness), `image_attribution` (per im
 """
 
 from vlens.circuits.attribution import METHODS, edge_attribution
-from vlens.circuits.extraction import Circuit, extract_circuit, faithfulness, faithfulness_interval
+from vlens.circuits.extraction import (
+    Circuit,
+    CircuitSettings,
+    extract_circuit,
+    faithfulness,
+    faithfulness_interval,
+)
 from vlens.circuits.graph import CircuitGraph, InputNode, Receiver
 from vlens.circuits.image_attribution import ImageAttribution, image_attribution
 from vlens.circuits.path_patching import Condition, path_patch, run_conditions
@@ -25,6 +31,7 @@ from vlens.circuits.results import EdgeScores, PathPatchResult
 __all__ = [
     "METHODS",
     "Circuit",
+    "CircuitSettings",
     "CircuitGraph",
     "Condition",
     "EdgeScores",

@@ -30,15 +30,16 @@ from vlens.circuits.runs import (
     CircuitMetric,
     RunRecord,
     check_additive,
+    circuit_options,
     head_outputs,
     input_stages,
     pair_batch,
     record_run,
 )
 from vlens.core.runtime import RunState
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions
 from vlens.patching.metrics import MetricFn
-from vlens.patching.pairs import PairBatch, Readout
+from vlens.patching.pairs import PairBatch
 from vlens.patching.sharded import pair_chunks
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import check_choice, check_count
@@ -136,9 +137,8 @@ def _chunk_scores(model: HookedVLM, graph: CircuitGraph, batch: PairBatch, metri
 
 
 def edge_attribution(model: HookedVLM, pairs: Any, metric: MetricFn | None = None, method: str = "eap-ig",
-                     ig_steps: int | None = None, image_nodes: ImageNodes = "token", readout: Readout = "final",
-                     batch_size: int | None = None, progress: bool = False,
-                     sharding: Sharding | None = None) -> EdgeScores:
+                     ig_steps: int | None = None, image_nodes: ImageNodes = "token",
+                     options: SweepOptions | None = None) -> EdgeScores:
     """Scores of every edge of the decoder's graph (`CircuitGraph`) by EAP or EAP-IG.
 
     Args:
@@ -149,8 +149,9 @@ def edge_attribution(model: HookedVLM, pairs: Any, metric: MetricFn | None = Non
             whose inputs go from corrupt to clean; default 5 steps).
         image_nodes: "token" (one node per image token), "image" (one per image) or (rows, cols)
             blocks of the token grid.
-        batch_size: pairs per forward/backward (default: all at once).
-        sharding: split the pair chunks across processes (`vlens.parallel.from_env()`).
+        options: `vlens.SweepOptions`: batch_size (pairs per forward / backward; default all at
+            once), readout (where `metric` reads the logits), progress, sharding (the pair chunks
+            split across processes).
 
     Returns:
         `EdgeScores`: per edge the mean over pairs (and per pair) of the estimated change of the
@@ -160,18 +161,18 @@ def edge_attribution(model: HookedVLM, pairs: Any, metric: MetricFn | None = Non
     if method == "eap" and ig_steps not in (None, 1):
         raise UserInputError(f"ig_steps={ig_steps} applies to method='eap-ig' only (EAP takes the clean gradient)")
     ig_steps = check_count(DEFAULT_IG_STEPS if ig_steps is None else ig_steps, "ig_steps")
+    options = circuit_options(options, "edge_attribution")
     batch, picture = pair_batch(model, pairs)
     graph = CircuitGraph.for_batch(model, batch.clean.token_regions, image_nodes)
-    circuit_metric = CircuitMetric(batch, metric, readout)
-    sharding = sharding or Sharding()
-    chunks = pair_chunks(batch.n_pairs, batch_size)
+    circuit_metric = CircuitMetric(batch, metric, options.readout)
+    chunks = pair_chunks(batch.n_pairs, options.batch_size)
 
     def unit(rows: list[int]) -> dict[str, Tensor]:
         sub = batch if len(chunks) == 1 else batch.select(rows)
         sub_metric = circuit_metric if len(chunks) == 1 else circuit_metric.subset(rows)
         return _chunk_scores(model, graph, sub, sub_metric, method, ig_steps)
 
-    results = sharding.map(chunks, unit, desc=f"edge attribution ({method})", progress=progress)
+    results = options.shards.map(chunks, unit, desc=f"edge attribution ({method})", progress=options.progress)
     per_pair = torch.cat([r["scores"] for r in results])
     return EdgeScores(
         graph=graph, scores=per_pair.mean(0), per_pair=per_pair, method=method,

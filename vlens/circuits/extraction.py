@@ -33,10 +33,9 @@ from vlens.circuits.attribution import edge_attribution
 from vlens.circuits.graph import CircuitGraph, ImageNodes
 from vlens.circuits.path_patching import Condition, run_conditions
 from vlens.circuits.results import EdgeScores, edges_figure, ranked
-from vlens.circuits.runs import CircuitMetric, pair_batch
-from vlens.parallel import Sharding
+from vlens.circuits.runs import CircuitMetric, circuit_options, pair_batch
+from vlens.parallel.options import SweepOptions
 from vlens.patching.metrics import MetricFn
-from vlens.patching.pairs import Readout
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
 from vlens.utils.results import Result
@@ -224,34 +223,62 @@ def circuit_edges(graph: CircuitGraph, order: Tensor, k: int, prune: bool) -> Te
     return keep.nonzero().flatten()
 
 
+@dataclass(frozen=True)
+class CircuitSettings:
+    """How `extract_circuit` finds a circuit (what it measures; how it runs is `vlens.SweepOptions`).
+
+    method / ig_steps / image_nodes: the edge scores computed when none are given
+        (`edge_attribution`); rank_by: "abs" (|score|, default) or "signed" (largest positive
+        first); prune: keep only edges on input-to-logits paths within the set (they alone change
+        the run); refine: k values evaluated per refinement round; n_resamples / seed: the
+        bootstrap of the faithfulness intervals.
+    """
+
+    method: str = "eap-ig"
+    ig_steps: int | None = None
+    image_nodes: ImageNodes = "token"
+    rank_by: str = "abs"
+    prune: bool = True
+    refine: int = 8
+    n_resamples: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_count(self.refine, "CircuitSettings.refine", min=2)
+        check_count(self.n_resamples, "CircuitSettings.n_resamples")
+        check_count(self.seed, "CircuitSettings.seed", min=0)
+        ranked(torch.zeros(1), self.rank_by)  # refuses an unknown rank_by
+
+
 def extract_circuit(model, pairs: Any, scores: EdgeScores | None = None, target: float | None = 0.9,
-                    top_k: int | None = None, method: str = "eap-ig", ig_steps: int | None = None,
-                    metric: MetricFn | None = None, readout: Readout = "final", image_nodes: ImageNodes = "token",
-                    rank_by: str = "abs", prune: bool = True, refine: int = 8, n_resamples: int = 1000,
-                    seed: int = 0, max_batch: int = 64, batch_size: int | None = None, progress: bool = False,
-                    sharding: Sharding | None = None) -> Circuit:
+                    top_k: int | None = None, metric: MetricFn | None = None, settings: CircuitSettings | None = None,
+                    options: SweepOptions | None = None) -> Circuit:
     """The smallest top-ranked edge set whose exact faithfulness reaches `target` (or the top `top_k`).
 
     Args:
         pairs: a `PairBatch` or pairs; the circuit is measured on them.
-        scores: edge scores to rank by (default: `edge_attribution(model, pairs, method, ...)`).
+        scores: edge scores to rank by (default: `edge_attribution(model, pairs, ...)` with
+            `settings.method`, `ig_steps`, `image_nodes`).
         target: faithfulness to reach (in (0, 1]); ignored when `top_k` is given.
         top_k: take exactly the top k edges instead (the curve is still measured).
-        rank_by: "abs" (|score|, default) or "signed" (largest positive first).
-        prune: keep only edges on input-to-logits paths within the set (they alone change the run).
-        refine: k values evaluated per refinement round.
-        n_resamples / seed: the bootstrap of the intervals.
+        metric: as `edge_attribution` (the one the scores were computed with).
+        settings: `CircuitSettings` (ranking, pruning, refinement, bootstrap).
+        options: `vlens.SweepOptions`: batch_size, max_batch, readout, progress, sharding.
     """
     if top_k is None and target is None:
         raise UserInputError("give a target faithfulness (e.g. target=0.9) or top_k")
     if top_k is None:
         target = check_float(target, "target", min=0.0, max=1.0, min_open=True)
-    refine = check_count(refine, "refine", min=2)
+    settings = CircuitSettings() if settings is None else settings
+    if not isinstance(settings, CircuitSettings):
+        raise UserInputError(f"settings must be a vlens.circuits.CircuitSettings, got {type(settings).__name__}")
+    options = circuit_options(options, "extract_circuit")
+    rank_by, prune, refine, n_resamples, seed = (settings.rank_by, settings.prune, settings.refine,
+                                                 settings.n_resamples, settings.seed)
     batch, picture = pair_batch(model, pairs)
     if scores is None:
-        scores = edge_attribution(model, batch, metric=metric, method=method, ig_steps=ig_steps,
-                                  image_nodes=image_nodes, readout=readout, batch_size=batch_size,
-                                  progress=progress, sharding=sharding)
+        scores = edge_attribution(model, batch, metric=metric, method=settings.method, ig_steps=settings.ig_steps,
+                                  image_nodes=settings.image_nodes, options=options)
         scores.thumbnail = scores.thumbnail or picture
     graph = scores.graph
     if len(scores.pair_ids) != batch.n_pairs or list(scores.pair_ids) != list(batch.pair_ids):
@@ -261,7 +288,7 @@ def extract_circuit(model, pairs: Any, scores: EdgeScores | None = None, target:
         raise UserInputError(f"scores hold {graph.n_edges} edges, these pairs' graph {expected.n_edges}")
     if top_k is not None:
         top_k = check_count(top_k, "top_k", max=graph.n_edges)
-    circuit_metric = CircuitMetric(batch, metric, readout)
+    circuit_metric = CircuitMetric(batch, metric, options.readout)
     order = ranked(scores.scores, rank_by)
     measured: dict[int, dict] = {}
     sets: dict[int, Tensor] = {}
@@ -276,7 +303,7 @@ def extract_circuit(model, pairs: Any, scores: EdgeScores | None = None, target:
         for k in ks:
             sets[k] = circuit_edges(graph, order, k, prune)
         values = run_conditions(model, graph, batch, circuit_metric, [Condition(sets[k], invert=True) for k in ks],
-                                max_batch, batch_size, sharding, progress, desc="circuit faithfulness", cache=runs)
+                                options, desc="circuit faithfulness", cache=runs)
         clean, corrupt = values.clean, values.corrupt
         value = faithfulness(values.patched, clean, corrupt)
         low, high = faithfulness_interval(values.patched, clean, corrupt, n_resamples, seed)

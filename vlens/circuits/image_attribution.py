@@ -32,13 +32,13 @@ from torch import Tensor
 from vlens.circuits.attribution import interpolate_state
 from vlens.circuits.graph import image_records
 from vlens.circuits.results import decode_image, encode_image
-from vlens.circuits.runs import CircuitMetric, pair_batch, record_run, thumbnail
+from vlens.circuits.runs import CircuitMetric, circuit_options, pair_batch, record_run, thumbnail
 from vlens.core.runtime import RunState
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions
 from vlens.patching.attribution import spearman
 from vlens.patching.fast import repeat_run_state
 from vlens.patching.metrics import MetricFn
-from vlens.patching.pairs import PairBatch, Readout
+from vlens.patching.pairs import PairBatch
 from vlens.patching.sharded import pair_chunks
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
@@ -206,16 +206,18 @@ class ImageAttribution(Result):
         return figure.update_layout(title=f"attribution over the image, pair {self.pair_ids[pair]}")
 
 
-def image_attribution(model, pairs: Any, metric: MetricFn | None = None, readout: Readout = "final",
-                      ig_steps: int | None = None, exact: bool = True, max_batch: int = 64,
-                      batch_size: int | None = None, progress: bool = False,
-                      sharding: Sharding | None = None) -> ImageAttribution:
+def image_attribution(model, pairs: Any, metric: MetricFn | None = None, ig_steps: int | None = None,
+                      exact: bool = True, options: SweepOptions | None = None) -> ImageAttribution:
     """Per image-token attribution scores (see the module docstring) for every image of the pairs.
 
     ig_steps: also the integrated gradients along corrupt -> clean inputs with this many steps.
-    exact: also patch each token exactly (one forward row per token and pair; `max_batch` rows
-        per forward), to check the estimates against.
+    exact: also patch each token exactly (one forward row per token and pair), to check the
+        estimates against.
+    options: `vlens.SweepOptions`: batch_size (pairs per chunk), max_batch (rows per forward of
+        the exact token patching), readout, progress, sharding.
     """
+    options = circuit_options(options, "image_attribution")
+    max_batch = options.max_batch
     batch, _ = pair_batch(model, pairs)
     pictures = None if isinstance(pairs, PairBatch) else [getattr(p, "clean_image", None) for p in pairs]
     ig_steps = None if ig_steps is None else check_count(ig_steps, "ig_steps")
@@ -225,9 +227,8 @@ def image_attribution(model, pairs: Any, metric: MetricFn | None = None, readout
         raise UserInputError("these pairs have no images: image attribution needs image tokens")
     found = [_token_positions(batch, i) for i in range(n_images)]
     positions, grids = [p for p, _ in found], [g for _, g in found]
-    circuit_metric = CircuitMetric(batch, metric, readout)
-    sharding = sharding or Sharding()
-    chunks = pair_chunks(batch.n_pairs, batch_size)
+    circuit_metric = CircuitMetric(batch, metric, options.readout)
+    chunks = pair_chunks(batch.n_pairs, options.batch_size)
 
     def unit(rows: list[int]) -> dict:
         sub = batch if len(chunks) == 1 else batch.select(rows)
@@ -258,7 +259,7 @@ def image_attribution(model, pairs: Any, metric: MetricFn | None = None, readout
                                 - clean_values.float().cpu()[:, None] for p in sub_positions]
         return out
 
-    results = sharding.map(chunks, unit, desc="image attribution", progress=progress)
+    results = options.shards.map(chunks, unit, desc="image attribution", progress=options.progress)
     methods = [m for m in (*ESTIMATES, "exact") if m in results[0]]
     scores = {m: [torch.cat([r[m][i] for r in results]) for i in range(n_images)] for m in methods}
     thumbs = None

@@ -35,15 +35,21 @@ from torch import Tensor
 
 from vlens.circuits.graph import CircuitGraph, ImageNodes, Receiver
 from vlens.circuits.results import PathPatchResult
-from vlens.circuits.runs import CircuitMetric, check_additive, input_stages, pair_batch, record_run
+from vlens.circuits.runs import (
+    CircuitMetric,
+    check_additive,
+    circuit_options,
+    input_stages,
+    pair_batch,
+    record_run,
+)
 from vlens.core.hooks import act_name
-from vlens.parallel import Sharding
+from vlens.parallel.options import SweepOptions
 from vlens.patching.fast import repeat_run_state
 from vlens.patching.metrics import MetricFn
-from vlens.patching.pairs import PairBatch, Readout
+from vlens.patching.pairs import PairBatch
 from vlens.patching.sharded import pair_chunks
 from vlens.utils.errors import UserInputError
-from vlens.utils.validation import check_count
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
@@ -290,18 +296,18 @@ def condition_start(graph: CircuitGraph, condition: Condition) -> int:
 
 
 def run_conditions(model: HookedVLM, graph: CircuitGraph, batch: PairBatch, metric: CircuitMetric,
-                   conditions: Sequence[Condition], max_batch: int = 64, batch_size: int | None = None,
-                   sharding: Sharding | None = None, progress: bool = False,
+                   conditions: Sequence[Condition], options: SweepOptions | None = None,
                    desc: str = "path patching", cache: dict[int, PathPatcher] | None = None) -> ConditionValues:
     """Every condition's metric per pair, exactly; units = (pair chunk, chunk of conditions).
 
-    max_batch: most rows (copies x pairs) per forward; batch_size: pairs per chunk (memory).
+    options: `vlens.SweepOptions`: max_batch (most rows, copies x pairs, per forward),
+        batch_size (pairs per chunk), progress, sharding (the units split across processes).
     cache: keep each pair chunk's clean and corrupt runs here for later calls on the same pairs
         (default: one chunk's at a time, dropped at the end).
     """
-    check_count(max_batch, "max_batch")
-    sharding = sharding or Sharding()
-    chunks = pair_chunks(batch.n_pairs, batch_size)
+    options = circuit_options(options, "run_conditions")
+    max_batch, sharding = options.max_batch, options.shards
+    chunks = pair_chunks(batch.n_pairs, options.batch_size)
     order = sorted(range(len(conditions)), key=lambda i: condition_start(graph, conditions[i]))
     units = []
     for p, rows in enumerate(chunks):
@@ -327,7 +333,7 @@ def run_conditions(model: HookedVLM, graph: CircuitGraph, batch: PairBatch, metr
             out["values"] = plan.run(masks)
         return out
 
-    results = sharding.map(units, run, desc=desc, progress=progress)
+    results = sharding.map(units, run, desc=desc, progress=options.progress)
     if cache is None:
         plans.clear()
     patched = torch.full((len(conditions), batch.n_pairs), float("nan"))
@@ -362,9 +368,7 @@ def edge_conditions(graph: CircuitGraph, edges: Any) -> list[Condition]:
 
 
 def path_patch(model: HookedVLM, pairs: Any, edges: Any = "all", metric: MetricFn | None = None,
-               readout: Readout = "final", image_nodes: ImageNodes = "token", max_batch: int = 64,
-               batch_size: int | None = None, progress: bool = False,
-               sharding: Sharding | None = None) -> PathPatchResult:
+               image_nodes: ImageNodes = "token", options: SweepOptions | None = None) -> PathPatchResult:
     """Exact edge patching: each condition corrupts its edges only (see the module docstring).
 
     Args:
@@ -372,18 +376,19 @@ def path_patch(model: HookedVLM, pairs: Any, edges: Any = "all", metric: MetricF
         edges: "all" (every edge of the graph, one at a time: the exact counterpart of
             `edge_attribution`), or a list of conditions: an edge ("img0[r2,c3]->L0H1.v",
             (sender, receiver) or an index) is corrupted alone, a list of edges together.
-        metric / readout / image_nodes: as `edge_attribution`.
-        max_batch: most rows (copies x pairs) per forward; batch_size: pairs per chunk.
+        metric / image_nodes: as `edge_attribution`.
+        options: `vlens.SweepOptions`: max_batch (most rows, copies x pairs, per forward),
+            batch_size (pairs per chunk), readout, progress, sharding.
 
     Returns:
         `PathPatchResult` (`effects`: mean over pairs of the metric minus the clean run's).
     """
+    options = circuit_options(options, "path_patch")
     batch, picture = pair_batch(model, pairs)
     graph = CircuitGraph.for_batch(model, batch.clean.token_regions, image_nodes)
     conditions = edge_conditions(graph, edges)
-    values = run_conditions(model, graph, batch, CircuitMetric(batch, metric, readout), conditions, max_batch,
-                            batch_size, sharding, progress)
+    circuit_metric = CircuitMetric(batch, metric, options.readout)
+    values = run_conditions(model, graph, batch, circuit_metric, conditions, options)
     return PathPatchResult(graph=graph, conditions=[c.edges.tolist() for c in conditions], patched=values.patched,
-                           clean_metric=values.clean, corrupt_metric=values.corrupt,
-                           metric=CircuitMetric(batch, metric, readout).name, pair_ids=list(batch.pair_ids),
-                           thumbnail=picture)
+                           clean_metric=values.clean, corrupt_metric=values.corrupt, metric=circuit_metric.name,
+                           pair_ids=list(batch.pair_ids), thumbnail=picture)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from vlens.core.hooks import act_name
 from vlens.core.runtime import RunState
+from vlens.parallel.options import SweepOptions
 from vlens.patching.conditions import gather_positions
 from vlens.patching.metrics import MetricFn, MetricFunction, logit_diff
 from vlens.patching.pairs import PairBatch, Readout, build_pair_batch, examples_from_pairs
@@ -180,6 +181,19 @@ class CircuitMetric:
                                      "tensor with one value per pair (a dict of metrics is not supported here)")
             values.append(value)
         return torch.stack(values)
+
+
+# ---------------------------------------------------------------------- how a run goes
+def circuit_options(options: SweepOptions | None, where: str) -> SweepOptions:
+    """`options` (default `SweepOptions()`), checked for what the circuit methods use: batch_size (pairs
+    per chunk), max_batch (rows per patched forward), readout, progress, sharding."""
+    options = SweepOptions() if options is None else options
+    if not isinstance(options, SweepOptions):
+        raise UserInputError(f"{where}: options must be a vlens.SweepOptions, got {type(options).__name__}")
+    if options.cache_device is not None:
+        raise UserInputError(f"{where} keeps its cached runs on the model's device: SweepOptions.cache_device is not "
+                             "supported here (lower SweepOptions.batch_size to save memory)")
+    return options
 
 
 # ---------------------------------------------------------------------- pairs in

@@ -85,8 +85,15 @@ def run_circuit(args: argparse.Namespace) -> int:
 
     import torch
 
-    from vlens.circuits import edge_attribution, extract_circuit, image_attribution, path_patch
+    from vlens.circuits import (
+        CircuitSettings,
+        edge_attribution,
+        extract_circuit,
+        image_attribution,
+        path_patch,
+    )
     from vlens.circuits.runs import thumbnail
+    from vlens.parallel.options import SweepOptions
     from vlens.patching.attribution import spearman
     from vlens.utils.finite import collect_non_finite
     from vlens.utils.provenance import provenance
@@ -96,19 +103,20 @@ def run_circuit(args: argparse.Namespace) -> int:
     batch = load_batch(model, args, examples)
     by_id = {e.pair_id: e for e in examples}
     picture = thumbnail(by_id[batch.pair_ids[0]].clean_image)
-    common = dict(progress=not args.quiet, sharding=args.sharding)
+    options = SweepOptions(batch_size=args.batch_size, max_batch=args.max_batch, progress=not args.quiet,
+                           sharding=args.sharding)
     with collect_non_finite() as problems:
         scores = edge_attribution(model, batch, method=args.method, ig_steps=args.ig_steps, image_nodes=image_nodes,
-                                  batch_size=args.batch_size, **common)
+                                  options=options)
         scores.thumbnail = picture
         target = None if args.top_k is not None else (DEFAULT_TARGET if args.target is None else args.target)
-        circuit = extract_circuit(model, batch, scores=scores, target=target, top_k=args.top_k, rank_by=args.rank_by,
-                                  prune=not args.no_prune, seed=args.seed, max_batch=args.max_batch,
-                                  batch_size=args.batch_size, **common)
+        settings = CircuitSettings(method=args.method, ig_steps=args.ig_steps, image_nodes=image_nodes,
+                                   rank_by=args.rank_by, prune=not args.no_prune, seed=args.seed)
+        circuit = extract_circuit(model, batch, scores=scores, target=target, top_k=args.top_k, settings=settings,
+                                  options=options)
         if args.exact_check:
             top = [name for name, _ in scores.top(min(args.exact_check, scores.graph.n_edges), by=args.rank_by)]
-            exact = path_patch(model, batch, top, image_nodes=image_nodes, max_batch=args.max_batch,
-                               batch_size=args.batch_size, **common)
+            exact = path_patch(model, batch, top, image_nodes=image_nodes, options=options)
             index = torch.tensor([scores.graph.edge_index(name) for name in top])
             check = exact_check_summary(scores.scores[index], exact.effects, [scores.graph.edge_types[i] for i in index],
                                         spearman)
@@ -118,8 +126,7 @@ def run_circuit(args: argparse.Namespace) -> int:
             echo(f"exact check of the top {len(top)} edges: Spearman(score, exact effect) = {check['spearman']:.3f}")
         attribution = None
         if args.image_attribution:
-            attribution = image_attribution(model, [by_id[i] for i in batch.pair_ids], max_batch=args.max_batch,
-                                            batch_size=args.batch_size, **common)
+            attribution = image_attribution(model, [by_id[i] for i in batch.pair_ids], options=options)
             circuit.extra["image_attribution"] = attribution.to_dict()
     if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it
         return non_finite_exit(problems, True, "vlens circuit")

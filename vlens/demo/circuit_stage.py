@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from vlens.circuits import edge_attribution, extract_circuit
+from vlens.circuits import CircuitSettings, edge_attribution, extract_circuit
 from vlens.circuits.runs import thumbnail
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
+from vlens.parallel.options import SweepOptions
 from vlens.patching import build_pair_batch, make_count_pairs
 from vlens.utils.stats import format_interval
 
@@ -30,12 +31,12 @@ def circuit_sections(model, settings: DemoSettings, progress: bool = True) -> li
         batch = build_pair_batch(model, pairs)
         with torch.enable_grad():
             scores = edge_attribution(model, batch, method="eap-ig", ig_steps=settings.circuit_ig_steps,
-                                      image_nodes="token", progress=progress)
+                                      image_nodes="token", options=SweepOptions(progress=progress))
     except ValueError as err:  # e.g. no usable count pairs, or a family the graph does not cover
         return [Section.skipped("counting_circuit", CIRCUIT_TITLE, CIRCUIT_EXPLANATION, str(err))]
     scores.thumbnail = thumbnail(pairs[0].clean_image)
-    circuit = extract_circuit(model, batch, scores=scores, target=settings.circuit_target, seed=settings.seed,
-                              progress=progress)
+    circuit = extract_circuit(model, batch, scores=scores, target=settings.circuit_target,
+                              settings=CircuitSettings(seed=settings.seed), options=SweepOptions(progress=progress))
     graph = scores.graph
     low, high = circuit.interval
     nodes = circuit.nodes()
