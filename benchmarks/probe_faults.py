@@ -14,7 +14,9 @@ the Python API) and records one of:
     python benchmarks/probe_faults.py --only hostile   # probes whose family or name contains this
     python benchmarks/probe_faults.py --json out.json  # also the raw records
 
-It takes about 20 minutes on 2 busy CPU cores (about 110 `vlens` processes). It is not part of the
+It takes about 30 minutes on 2 busy CPU cores (about 160 `vlens` processes). The families after
+"unclear errors" are issue 32's: broken model folders, images, datasets, flags and outputs, the
+failure boundary (one line for every failure: exit 2, a bug exit 1) and the Python API. It is not part of the
 test suite: every fault it found has a focused test there; this script re-checks them all together.
 """
 
@@ -36,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 GOOD, SILENT, LOST, UNCLEAR = "behaved well", "still silent", "still lost", "unclear error"
 FAMILIES = ("silent wrong numbers", "lost or overwritten files", "lost work", "hostile datasets",
-            "unclear errors")
+            "unclear errors", "model folders", "images", "datasets", "outputs and flags", "failure boundary", "API")
 
 
 @dataclass
@@ -903,6 +905,438 @@ def torchrun_bad_flag(tmp: Path):
 def torchrun_not_shardable(tmp: Path):
     run = vlens("info", cwd=tmp, timeout=300, launcher=_torchrun(2))
     return _child_line(run, "torchrun")
+
+
+# ---- model folders (issue 32) -----------------------------------------------------------------
+
+def _folder_probe(name: str, break_folder: Callable[[Path], None], needles: tuple[str, ...],
+                  command: tuple[str, ...] = ("info",)):
+    """`vlens info --model FOLDER` on a copy of the embedded model broken by `break_folder`."""
+    def run(tmp: Path):
+        folder = tmp / name
+        shutil.copytree(INPUTS.model_copy("plain_model"), folder, symlinks=True)
+        break_folder(folder)
+        out = ["--out", "o"] if command != ("info",) else []
+        result = vlens(*command, "--model", str(folder), *out, cwd=tmp, timeout=180)
+        verdict = refused(result, *needles)
+        if verdict[0] == GOOD and (tmp / "o").exists():
+            return SILENT, "refused, but only after --out was created"
+        return verdict
+    return run
+
+
+def _edit_config(folder: Path, edit: Callable[[dict], None]) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def _text_config(config: dict) -> dict:
+    return config.get("text_config", config)
+
+
+def _truncate(folder: Path) -> None:
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) * 2 // 3])
+
+
+def _fewer_layers(folder: Path) -> None:
+    def edit(config: dict) -> None:
+        text = _text_config(config)
+        text["num_hidden_layers"] -= 1
+        if "layer_types" in text:
+            text["layer_types"] = text["layer_types"][:-1]
+    _edit_config(folder, edit)
+
+
+def _wider(folder: Path) -> None:
+    def edit(config: dict) -> None:
+        _text_config(config)["intermediate_size"] += 8
+    _edit_config(folder, edit)
+
+
+def _loop(folder: Path) -> None:
+    (folder / "model.safetensors").unlink()
+    os.symlink("model.safetensors", folder / "model.safetensors")
+
+
+def _extra_tokens(folder: Path) -> None:
+    vocab = _text_config(json.loads((folder / "config.json").read_text()))["vocab_size"]
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    for i in range(3):
+        tokenizer["added_tokens"].append({"id": vocab + i, "content": f"<extra_{i}>", "single_word": False,
+                                          "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+
+
+def _missing_shard(folder: Path) -> None:
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors",
+                            "model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def _duplicate_model_type(folder: Path) -> None:
+    text = (folder / "config.json").read_text()
+    (folder / "config.json").write_text(text.replace('"model_type"', '"model_type": "llava", "model_type"', 1))
+
+
+def _no_tokenizer(folder: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+
+
+for _name, _break, _needles, _label in (
+    ("truncated", _truncate, ("model.safetensors", "truncated"), "truncated model.safetensors"),
+    ("garbage", lambda f: (f / "model.safetensors").write_bytes(os.urandom(20000)), ("not a safetensors file",),
+     "garbage model.safetensors"),
+    ("no_arch", lambda f: _edit_config(f, lambda c: c.pop("architectures")),
+     ("architectures", "Qwen2_5_VLForConditionalGeneration"), "config.json without architectures"),
+    ("wrong_arch", lambda f: _edit_config(f, lambda c: c.__setitem__("architectures", ["GPT2LMHeadModel"])),
+     ("GPT2LMHeadModel", "supports"), "config.json naming an unsupported architecture"),
+    ("wider", _wider, ("does not match the weights", "intermediate_size"),
+     "config width that does not match the weights"),
+    ("fewer_layers", _fewer_layers, ("does not use", "num_hidden_layers"), "config with fewer layers than the weights"),
+    ("no_tokenizer", _no_tokenizer, ("no tokenizer",), "tokenizer files missing"),
+    ("extra_tokens", _extra_tokens, ("token ids up to", "vocab_size"), "tokenizer ids past the vocabulary"),
+    ("image_token", lambda f: _edit_config(f, lambda c: c.__setitem__("image_token_id", 13)),
+     ("image placeholder", "image_token_id"), "image_token_id that the placeholders do not use"),
+    ("pickle", lambda f: (f / "model.safetensors").rename(f / "pytorch_model.bin"),
+     ("pickle", "pytorch_model.bin", "safetensors"), "only a pickle pytorch_model.bin"),
+    ("loop", _loop, ("symbolic link loop",), "model.safetensors a symbolic link to itself"),
+    ("missing_shard", _missing_shard, ("model-00002-of-00002.safetensors",), "index naming a missing shard"),
+    ("dup_key", _duplicate_model_type, ("model_type", "twice"), "config.json with a key given twice"),
+):
+    probe("model folders", f"{_label}: vlens info --model FOLDER")(_folder_probe(_name, _break, _needles))
+
+probe("model folders", "truncated weights: vlens logit-lens --model FOLDER (refused before --out)")(
+    _folder_probe("truncated_ll", _truncate, ("truncated",), ("logit-lens", "--make", "2")))
+
+
+def _as_nobody() -> dict:
+    """subprocess arguments that run the command as `nobody` (root reads every file, whatever its mode)."""
+    import grp
+    import pwd
+
+    if os.geteuid() != 0:
+        return {}
+    try:
+        pwd.getpwnam("nobody")
+        group = next(name for name in ("nogroup", "nobody") if _group_exists(grp, name))
+    except (KeyError, StopIteration):
+        return {}
+    return {"user": "nobody", "group": group}
+
+
+def _group_exists(grp, name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+@probe("model folders", "an unreadable model.safetensors (run as a user who may not read it)")
+def unreadable_weights(tmp: Path):
+    folder = tmp / "unreadable"
+    shutil.copytree(INPUTS.model_copy("plain_model"), folder)
+    for path in (tmp.parent, tmp, folder, *folder.iterdir()):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    os.chmod(folder / "model.safetensors", 0)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HOME": str(tmp)}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "vlens", "info", "--model", str(folder)], cwd=tmp, env=env,
+                              capture_output=True, text=True, timeout=180, **_as_nobody())
+    except (subprocess.TimeoutExpired, OSError) as error:
+        return UNCLEAR, f"could not run as another user: {error}"[:160]
+    run = Run(done.returncode, done.stdout, done.stderr, time.perf_counter() - start)
+    verdict = refused(run, "permission denied")
+    if verdict[0] != GOOD and "No such file" in run.err:
+        return UNCLEAR, "said as a missing file: " + run.last_line
+    return verdict
+
+
+@probe("model folders", "a hub id with no network (HF_ENDPOINT a closed local port): fails fast")
+def hub_without_network(tmp: Path):
+    saved = os.environ.get("HF_ENDPOINT")
+    os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens: what a machine without network meets
+    try:
+        run = vlens("info", "--model", "someorg/some-vlm", cwd=tmp, timeout=120)
+    finally:
+        if saved is None:
+            os.environ.pop("HF_ENDPOINT", None)
+        else:
+            os.environ["HF_ENDPOINT"] = saved
+    verdict = refused(run, "cannot be reached", "hf download")
+    if verdict[0] == GOOD and run.seconds > 30:
+        return UNCLEAR, f"took {run.seconds:.0f} s"
+    return (GOOD, f"{run.seconds:.0f} s: {verdict[1]}") if verdict[0] == GOOD else verdict
+
+
+# ---- images (issue 32) ------------------------------------------------------------------------
+
+@probe("images", "a phone photo stored sideways with an EXIF orientation tag (dataset reader)")
+def exif_orientation(tmp: Path):
+    code = r"""
+import json, numpy as np
+from PIL import Image
+from vlens.datasets import load_dataset, load_record_images
+pixels = np.zeros((28, 56, 3), np.uint8); pixels[:, :28] = (255, 0, 0)
+exif = Image.Exif(); exif[0x0112] = 6
+Image.fromarray(pixels).save("phone.jpg", exif=exif, quality=95)
+open("metadata.jsonl", "w").write(json.dumps({"file_name": "phone.jpg", "question": "How many?", "answer": "1"}))
+(record, images), = load_record_images(load_dataset(".", format="imagefolder"))
+image = images[0]
+print(image.size[0], image.size[1], image.getpixel((14, 4))[0], image.getpixel((14, 52))[0])
+"""
+    run = python(code, tmp)
+    if run.code != 0:
+        return refused(run)
+    width, height, top, bottom = (int(v) for v in run.out.strip().splitlines()[-1].split())
+    if (width, height) == (28, 56) and top > 200 and bottom < 60:
+        return GOOD, "read upright (28 x 56, the red half on top)"
+    return SILENT, f"read as stored: {width} x {height}"
+
+
+def _wide_image(path: Path, rows: list[dict]) -> None:
+    from PIL import Image
+    Image.new("RGB", (28 * 250, 28)).save(path / rows[1]["file_name"])  # aspect ratio 250: Qwen-VL refuses it
+
+
+@probe("images", "eval: an image Qwen's processor refuses (aspect ratio 250) among 3")
+def eval_refused_image(tmp: Path):
+    data = INPUTS.edited_dataset("wide_image", _wide_image)
+    run = vlens("eval", "--data", str(data), "--out", "o", "-q", cwd=tmp)
+    if run.code is None or "Traceback" in run.err:
+        return UNCLEAR, run.last_line
+    results = tmp / "o" / "results.json"
+    if run.code != 0 or not results.is_file():
+        return LOST, f"exit {run.code}, the run stopped: {run.last_line}"
+    text = results.read_text()
+    named = "000001.png" in text and "refuses" in text
+    return (GOOD, "exit 0; 2 answers, 000001.png skipped and named") if named else (SILENT, "not named")
+
+
+@probe("images", "logit-lens: an image the processor refuses")
+def logit_lens_refused_image(tmp: Path):
+    data = INPUTS.edited_dataset("wide_image", _wide_image)
+    return refused(vlens("logit-lens", "--data", str(data), "--out", "o", "-q", cwd=tmp), "refuses", "7000 x 28")
+
+
+# ---- datasets (issue 32) ----------------------------------------------------------------------
+
+def _duplicate_answer(path: Path, rows: list[dict]) -> list[str]:
+    lines = [json.dumps(row) for row in rows]
+    lines[1] = lines[1].replace('"answer": ', '"answer": "9", "answer": ', 1)
+    return lines
+
+
+probe("datasets", "a key given twice in a metadata.jsonl row")(
+    _metadata_probe("dup_answer", _duplicate_answer, ("line 2", "'answer' appears twice")))
+
+
+def _long_metadata(path: Path, rows: list[dict]) -> list[str]:
+    filler = json.dumps({**rows[0], "file_name": "missing.png"})
+    return [json.dumps(row) for row in rows] + [filler] * 100_000 + ["{broken"]
+
+
+@probe("datasets", "--limit 2 on a 100,000-row metadata.jsonl (broken on its last line)")
+def limit_streams(tmp: Path):
+    data = INPUTS.edited_dataset("long_metadata", _long_metadata)
+    small = vlens("logit-lens", "--data", str(INPUTS.dataset()), "--limit", "2", "--out", "a", "-q", cwd=tmp)
+    run = vlens("logit-lens", "--data", str(data), "--limit", "2", "--out", "o", "-q", cwd=tmp)
+    if run.code != 0:
+        read_all = run.code is not None and "line 100004" in run.err
+        return (SILENT if read_all else UNCLEAR), f"read the whole file: {run.last_line}"
+    return GOOD, f"{run.seconds:.1f} s (the 3-row set: {small.seconds:.1f} s); the broken last line was never read"
+
+
+@probe("datasets", "a pair set with two clean rows for one pair (patch --pairs)")
+def pair_two_clean(tmp: Path):
+    made = vlens("data", "pairs", "--n", "2", "--image-size", "56", "--out", "pairs", "-q", cwd=tmp)
+    if made.code != 0:
+        return UNCLEAR, f"setup failed: {made.last_line}"
+    meta = tmp / "pairs" / "metadata.jsonl"
+    rows = [json.loads(line) for line in meta.read_text().splitlines()]
+    rows[1]["role"] = rows[0]["role"]
+    meta.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    return refused(vlens("patch", "--pairs", "pairs", "--mode", "layer-region", "--out", "o", "-q", cwd=tmp),
+                   "two", "clean")
+
+
+# ---- outputs and flags (issue 32) -------------------------------------------------------------
+
+FLAG_PROBES = [
+    # (argv, needle): refused while parsing (or before anything runs); nothing written
+    (["logit-lens", "--make", "2", "--out", ""], "--out: is empty"),
+    (["eval", "--data", "D", "--out", ""], "--out: is empty"),
+    (["data", "syndot", "--n", "2", "--out", ""], "--out: is empty"),
+    (["logit-lens", "--make", "2", "--image-size", "100000", "--out", "o"], "--image-size"),
+    (["data", "syndot", "--n", "2", "--image-size", "50000", "--out", "o"], "--image-size"),
+    (["logit-lens", "--make", "2", "--min-pixels", "90000", "--max-pixels", "5000", "--out", "o"], "--max-pixels"),
+    (["info", "--device-map", "auto", "--max-memory", "0=lots"], "--max-memory"),
+    (["ablate", "--tasks", "counting,nope", "--out", "o"], "nope"),
+    (["ablate", "--tasks", "counting@glossy", "--out", "o"], "glossy"),
+]
+
+
+def _flag_probe(argv: list[str], needle: str):
+    def run(tmp: Path):
+        argv_ = [str(INPUTS.dataset()) if part == "D" else part for part in argv]
+        result = vlens(*argv_, cwd=tmp, timeout=120)
+        verdict = refused(result, needle)
+        left = [p.name for p in tmp.iterdir()]
+        if verdict[0] == GOOD and left:
+            return SILENT, f"refused, but wrote {left[:3]}"
+        if verdict[0] == GOOD and result.seconds > 40:
+            return UNCLEAR, f"refused only after {result.seconds:.0f} s (a model was loaded first?)"
+        return verdict
+    return run
+
+
+for _argv, _needle in FLAG_PROBES:
+    _shown = " ".join(repr(a) if not a else a for a in _argv)
+    probe("outputs and flags", f"`vlens {_shown}`")(_flag_probe(_argv, _needle))
+
+
+def _in_process(command: str, patch: str) -> str:
+    """Python code that applies `patch` (a failure) and runs `vlens COMMAND` in-process, printing the status."""
+    return ("import sys, errno, pathlib, vlens.cli\n" + patch + "\n"
+            f"status = vlens.cli.main({command!r}.split())\nprint('STATUS', status)\nsys.exit(0)\n")
+
+
+_DISK_FULL = """
+real = pathlib.Path.write_text
+def full(self, *a, **k):
+    if self.name == "results.json":
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    return real(self, *a, **k)
+pathlib.Path.write_text = full
+"""
+
+
+def _status(run: Run) -> str | None:
+    return next((line.split()[1] for line in run.out.splitlines() if line.startswith("STATUS")), None)
+
+
+@probe("outputs and flags", "a full disk (ENOSPC) while logit-lens writes results.json")
+def disk_full(tmp: Path):
+    run = python(_in_process("logit-lens --make 2 --out o -q", _DISK_FULL), tmp)
+    status = _status(run)
+    if "Traceback" in run.err or status is None:
+        return UNCLEAR, run.last_line
+    if status != "2" or "disk is full" not in run.err:
+        return UNCLEAR, f"exit {status}: {run.last_line}"
+    return GOOD, run.last_line
+
+
+# ---- the failure boundary (issue 32) ----------------------------------------------------------
+
+_BOUNDARY_FAILURES = {
+    "MemoryError while the model loads": ("raise MemoryError()", "2", "out of memory"),
+    "a library's RuntimeError while loading the model": (
+        "raise RuntimeError('Error(s) in loading state_dict')", "2", "loading the model"),
+    "PermissionError reading an input": (
+        "raise PermissionError(errno.EACCES, 'Permission denied', 'data/metadata.jsonl')", "2", "Permission denied"),
+    "IsADirectoryError": ("raise IsADirectoryError(errno.EISDIR, 'Is a directory', 'x.json')", "2", "folder"),
+    "a symbolic-link loop (ELOOP)": ("raise OSError(errno.ELOOP, 'Too many levels of symbolic links', 'm')", "2",
+                                     "symbolic link"),
+    "a plain ValueError raised by vlens's own argument checks": ("raise ValueError('top_k must be >= 1')", "2",
+                                                                 "top_k must be"),
+    "an internal bug (AttributeError)": ("raise AttributeError('NoneType has no attribute shape')", "1",
+                                         "a bug in vlens"),
+}
+
+
+def _boundary_probe(raise_line: str, status: str, needle: str):
+    def run(tmp: Path):
+        # the failure is raised inside vlens (the loading code), as a real one would be
+        patch = ("import vlens.zoo.specs as specs\ndef broken(*a, **k):\n"
+                 "    with specs.failure_context('loading the model tiny', 'check it'):\n        " + raise_line +
+                 "\nspecs.load_model = broken")
+        result = python(_in_process("info", patch), tmp)
+        got = _status(result)
+        lines = [line for line in result.err.strip().splitlines() if line.strip()]
+        if "Traceback" in result.err or got is None:
+            return UNCLEAR, result.last_line
+        if got != status or len(lines) != 1 or needle not in lines[0]:
+            return UNCLEAR, f"exit {got}: {result.last_line}"
+        return GOOD, f"exit {got}: {lines[0][:140]}"
+    return run
+
+
+for _label, (_raise, _code, _needle) in _BOUNDARY_FAILURES.items():
+    probe("failure boundary", f"{_label}: one line, exit {_code}")(_boundary_probe(_raise, _code, _needle))
+
+
+@probe("failure boundary", "torchrun --nproc-per-node 1 vlens logit-lens --model TRUNCATED_FOLDER")
+def torchrun_broken_folder(tmp: Path):
+    folder = tmp / "truncated"
+    shutil.copytree(INPUTS.model_copy("plain_model"), folder)
+    _truncate(folder)
+    run = vlens("logit-lens", "--make", "2", "--model", str(folder), "--out", "o", cwd=tmp, timeout=300,
+                launcher=_torchrun(1))
+    return _child_line(run, "truncated")
+
+
+# ---- API (issue 32) ---------------------------------------------------------------------------
+
+@probe("API", "names_filter misspelt: a string, a list, a function matching nothing")
+def names_filter_typos(tmp: Path):
+    code = r"""
+import vlens
+model = vlens.load_model("tiny")
+inputs = model.prepare(prompts="How many dots are there?", chat=False)
+for label, names in (("str", "blocks.0.hook_resid_prex"), ("list", ["blocks.0.hook_resid_pre", "blocks.0.attn.hookz"]),
+                     ("callable", lambda name: name.endswith("hook_zz"))):
+    try:
+        _, cache = model.run_with_cache(inputs, names_filter=names)
+        print(label, "EMPTY CACHE" if len(cache) == 0 else f"{len(cache)} entries")
+    except vlens.UserInputError as err:
+        print(label, "refused:", str(err)[:70])
+"""
+    run = python(code, tmp)
+    if run.code != 0:
+        return UNCLEAR, run.last_line
+    if "EMPTY CACHE" in run.out or "entries" in run.out:
+        return SILENT, run.out.strip().replace("\n", "; ")[:160]
+    return GOOD, "all three refused (the strings with the closest names)"
+
+
+@probe("API", "a forward in one thread while run_with_hooks runs in another (15 tries)")
+def hooks_across_threads(tmp: Path):
+    code = r"""
+import threading, torch, vlens
+torch.set_num_threads(1)
+model = vlens.load_model("tiny")
+inputs = model.prepare(prompts="How many dots are there?", chat=False)
+with torch.no_grad():
+    clean = model(inputs)
+barrier = threading.Barrier(2, timeout=60)
+def held(z, hook):
+    barrier.wait(); barrier.wait(); z[:] = 0; return z
+def a():
+    with torch.no_grad():
+        model.run_with_hooks(inputs, fwd_hooks=[("blocks.0.attn.hook_z", held)])
+def b(out):
+    barrier.wait()
+    with torch.no_grad():
+        out["b"] = model(inputs)
+    barrier.wait()
+wrong = 0
+for _ in range(15):
+    out = {}
+    threads = [threading.Thread(target=a), threading.Thread(target=b, args=(out,))]
+    [t.start() for t in threads]; [t.join() for t in threads]
+    wrong += not torch.allclose(out["b"], clean, atol=1e-5)
+print("WRONG", wrong)
+"""
+    run = python(code, tmp)
+    if run.code != 0:
+        return UNCLEAR, run.last_line
+    wrong = int(run.out.split("WRONG")[-1])
+    return (GOOD, "0 of 15 forwards saw the other thread's hook") if wrong == 0 else (SILENT, f"{wrong} of 15 wrong")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -188,7 +188,7 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys):
     _one_line_error(capsys, ["info", "--model", "tyni"], "nor a hub id")
     _one_line_error(capsys, ["info", "--model", "random-tiny", "--image-size", "100"], "not a multiple of 28")
     _one_line_error(capsys, ["info", "--model", "random-tiny", "--min-pixels", "9000", "--max-pixels", "5000"],
-                    "larger than max_pixels")
+                    "larger than --max-pixels")
     _one_line_error(capsys, ["data", "syndot", "--n", "2", "--out", str(tmp_path / "d"), "--image-size", "64",
                              "--radius", "20", "--counts", "50", "--quiet"], "fewer objects")
     _one_line_error(capsys, ["eval", "--model", "random-tiny", "--data", str(tmp_path / "nope"),

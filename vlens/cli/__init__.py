@@ -120,13 +120,21 @@ def _check_renamed(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run `vlens ARGV`; returns the exit status (2: an error in what was asked)."""
-    from vlens.cli.console import run_command
+    """Run `vlens ARGV`; returns the exit status (2: an error in what was asked, 1: a bug in vlens).
+
+    Nothing raises out of here but SystemExit (argparse's own usage errors, exit 2): a failure
+    while the parser is built or the arguments are read is one line too (`vlens.cli.console`)."""
+    from vlens.cli.console import report_failure, run_command
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv)
-    _check_renamed(parser, argv)
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser(argv)
+        _check_renamed(parser, argv)
+        args = parser.parse_args(argv)
+    except (Exception, KeyboardInterrupt) as error:  # e.g. an unreadable --device-map JSON file
+        command = _command_name(argv)
+        prog = f"vlens {command}" if command in {c.name for c in COMMANDS} else "vlens"
+        return report_failure(prog, error, any(arg in ("-v", "--verbose") for arg in argv))
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2

@@ -25,10 +25,11 @@ from vlens.cli.options import (
     load_model_from_args,
     prepare_out,
     rendered_size,
+    task_list_arg,
 )
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import add_allow_nan_argument
-from vlens.utils.validation import arg_int
+from vlens.utils.validation import arg_int, arg_path
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_data_arguments(parser, multiple=True,
                        help="real datasets, each one task named after its file (PixMo-Count, CountBenchQA, "
                             "multiple choice, imagefolders, qa rows; see --format); with --tasks too, both are run")
-    parser.add_argument("--tasks", default=None,
+    parser.add_argument("--tasks", default=None, type=task_list_arg,
                         help="comma-separated tasks, TASK or TASK@STYLE (e.g. counting@synreal); "
                              f"default {','.join(DEFAULT_TASKS)}")
     parser.add_argument("--unit", choices=UNITS, default="head",
@@ -77,7 +78,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retest-seed", type=arg_int(min=0), default=None,
                         help="also sweep a second evaluation set from this seed and report, per task, the Jaccard "
                              "of the two top-k sets (reliability); use a seed >= seed + n-examples")
-    parser.add_argument("--patching", type=Path, default=None,
+    parser.add_argument("--patching", type=arg_path, default=None,
                         help="results.json of a `vlens patch --mode layer-head` (or atp) run, or any JSON with a head "
                              "score grid or head list, optionally per task: also report its Jaccard with each "
                              "task's ablation set")

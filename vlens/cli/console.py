@@ -4,9 +4,10 @@ Status lines go through `logging` (each module's ``logging.getLogger(__name__)``
 INFO by default, DEBUG with ``-v``, WARNING with ``--quiet`` (which also hides every progress
 bar: commands pass ``progress=not args.quiet`` down). What a command is asked to print (tables,
 summaries, JSON) goes to stdout. With ``--quiet`` Hugging Face's own bars (loading or writing
-weights) are hidden too. Errors in what the user asked for (`UserInputError`, a missing
-or already existing file) print ``vlens <command>: error: <message>`` and exit 2 without a
-traceback (``-v`` shows it); any other exception is a bug and keeps its traceback.
+weights) are hidden too. Every failure is one line (`vlens.cli.failures`): what the user can
+cause or fix (`UserInputError`, a missing or unreadable file, a full disk, a broken model folder,
+out of memory, ...) prints ``vlens <command>: error: <message>`` and exits 2; anything else is
+reported as a bug in one line and exits 1. ``-v`` adds the traceback; without it none is printed.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
+from vlens.cli.failures import INTERRUPTED_STATUS, explain
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import NON_FINITE_EXIT
 
 HF_BARS_VARIABLE = "HF_HUB_DISABLE_PROGRESS_BARS"
-USER_ERRORS: tuple[type[BaseException], ...] = (UserInputError, FileNotFoundError, FileExistsError,
-                                                NotADirectoryError)
+BROKEN_PIPE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a reader that stopped early
+# what a user can cause and fix: the command line says it in one line and exits 2 (vlens.cli.failures
+# maps many more exceptions the same way; this tuple is for code that catches them itself)
+USER_ERRORS: tuple[type[BaseException], ...] = (UserInputError, OSError, MemoryError)
 
 
 def add_output_flags(parser: argparse.ArgumentParser, top_level: bool = False) -> None:
@@ -139,19 +143,42 @@ def one_line(error: BaseException) -> str:
     return " ".join(text.split())
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Call ``args.func(args)`` with logging set up; user errors -> one line on stderr, exit 2.
+def report_failure(prog: str, error: BaseException, verbose: int | bool = 0) -> int:
+    """Say `error` in one line (`vlens.cli.failures.explain`), the traceback first with -v; return the
+    exit status (2: the input or the machine, 1: a bug, 130: interrupted)."""
+    if isinstance(error, BrokenPipeError) and error.filename is None:  # `vlens ... | head`: the reader left
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return BROKEN_PIPE_STATUS
+    failure = explain(error)
+    if failure.status == INTERRUPTED_STATUS:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return failure.status
+    if verbose:
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    print_error(prog, failure.message)
+    return failure.status
 
+
+def run_command(args: argparse.Namespace) -> int:
+    """Call ``args.func(args)`` with logging set up; every failure -> one line on stderr
+    (`report_failure`): exit 2 for what the user can fix, 1 for a bug.
+
+    Before the command runs, the values that depend on each other or on the machine are checked
+    (`vlens.cli.options.check_args`), so a bad combination fails before any model loads.
     Under torchrun (`vlens.parallel`): ``args.sharding`` is the run's `Sharding`; only rank 0
     shows progress, status lines, printed summaries and warnings (other ranks keep only errors and
     warnings about NaN in their own examples); a failure on any rank exits 1 on every
     rank with one line saying what happened.
     """
+    from vlens.cli.options import check_args
     from vlens.parallel.command import CommandExit, done, run_settings, run_store, sharded_command
     from vlens.parallel.quiet import other_ranks_quiet
 
     prog = getattr(args, "command_prog", "vlens")
+    verbose = getattr(args, "verbose", 0)
     try:
+        check_args(args)
         with sharded_command(prog, getattr(args, "shardable", False)) as sharding:
             args.sharding = sharding
             if getattr(args, "shardable", False) and getattr(args, "out", None) is not None:
@@ -168,29 +195,22 @@ def run_command(args: argparse.Namespace) -> int:
     except CommandExit as stop:
         print_error(prog, stop.message)
         return 1
-    except USER_ERRORS as error:  # raised before the command started (e.g. an unsharded command under torchrun)
-        print_error(prog, one_line(error))
-        return 2
+    except (Exception, KeyboardInterrupt) as error:  # before the command started (e.g. under torchrun)
+        return report_failure(prog, error, verbose)
 
 
 def _run(args: argparse.Namespace, prog: str) -> int:
     with command_logging(args.verbose, args.quiet), hf_bars_hidden() if args.quiet else nullcontext():
         try:
             return int(args.func(args) or 0)
-        except USER_ERRORS as error:
-            if args.verbose:
-                traceback.print_exc()
-            print_error(prog, one_line(error))
-            return 2
         except FloatingPointError as error:  # NaN/inf activations or loss (vlens.utils.finite): exit 3, like --allow-nan's
             if args.verbose:
                 traceback.print_exc()
             print_error(prog, one_line(error))
             return 3
-        except KeyboardInterrupt:
-            print(f"{prog}: interrupted", file=sys.stderr)
-            return 130
+        except (Exception, KeyboardInterrupt) as error:
+            return report_failure(prog, error, args.verbose)
 
 
 __all__ = ["USER_ERRORS", "add_output_flags", "command_logging", "echo", "non_finite_exit", "one_line",
-           "print_error", "run_command"]
+           "print_error", "report_failure", "run_command"]

@@ -12,7 +12,7 @@ import time
 
 from vlens.cli.options import add_image_size
 from vlens.utils.errors import UserInputError
-from vlens.utils.validation import arg_float, arg_int
+from vlens.utils.validation import arg_float, arg_int, arg_path
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def parse_tasks(text: str) -> tuple[str, ...]:
 def _common(p: argparse.ArgumentParser, n_help: str = "number of images") -> None:
     p.add_argument("--n", type=arg_int(min=1, max=MAX_SAMPLES), required=True, help=n_help)
     p.add_argument("--seed", type=arg_int(min=0), default=0, help="dataset seed (default 0)")
-    p.add_argument("--out", required=True, metavar="DIR",
+    p.add_argument("--out", required=True, type=arg_path, metavar="DIR",
                    help="output folder, created when missing: the imagefolder (PNG files + metadata.jsonl)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a dataset vlens data wrote in --out (only its own files are removed)")

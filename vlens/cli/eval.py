@@ -96,9 +96,11 @@ def load_hf_model(args: argparse.Namespace):
 
             from vlens.core.architectures import adapter_for
             from vlens.core.loading import from_pretrained_checked, load_processor_for
+            from vlens.utils.errors import failure_context
 
-            model = from_pretrained_checked(AutoModelForImageTextToText, target, dtype=dtype, use_safetensors=True,
-                                            **placement)
+            with failure_context(f"loading the model {args.model}", "check the model folder or hub id"):
+                model = from_pretrained_checked(AutoModelForImageTextToText, target, dtype=dtype,
+                                                use_safetensors=True, **placement)
             if not placement:  # accelerate placed the modules; moving the whole model would break its hooks
                 model = model.to(device)
             # the processor fallback covers machines without torchvision (Qwen's video processor needs it)
@@ -117,7 +119,7 @@ def read_data(args: argparse.Namespace):
     from vlens.datasets import load_dataset
 
     options = {"image_column": args.image_column, "verify_sha256": args.verify_sha256 or None}
-    return load_dataset(args.data, args.data_format, image_dir=args.image_dir, split=args.split,
+    return load_dataset(args.data, args.data_format, limit=args.limit, image_dir=args.image_dir, split=args.split,
                         skip_missing=args.skip_missing or None, **options)
 
 

@@ -33,7 +33,7 @@ from vlens.cli.options import (
 )
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import add_allow_nan_argument
-from vlens.utils.validation import arg_float, arg_int
+from vlens.utils.validation import arg_float, arg_int, arg_path
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def configure_headlens(head: argparse.ArgumentParser) -> None:
     head.add_argument("--lens", default=None, help="a trained lens folder; default: train one first")
     head.add_argument("--lens-make", type=arg_int(min=1), default=300,
                       help="task samples to train the lens on when --lens is not given (default 300)")
-    head.add_argument("--lens-data", type=Path, default=None,
+    head.add_argument("--lens-data", type=arg_path, default=None,
                       help="a dataset to train the lens on instead (read with the --format / --split / --image-dir "
                            "options; at most --lens-make rows); use rows other than --data's")
     _train_args(head, prefix="lens-")
@@ -103,7 +103,7 @@ def _samples(args: argparse.Namespace):
     from vlens.lens.corpus import dataset_samples, task_samples
 
     if args.data is not None:
-        return dataset_samples(load_data_arg(args, args.data), limit=args.limit)
+        return dataset_samples(load_data_arg(args, args.data, args.limit), limit=args.limit)
     return task_samples(args.make, seed=args.seed, size=rendered_size(args, DEFAULT_IMAGE_SIZE), style=args.style,
                         tasks=_tasks(args))
 

@@ -56,7 +56,7 @@ def _records(args: argparse.Namespace):
     if args.data:
         from vlens.datasets import record_dicts
 
-        return record_dicts(load_data_arg(args, args.data), args.limit)
+        return record_dicts(load_data_arg(args, args.data, args.limit), args.limit)
     from vlens.data import make_task_sample
     from vlens.parallel import LazyItems
 

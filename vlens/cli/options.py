@@ -28,12 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from vlens.utils.errors import UserInputError
-from vlens.utils.validation import arg_int, check_output_folder
+from vlens.utils.validation import arg_int, arg_path, check_output_folder
 
 logger = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.json"
 MIN_IMAGE_SIZE = 28  # one merged Qwen-VL patch
+# 4096 px a side is ~21k Qwen-VL image tokens per image (its default budget is 3584^2 px); more would
+# render or resize images of many GB before any error
+MAX_IMAGE_SIZE = 4096
+MAX_PIXELS = MAX_IMAGE_SIZE * MAX_IMAGE_SIZE
+# accelerate's size units (accelerate.utils.convert_file_size_to_int); a bare number is bytes
+_SIZE_UNITS = ("GIB", "MIB", "KIB", "GB", "MB", "KB")
 MODEL_DEFAULT = "tiny"
 DTYPE_CHOICES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # vlens.core.devices.DTYPE_NAMES
 
@@ -67,7 +73,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | 
     group.add_argument("--max-memory", type=max_memory_arg, default=None, metavar="BUDGET",
                        help="per-device budget of --device-map auto/balanced, e.g. 0=70GiB,1=70GiB,cpu=200GiB "
                        "(GPU indices or cpu/disk; sizes as accelerate reads them, or bytes)")
-    group.add_argument("--offload-folder", type=Path, default=None, metavar="DIR",
+    group.add_argument("--offload-folder", type=arg_path, default=None, metavar="DIR",
                        help="where --device-map keeps the modules it places on disk (when the budget is too small)")
     fixed = ("the model's processor resizes every image to about PX*PX pixels, keeping its aspect ratio "
              "(Qwen-VL: a multiple of 28, 32 for Qwen3-VL; LLaVA-NeXT / OneVision: tiles at most PX x PX pixels "
@@ -77,18 +83,63 @@ def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | 
     else:
         size_help = (f"side in px of the images this command renders (default {render_default}); when given, "
                      f"also {fixed}")
-    group.add_argument("--image-size", type=arg_int(min=MIN_IMAGE_SIZE), default=None, metavar="PX", help=size_help)
-    group.add_argument("--min-pixels", type=arg_int(min=1), default=None, metavar="N",
+    group.add_argument("--image-size", type=arg_int(min=MIN_IMAGE_SIZE, max=MAX_IMAGE_SIZE), default=None,
+                       metavar="PX", help=f"{size_help} (at most {MAX_IMAGE_SIZE})")
+    group.add_argument("--min-pixels", type=arg_int(min=1, max=MAX_PIXELS), default=None, metavar="N",
                        help="Qwen-VL dynamic resolution: smallest image area in pixels after resizing")
-    group.add_argument("--max-pixels", type=arg_int(min=1), default=None, metavar="N",
+    group.add_argument("--max-pixels", type=arg_int(min=1, max=MAX_PIXELS), default=None, metavar="N",
                        help="Qwen-VL dynamic resolution: largest image area in pixels after resizing "
-                       "(bounds the image tokens of large images)")
+                       f"(bounds the image tokens of large images; at most {MAX_PIXELS} = {MAX_IMAGE_SIZE}^2)")
+    parser.set_defaults(model_options=True)  # check_args checks --model and the resolution before the command runs
 
 
 def add_image_size(parser: argparse.ArgumentParser, default: int, min: int = MIN_IMAGE_SIZE) -> None:
     """--image-size for commands that render images but load no model."""
-    parser.add_argument("--image-size", type=arg_int(min=min), default=default, metavar="PX",
-                        help=f"side of the rendered images in px (default {default})")
+    parser.add_argument("--image-size", type=arg_int(min=min, max=MAX_IMAGE_SIZE), default=default, metavar="PX",
+                        help=f"side of the rendered images in px (default {default}, at most {MAX_IMAGE_SIZE})")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The checks argparse cannot make one flag at a time, run before the command starts (and so
+    before any model loads or --out is created): the resolution flags together, and --model (its
+    spec, and a model folder validated whole: `vlens.core.loading.validate_model_folder`)."""
+    if not getattr(args, "model_options", False):
+        return
+    image_size, low, high = (getattr(args, name, None) for name in ("image_size", "min_pixels", "max_pixels"))
+    if low is not None and high is not None and low > high:
+        raise UserInputError(f"--min-pixels {low} is larger than --max-pixels {high}: give min <= max")
+    if image_size is not None and (low is not None or high is not None) and getattr(args, "model", None) is not None:
+        flags = " / ".join(f for f, v in (("--min-pixels", low), ("--max-pixels", high)) if v is not None)
+        raise UserInputError(f"--image-size fixes the processor's resolution, {flags} bound it: give one of them")
+    device = getattr(args, "device", None)
+    if device not in (None, "auto") and getattr(args, "sharding", None) is None:
+        from vlens.core.devices import resolve_device
+
+        resolve_device(device)  # a typo or a GPU this machine lacks, before anything is loaded
+    spec = getattr(args, "model", None)
+    if isinstance(spec, str):
+        from vlens.zoo.specs import check_spec
+
+        check_spec(spec)
+
+
+def task_list_arg(text: str) -> str:
+    """ablate --tasks: comma-separated TASK or TASK@STYLE, each a task of the suites and a known style
+    (the text is kept: the command parses it)."""
+    from vlens.data.styles import STYLES
+    from vlens.data.templates import TASKS
+
+    aliases = {"counting_synreal": "counting@synreal", "synreal": "counting@synreal", "color": "colour"}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        task, _, style = aliases.get(item, item).partition("@")
+        if task not in TASKS:
+            raise argparse.ArgumentTypeError(f"unknown task {item!r}: use {', '.join(TASKS)}, optionally as "
+                                             f"TASK@STYLE with a style of {', '.join(STYLES)}")
+        if style and style not in STYLES:
+            raise argparse.ArgumentTypeError(f"unknown style {style!r} in {item!r}: use one of {', '.join(STYLES)}")
+    return text
 
 
 def device_map_arg(text: str) -> str | dict[str, Any]:
@@ -118,7 +169,8 @@ def device_map_arg(text: str) -> str | dict[str, Any]:
 
 def max_memory_arg(text: str) -> dict[int | str, int | str]:
     """--max-memory ``0=70GiB,1=70GiB,cpu=200GiB`` -> {0: "70GiB", 1: "70GiB", "cpu": "200GiB"}
-    (GPU indices become ints, as accelerate wants them; a plain number is bytes)."""
+    (GPU indices become ints, as accelerate wants them; a plain number is bytes). Each size is
+    checked here as accelerate would read it (GiB, MiB, KiB, GB, MB, KB, or bytes), and must be > 0."""
     budget: dict[int | str, int | str] = {}
     for item in text.split(","):
         device, sep, size = (part.strip() for part in item.partition("="))
@@ -129,8 +181,25 @@ def max_memory_arg(text: str) -> dict[int | str, int | str]:
             raise argparse.ArgumentTypeError(f"device {device!r}: use a GPU index (0, 1, ...), cpu or disk")
         if key in budget:
             raise argparse.ArgumentTypeError(f"device {device!r} is given twice")
-        budget[key] = int(size) if size.isdigit() else size
+        budget[key] = _memory_size(size, device)
     return budget
+
+
+def _memory_size(size: str, device: str) -> int | str:
+    expected = f"a size such as 70GiB, 500MB or a number of bytes (units {', '.join(u.replace('I', 'i') for u in _SIZE_UNITS)})"
+    if size.isdigit():
+        if int(size) <= 0:
+            raise argparse.ArgumentTypeError(f"size {size!r} for device {device!r} must be more than 0 bytes")
+        return int(size)
+    unit = next((u for u in _SIZE_UNITS if size.upper().endswith(u)), None)
+    number = size[: -len(unit)].strip() if unit else ""
+    try:
+        value = float(number)
+    except ValueError:
+        value = float("nan")
+    if unit is None or not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"size {size!r} for device {device!r} is not {expected}")
+    return size
 
 
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -187,7 +256,7 @@ def add_out(parser: argparse.ArgumentParser, contents: str, *, default: str | No
     """--out DIR (always a folder) and --overwrite."""
     where = f" (default {default})" if default is not None else ""
     parser.add_argument("--out", default=default, required=required and default is None, metavar="DIR",
-                        type=Path, help=f"output folder, created when missing{where}: {contents}")
+                        type=arg_path, help=f"output folder, created when missing{where}: {contents}")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace results already in --out (without it the command refuses)")
 
@@ -231,6 +300,7 @@ def write_figure(make_figure: Callable[[], Any], path: Path) -> Path | None:
     return write_figure_html(figure, path)
 
 
-__all__ = ["DTYPE_CHOICES", "MODEL_DEFAULT", "RESULTS_FILE", "add_batch_size", "add_image_size",
-           "add_model_options", "add_out", "load_model_from_args", "model_options",
+__all__ = ["DTYPE_CHOICES", "MAX_IMAGE_SIZE", "MAX_PIXELS", "MODEL_DEFAULT", "RESULTS_FILE", "add_batch_size",
+           "add_image_size", "add_model_options", "add_out", "check_args", "load_model_from_args", "model_options",
+           "task_list_arg",
            "prepare_out", "rendered_size", "write_figure", "write_results"]

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
 from vlens.cli.console import echo
 from vlens.cli.options import add_model_options, add_out, model_options, prepare_out
-from vlens.utils.validation import arg_float, arg_int, check_count, check_output_file
+from vlens.utils.validation import arg_float, arg_int, arg_path, check_count, check_output_file
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ def configure(study: argparse.ArgumentParser) -> None:
     study.add_argument("--lora-rank", type=arg_int(min=1), default=64)
     study.add_argument("--top-k-heads", type=arg_int(min=1), default=4)
     study.add_argument("--alpha", type=arg_float(min=0, min_open=True), default=1.2)
-    study.add_argument("--model-card", type=Path, help="also put the results table into this model card")
+    study.add_argument("--model-card", type=arg_path, help="also put the results table into this model card")
     study.set_defaults(func=run)
 
 

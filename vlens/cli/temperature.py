@@ -28,7 +28,7 @@ from vlens.cli.options import (
 )
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import add_allow_nan_argument
-from vlens.utils.validation import arg_float, arg_int, check_count
+from vlens.utils.validation import arg_float, arg_int, arg_path, check_count
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fit = commands.add_parser("fit", help="temperatures from an ablation or patching result file")
     fit.add_argument(
         "--result",
-        type=Path,
+        type=arg_path,
         default=None,
         help="results.json of `vlens ablate` (AblationReport / HeadAblation) or of a layer-head `vlens patch`, "
         "or that command's --out folder: the importance gamma (needed with --select importance)",
@@ -51,7 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fit.add_argument("--select", choices=("importance", "taxonomy"), default="importance",
                      help="which heads: the --top-k most important (default), or the paper's target classes of a "
                      "HeadLens taxonomy (--taxonomy; gamma from --result when given, else 1)")
-    fit.add_argument("--taxonomy", type=Path, default=None,
+    fit.add_argument("--taxonomy", type=arg_path, default=None,
                      help="results.json (or --out folder) of `vlens headlens`, for --select taxonomy")
     fit.add_argument("--classes", default=",".join(("cross-modal routing", "counting aggregation")),
                      help="head classes for --select taxonomy, comma-separated (default: cross-modal routing,"
@@ -76,7 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     apply = commands.add_parser("apply", help="evaluate a model with the temperatures on an imagefolder set")
     add_model_options(apply)
-    apply.add_argument("--temps", required=True, type=Path, help="a `temperature fit` folder (or its JSON)")
+    apply.add_argument("--temps", required=True, type=arg_path, help="a `temperature fit` folder (or its JSON)")
     add_data_arguments(apply, required=True, help="counting or multiple-choice set (any --format)")
     apply.add_argument("--limit", type=arg_int(min=1))
     add_batch_size(apply, 16, "examples per generate call")
@@ -92,7 +92,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="write an HF checkpoint with the temperatures baked into q_proj (families without q norm)",
     )
     add_model_options(export, dtype_default="float32")
-    export.add_argument("--temps", required=True, type=Path, help="a `temperature fit` folder (or its JSON)")
+    export.add_argument("--temps", required=True, type=arg_path, help="a `temperature fit` folder (or its JSON)")
     add_out(export, f"the HF checkpoint (safetensors, processor) and {BAKED_TEMPS}")
     export.set_defaults(func=run_export)
 
@@ -165,7 +165,7 @@ def run_apply(args: argparse.Namespace) -> int:
 
     out = prepare_out(args, RESULTS_FILE) if args.out is not None else None
     temp = HeadTemperature.load(temps_file(args.temps))
-    data = load_data_arg(args, args.data)
+    data = load_data_arg(args, args.data, args.limit)
     if get_format(data.format).task == "count":
         check_counting(data)
     model = load_model_from_args(args)

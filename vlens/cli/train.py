@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from pathlib import Path
 
 from vlens.cli.console import echo
 from vlens.cli.dataset_options import add_data_arguments, load_data_arg
@@ -20,7 +19,7 @@ from vlens.cli.options import (
     add_model_options,
     load_model_from_args,
 )
-from vlens.utils.validation import arg_float, arg_int
+from vlens.utils.validation import arg_float, arg_int, arg_path
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ def configure_train(train: argparse.ArgumentParser) -> None:
                        help="one or more datasets (imagefolders written by `vlens data`, PixMo-Count, "
                        "CountBenchQA, multiple choice, qa rows; see --format)")
     train.add_argument("--limit", type=arg_int(min=1), help="use only the first N examples of each folder")
-    train.add_argument("--out", required=True, type=Path, metavar="DIR",
+    train.add_argument("--out", required=True, type=arg_path, metavar="DIR",
                        help="output folder, created when missing: the run (adapter/, checkpoints, "
                             "sft_result.json, merged/ with --merged); a run already there is resumed")
     train.add_argument("--focus-weight", type=arg_float(min=0), default=1.0, help="lambda (default 1.0)")
@@ -95,7 +94,7 @@ def run_train(args: argparse.Namespace) -> int:
     from vlens.utils.validation import check_output_folder
 
     check_output_folder(args.out, "--out")  # a run folder: resumed, so results are never refused here
-    examples = [example for path in args.data for example in examples_from_dataset(load_data_arg(args, path),
+    examples = [example for path in args.data for example in examples_from_dataset(load_data_arg(args, path, args.limit),
                                                                                       args.limit)]
     config = SFTConfig(
         lora_rank=args.lora_rank,

@@ -33,6 +33,9 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise UserInputError(f"device {str(device)!r} was asked for but this machine has no CUDA device; "
                          "use --device cpu (or leave it out: cuda when available, else cpu)")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise UserInputError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                             f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
     return resolved
 
 

@@ -2,11 +2,20 @@
 
 vlens reuses TransformerLens's `HookPoint` and `HookedRootModule`, so hooks, `run_with_hooks`,
 `run_with_cache` and `ActivationCache` behave exactly as TransformerLens users expect.
+
+Temporary forward hooks belong to the thread that added them: a forward in another thread
+does not run them (it computes the model as if they were not there), and `reset_hooks` /
+the end of a `hooks()` context in one thread removes only that thread's. Two threads can so
+share one model, each with its own `run_with_hooks` / `run_with_cache`, without seeing each
+other's patches or caches. Permanent hooks (``is_permanent=True``) and backward hooks (run by
+autograd's own threads) apply to every thread.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+import threading
 from numbers import Integral
 from typing import Any, Literal
 
@@ -17,7 +26,31 @@ from transformer_lens.utilities import get_act_name
 
 from vlens.utils.errors import UserInputError
 
-__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "act_name"]
+__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "act_name", "new_context_level", "visible_hooks"]
+
+OWNER_ATTRIBUTE = "vlens_owner"  # on a LensHandle: the thread id of a temporary forward hook (None: every thread)
+# hooks() levels are unique across threads (TransformerLens counts one shared depth, so two threads'
+# contexts would remove each other's hooks or leave their own behind)
+_levels = itertools.count(1_000_000)
+_levels_lock = threading.Lock()
+
+
+def new_context_level() -> int:
+    """A context level no other `hooks()` context (in any thread) uses."""
+    with _levels_lock:
+        return next(_levels)
+
+
+def _owner(handle: Any) -> int | None:
+    return getattr(handle, OWNER_ATTRIBUTE, None)
+
+
+def visible_hooks(handles: list) -> bool:
+    """Whether any of a hook point's handles runs in the current thread."""
+    if not handles:
+        return False
+    me = threading.get_ident()
+    return any(_owner(handle) in (None, me) for handle in handles)
 
 
 class HookResultError(ValueError):
@@ -29,15 +62,18 @@ def _hook_label(hook: Any) -> str:
     return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
 
 
-def _checked(hook: Any, point: _TLHookPoint):
+def _checked(hook: Any, point: _TLHookPoint, owner: int | None = None):
     """`hook` wrapped so a returned value must match the activation's shape, dtype and device.
 
     Returning None (TransformerLens: keep the activation, possibly edited in place) is fine. A
     wrong shape would otherwise be broadcast by the next operation (a [b, 1, q, k] pattern would
-    give every head head 0's pattern) and a wrong dtype silently promoted.
+    give every head head 0's pattern) and a wrong dtype silently promoted. With an `owner`
+    thread, the hook runs only in that thread (another thread's forward passes it by).
     """
 
     def checked_hook(activation: Tensor, hook: Any = None) -> Any:
+        if owner is not None and threading.get_ident() != owner:
+            return None
         result = inner(activation, hook=hook)
         if result is None or not isinstance(activation, Tensor):
             return result
@@ -64,12 +100,41 @@ def _checked(hook: Any, point: _TLHookPoint):
 
 
 class HookPoint(_TLHookPoint):
-    """TransformerLens's `HookPoint`, with forward hook results checked (see `_checked`)."""
+    """TransformerLens's `HookPoint`, with forward hook results checked (see `_checked`) and temporary
+    forward hooks bound to the thread that added them (see the module doc)."""
 
-    def add_hook(self, hook: Any, dir: Literal["fwd", "bwd"] = "fwd", *args: Any, **kwargs: Any):
+    def add_hook(self, hook: Any, dir: Literal["fwd", "bwd"] = "fwd", is_permanent: bool = False,
+                 level: int | None = None, prepend: bool = False, alias_names: list[str] | None = None):
+        owner = None if is_permanent or dir != "fwd" else threading.get_ident()
         if dir == "fwd":
-            hook = _checked(hook, self)
-        return super().add_hook(hook, dir, *args, **kwargs)
+            hook = _checked(hook, self, owner)
+        handle = super().add_hook(hook, dir, is_permanent=is_permanent, level=level, prepend=prepend,
+                                  alias_names=alias_names)
+        setattr(handle, OWNER_ATTRIBUTE, owner)
+        return handle
+
+    def remove_hooks(self, dir: Literal["fwd", "bwd", "both"] = "fwd", including_permanent: bool = False,
+                     level: int | None = None) -> None:
+        """TransformerLens's `remove_hooks`, leaving other threads' temporary hooks in place."""
+        if dir not in ("fwd", "bwd", "both"):
+            raise ValueError(f"Invalid direction {dir}")
+        me = threading.get_ident()
+
+        def kept(handles: list) -> list:
+            keep = []
+            for handle in handles:
+                owner = _owner(handle)
+                if (owner is not None and owner != me) or (handle.is_permanent and not including_permanent) \
+                        or (level is not None and handle.context_level != level):
+                    keep.append(handle)
+                else:
+                    handle.hook.remove()
+            return keep
+
+        if dir in ("fwd", "both"):
+            self.fwd_hooks = kept(self.fwd_hooks)
+        if dir in ("bwd", "both"):
+            self.bwd_hooks = kept(self.bwd_hooks)
 
 
 

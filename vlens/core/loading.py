@@ -1,33 +1,57 @@
-"""Loading HF checkpoints safely: safetensors only, no remote code unless asked."""
+"""Loading HF checkpoints safely: safetensors only, a local folder validated whole first, no remote
+code unless asked, a hub id that cannot be reached failing in seconds."""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import threading
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 import transformers
 
 from vlens.core.architectures import ArchitectureAdapter, resolve_adapter
-from vlens.core.processors import SimpleVLProcessor
-from vlens.utils.errors import UserInputError
+from vlens.core.model_folder import (
+    SAME_CONFIG,
+    MissingWeightsError,
+    ModelFolderError,
+    check_processor,
+    load_processor_for,
+    validate_model_folder,
+)
+from vlens.utils.errors import UserInputError, failure_context
 
 logger = logging.getLogger(__name__)
 
 _PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "tokenizer_config.json",
                     "tokenizer.json")
+HUB_TIMEOUT_S = 5.0  # how long reaching the hub may take before a hub id is said to be unreachable
+DOWNLOAD_HINT = ("download it where there is a network (hf download {repo} --local-dir DIR), copy DIR here and "
+                 "pass that folder, or set HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache")
 
 
-class MissingWeightsError(UserInputError):
-    """A checkpoint lacks tensors the model needs (HF would initialise them randomly)."""
+class HubUnreachableError(UserInputError):
+    """A hub id was given but the hub cannot be reached and the model is not in the local cache."""
 
 
 def from_pretrained_checked(hf_class: Any, name_or_path: str, allow_missing: bool = False, **kwargs: Any):
     """`hf_class.from_pretrained(...)`, but a checkpoint missing any of the model's tensors is an
-    error (HF only logs it and fills them with random values) unless `allow_missing`."""
+    error (HF only logs it and fills them with random values) unless `allow_missing`, and so are
+    tensors the model does not use (HF drops them: a config with fewer layers than the weights)
+    and tensors of another shape."""
     model, info = hf_class.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
     missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    mismatched = list(info.get("mismatched_keys") or [])
+    if mismatched:
+        raise ModelFolderError(f"{name_or_path}: {len(mismatched)} tensor(s) of the weights have another shape than the "
+                               f"config makes, e.g. {mismatched[0]}: {SAME_CONFIG}")
+    if unexpected:
+        raise ModelFolderError(f"{name_or_path}: the weights hold {len(unexpected)} tensor(s) the config does not use, "
+                               f"e.g. {unexpected[0]}; they would be silently dropped: {SAME_CONFIG}")
     if missing and not allow_missing:
         shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
         raise MissingWeightsError(
@@ -47,55 +71,100 @@ def load_hf_model_and_processor(name_or_path: str, dtype: torch.dtype | None = N
                                 **hf_kwargs: Any):
     """(hf_model, processor or None) from a local folder or hub id.
 
-    The architecture is checked from the config before any weight is read, so an unsupported
-    model fails fast with the list of supported ones; `adapter` (an adapter, its class or a
+    A local folder is checked whole first (`vlens.core.model_folder.validate_model_folder`: config,
+    architecture, every weight file's header against the config, tokenizer and image token), so a
+    broken folder fails in one line before any weight is read. A hub id is checked to be reachable
+    (or cached) within seconds (`check_hub_reachable`). `adapter` (an adapter, its class or a
     registered family name) overrides the registered one. A checkpoint that lacks some of the
     model's tensors raises `MissingWeightsError` unless `allow_missing`.
     """
-    config = transformers.AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    architectures = getattr(config, "architectures", None) or []
-    if not architectures:
-        raise ValueError(f"{name_or_path}: config.json names no 'architectures'; cannot tell which model to build.")
-    class_name = architectures[0]
-    # an unsupported family fails here, before any weight is read
-    family = resolve_adapter(adapter, class_name)
-    hf_class = family.hf_model_class(class_name)
     hf_kwargs.setdefault("use_safetensors", True)  # never unpickle weights
     if dtype is not None:
         hf_kwargs["dtype"] = dtype
-    hf_model = from_pretrained_checked(hf_class, name_or_path, allow_missing=allow_missing,
-                                       trust_remote_code=trust_remote_code, **hf_kwargs)
-    hf_model.eval()
-    processor = None
-    if load_processor:
-        is_local = os.path.isdir(name_or_path)
-        has_files = not is_local or any(os.path.exists(os.path.join(name_or_path, f)) for f in _PROCESSOR_FILES)
-        if has_files:
+    if os.path.isdir(name_or_path):
+        folder = validate_model_folder(name_or_path, load_processor=load_processor and _has_processor_files(
+            name_or_path), allow_missing=allow_missing, adapter=adapter, trust_remote_code=trust_remote_code)
+        with failure_context(f"loading the weights of {name_or_path}", SAME_CONFIG):
+            hf_model = from_pretrained_checked(folder.hf_class, name_or_path, allow_missing=allow_missing,
+                                               trust_remote_code=trust_remote_code, **hf_kwargs)
+        hf_model.eval()
+        return hf_model, folder.processor
+
+    if check_hub_reachable(name_or_path):
+        hf_kwargs.setdefault("local_files_only", True)
+    local_only = {"local_files_only": True} if hf_kwargs.get("local_files_only") else {}
+    fix = f"check the hub id and the network, or {DOWNLOAD_HINT.format(repo=name_or_path)}"
+    with failure_context(f"loading {name_or_path} from the Hugging Face Hub", fix):
+        config = transformers.AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code,
+                                                         **local_only)
+        architectures = getattr(config, "architectures", None) or []
+        if not architectures:
+            raise UserInputError(f"{name_or_path}: config.json names no 'architectures'; cannot tell which model to "
+                                 "build.")
+        class_name = architectures[0]
+        # an unsupported family fails here, before any weight is read
+        family = resolve_adapter(adapter, class_name)
+        hf_class = family.hf_model_class(class_name)
+        hf_model = from_pretrained_checked(hf_class, name_or_path, allow_missing=allow_missing,
+                                           trust_remote_code=trust_remote_code, **hf_kwargs)
+        hf_model.eval()
+        processor = None
+        if load_processor:
             processor = load_processor_for(name_or_path, trust_remote_code=trust_remote_code, adapter=family)
+            check_processor(processor, config, name_or_path)
     return hf_model, processor
 
 
-def load_processor_for(name_or_path: str, trust_remote_code: bool = False,
-                       adapter: ArchitectureAdapter | None = None):
-    """HF's AutoProcessor, or, where it cannot be built (its video processor needs torchvision), the
-    family's own (`adapter.load_processor`, e.g. LLaVA-OneVision's image-only processor), else a
-    `SimpleVLProcessor` from the folder's tokenizer and image processor."""
-    try:
-        processor = transformers.AutoProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-        if hasattr(processor, "tokenizer") and hasattr(processor, "image_processor"):
-            return processor
-    except (ImportError, AttributeError, ValueError, TypeError, OSError) as error:
-        logger.info("AutoProcessor unavailable for %s (%s); using a fallback processor", name_or_path, error)
-    own = adapter.load_processor(name_or_path, trust_remote_code=trust_remote_code) if adapter is not None else None
-    if own is not None:
-        return own
+def _has_processor_files(folder: str) -> bool:
+    return any(os.path.exists(os.path.join(folder, name)) for name in _PROCESSOR_FILES)
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    image_processor = transformers.AutoImageProcessor.from_pretrained(name_or_path,
-                                                                      trust_remote_code=trust_remote_code)
-    chat_template = None
-    template_file = os.path.join(name_or_path, "chat_template.jinja")
-    if os.path.exists(template_file):
-        with open(template_file) as fh:
-            chat_template = fh.read()
-    return SimpleVLProcessor(tokenizer, image_processor, chat_template=chat_template)
+
+def check_hub_reachable(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> bool:
+    """Before a hub id is loaded: True when it must be read from the local cache only (the hub cannot
+    be reached, or HF_HUB_OFFLINE is set, and the cache holds its config); False when the hub answers.
+    Raises `HubUnreachableError` when neither, within about `timeout` seconds (HF's own retries would
+    take most of a minute), saying how to download the model."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    if constants.HF_HUB_OFFLINE:
+        if cached:
+            return True
+        raise HubUnreachableError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
+                                  f"set: {DOWNLOAD_HINT.format(repo=repo_id)}")
+    endpoint = constants.ENDPOINT
+    reason = _unreachable(endpoint, timeout)
+    if reason is None:
+        return False
+    if cached:
+        logger.warning("the Hugging Face Hub (%s) cannot be reached (%s); using the cached copy of %s", endpoint,
+                       reason, repo_id)
+        return True
+    raise HubUnreachableError(f"model {repo_id!r}: the Hugging Face Hub ({endpoint}) cannot be reached ({reason}) "
+                              f"and the model is not in the local cache: {DOWNLOAD_HINT.format(repo=repo_id)}")
+
+
+def _unreachable(endpoint: str, timeout: float) -> str | None:
+    """Why a TCP connection to the endpoint fails within `timeout` (name lookup included), or None."""
+    url = urlparse(endpoint)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                outcome.append(None)
+        except OSError as error:
+            outcome.append(error.strerror or type(error).__name__)
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(timeout + 1.0)
+    if not outcome:
+        return f"no answer within {timeout:.0f} s"
+    return outcome[0]
+
+
+__all__ = ["HUB_TIMEOUT_S", "HubUnreachableError", "MissingWeightsError", "ModelFolderError",
+           "check_hub_reachable", "from_pretrained_checked", "load_hf_model_and_processor", "load_processor_for",
+           "validate_model_folder"]

@@ -23,7 +23,7 @@ from vlens.core.components.block import BlockList
 from vlens.core.config import VLMConfig
 from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype, sync_resolution
 from vlens.core.generation import GenerationOutput, generate
-from vlens.core.hooks import HookedRootModule, HookPoint
+from vlens.core.hooks import HookedRootModule, HookPoint, new_context_level
 from vlens.core.inputs import VLMInputs
 from vlens.core.loading import load_hf_model_and_processor
 from vlens.core.loss import next_token_loss, next_token_targets
@@ -320,12 +320,23 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
               clear_contexts: bool = False):
         """Temporary hooks (TransformerLens semantics: removed on exit, also on error).
 
-        Unknown hook names fail before anything runs, with the closest existing names.
+        Unknown hook names, and name filters that match no hook point, fail before anything runs,
+        with the closest existing names. The forward hooks run only in this thread (another thread's
+        forward on the same model does not see them) and leaving the context removes only them
+        (`vlens.core.hooks`).
         """
         for name, _ in [*fwd_hooks, *bwd_hooks]:
-            self.check_hook_name(name)
-        with super().hooks(list(fwd_hooks), list(bwd_hooks), reset_hooks_end, clear_contexts) as model:
-            yield model
+            self.check_hook_filter(name, "hook name")
+        level = new_context_level()  # unique: another thread's context never removes these hooks
+        try:
+            for name, hook in fwd_hooks:
+                self.add_hook(name, hook, dir="fwd", level=level)
+            for name, hook in bwd_hooks:
+                self.add_hook(name, hook, dir="bwd", level=level)
+            yield self
+        finally:
+            if reset_hooks_end:
+                self.reset_hooks(clear_contexts, including_permanent=False, level=level)
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, remove_batch_dim: bool = False,
                        incl_bwd: bool = False, **kwargs: Any):

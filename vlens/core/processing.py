@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -13,7 +14,52 @@ from vlens.core.architectures.base import ArchitectureAdapter
 from vlens.core.config import VLMConfig
 from vlens.core.inputs import VLMInputs, compute_regions
 from vlens.core.prompt_text import escape_special_tokens
+from vlens.utils.errors import UserInputError
 from vlens.utils.images import to_rgb
+
+# image processor -> {(image size, its resolution settings): why it refuses such an image, or None}
+_refusals: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RESOLUTION_FIELDS = ("size", "min_pixels", "max_pixels", "crop_size", "patch_size", "merge_size")
+
+
+class RefusedImageError(UserInputError):
+    """The model's image processor refuses an image (e.g. Qwen-VL: an aspect ratio over 200);
+    `index` is the image's place in the flat list of the batch's images."""
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index
+
+
+def image_refusal(processor: Any, image: Any) -> str | None:
+    """Why the processor's image part refuses `image` (its message, one line), or None when it takes it.
+
+    Processors refuse by an image's size (Qwen-VL: aspect ratio over 200, a side under one patch),
+    so the answer is remembered per size and resolution setting: a dataset of one image size is
+    checked once.
+    """
+    image_processor = getattr(processor, "image_processor", None)
+    if image_processor is None or not hasattr(image, "size"):
+        return None
+    settings = tuple(repr(getattr(image_processor, name, None)) for name in _RESOLUTION_FIELDS)
+    key = (tuple(image.size), settings)
+    try:
+        known = _refusals.setdefault(image_processor, {})
+    except TypeError:  # not weak-referenceable: no memory
+        known = {}
+    if key not in known:
+        try:
+            image_processor(images=[image], return_tensors="pt")
+            known[key] = None
+        except (ValueError, TypeError, RuntimeError, IndexError, ZeroDivisionError, OverflowError) as error:
+            known[key] = " ".join(str(error).split()) or type(error).__name__
+    return known[key]
+
+
+def refused_message(what: str, image: Any, reason: str) -> str:
+    width, height = image.size
+    return (f"{what} ({width} x {height} px): the model's image processor refuses it ({reason}); crop or pad it to a "
+            "less extreme shape, or leave it out")
 
 
 class PreparingModel(Protocol):
@@ -125,9 +171,22 @@ def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Seq
     if bos and all(text.startswith(bos) for text in texts):
         # a chat format that writes the BOS itself (Gemma's): the tokenizer must not add a second one
         kwargs["add_special_tokens"] = False
-    with left_padding(model.tokenizer):
-        encoded = model.processor(text=texts, return_tensors="pt", padding=True, **kwargs)
+    try:
+        with left_padding(model.tokenizer):
+            encoded = model.processor(text=texts, return_tensors="pt", padding=True, **kwargs)
+    except (ValueError, TypeError, RuntimeError, IndexError, ZeroDivisionError, OverflowError):
+        # name the image the processor refuses, if that is why
+        raise_if_refused(model.processor, [image for row in rgb for image in row])
+        raise
     return coerce_inputs(model, dict(encoded))
+
+
+def raise_if_refused(processor: Any, images: Sequence[Any]) -> None:
+    """Raise `RefusedImageError` naming the first of `images` the processor refuses (`image_refusal`)."""
+    for index, image in enumerate(images):
+        reason = image_refusal(processor, image)
+        if reason is not None:
+            raise RefusedImageError(refused_message(f"image {index} of the batch", image, reason), index) from None
 
 
 def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:

@@ -55,10 +55,51 @@ class TransformerLensSurface:
         if isinstance(name, str) and name not in self.hook_dict:
             raise UserInputError(unknown_hook_message(name, list(self.hook_dict), self.cfg.n_layers))
 
+    def check_hook_filter(self, names: Any, what: str = "names_filter") -> None:
+        """Raise `UserInputError` when `names` (a hook name, a list of them, or a filter function)
+        selects no hook point, naming the closest hooks: a misspelt name would otherwise give an
+        empty cache (or no hook) without a word. None (every hook point) passes."""
+        if names is None:
+            return
+        if isinstance(names, str):
+            self.check_hook_name(names)
+            return
+        if isinstance(names, (list, tuple, set, frozenset)):
+            unknown = [name for name in names if not isinstance(name, str) or name not in self.hook_dict]
+            if unknown:
+                first = unknown[0] if isinstance(unknown[0], str) else repr(unknown[0])
+                count = f" ({len(unknown)} of its {len(names)} names are not hook points)" if len(names) > 1 else ""
+                raise UserInputError(f"{what}{count}: " + unknown_hook_message(str(first), list(self.hook_dict),
+                                                                                self.cfg.n_layers))
+            if not names:
+                raise UserInputError(f"{what} is empty, so it selects no hook point: name some hooks, or pass None "
+                                     "for all of them")
+            return
+        if callable(names):
+            if not any(names(name) for name in self.hook_dict):
+                label = getattr(names, "__qualname__", None) or repr(names)
+                raise UserInputError(f"{what} {label} matches none of the model's {len(self.hook_dict)} hook points "
+                                     f"(e.g. {next(iter(self.hook_dict))!r}); check the names it tests for. List them "
+                                     "with model.hook_dict or `vlens info --hooks`.")
+            return
+        raise UserInputError(f"{what} must be a hook name, a list of names or a function of a name, got "
+                             f"{type(names).__name__}")
+
+    def get_caching_hooks(self, names_filter: Any = None, *args: Any, **kwargs: Any):
+        """TransformerLens's `get_caching_hooks` (used by `run_with_cache`); a `names_filter` that selects
+        no hook point is an error with the closest names (`check_hook_filter`)."""
+        self.check_hook_filter(names_filter)
+        return super().get_caching_hooks(names_filter, *args, **kwargs)  # type: ignore[misc]
+
+    def add_caching_hooks(self, names_filter: Any = None, *args: Any, **kwargs: Any):
+        """TransformerLens's `add_caching_hooks`, with `names_filter` checked as in `get_caching_hooks`."""
+        self.check_hook_filter(names_filter)
+        return super().add_caching_hooks(names_filter, *args, **kwargs)  # type: ignore[misc]
+
     def add_hook(self, name, hook, dir: Literal["fwd", "bwd"] = "fwd", is_permanent: bool = False,
                  level: int | None = None, prepend: bool = False) -> None:
-        """TransformerLens's `add_hook`; an unknown name is a clear error with suggestions."""
-        self.check_hook_name(name)
+        """TransformerLens's `add_hook`; an unknown name (or a filter matching no hook) is a clear error."""
+        self.check_hook_filter(name, "hook name")
         super().add_hook(name, hook, dir=dir, is_permanent=is_permanent, level=level,  # type: ignore[misc]
                          prepend=prepend)  # the next class in HookedVLM's MRO is HookedRootModule
 

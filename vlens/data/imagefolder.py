@@ -149,8 +149,7 @@ def record_image(record: dict) -> Image.Image:
         return record["image"]
     if "image_path" not in record:
         raise ValueError(f"the record has neither 'image' nor 'image_path' (keys: {sorted(record)})")
-    with Image.open(record["image_path"]) as image:
-        return image.convert("RGB")
+    return open_image(Path(record["image_path"]))  # checked, EXIF-upright, 8-bit RGB
 
 
 def read_imagefolder(data_dir: str | os.PathLike) -> list[ImageRecord]:

@@ -3,18 +3,25 @@ that must stay inside the dataset folder.
 
 Tables: ``.jsonl``, ``.json`` (a list of objects), ``.parquet``, ``.arrow``, a folder of
 ``.parquet`` files, or a Hugging Face ``save_to_disk`` folder (``dataset_info.json`` +
-``state.json`` + arrow files). Every malformed line (invalid JSON, ``null``, not an object,
-not UTF-8) raises one :class:`DatasetError` naming the file and line.
+``state.json`` + arrow files). Every malformed line (invalid JSON, a key given twice, ``null``,
+not an object, not UTF-8) raises one :class:`DatasetError` naming the file and line.
+
+`iter_rows` streams: JSON lines are read one at a time, parquet files one row group at a time,
+Arrow files one record batch at a time, so a reader that stops early (``limit``) reads only
+what it needs. A ``.json`` list is read whole.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path, PurePath
 
 from vlens.datasets.records import DatasetError, check_regular_file
+from vlens.utils.errors import UserInputError
 from vlens.utils.images import is_url
+from vlens.utils.strict_json import loads_strict
 
 # metadata / table files larger than this are refused (PixMo-Count's parquet with embedded
 # images is ~2 GB; a metadata.jsonl is a few MB)
@@ -31,11 +38,17 @@ def is_dataset_dict_folder(path: Path) -> bool:
 
 
 def read_rows(path: str | os.PathLike, split: str | None = None) -> list[Row]:
-    """The rows of a table file or folder, in order, each with its location.
+    """The rows of a table file or folder, in order, each with its location (`iter_rows`, all of them).
 
     split: for a ``DatasetDict`` folder (``dataset_dict.json``), which split to read (required
     when it holds several).
     """
+    return list(iter_rows(path, split))
+
+
+def iter_rows(path: str | os.PathLike, split: str | None = None) -> Iterator[Row]:
+    """The rows of a table file or folder, in order, read as they are asked for (see the module doc).
+    The path is checked when this is called; rows are read as the iterator is consumed."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file {path} does not exist")
@@ -44,7 +57,7 @@ def read_rows(path: str | os.PathLike, split: str | None = None) -> list[Row]:
             return _read_saved(path, split)
         parquet = sorted(path.glob("*.parquet")) or sorted(path.glob("*/*.parquet"))
         if parquet:
-            return [row for file in parquet for row in _read_parquet(file)]
+            return (row for file in parquet for row in _read_parquet(file))
         raise DatasetError(
             f"{path} is a folder but neither an imagefolder (metadata.jsonl), a save_to_disk folder "
             "(state.json + dataset_info.json) nor a folder of .parquet files"
@@ -52,9 +65,9 @@ def read_rows(path: str | os.PathLike, split: str | None = None) -> list[Row]:
     check_regular_file(path, MAX_TABLE_BYTES, what="data")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        return read_jsonl(path)
+        return iter_jsonl(path)
     if suffix == ".json":
-        return _read_json(path)
+        return iter(_read_json(path))
     if suffix == ".parquet":
         return _read_parquet(path)
     if suffix == ".arrow":
@@ -66,8 +79,16 @@ def read_rows(path: str | os.PathLike, split: str | None = None) -> list[Row]:
 
 def read_jsonl(path: Path) -> list[Row]:
     """Rows of a JSON-lines file; blank lines are skipped, anything else must be an object."""
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: Path) -> Iterator[Row]:
+    """`read_jsonl`, one line at a time (the file is checked when this is called)."""
     check_regular_file(path, MAX_TABLE_BYTES, what="data")
-    rows = []
+    return _jsonl_lines(path)
+
+
+def _jsonl_lines(path: Path) -> Iterator[Row]:
     with path.open("rb") as handle:
         for line_number, raw in enumerate(handle, start=1):
             where = f"{path} line {line_number}"
@@ -79,23 +100,26 @@ def read_jsonl(path: Path) -> list[Row]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = loads_strict(line, where)
             except json.JSONDecodeError as error:
                 raise DatasetError(f"{where} is not valid JSON: {error}") from None
+            except UserInputError as error:  # a key given twice
+                raise DatasetError(str(error)) from None
             if not isinstance(row, dict):
                 kind = "null" if row is None else type(row).__name__
                 raise DatasetError(f"{where} must be a JSON object (one example per line), got {kind}")
-            rows.append((where, row))
-    return rows
+            yield where, row
 
 
 def _read_json(path: Path) -> list[Row]:
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        data = loads_strict(path.read_bytes().decode("utf-8"), str(path))
     except UnicodeDecodeError as error:
         raise DatasetError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     except json.JSONDecodeError as error:
         raise DatasetError(f"{path} is not valid JSON: {error}") from None
+    except UserInputError as error:  # a key given twice
+        raise DatasetError(str(error)) from None
     if not isinstance(data, list):
         raise DatasetError(f"{path} must hold a JSON list of objects (one per example)")
     rows = []
@@ -116,30 +140,43 @@ def _pyarrow():
     return pyarrow
 
 
-def _read_parquet(path: Path) -> list[Row]:
+def _read_parquet(path: Path) -> Iterator[Row]:
+    """Rows of a parquet file, one row group (batch) at a time."""
     pyarrow = _pyarrow()
     try:
-        table = pyarrow.parquet.read_table(path)
+        parquet = pyarrow.parquet.ParquetFile(path)
     except (pyarrow.ArrowException, OSError) as error:
         raise DatasetError(f"{path} is not a readable parquet file: {error}") from None
-    return [(f"{path} row {index}", row) for index, row in enumerate(table.to_pylist())]
+    return _batches(path, parquet.iter_batches(batch_size=256), pyarrow)
 
 
-def _read_arrow(path: Path) -> list[Row]:
+def _batches(path: Path, batches, pyarrow) -> Iterator[Row]:
+    index = 0
+    try:
+        for batch in batches:
+            for row in batch.to_pylist():
+                yield f"{path} row {index}", row
+                index += 1
+    except (pyarrow.ArrowException, OSError) as error:
+        raise DatasetError(f"{path} is not a readable table file (after row {index}): {error}") from None
+
+
+def _read_arrow(path: Path) -> Iterator[Row]:
     pyarrow = _pyarrow()
     try:  # datasets writes the IPC stream format; pyarrow.feather the file format
-        with pyarrow.memory_map(str(path)) as source:
-            table = pyarrow.ipc.open_stream(source).read_all()
+        source = pyarrow.memory_map(str(path))
+        reader = pyarrow.ipc.open_stream(source)
+        return _batches(path, iter(reader), pyarrow)
     except pyarrow.ArrowInvalid:
         try:
-            with pyarrow.memory_map(str(path)) as source:
-                table = pyarrow.ipc.open_file(source).read_all()
+            source = pyarrow.memory_map(str(path))
+            file_reader = pyarrow.ipc.open_file(source)
         except pyarrow.ArrowInvalid as error:
             raise DatasetError(f"{path} is not an Arrow file: {error}") from None
-    return [(f"{path} row {index}", row) for index, row in enumerate(table.to_pylist())]
+        return _batches(path, (file_reader.get_batch(i) for i in range(file_reader.num_record_batches)), pyarrow)
 
 
-def _read_saved(path: Path, split: str | None) -> list[Row]:
+def _read_saved(path: Path, split: str | None) -> Iterator[Row]:
     """A ``datasets`` save_to_disk folder (Dataset or DatasetDict); images stay undecoded."""
     try:
         import datasets
@@ -159,8 +196,14 @@ def _read_saved(path: Path, split: str | None) -> list[Row]:
     elif split is not None:
         raise DatasetError(f"{path} is a single dataset without splits; drop split={split!r}")
     # the raw Arrow rows: images stay {"bytes", "path"} dicts, decoded later per record with clear errors
-    table = loaded.with_format("arrow")[:]
-    return [(f"{where} row {index}", row) for index, row in enumerate(table.to_pylist())]
+    table = loaded.with_format("arrow")
+    return _saved_rows(where, table)
+
+
+def _saved_rows(where: str, table, chunk: int = 256) -> Iterator[Row]:
+    for start in range(0, len(table), chunk):
+        for offset, row in enumerate(table[start:start + chunk].to_pylist()):
+            yield f"{where} row {start + offset}", row
 
 
 def resolve_inside(base: Path, value: str, where: str, allow_absolute: bool = True) -> Path:

@@ -8,10 +8,11 @@ path. Without a format, it is detected from the path and the first row's columns
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
-from vlens.datasets.files import read_rows
+from vlens.datasets.files import iter_rows
 from vlens.datasets.readers import (
     METADATA_FILE,
     read_countbenchqa,
@@ -42,10 +43,10 @@ def detect_format(path: str | Path, columns: set[str] | None = None) -> str:
     if path.is_dir() and (path / METADATA_FILE).is_file() or path.name == METADATA_FILE:
         return "imagefolder"
     if columns is None:
-        rows = read_rows(path)
-        if not rows:
+        first = next(iter_rows(path), None)  # only the first row is read
+        if first is None:
             raise DatasetError(f"{path} holds no rows")
-        columns = set(rows[0][1])
+        columns = set(first[1])
     if "options" in columns:
         return "mcq"
     if {"number", "question"} <= columns:
@@ -62,15 +63,18 @@ def detect_format(path: str | Path, columns: set[str] | None = None) -> str:
 
 def reader_options(data_format: str) -> set[str]:
     """The keyword options a format's reader accepts (besides the path)."""
-    return set(inspect.signature(READERS[data_format]).parameters) - {"path", "rows"}
+    return set(inspect.signature(READERS[data_format]).parameters) - {"path", "rows", "limit"}
 
 
-def load_dataset(path: str | Path, format: str | None = None, **options) -> DataSet:  # noqa: A002
+def load_dataset(path: str | Path, format: str | None = None, limit: int | None = None,  # noqa: A002
+                 **options) -> DataSet:
     """Read any supported dataset into a :class:`DataSet`.
 
     Args:
         path: the data file or folder.
         format: one of ``DATA_FORMATS``; None detects it.
+        limit: read only the first `limit` records: the file is read row by row (JSON lines) or
+            row group by row group (parquet, Arrow) and no further than needed.
         options: reader options (image_dir, skip_missing, split, image_column, verify_sha256, ...);
             an option the format does not take is an error, never ignored.
     """
@@ -79,10 +83,12 @@ def load_dataset(path: str | Path, format: str | None = None, **options) -> Data
     rows = None
     if format is None:
         if not (path.is_dir() and (path / METADATA_FILE).is_file()) and path.name != METADATA_FILE:
-            rows = read_rows(path, options.get("split"))
-            if not rows:
+            stream = iter_rows(path, options.get("split"))
+            first = next(stream, None)
+            if first is None:
                 raise DatasetError(f"{path} holds no rows")
-            format = detect_format(path, set(rows[0][1]))  # noqa: A001
+            rows = itertools.chain([first], stream)
+            format = detect_format(path, set(first[1]))  # noqa: A001
         else:
             format = "imagefolder"  # noqa: A001
     if format not in READERS:
@@ -98,4 +104,4 @@ def load_dataset(path: str | Path, format: str | None = None, **options) -> Data
                            f"(it takes {', '.join(sorted(accepted)) or 'no options'})")
     if rows is not None:
         options["rows"] = rows
-    return READERS[format](path, **options)
+    return READERS[format](path, limit=limit, **options)

@@ -26,7 +26,7 @@ import ast
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from vlens.datasets.fields import (
@@ -39,7 +39,7 @@ from vlens.datasets.fields import (
     resolve_image,
     row_objects,
 )
-from vlens.datasets.files import Row, read_jsonl, read_rows
+from vlens.datasets.files import Row, iter_jsonl, iter_rows
 from vlens.datasets.records import (
     DataSet,
     DatasetError,
@@ -60,10 +60,17 @@ class SkipRow(Exception):
     """A row that is valid data but not for this reader (e.g. an open question in an MCQ set)."""
 
 
-def collect(format_name: str, source: str, rows: list[Row], build: Builder, skip_missing: bool) -> DataSet:
-    """Build a record per row; a missing image raises or (skip_missing) is recorded."""
-    examples, skipped = [], []
+def collect(format_name: str, source: str, rows: Iterable[Row], build: Builder, skip_missing: bool,
+            limit: int | None = None) -> DataSet:
+    """Build a record per row; a missing image raises or (skip_missing) is recorded. With `limit`,
+    rows are read only until that many records are built (the rest of the file is never read)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise DatasetError(f"limit must be an integer >= 1 (or None for all), got {limit!r}")
+    examples: list[Record] = []
+    skipped: list[SkippedRecord] = []
     for index, (where, row) in enumerate(rows):
+        if limit is not None and len(examples) >= limit:
+            break
         example_id = str(row.get("id", index))
         try:
             record = build(row, example_id, where)
@@ -94,7 +101,7 @@ def _base(path: Path, image_dir) -> Path:
 
 
 # ---------------------------------------------------------------------- imagefolder
-def read_imagefolder_dataset(path, skip_missing: bool = False) -> DataSet:
+def read_imagefolder_dataset(path, skip_missing: bool = False, limit: int | None = None) -> DataSet:
     """A folder with ``metadata.jsonl`` (or that file): vlens data sets and HF imagefolders.
 
     ``file_name`` must name a regular file inside the folder. The answer is the row's
@@ -123,7 +130,7 @@ def read_imagefolder_dataset(path, skip_missing: bool = False) -> DataSet:
             extra=extra_fields(row, {"file_name", "question"}),
         )
 
-    return collect("imagefolder", str(metadata), read_jsonl(metadata), build, skip_missing)
+    return collect("imagefolder", str(metadata), iter_jsonl(metadata), build, skip_missing, limit)
 
 
 # ---------------------------------------------------------------------- PixMo-Count
@@ -141,7 +148,8 @@ def read_pixmo(
     verify_sha256: bool = False,
     skip_missing: bool = False,
     split: str | None = None,
-    rows: list[Row] | None = None,
+    rows: Iterable[Row] | None = None,
+    limit: int | None = None,
 ) -> DataSet:
     """A local copy of PixMo-Count.
 
@@ -197,12 +205,14 @@ def read_pixmo(
             extra=extra_fields(row, {"count", "question", image_column or ""} | set(PIXMO_IMAGE_COLUMNS)),
         )
 
-    return collect("pixmo", str(path), rows if rows is not None else read_rows(path, split), build, skip_missing)
+    return collect("pixmo", str(path), rows if rows is not None else iter_rows(path, split), build, skip_missing,
+                   limit)
 
 
 # ---------------------------------------------------------------------- CountBenchQA
 def read_countbenchqa(
-    path, image_dir=None, skip_missing: bool = False, split: str | None = None, rows: list[Row] | None = None
+    path, image_dir=None, skip_missing: bool = False, split: str | None = None, rows: Iterable[Row] | None = None,
+    limit: int | None = None,
 ) -> DataSet:
     """A local copy of CountBenchQA (rows with image, question, number; ``text`` kept in extra)."""
     path = Path(path)
@@ -220,8 +230,8 @@ def read_countbenchqa(
             extra=extra_fields(row, {"question", "number"}),
         )
 
-    rows = rows if rows is not None else read_rows(path, split)
-    return collect("countbenchqa", str(path), rows, build, skip_missing)
+    rows = rows if rows is not None else iter_rows(path, split)
+    return collect("countbenchqa", str(path), rows, build, skip_missing, limit)
 
 
 # ---------------------------------------------------------------------- multiple choice
@@ -293,7 +303,8 @@ def image_values(row: dict, where: str) -> list:
 
 
 def read_mcq(
-    path, image_dir=None, skip_missing: bool = False, split: str | None = None, rows: list[Row] | None = None
+    path, image_dir=None, skip_missing: bool = False, split: str | None = None, rows: Iterable[Row] | None = None,
+    limit: int | None = None,
 ) -> DataSet:
     """A multiple-choice file (MMMU style). Open questions (MMMU's ``question_type`` "open", or
     no options) are skipped and listed in ``DataSet.skipped``."""
@@ -315,12 +326,14 @@ def read_mcq(
             extra=extra_fields(row, {"question", "options"} | {k for k in row if _NUMBERED_IMAGE.match(k)}),
         )
 
-    return collect("mcq", str(path), rows if rows is not None else read_rows(path, split), build, skip_missing)
+    return collect("mcq", str(path), rows if rows is not None else iter_rows(path, split), build, skip_missing,
+                   limit)
 
 
 # ---------------------------------------------------------------------- generic question / answer
 def read_qa(
-    path, image_dir=None, skip_missing: bool = False, split: str | None = None, rows: list[Row] | None = None
+    path, image_dir=None, skip_missing: bool = False, split: str | None = None, rows: Iterable[Row] | None = None,
+    limit: int | None = None,
 ) -> DataSet:
     """Generic rows with image(s), question and answer (any text); optional count and object
     centres (e.g. a vlens data set saved with ``datasets``' save_to_disk)."""
@@ -344,4 +357,5 @@ def read_qa(
             extra=extra_fields(row, {"question", "file_name"} | {k for k in row if _NUMBERED_IMAGE.match(k)}),
         )
 
-    return collect("qa", str(path), rows if rows is not None else read_rows(path, split), build, skip_missing)
+    return collect("qa", str(path), rows if rows is not None else iter_rows(path, split), build, skip_missing,
+                   limit)

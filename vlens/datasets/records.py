@@ -21,6 +21,7 @@ from vlens.utils.errors import UserInputError
 from vlens.utils.images import (
     MAX_IMAGE_BYTES,  # one limit for every image vlens opens
     to_rgb,
+    upright,
 )
 
 # A file on disk, the encoded bytes of an image stored inside the data file (Hugging Face
@@ -169,7 +170,8 @@ def open_image(source: ImageSource, max_bytes: int | None = MAX_IMAGE_BYTES) -> 
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(opener) as image:
                 image.load()
-                return to_rgb(image, what=f"image {where}")  # 16-bit, float, alpha handled as prepare() does
+                # EXIF orientation applied (a phone photo is stored sideways); 16-bit, float, alpha as prepare() does
+                return to_rgb(upright(image), what=f"image {where}")
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as error:
         raise UnreadableImageError(f"image {where} cannot be decoded: {error}") from None
 

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from vlens.core.answers import answer_ids, answer_logprobs, teacher_force
-from vlens.core.processing import chat_messages, left_padding
+from vlens.core.processing import chat_messages, image_refusal, left_padding
 from vlens.core.prompt_text import escape_special_tokens
 from vlens.core.runtime import module_device
 
@@ -52,6 +52,10 @@ class HookedVLMBackend:
         self.fwd_hooks = list(fwd_hooks)
         self.chat = chat
         self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
+
+    def image_refusal(self, image: Image.Image) -> str | None:
+        """Why the model's processor would refuse this image (None: it takes it)."""
+        return image_refusal(self.model.processor, image)
 
     def generate(
         self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str], max_new_tokens: int
@@ -116,6 +120,10 @@ class HFBackend:
         self.model = model
         self.processor = processor
         self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
+
+    def image_refusal(self, image: Image.Image) -> str | None:
+        """Why the processor would refuse this image (None: it takes it)."""
+        return image_refusal(self.processor, image)
 
     def generate(
         self, images: Sequence[Sequence[Image.Image]], prompts: Sequence[str], max_new_tokens: int

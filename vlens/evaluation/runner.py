@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from vlens.core.processing import refused_message
+from vlens.datasets.records import describe_image
 from vlens.evaluation.backends import GenerationBackend
 from vlens.evaluation.examples import (
     EvalDataset,
@@ -166,6 +168,18 @@ class EvalSettings:
 EVAL_SETTING_NAMES = ("max_new_tokens", "parser", "post_prompt", "limit", "unparsed_value", "category_field")
 
 
+def _refused_image(example, opened, refusal) -> str | None:
+    """'image <file> (W x H px): the model's image processor refuses it (...)' for the first image of
+    the example that the backend's processor refuses, else None."""
+    if refusal is None:
+        return None
+    for source, image in zip(example.images, opened, strict=True):
+        reason = refusal(image)
+        if reason is not None:
+            return refused_message(f"image {describe_image(source)}", image, reason)
+    return None
+
+
 def evaluate(
     backend: GenerationBackend,
     dataset: EvalDataset,
@@ -234,14 +248,22 @@ def evaluate(
         stream.parent.mkdir(parents=True, exist_ok=True)
         stream.write_text("", encoding="utf-8")
 
+    refusal = getattr(backend, "image_refusal", None)  # why the model's processor refuses an image
+
     def run(start: int) -> dict:
         batch, images, skipped_here = [], [], []
         for example in examples[start : start + batch_size]:
-            try:  # one undecodable image skips its example (named in the report), not the run
-                images.append(open_images(example.images))
-                batch.append(example)
+            try:  # one undecodable or refused image skips its example (named in the report), not the run
+                opened = open_images(example.images)
+                refused = _refused_image(example, opened, refusal)
             except (MissingImageError, UnreadableImageError) as error:
                 skipped_here.append(asdict(SkippedExample(id=example.id, reason=str(error))))
+                continue
+            if refused is not None:
+                skipped_here.append(asdict(SkippedExample(id=example.id, reason=refused)))
+                continue
+            images.append(opened)
+            batch.append(example)
         if not batch:
             return {"predictions": [], "skipped": skipped_here}
         prompts = [format_prompt(example, instruction) for example in batch]

@@ -74,7 +74,7 @@ def examples_from_dataset(dataset, limit: int | None = None) -> list[SFTExample]
 def read_sft_folder(folder: str | Path, limit: int | None = None) -> list[SFTExample]:
     """Examples from an imagefolder written by `vlens data` (question, answer, objects)."""
     check_count(limit, "limit", allow_none=True)  # before reading anything
-    return examples_from_dataset(read_imagefolder_dataset(folder), limit)
+    return examples_from_dataset(read_imagefolder_dataset(folder, limit=limit), limit)
 
 
 @dataclass

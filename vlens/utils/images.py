@@ -13,7 +13,7 @@ time. `to_rgb` does what the pixels mean:
 | PIL "I" (32-bit int) | read as 16-bit when every value lies in [0, 65535], else refused |
 | PIL "F" (float) | values * 255 when every value lies in [0, 1], else refused |
 | numpy array / torch tensor, HW, HWC or CHW | uint8 as is; uint16 / 257; float in [0, 1] * 255; other dtypes refused |
-| str / Path | a local regular file (no FIFO, device or folder; at most `MAX_IMAGE_BYTES`), opened as above |
+| str / Path | a local regular file (no FIFO, device or folder; at most `MAX_IMAGE_BYTES`), turned upright by its EXIF orientation (`upright`, as transformers' ``load_image`` does), then as above |
 | "http://...", "https://..." | refused unless ``allow_urls=True`` (then fetched by HF's ``load_image``) |
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from vlens.utils.errors import UserInputError
 
@@ -107,6 +107,19 @@ def _array_to_rgb(values: Any, what: str) -> Image.Image:
     return _pil_to_rgb(Image.fromarray(pixels, mode="RGBA" if pixels.shape[-1] == 4 else "RGB"), what)
 
 
+def upright(image: Image.Image) -> Image.Image:
+    """The image as it is meant to be seen: rotated / mirrored by its EXIF orientation tag (a phone
+    photo is stored sideways with a tag saying so), as transformers' ``load_image`` does
+    (``PIL.ImageOps.exif_transpose``); an image without the tag is returned as it is."""
+    try:
+        orientation = image.getexif().get(0x0112, 1)
+    except (OSError, SyntaxError, ValueError):  # an unreadable EXIF block: the pixels are still the image
+        return image
+    if orientation in (None, 1):
+        return image
+    return ImageOps.exif_transpose(image)
+
+
 def open_image_file(path: str | os.PathLike, what: str | None = None) -> Image.Image:
     """A local image file as 8-bit RGB: only a regular file of at most `MAX_IMAGE_BYTES` is opened
     (a FIFO would block forever, a device never ends)."""
@@ -124,7 +137,7 @@ def open_image_file(path: str | os.PathLike, what: str | None = None) -> Image.I
     try:
         with Image.open(path) as image:
             image.load()
-            return _pil_to_rgb(image, what)
+            return _pil_to_rgb(upright(image), what)
     except (OSError, Image.DecompressionBombError, SyntaxError) as err:
         raise UserInputError(f"{what}: cannot decode the image ({err})") from None
 
@@ -152,4 +165,4 @@ def to_rgb(image: Any, allow_urls: bool = False, what: str = "image") -> Image.I
                          "or a numpy array / torch tensor")
 
 
-__all__ = ["MAX_IMAGE_BYTES", "is_url", "open_image_file", "to_rgb"]
+__all__ = ["MAX_IMAGE_BYTES", "is_url", "open_image_file", "to_rgb", "upright"]

@@ -223,7 +223,17 @@ def arg_float(min: float | None = None, max: float | None = None, min_open: bool
     return parse
 
 
+def arg_path(text: str) -> Path:
+    """argparse ``type=`` for a file or folder path: an empty one is refused (``Path("")`` would be
+    the working folder, so ``--out ''`` would write there), as is one holding a NUL byte."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a path (use . for the working folder)")
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} holds a NUL byte, which no path can")
+    return Path(text)
+
+
 __all__ = [
-    "MODEL_FOLDER_FILES", "arg_float", "arg_int", "check_choice", "check_count", "check_float", "check_int",
+    "MODEL_FOLDER_FILES", "arg_float", "arg_int", "arg_path", "check_choice", "check_count", "check_float", "check_int",
     "check_output_file", "check_output_folder", "check_top_k", "is_model_folder", "range_text",
 ]

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vlens.utils.errors import UserInputError
+from vlens.utils.errors import UserInputError, failure_context
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
@@ -66,6 +66,22 @@ def resolve_spec(spec: str) -> tuple[str, str]:
     if spec.count("/") != 1 or spec.startswith("/") or spec.endswith("/"):
         raise UserInputError(f"model {spec!r} is not a folder here nor a hub id of the form org/name; use {SPEC_HELP}")
     return "hub", spec
+
+
+def check_spec(spec: str) -> tuple[str, str]:
+    """`resolve_spec`, and what can be checked before loading: a model folder validated whole
+    (`vlens.core.model_folder.validate_model_folder`, tokenizer included), a hub id reachable or
+    cached (`vlens.core.loading.check_hub_reachable`, seconds, not HF's minute of retries)."""
+    kind, target = resolve_spec(spec)
+    if kind == "folder":
+        from vlens.core.model_folder import validate_model_folder
+
+        validate_model_folder(target)
+    elif kind == "hub":
+        from vlens.core.loading import check_hub_reachable
+
+        check_hub_reachable(target)
+    return kind, target
 
 
 def _check_config(path: Path, spec: str) -> None:
@@ -115,7 +131,9 @@ def load_model(spec: str = EMBEDDED_MODEL, *, device: Any = None, dtype: Any = N
         raise UserInputError(f"{', '.join(sorted(from_pretrained_kwargs))}: only for a model folder or hub id; "
                              f"{spec!r} is built here (use device=... instead)")
     resolution = {"image_size": image_size, "min_pixels": min_pixels, "max_pixels": max_pixels}
-    with hf_progress_bars(progress):
+    fix = ("check that it is a complete Hugging Face model folder (config.json, safetensors weights, tokenizer) "
+           "saved by the transformers version installed here")
+    with hf_progress_bars(progress), failure_context(f"loading the model {spec}", fix):
         if kind == "random":
             from vlens.zoo.random_tiny import random_tiny_model
 
@@ -135,5 +153,5 @@ def load_model(spec: str = EMBEDDED_MODEL, *, device: Any = None, dtype: Any = N
     return model.eval()
 
 
-__all__ = ["EMBEDDED_MODEL", "RANDOM_MODEL", "SPEC_HELP", "hf_progress_bars", "load_model", "looks_like_path",
-           "resolve_spec"]
+__all__ = ["EMBEDDED_MODEL", "RANDOM_MODEL", "SPEC_HELP", "check_spec", "hf_progress_bars", "load_model",
+           "looks_like_path", "resolve_spec"]

@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from vlens.core.hooks import HookPoint
+from vlens.core.hooks import HookPoint, visible_hooks
 
 
 def compute_weight(weight: nn.Parameter, source: nn.Module | None) -> Tensor:
@@ -44,7 +44,7 @@ class RMSNormPre(nn.Module):
         input_dtype = x.dtype
         x = x.to(torch.float32)
         variance = x.pow(2).mean(-1, keepdim=True) + self.eps
-        if self.hook_scale.fwd_hooks or self.hook_scale.bwd_hooks:
+        if visible_hooks(self.hook_scale.fwd_hooks) or self.hook_scale.bwd_hooks:
             # someone reads or edits the scale: divide by the (possibly edited) value
             x = x / self.hook_scale(variance.sqrt())
         else:

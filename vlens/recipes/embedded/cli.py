@@ -15,16 +15,17 @@ import logging
 from pathlib import Path
 
 from vlens.cli.console import echo
+from vlens.cli.options import MAX_IMAGE_SIZE
 from vlens.recipes.embedded.settings import RecipeSettings, TrainSettings
 from vlens.utils.errors import UserInputError
-from vlens.utils.validation import arg_float, arg_int
+from vlens.utils.validation import arg_float, arg_int, arg_path
 
 logger = logging.getLogger(__name__)
 CELL = 28  # px per merged image token (vlens.zoo.processor.CELL), kept here so parsing stays light
 
 
 def _image_size(text: str) -> int:
-    value = arg_int(min=CELL)(text)
+    value = arg_int(min=CELL, max=MAX_IMAGE_SIZE)(text)
     if value % CELL:
         raise argparse.ArgumentTypeError(f"must be a multiple of {CELL} px (e.g. 168 or 224), got {text!r}")
     return value
@@ -114,6 +115,7 @@ def configure(zoo: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--out",
         required=True,
+        type=arg_path,
         metavar="DIR",
         help="output folder, created when missing: an HF model folder + MODEL_CARD.md + log, written "
         "whole at the end (an existing model folder only with --overwrite)",
