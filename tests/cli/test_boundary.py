@@ -44,6 +44,7 @@ def _library_error(kind: type[BaseException], message: str, module: str) -> Base
     (OSError(errno.EROFS, "Read-only file system", "/out"), ("read-only",)),
     (FileNotFoundError("data file nope does not exist"), ("nope does not exist",)),
     (MemoryError(), ("out of memory", "--batch-size")),
+    (RuntimeError("CUDA error: out of memory"), ("out of memory", "--batch-size")),
     (UserInputError("--limit must be >= 1, got 0"), ("--limit must be >= 1",)),
     (ValueError("give either device or device_map"), ("give either device",)),
     (ImportError("reading parquet needs pyarrow: pip install 'vlens[data]'"), ("pip install",)),

@@ -145,6 +145,8 @@ def test_cli_eval(tmp_path, tiny_hf, monkeypatch, capsys):
         return HFBackend(model, processor)
 
     monkeypatch.setattr(eval_cli, "load_backend", fake_load_backend)
+    # "some/dir" stands for a hub id: no hub is asked whether it is there (vlens.core.hub)
+    monkeypatch.setattr("vlens.zoo.specs.check_spec", lambda spec: ("hub", spec))
     write_imagefolder(tmp_path / "data", [2, 3])
     argv = ["eval", "--model", "some/dir", "--backend", "hf", "--data", str(tmp_path / "data")]
     argv += [

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from vlens.core.answers import answer_ids, teacher_force
 from vlens.core.inputs import VLMInputs
+from vlens.core.processing import image_refusal
 from vlens.data import TASKS, make_task_sample
 from vlens.datasets import DatasetError, load_record_images
 
@@ -159,12 +160,14 @@ def dataset_task_batches(model, dataset, n_examples: int, n_reference: int,
     The first ``n_examples`` readable records are evaluated, the next ``n_reference`` give the
     reference means (disjoint rows). A set with fewer records is split in half instead, and
     the batch names say so. Prompts are the questions (with options for multiple choice),
-    answers the records' answer texts; unreadable images are skipped by file name.
+    answers the records' answer texts; unreadable images, and those the model's processor refuses,
+    are skipped by file name.
     """
     if n_examples < 1 or n_reference < 1:
         raise ValueError(f"n_examples and n_reference must be >= 1, got {n_examples} and {n_reference}")
     name = name or Path(dataset.source).stem
-    loaded = load_record_images(dataset.head(n_examples + n_reference))
+    loaded = load_record_images(dataset.head(n_examples + n_reference),  # refused images skipped by name too
+                                refusal=lambda image: image_refusal(model.processor, image))
     if len(loaded) < 2:
         raise DatasetError(f"{dataset.source}: a task needs at least 2 readable records (evaluation and "
                            f"reference), it has {len(loaded)}")

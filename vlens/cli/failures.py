@@ -74,7 +74,8 @@ def explain(error: BaseException) -> Failure:
         return Failure(USER_STATUS, _flat(str(error)) or type(error).__name__)
     context = error_context(error)
     origin = raised_in(error.__traceback__)
-    if isinstance(error, (MemoryError,)) or type(error).__name__ == "OutOfMemoryError":
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or (
+            isinstance(error, RuntimeError) and "out of memory" in str(error).lower()):  # "CUDA error: out of memory"
         return _user(context, f"out of memory ({_library_text(error)})", _MEMORY_FIX)
     if isinstance(error, OSError):
         return _os_error(error, context)

@@ -52,11 +52,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run_logit_lens, shardable=True)  # torchrun splits the batches (vlens.parallel)
 
 
-def _records(args: argparse.Namespace):
+def _records(args: argparse.Namespace, model):
     if args.data:
+        from vlens.core.processing import image_refusal
         from vlens.datasets import record_dicts
 
-        return record_dicts(load_data_arg(args, args.data, args.limit), args.limit)
+        # an image the model's processor refuses is skipped by name, like one that does not decode
+        return record_dicts(load_data_arg(args, args.data, args.limit), args.limit,
+                            refusal=lambda image: image_refusal(model.processor, image))
     from vlens.data import make_task_sample
     from vlens.parallel import LazyItems
 
@@ -77,7 +80,7 @@ def run_logit_lens(args: argparse.Namespace) -> int:
     out = prepare_out(args, RESULTS_FILE, FIGURE_FILE)
     model = load_model_from_args(args)
     with collect_non_finite() as problems:
-        result = logit_lens_records(model, _records(args), options=SweepOptions(
+        result = logit_lens_records(model, _records(args, model), options=SweepOptions(
             batch_size=args.batch_size, progress=not args.quiet, sharding=args.sharding))
     if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it
         return non_finite_exit(problems, True, "vlens logit-lens")

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import threading
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
 import transformers
 
 from vlens.core.architectures import ArchitectureAdapter, resolve_adapter
+from vlens.core.hub import DOWNLOAD_HINT, HUB_TIMEOUT_S, HubUnreachableError, check_hub_reachable
 from vlens.core.model_folder import (
     SAME_CONFIG,
     MissingWeightsError,
@@ -28,15 +26,6 @@ logger = logging.getLogger(__name__)
 
 _PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "tokenizer_config.json",
                     "tokenizer.json")
-HUB_TIMEOUT_S = 5.0  # how long reaching the hub may take before a hub id is said to be unreachable
-DOWNLOAD_HINT = ("download it where there is a network (hf download {repo} --local-dir DIR), copy DIR here and "
-                 "pass that folder, or set HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache")
-
-
-class HubUnreachableError(UserInputError):
-    """A hub id was given but the hub cannot be reached and the model is not in the local cache."""
-
-
 def from_pretrained_checked(hf_class: Any, name_or_path: str, allow_missing: bool = False, **kwargs: Any):
     """`hf_class.from_pretrained(...)`, but a checkpoint missing any of the model's tensors is an
     error (HF only logs it and fills them with random values) unless `allow_missing`, and so are
@@ -117,52 +106,6 @@ def load_hf_model_and_processor(name_or_path: str, dtype: torch.dtype | None = N
 
 def _has_processor_files(folder: str) -> bool:
     return any(os.path.exists(os.path.join(folder, name)) for name in _PROCESSOR_FILES)
-
-
-def check_hub_reachable(repo_id: str, timeout: float = HUB_TIMEOUT_S) -> bool:
-    """Before a hub id is loaded: True when it must be read from the local cache only (the hub cannot
-    be reached, or HF_HUB_OFFLINE is set, and the cache holds its config); False when the hub answers.
-    Raises `HubUnreachableError` when neither, within about `timeout` seconds (HF's own retries would
-    take most of a minute), saying how to download the model."""
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-    if constants.HF_HUB_OFFLINE:
-        if cached:
-            return True
-        raise HubUnreachableError(f"model {repo_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
-                                  f"set: {DOWNLOAD_HINT.format(repo=repo_id)}")
-    endpoint = constants.ENDPOINT
-    reason = _unreachable(endpoint, timeout)
-    if reason is None:
-        return False
-    if cached:
-        logger.warning("the Hugging Face Hub (%s) cannot be reached (%s); using the cached copy of %s", endpoint,
-                       reason, repo_id)
-        return True
-    raise HubUnreachableError(f"model {repo_id!r}: the Hugging Face Hub ({endpoint}) cannot be reached ({reason}) "
-                              f"and the model is not in the local cache: {DOWNLOAD_HINT.format(repo=repo_id)}")
-
-
-def _unreachable(endpoint: str, timeout: float) -> str | None:
-    """Why a TCP connection to the endpoint fails within `timeout` (name lookup included), or None."""
-    url = urlparse(endpoint)
-    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
-    outcome: list[str | None] = []
-
-    def connect() -> None:
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                outcome.append(None)
-        except OSError as error:
-            outcome.append(error.strerror or type(error).__name__)
-
-    worker = threading.Thread(target=connect, daemon=True)
-    worker.start()
-    worker.join(timeout + 1.0)
-    if not outcome:
-        return f"no answer within {timeout:.0f} s"
-    return outcome[0]
 
 
 __all__ = ["HUB_TIMEOUT_S", "HubUnreachableError", "MissingWeightsError", "ModelFolderError",

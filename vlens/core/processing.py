@@ -15,7 +15,7 @@ from vlens.core.config import VLMConfig
 from vlens.core.inputs import VLMInputs, compute_regions
 from vlens.core.prompt_text import escape_special_tokens
 from vlens.utils.errors import UserInputError
-from vlens.utils.images import to_rgb
+from vlens.utils.images import SOURCE_KEY, to_rgb
 
 # image processor -> {(image size, its resolution settings): why it refuses such an image, or None}
 _refusals: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -186,7 +186,9 @@ def raise_if_refused(processor: Any, images: Sequence[Any]) -> None:
     for index, image in enumerate(images):
         reason = image_refusal(processor, image)
         if reason is not None:
-            raise RefusedImageError(refused_message(f"image {index} of the batch", image, reason), index) from None
+            source = getattr(image, "info", {}).get(SOURCE_KEY)
+            what = f"image {source}" if source else f"image {index} of the batch"
+            raise RefusedImageError(refused_message(what, image, reason), index) from None
 
 
 def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import stat
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from vlens.utils.images import (
     MAX_IMAGE_BYTES,  # one limit for every image vlens opens
     to_rgb,
     upright,
+    with_source,
 )
 
 # A file on disk, the encoded bytes of an image stored inside the data file (Hugging Face
@@ -171,7 +172,7 @@ def open_image(source: ImageSource, max_bytes: int | None = MAX_IMAGE_BYTES) -> 
             with Image.open(opener) as image:
                 image.load()
                 # EXIF orientation applied (a phone photo is stored sideways); 16-bit, float, alpha as prepare() does
-                return to_rgb(upright(image), what=f"image {where}")
+                return with_source(to_rgb(upright(image), what=f"image {where}"), where)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning, Image.DecompressionBombError) as error:
         raise UnreadableImageError(f"image {where} cannot be decoded: {error}") from None
 
@@ -189,18 +190,26 @@ def describe_image(source: ImageSource) -> str:
 
 
 def load_record_images(
-    dataset: DataSet, skip_unreadable: bool = True
+    dataset: DataSet, skip_unreadable: bool = True, refusal: Callable[[Image.Image], str | None] | None = None
 ) -> list[tuple[Record, list[Image.Image]]]:
     """(record, opened images) for every record whose images decode.
 
     A record with a missing or undecodable image is moved to ``dataset.skipped`` (the reason
-    names the file) when ``skip_unreadable``, else the error is raised. Raises a
-    DatasetError when no record is left.
+    names the file) when ``skip_unreadable``, else the error is raised. ``refusal(image)``, when
+    given, says why the model's processor would refuse an image (e.g.
+    ``lambda im: vlens.core.processing.image_refusal(model.processor, im)``); such a record is
+    skipped the same way. Raises a DatasetError when no record is left.
     """
     loaded = []
     for record in dataset.examples:
         try:
-            loaded.append((record, open_images(record.images)))
+            images = open_images(record.images)
+            for source, image in zip(record.images, images, strict=True):
+                reason = refusal(image) if refusal is not None else None
+                if reason is not None:
+                    raise UnreadableImageError(f"image {describe_image(source)} ({image.width} x {image.height} px): "
+                                               f"the model's image processor refuses it ({reason})")
+            loaded.append((record, images))
         except (MissingImageError, UnreadableImageError) as error:
             if not skip_unreadable:
                 raise
@@ -213,7 +222,8 @@ def load_record_images(
     return loaded
 
 
-def record_dicts(dataset: DataSet, limit: int | None = None) -> list[dict]:
+def record_dicts(dataset: DataSet, limit: int | None = None,
+                 refusal: Callable[[Image.Image], str | None] | None = None) -> list[dict]:
     """``Record.as_dict`` of the first ``limit`` records with readable images (others are skipped
-    by file name, see :func:`load_record_images`)."""
-    return [record.as_dict(images) for record, images in load_record_images(dataset.head(limit))]
+    by file name, see :func:`load_record_images`, as are those `refusal` refuses)."""
+    return [record.as_dict(images) for record, images in load_record_images(dataset.head(limit), refusal=refusal)]

@@ -30,6 +30,7 @@ from PIL import Image, ImageOps
 from vlens.utils.errors import UserInputError
 
 MAX_IMAGE_BYTES = 256 * 2**20  # larger files are refused before they are read
+SOURCE_KEY = "vlens_source"  # image.info[SOURCE_KEY]: the file an opened image came from (errors name it)
 _URL_SCHEMES = ("http://", "https://", "ftp://", "data:")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _DIRECT_MODES = ("RGB", "L", "1", "CMYK", "YCbCr", "LAB", "HSV")
@@ -107,6 +108,12 @@ def _array_to_rgb(values: Any, what: str) -> Image.Image:
     return _pil_to_rgb(Image.fromarray(pixels, mode="RGBA" if pixels.shape[-1] == 4 else "RGB"), what)
 
 
+def with_source(image: Image.Image, source: str) -> Image.Image:
+    """`image`, its ``info`` noting the file it came from (kept through PIL's conversions)."""
+    image.info[SOURCE_KEY] = source
+    return image
+
+
 def upright(image: Image.Image) -> Image.Image:
     """The image as it is meant to be seen: rotated / mirrored by its EXIF orientation tag (a phone
     photo is stored sideways with a tag saying so), as transformers' ``load_image`` does
@@ -137,7 +144,7 @@ def open_image_file(path: str | os.PathLike, what: str | None = None) -> Image.I
     try:
         with Image.open(path) as image:
             image.load()
-            return _pil_to_rgb(upright(image), what)
+            return with_source(_pil_to_rgb(upright(image), what), str(path))
     except (OSError, Image.DecompressionBombError, SyntaxError) as err:
         raise UserInputError(f"{what}: cannot decode the image ({err})") from None
 
@@ -165,4 +172,4 @@ def to_rgb(image: Any, allow_urls: bool = False, what: str = "image") -> Image.I
                          "or a numpy array / torch tensor")
 
 
-__all__ = ["MAX_IMAGE_BYTES", "is_url", "open_image_file", "to_rgb", "upright"]
+__all__ = ["MAX_IMAGE_BYTES", "SOURCE_KEY", "is_url", "open_image_file", "to_rgb", "upright", "with_source"]

@@ -78,7 +78,7 @@ def check_spec(spec: str) -> tuple[str, str]:
 
         validate_model_folder(target)
     elif kind == "hub":
-        from vlens.core.loading import check_hub_reachable
+        from vlens.core.hub import check_hub_reachable
 
         check_hub_reachable(target)
     return kind, target
