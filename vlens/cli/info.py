@@ -17,7 +17,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--families", action="store_true",
                         help="list the registered model families (built-in and plugins) and the HF classes each "
                         "converts, without loading a model")
-    parser.set_defaults(func=run_info)
+    parser.set_defaults(func=run_info, needs_model=lambda args: not args.families)
 
 
 def family_lines() -> list[str]:

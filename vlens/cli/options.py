@@ -102,7 +102,8 @@ def add_image_size(parser: argparse.ArgumentParser, default: int, min: int = MIN
 def check_args(args: argparse.Namespace) -> None:
     """The checks argparse cannot make one flag at a time, run before the command starts (and so
     before any model loads or --out is created): the resolution flags together, and --model (its
-    spec, and a model folder validated whole: `vlens.core.loading.validate_model_folder`)."""
+    spec, and a model folder validated whole: `vlens.core.loading.validate_model_folder`). A command
+    that loads no model for some flags sets ``needs_model=lambda args: ...`` in its defaults."""
     if not getattr(args, "model_options", False):
         return
     image_size, low, high = (getattr(args, name, None) for name in ("image_size", "min_pixels", "max_pixels"))
@@ -117,7 +118,8 @@ def check_args(args: argparse.Namespace) -> None:
 
         resolve_device(device)  # a typo or a GPU this machine lacks, before anything is loaded
     spec = getattr(args, "model", None)
-    if isinstance(spec, str):
+    needs_model = getattr(args, "needs_model", None)  # a command may load no model for some flags
+    if isinstance(spec, str) and (needs_model is None or needs_model(args)):
         from vlens.zoo.specs import check_spec
 
         check_spec(spec)
