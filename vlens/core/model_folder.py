@@ -301,7 +301,7 @@ def check_processor(processor: Any, config: Any, folder: Path | str, tensors: di
                 f"{folder}: the processor's image placeholder {placeholder!r} is not a token of the tokenizer, so "
                 "images would have no place in the prompt: add it to the tokenizer (tokenizer.json added_tokens) "
                 "or use the model's own tokenizer files")
-        if got != wanted:
+        if got != wanted and not _expands_to(processor, placeholder, wanted):
             raise ModelFolderError(
                 f"{folder}: the processor's image placeholder {placeholder!r} is token {got}, but config.json's "
                 f"image_token_id is {wanted}: the model would find no image tokens in the prompt: set image_token_id "
@@ -309,6 +309,22 @@ def check_processor(processor: Any, config: Any, folder: Path | str, tensors: di
     template = getattr(processor, "chat_template", None) or getattr(tokenizer, "chat_template", None)
     if isinstance(template, str):
         _check_template(template, folder)
+
+
+def _expands_to(processor: Any, placeholder: str, token_id: int) -> bool:
+    """Whether the processor expands `placeholder` with one image into tokens that include `token_id`
+    (Gemma 3 writes <start_of_image>, which becomes image soft tokens). Asked only when the placeholder
+    itself is another token; a processor that cannot be run here counts as not expanding it."""
+    from PIL import Image
+
+    tokenizer = getattr(processor, "tokenizer", processor)
+    try:
+        expanded = processor(text=[placeholder], images=[Image.new("RGB", (224, 224))], return_tensors="pt")
+        plain = tokenizer(placeholder)["input_ids"]
+        return int((expanded["input_ids"] == token_id).sum()) > list(plain).count(token_id)
+    except Exception as error:  # noqa: BLE001 - any failure means the placeholder was not seen to work
+        logger.debug("could not run the processor to see what %r expands to: %s", placeholder, error)
+        return False
 
 
 def _check_template(template: str, folder: Path | str) -> None:
