@@ -144,3 +144,19 @@ def test_no_hooks_left_after_exception():
 def test_saved_checkpoint_loads_with_its_processor(tmp_path):
     hf, model = _pair("full_first_wide_linear")
     assert_saved_checkpoint_loads(hf, model.processor, tmp_path, [random_image(64, 64, 1), random_image(96, 64, 2)])
+
+
+def test_stacked_weight_views_explain_what_differs_by_layer():
+    """model.W_O cannot stack layers of different head shapes, nor model.W_Q a layer without queries:
+    both say so and point to the per-layer views; TransformerLens's per-head stacking still adds up."""
+    _, model = _pair("lin_full_lin")
+    with pytest.raises(ValueError, match=r"model.blocks\[l\].attn.W_O"):
+        model.W_O
+    with pytest.raises(ValueError, match="GatedDeltaNet"):
+        model.W_Q
+    inputs = _cases("lin_full_lin")["one_image"]
+    _, cache = model.run_with_cache(inputs)
+    heads, labels = cache.stack_head_results(layer=-1, return_labels=True)
+    assert len(labels) == model.cfg.n_heads_total
+    attn = sum(cache[f"blocks.{layer}.hook_attn_out"] - model.blocks[layer].attn.b_O for layer in range(3))
+    torch.testing.assert_close(heads.sum(0), attn, atol=1e-5, rtol=0)

@@ -114,3 +114,14 @@ def test_saved_checkpoint_loads_with_its_processor(tmp_path):
     hf, model = _pair("e4_top1_sparse_step2")
     assert_saved_checkpoint_loads(hf, model.processor, tmp_path, [random_image(64, 64, 1), random_image(96, 64, 2)])
     assert torch.equal(model.blocks[1].mlp.experts.down_proj, hf.model.language_model.layers[1].mlp.experts.down_proj)
+
+
+def test_neuron_views_refuse_mixture_of_experts_layers():
+    _, model = _pair("e7_top3_dense_middle")
+    with pytest.raises(ValueError, match="MoEMLP"):
+        model.W_in
+    _, cache = model.run_with_cache(_cases("e7_top3_dense_middle")["one_image"])
+    with pytest.raises(ValueError, match="expand_neurons=False"):
+        cache.get_full_resid_decomposition()
+    stack = cache.get_full_resid_decomposition(expand_neurons=False)
+    torch.testing.assert_close(stack.sum(0), cache["blocks.2.hook_resid_post"], atol=1e-4, rtol=0)

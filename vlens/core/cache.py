@@ -22,6 +22,8 @@ embedding entered the stream), so both hooks must be in the cache.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
@@ -134,6 +136,10 @@ class VLMActivationCache(ActivationCache):
         """
         n_layers = self.model.cfg.n_layers
         layer_index = n_layers if layer is None or layer == -1 else layer
+        if expand_neurons and self.model.cfg.moe_layers:
+            raise UserInputError("get_full_resid_decomposition(expand_neurons=True): mixture-of-experts layers have no "
+                                 "one set of neurons (each token runs its own experts); pass expand_neurons=False for "
+                                 "one row per MLP layer, and read experts from blocks.{l}.mlp.hook_expert_out")
         normed_bias = [i for i in range(layer_index) if self._post_norm(i, "ln1_post") is not None
                        and bool(self.model.blocks[i].attn.b_O.abs().sum() > 0)]
         if normed_bias:
@@ -165,7 +171,8 @@ class VLMActivationCache(ActivationCache):
                            apply_ln=False):
         """TransformerLens's `stack_head_results`. In a block that normalizes its attention output
         (``ln1_post``), a head's result is its share of `hook_attn_out`, ``w * (z_h @ W_O[h]) / s`` at the
-        norm's cached scale ``s`` (`post_norm_shares`), so the heads still add up to what attention wrote."""
+        norm's cached scale ``s`` (`post_norm_shares`), so the heads still add up to what attention wrote.
+        Labels follow each layer's own heads (a hybrid decoder's linear-attention layers: their value heads)."""
         n_layers = self.model.cfg.n_layers
         last = n_layers if layer is None or layer == -1 else layer
         normed = [i for i in range(last) if self._post_norm(i, "ln1_post") is not None]
@@ -180,8 +187,13 @@ class VLMActivationCache(ActivationCache):
             heads = torch.einsum("...hd,hdm->...hm", z, W_O.to(z.dtype))
             self.cache_dict[key] = post_norm_shares(heads, self._post_norm(i, "ln1_post"), self.cache_dict[scale_key])
         try:
-            return super().stack_head_results(layer=layer, return_labels=return_labels, incl_remainder=incl_remainder,
-                                              pos_slice=pos_slice, apply_ln=apply_ln)
+            stack, labels = super().stack_head_results(layer=layer, return_labels=True, incl_remainder=incl_remainder,
+                                                       pos_slice=pos_slice, apply_ln=apply_ln)
+            cfg: Any = self.model.cfg  # a VLMConfig
+            if not cfg.uniform_heads:  # a hybrid decoder's linear-attention layers have their own head counts
+                labels = [f"L{x}H{h}" for x in range(last) for h in range(cfg.heads_at(x))] + \
+                    (["remainder"] if incl_remainder else [])
+            return (stack, labels) if return_labels else stack
         finally:
             for key, value in saved.items():  # the cache holds what the run wrote, as before
                 if value is None:

@@ -45,7 +45,18 @@ class WeightsMixin:
         def to_single_token(self, text: str) -> int: ...
 
     def _stack(self, name: str, sub: str = "attn") -> Tensor:
-        return torch.stack([getattr(getattr(block, sub), name) for block in self.blocks])
+        views = []
+        for block in self.blocks:
+            module = getattr(block, sub)
+            if not hasattr(type(module), name):  # e.g. a Gated DeltaNet layer has no W_Q, a MoE MLP no W_in
+                raise ValueError(f"model.{name}: layer {block.layer}'s {sub} is a {type(module).__name__}, which has "
+                                 f"no {name}; read the layers that have one: model.blocks[l].{sub}.{name}")
+            views.append(getattr(module, name))
+        if len({tuple(v.shape) for v in views}) > 1:
+            raise ValueError(f"model.{name}: the layers' shapes differ ({sorted({tuple(v.shape) for v in views})}: a "
+                             f"hybrid decoder's linear-attention layers have their own heads), so they do not stack; "
+                             f"read them per layer: model.blocks[l].{sub}.{name}")
+        return torch.stack(views)
 
     @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:

@@ -23,23 +23,33 @@ from vlens.viz.image_attention import attention_tiles_figure, attention_to_image
 MAX_TILES = 16
 
 
-def _pattern_names(model) -> list[str]:
-    return [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
+def _pattern_names(model) -> dict[int, str]:
+    """layer -> its hook_pattern, for the layers that have an attention pattern (not linear attention)."""
+    return {layer: f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)
+            if not model.cfg.is_linear_attention(layer)}
 
 
 def final_to_image_attention(model, inputs) -> Float[Tensor, "batch n_layers n_heads n_image_tokens"]:
     """Attention from each row's final position to its image tokens, every layer and head.
 
-    Rows must have the same number of image tokens (same-size images).
+    Rows must have the same number of image tokens (same-size images). A linear-attention layer (a
+    hybrid decoder's Gated DeltaNet) has no attention pattern: NaN, as are the cells beyond a layer's heads.
     """
     names = _pattern_names(model)
     with torch.no_grad():
-        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n in set(names), return_type=None)
+        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n in set(names.values()), return_type=None)
     final = inputs.regions.final
     image_positions = list(inputs.regions.image)
     if len({len(p) for p in image_positions}) != 1:
         raise ValueError("every image needs the same number of image tokens (use one image size)")
-    per_layer = [attention_to_image(cache[name].float().cpu(), final, image_positions) for name in names]
+    shape = (inputs.batch_size, model.cfg.max_heads, len(image_positions[0]))
+    per_layer = []
+    for layer in range(model.cfg.n_layers):
+        grid = torch.full(shape, float("nan"))
+        if layer in names:
+            values = attention_to_image(cache[names[layer]].float().cpu(), final, image_positions)
+            grid[:, :values.shape[1]] = values
+        per_layer.append(grid)
     return torch.stack(per_layer, dim=1)
 
 
@@ -70,18 +80,20 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
     per_image = image_attention_per_image(model, samples, settings.batch_size)  # [n, L, H]
     share = per_image.mean(0)
     n_layers, n_heads = share.shape
-    top_layer, top_head = divmod(int(share.argmax()), n_heads)
+    ranked = torch.nan_to_num(share, nan=-1.0)  # NaN: no attention pattern (linear attention) or no such head
+    top_layer, top_head = divmod(int(ranked.argmax()), n_heads)
     # 95% bootstrap intervals over the images
     top_low, top_high = bootstrap_interval(per_image[:, top_layer, top_head], seed=settings.seed)
-    mean_low, mean_high = bootstrap_interval(per_image.flatten(1).mean(1), seed=settings.seed)
+    mean_low, mean_high = bootstrap_interval(per_image.flatten(1).nanmean(1), seed=settings.seed)
     # is the top head a clear winner? heads within 0.01 of it, and how often it stays top when images are resampled
     near_top = [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)
-                if float(share[layer, head]) >= float(share.max()) - 0.01]
+                if float(ranked[layer, head]) >= float(ranked.max()) - 0.01]
     resampled = torch.randint(0, per_image.shape[0], (1000, per_image.shape[0]),
                               generator=torch.Generator().manual_seed(settings.seed))
     weights = torch.zeros(resampled.shape).scatter_add_(1, resampled, torch.ones(resampled.shape))
-    means = (weights / per_image.shape[0]) @ per_image.flatten(1)  # [1000, L*H] without a [1000, n, L*H] copy
-    stays_top = float((means.argmax(1) == int(share.argmax())).double().mean())
+    flat = torch.nan_to_num(per_image.flatten(1), nan=-1.0)  # a cell without attention never becomes the top
+    means = (weights / per_image.shape[0]) @ flat  # [1000, L*H] without a [1000, n, L*H] copy
+    stays_top = float((means.argmax(1) == int(ranked.argmax())).double().mean())
     share_section = Section(
         key="attention_share",
         title="Image attention of every head (layer x head)",
@@ -90,13 +102,14 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
                      "read the image when the answer is produced."),
         figure=layer_head_heatmap(share, title="Final position -> image tokens (attention mass)",
                                   value_label="image attention", colorscale="Viridis", zmid=None),
-        numbers={"top head": f"L{top_layer}H{top_head}", "top head share": float(share.max()),
-                 "top head share 95% CI": format_interval(float(share.max()), float(top_low), float(top_high)),
+        numbers={"top head": f"L{top_layer}H{top_head}", "top head share": float(ranked.max()),
+                 "top head share 95% CI": format_interval(float(ranked.max()), float(top_low), float(top_high)),
                  "heads within 0.01 of the top": ", ".join(near_top),
                  "top head stays top (bootstrap share)": stays_top,
-                 "mean share": float(share.mean()),
-                 "mean share 95% CI": format_interval(float(share.mean()), float(mean_low), float(mean_high)),
-                 **{f"layer {layer} mean": float(share[layer].mean()) for layer in range(n_layers)}},
+                 "mean share": float(share.nanmean()),
+                 "mean share 95% CI": format_interval(float(share.nanmean()), float(mean_low), float(mean_high)),
+                 **{f"layer {layer} mean": float(share[layer].nanmean()) for layer in range(n_layers)
+                    if not model.cfg.is_linear_attention(layer)}},
         data={"image_attention_share": share},
     )
 
@@ -107,7 +120,7 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
     view = inputs.regions.image_view(0, 0)
     maps = maps[..., torch.isin(inputs.regions.image[0].cpu(), view.positions.cpu())]
     grid = tuple(view.grid)
-    heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
+    heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads) if not share[layer, head].isnan()]
     if len(heads) > MAX_TILES:  # the most image-focused heads of the whole model
         heads = sorted(heads, key=lambda lh: -float(share[lh]))[:MAX_TILES]
         heads.sort()
@@ -122,6 +135,7 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
                      f"tokens of a {example.count}-object image, drawn over the picture; all tiles share one "
                      f"colour scale (bar on the right), so a faint tile is a head that looks little. "
                      f"{'The ' + str(len(heads)) + ' most image-focused heads of the model' if len(heads) < n_layers * n_heads else 'Every head'}"
+                     f"{' (softmax-attention layers only: linear-attention layers have no attention pattern)' if model.cfg.linear_attention_layers else ''}"
                      " are shown; hover a cell for its weight."),
         figure=figure,
         numbers={"example count": example.count, "heads drawn": len(heads),
@@ -132,10 +146,10 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
               "object_centers": [o.get("center") for o in example.record.get("objects", [])]},
     )
 
-    names = _pattern_names(model)
+    name = _pattern_names(model)[top_layer]
     with torch.no_grad():
-        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n == names[top_layer], return_type=None)
-    pattern = cache[names[top_layer]][0].float().cpu()  # [H, pos, pos]
+        _, cache = model.run_with_cache(inputs, names_filter=lambda n: n == name, return_type=None)
+    pattern = cache[name][0].float().cpu()  # [H, pos, pos]
     views = [inputs.regions.image_view(0, i) for i in range(len(inputs.regions.images[0]))]
     labels = token_labels(model.to_str_tokens(inputs.input_ids[0]), [v.positions for v in views],
                           [v.grid for v in views])
