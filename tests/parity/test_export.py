@@ -12,7 +12,11 @@ from vlens.testing import random_image
 from vlens.training.export import load_adapters, save_adapters, save_merged
 from vlens.training.lora import add_lora, lora_layers, lora_parameters
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "llava_onevision"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "llava_onevision", "qwen3_vl_moe",
+            "qwen3_5", "qwen3_5_moe"]
+# builders whose processor is Qwen3-VL's (LoRA reaches the softmax-attention layers' q/k/v/o projections)
+QWEN3_STYLE = {"qwen3_vl_moe": vt.tiny_qwen3_vl_moe_model, "qwen3_5": vt.tiny_qwen3_5_model,
+               "qwen3_5_moe": vt.tiny_qwen3_5_moe_model}
 
 
 def _hf(family: str):
@@ -21,6 +25,8 @@ def _hf(family: str):
         return vt.tiny_hf_model(family, seed=0), vt.tiny_qwen_processor()
     if family == "qwen3_vl":
         return vt.tiny_qwen3_vl_model(seed=0), vt.tiny_qwen3_vl_processor()
+    if family in QWEN3_STYLE:
+        return QWEN3_STYLE[family](seed=0), vt.tiny_qwen3_vl_processor()
     if family == "llava_next":
         return vt.tiny_llava_next_model(seed=0), vt.tiny_llava_next_processor()
     if family == "llava_onevision":
@@ -59,12 +65,14 @@ def _inputs(model):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lora_leaves_the_hf_model_clean(family):
     model = _model_with_random_adapters(family)
-    hf_attn = model.adapter.language_model(model.hf_model).layers[0].self_attn
+    # the softmax-attention layers (a hybrid decoder's linear-attention layers have no q/k/v/o projections)
+    softmax = [x for x in range(model.cfg.n_layers) if not model.cfg.is_linear_attention(x)]
+    hf_attn = model.adapter.language_model(model.hf_model).layers[softmax[0]].self_attn
     assert type(hf_attn.q_proj) is torch.nn.Linear
-    assert model.blocks[0].attn.q_proj.get_base_layer() is hf_attn.q_proj
+    assert model.blocks[softmax[0]].attn.q_proj.get_base_layer() is hf_attn.q_proj
     assert set(lora_layers(model)) == {
         f"blocks.{layer}.attn.{p}"
-        for layer in range(model.cfg.n_layers)
+        for layer in softmax
         for p in ("q_proj", "k_proj", "v_proj", "o_proj")
     }
     assert all(not p.requires_grad for n, p in model.named_parameters() if ".lora_" not in n)

@@ -125,7 +125,9 @@ def _hf_module_to_ours(model) -> dict[str, str]:
     by_id = {}
     for layer, block in enumerate(model.blocks):
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            module = getattr(block.attn, proj)
+            module = getattr(block.attn, proj, None)
+            if module is None:  # a linear-attention (Gated DeltaNet) layer has none of them
+                continue
             base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
             by_id[id(base)] = f"blocks.{layer}.attn.{proj}"
     return {name: by_id[id(m)] for name, m in model.hf_model.named_modules() if id(m) in by_id}
