@@ -76,3 +76,22 @@ def test_cached_decoding_equals_a_full_forward():
 def test_saved_checkpoint_loads_with_its_processor(tmp_path):
     hf, model = _pair("e8_top3_full_last")
     assert_saved_checkpoint_loads(hf, model.processor, tmp_path, [random_image(64, 64, 1), random_image(96, 64, 2)])
+
+
+def test_bfloat16_explicit_path_equals_hf_eager():
+    """In bf16 the explicit attention path (pattern hooked) is HF eager's arithmetic: zero-centred norms and
+    the final norm in fp32 until 1 + w is applied, experts summed in HF's order, HF's delta-rule kernels."""
+    import torch
+
+    from vlens import HookedVLM
+    from vlens.testing import random_image, tiny_qwen3_5_moe_model, tiny_qwen3_vl_processor
+
+    hf = tiny_qwen3_5_moe_model(seed=2, dtype=torch.bfloat16, **SHAPES["e5_top2_shared"])
+    model = HookedVLM.from_hf(hf, processor=tiny_qwen3_vl_processor())
+    inputs = model.prepare(images=[random_image(64, 64, 1), random_image(96, 64, 2)], prompts=["How many dots?", "red"])
+    with torch.no_grad():
+        ours = model.run_with_hooks(inputs, fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda x, hook: x)])
+        expected = hf(**inputs.to_hf_kwargs()).logits
+    real = inputs.attention_mask.bool()
+    assert ours.dtype == torch.bfloat16
+    torch.testing.assert_close(ours[real].float(), expected[real].float(), atol=1e-3, rtol=0)  # < one bf16 ulp

@@ -28,6 +28,7 @@ from vlens.core.components import (
     TransformerBlock,
     Unembed,
     ZeroCenteredRMSNorm,
+    ZeroCenteredRMSNormPre,
 )
 from vlens.core.config import VLMConfig
 
@@ -178,7 +179,8 @@ class ArchitectureAdapter(ABC):
             blocks=blocks,
             # the final norm's weight is applied by the unembedding (an effective W_U, as after
             # TransformerLens's fold_ln), with HF's arithmetic
-            ln_final=RMSNormPre(cfg.eps),
+            # (a zero-centred final norm stays fp32 until Unembed has applied 1 + w: HF's arithmetic, also in bf16)
+            ln_final=ZeroCenteredRMSNormPre(cfg.eps) if self.norm_weight_offset else RMSNormPre(cfg.eps),
             unembed=Unembed(hf_model.lm_head, lm.norm.weight, ln_final_source=lm.norm,
                             ln_final_offset=self.norm_weight_offset),
             rotary=RotaryEmbedding(lm.rotary_emb, cfg.rope_kind),
