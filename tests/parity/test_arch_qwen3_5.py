@@ -151,9 +151,9 @@ def test_stacked_weight_views_explain_what_differs_by_layer():
     both say so and point to the per-layer views; TransformerLens's per-head stacking still adds up."""
     _, model = _pair("lin_full_lin")
     with pytest.raises(ValueError, match=r"model.blocks\[l\].attn.W_O"):
-        model.W_O
+        _ = model.W_O
     with pytest.raises(ValueError, match="GatedDeltaNet"):
-        model.W_Q
+        _ = model.W_Q
     inputs = _cases("lin_full_lin")["one_image"]
     _, cache = model.run_with_cache(inputs)
     heads, labels = cache.stack_head_results(layer=-1, return_labels=True)

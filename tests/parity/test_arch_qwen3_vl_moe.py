@@ -119,7 +119,7 @@ def test_saved_checkpoint_loads_with_its_processor(tmp_path):
 def test_neuron_views_refuse_mixture_of_experts_layers():
     _, model = _pair("e7_top3_dense_middle")
     with pytest.raises(ValueError, match="MoEMLP"):
-        model.W_in
+        _ = model.W_in
     _, cache = model.run_with_cache(_cases("e7_top3_dense_middle")["one_image"])
     with pytest.raises(ValueError, match="expand_neurons=False"):
         cache.get_full_resid_decomposition()
