@@ -45,6 +45,17 @@ FAMILIES = {
                         lambda: testing.tiny_llava_onevision_processor(tile=28, patch_size=14,
                                                                        vision_aspect_ratio="anyres_max_2"),
                         ["--image-size", "56"], True),
+    # dynamic tiles of 28 px (2x2 tokens); --image-size 56 allows (56 // 28)^2 = 4 tiles + the thumbnail
+    "internvl": (lambda: testing.tiny_internvl_model(seed=8, n_layers=2, d_model=40, n_heads=5, n_kv_heads=1, tile=28,
+                                                     patch_size=7),
+                 lambda: testing.tiny_internvl_processor(tile=28, patch_size=7), ["--image-size", "56"], True),
+    # split images: --image-size 56 resizes to 56 px on the longest edge, then 28 px sub-images + the global image
+    "idefics3": (lambda: testing.tiny_idefics3_model(seed=9, n_layers=2, d_model=48, n_heads=4, n_kv_heads=2,
+                                                     sub_image=28, patch_size=7),
+                 lambda: testing.tiny_idefics3_processor(sub_image=28, patch_size=7), ["--image-size", "56"], True),
+    "smolvlm": (lambda: testing.tiny_smolvlm_model(seed=10, n_layers=2, d_model=36, n_heads=3, n_kv_heads=1,
+                                                   sub_image=28, patch_size=7),
+                lambda: testing.tiny_smolvlm_processor(sub_image=28, patch_size=7), ["--image-size", "56"], True),
     # fixed-size images (the processor resizes every image to the tower's 32 px); the query norm refuses export
     "gemma3": (lambda: testing.tiny_gemma3_model(seed=5, n_layers=3, d_model=40, n_heads=5, n_kv_heads=1, d_head=8,
                                                 sliding_window=4),
@@ -120,3 +131,31 @@ def test_anyres_folder_loads_in_bfloat16_and_runs(family, tmp_path, data):
     with torch.no_grad():
         logits = fp16(fp16.prepare(images=images, prompts=[prompt])).float()
     assert fp16.cfg.dtype == torch.float16 and (logits - high).abs().max() < 0.05 * high.abs().max()
+
+
+@pytest.mark.parametrize("family", ["internvl", "idefics3", "smolvlm"])
+def test_split_image_folder_loads_in_half_precision_and_runs(family, tmp_path, data):
+    """--dtype bfloat16 on a saved folder: the model loads in bf16 (tower, projector, decoder) and the commands
+    run; the logits stay close to the fp32 model's (and in fp16)."""
+    import torch
+
+    from tests.helpers.family_commands import results, run
+    from vlens import HookedVLM
+    from vlens.testing import random_image
+
+    build, processor, image_args, _ = FAMILIES[family]
+    folder = save_family_folder(build(), processor(), tmp_path / family)
+    run(["eval", "--model", folder, "--dtype", "bfloat16", "--device", "cpu", "--data", str(data), "--limit", "2",
+         "--max-new-tokens", "2", *image_args, "--out", str(tmp_path / "eval")])
+    assert results(tmp_path / "eval")["metrics"]["n"] == 2
+    full = HookedVLM.from_pretrained(folder, device="cpu", dtype=torch.float32)
+    images, prompt = [random_image(70, 40, 1)], "How many dots are there?"
+    with torch.no_grad():
+        high = full(full.prepare(images=images, prompts=[prompt]))
+    for dtype, tolerance in ((torch.bfloat16, 0.1), (torch.float16, 0.05)):
+        half = HookedVLM.from_pretrained(folder, device="cpu", dtype=dtype)
+        assert {p.dtype for p in half.parameters()} == {dtype} and half.cfg.dtype == dtype
+        with torch.no_grad():
+            low = half(half.prepare(images=images, prompts=[prompt])).float()
+        assert torch.isfinite(low).all()
+        assert (low - high).abs().max() < tolerance * high.abs().max()

@@ -173,3 +173,6 @@ def test_vlens_info_lists_the_families_without_loading_a_model(capsys):
     for family, adapter in vlens.registered_adapters().items():
         assert f"  {family}: {', '.join(adapter.hf_class_names)}" in out
     assert "LlavaNextForConditionalGeneration" in out and "LlavaOnevisionForConditionalGeneration" in out
+    for name in ("InternVLForConditionalGeneration", "Idefics3ForConditionalGeneration",
+                 "SmolVLMForConditionalGeneration"):
+        assert name in out

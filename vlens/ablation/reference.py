@@ -71,7 +71,12 @@ def row_position_keys(regions: TokenRegions, row: int, alignment: str) -> tuple[
             key_of[p] = ("start", p - first_real)
         elif p > last_image:
             key_of[p] = ("end", final - p)
-        else:  # between image i and image i + 1
+        else:
+            inside = [j for j, img in enumerate(images) if img[0] < p < img[-1]]
+            if inside:  # a text token among an image's tokens (Idefics3's tags and separators)
+                key_of[p] = ("within", inside[0], p - images[inside[0]][0])
+                continue
+            # between image i and image i + 1
             i = max(j for j, img in enumerate(images) if img[-1] < p)
             key_of[p] = ("between", i, p - images[i][-1] - 1)
     return torch.tensor(positions, dtype=torch.long), [key_of[p] for p in positions]

@@ -67,7 +67,10 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
     side at one of the pinpoint resolutions; `image_size` is the largest resolution they may use:
     only the pinpoints whose height and width are both <= image_size are kept (at least one tile
     side), which bounds the tiles, and so the image tokens, of every image. The model reads the
-    pinpoints too: call `sync_resolution(hf_model, processor)` after this.
+    pinpoints too: call `sync_resolution(hf_model, processor)` after this. Dynamic-tile processors
+    (InternVL: `crop_to_patches`) keep the tower's tile side and use at most (image_size // tile)^2
+    tiles; split-image processors (Idefics3 / SmolVLM: `max_image_size`) resize every image to
+    image_size on its longest edge before cutting it into sub-images of the tower's side.
     """
     image_processor = getattr(processor, "image_processor", processor)
     if image_size is not None:
@@ -104,6 +107,20 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
     if min_pixels is not None or max_pixels is not None:
         raise UserInputError(f"{type(image_processor).__name__} has no pixel budget (min_pixels/max_pixels are Qwen-VL "
                          "settings); use image_size")
+    if image_size is not None and hasattr(image_processor, "crop_to_patches") and hasattr(image_processor, "max_patches"):
+        # dynamic tiles (InternVL): the tile side is the tower's; image_size bounds the tiles an image may use
+        tile = int(_size_value(getattr(image_processor, "size", None), "height") or 0)
+        if image_size < tile:
+            raise UserInputError(f"image_size {image_size} px is smaller than one tile ({tile} px) of this tiling "
+                                 f"processor: use at least {tile}")
+        image_processor.max_patches = max(1, (image_size // tile) ** 2) if tile else image_processor.max_patches
+        image_processor.min_patches = min(int(getattr(image_processor, "min_patches", 1)), image_processor.max_patches)
+        return processor
+    if image_size is not None and hasattr(image_processor, "max_image_size") and hasattr(image_processor,
+                                                                                         "do_image_splitting"):
+        # split images (Idefics3 / SmolVLM): images are resized to this longest edge, then cut into sub-images
+        image_processor.size = {"longest_edge": image_size}
+        return processor
     pinpoints = getattr(image_processor, "image_grid_pinpoints", None)
     if pinpoints and image_size is not None:  # anyres (LLaVA-NeXT / OneVision): a resolution budget
         kept = [list(p) for p in pinpoints if max(int(p[0]), int(p[1])) <= image_size]
@@ -131,6 +148,13 @@ def sync_resolution(hf_model: Any, processor: Any) -> None:
     config: Any = getattr(hf_model, "config", None)
     if pinpoints and config is not None and getattr(config, "image_grid_pinpoints", None) is not None:
         config.image_grid_pinpoints = [list(p) for p in pinpoints]
+
+
+def _size_value(size: Any, key: str) -> Any:
+    """One entry of an image processor's `size` (a dict or HF's SizeDict), None when unset."""
+    if size is None:
+        return None
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
 
 
 def _size_keys(size: Any) -> set[str]:

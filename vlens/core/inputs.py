@@ -29,7 +29,14 @@ class TokenRegions:
             token in exactly one, positions in the row): one "image" record for an untiled image
             ("cls" + "image" with a leading class token); for an anyres image the "base" view,
             every high-resolution "tile" (its grid and place in the tile layout) and the
-            "newline" tokens. Empty lists where the regions were built without them.
+            "newline" tokens; for a split image (InternVL, Idefics3 / SmolVLM) each "tile" (its grid, its
+            cell in the tile layout) and the "base" view (InternVL's thumbnail, Idefics3's global
+            image). Empty lists where the regions were built without them.
+        markers: per row, per image, non-spatial `ImageTile` records of the text tokens that structure
+            the image's placeholders (positions in the row; none of them is an image token): InternVL's
+            "start" / "end" (``<img>`` / ``</img>``); Idefics3's "tile_tag" (``<row_r_col_c>``, with the
+            tile's layout cell), "global_tag" (``<global-img>``), "boundary" (``<fake_token_around_image>``)
+            and "newline" (the newlines after each tile row). Empty lists for families without them.
     """
 
     image: list[Tensor]
@@ -38,6 +45,7 @@ class TokenRegions:
     final: Tensor
     image_grid: list[list[tuple[int, int]]]
     tiles: list[list[list[ImageTile]]] = field(default_factory=list)
+    markers: list[list[list[ImageTile]]] = field(default_factory=list)
 
     def region(self, name: str, row: int) -> Tensor:
         """Positions of a named region ("image", "text", "final", "all") in one row."""
@@ -71,6 +79,12 @@ class TokenRegions:
                  for r in records if r.kind == kind]
         return torch.cat(found).sort().values if found else torch.zeros(0, dtype=torch.long)
 
+    def marker_positions(self, row: int, kind: str) -> Tensor:
+        """Sorted positions of one row's structure tokens of one kind (`markers`: "tile_tag", "start", ...)."""
+        found = [r.positions for records in (self.markers[row] if row < len(self.markers) else [])
+                 for r in records if r.kind == kind]
+        return torch.cat(found).sort().values if found else torch.zeros(0, dtype=torch.long)
+
     def select(self, rows: list[int]) -> TokenRegions:
         """The regions of some rows, in the given order."""
         return TokenRegions(
@@ -78,6 +92,7 @@ class TokenRegions:
             text=[self.text[r] for r in rows], final=self.final[torch.tensor(rows, dtype=torch.long)],
             image_grid=[self.image_grid[r] for r in rows],
             tiles=[self.tiles[r] for r in rows] if self.tiles else [],
+            markers=[self.markers[r] for r in rows] if self.markers else [],
         )
 
     def mask(self, name: str, seq_len: int) -> Tensor:
@@ -104,6 +119,9 @@ class VLMInputs:
     mm_token_type_ids: Tensor | None = None
     regions: TokenRegions | None = None
     extra: dict = field(default_factory=dict)  # other processor outputs passed to the model
+    # per image, its entries of pixel_values' first axis where pixel_values concatenates every image's
+    # tiles (InternVL); None where there is one entry per image or per row (not passed to HF)
+    pixel_entries: list[int] | None = None
 
     HF_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
 
@@ -155,11 +173,14 @@ def compute_regions(
     image_token_counts: list[int],
     image_grids: list[tuple[int, int]],
     image_tiles: list[list[ImageTile]] | None = None,
+    image_markers: list[list[ImageTile]] | None = None,
 ) -> TokenRegions:
     """Token regions from the ids and each image's token count / merged grid (in order of appearance).
 
     image_tiles: per image, its `ImageTile` records with positions counted from the image's first
         token (an adapter's `image_tiles`); None: each image is one grid (`whole_image_tiles`).
+    image_markers: per image, records of its structure tokens, positions counted from the image's
+        first placeholder token (an adapter's `image_markers`); None: no markers.
 
     Raises:
         ValueError: if the placeholder tokens do not add up to the images' token counts.
@@ -175,13 +196,15 @@ def compute_regions(
         )
     if image_tiles is None:
         image_tiles = [whole_image_tiles(c, g) for c, g in zip(image_token_counts, image_grids, strict=True)]
-    image_iter = iter(zip(image_token_counts, image_grids, image_tiles, strict=True))
-    images, image_all, text, grids, tiles = [], [], [], [], []
+    markers_given = image_markers is not None
+    marker_lists = image_markers if image_markers is not None else [[] for _ in image_token_counts]
+    image_iter = iter(zip(image_token_counts, image_grids, image_tiles, marker_lists, strict=True))
+    images, image_all, text, grids, tiles, markers = [], [], [], [], [], []
     for row in range(batch):
         positions = is_image[row].nonzero().flatten()
-        row_images, row_grids, row_tiles, start = [], [], [], 0
+        row_images, row_grids, row_tiles, row_markers, start = [], [], [], [], 0
         while start < len(positions):
-            count, grid, records = next(image_iter)
+            count, grid, records, marks = next(image_iter)
             here = positions[start : start + count]
             if sum(len(r.positions) for r in records) != count:
                 raise ValueError(f"the tile records of an image hold {sum(len(r.positions) for r in records)} "
@@ -189,10 +212,12 @@ def compute_regions(
             row_images.append(here)
             row_grids.append(grid)
             row_tiles.append([replace(r, positions=here[r.positions.long()]) for r in records])
+            row_markers.append([replace(m, positions=here[0] + m.positions.long()) for m in marks])
             start += count
         images.append(row_images)
         grids.append(row_grids)
         tiles.append(row_tiles)
+        markers.append(row_markers)
         image_all.append(positions)
         text.append((attention_mask[row].bool() & ~is_image[row]).nonzero().flatten())
     valid = attention_mask.bool()
@@ -200,4 +225,5 @@ def compute_regions(
         [int(valid[row].nonzero().max()) if valid[row].any() else input_ids.shape[1] - 1 for row in range(batch)],
         dtype=torch.long,
     )
-    return TokenRegions(image=image_all, images=images, text=text, final=final, image_grid=grids, tiles=tiles)
+    return TokenRegions(image=image_all, images=images, text=text, final=final, image_grid=grids, tiles=tiles,
+                        markers=markers if markers_given else [])

@@ -172,6 +172,16 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
 
     # ------------------------------------------------------------------ inputs
     @property
+    def processor(self) -> Any:
+        """The HF processor (None: none known); setting it also tells the adapter (`bind_processor`)."""
+        return self.__dict__.get("_processor")
+
+    @processor.setter
+    def processor(self, processor: Any) -> None:
+        self.__dict__["_processor"] = processor
+        self.adapter.bind_processor(processor)
+
+    @property
     def tokenizer(self):
         if self.processor is None:
             raise ValueError("This model has no processor: pass one to HookedVLM.from_hf(hf_model, processor=processor).")

@@ -227,6 +227,8 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
             extra=merged,
         )
     model.adapter.check_inputs(model.cfg, out)
+    if out.pixel_values is not None and out.pixel_entries is None:
+        out.pixel_entries = model.adapter.pixel_entries_per_image(model.cfg, out)
     if out.mm_token_type_ids is None:
         out.mm_token_type_ids = model.adapter.mm_token_type_ids(model.cfg, out.input_ids)
     image_token_id = model.cfg.image_token_id
@@ -235,7 +237,8 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
         if out.pixel_values is not None:
             counts, grids = model.adapter.image_token_counts(model.cfg, out)
             out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id,
-                                          counts, grids, model.adapter.image_tiles(model.cfg, out))
+                                          counts, grids, model.adapter.image_tiles(model.cfg, out),
+                                          model.adapter.image_markers(model.cfg, out))
         elif not bool((out.input_ids == image_token_id).any()):
             out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id, [], [])
     device = model.input_device

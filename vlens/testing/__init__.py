@@ -1,5 +1,5 @@
 """Tiny random models, tokenizers and processors of every supported family, built offline, for tests,
-benchmarks and docs; one module per family (`vlens.testing.qwen`, `vlens.testing.llava`, `vlens.testing.llava_next`, ...), every
+benchmarks and docs; one module per family (`vlens.testing.qwen`, `vlens.testing.llava`, `vlens.testing.llava_next`, `vlens.testing.internvl`, `vlens.testing.idefics3`, ...), every
 name re-exported here. Nothing here downloads anything: configs come from HF config classes, the
 tokenizer from `tokenizers`, the image processor from its parameters (PIL backend, no torchvision).
 `vlens.testing.real_vocab` is the real-vocabulary fixture (Qwen2's byte-level BPE, multi-digit
@@ -25,6 +25,27 @@ from vlens.testing.gemma3 import (
     tiny_gemma3_config,
     tiny_gemma3_model,
     tiny_gemma3_processor,
+)
+from vlens.testing.idefics3 import (
+    IDEFICS3_CHAT_TEMPLATE,
+    IDEFICS3_SPECIAL_TOKENS,
+    IDEFICS3_WORDS,
+    SMOLVLM_CHAT_TEMPLATE,
+    SMOLVLM_SPECIAL_TOKENS,
+    idefics3_tokenizer,
+    tiny_idefics3_config,
+    tiny_idefics3_model,
+    tiny_idefics3_processor,
+    tiny_smolvlm_model,
+    tiny_smolvlm_processor,
+)
+from vlens.testing.internvl import (
+    INTERNVL_CHAT_TEMPLATE,
+    INTERNVL_SPECIAL_TOKENS,
+    internvl_tokenizer,
+    tiny_internvl_config,
+    tiny_internvl_model,
+    tiny_internvl_processor,
 )
 from vlens.testing.llava import (
     LLAVA_CHAT_TEMPLATE,
@@ -80,4 +101,9 @@ __all__ = [
     "tiny_qwen_config", "tiny_qwen_processor", "word_level_tokenizer",
     "tiny_qwen3_5_config", "tiny_qwen3_5_model", "tiny_qwen3_5_moe_config", "tiny_qwen3_5_moe_model",
     "tiny_qwen3_vl_moe_config", "tiny_qwen3_vl_moe_model",
+    "INTERNVL_CHAT_TEMPLATE", "INTERNVL_SPECIAL_TOKENS", "internvl_tokenizer", "tiny_internvl_config",
+    "tiny_internvl_model", "tiny_internvl_processor",
+    "IDEFICS3_CHAT_TEMPLATE", "IDEFICS3_SPECIAL_TOKENS", "IDEFICS3_WORDS", "SMOLVLM_CHAT_TEMPLATE",
+    "SMOLVLM_SPECIAL_TOKENS", "idefics3_tokenizer", "tiny_idefics3_config", "tiny_idefics3_model",
+    "tiny_idefics3_processor", "tiny_smolvlm_model", "tiny_smolvlm_processor",
 ]

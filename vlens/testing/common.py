@@ -4,6 +4,8 @@ every parameter. Nothing is downloaded."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from PIL import Image
@@ -32,8 +34,13 @@ QWEN_CHAT_TEMPLATE = (
 
 def word_level_tokenizer(words: list[str] = TINY_WORDS, specials: list[str] = QWEN_SPECIAL_TOKENS,
                          pad_token: str = "<|endoftext|>", eos_token: str = "<|im_end|>",
-                         extra_vocab: int = 0) -> PreTrainedTokenizerFast:
-    """An offline word-level tokenizer: specials first, then words, newline kept as a token."""
+                         extra_vocab: int = 0, extra_special_tokens: dict[str, str] | None = None,
+                         bos_token: str | None = None, keep_newlines: bool = False) -> PreTrainedTokenizerFast:
+    """An offline word-level tokenizer: specials first, then words (and a newline token).
+
+    extra_special_tokens: named special tokens the family's processor reads from the tokenizer
+    (InternVL's ``start_image_token``, ...), saved and loaded with it. keep_newlines: every "\n" is a
+    token of its own (as in real tokenizers); by default whitespace, newlines included, only splits."""
     vocab: dict[str, int] = {}
     for token in [*specials, "[UNK]", "\n", *words]:
         vocab.setdefault(token, len(vocab))
@@ -42,12 +49,15 @@ def word_level_tokenizer(words: list[str] = TINY_WORDS, specials: list[str] = QW
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split("\n", "isolated"),
-        pre_tokenizers.WhitespaceSplit(),
+        pre_tokenizers.Split(" ", "removed") if keep_newlines else pre_tokenizers.WhitespaceSplit(),
         pre_tokenizers.Punctuation(),
     ])
     backend.add_special_tokens(specials)
+    named: dict[str, Any] = {"extra_special_tokens": extra_special_tokens} if extra_special_tokens else {}
+    if bos_token is not None:
+        named["bos_token"] = bos_token
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token=pad_token,
-                                        eos_token=eos_token)
+                                        eos_token=eos_token, **named)
     tokenizer.chat_template = QWEN_CHAT_TEMPLATE
     return tokenizer
 

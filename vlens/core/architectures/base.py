@@ -63,7 +63,10 @@ class ImageTile:
         kind: what the tokens are. vlens's families use "image" (the whole image as one grid),
             "cls" (a leading class token), "base" (an anyres family's downscaled view of the
             whole image), "tile" (one high-resolution tile) and "newline" (the row-end tokens of
-            the tiled grid); another family may add its own kinds.
+            the tiled grid); InternVL and Idefics3 / SmolVLM use "tile" for each piece of a split
+            image and "base" for its whole-image view (thumbnail, global image); markers of text
+            tokens (`image_markers`) use "start", "end", "tile_tag", "global_tag", "boundary",
+            "newline"; another family may add its own kinds.
         positions: LongTensor [n], row-major over `grid`.
         grid: (rows, cols) of these tokens (rows * cols == n; newline tokens: (n, 1)).
         index: the tile's place in the processor's pixel_values (LLaVA-NeXT: 0 the base view,
@@ -75,6 +78,10 @@ class ImageTile:
             that are not places on the image.
         spatial: whether the tokens are places on the image (cells of `grid`); False for CLS and
             newline tokens.
+        layout_grid: (rows, cols) of the tile layout `layout` is a cell of, where the tiles split the
+            whole (squashed) image into equal bands (InternVL, Idefics3): tile (r, c) then covers the
+            r-th of rows bands of the height and the c-th of cols of the width, which
+            `image_points_to_tile` uses when there is no `box`; None for other kinds.
     """
 
     kind: str
@@ -84,6 +91,7 @@ class ImageTile:
     layout: tuple[int, int] | None = None
     box: tuple[float, float, float, float] | None = None
     spatial: bool = True
+    layout_grid: tuple[int, int] | None = None
 
 
 def whole_image_tiles(count: int, grid: tuple[int, int]) -> list[ImageTile]:
@@ -97,6 +105,15 @@ def whole_image_tiles(count: int, grid: tuple[int, int]) -> list[ImageTile]:
         return [ImageTile("cls", torch.arange(1), (1, 1), spatial=False),
                 ImageTile("image", torch.arange(1, count), (rows, cols))]
     return [ImageTile("tokens", torch.arange(count), (1, count), spatial=False)]
+
+
+def layout_box(image_size: tuple[int, int], layout: tuple[int, int],
+               layout_grid: tuple[int, int]) -> tuple[float, float, float, float]:
+    """(x0, y0, x1, y1) in original pixels of tile `layout` = (r, c) of a `layout_grid` = (rows, cols)
+    layout that splits the whole image into equal bands (image_size: the original (width, height))."""
+    width, height = float(image_size[0]), float(image_size[1])
+    (r, c), (rows, cols) = layout, layout_grid
+    return (c * width / cols, r * height / rows, (c + 1) * width / cols, (r + 1) * height / rows)
 
 
 def points_to_box_grid(points: Tensor, image_size: tuple[int, int], box: tuple[float, float, float, float],
@@ -238,6 +255,25 @@ class ArchitectureAdapter(ABC):
         (`whole_image_tiles` of its count and grid)."""
         return None
 
+    def image_markers(self, cfg: VLMConfig, inputs) -> list[list[ImageTile]] | None:
+        """Per image (in order), the text tokens that structure its placeholders (InternVL's ``<img>`` /
+        ``</img>``, Idefics3's ``<row_r_col_c>`` tags, ``<global-img>``, the tokens around each sub-image
+        and the newlines between tile rows) as non-spatial `ImageTile` records, positions counted from the
+        image's first placeholder token (negative before it); None (the default): the family has none."""
+        return None
+
+    def pixel_entries_per_image(self, cfg: VLMConfig, inputs) -> list[int] | None:
+        """Per image, how many entries of pixel_values' first axis it takes where pixel_values
+        concatenates the tiles of every image of the batch (InternVL); None (the default) where
+        pixel_values holds one entry per image (LLaVA), per batch row (Idefics3) or per patch with
+        `image_grid_thw` (Qwen)."""
+        return None
+
+    def bind_processor(self, processor) -> None:
+        """Called with the model's processor whenever it is set (None: none), for families whose token
+        layout names tokens that only the tokenizer knows (Idefics3's tile tags); default: nothing."""
+        return None
+
     def mm_token_type_ids(self, cfg: VLMConfig, input_ids: Tensor) -> Tensor | None:
         """0 for text, 1 for image placeholders, 2 for video placeholders (HF's convention)."""
         types = torch.zeros_like(input_ids, dtype=torch.int)
@@ -286,10 +322,14 @@ class ArchitectureAdapter(ABC):
         """Points (x, y) in original image pixels -> (row, col) on one spatial tile's grid.
 
         Returns (grid coordinates [n, 2], visible [n] bool). A tile with a `box` maps through it
-        (`points_to_box_grid`); one without (kind "image") through `image_points_to_grid`.
+        (`points_to_box_grid`), one with a `layout` cell of a uniform `layout_grid` through the band it
+        covers (`layout_box`); one without either (kind "image") through `image_points_to_grid`.
         """
         if tile.box is not None:
             return points_to_box_grid(points, image_size, tile.box, tile.grid)
+        if tile.layout is not None and tile.layout_grid is not None:
+            return points_to_box_grid(points, image_size, layout_box(image_size, tile.layout, tile.layout_grid),
+                                      tile.grid)
         return self.image_points_to_grid(processor, points, image_size, tile.grid)
 
     # ---- prompts ----
@@ -314,6 +354,24 @@ class ArchitectureAdapter(ABC):
     def check_inputs(self, cfg: VLMConfig, inputs) -> None:
         """Raise a clear error for inputs the family cannot run (default: every input is fine)."""
         return None
+
+
+def placeholder_runs(input_ids: Tensor, attention_mask: Tensor, token_id: int) -> list[tuple[int, int, int]]:
+    """(row, start, end) of every maximal run of consecutive placeholder tokens `token_id` (padding
+    excluded), row by row, left to right: the image (or sub-image) blocks of families that wrap each
+    block in marker tokens (InternVL's ``<img>...</img>``, Idefics3's tagged sub-images)."""
+    runs = []
+    is_placeholder = (input_ids == token_id) & attention_mask.bool()
+    for row in range(input_ids.shape[0]):
+        positions = is_placeholder[row].nonzero().flatten().tolist()
+        start = None
+        for k, position in enumerate(positions):
+            if start is None:
+                start = position
+            if k + 1 == len(positions) or positions[k + 1] != position + 1:
+                runs.append((row, start, position + 1))
+                start = None
+    return runs
 
 
 def token_id_list(value) -> list[int]:

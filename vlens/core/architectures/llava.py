@@ -43,12 +43,19 @@ class LlavaAdapter(ArchitectureAdapter):
 
     def build_config(self, hf_model: HFModule) -> VLMConfig:
         config = hf_model.config
-        text = config.text_config
         # read again by the vision side and the placeholder counts
         self.feature_layer = config.vision_feature_layer
         self.select_strategy = config.vision_feature_select_strategy
         self.patch_size = config.vision_config.patch_size
         self.tower_has_cls = hasattr(tower_core(hf_model.model.vision_tower).embeddings, "class_embedding")
+        return self.decoder_config(hf_model)
+
+    def decoder_config(self, hf_model: HFModule) -> VLMConfig:
+        """The `VLMConfig` of a LLaVA-style model's Llama / Mistral / Qwen2 text decoder (`text_config`),
+        its image token `config.image_token_id`; shared by the families that put such a decoder after
+        their own vision side (InternVL, Idefics3)."""
+        config = hf_model.config
+        text = config.text_config
         layer_types, window = sliding_layers(text)
         rope = getattr(text, "rope_parameters", None) or {}
         generation = getattr(hf_model, "generation_config", None)
