@@ -1221,28 +1221,36 @@ def disk_full(tmp: Path):
 
 # ---- the failure boundary (issue 32) ----------------------------------------------------------
 
+# label: (the raise, the module it is raised from, whether inside a loading failure_context, status, needle)
 _BOUNDARY_FAILURES = {
-    "MemoryError while the model loads": ("raise MemoryError()", "2", "out of memory"),
-    "a library's RuntimeError while loading the model": (
-        "raise RuntimeError('Error(s) in loading state_dict')", "2", "loading the model"),
+    "MemoryError while the model loads": ("raise MemoryError()", "vlens.zoo.specs", True, "2", "out of memory"),
+    "transformers' RuntimeError while loading the model": (
+        "raise RuntimeError('Error(s) in loading state_dict')", "transformers.modeling_utils", True, "2",
+        "loading the model"),
     "PermissionError reading an input": (
-        "raise PermissionError(errno.EACCES, 'Permission denied', 'data/metadata.jsonl')", "2", "Permission denied"),
-    "IsADirectoryError": ("raise IsADirectoryError(errno.EISDIR, 'Is a directory', 'x.json')", "2", "folder"),
-    "a symbolic-link loop (ELOOP)": ("raise OSError(errno.ELOOP, 'Too many levels of symbolic links', 'm')", "2",
-                                     "symbolic link"),
-    "a plain ValueError raised by vlens's own argument checks": ("raise ValueError('top_k must be >= 1')", "2",
-                                                                 "top_k must be"),
-    "an internal bug (AttributeError)": ("raise AttributeError('NoneType has no attribute shape')", "1",
-                                         "a bug in vlens"),
+        "raise PermissionError(errno.EACCES, 'Permission denied', 'data/metadata.jsonl')", "vlens.datasets.files",
+        False, "2", "Permission denied"),
+    "IsADirectoryError": ("raise IsADirectoryError(errno.EISDIR, 'Is a directory', 'x.json')", "vlens.utils.fileio",
+                          False, "2", "folder"),
+    "a symbolic-link loop (ELOOP)": ("raise OSError(errno.ELOOP, 'Too many levels of symbolic links', 'm')",
+                                     "vlens.core.model_folder", False, "2", "symbolic link"),
+    "a plain ValueError raised by vlens's own argument checks": (
+        "raise ValueError('top_k must be >= 1')", "vlens.ablation.heads", False, "2", "top_k must be"),
+    "an internal bug (AttributeError raised in vlens)": (
+        "raise AttributeError('NoneType has no attribute shape')", "vlens.core.model", False, "1", "a bug in vlens"),
 }
 
 
-def _boundary_probe(raise_line: str, status: str, needle: str):
+def _boundary_probe(raise_line: str, module: str, in_context: bool, status: str, needle: str):
     def run(tmp: Path):
-        # the failure is raised inside vlens (the loading code), as a real one would be
-        patch = ("import vlens.zoo.specs as specs\ndef broken(*a, **k):\n"
-                 "    with specs.failure_context('loading the model tiny', 'check it'):\n        " + raise_line +
-                 "\nspecs.load_model = broken")
+        # the failure is raised from a function of `module` (as vlens or a library would raise it), in place of
+        # loading the model; with in_context, inside the loading code's failure_context
+        body = ("    with specs.failure_context('loading the model tiny', 'check it'):\n        " if in_context
+                else "    ") + raise_line
+        patch = ("import vlens.zoo.specs as specs\n"
+                 f"space = {{'__name__': {module!r}, 'errno': errno, 'specs': specs}}\n"
+                 f"exec(compile({('def broken(*a, **k):' + chr(10) + body)!r}, {module!r}, 'exec'), space)\n"
+                 "specs.load_model = space['broken']")
         result = python(_in_process("info", patch), tmp)
         got = _status(result)
         lines = [line for line in result.err.strip().splitlines() if line.strip()]
@@ -1254,8 +1262,9 @@ def _boundary_probe(raise_line: str, status: str, needle: str):
     return run
 
 
-for _label, (_raise, _code, _needle) in _BOUNDARY_FAILURES.items():
-    probe("failure boundary", f"{_label}: one line, exit {_code}")(_boundary_probe(_raise, _code, _needle))
+for _label, (_raise, _module, _context, _code, _needle) in _BOUNDARY_FAILURES.items():
+    probe("failure boundary", f"{_label}: one line, exit {_code}")(
+        _boundary_probe(_raise, _module, _context, _code, _needle))
 
 
 @probe("failure boundary", "torchrun --nproc-per-node 1 vlens logit-lens --model TRUNCATED_FOLDER")
