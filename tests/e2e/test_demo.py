@@ -59,6 +59,9 @@ def test_quick_demo_writes_every_section_in_order(demo_run):
     titles = re.findall(r"<h2>(.*?)</h2>", page)
     assert titles == [html.escape(results["sections"][key]["title"]) for key in SECTION_KEYS]
     assert set(results["timings_s"]) >= {"counting evaluation", "visual activation patching", "total"}
+    provenance = results["provenance"]  # how the report was made (vlens.utils.provenance)
+    assert provenance["command"] == "demo" and provenance["command_line"].startswith("vlens demo --model")
+    assert provenance["model"]["spec"] == MODEL and len(provenance["model"]["weights_digest"]) == 16
 
 
 def test_every_section_is_backed_by_numbers(demo_run):

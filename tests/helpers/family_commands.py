@@ -37,6 +37,24 @@ def results(folder: Path, name: str = "results.json") -> dict:
     return json.loads((folder / name).read_text())
 
 
+def check_provenance(payload: dict, command: str, model: str | None) -> dict:
+    """Every written result says how it was made (vlens.utils.provenance): the command line, vlens,
+    torch and transformers versions, seeds, world size, start time, and the model with its weights."""
+    record = payload["provenance"]
+    assert record["command"] == command and record["command_line"].startswith(f"vlens {command} "), record
+    for key in ("vlens_version", "torch_version", "transformers_version", "started_at", "written_at"):
+        assert record[key], (command, key)
+    assert record["world_size"] == 1 and isinstance(record["seeds"], dict)
+    assert "git_commit" in record  # the commit when vlens runs from a checkout (as here), else null
+    if model is None:
+        assert record["model"] is None, (command, record["model"])
+    else:
+        loaded = record["model"]
+        assert loaded["spec"] == model and loaded["dtype"] and loaded["device"] and loaded["n_parameters"] > 0
+        assert len(loaded["weights_digest"]) == 16 and loaded["weights_digest_method"].startswith("sha256")
+    return record
+
+
 def run(argv: Sequence[str]) -> None:
     code = main([*argv, "--quiet"])
     assert code == 0, f"vlens {' '.join(argv)} exited {code}"
@@ -92,6 +110,19 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
         run(["temperature", "export", "--model", model, "--temps", str(out / "fit"), "--out", str(out / "export")])
         assert any((out / "export").glob("*.safetensors"))
 
+    # provenance in everything written: results.json, the lens's config.json, the dataset's marker,
+    # the exported checkpoint's temperatures, the training result
+    data_marker = results(data, ".vlens_dataset.json")
+    check_provenance(data_marker, "data syndot", None)
+    check_provenance(results(out / "lens", "config.json"), "lens train", model)
+    for name, payload in done.items():
+        check_provenance(payload, name, None if name == "temperature fit" else model)
+    if export:
+        check_provenance(results(out / "export", "vlens_temperature.json"), "temperature export", model)
+    digests = {done[name]["provenance"]["model"]["weights_digest"] for name in ("patch", "logit-lens", "headlens",
+                                                                                "ablate", "eval")}
+    assert len(digests) == 1  # the same weights, loaded five times
+    assert done["patch"]["provenance"]["seeds"] == {"seed": 0}
     if n_layers is not None and n_heads is not None:
         heads = done["headlens"]["heads"]
         assert len(heads) == (n_heads_total or n_layers * n_heads)

@@ -75,6 +75,7 @@ def test_rows_average_seeds_and_the_demo_reads_them(tmp_path):
     folder = result.save(tmp_path / "study")
     again = StudyResult.load(folder)
     assert again.table() == result.table() and (folder / "STUDY.md").is_file()
+    assert again.provenance["vlens_version"] and again.provenance["written_at"]  # stamped when saved
     section = interventions_section(None, folder / "study.json")  # what `vlens demo --interventions` shows
     assert section.status == "ok" and [row["setting"] for row in section.table] == ["baseline", "+SFT"]
     assert section.numbers["+SFT: synreal accuracy"] == pytest.approx(0.7)
@@ -120,6 +121,7 @@ def test_full_study_on_an_untrained_embedded_architecture(tmp_path):
     assert len(result.temperatures[0]["heads"]) == 4
     again = StudyResult.load(tmp_path / "study.json")
     assert again.table() == result.table() and (tmp_path / "STUDY.md").is_file()
+    assert len(again.provenance["weights_fingerprint"]) == 16 and again.provenance["model"]["weights_digest"]
 
 
 def test_more_beta_heads_than_the_model_has_fails_before_any_run(tmp_path):

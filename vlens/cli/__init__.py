@@ -138,7 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2
-    return run_command(args)
+    from vlens.utils.provenance import run_context
+
+    with run_context(argv, command=" ".join(getattr(args, "command_prog", "vlens").split()[1:]) or None):
+        return run_command(args)
 
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]

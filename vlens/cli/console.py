@@ -174,6 +174,7 @@ def run_command(args: argparse.Namespace) -> int:
     from vlens.cli.options import check_args
     from vlens.parallel.command import CommandExit, done, run_settings, run_store, sharded_command
     from vlens.parallel.quiet import other_ranks_quiet
+    from vlens.utils.provenance import note_run, seeds_of
 
     prog = getattr(args, "command_prog", "vlens")
     verbose = getattr(args, "verbose", 0)
@@ -181,6 +182,7 @@ def run_command(args: argparse.Namespace) -> int:
         check_args(args)
         with sharded_command(prog, getattr(args, "shardable", False)) as sharding:
             args.sharding = sharding
+            note_run(seeds_of(vars(args)), world_size=sharding.world_size)  # for the results' provenance
             if getattr(args, "shardable", False) and getattr(args, "out", None) is not None:
                 sharding.store = run_store(args.out, run_settings(args), getattr(args, "overwrite", False))
             if not sharding.is_main:

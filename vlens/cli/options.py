@@ -282,11 +282,12 @@ def prepare_out(args: argparse.Namespace, *names: str) -> Path:
 
 
 def write_results(out: Path, payload: dict) -> Path:
-    """Write `payload` to OUT/results.json (NaN / inf as null: strict JSON)."""
+    """Write `payload` with its `provenance` to OUT/results.json (NaN / inf as null: strict JSON)."""
     from vlens.utils.finite import json_safe
+    from vlens.utils.provenance import stamp
 
     path = out / RESULTS_FILE
-    path.write_text(json.dumps(json_safe(payload), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(json_safe(stamp(payload)), indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return path
 
 

@@ -33,6 +33,7 @@ from vlens.core.tl_surface import TransformerLensSurface
 from vlens.core.token_labels import str_tokens
 from vlens.core.weights import WeightsMixin
 from vlens.utils.errors import UserInputError
+from vlens.utils.provenance import note_model
 
 # an adapter, its class, or a registered family / HF class name (None: the one registered for the model)
 AdapterSpec = ArchitectureAdapter | type[ArchitectureAdapter] | str | None
@@ -74,6 +75,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
         self.processor = processor
         self.setup()
         self.eval()
+        note_model(self)  # the provenance of what is computed with it (vlens.utils.provenance)
 
     # ------------------------------------------------------------------ constructors
     @classmethod

@@ -26,6 +26,7 @@ from vlens.data.pairs import make_pair
 from vlens.data.scene import check_seed
 from vlens.data.tasks import DEFAULT_COUNTS, make_task_sample
 from vlens.data.templates import TASKS
+from vlens.utils.provenance import stamp
 from vlens.utils.validation import check_count
 
 DATASET_KINDS: tuple[str, ...] = ("syndot", "synpoly", "synreal", "pairs", "tasks")
@@ -133,7 +134,7 @@ def generate_dataset(
     Returns the directory. The bytes written do not depend on ``workers``.
     """
     check_count(workers, "--workers")
-    out = prepare_out_dir(out_dir, overwrite, info={"kind": spec.kind, "n": spec.n, "seed": spec.seed})
+    out = prepare_out_dir(out_dir, overwrite, info=stamp({"kind": spec.kind, "n": spec.n, "seed": spec.seed}))
     unit = "pairs" if spec.kind == "pairs" else "images"
     writer = MetadataWriter(out)
     try:

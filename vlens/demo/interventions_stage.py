@@ -104,8 +104,9 @@ def provenance_note(raw, model=None) -> str:
     if not stored:
         return (" Stored table, not re-measured by this run; the file does not record when or on which weights it "
                 "was measured (measure one with `vlens study`).")
-    when = f"measured {stored.get('measured_at', 'at an unrecorded time')}"
-    commit = f" at commit {stored['commit']}" if stored.get("commit") else ""
+    when = f"measured {stored.get('written_at') or stored.get('measured_at') or 'at an unrecorded time'}"
+    commit_id = stored.get("git_commit") or stored.get("commit")
+    commit = f" at commit {commit_id}" if commit_id else ""
     match = None if model is None else same_weights(stored, model)
     weights = {True: "on the weights loaded now", False: "on OTHER weights than the ones loaded now (stale)",
                None: "on weights it does not identify"}[match]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vlens.utils.provenance import stamp
 from vlens.viz.report import Report
 
 SCHEMA_VERSION = 1
@@ -124,7 +125,7 @@ def write_outputs(sections: list[Section], out_dir: str | Path, title: str, intr
     out_dir.mkdir(parents=True, exist_ok=True)
     report_path = build_report(sections, title, intro).write(out_dir / "report.html")
     results_path = out_dir / "results.json"
-    document = results_document(sections, model, settings, timings)
+    document = stamp(results_document(sections, model, settings, timings))
     results_path.write_text(json.dumps(document, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return report_path, results_path
 

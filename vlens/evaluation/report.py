@@ -14,6 +14,7 @@ from pathlib import Path
 from vlens.evaluation.metrics import CountingMetrics
 from vlens.evaluation.runner import EvalResult, Prediction
 from vlens.utils.finite import json_safe
+from vlens.utils.provenance import stamp
 from vlens.viz.html import write_figure_html
 
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -103,7 +104,7 @@ def write_report(
     summary = result.to_dict()
     if model_name is not None:
         summary["model"] = model_name
-    paths["json"].write_text(json.dumps(json_safe(summary), indent=2, default=str, allow_nan=False) + "\n",
+    paths["json"].write_text(json.dumps(json_safe(stamp(summary)), indent=2, default=str, allow_nan=False) + "\n",
                              encoding="utf-8")
 
     figure_note = None

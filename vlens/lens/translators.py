@@ -37,6 +37,7 @@ from vlens.lens.readout import LensReadout, unembedding_hash
 from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_folder
 from vlens.utils.finite import finite_rows, warn_non_finite
+from vlens.utils.provenance import stamp
 from vlens.utils.results import Result
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.optional import require_plotly
@@ -65,6 +66,7 @@ class Translators(nn.Module):
         self.A = nn.Parameter(torch.zeros(n_layers, d_model, d_model))
         self.b = nn.Parameter(torch.zeros(n_layers, d_model))
         self.info: dict = dict(info or {})
+        self.provenance: dict | None = None  # how a loaded lens was made (vlens.utils.provenance)
 
     @classmethod
     def for_model(cls, model) -> Translators:
@@ -120,8 +122,8 @@ class Translators(nn.Module):
 
 
         with atomic_folder(folder, overwrite=overwrite, name="lens folder") as out:
-            config = {"format_version": FORMAT_VERSION, "n_layers": self.n_layers, "d_model": self.d_model,
-                      **self.info}
+            config = stamp({"format_version": FORMAT_VERSION, "n_layers": self.n_layers, "d_model": self.d_model,
+                            **self.info, "provenance": getattr(self, "provenance", None)})  # how it was made
             (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
             save_file({"A": self.A.detach().float().cpu().contiguous(),
                        "b": self.b.detach().float().cpu().contiguous()}, str(out / WEIGHTS_FILE))
@@ -139,9 +141,11 @@ class Translators(nn.Module):
         tensors = load_file(str(folder / WEIGHTS_FILE))
         n_layers, d_model = int(config.pop("n_layers")), int(config.pop("d_model"))
         config.pop("format_version", None)
+        made = config.pop("provenance", None)  # how the lens was trained (kept when it is saved again)
         if tuple(tensors["A"].shape) != (n_layers, d_model, d_model) or tuple(tensors["b"].shape) != (n_layers, d_model):
             raise ValueError(f"{folder}: tensor shapes do not match config.json ({n_layers} layers, d_model {d_model})")
         lens = cls(n_layers, d_model, config)
+        lens.provenance = made
         with torch.no_grad():
             lens.A.copy_(tensors["A"])
             lens.b.copy_(tensors["b"])

@@ -37,7 +37,7 @@ from vlens.parallel.options import SweepOptions
 from vlens.training.data import SFTExample, example_from_sample
 from vlens.training.sft import SFTConfig, train_sft
 from vlens.utils.finite import json_safe
-from vlens.utils.provenance import provenance
+from vlens.utils.provenance import provenance, stamp
 from vlens.utils.results import Result
 from vlens.utils.validation import check_count
 from vlens.viz.optional import require_plotly
@@ -246,7 +246,8 @@ class StudyResult(Result):
         """Write `study.json` and `STUDY.md` into the folder `path`; returns the folder."""
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        (out / self.filename).write_text(json.dumps(json_safe(self.to_dict()), indent=1, allow_nan=False) + "\n")
+        (out / self.filename).write_text(json.dumps(json_safe(stamp(self.to_dict())), indent=1, allow_nan=False)
+                                         + "\n")
         (out / "STUDY.md").write_text(self.report() + "\n")
         return out
 
@@ -366,7 +367,8 @@ class StudyResult(Result):
         lines.append(f"Wall time: {self.wall_time_s / 60:.1f} min.")
         if self.provenance:
             p = self.provenance
-            lines.append(f"Measured {p.get('measured_at')} (vlens {p.get('vlens_version')}, commit {p.get('commit')}, "
+            lines.append(f"Measured {p.get('written_at') or p.get('measured_at')} (vlens {p.get('vlens_version')}, "
+                         f"commit {p.get('git_commit') or p.get('commit')}, "
                          f"weights fingerprint {p.get('weights_fingerprint')}).")
         return "\n".join(lines)
 
@@ -404,7 +406,7 @@ def run_study(
         if "baseline" in settings.conditions:
             base = fresh_model()
             if not result.provenance:
-                result.provenance = provenance(base)
+                result.provenance = provenance(base, fingerprint=True)
             rows["baseline"] = evaluate(base)
         examples = (
             training_examples(settings, seed) if any(c != "baseline" for c in settings.conditions) else []

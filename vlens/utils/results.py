@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from vlens.utils.finite import json_safe
+from vlens.utils.provenance import stamp
 
 RESULTS_FILE = "results.json"
 
@@ -34,12 +35,13 @@ class Result(ABC):
         """The result's main figure (a plotly Figure; needs the `viz` extra)."""
 
     def save(self, path: str | Path) -> Path:
-        """Write `to_dict()` as strict JSON: to `path` if it ends in .json, else to
-        `path / filename` (folders are created). Returns the file written."""
+        """Write `to_dict()` as strict JSON, with its `provenance` (`vlens.utils.provenance.stamp`): to
+        `path` if it ends in .json, else to `path / filename` (folders are created). Returns the file written."""
         path = Path(path)
         target = path if path.suffix == ".json" else path / self.filename
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(json_safe(self.to_dict()), indent=1, allow_nan=False) + "\n", encoding="utf-8")
+        target.write_text(json.dumps(json_safe(stamp(self.to_dict())), indent=1, allow_nan=False) + "\n",
+                          encoding="utf-8")
         return target
 
     @classmethod

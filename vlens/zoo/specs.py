@@ -125,6 +125,7 @@ def load_model(spec: str = EMBEDDED_MODEL, *, device: Any = None, dtype: Any = N
     A bad spec raises `vlens.utils.errors.UserInputError` before anything is loaded.
     """
     from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype
+    from vlens.utils.provenance import note_model
 
     kind, target = resolve_spec(spec)
     if kind in ("embedded", "random") and from_pretrained_kwargs:
@@ -150,6 +151,7 @@ def load_model(spec: str = EMBEDDED_MODEL, *, device: Any = None, dtype: Any = N
             model = HookedVLM.from_pretrained(target, device=device, dtype=dtype, image_size=image_size,
                                               min_pixels=min_pixels, max_pixels=max_pixels, **from_pretrained_kwargs)
     logger.debug("loaded %s (%s) on %s in %s", spec, kind, model.cfg.device, model.cfg.dtype)
+    note_model(model, spec)  # as placed and cast: the provenance of every result computed with it
     return model.eval()
 
 
