@@ -16,7 +16,7 @@ import pytest
 from tests.helpers.torchrun import THEN, torchrun
 from vlens.cli import main
 
-WORLD_KEYS = {"world_size", "provenance"}  # provenance: when it was measured
+WORLD_KEYS = {"world_size", "provenance"}  # provenance: times, the --out folder, the world size
 
 
 def _strip_world(value):
@@ -52,6 +52,7 @@ def _compare(one_folder, two_folder, files=("results.json",)):
     for name in files:
         one, two = json.loads((one_folder / name).read_text()), json.loads((two_folder / name).read_text())
         assert _find_world(two) == 2 and _find_world(one) == 1, f"{name} does not record the world size"
+        assert two["provenance"]["world_size"] == 2 and one["provenance"]["world_size"] == 1
         assert_same(_strip_world(one), _strip_world(two), name)
     assert not list(two_folder.glob(".vlens-shards*")), "the resume folder is removed after a finished run"
 

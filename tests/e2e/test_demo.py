@@ -24,7 +24,7 @@ from vlens.evaluation import subitizing_limit
 
 CHROMIUM = Path("/usr/bin/chromium")
 SECTION_KEYS = [
-    "model", "key_numbers", "data", "counting_accuracy", "confusion_matrix", "attention_share", "attention_image",
+    "model", "findings", "key_numbers", "data", "counting_accuracy", "confusion_matrix", "attention_share", "attention_image",
     "attention_circuitsvis", "vap_layer_region", "vap_layer_head", "counting_circuit", "logit_lens", "headlens",
     "ablation_jaccard",
     "geometry_pca", "geometry_tsne", "interventions",
@@ -146,6 +146,37 @@ def test_report_is_self_contained(demo_run):
     assert not re.search(r'(src|href)="(https?:)?//', markup)  # nothing is fetched from the network
     assert page.count('class="plotly-graph-div"') >= 10
     assert "data:image/png;base64," in page  # the attention overlay PNG
+
+
+def test_the_paper_findings_are_decided_by_their_tests_on_the_results(demo_run):
+    from vlens.utils.stats import fisher_greater
+
+    _, results, page = demo_run
+    sections = results["sections"]
+    findings = {f["key"]: f for f in sections["findings"]["data"]["findings"]}
+    assert list(findings) == ["subitizing", "handoff", "late_logit_lens", "head_classes", "interventions",
+                              "jaccard_ordering"]
+    for finding in findings.values():
+        assert finding["verdict"] in ("shown", "not shown", "not tested") and finding["test"] and finding["evidence"]
+        assert f"{finding['name']}: {finding['verdict']}." in html.unescape(page)
+    # recompute two verdicts from the other sections' data
+    predictions = sections["counting_accuracy"]["data"]["predictions"]
+    small = [p["correct"] for p in predictions if p["target"] <= 4]
+    large = [p["correct"] for p in predictions if p["target"] > 4]
+    p_value = fisher_greater(sum(small), len(small), sum(large), len(large))
+    assert findings["subitizing"]["numbers"]["p_value"] == pytest.approx(p_value)
+    assert findings["subitizing"]["shown"] is (p_value < 0.05)
+    handover = sections["vap_layer_region"]["data"]["handover"]
+    assert handover["layer"] == sections["vap_layer_region"]["numbers"]["handover layer (final > image)"]
+    if findings["handoff"]["shown"]:
+        assert handover["present_share"] >= 0.975 and handover["image_max_before"]["low"] > 0
+    heads = sections["headlens"]["data"]["heads"]
+    stable_classes = {h["class"] for h in heads if h["stable"]}
+    four = {"visual grounding", "cross-modal routing", "counting aggregation", "awareness"}
+    if findings["head_classes"]["shown"]:
+        assert four <= stable_classes
+    if not four <= stable_classes:
+        assert findings["head_classes"]["shown"] is False
 
 
 @pytest.mark.skipif(MODEL != "tiny", reason="VLENS_DEMO_MODEL chose another model: only the embedded model's "

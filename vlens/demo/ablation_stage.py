@@ -15,13 +15,15 @@ from vlens.data import TEMPLATES
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.parallel.options import SweepOptions
-from vlens.utils.stats import format_share
+from vlens.utils.stats import format_share, p_number
 
 TITLE = "Ablation: Jaccard overlap of important heads across tasks"
 EXPLANATION = ("Mean-ablate each head alone on each task and rank heads by the drop in the answer's log-probability; "
                "cells give the Jaccard similarity of two tasks' top-k head sets (1 = same heads, 0 = disjoint). "
                "The diagonal (*) is each task's test-retest Jaccard: its own top-k set on a second, independent "
-               "sample of examples; the dashed line is the Jaccard of two random top-k sets.")
+               "sample of examples; under each value its p-value against two random top-k sets (exact "
+               "hypergeometric null; bold: significant after Holm's correction over the pairs); the dashed line is "
+               "the mean Jaccard of two random top-k sets.")
 RETEST_OFFSET = 100_000  # the second sample's seeds start here (never overlapping the first sample's)
 
 
@@ -59,8 +61,9 @@ def ablation_section(model, settings: DemoSettings, progress: bool = True) -> Se
         row = names.index("counting")
         for j, other in enumerate(names):
             if j != row:
-                numbers[f"counting vs {other} (sample 1 / 2)"] = (f"{float(stability.first[row, j]):.2f} / "
-                                                                  f"{float(stability.second[row, j]):.2f}")
+                numbers[f"counting vs {other} (sample 1 / 2)"] = (
+                    f"{float(stability.first[row, j]):.2f} / {float(stability.second[row, j]):.2f} (Holm p "
+                    f"{p_number(float(stability.first_holm[row, j]))} / {p_number(float(stability.second_holm[row, j]))})")
     findings = stability.findings(anchor="counting") if stability is not None else []
     table = [{"task": task, "asks (style; questions)": task_description(task),
               "clean acc [95% CI]": format_share(r.clean_accuracy, r.n_examples), "test-retest Jaccard": reliability.get(task),

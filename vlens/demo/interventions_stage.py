@@ -152,9 +152,11 @@ def _section_from_rows(rows: list[dict], source: str, raw, model=None) -> Sectio
     explanation = EXPLANATION + temperature_note(raw) + provenance_note(raw, model)
     definitions = {"MAE": "mean absolute error of the parsed count"} if any(
         k.endswith("MAE") for row in rows for k in row) else {}
+    stored = raw.get("provenance") if isinstance(raw, Mapping) else None
+    match = None if model is None or not stored else same_weights(stored, model)
     return Section(key="interventions", title=TITLE, explanation=explanation, figure=figure, table=_shown(rows),
                    definitions={"acc": "accuracy (share of exact answers)", **definitions}, numbers=numbers,
-                   data={"source": source, "rows": rows, "stored": raw,
+                   data={"source": source, "rows": rows, "stored": raw, "weights_match": match,
                          "seed_spread": {f"{k[0]} | {k[1]}": v for k, v in spreads.items()}})
 
 

@@ -27,8 +27,10 @@ LOGIT_EXPLANATION = ("The residual stream at the final prompt position after eac
                      "(bottom, 1 = top token; bars from the 25th to the 75th percentile) of the true count.")
 HEADLENS_TITLE = "HeadLens taxonomy (layer x head)"
 HEADLENS_EXPLANATION = ("Each head's output at the final position decoded through a per-layer translator, scored "
-                        "(visual / number tokens, image attention, answer alignment) and classified by explicit "
-                        "thresholds; the table lists every head outside 'other' (columns defined under it).")
+                        "(visual / number tokens, image attention relative to the image-token share, answer "
+                        "alignment) and classified by explicit thresholds; the table lists every head outside "
+                        "'other' with the share of bootstrap resamples of the examples that give it its class "
+                        "(columns defined under it; ? on the map: unstable).")
 
 
 def logit_lens_section(model, samples: list[CountingSample], settings: DemoSettings) -> Section:
@@ -83,6 +85,8 @@ SCORE_COLUMNS = {
                    "(colours, shapes, edges, sizes)"),
     "cter": ("CTER", "counting-token emergence rate: share of the top-10 decoded tokens that are numbers"),
     "image_attention": ("img attn", "attention mass from the final position onto the image tokens"),
+    "image_attention_ratio": ("img ratio", "image attention divided by the share of image tokens among the keys "
+                                           "(1 = uniform attention; routing needs >= 1, aggregation <= 0.25)"),
     "answer_alignment": ("align", "share of examples where the head's top-1 token is the model's own answer"),
     "existence_response": ("exist", "share of examples where the head's top-1 is an existence word "
                                     "('yes', '1', ...) while the answer is not"),
@@ -96,17 +100,34 @@ def class_summary(counts: dict[str, int]) -> tuple[list[str], list[str]]:
     return [name for name in paper if counts[name]], [name for name in paper if not counts[name]]
 
 
+def class_statement(taxonomy) -> str:
+    """Per paper class: how many heads, how many of them stable, the count's interval (from the result)."""
+    counts = taxonomy.counts()
+    parts = []
+    for name in (c for c in counts if c not in ("other", "non-finite")):
+        heads = taxonomy.heads_of(name)
+        if taxonomy.stability is None:
+            parts.append(f"{name} {len(heads)}")
+            continue
+        low, high = taxonomy.stability.counts.get(name, (0.0, 0.0))
+        parts.append(f"{name} {len(heads)} ({len(taxonomy.stable_heads_of(name))} stable; 95% interval of the "
+                     f"count {low:g}-{high:g})")
+    return "; ".join(parts)
+
+
 def headlens_section(model, settings: DemoSettings, lens_dir: Path | None = None, progress: bool = True) -> Section:
     translators, lens_info = _translators(model, settings, lens_dir, progress)
     samples = task_samples(settings.headlens_samples, seed=settings.seed, size=settings.image_size)
     scores = compute_head_scores(model, samples, HeadLens(model, translators),
                                  options=SweepOptions(batch_size=settings.batch_size, progress=progress))
-    taxonomy = classify_heads(scores)
+    taxonomy = classify_heads(scores, seed=settings.seed)
     rows = []
     for head in taxonomy.heads_json():
         if head["class"] == "other":
             continue
         row = {"head": f"L{head['layer']}H{head['head']}", "class": head["class"]}
+        if "stability" in head:
+            row["stability"] = head["stability"] if head["stable"] else f"{head['stability']:.2f} (unstable)"
         for name, (column, _) in SCORE_COLUMNS.items():
             value = head["scores"].get(name)
             row[column] = None if value is None else round(float(value), 2)
@@ -114,19 +135,27 @@ def headlens_section(model, settings: DemoSettings, lens_dir: Path | None = None
         rows.append(row)
     counts = taxonomy.counts()
     found, empty = class_summary(counts)
-    found_text = ", ".join(f"{name} ({counts[name]})" for name in found) or "none"
-    empty_text = (f"; no head on this model passes the thresholds of {', '.join(empty)}, so those classes are "
-                  "empty here") if empty else ""
-    explanation = (f"{HEADLENS_EXPLANATION} Classes found: {found_text}{empty_text} "
-                   f"({counts.get('other', 0)} heads are 'other'; scored on {scores.n_examples} task-suite examples). "
-                   "The classes come from one sample and fixed thresholds, without a second sample or intervals: "
-                   "a head whose scores sit near a threshold may change class on other examples.")
+    empty_text = (f" No head on this model passes the thresholds of {', '.join(empty)}, so those classes are empty "
+                  "here.") if empty else ""
+    unstable = 0 if taxonomy.stability is None else int(taxonomy.stability.unstable.sum())
+    share = "" if scores.image_share is None else (f" Image tokens are {scores.image_share:.0%} of the keys the final "
+                                                    "position sees, so a head attending uniformly has image "
+                                                    f"attention {scores.image_share:.2f} and ratio 1.")
+    stability_text = ("" if taxonomy.stability is None else
+                      f" {unstable} of {len(taxonomy.classes)} heads change class on more than "
+                      f"{1 - taxonomy.stability.stable_share:.0%} of {taxonomy.stability.n_resamples} bootstrap "
+                      "resamples of the examples (unstable).")
+    explanation = (f"{HEADLENS_EXPLANATION} Heads per class: {class_statement(taxonomy)} "
+                   f"({counts.get('other', 0)} heads are 'other'; scored on {scores.n_examples} task-suite "
+                   f"examples).{empty_text}{stability_text}{share}")
+    definitions = {column: meaning for column, meaning in SCORE_COLUMNS.values()}
+    definitions["stability"] = "share of bootstrap resamples of the examples that give the head this class"
     return Section(
         key="headlens", title=HEADLENS_TITLE, explanation=explanation,
         figure=taxonomy.plot(title="HeadLens classes per head"),
         table=rows or [{"head": "-", "class": "every head is 'other' under the default thresholds"}],
-        definitions={column: meaning for column, meaning in SCORE_COLUMNS.values()},
+        definitions=definitions,
         numbers={"scored examples": scores.n_examples, **{f"{name} heads": n for name, n in counts.items()},
-                 "empty classes": ", ".join(empty) or "none"},
+                 "unstable heads": unstable, "empty classes": ", ".join(empty) or "none"},
         data={"lens": lens_info, "classes_found": found, "classes_empty": empty, **taxonomy.to_dict()},
     )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.parallel.options import SweepOptions
 from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head, patch_layer_region
-from vlens.utils.stats import format_interval, format_share
+from vlens.utils.stats import bootstrap_counts, format_interval, format_share
 
 VAP_TITLE = "VAP: overwrite rate per layer and region"
 VAP_EXPLANATION = ("Patch the corrupt image's residual (entering each layer) into the clean run at the image, text, "
@@ -34,22 +35,53 @@ def handover_layer(image_rate, final_rate, layers) -> int | str:
     return "none"
 
 
-def effect_bootstrap(per_pair_ld, clean_ld, corrupt_ld, n_resamples: int = 1000, seed: int = 0):
-    """Bootstrap over pairs of the normalised patch effect of each head.
+def handover_bootstrap(result, n_resamples: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+    """The hand-off layer (`handover_layer`) of a layer x region sweep with its bootstrap interval over
+    pairs: on each resample of the pairs, the overwrite rates of the image and final regions are
+    recomputed and the hand-off found again ("none" counts as one past the last layer).
 
-    per_pair_ld: [n_heads_flat, n_pairs] patched logit differences; clean_ld / corrupt_ld: [n_pairs].
-    Returns (low [n], high [n], share of resamples in which each head has the largest effect [n]).
-    The effect is (mean patched - mean clean) / (mean corrupt - mean clean) on the resampled pairs.
+    Returns {"layer", "low", "high" (layers, or "none"), "present_share" (resamples with a hand-off),
+    "n_resamples", "level", "image_max_before", "final_max_after" (each: the largest rate on that side
+    of the hand-off with its 95% Wilson interval over pairs)}.
     """
-    generator = torch.Generator().manual_seed(seed)
-    n_pairs = per_pair_ld.shape[-1]
-    index = torch.randint(0, n_pairs, (n_resamples, n_pairs), generator=generator)
-    patched = per_pair_ld.double()[:, index].nanmean(-1)  # [n, n_resamples]
-    clean, corrupt = clean_ld.double()[index].mean(-1), corrupt_ld.double()[index].mean(-1)
-    effect = (patched - clean) / (corrupt - clean)  # [n, n_resamples]
-    low, high = torch.nanquantile(effect, torch.tensor([0.025, 0.975], dtype=torch.float64), dim=1)
-    top_share = torch.bincount(effect.nan_to_num(float("-inf")).argmax(0), minlength=effect.shape[0]) / n_resamples
-    return low, high, top_share
+    cells = list(result.cells)
+    image, final = cells.index("image"), cells.index("final")
+    rate = result["overwrite_rate"]
+    layer = handover_layer(rate[:, image], rate[:, final], result.layers)
+    draws = result.bootstrap_draws(bootstrap_counts(result.n_pairs, n_resamples, seed))["overwrite_rate"]
+    beyond = len(result.layers)  # index meaning "no hand-off"
+    after = (draws[..., final] > draws[..., image]).double()  # [n_resamples, n_layers]
+    first = torch.where(after.any(-1), after.argmax(-1), torch.tensor(beyond))
+    tail = (1 - level) / 2
+    low_index, high_index = (int(v) for v in torch.quantile(first.double(), torch.tensor(
+        [tail, 1 - tail], dtype=torch.float64), interpolation="nearest"))
+
+    def name(index: int) -> int | str:
+        return "none" if index >= beyond else int(result.layers[index])
+
+    low, high = result.rate_interval("overwrite_rate")
+
+    def best(column: int, rows: range) -> dict | None:
+        if not len(rows):
+            return None
+        at = max(rows, key=lambda r: float(rate[r, column]))
+        return {"layer": int(result.layers[at]), "rate": float(rate[at, column]), "low": float(low[at, column]),
+                "high": float(high[at, column])}
+
+    split = beyond if layer == "none" else result.layers.index(layer)
+    return {"layer": layer, "low": name(low_index), "high": name(high_index),
+            "present_share": float((first < beyond).double().mean()), "n_resamples": n_resamples, "level": level,
+            "image_max_before": best(image, range(split)), "final_max_after": best(final, range(split, beyond)),
+            "first_layer": int(result.layers[0]), "last_layer": int(result.layers[-1])}
+
+
+def top_head_share(result, n_resamples: int = 1000, seed: int = 0) -> Tensor:
+    """[n_layers, n_heads] share of bootstrap resamples of the pairs in which each head has the largest
+    patch effect (NaN effects never lead)."""
+    draws = result.bootstrap_draws(bootstrap_counts(result.n_pairs, n_resamples, seed))["patch_effect"]
+    flat = draws.flatten(1).nan_to_num(float("-inf"))
+    leaders = flat.argmax(1)[flat.max(1).values > float("-inf")]
+    return (torch.bincount(leaders, minlength=flat.shape[1]).double() / n_resamples).reshape(draws.shape[1:])
 
 
 def patching_sections(model, settings: DemoSettings, progress: bool = True) -> list[Section]:
@@ -75,9 +107,11 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
         numbers[f"{region}: max rate"] = best
         numbers[f"{region}: max rate 95% CI"] = format_interval(best, float(low[at, column]), float(high[at, column]))
         numbers[f"{region}: at layer"] = int(regions.layers[at]) if best > 0 else "none"
-    numbers["handover layer (final > image)"] = handover_layer(rate[:, list(regions.cells).index("image")],
-                                                               rate[:, list(regions.cells).index("final")],
-                                                               regions.layers)
+    handover = handover_bootstrap(regions, seed=settings.seed)
+    numbers["handover layer (final > image)"] = handover["layer"]
+    numbers["handover layer 95% interval"] = (f"{handover['low']}-{handover['high']}" if handover["low"] != handover["high"]
+                                              else str(handover["low"]))
+    numbers["handover present (bootstrap share)"] = handover["present_share"]
     note = "" if clean_accuracy > 0 else " (no clean run is correct, so every rate is 0 here)"
     as_json = regions.to_dict()
     region_section = Section(
@@ -86,18 +120,19 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
         data={**{k: as_json[k] for k in ("layers", "regions", "overwrite_rate", "flip_away_rate", "logit_diff",
                                          "patch_effect", "pair_ids", "baseline")},
               "overwrite_rate_interval": {"level": 0.95, "method": "wilson over pairs", "low": low.tolist(),
-                                          "high": high.tolist()}},
+                                          "high": high.tolist()},
+              "handover": handover},
     )
 
     heads = patch_layer_head(model, batch, region="all", options=SweepOptions(progress=progress))
     effect = heads["patch_effect"]  # [L, H]
     n_heads = effect.shape[1]
-    order = effect.nan_to_num(float("-inf")).flatten().argsort(descending=True)[:5].tolist()
+    ranked = effect.nan_to_num(float("-inf")).flatten().argsort(descending=True).tolist()
+    order = [i for i in ranked if bool(effect.flatten()[i].isfinite())][:5]  # NaN: below the noise floor
     top = [(heads.layers[i // n_heads], i % n_heads, float(effect.flatten()[i])) for i in order]
-    baseline = heads.baseline
-    assert baseline is not None  # the default answer metrics keep the unpatched runs
-    e_low, e_high, top_share = effect_bootstrap(heads.per_pair_logit_diff.flatten(0, 1), baseline.clean_logit_diff,
-                                                baseline.corrupt_logit_diff, seed=settings.seed)
+    assert heads.intervals is not None  # the sweeps add them
+    e_low, e_high = (bound.flatten() for bound in heads.intervals["patch_effect"])
+    top_share = top_head_share(heads, seed=settings.seed).flatten()
     head_rate = heads["overwrite_rate"]
     r_low, r_high = heads.rate_interval("overwrite_rate")
     at_max = int(head_rate.nan_to_num(-1.0).flatten().argmax())
@@ -107,8 +142,10 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
                                                      float(r_high.flatten()[at_max]))}
     head_numbers.update({f"#{rank + 1} L{layer}H{head}": format_interval(value, float(e_low[i]), float(e_high[i]))
                          for rank, ((layer, head, value), i) in enumerate(zip(top, order, strict=True))})
-    leader = order[0]
-    head_numbers["top head stays top (bootstrap share)"] = float(top_share[leader])
+    if heads.effect_floor is not None and not heads.effect_floor.defined:
+        head_numbers["patch effect"] = f"undefined: {heads.effect_floor.describe()}"
+    elif top:
+        head_numbers["top head stays top (bootstrap share)"] = float(top_share[order[0]])
     head_section = Section(
         key="vap_layer_head", title=HEADS_TITLE, explanation=HEADS_EXPLANATION,
         figure=heads.plot("patch_effect"), numbers=head_numbers,
@@ -117,6 +154,7 @@ def patching_sections(model, settings: DemoSettings, progress: bool = True) -> l
               "patch_effect_interval": {"level": 0.95, "method": "bootstrap over pairs (1000 resamples)",
                                         "low": e_low.reshape(effect.shape).tolist(),
                                         "high": e_high.reshape(effect.shape).tolist()},
+              "patch_effect_floor": None if heads.effect_floor is None else heads.effect_floor.to_dict(),
               "top_head_share": top_share.reshape(effect.shape).tolist()},
     )
     return [region_section, head_section]

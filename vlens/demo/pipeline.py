@@ -4,9 +4,10 @@
     outcome = run_demo("tiny", "demo_out", quick=True)   # report.html + results.json
     outcome.results["sections"]["counting_accuracy"]["numbers"]
 
-Stages: model summary -> data -> counting evaluation (subitizing curve, confusion) -> attention
-over the image -> VAP layer x region and layer x head -> the counting circuit (EAP-IG, exact
-faithfulness) -> logit lens -> HeadLens taxonomy ->
+The report opens with the paper's six findings, each shown or not shown on this model by an explicit
+test on the results below (`vlens.demo.findings`). Stages: model summary -> data -> counting
+evaluation (subitizing curve, confusion) -> attention over the image -> VAP layer x region and
+layer x head -> the counting circuit (EAP-IG, exact faithfulness) -> logit lens -> HeadLens taxonomy ->
 ablation Jaccard across tasks -> representation geometry -> interventions table.
 """
 
@@ -27,6 +28,7 @@ from vlens.demo.attention_stage import attention_sections
 from vlens.demo.circuit_stage import circuit_sections
 from vlens.demo.counting_stage import counting_sections
 from vlens.demo.data_stage import counting_samples, data_section
+from vlens.demo.findings import findings_section
 from vlens.demo.geometry_stage import geometry_sections
 from vlens.demo.interventions_stage import interventions_section
 from vlens.demo.lens_stages import SHIPPED_LENS_DIR, headlens_section, logit_lens_section
@@ -138,6 +140,7 @@ def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo"
         sections += stages.run("representation geometry", geometry_sections, hooked, samples, settings)
     sections.append(stages.run("interventions table", interventions_section, folder, stored, hooked))
     sections.insert(1, key_numbers_section(sections))
+    sections.insert(1, findings_section(sections))  # the paper's six findings, each shown or not by its test
 
     intro = (f"Model: {summary['summary']}. Settings: {'quick' if quick else 'full'} "
              f"({settings.n_count_images} counting images, {settings.n_pairs} pairs, "

@@ -148,6 +148,8 @@ KEY_CONTEXT: dict[tuple[str, str], tuple[str, ...]] = {
     ("attention_share", "top head"): ("heads within 0.01 of the top", "top head stays top (bootstrap share)"),
     ("vap_layer_region", "image: max rate"): ("image: max rate 95% CI",),
     ("counting_circuit", "circuit edges"): ("graph edges", "faithfulness 95% CI"),
+    ("vap_layer_region", "handover layer (final > image)"): ("handover layer 95% interval",
+                                                             "handover present (bootstrap share)"),
     ("ablation_jaccard", "mean off-diagonal Jaccard"): ("chance Jaccard (random top-k sets)",
                                                         "counting test-retest Jaccard"),
     ("geometry_pca", "most count-ordered layer"): ("counts 1-4 centroid accuracy", "counts >= 5 centroid accuracy"),

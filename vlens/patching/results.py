@@ -109,17 +109,12 @@ class PatchingResult(Result):
             "patch_effect": torch.where(ok, diff - b.clean_logit_diff.double(), torch.nan),
         }
 
-    def bootstrap(self, n_resamples: int = N_RESAMPLES, seed: int = 0,
-                  level: float = LEVEL) -> dict[str, tuple[Tensor, Tensor]]:
-        """Percentile bootstrap intervals over pairs of every metric in every cell.
-
-        The pairs are resampled with replacement (seeded) and each metric recomputed on the
-        resample: rates and the logit difference as means, the patch effect as the ratio of means
-        mean(LD_patched - LD_base) / mean(LD_source - LD_base), NaN in a resample whose
-        denominator falls within the full sample's noise floor. A cell whose metric is NaN gets
-        a NaN interval.
-        """
-        counts = bootstrap_counts(self.n_pairs, n_resamples, seed)
+    def bootstrap_draws(self, counts: Tensor) -> dict[str, Tensor]:
+        """Every metric recomputed on each bootstrap resample of the pairs: name -> [n_resamples,
+        n_layers, n_cells]. counts: [n_resamples, n_pairs] how often each pair is drawn
+        (`vlens.utils.stats.bootstrap_counts`). Rates and the logit difference are means over the
+        resample; the patch effect the ratio of means mean(LD_patched - LD_base) / mean(LD_source -
+        LD_base), NaN where that denominator is within the full sample's noise floor."""
         out = {}
         for name, values in self.pair_values().items():
             if name not in self.metrics:
@@ -132,20 +127,19 @@ class PatchingResult(Result):
                 denominators = resampled_means(torch.where(defined, difference, torch.nan).movedim(-1, 0), counts)
                 floor = self.effect_floor.floor if self.effect_floor is not None else 0.0
                 draws = torch.where(denominators.abs() > floor, draws / denominators, torch.nan)
+            out[name] = draws
+        return out
+
+    def bootstrap(self, n_resamples: int = N_RESAMPLES, seed: int = 0,
+                  level: float = LEVEL) -> dict[str, tuple[Tensor, Tensor]]:
+        """Percentile bootstrap intervals over pairs of every metric in every cell (`bootstrap_draws`,
+        resampled with replacement, seeded). A cell whose metric is NaN gets a NaN interval."""
+        out = {}
+        for name, draws in self.bootstrap_draws(bootstrap_counts(self.n_pairs, n_resamples, seed)).items():
             low, high = percentile_interval(draws, level)
             missing = self.metrics[name].isnan()
             out[name] = (low.masked_fill(missing, torch.nan), high.masked_fill(missing, torch.nan))
         return out
-
-    @property
-    def per_pair_logit_diff(self) -> Float[Tensor, "n_layers n_cells n_pairs"]:
-        """The answer metrics' per-pair logit difference (corrupt minus clean answer)."""
-        return self.per_pair["logit_diff"]
-
-    @property
-    def per_pair_prediction(self) -> Tensor:
-        """The answer metrics' per-pair argmax token of the patched run (-1 where not finite)."""
-        return self.per_pair["prediction"]
 
     def __getitem__(self, metric: str) -> Tensor:
         return self.metrics[metric]
