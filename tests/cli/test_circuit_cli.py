@@ -20,7 +20,8 @@ def test_circuit_command_writes_a_circuit_that_loads_back(tmp_path, capsys):
     data = json.loads((out / "results.json").read_text())
     assert data["kind"] == "circuit" and data["method"] == "eap-ig" and data["ig_steps"] == 2
     assert data["faithfulness"] >= 0.6 and data["target"] == 0.6
-    assert data["provenance"]["weights_fingerprint"] and data["model"] == "tiny" and data["world_size"] == 1
+    assert data["provenance"]["model"]["weights_digest"] and data["provenance"]["command"] == "circuit"
+    assert data["model"] == "tiny" and data["world_size"] == 1
     assert data["exact_check"]["n_edges"] == 12 and -1 <= data["exact_check"]["spearman"] <= 1
     assert set(data["image_attribution"]["scores"]) == {"gradient_x_input", "attribution_patching", "exact"}
     circuit = Circuit.load(out)

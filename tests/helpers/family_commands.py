@@ -146,4 +146,6 @@ def run_expert_commands(model: str, out: Path, image_args: Sequence[str] = ("--i
     run(["patch", "--model", model, "--make-pairs", "2", *image, "--mode", "layer-expert", "--region", "image",
          "--out", str(out / "patch-experts")])
     done["patch --mode layer-expert"] = results(out / "patch-experts")
+    for name, payload in done.items():
+        check_provenance(payload, name.split()[0], model)
     return done

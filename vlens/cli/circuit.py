@@ -96,7 +96,6 @@ def run_circuit(args: argparse.Namespace) -> int:
     from vlens.parallel.options import SweepOptions
     from vlens.patching.attribution import spearman
     from vlens.utils.finite import collect_non_finite
-    from vlens.utils.provenance import provenance
 
     model = load_model_from_args(args)
     examples = load_examples(args)
@@ -130,8 +129,7 @@ def run_circuit(args: argparse.Namespace) -> int:
             circuit.extra["image_attribution"] = attribution.to_dict()
     if not args.sharding.is_main:  # every rank holds the result; rank 0 writes it
         return non_finite_exit(problems, True, "vlens circuit")
-    circuit.extra.update({"model": args.model, "world_size": args.sharding.world_size,
-                          "provenance": provenance(model)})
+    circuit.extra.update({"model": args.model, "world_size": args.sharding.world_size})  # + provenance on write
     written = [write_results(out, circuit.to_dict()), write_figure(circuit.plot, out / CIRCUIT_FILE),
                write_figure(circuit.plot_curve, out / CURVE_FILE)]
     if attribution is not None:
