@@ -141,6 +141,16 @@ class PatchingResult(Result):
             out[name] = (low.masked_fill(missing, torch.nan), high.masked_fill(missing, torch.nan))
         return out
 
+    @property
+    def per_pair_logit_diff(self) -> Float[Tensor, "n_layers n_cells n_pairs"]:
+        """The answer metrics' per-pair logit difference (corrupt minus clean answer)."""
+        return self.per_pair["logit_diff"]
+
+    @property
+    def per_pair_prediction(self) -> Tensor:
+        """The answer metrics' per-pair argmax token of the patched run (-1 where not finite)."""
+        return self.per_pair["prediction"]
+
     def __getitem__(self, metric: str) -> Tensor:
         return self.metrics[metric]
 
