@@ -6,7 +6,9 @@ differentiated run is `model.run_with_hooks(batch.clean, ...)` (the vision tower
 
 - `exact_effect(model, batch, sender, receiver)`: the metric per pair when only the edge
   sender -> receiver is corrupted (the receiver reads its clean input + the sender's corrupt
-  minus clean output), minus the clean metric.
+  minus clean output), minus the clean metric. A head or Gated DeltaNet port's new value comes
+  from a second run whose residual entering that layer is the corrected input; a head's output
+  in a block with a post-attention norm P counts as P(A + its change) - P(A).
 - `edge_integrand(model, batch, sender, receiver, alpha)`: mean over pairs of
   (sender's corrupt - clean output) . dM/d(receiver input) in the run whose input embeddings
   (and DeepStack features) are corrupt + alpha (clean - corrupt): alpha = 1 is the EAP score,
@@ -24,7 +26,8 @@ HEAD = re.compile(r"L(\d+)H(\d+)")
 MLP = re.compile(r"MLP(\d+)")
 IMAGE = re.compile(r"img(\d+)(?:\[r(\d+)(?:-(\d+))?,c(\d+)(?:-(\d+))?\])?")
 PART = re.compile(r"img(\d+)\.(tile\[r(\d+),c(\d+)\]|[a-z]+)")
-RECEIVER = re.compile(r"L(\d+)H(\d+)(?:-(\d+))?\.(q|k|v)")
+RECEIVER = re.compile(r"L(\d+)H(\d+)(?:-(\d+))?\.(q|k|v|beta|g|gate)")
+PORT_HOOK = {"q": "q", "k": "k", "v": "v", "beta": "beta", "g": "g", "gate": "output_gate"}
 
 
 def metric(model, batch, logits):
@@ -78,9 +81,14 @@ def sender_delta(model, batch, clean, corrupt, sender: str, receiver_layer: int)
     head = HEAD.fullmatch(sender)
     if head:
         layer, h = int(head[1]), int(head[2])
-        w_o = model.blocks[layer].attn.W_O[h]
+        attn = model.blocks[layer].attn
         name = f"blocks.{layer}.attn.hook_z"
-        return (corrupt[name][:, :, h] - clean[name][:, :, h]) @ w_o
+        change = (corrupt[name][:, :, h] - clean[name][:, :, h]) @ attn.W_O[h]
+        post = getattr(model.blocks[layer], "ln1_post", None)
+        if post is None:
+            return change
+        total = torch.einsum("bphe,hed->bpd", clean[name], attn.W_O) + attn.b_O  # the attention's own output
+        return post(total + change) - post(total)
     mlp = MLP.fullmatch(sender)
     if mlp:
         name = f"blocks.{int(mlp[1])}.hook_mlp_out"
@@ -109,39 +117,68 @@ def _receiver_hooks(model, receiver: str, make_input):
     if mlp:
         layer = int(mlp[1])
         block = model.blocks[layer]
+        post = getattr(block, "ln2_post", None)  # Gemma: hook_mlp_out is after the post-MLP norm
+
+        def recompute(act, hook):
+            out = block.mlp(block.ln2(make_input(store["x"])))
+            return out if post is None else post(out)
+
         return [(f"blocks.{layer}.hook_resid_mid", lambda act, hook: store.__setitem__("x", act)),
-                (f"blocks.{layer}.hook_mlp_out", lambda act, hook: block.mlp(block.ln2(make_input(store["x"]))))]
+                (f"blocks.{layer}.hook_mlp_out", recompute)]
+    raise ValueError(f"{receiver} is a mixer port: see port_of")
+
+
+def port_of(receiver: str) -> tuple[int, str, int] | None:
+    """(layer, hook name, head index on dim 2) of a head / Gated DeltaNet port receiver, else None."""
     match = RECEIVER.fullmatch(receiver)
-    assert match, receiver
+    if match is None:
+        return None
     layer, first, kind = int(match[1]), int(match[2]), match[4]
-    block, d_head = model.blocks[layer], model.cfg.d_head
-    groups = model.cfg.n_heads // model.cfg.n_key_value_heads
-    index = first if kind == "q" else first // groups
-    projection = getattr(block.attn, f"{kind}_proj")
+    group = int(match[3]) - first + 1 if match[3] else 1
+    return layer, f"blocks.{layer}.attn.hook_{PORT_HOOK[kind]}", first // group
 
-    def replace(act, hook):
-        new = projection(block.ln1(make_input(store["x"]))).view(*act.shape[:2], -1, d_head)
-        out = act.clone()
-        out[:, :, index] = new[:, :, index]
-        return out
 
-    return [(f"blocks.{layer}.hook_resid_pre", lambda act, hook: store.__setitem__("x", act)),
-            (f"blocks.{layer}.attn.hook_{kind}", replace)]
+def port_value(model, batch, layer: int, hook: str, x, extra_hooks=()):
+    """The value of hook `hook` in a run whose residual entering layer `layer` is `x` (a second run)."""
+    store = {}
+
+    def capture(act, hook):
+        store["value"] = act
+
+    hooks = [*extra_hooks, (f"blocks.{layer}.hook_resid_pre", lambda act, hook: x.to(act.dtype)), (hook, capture)]
+    model.run_with_hooks(batch.clean, fwd_hooks=hooks)
+    return store["value"]
 
 
 def receiver_layer(model, receiver: str) -> int:
     if receiver == "logits":
         return model.cfg.n_layers
     mlp = MLP.fullmatch(receiver)
-    return int(mlp[1]) if mlp else int(RECEIVER.fullmatch(receiver)[1])
+    if mlp:
+        return int(mlp[1])
+    match = RECEIVER.fullmatch(receiver)
+    assert match, receiver
+    return int(match[1])
 
 
 def exact_effect(model, batch, sender: str, receiver: str, references=None) -> torch.Tensor:
     """[n_pairs]: metric with only sender -> receiver corrupted, minus the clean metric."""
     clean, corrupt, clean_metric, _ = references or caches(model, batch)
     delta = sender_delta(model, batch, clean, corrupt, sender, receiver_layer(model, receiver))
-    hooks = _receiver_hooks(model, receiver, lambda x: x + delta.to(x.dtype))
+    port = port_of(receiver)
     with torch.no_grad():
+        if port is None:
+            hooks = _receiver_hooks(model, receiver, lambda x: x + delta.to(x.dtype))
+        else:
+            layer, hook, index = port
+            value = port_value(model, batch, layer, hook, clean[f"blocks.{layer}.hook_resid_pre"] + delta)
+
+            def replace(act, hook):
+                out = act.clone()
+                out[:, :, index] = value[:, :, index]
+                return out
+
+            hooks = [(hook, replace)]
         logits = model.run_with_hooks(batch.clean, fwd_hooks=hooks)
     return metric(model, batch, logits) - clean_metric
 
@@ -149,23 +186,44 @@ def exact_effect(model, batch, sender: str, receiver: str, references=None) -> t
 def edge_integrand(model, batch, sender: str, receiver: str, alpha: float, references=None) -> float:
     """Mean over pairs of delta_sender . dM/dx_receiver in the run with inputs corrupt + alpha (clean - corrupt)."""
     clean, corrupt, _, _ = references or caches(model, batch)
-    delta = sender_delta(model, batch, clean, corrupt, sender, receiver_layer(model, receiver))
-    leaf = {}
-
-    def make_input(x):
-        leaf["x"] = x.detach().clone().requires_grad_(True)
-        return leaf["x"]
-
-    hooks = _receiver_hooks(model, receiver, make_input)
-    hooks.append(("hook_inputs_embeds", lambda act, hook: torch.lerp(corrupt["hook_inputs_embeds"], act, alpha)))
+    delta = sender_delta(model, batch, clean, corrupt, sender, receiver_layer(model, receiver)).detach()
+    paths = [("hook_inputs_embeds", lambda act, hook: torch.lerp(corrupt["hook_inputs_embeds"], act, alpha))]
     for layer in range(model.cfg.n_layers):
         name = f"blocks.{layer}.hook_deepstack"
         if name in clean.cache_dict:
-            hooks.append((name, lambda act, hook, name=name: torch.lerp(corrupt[name], act, alpha)))
+            paths.append((name, lambda act, hook, name=name: torch.lerp(corrupt[name], act, alpha)))
+    port = port_of(receiver)
     with torch.enable_grad():
-        logits = model.run_with_hooks(batch.clean, fwd_hooks=hooks)
+        if port is None:
+            leaf = {}
+
+            def make_input(x):
+                leaf["x"] = x.detach().clone().requires_grad_(True)
+                return leaf["x"]
+
+            logits = model.run_with_hooks(batch.clean, fwd_hooks=[*paths, *_receiver_hooks(model, receiver,
+                                                                                            make_input)])
+            metric(model, batch, logits).sum().backward()
+            return float((leaf["x"].grad * delta).sum() / batch.n_pairs)
+        # a port: dM/d(port value) in this run, then back through the port alone in a second run
+        layer, hook, index = port
+        store = {}
+
+        def keep(name):
+            def fn(act, hook):
+                store[name] = act
+                if act.requires_grad:
+                    act.retain_grad()
+            return fn
+
+        logits = model.run_with_hooks(batch.clean, fwd_hooks=[*paths, (f"blocks.{layer}.hook_resid_pre", keep("x")),
+                                                              (hook, keep("port"))])
         metric(model, batch, logits).sum().backward()
-    return float((leaf["x"].grad * delta.detach()).sum() / batch.n_pairs)
+        upstream = store["port"].grad[:, :, index]
+        x = store["x"].detach().clone().requires_grad_(True)
+        value = port_value(model, batch, layer, hook, x, paths)
+        (grad,) = torch.autograd.grad(value[:, :, index], x, grad_outputs=upstream)
+    return float((grad * delta).sum() / batch.n_pairs)
 
 
 def integrated_reference(model, batch, sender: str, receiver: str, nodes: int = 24, references=None) -> float:

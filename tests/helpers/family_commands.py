@@ -63,8 +63,8 @@ def run(argv: Sequence[str]) -> None:
 def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[str] = ("--image-size", "56"),
                       n_layers: int | None = None, n_heads: int | None = None,
                       export: bool = True, n_heads_total: int | None = None) -> dict[str, dict]:
-    """patch, logit-lens, lens train, headlens, ablate, eval, train, temperature fit/apply/export and
-    info on the model folder `model`; returns each command's results (by command name).
+    """patch, circuit, logit-lens, lens train, headlens, ablate, eval, train, temperature fit/apply/export
+    and info on the model folder `model`; returns each command's results (by command name).
 
     image_args: the flags that size the images the commands render (and the processor's budget) for
     this family; n_layers / n_heads: the model's, to check the shapes of what the commands wrote (n_heads:
@@ -78,6 +78,11 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
 
     run(["patch", "--model", model, "--make-pairs", "2", *image, "--mode", "layer-head", "--out", str(out / "patch")])
     done["patch"] = results(out / "patch")
+
+    run(["circuit", "--model", model, "--make-pairs", "2", *image, "--ig-steps", "2", "--target", "0.5",
+         "--image-nodes", "image", "--exact-check", "4", "--out", str(out / "circuit")])
+    done["circuit"] = results(out / "circuit")
+    assert done["circuit"]["kind"] == "circuit" and done["circuit"]["exact_check"]["n_edges"] == 4
 
     run(["logit-lens", "--model", model, "--data", str(data), "--out", str(out / "logit-lens")])
     done["logit-lens"] = results(out / "logit-lens")

@@ -34,6 +34,10 @@ FAMILIES = {
     "qwen3_vl_moe": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, mlp_only_layers=(0,),
                          initializer_range=0.1),
     "llava_next": dict(n_layers=2, d_model=40, n_heads=4, n_kv_heads=2, d_mlp=48, initializer_range=0.1),
+    # Gated DeltaNet layers 0 and 2 (4 value heads over 2 key heads) around a softmax layer of 3 heads
+    "qwen3_5": dict(initializer_range=0.1),
+    # sandwich norms (post-attention / post-MLP), sliding-window and global layers, a scaled embedding
+    "gemma3": dict(n_layers=3, d_model=40, n_heads=4, n_kv_heads=1, d_head=12, initializer_range=0.1),
 }
 
 
@@ -41,17 +45,22 @@ def sample_edges(graph: CircuitGraph) -> list[tuple[str, str]]:
     """Edges of every receiver kind, from input, head and MLP senders."""
     last = graph.n_layers - 1
     kv = [r.name for r in graph.receivers if r.layer == last and r.kind in ("k", "v")]
+    queries = [r.name for r in graph.receivers if r.layer == last and r.kind == "q"]
     image = graph.inputs[-1].name  # the last image node
-    edges = [(image, f"L0H{graph.n_heads - 1}.q"), (graph.inputs[1].name, kv[0]), (image, kv[-1]),
-             (image, "MLP0"), (image, "logits"), ("L0H1", f"L{last}H0.q"), ("L0H0", kv[-1]), ("MLP0", kv[0]),
-             ("L0H1", "MLP0"), (f"L{last}H1", "logits"), (f"MLP{last}", "logits"), ("MLP0", f"MLP{last}")]
+    edges = [(image, [r.name for r in graph.receivers if r.layer == 0 and r.kind == "q"][-1]),
+             (graph.inputs[1].name, kv[0]), (image, kv[-1]), (image, "MLP0"), (image, "logits"),
+             ("L0H1", queries[0]), ("L0H0", kv[-1]), ("MLP0", kv[0]), ("L0H1", "MLP0"), (f"L{last}H1", "logits"),
+             (f"MLP{last}", "logits"), ("MLP0", f"MLP{last}")]
+    # a Gated DeltaNet layer's other ports: write strength, decay, output gate
+    edges += [(image if r.layer == 0 else "L0H0", r.name) for r in graph.receivers
+              if r.kind in ("beta", "g", "gate") and r.index == 1]
     return [e for e in edges if e[0] in graph.sender_index]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request):
     model = tiny_vlm(request.param, seed=3, **FAMILIES[request.param])
-    size = 64 if request.param in ("qwen3_vl", "qwen3_vl_moe", "llava_next") else 56
+    size = 64 if request.param in ("qwen3_vl", "qwen3_vl_moe", "llava_next", "qwen3_5", "gemma3") else 56
     batch = build_pair_batch(model, [make_pair(2, 3, seed=5, size=size), make_pair(4, 2, seed=6, size=size)])
     return request.param, model, batch
 
@@ -73,7 +82,9 @@ def test_path_patch_matches_plain_hooks_and_eap_matches_gradients(family):
         assert abs(score - gradient) <= 1e-4 * abs(gradient) + 1e-9, f"{name} {sender}->{receiver}: {score} vs {gradient}"
     # the sample spans every receiver kind and edges that really move the metric
     kinds = {graph.receivers[graph.receiver_index[r]].kind for _, r in edges}
-    assert kinds == {"q", "k", "v", "mlp", "logits"}
+    assert kinds >= {"q", "k", "v", "mlp", "logits"}
+    if name == "qwen3_5":
+        assert kinds >= {"beta", "g", "gate"} and graph.layers[0].mixer == "linear_attention"
     assert float(exact.effects.abs().max()) > 1e-3
 
 
@@ -98,8 +109,11 @@ def test_no_edge_is_the_clean_run_and_every_edge_the_corrupt_run(family, image_n
     assert torch.allclose(values.corrupt, corrupt_metric, atol=1e-5 * scale + 1e-7)
 
 
-def test_a_linear_attention_decoder_is_refused_in_one_line():
-    model = tiny_vlm("qwen3_5", seed=0)  # Gated DeltaNet layers: no softmax q/k/v projections
-    batch = build_pair_batch(model, [make_pair(2, 3, seed=5, size=64)])
-    with pytest.raises(UserInputError, match="Gated DeltaNet"):
+def test_a_block_that_is_not_additive_is_refused_in_one_line():
+    model = tiny_vlm("qwen2_5_vl", seed=0, fresh=True, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2)
+    block = model.blocks[1]
+    original = block.attn.forward
+    block.attn.forward = lambda *a, **k: 2 * torch.tanh(original(*a, **k))  # no longer o_proj of the heads' z
+    batch = build_pair_batch(model, [make_pair(2, 3, seed=5, size=56)])
+    with pytest.raises(UserInputError, match="not the sum of what its heads and MLPs write"):
         edge_attribution(model, batch)

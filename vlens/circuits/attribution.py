@@ -29,6 +29,8 @@ from vlens.circuits.results import EdgeScores
 from vlens.circuits.runs import (
     CircuitMetric,
     RunRecord,
+    attention_post,
+    attention_sum,
     check_additive,
     circuit_options,
     head_outputs,
@@ -64,9 +66,11 @@ def interpolate_state(clean: RunState, corrupt: RunState, alpha: float) -> RunSt
 class SenderDeltas:
     """Corrupt-minus-clean outputs of every sender of one pair chunk, laid out for scoring.
 
-    heads_mlps: [batch, n_layers * (n_heads + 1), pos, d_model] in sender order (L0H0..L0H{H-1},
-    MLP0, L1H0, ...); inputs[m]: [batch, pos, d_model] the input nodes' delta entering layer m;
-    masks: [n_inputs, batch, pos] where each input node is.
+    heads_mlps: [batch, n_non_input_senders, pos, d_model] in sender order (L0H0..L0H{H-1}, MLP0,
+    L1H0, ...); inputs[m]: [batch, pos, d_model] the input nodes' delta entering layer m; masks:
+    [n_inputs, batch, pos] where each input node is. A head's delta is the change of what its layer
+    writes when only that head's output is the corrupt one: (z_h^corrupt - z_h^clean) W_O[h], or,
+    through a post-attention norm P (Gemma), P(A + that) - P(A) with A the clean attention output.
     """
 
     def __init__(self, model: HookedVLM, graph: CircuitGraph, batch: PairBatch, clean_state: RunState,
@@ -76,7 +80,15 @@ class SenderDeltas:
         parts = []
         for layer in range(n_layers):
             dz = (corrupt.z[layer] - clean.z[layer]).to(dtype)
-            parts.append(head_outputs(model, layer, dz).transpose(1, 2))  # [b, H, p, d]
+            delta = head_outputs(model, layer, dz)  # [b, p, H, d]
+            post = attention_post(model, layer)
+            if post is not None:  # one head corrupted at a time, through the norm: heads stacked along the batch
+                base = attention_sum(model, layer, clean.z[layer]).to(dtype)  # [b, p, d]
+                b, p, heads, d = delta.shape
+                moved = (base[:, :, None] + delta).permute(2, 0, 1, 3).reshape(heads * b, p, d)
+                written = post(moved.to(clean.final.dtype)).to(dtype).view(heads, b, p, d)
+                delta = (written - post(base.to(clean.final.dtype)).to(dtype)[None]).permute(1, 2, 0, 3)
+            parts.append(delta.transpose(1, 2))  # [b, H, p, d]
             parts.append((corrupt.mlp_out[layer] - clean.mlp_out[layer]).to(dtype).unsqueeze(1))
         self.heads_mlps = torch.cat(parts, dim=1)
         clean_in, corrupt_in = input_stages(clean_state, n_layers), input_stages(corrupt_state, n_layers)
@@ -89,9 +101,9 @@ def score_layer(graph: CircuitGraph, layer: int, grads: Tensor, deltas: SenderDe
                 weight: float) -> None:
     """Add `weight` x the scores of the receivers of `layer` (gradients [R, batch, pos, d_model] in the
     graph's order) to `out` ([batch, n_edges])."""
-    n_layers = graph.n_layers
-    first = layer * (graph.n_heads + 2 * graph.n_kv_heads + 1)
-    receivers = range(first, first + grads.shape[0]) if layer < n_layers else [len(graph.receivers) - 1]
+    receivers = graph.layer_receivers(layer)
+    if len(receivers) != grads.shape[0]:
+        raise ValueError(f"{grads.shape[0]} gradients for the {len(receivers)} receivers of layer {layer}")
     grads = grads.to(deltas.dtype)
     n_in = graph.n_inputs
     # every receiver of the layer but the MLP shares its senders; the MLP also reads this layer's heads
@@ -123,7 +135,7 @@ def _chunk_scores(model: HookedVLM, graph: CircuitGraph, batch: PairBatch, metri
     deltas: SenderDeltas | None = None
     clean_values = torch.zeros(batch.n_pairs)
     for alpha in alphas:  # alpha = 1 (the clean run) first: its record gives the senders' deltas
-        run = gradient_run(model, interpolate_state(clean_state, corrupt_state, alpha), metric)
+        run = gradient_run(model, interpolate_state(clean_state, corrupt_state, alpha), metric, graph.layers)
         if deltas is None:
             with torch.no_grad():
                 check_additive(model, clean_state, run.record)

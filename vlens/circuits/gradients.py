@@ -8,10 +8,12 @@ output:
 
     dM/dx_{q,h} = J(x -> q_proj(ln1(x))[h])^T  dM/dq_h        (x = the residual entering the layer)
 
-and likewise for each key / value head and for the MLP (x = the residual entering the MLP,
-output hook_mlp_out); for the logits it is dM/d(final residual). One backward gives dM/dq,
-dM/dk, dM/dv and dM/dmlp_out at every layer; the per-receiver products then run on the
-recorded graph, all heads of a layer at once (`is_grads_batched`).
+and likewise for each key / value head (and each port of a Gated DeltaNet layer: its
+query / key heads, values, write strength, decay and output gate, through its short
+convolution) and for the MLP (x = the residual entering the MLP, output hook_mlp_out); for the
+logits it is dM/d(final residual). One backward gives the metric's gradient at every port's
+hook and at dmlp_out; the per-receiver products then run on the recorded graph, all receivers
+of a layer at once (`is_grads_batched`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from vlens.circuits.graph import LayerSpec
 from vlens.circuits.runs import CircuitMetric, RunRecord
 from vlens.core.hooks import act_name
 from vlens.core.runtime import RunState
@@ -35,28 +38,29 @@ if TYPE_CHECKING:
 class GradientRun:
     """One forward + backward: the metric per pair [n_pairs], the run's record (detached) and
     `layers()`, which yields (layer, receiver gradients [n_receivers_of_layer, batch, pos, d_model])
-    in the graph's receiver order: the layer's q heads, k heads, v heads, then its MLP; last
-    (n_layers, the logits' gradient [1, batch, pos, d_model])."""
+    in the graph's receiver order: the layer's ports (q heads, k heads, v heads, ...), then its
+    MLP; last (n_layers, the logits' gradient [1, batch, pos, d_model])."""
 
     values: Tensor
     record: RunRecord
     _saved: dict
     _grads: dict
     _model: HookedVLM
+    _specs: list[LayerSpec]
 
     def layers(self) -> Iterator[tuple[int, Tensor]]:
         model, saved, grads = self._model, self._saved, self._grads
         cfg = model.cfg
-        n_heads, n_kv = cfg.n_heads, cfg.n_key_value_heads
         for layer in range(cfg.n_layers):
-            names = [act_name(kind, layer) for kind in ("q", "k", "v")]
+            ports = self._specs[layer].ports
+            names = [port_hook(layer, port.hook) for port in ports]
             outputs = [saved[n] for n in names]
             cotangents = []
-            n_receivers = n_heads + 2 * n_kv
+            n_receivers = sum(port.count for port in ports)
             start = 0
-            for output, name in zip(outputs, names, strict=True):
+            for output, name, port in zip(outputs, names, ports, strict=True):
                 grad = grads[name]
-                count = output.shape[2]
+                count = port.count
                 cot = output.new_zeros((n_receivers, *output.shape))
                 if grad is not None:
                     for j in range(count):
@@ -94,17 +98,25 @@ def _batched_vjp(outputs: list[Tensor], inputs: Tensor, cotangents: list[Tensor]
         if grad is None else grad
 
 
-def gradient_run(model: HookedVLM, state: RunState, metric: CircuitMetric) -> GradientRun:
+def port_hook(layer: int, hook: str) -> str:
+    """The full name of a mixer port's hook (`MixerPort.hook`: "q", "k", "v", "beta", "g", "output_gate")."""
+    return f"blocks.{layer}.attn.hook_{hook}"
+
+
+def gradient_run(model: HookedVLM, state: RunState, metric: CircuitMetric, specs: list[LayerSpec]) -> GradientRun:
     """Forward `state` (its `resid` and DeepStack features as given) with gradients, backward the
-    sum of the metric over pairs, and return the receivers' gradients lazily (`GradientRun.layers`)."""
+    sum of the metric over pairs, and return the receivers' gradients lazily (`GradientRun.layers`);
+    specs: each layer's mixer (`CircuitGraph.layers`)."""
     cfg = model.cfg
     saved: dict[str, Tensor] = {}
 
     def keep(act: Tensor, hook) -> None:
         saved[hook.name] = act
 
-    names = [act_name(kind, layer) for layer in range(cfg.n_layers)
-             for kind in ("resid_pre", "resid_mid", "q", "k", "v", "z", "mlp_out")]
+    ports = {layer: [port_hook(layer, port.hook) for port in specs[layer].ports] for layer in range(cfg.n_layers)}
+    names = [act_name(kind, layer) for layer in range(cfg.n_layers) for kind in ("resid_pre", "resid_mid", "z",
+                                                                                   "mlp_out")]
+    names += [name for layer in range(cfg.n_layers) for name in ports[layer]]
     with torch.enable_grad():
         resid = state.resid.detach().requires_grad_(True)
         with model.hooks(fwd_hooks=[(name, keep) for name in names]):
@@ -112,8 +124,7 @@ def gradient_run(model: HookedVLM, state: RunState, metric: CircuitMetric) -> Gr
         saved["final"] = final
         values = metric(model, final)[0]
         targets = {name: saved[name] for layer in range(cfg.n_layers)
-                   for name in (act_name("q", layer), act_name("k", layer), act_name("v", layer),
-                                act_name("mlp_out", layer))}
+                   for name in (*ports[layer], act_name("mlp_out", layer))}
         targets["final"] = final
         grads = dict(zip(targets, torch.autograd.grad(values.sum(), list(targets.values()), retain_graph=True,
                                                        allow_unused=True), strict=True))
@@ -122,4 +133,4 @@ def gradient_run(model: HookedVLM, state: RunState, metric: CircuitMetric) -> Gr
                        z=[saved[act_name("z", m)].detach() for m in range(cfg.n_layers)],
                        mlp_out=[saved[act_name("mlp_out", m)].detach() for m in range(cfg.n_layers)],
                        final=final.detach())
-    return GradientRun(values=values.detach(), record=record, _saved=saved, _grads=grads, _model=model)
+    return GradientRun(values=values.detach(), record=record, _saved=saved, _grads=grads, _model=model, _specs=specs)

@@ -20,6 +20,13 @@ Receivers (inputs that read the residual stream, *before* the block's norm):
     L{l}H{h}.q                     head h's queries
     L{l}H{h}.k / L{l}H{h}.v        key / value head h (one per head without grouped-query attention)
     L{l}H{a}-{b}.k / .v            with grouped-query attention: the key / value head read by heads a..b
+    L{l}H{h}.gate                  with a gated softmax attention (Qwen3.5's full-attention layers): the
+                                   gate each head's output is multiplied by (`hook_output_gate`)
+    L{l}H{a}-{b}.q / .k, L{l}H{h}.v / .beta / .g / .gate
+                                   a Gated DeltaNet layer (Qwen3.5): its query / key heads (each read by
+                                   a group of value heads), and per value head its values, write
+                                   strength, decay and output gate (`hook_q`, `hook_k`, `hook_v`,
+                                   `hook_beta`, `hook_g`, `hook_output_gate`)
     MLP{l}                         the MLP's input
     logits                         the final residual stream (what the final norm and unembedding read)
 
@@ -57,7 +64,7 @@ if TYPE_CHECKING:
 
 TOKENS = "tokens"
 LOGITS = "logits"
-RECEIVER_KINDS: tuple[str, ...] = ("q", "k", "v", "mlp", "logits")
+RECEIVER_KINDS: tuple[str, ...] = ("q", "k", "v", "beta", "g", "gate", "mlp", "logits")
 SENDER_KINDS: tuple[str, ...] = ("input", "head", "mlp")
 # how the image tokens become input nodes
 ImageNodes = str | tuple[int, int]
@@ -109,6 +116,69 @@ def image_parts(regions: TokenRegions, row: int, image: int) -> list[ImagePart]:
     return [ImagePart(r.kind, (int(r.grid[0]), int(r.grid[1])),
                       None if r.layout is None else (int(r.layout[0]), int(r.layout[1])), r.spatial)
             for r in image_records(regions, row, image)]
+
+
+@dataclass(frozen=True)
+class MixerPort:
+    """One kind of input a layer's token mixer reads from the residual: `count` receivers, receiver j
+    read by heads j*group .. (j+1)*group - 1; its value is hook `hook` (head j on dim 2)."""
+
+    kind: str
+    hook: str
+    count: int
+    group: int = 1
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """A layer's token mixer as the graph sees it: its heads (senders) and its ports (receivers)."""
+
+    n_heads: int
+    ports: tuple[MixerPort, ...]
+    mixer: str = "attention"  # or "linear_attention" (Gated DeltaNet)
+
+    @classmethod
+    def attention(cls, n_heads: int, n_kv_heads: int, gated: bool = False) -> LayerSpec:
+        """Softmax attention; `gated`: each head's output is also multiplied by a gate read from the
+        residual (Qwen3.5's full-attention layers: port "gate", `hook_output_gate`)."""
+        if n_heads % n_kv_heads:
+            raise ValueError(f"{n_heads} heads do not split into {n_kv_heads} key/value heads")
+        groups = n_heads // n_kv_heads
+        ports = (MixerPort("q", "q", n_heads), MixerPort("k", "k", n_kv_heads, groups),
+                 MixerPort("v", "v", n_kv_heads, groups))
+        return cls(n_heads, (*ports, MixerPort("gate", "output_gate", n_heads)) if gated else ports)
+
+    @classmethod
+    def linear_attention(cls, n_heads: int, n_key_heads: int) -> LayerSpec:
+        if n_heads % n_key_heads:
+            raise ValueError(f"{n_heads} value heads do not split into {n_key_heads} key heads")
+        groups = n_heads // n_key_heads
+        return cls(n_heads, (MixerPort("q", "q", n_key_heads, groups), MixerPort("k", "k", n_key_heads, groups),
+                             MixerPort("v", "v", n_heads), MixerPort("beta", "beta", n_heads),
+                             MixerPort("g", "g", n_heads), MixerPort("gate", "output_gate", n_heads)),
+                   "linear_attention")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_heads": self.n_heads, "mixer": self.mixer,
+                "ports": [[p.kind, p.hook, p.count, p.group] for p in self.ports]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LayerSpec:
+        return cls(int(data["n_heads"]), tuple(MixerPort(k, h, int(c), int(g)) for k, h, c, g in data["ports"]),
+                   str(data["mixer"]))
+
+
+def mixer_spec(model: HookedVLM, layer: int) -> LayerSpec:
+    """The graph's view of layer `layer`'s token mixer (softmax attention or Gated DeltaNet)."""
+    attn = getattr(model.blocks[layer], "attn", None)
+    if attn is not None and getattr(attn, "is_linear_attention", False) and all(
+            hasattr(attn, f"hook_{name}") for name in ("q", "k", "v", "beta", "g", "output_gate", "z")):
+        return LayerSpec.linear_attention(int(attn.n_heads), int(attn.n_key_heads))
+    if attn is None or model.cfg.is_linear_attention(layer) or not all(
+            hasattr(attn, name) for name in ("hook_q", "hook_k", "hook_v", "hook_z", "q_proj", "k_proj", "v_proj")):
+        raise UserInputError(f"layer {layer}'s token mixer is neither softmax attention with q/k/v projections nor a "
+                             "Gated DeltaNet layer: circuit graphs do not cover it")
+    return LayerSpec.attention(model.cfg.n_heads, model.cfg.n_key_value_heads, gated=hasattr(attn, "hook_output_gate"))
 
 
 @dataclass(frozen=True)
@@ -187,18 +257,23 @@ def image_input_nodes(image: int, grid: tuple[int, int], spec: ImageNodes,
 
 class CircuitGraph:
     """Nodes, receivers and edges of a decoder with `n_layers` x `n_heads` heads (`n_kv_heads` key/value
-    heads) reading `grids` images (each its merged token grid (rows, cols)).
+    heads; or each layer's own `LayerSpec`, e.g. Gated DeltaNet layers) reading `grids` images (each
+    its merged token grid (rows, cols)).
 
     Build it with `CircuitGraph.for_batch(model, batch.clean, image_nodes)` (the grids of the
     pairs' images) or directly. Attributes: `inputs`, `senders` (names), `receivers`,
-    `n_edges`; edge e joins sender `edge_sender[e]` to receiver `edge_receiver[e]`.
+    `n_edges`; edge e joins sender `edge_sender[e]` to receiver `edge_receiver[e]`; `n_heads` is
+    the most heads of any layer (`layers[l].n_heads` a layer's own).
     """
 
     def __init__(self, n_layers: int, n_heads: int, n_kv_heads: int, grids: Sequence[tuple[int, int]] = (),
-                 image_nodes: ImageNodes = "token", parts: Sequence[Sequence[ImagePart]] | None = None):
-        if n_heads % n_kv_heads:
-            raise ValueError(f"{n_heads} heads do not split into {n_kv_heads} key/value heads")
-        self.n_layers, self.n_heads, self.n_kv_heads = n_layers, n_heads, n_kv_heads
+                 image_nodes: ImageNodes = "token", parts: Sequence[Sequence[ImagePart]] | None = None,
+                 layers: Sequence[LayerSpec] | None = None):
+        self.layers = list(layers) if layers is not None else [LayerSpec.attention(n_heads, n_kv_heads)] * n_layers
+        if len(self.layers) != n_layers:
+            raise ValueError(f"{len(self.layers)} layer specs for {n_layers} layers")
+        self.n_layers, self.n_kv_heads = n_layers, n_kv_heads
+        self.n_heads = max((spec.n_heads for spec in self.layers), default=n_heads)
         self.image_nodes = parse_image_nodes(image_nodes)
         self.grids = [(int(r), int(c)) for r, c in grids]
         self.parts = [list(p) for p in parts] if parts is not None else [[ImagePart("image", g)] for g in self.grids]
@@ -209,19 +284,22 @@ class CircuitGraph:
             self.inputs += image_input_nodes(image, grid, self.image_nodes, self.parts[image])
         self.n_inputs = len(self.inputs)
         self.senders: list[str] = [node.name for node in self.inputs]
-        for layer in range(n_layers):
-            self.senders += [f"L{layer}H{h}" for h in range(n_heads)] + [f"MLP{layer}"]
+        self._bases: list[int] = []
+        for layer, spec in enumerate(self.layers):
+            self._bases.append(len(self.senders))
+            self.senders += [f"L{layer}H{h}" for h in range(spec.n_heads)] + [f"MLP{layer}"]
         self.receivers: list[Receiver] = []
-        groups = n_heads // n_kv_heads
-        for layer in range(n_layers):
+        self._receiver_starts: list[int] = []
+        for layer, spec in enumerate(self.layers):
             upstream = self.layer_base(layer)
-            self.receivers += [Receiver(f"L{layer}H{h}.q", "q", layer, h, (h,), upstream) for h in range(n_heads)]
-            for kind in ("k", "v"):
-                for j in range(n_kv_heads):
-                    heads = tuple(range(j * groups, (j + 1) * groups))
-                    label = f"L{layer}H{heads[0]}" if groups == 1 else f"L{layer}H{heads[0]}-{heads[-1]}"
-                    self.receivers.append(Receiver(f"{label}.{kind}", kind, layer, j, heads, upstream))
-            self.receivers.append(Receiver(f"MLP{layer}", "mlp", layer, 0, (), upstream + n_heads))
+            self._receiver_starts.append(len(self.receivers))
+            for port in spec.ports:
+                for j in range(port.count):
+                    heads = tuple(range(j * port.group, (j + 1) * port.group))
+                    label = f"L{layer}H{heads[0]}" if port.group == 1 else f"L{layer}H{heads[0]}-{heads[-1]}"
+                    self.receivers.append(Receiver(f"{label}.{port.kind}", port.kind, layer, j, heads, upstream))
+            self.receivers.append(Receiver(f"MLP{layer}", "mlp", layer, 0, (), upstream + spec.n_heads))
+        self._receiver_starts.append(len(self.receivers))
         self.receivers.append(Receiver(LOGITS, "logits", n_layers, 0, (), len(self.senders)))
         counts = torch.tensor([r.n_senders for r in self.receivers], dtype=torch.long)
         self.offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
@@ -232,17 +310,10 @@ class CircuitGraph:
     @classmethod
     def for_model(cls, model: HookedVLM, grids: Sequence[tuple[int, int]] = (), image_nodes: ImageNodes = "token",
                   parts: Sequence[Sequence[ImagePart]] | None = None) -> CircuitGraph:
-        """The graph of `model`'s decoder (every block: softmax attention with q/k/v hooks, then an MLP)."""
+        """The graph of `model`'s decoder (every block: softmax attention or Gated DeltaNet, then an MLP)."""
         cfg = model.cfg
-        for block in model.blocks:
-            attn = getattr(block, "attn", None)
-            if cfg.is_linear_attention(block.layer) or attn is None or not all(
-                    hasattr(attn, name) for name in ("hook_q", "hook_k", "hook_v", "hook_z", "q_proj", "k_proj",
-                                                     "v_proj")):
-                raise UserInputError(f"layer {block.layer} is not softmax attention with q/k/v projections (e.g. a "
-                                     "Gated DeltaNet layer of Qwen3.5): circuit graphs cover decoders whose every "
-                                     "block is softmax attention + MLP")
-        return cls(cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, grids, image_nodes, parts)
+        layers = [mixer_spec(model, layer) for layer in range(cfg.n_layers)]
+        return cls(cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, grids, image_nodes, parts, layers)
 
     @classmethod
     def for_batch(cls, model: HookedVLM, regions: TokenRegions, image_nodes: ImageNodes = "token") -> CircuitGraph:
@@ -270,14 +341,21 @@ class CircuitGraph:
 
     # ------------------------------------------------------------------ indices
     def layer_base(self, layer: int) -> int:
-        """Index of sender L{layer}H0 (the senders of layer `layer` start there; MLP at + n_heads)."""
-        return self.n_inputs + layer * (self.n_heads + 1)
+        """Index of sender L{layer}H0 (the senders of layer `layer` start there; its MLP follows its heads);
+        n_layers: the number of senders."""
+        return self._bases[layer] if layer < self.n_layers else len(self.senders)
 
     def head_sender(self, layer: int, head: int) -> int:
         return self.layer_base(layer) + head
 
     def mlp_sender(self, layer: int) -> int:
-        return self.layer_base(layer) + self.n_heads
+        return self.layer_base(layer) + self.layers[layer].n_heads
+
+    def layer_receivers(self, layer: int) -> range:
+        """Indices of layer `layer`'s receivers: its mixer's ports in order, then its MLP (n_layers: the logits)."""
+        if layer >= self.n_layers:
+            return range(len(self.receivers) - 1, len(self.receivers))
+        return range(self._receiver_starts[layer], self._receiver_starts[layer + 1])
 
     @cached_property
     def sender_index(self) -> dict[str, int]:
@@ -295,11 +373,13 @@ class CircuitGraph:
     def sender_kind(self, sender: int) -> str:
         if sender < self.n_inputs:
             return "input"
-        return "mlp" if (sender - self.n_inputs) % (self.n_heads + 1) == self.n_heads else "head"
+        return "mlp" if sender == self.mlp_sender(self.sender_layer(sender)) else "head"
 
     def sender_layer(self, sender: int) -> int:
         """-1 for input nodes."""
-        return -1 if sender < self.n_inputs else (sender - self.n_inputs) // (self.n_heads + 1)
+        if sender < self.n_inputs:
+            return -1
+        return max(layer for layer, base in enumerate(self._bases) if base <= sender)
 
     def edge(self, sender: str, receiver: str) -> int:
         """Index of the edge `sender->receiver` (raises UserInputError naming what does not exist)."""
@@ -393,7 +473,7 @@ class CircuitGraph:
         for r, receiver in enumerate(self.receivers):  # receivers in layer order: their senders are settled
             lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
             fed[r] = bool((keep[lo:hi] & reached[sender_of[lo:hi]]).any())
-            if receiver.kind in ("q", "k", "v") and fed[r]:
+            if receiver.kind not in ("mlp", "logits") and fed[r]:
                 for h in receiver.heads:
                     reached[self.head_sender(receiver.layer, h)] = True
             elif receiver.kind == "mlp" and fed[r]:
@@ -417,7 +497,9 @@ class CircuitGraph:
     # ------------------------------------------------------------------ saving
     def to_dict(self) -> dict[str, Any]:
         spec = self.image_nodes
+        uniform = all(spec == LayerSpec.attention(self.n_heads, self.n_kv_heads) for spec in self.layers)
         return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+                **({} if uniform else {"layers": [spec.to_dict() for spec in self.layers]}),
                 "grids": [list(g) for g in self.grids],
                 "parts": [[{"kind": p.kind, "grid": list(p.grid), "layout": None if p.layout is None else list(p.layout),
                             "spatial": p.spatial} for p in parts] for parts in self.parts],
@@ -430,9 +512,10 @@ class CircuitGraph:
             [ImagePart(p["kind"], (int(p["grid"][0]), int(p["grid"][1])),
                        None if p["layout"] is None else (int(p["layout"][0]), int(p["layout"][1])), bool(p["spatial"]))
              for p in image] for image in data["parts"]]
+        layers = None if "layers" not in data else [LayerSpec.from_dict(layer) for layer in data["layers"]]
         graph = cls(int(data["n_layers"]), int(data["n_heads"]), int(data["n_kv_heads"]),
                     [(int(g[0]), int(g[1])) for g in data["grids"]], spec if isinstance(spec, str) else tuple(spec),
-                    parts)
+                    parts, layers)
         if "n_edges" in data and int(data["n_edges"]) != graph.n_edges:
             raise ValueError(f"stored graph has {data['n_edges']} edges, rebuilt {graph.n_edges}")
         return graph

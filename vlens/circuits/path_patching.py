@@ -33,13 +33,17 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from vlens.circuits.graph import CircuitGraph, ImageNodes, Receiver
+from vlens.circuits.gradients import port_hook
+from vlens.circuits.graph import CircuitGraph, ImageNodes, MixerPort, Receiver
 from vlens.circuits.results import PathPatchResult
 from vlens.circuits.runs import (
     CircuitMetric,
+    attention_post,
+    attention_sum,
     check_additive,
     circuit_options,
     input_stages,
+    mlp_write,
     pair_batch,
     record_run,
 )
@@ -94,7 +98,9 @@ class PathPatcher:
             self.state = model.start_run(batch.clean)
             corrupt_state = model.start_run(batch.corrupt)
             self.clean = record_run(model, self.state)
-            self.corrupt = record_run(model, corrupt_state, qkv=True)
+            ports = [port_hook(layer, port.hook) for layer, spec in enumerate(graph.layers) for port in spec.ports]
+            self.corrupt = record_run(model, corrupt_state, ports)
+            self.clean_ports = record_run(model, self.state, ports).ports or {}
             check_additive(model, self.state, self.clean)
             n_layers = model.cfg.n_layers
             clean_in, corrupt_in = input_stages(self.state, n_layers), input_stages(corrupt_state, n_layers)
@@ -104,6 +110,9 @@ class PathPatcher:
             self.clean_values = metric(model, self.clean.final)[0].float().cpu()
             self.corrupt_values = metric(model, self.corrupt.final)[0].float().cpu()
         self._states: dict[int, object] = {}
+        self._inner: str | None = None  # while a mixer is rerun to recompute one port: that port's hook
+        self._caught: Tensor | None = None
+        self._fast: dict[str, bool] = {}  # port hook -> whether its projection shortcut gives the hook's value
 
     # ------------------------------------------------------------------ one patched forward
     def run(self, corrupted: Bool[Tensor, "copies n_edges"]) -> Float[Tensor, "copies n_pairs"]:
@@ -141,13 +150,12 @@ class PathPatcher:
 
         hooks: list[tuple[str, Callable]] = []
         for layer in range(start, n_layers):
-            block = model.blocks[layer]
             here = by_layer.get(layer, [])
             hooks.append((act_name("resid_pre", layer), _keeper(run["pre"], layer)))
-            for kind, projection in (("q", block.attn.q_proj), ("k", block.attn.k_proj), ("v", block.attn.v_proj)):
-                items = [a for a in here if a.receiver.kind == kind]
+            for port in self.graph.layers[layer].ports:
+                items = [a for a in here if a.receiver.kind == port.kind]
                 if items:
-                    hooks.append((act_name(kind, layer), self._qkv_hook(items, layer, kind, projection, run, copies)))
+                    hooks.append((port_hook(layer, port.hook), self._port_hook(items, layer, port, run, copies)))
             hooks.append((act_name("z", layer), _keeper(run["z"], layer)))
             hooks.append((act_name("resid_mid", layer), _keeper(run["mid"], layer)))
             mlp_items = [a for a in here if a.receiver.kind == "mlp"]
@@ -156,7 +164,7 @@ class PathPatcher:
         if start < n_layers:
             state = self._repeated(copies)
             resid = self.clean.resid_pre[start].repeat(copies, 1, 1)
-            with model.hooks(fwd_hooks=hooks):
+            with model.hooks(fwd_hooks=[(name, self._guarded(name, fn)) for name, fn in hooks]):
                 final = model.run_blocks(resid, state, start, None)
         else:
             final = self.clean.final.repeat(copies, 1, 1)
@@ -203,16 +211,27 @@ class PathPatcher:
         if bool(inputs.any()):
             weight = torch.einsum("rkn,nbp->rkbp", inputs, self.masks)
             out += weight[..., None] * self.delta_in[layer]
+        bases = torch.stack([a.corrupt_base for a in items]).to(out.device)  # [R, K]
         for source in range(model.cfg.n_layers):
             base_index = graph.layer_base(source)
             if base_index >= n_senders:
                 break
-            heads = coef[:, :, base_index:base_index + graph.n_heads]
+            heads = coef[:, :, base_index:base_index + graph.layers[source].n_heads]
             if bool(heads.any()):
-                dz = self.corrupt.z[source] - _copies(run["z"][source], copies, n)  # [K|1, n, p, H, dh]
+                run_z = _copies(run["z"][source], copies, n)  # [K|1, n, p, H, dh]
+                dz = self.corrupt.z[source] - run_z
                 weighted = dz.unsqueeze(0) * heads[:, :, None, None, :, None]
                 w_o = model.blocks[source].attn.W_O.to(weighted.device, weighted.dtype)
-                out += torch.einsum("rkbphe,hed->rkbpd", weighted, w_o)
+                shift = torch.einsum("rkbphe,hed->rkbpd", weighted, w_o)
+                post = attention_post(model, source)
+                if post is None:  # the heads add to the residual stream
+                    out += shift
+                else:  # through the post-attention norm: what the layer writes with those heads moved
+                    anchor = torch.where(bases[:, :, None, None, None],
+                                         attention_sum(model, source, self.corrupt.z[source]).unsqueeze(0),
+                                         attention_sum(model, source, run_z).unsqueeze(0))  # [R, K, n, p, d]
+                    flat = anchor.reshape(-1, *anchor.shape[3:])
+                    out += (post(flat + shift.reshape(flat.shape)) - post(flat)).view(out.shape)
             mlp_index = graph.mlp_sender(source)
             if mlp_index < n_senders:
                 mlp = coef[:, :, mlp_index]
@@ -221,10 +240,69 @@ class PathPatcher:
                     out += mlp[:, :, None, None, None] * dm.unsqueeze(0)
         return out
 
-    def _qkv_hook(self, items: list[_Active], layer: int, kind: str, projection, run: dict, copies: int):
-        block, d_head, n = self.model.blocks[layer], self.model.cfg.d_head, self.batch.n_pairs
-        assert self.corrupt.qkv is not None
-        corrupt_act = self.corrupt.qkv[kind][layer]  # [n, pos, heads, d_head]
+    def _guarded(self, name: str, fn: Callable) -> Callable:
+        """`fn` as a hook, except while a mixer is rerun to recompute one port (`_capture`): then the port's
+        hook hands its value over and stops the rerun, and every other hook lets the run pass."""
+
+        def hook(act: Tensor, hook=None):
+            if self._inner is not None:
+                if name == self._inner:
+                    self._caught = act
+                    raise _Captured
+                return None
+            return fn(act, hook)
+
+        return hook
+
+    def _capture(self, layer: int, name: str, x: Tensor) -> Tensor:
+        """The value of hook `name` when layer `layer`'s token mixer reads residual inputs `x` (copies of the
+        pairs, [copies * n, pos, d_model]): the mixer rerun up to that hook."""
+        block = self.model.blocks[layer]
+        state = self._repeated(x.shape[0] // self.batch.n_pairs)
+        self._inner, self._caught = name, None
+        try:
+            block.attn(block.ln1(x), state.cos, state.sin, state.masks, None)
+        except _Captured:
+            pass
+        finally:
+            self._inner = None
+        if self._caught is None:
+            raise RuntimeError(f"rerunning layer {layer}'s token mixer never reached {name}")
+        return self._caught
+
+    def _shortcut(self, layer: int, port: MixerPort) -> Callable[[Tensor], Tensor] | None:
+        """A softmax attention's queries / keys / values straight from its norm and projection (no rerun of
+        the attention), where that gives exactly the clean run's hook value (checked once), else None."""
+        block = self.model.blocks[layer]
+        attn: Any = block.attn  # softmax attention here (the spec says so)
+        if self.graph.layers[layer].mixer != "attention" or port.kind not in ("q", "k", "v"):
+            return None
+
+        def compute(x: Tensor) -> Tensor:
+            normed = block.ln1(x)
+            if port.kind == "q":
+                return attn.project_queries(normed)[0]
+            return getattr(attn, f"{port.kind}_proj")(normed).view(*x.shape[:2], -1, self.model.cfg.d_head)
+
+        name = port_hook(layer, port.hook)
+        if name not in self._fast:
+            expected = self.clean_ports[name]
+            try:
+                got = compute(self.clean.resid_pre[layer])
+                self._fast[name] = got.shape == expected.shape and bool(torch.allclose(got, expected, rtol=1e-5,
+                                                                                           atol=1e-6))
+            except (AttributeError, RuntimeError, TypeError):
+                self._fast[name] = False
+        return compute if self._fast[name] else None
+
+    def _port_hook(self, items: list[_Active], layer: int, port: MixerPort, run: dict, copies: int):
+        """The hook of one mixer port (hook_q / hook_k / hook_v / ...): each receiver's head of it from its
+        corrected input (softmax attention: the norm and that projection; any other mixer: rerun to it)."""
+        n = self.batch.n_pairs
+        name = port_hook(layer, port.hook)
+        assert self.corrupt.ports is not None
+        corrupt_act = self.corrupt.ports[name]  # [n, pos, heads(, d)]
+        shortcut = self._shortcut(layer, port)
 
         def hook(act: Tensor, hook=None) -> Tensor:
             out = act.clone()
@@ -233,7 +311,8 @@ class PathPatcher:
             if recompute:
                 x = self._inputs(recompute, layer, run["pre"][layer], self.corrupt.resid_pre[layer], run, copies)
                 flat = x.reshape(len(recompute) * copies * n, *x.shape[3:]).to(act.dtype)
-                new = projection(block.ln1(flat)).view(len(recompute), copies * n, act.shape[1], -1, d_head)
+                value = shortcut(flat) if shortcut is not None else self._capture(layer, name, flat)
+                new = value.reshape(len(recompute), copies * n, *act.shape[1:])
             for item in items:
                 j = item.receiver.index
                 i = next((i for i, other in enumerate(recompute) if other is item), 0)
@@ -248,12 +327,12 @@ class PathPatcher:
         return hook
 
     def _mlp_hook(self, item: _Active | None, layer: int, run: dict, copies: int):
-        block, n = self.model.blocks[layer], self.batch.n_pairs
+        n = self.batch.n_pairs
 
         def compute() -> Tensor:
             assert item is not None
             x = self._inputs([item], layer, run["mid"][layer], self.corrupt.resid_mid[layer], run, copies)[0]
-            return block.mlp(block.ln2(x.reshape(copies * n, *x.shape[2:]).to(self.clean.final.dtype)))
+            return mlp_write(self.model, layer, x.reshape(copies * n, *x.shape[2:]).to(self.clean.final.dtype))
 
         def hook(act: Tensor, hook=None) -> Tensor:
             if item is not None:
@@ -262,6 +341,10 @@ class PathPatcher:
             return act
 
         return hook
+
+
+class _Captured(Exception):
+    """Stops a mixer's rerun once the port being recomputed has its value (`PathPatcher._capture`)."""
 
 
 def _keeper(store: dict[int, Tensor], layer: int):

@@ -59,7 +59,7 @@ def graph_edges(graph: CircuitGraph, indices: Sequence[int], scores: Tensor) -> 
     out = []
     for e in indices:
         receiver = graph.receivers[int(graph.edge_receiver[e])]
-        if receiver.kind in ("q", "k", "v"):
+        if receiver.kind not in ("mlp", "logits"):
             targets = tuple(f"L{receiver.layer}H{h}" for h in receiver.heads)
         else:
             targets = (receiver.name,)

@@ -13,7 +13,7 @@ not additive (e.g. a norm after the attention) is refused instead of scored wron
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +43,8 @@ class RunRecord:
 
     resid_pre[m], resid_mid[m]: [batch, pos, d_model] what layer m's attention / MLP read
     (before the norm); final: [batch, pos, d_model] the last block's output; z[m]:
-    [batch, pos, n_heads, d_head]; mlp_out[m]: [batch, pos, d_model]; qkv (when recorded):
-    "q" / "k" / "v" -> per layer hook_q / hook_k / hook_v.
+    [batch, pos, n_heads, d_head]; mlp_out[m]: [batch, pos, d_model]; ports (when recorded): hook
+    name -> the activation of each port hook of the graph's mixers (hook_q / hook_k / hook_v, ...).
     """
 
     resid_pre: list[Tensor]
@@ -52,29 +52,29 @@ class RunRecord:
     z: list[Tensor]
     mlp_out: list[Tensor]
     final: Tensor
-    qkv: dict[str, list[Tensor]] | None = None
+    ports: dict[str, Tensor] | None = None
 
 
 def record_names(n_layers: int) -> list[str]:
     return [act_name(kind, layer) for layer in range(n_layers) for kind in ("resid_pre", "resid_mid", "z", "mlp_out")]
 
 
-def record_run(model: HookedVLM, state: RunState, qkv: bool = False) -> RunRecord:
-    """Run the decoder on `state` and keep what the graph reads and writes (and hook_q/k/v with `qkv`)."""
+def record_run(model: HookedVLM, state: RunState, ports: Sequence[str] = ()) -> RunRecord:
+    """Run the decoder on `state` and keep what the graph reads and writes (and the hooks `ports`)."""
     store: dict[str, Tensor] = {}
 
     def keep(act: Tensor, hook) -> None:
         store[hook.name] = act
 
     n_layers = model.cfg.n_layers
-    names = record_names(n_layers) + ([act_name(k, m) for m in range(n_layers) for k in "qkv"] if qkv else [])
+    names = record_names(n_layers) + list(ports)
     with model.hooks(fwd_hooks=[(name, keep) for name in names]):
         final = model.run_blocks(state.resid, state)
     return RunRecord(resid_pre=[store[act_name("resid_pre", m)] for m in range(n_layers)],
                      resid_mid=[store[act_name("resid_mid", m)] for m in range(n_layers)],
                      z=[store[act_name("z", m)] for m in range(n_layers)],
                      mlp_out=[store[act_name("mlp_out", m)] for m in range(n_layers)], final=final,
-                     qkv={k: [store[act_name(k, m)] for m in range(n_layers)] for k in "qkv"} if qkv else None)
+                     ports={name: store[name] for name in ports} if ports else None)
 
 
 def deepstack_added(state: RunState, layer: int, like: Tensor) -> Tensor | None:
@@ -98,31 +98,60 @@ def input_stages(state: RunState, n_layers: int) -> list[Tensor]:
     return stages
 
 
-def head_outputs(model: HookedVLM, layer: int, z: Tensor) -> Float[Tensor, "batch pos n_heads d_model"]:
-    """Each head's write into the residual stream, z_h W_O[h] (no bias)."""
+def head_outputs(model: HookedVLM, layer: int, z: Tensor) -> Float[Tensor, "... pos n_heads d_model"]:
+    """Each head's output z_h W_O[h] (no bias), from z [..., pos, n_heads, d_head]."""
     w_o = model.blocks[layer].attn.W_O  # [n_heads, d_head, d_model]
-    return torch.einsum("bphe,hed->bphd", z, w_o.to(z.device, z.dtype))
+    return torch.einsum("...he,hed->...hd", z, w_o.to(z.device, z.dtype))
 
 
 def additive_tolerance(dtype: torch.dtype) -> float:
     return 1e-4 if dtype in (torch.float32, torch.float64) else 3e-2
 
 
+def attention_post(model: HookedVLM, layer: int) -> Callable[[Tensor], Tensor] | None:
+    """What maps a layer's attention output (its heads' z_h W_O[h] summed, + b_O) to what the layer adds
+    to the residual stream: None (nothing: a pre-norm block) or the block's post-attention norm
+    (`ln1_post`, Gemma's sandwich blocks)."""
+    return getattr(model.blocks[layer], "ln1_post", None)
+
+
+def attention_sum(model: HookedVLM, layer: int, z: Tensor) -> Tensor:
+    """[..., pos, d_model]: a layer's attention output before any post-norm, sum_h z_h W_O[h] + b_O."""
+    attn = model.blocks[layer].attn
+    return head_outputs(model, layer, z).sum(-2) + attn.b_O.to(z.device, z.dtype)
+
+
+def attention_write(model: HookedVLM, layer: int, z: Tensor) -> Tensor:
+    """What the layer's attention adds to the residual stream, from its heads' outputs `z`."""
+    post = attention_post(model, layer)
+    total = attention_sum(model, layer, z)
+    return total if post is None else post(total)
+
+
+def mlp_write(model: HookedVLM, layer: int, x: Tensor) -> Tensor:
+    """What layer `layer`'s MLP adds to the residual stream (its `hook_mlp_out`) when it reads residual `x`:
+    mlp(ln2(x)), then the post-MLP norm where the block has one (`ln2_post`, Gemma)."""
+    block = model.blocks[layer]
+    out = block.mlp(block.ln2(x))
+    post = getattr(block, "ln2_post", None)
+    return out if post is None else post(out)
+
+
 def check_additive(model: HookedVLM, state: RunState, record: RunRecord) -> None:
-    """Raise if the final residual is not inputs + sum of head outputs + b_O + MLP outputs (+ DeepStack)."""
+    """Raise if the final residual is not inputs + each layer's attention write (its heads' outputs + b_O,
+    through a post-norm where the block has one) + MLP outputs (+ DeepStack)."""
     final = record.final
     total = input_stages(state, model.cfg.n_layers)[-1].to(final.device, torch.float32)
     for layer in range(model.cfg.n_layers):
-        attn = model.blocks[layer].attn
         z = record.z[layer].to(final.device)
-        total = total + head_outputs(model, layer, z.float()).sum(2) + attn.b_O.to(final.device, torch.float32)
+        total = total + attention_write(model, layer, z).float()
         total = total + record.mlp_out[layer].to(final.device, torch.float32)
     scale = float(final.float().abs().max().clamp_min(1e-6))
     error = float((total - final.float()).abs().max()) / scale
     if not error <= additive_tolerance(final.dtype):
         raise UserInputError(
-            f"this model's residual stream is not the sum of its heads' and MLPs' outputs (relative error "
-            f"{error:.2e}): circuit graphs need pre-norm blocks (resid + attn(ln1(resid)) + mlp(ln2(...))) whose "
+            f"this model's residual stream is not the sum of what its heads and MLPs write (relative error "
+            f"{error:.2e}): circuit graphs need blocks resid + [post-norm](attn(ln1(resid))) + mlp(ln2(...)) whose "
             "attention output is o_proj of the heads' hook_z; this family's blocks are built otherwise")
 
 
