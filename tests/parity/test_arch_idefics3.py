@@ -246,3 +246,15 @@ def test_image_size_sets_the_longest_edge():
     processor = configure_resolution(tiny_idefics3_processor(sub_image=24, patch_size=4, scale_factor=3), image_size=96)
     out = processor(text=["<image>"], images=[[random_image(200, 100, 1)]], return_tensors="pt")
     assert out["pixel_values"].shape[1] == 4 * 2 + 1  # 96 x 48 -> 4 x 2 sub-images and the global image
+
+
+def test_focus_prior_lands_on_the_sub_image_that_holds_the_object():
+    """An object in the right third of a 90 x 30 image (1 x 3 sub-images, placed by their tags) puts its
+    sub-image mass on (0, 2) and almost none on (0, 0); the global image gets its share."""
+    from vlens.interventions.focus import focus_prior
+
+    hf, model = _pair("idefics3_s24_p4_x3")
+    inputs = model.prepare(images=[random_image(90, 30, 1)], prompts=["red"])
+    weights = focus_prior(inputs, [[([(80.0, 15.0)], (90, 30))]], model=model).weights[0]
+    mass = {r.layout or r.kind: float(weights[r.positions].sum()) for r in inputs.regions.tiles[0][0]}
+    assert mass[(0, 2)] > 5 * mass[(0, 1)] and mass[(0, 0)] < 1e-3 and mass["base"] > 0.2

@@ -202,3 +202,52 @@ def test_image_size_bounds_the_tiles():
     assert out["pixel_values"].shape[0] == 4 + 1  # 1 x 4 tiles and the thumbnail
     with pytest.raises(UserInputError, match="smaller than one tile"):
         configure_resolution(tiny_internvl_processor(tile=24, patch_size=6), image_size=20)
+
+
+def test_a_qwen3_decoder_with_query_norms_matches_hf():
+    """InternVL3.5's text model is Qwen3 (per-head q/k RMSNorm, head_dim from the config)."""
+    from vlens import HookedVLM
+    from vlens.testing import tiny_internvl_model, tiny_internvl_processor
+
+    hf = tiny_internvl_model(seed=11, text_model="qwen3", head_dim=12, d_model=40, n_heads=5, n_kv_heads=1, tile=24,
+                             patch_size=6)
+    model = HookedVLM.from_hf(hf, processor=tiny_internvl_processor(tile=24, patch_size=6, max_patches=3))
+    assert model.cfg.qk_norm and model.cfg.d_head == 12
+    cases = input_matrix(model, SIZES)
+    assert_logits_match(model, hf, {k: cases[k] for k in ("two_images_different_sizes", "left_padded_batch")})
+    assert_scores_edit_matches_scaling_q(model, hf, cases["left_padded_batch"], layer=1, head=3)
+    assert_generate_matches_hf(model, hf, cases["left_padded_batch"])
+
+
+def test_selecting_rows_of_a_batch_keeps_each_images_tiles():
+    """pixel_values concatenates every image's tiles: selecting rows (`PairBatch.select`, as patching does) keeps
+    each chosen image's own tiles and image_sizes, so the chosen rows' logits are the batch's."""
+    from vlens.patching.pairs import PairBatch
+
+    hf, model = _pair("qwen2_t24_p6")
+    batch = model.prepare(images=[random_image(90, 30, 1), random_image(24, 24, 2),
+                                  [random_image(30, 80, 3), random_image(50, 50, 4)]], prompts=["red", "blue", "yes"])
+    assert batch.pixel_entries == [4, 1, 4, 5]  # 1 x 3 + thumbnail, 1, 3 x 1 + thumbnail, 2 x 2 + thumbnail
+    tokens = torch.zeros(3, dtype=torch.long)
+    pairs = PairBatch(pair_ids=["a", "b", "c"], clean=batch, corrupt=batch, clean_tokens=tokens, corrupt_tokens=tokens,
+                      clean_answers=["1"] * 3, corrupt_answers=["2"] * 3, answer_prefix_len=[0] * 3)
+    chosen = pairs.select([2, 0]).clean
+    assert chosen.pixel_entries == [4, 5, 4]
+    assert chosen.extra["image_sizes"].tolist() == [[80, 30], [50, 50], [30, 90]]
+    with torch.no_grad():
+        torch.testing.assert_close(model(chosen), model(batch)[[2, 0]], atol=1e-4, rtol=0)
+    assert [[r.layout_grid for r in records if r.kind == "tile"] for records in chosen.regions.tiles[0]] == \
+        [[(3, 1)] * 3, [(2, 2)] * 4]
+
+
+def test_focus_prior_lands_on_the_tile_that_holds_the_object():
+    """L_focus's prior on a split image: an object in the left third of a 90 x 30 image (1 x 3 tiles) puts its
+    tile mass on tile (0, 0), a little on its neighbour (the Gaussian continues), almost none (the Gaussian tail) on the far tile."""
+    from vlens.interventions.focus import focus_prior
+
+    hf, model = _pair("qwen2_t24_p6")
+    inputs = model.prepare(images=[random_image(90, 30, 1)], prompts=["red"])
+    weights = focus_prior(inputs, [[([(10.0, 15.0)], (90, 30))]], model=model).weights[0]
+    mass = {r.layout or r.kind: float(weights[r.positions].sum()) for r in inputs.regions.tiles[0][0]}
+    assert mass[(0, 0)] > 5 * mass[(0, 1)] and mass[(0, 2)] < 1e-3 and mass["base"] > 0.2
+    assert abs(sum(mass.values()) - 1) < 1e-9

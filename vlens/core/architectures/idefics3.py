@@ -102,7 +102,6 @@ class _Tags:
 
     fake: int | None = None
     global_image: int | None = None
-    newline: int | None = None
     tiles: dict[int, tuple[int, int]] = field(default_factory=dict)  # <row_r_col_c> id -> (r - 1, c - 1)
 
 
@@ -152,7 +151,7 @@ class Idefics3Adapter(LlavaAdapter):
         self.tags = _Tags(fake=token_id(getattr(processor, "fake_image_token", "<fake_token_around_image>")),
                           global_image=token_id(getattr(processor, "global_image_tag", None) or
                                                 getattr(processor, "global_image_token", "<global-img>")),
-                          newline=token_id("\n"), tiles=tiles)
+                          tiles=tiles)
 
     # ---- vision ----
     def build_vision(self, hf_model: HFModule) -> HookedVisionTower:
@@ -332,10 +331,9 @@ def _image_marks(frames: list[_Frame], row: Tensor, tags: _Tags) -> list[ImageTi
             add("global_tag", frame.start - 1)
         elif k < len(cells) and cells[k] is not None:
             add("tile_tag", frame.start - 1, cells[k], layout_grid)
-        if k + 1 < len(frames):  # the newlines after a tile row (before the next boundary token)
+        if k + 1 < len(frames):  # what the processor writes after a tile row: "\n" (and "\n" before the global image)
             for position in range(frame.end, frames[k + 1].start - 2):
-                if tags.newline is not None and int(row[position]) == tags.newline:
-                    add("newline", position)
+                add("newline", position)
         elif frame.end < len(row) and int(row[frame.end]) == tags.fake:
             add("boundary", frame.end)
     return sorted(marks, key=lambda m: int(m.positions[0]))

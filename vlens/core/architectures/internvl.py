@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from PIL import Image
 from torch import Tensor
 from transformers import InternVLProcessor
 from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
@@ -85,9 +86,8 @@ class InternVLImageTextProcessor(InternVLProcessor):
             raise UserInputError("vlens runs InternVL on images only: pass video frames as images")
         out = super().__call__(images=images, text=text, **kwargs)
         if images is not None:
-            flat = _flat_images(images)
-            sizes = [_image_hw(image) for image in flat]
-            out["image_sizes"] = torch.tensor(sizes, dtype=torch.long)
+            sizes = [list(_image_hw(image)) for image in _flat_images(images)]
+            out["image_sizes"] = torch.tensor(sizes, dtype=torch.long) if kwargs.get("return_tensors") == "pt" else sizes
         return out
 
 
@@ -99,8 +99,8 @@ def _flat_images(images) -> list:
 
 def _image_hw(image) -> tuple[int, int]:
     """(height, width) of a PIL image, an array [H, W, C] / [C, H, W] or a tensor [C, H, W]."""
-    if hasattr(image, "size") and not callable(image.size) and len(image.size) == 2:  # PIL: (width, height)
-        return int(image.size[1]), int(image.size[0])
+    if isinstance(image, Image.Image):
+        return int(image.height), int(image.width)
     shape = tuple(image.shape)
     if len(shape) == 3 and shape[0] in (1, 3, 4) and shape[-1] not in (1, 3, 4):
         return int(shape[1]), int(shape[2])

@@ -79,7 +79,7 @@ class LlavaAdapter(ArchitectureAdapter):
             rope_kind="1d",
             layer_types=layer_types,
             sliding_window=window,
-            qk_norm=False,
+            qk_norm=getattr(attn, "q_norm", None) is not None,  # a Qwen3 text model (InternVL3.5)
             attn_qkv_bias=attn.q_proj.bias is not None,
             attn_out_bias=attn.o_proj.bias is not None,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
