@@ -12,7 +12,7 @@ from tests.helpers.faults import run_cli
 @pytest.mark.parametrize(("argv", "needle"), [
     (["logit-lens", "--make", "2", "--out", ""], "argument --out: is empty"),
     (["data", "syndot", "--n", "2", "--out", " "], "argument --out: is empty"),
-    (["train", "--data", "d", "--out", ""], "argument --out: is empty"),
+    (["train", "--data", ".", "--out", ""], "argument --out: is empty"),
     (["eval", "--data", "", "--out", "o"], "argument --data: is empty"),
     (["logit-lens", "--make", "2", "--image-size", "100000", "--out", "o"],
      "argument --image-size: must be an integer in [28, 4096]"),
@@ -35,7 +35,7 @@ def test_flags_that_depend_on_each_other_fail_before_anything_runs(tmp_path, cap
     monkeypatch.chdir(tmp_path)
     for argv, needle in ((["logit-lens", "--make", "2", "--min-pixels", "9000", "--max-pixels", "5000", "--out", "o"],
                           "--min-pixels 9000 is larger than --max-pixels 5000"),
-                         (["eval", "--data", "d", "--image-size", "56", "--max-pixels", "5000", "--out", "o"],
+                         (["eval", "--data", ".", "--image-size", "56", "--max-pixels", "5000", "--out", "o"],
                           "give one of them"),
                          (["logit-lens", "--make", "2", "--model", "./nope", "--out", "o"], "no such folder")):
         code, err = run_cli(argv, capsys)

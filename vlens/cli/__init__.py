@@ -75,7 +75,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     add_output_flags(parser, top_level=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     wanted = None if argv is None else _command_name(argv)
+    known = wanted in {command.name for command in COMMANDS}
     for command in COMMANDS:
+        if known and command.name != wanted:
+            continue  # `vlens CMD ...` parses CMD's arguments only: the other parsers are not needed
         sub = commands.add_parser(command.name, help=command.help, description=_sentence(command.help))
         if wanted is None or wanted == command.name:
             _configure(command, sub)
@@ -124,9 +127,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Nothing raises out of here but SystemExit (argparse's own usage errors, exit 2): a failure
     while the parser is built or the arguments are read is one line too (`vlens.cli.console`)."""
-    from vlens.cli.console import report_failure, run_command
+    from vlens.cli.early_checks import missing_input
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    missing = missing_input(argv)  # before anything heavier is imported (vlens.cli.early_checks)
+    if missing is not None:
+        sys.stderr.write(f"{missing[0]}: error: {missing[1]}\n")  # print_error's line, without importing it
+        return 2
+    from vlens.cli.console import report_failure, run_command
+
     try:
         parser = build_parser(argv)
         _check_renamed(parser, argv)

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from vlens.cli.console import echo, non_finite_exit
-from vlens.cli.dataset_options import add_data_arguments, load_data_arg
+from vlens.cli.dataset_options import add_data_arguments, load_data_arg, mark_input_paths
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -78,10 +78,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retest-seed", type=arg_int(min=0), default=None,
                         help="also sweep a second evaluation set from this seed and report, per task, the Jaccard "
                              "of the two top-k sets (reliability); use a seed >= seed + n-examples")
-    parser.add_argument("--patching", type=arg_path, default=None,
+    patching = parser.add_argument("--patching", type=arg_path, default=None,
                         help="results.json of a `vlens patch --mode layer-head` (or atp) run, or any JSON with a head "
                              "score grid or head list, optionally per task: also report its Jaccard with each "
                              "task's ablation set")
+    mark_input_paths(parser, patching.dest)
     parser.add_argument("--patching-metric", default=None,
                         help="grid of the patching JSON that ranks heads (default patch_effect, then overwrite_rate)")
     add_out(parser, f"{RESULTS_FILE}, {REPORT_HTML}, {SUMMARY_MD}")

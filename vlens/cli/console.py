@@ -22,7 +22,6 @@ import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 
-from vlens.cli.failures import INTERRUPTED_STATUS, explain
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import NON_FINITE_EXIT
 
@@ -150,6 +149,8 @@ def report_failure(prog: str, error: BaseException, verbose: int | bool = 0) -> 
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return BROKEN_PIPE_STATUS
+    from vlens.cli.failures import INTERRUPTED_STATUS, explain  # on failure only: a command starts lighter
+
     failure = explain(error)
     if failure.status == INTERRUPTED_STATUS:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
@@ -172,14 +173,18 @@ def run_command(args: argparse.Namespace) -> int:
     rank with one line saying what happened.
     """
     from vlens.cli.options import check_args
+
+    prog = getattr(args, "command_prog", "vlens")
+    verbose = getattr(args, "verbose", 0)
+    try:  # before torch is imported (vlens.parallel imports it): a bad flag or path fails at once
+        check_args(args)
+    except (Exception, KeyboardInterrupt) as error:
+        return report_failure(prog, error, verbose)
     from vlens.parallel.command import CommandExit, done, run_settings, run_store, sharded_command
     from vlens.parallel.quiet import other_ranks_quiet
     from vlens.utils.provenance import note_run, seeds_of
 
-    prog = getattr(args, "command_prog", "vlens")
-    verbose = getattr(args, "verbose", 0)
     try:
-        check_args(args)
         with sharded_command(prog, getattr(args, "shardable", False)) as sharding:
             args.sharding = sharding
             note_run(seeds_of(vars(args)), world_size=sharding.world_size)  # for the results' provenance

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vlens.cli.early_checks import missing_message
+from vlens.utils.errors import UserInputError
 from vlens.utils.validation import arg_path
 
 # the names of vlens.datasets.DATA_FORMATS (a test keeps them equal)
@@ -25,14 +27,33 @@ def add_data_arguments(parser: argparse.ArgumentParser, flag: str = "--data", mu
     """``flag`` (one path, or several with ``multiple``), ``--format``, ``--split``, ``--image-dir``,
     ``--skip-missing``. ``group``: a mutually exclusive group to put ``flag`` in."""
     target = group if group is not None else parser
-    target.add_argument(flag, nargs="+" if multiple else None, type=arg_path, required=required,
-                        metavar="PATH", help=help or "dataset file or folder (see --format)")
+    action = target.add_argument(flag, nargs="+" if multiple else None, type=arg_path, required=required,
+                                 metavar="PATH", help=help or "dataset file or folder (see --format)")
     parser.add_argument("--format", dest="data_format", choices=DATA_FORMATS, default=None, help=FORMAT_HELP)
     parser.add_argument("--split", default=None, help="split of a save_to_disk DatasetDict folder (e.g. test)")
-    parser.add_argument("--image-dir", type=arg_path, default=None,
-                        help="folder relative image paths are in (default: the data file's folder)")
+    image_dir = parser.add_argument("--image-dir", type=arg_path, default=None,
+                                    help="folder relative image paths are in (default: the data file's folder)")
+    mark_input_paths(parser, action.dest, image_dir.dest)
     parser.add_argument("--skip-missing", action="store_true",
                         help="skip rows whose image file is missing (listed in the output) instead of stopping")
+
+
+def mark_input_paths(parser: argparse.ArgumentParser, *dests: str) -> None:
+    """Record that the arguments `dests` name files or folders that must exist: `check_input_paths`
+    (run before the command starts, so before torch is imported) refuses a missing one in one line."""
+    known = tuple(parser.get_default("input_paths") or ())
+    parser.set_defaults(input_paths=known + tuple(d for d in dests if d not in known))
+
+
+def check_input_paths(args: argparse.Namespace) -> None:
+    """Every input path the command's arguments name (`mark_input_paths`) exists, else one
+    `UserInputError` naming the flag and the path: a misspelt --data fails in the time the
+    interpreter takes to start, not after the model has loaded."""
+    for dest in getattr(args, "input_paths", ()) or ():
+        value = getattr(args, dest, None)
+        for path in value if isinstance(value, (list, tuple)) else [value]:
+            if path is not None and not Path(path).expanduser().exists():
+                raise UserInputError(missing_message("--" + dest.replace("_", "-"), str(path)))
 
 
 def load_data_arg(args: argparse.Namespace, path: Path, limit: int | None = None):

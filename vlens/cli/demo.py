@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from vlens.cli.dataset_options import mark_input_paths
 from vlens.cli.options import (
     RESULTS_FILE,
     add_model_options,
@@ -30,9 +31,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_out(parser, f"{REPORT_FILE} and {RESULTS_FILE}", default=DEFAULT_OUT)
     parser.add_argument("--quick", action="store_true",
                         help="small sizes: well under 5 minutes on 2 CPU cores (about 35 s with the embedded model)")
-    parser.add_argument("--interventions", default=None, metavar="FILE",
+    stored = parser.add_argument("--interventions", default=None, metavar="FILE",
                         help="stored interventions JSON (default: interventions.json or study.json in the model "
                              "folder); `vlens study --out DIR` measures one: DIR/study.json")
+    mark_input_paths(parser, stored.dest)
     parser.add_argument("--threads", type=arg_int(min=1), default=1,
                         help="torch CPU threads (default 1: the tiny models gain nothing from more and run several "
                              "times faster with 1 on a busy machine; raise it for a large model on CPU)")

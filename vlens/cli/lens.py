@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 
 from vlens.cli.console import echo, non_finite_exit
-from vlens.cli.dataset_options import add_data_arguments, load_data_arg
+from vlens.cli.dataset_options import add_data_arguments, load_data_arg, mark_input_paths
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -82,12 +82,13 @@ def configure_headlens(head: argparse.ArgumentParser) -> None:
     _data_args(head)
     add_out(head, f"{RESULTS_FILE} (per head: scores, class, top tokens), {TAXONOMY_MD}, {TAXONOMY_HTML}; "
                   f"with a lens trained here also {LENS_DIR}/ and {LENS_KL}")
-    head.add_argument("--lens", default=None, help="a trained lens folder; default: train one first")
+    lens = head.add_argument("--lens", default=None, help="a trained lens folder; default: train one first")
     head.add_argument("--lens-make", type=arg_int(min=1), default=300,
                       help="task samples to train the lens on when --lens is not given (default 300)")
-    head.add_argument("--lens-data", type=arg_path, default=None,
+    lens_data = head.add_argument("--lens-data", type=arg_path, default=None,
                       help="a dataset to train the lens on instead (read with the --format / --split / --image-dir "
                            "options; at most --lens-make rows); use rows other than --data's")
+    mark_input_paths(head, lens.dest, lens_data.dest)
     _train_args(head, prefix="lens-")
     head.add_argument("--k", type=arg_int(min=1), default=10, help="top-k tokens per head (default 10)")
     head.add_argument("--vocab", default=None,

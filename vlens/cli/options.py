@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vlens.cli.dataset_options import check_input_paths
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import arg_int, arg_path, check_output_folder
 
@@ -103,8 +104,11 @@ def check_args(args: argparse.Namespace) -> None:
     """The checks argparse cannot make one flag at a time, run before the command starts (and so
     before any model loads or --out is created): the resolution flags together, and --model (its
     spec, and a model folder validated whole: `vlens.core.loading.validate_model_folder`). A command
-    that loads no model for some flags sets ``needs_model=lambda args: ...`` in its defaults."""
+    that loads no model for some flags sets ``needs_model=lambda args: ...`` in its defaults. Input
+    files and folders (--data, --pairs, ...: `vlens.cli.dataset_options.mark_input_paths`) must exist.
+    Nothing here imports torch, so a misspelt path fails in about the interpreter's start-up time."""
     if not getattr(args, "model_options", False):
+        check_input_paths(args)
         return
     image_size, low, high = (getattr(args, name, None) for name in ("image_size", "min_pixels", "max_pixels"))
     if low is not None and high is not None and low > high:
@@ -123,6 +127,7 @@ def check_args(args: argparse.Namespace) -> None:
         from vlens.zoo.specs import check_spec
 
         check_spec(spec)
+    check_input_paths(args)
 
 
 def task_list_arg(text: str) -> str:

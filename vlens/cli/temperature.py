@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from vlens.cli.console import echo, non_finite_exit
-from vlens.cli.dataset_options import add_data_arguments, load_data_arg
+from vlens.cli.dataset_options import add_data_arguments, load_data_arg, mark_input_paths
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="temperature_command", metavar="SUBCOMMAND", required=True)
 
     fit = commands.add_parser("fit", help="temperatures from an ablation or patching result file")
-    fit.add_argument(
+    result = fit.add_argument(
         "--result",
         type=arg_path,
         default=None,
@@ -51,8 +51,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fit.add_argument("--select", choices=("importance", "taxonomy"), default="importance",
                      help="which heads: the --top-k most important (default), or the paper's target classes of a "
                      "HeadLens taxonomy (--taxonomy; gamma from --result when given, else 1)")
-    fit.add_argument("--taxonomy", type=arg_path, default=None,
+    taxonomy = fit.add_argument("--taxonomy", type=arg_path, default=None,
                      help="results.json (or --out folder) of `vlens headlens`, for --select taxonomy")
+    mark_input_paths(fit, result.dest, taxonomy.dest)
     fit.add_argument("--classes", default=",".join(("cross-modal routing", "counting aggregation")),
                      help="head classes for --select taxonomy, comma-separated (default: cross-modal routing,"
                      "counting aggregation)")
@@ -76,7 +77,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     apply = commands.add_parser("apply", help="evaluate a model with the temperatures on an imagefolder set")
     add_model_options(apply)
-    apply.add_argument("--temps", required=True, type=arg_path, help="a `temperature fit` folder (or its JSON)")
+    temps = apply.add_argument("--temps", required=True, type=arg_path, help="a `temperature fit` folder (or its JSON)")
+    mark_input_paths(apply, temps.dest)
     add_data_arguments(apply, required=True, help="counting or multiple-choice set (any --format)")
     apply.add_argument("--limit", type=arg_int(min=1))
     add_batch_size(apply, 16, "examples per generate call")
@@ -92,7 +94,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="write an HF checkpoint with the temperatures baked into q_proj (families without q norm)",
     )
     add_model_options(export, dtype_default="float32")
-    export.add_argument("--temps", required=True, type=arg_path, help="a `temperature fit` folder (or its JSON)")
+    temps = export.add_argument("--temps", required=True, type=arg_path, help="a `temperature fit` folder (or its JSON)")
+    mark_input_paths(export, temps.dest)
     add_out(export, f"the HF checkpoint (safetensors, processor) and {BAKED_TEMPS}")
     export.set_defaults(func=run_export)
 
