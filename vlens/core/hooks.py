@@ -26,7 +26,8 @@ from transformer_lens.utilities import get_act_name
 
 from vlens.utils.errors import UserInputError
 
-__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "act_name", "new_context_level", "visible_hooks"]
+__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "act_name", "is_observed", "new_context_level",
+           "traced_externally", "visible_hooks"]
 
 OWNER_ATTRIBUTE = "vlens_owner"  # on a LensHandle: the thread id of a temporary forward hook (None: every thread)
 # hooks() levels are unique across threads (TransformerLens counts one shared depth, so two threads'
@@ -51,6 +52,34 @@ def visible_hooks(handles: list) -> bool:
         return False
     me = threading.get_ident()
     return any(_owner(handle) in (None, me) for handle in handles)
+
+
+def traced_externally(module: Any) -> bool:
+    """Whether a tool that wraps the module's own ``forward`` is watching it now (nnsight's trace).
+
+    nnsight puts a controller in the module's instance ``forward`` (inert outside a trace; its
+    ``state.active()`` names the running trace). A hook point that is only called when something
+    watches it (the attention pattern, a vision block's output, a norm's scale) must then be called,
+    or the trace waits for a value that never comes (nnsight's `OutOfOrderError`). Any other
+    instance-level ``forward`` on a hook point also counts as watching.
+    """
+    forward = module.__dict__.get("forward")
+    if forward is None:
+        return False
+    active = getattr(getattr(forward, "state", None), "active", None)
+    if not callable(active):
+        return True
+    try:
+        return active()[0] is not None
+    except Exception:  # another version's controller: watching, to be safe
+        return True
+
+
+def is_observed(hook_point: Any) -> bool:
+    """Whether anything reads or edits `hook_point` in this thread's forward: a TransformerLens hook
+    (`visible_hooks`), a backward hook, or an external tracer (`traced_externally`). Modules that skip
+    work when nobody looks (the explicit attention path, the vision blocks' routing) ask this."""
+    return bool(visible_hooks(hook_point.fwd_hooks) or hook_point.bwd_hooks or traced_externally(hook_point))
 
 
 class HookResultError(ValueError):

@@ -19,7 +19,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 
 from vlens.core.components.rotary import apply_rotary
 from vlens.core.config import VLMConfig
-from vlens.core.hooks import HookPoint, visible_hooks
+from vlens.core.hooks import HookPoint, is_observed
 
 
 class AttentionMasks:
@@ -274,8 +274,7 @@ class Attention(nn.Module):
     # ---- forward ----
     def needs_pattern(self) -> bool:
         """True when a hook (or cache) is attached to the scores or the pattern."""
-        return bool(visible_hooks(self.hook_attn_scores.fwd_hooks) or visible_hooks(self.hook_pattern.fwd_hooks)
-                    or self.hook_attn_scores.bwd_hooks or self.hook_pattern.bwd_hooks)
+        return is_observed(self.hook_attn_scores) or is_observed(self.hook_pattern)
 
     def forward(
         self,

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from vlens.core.components.attention import AttentionMasks, KVCache
 from vlens.core.config import VLMConfig
-from vlens.core.hooks import HookPoint
+from vlens.core.hooks import HookPoint, is_observed
 
 
 @dataclass
@@ -126,8 +126,7 @@ class GatedDeltaNet(nn.Module):
         return False
 
     def state_hooked(self) -> bool:
-        hook = self.hook_recurrent_state
-        return bool(hook.fwd_hooks or hook.bwd_hooks)
+        return is_observed(self.hook_recurrent_state)
 
     # ---- forward ----
     def forward(self, x: Float[Tensor, "batch pos d_model"], cos: Tensor | None = None, sin: Tensor | None = None,

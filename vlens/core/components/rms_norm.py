@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from vlens.core.hooks import HookPoint, visible_hooks
+from vlens.core.hooks import HookPoint, is_observed
 
 
 def compute_weight(weight: nn.Parameter, source: nn.Module | None) -> Tensor:
@@ -44,7 +44,7 @@ class RMSNormPre(nn.Module):
         input_dtype = x.dtype
         x = x.to(torch.float32)
         variance = x.pow(2).mean(-1, keepdim=True) + self.eps
-        if visible_hooks(self.hook_scale.fwd_hooks) or self.hook_scale.bwd_hooks:
+        if is_observed(self.hook_scale):
             # someone reads or edits the scale: divide by the (possibly edited) value
             x = x / self.hook_scale(variance.sqrt())
         else:
@@ -88,7 +88,7 @@ class ZeroCenteredRMSNormPre(RMSNormPre):
     def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
         hidden = x.to(torch.float32)
         variance = hidden.pow(2).mean(-1, keepdim=True) + self.eps
-        if self.hook_scale.fwd_hooks or self.hook_scale.bwd_hooks:
+        if is_observed(self.hook_scale):
             hidden = hidden / self.hook_scale(variance.sqrt())
         else:
             hidden = hidden * torch.rsqrt(variance)  # HF's exact arithmetic

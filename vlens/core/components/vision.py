@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from vlens.core.hooks import HookPoint, visible_hooks
+from vlens.core.hooks import HookPoint, is_observed
 
 
 class VisionBlockHooks(nn.Module):
@@ -48,7 +48,7 @@ def _route_through(hook_point: HookPoint):
     """A PyTorch forward hook that passes a block's output tensor through `hook_point`."""
 
     def forward_hook(module: nn.Module, inputs: tuple, output):
-        if not (visible_hooks(hook_point.fwd_hooks) or hook_point.bwd_hooks):
+        if not is_observed(hook_point):
             return None  # nothing attached: leave the output untouched
         if isinstance(output, Tensor):
             return hook_point(output)
@@ -81,7 +81,7 @@ def attach_vision_head_hooks(vision: HookedVisionTower, out_projections: list[nn
 
 def _route_heads_through(hook_point: HookPoint, n_heads: int):
     def pre_hook(module: nn.Module, args: tuple):
-        if not (visible_hooks(hook_point.fwd_hooks) or hook_point.bwd_hooks):
+        if not is_observed(hook_point):
             return None
         z = args[0]
         heads = z.reshape(*z.shape[:-1], n_heads, z.shape[-1] // n_heads)
