@@ -97,10 +97,10 @@ class PathPatcher:
         with torch.no_grad():
             self.state = model.start_run(batch.clean)
             corrupt_state = model.start_run(batch.corrupt)
-            self.clean = record_run(model, self.state)
             ports = [port_hook(layer, port.hook) for layer, spec in enumerate(graph.layers) for port in spec.ports]
+            self.clean = record_run(model, self.state, ports)
             self.corrupt = record_run(model, corrupt_state, ports)
-            self.clean_ports = record_run(model, self.state, ports).ports or {}
+            self.clean_ports = self.clean.ports or {}
             check_additive(model, self.state, self.clean)
             n_layers = model.cfg.n_layers
             clean_in, corrupt_in = input_stages(self.state, n_layers), input_stages(corrupt_state, n_layers)
