@@ -111,6 +111,16 @@ def test_bad_input_is_one_clear_error(circuit):
     with pytest.raises(UserInputError, match="different token grids"):
         edge_attribution(model, mixed)
     assert edge_attribution(model, mixed, method="eap", image_nodes="image").graph.n_inputs == 2
+    def fails_in_a_patched_run(act, hook):  # the patched runs stack copies of the pairs: more rows
+        if act.shape[0] > len(pairs):
+            raise RuntimeError("failed inside a patched forward")
+
+    for call in (lambda: path_patch(model, pairs, ["MLP0->logits", "L0H1->L1H2.q"]),
+                 lambda: extract_circuit(model, pairs, scores=found.scores, top_k=3)):
+        with pytest.raises(RuntimeError, match="failed inside a patched forward"):
+            with model.hooks(fwd_hooks=[("blocks.1.hook_mlp_out", fails_in_a_patched_run)]):
+                call()
+        assert all(not point.fwd_hooks and not point.bwd_hooks for point in model.hook_dict.values())
     with pytest.raises(UserInputError, match="cache_device"):
         path_patch(model, pairs, ["MLP0->logits"], options=SweepOptions(cache_device="cpu"))
     with pytest.raises(UserInputError, match="rank_by"):
