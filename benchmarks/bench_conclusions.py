@@ -81,9 +81,11 @@ def stability_cost() -> dict:
     from vlens.lens.corpus import task_samples
     from vlens.lens.head_scores import compute_head_scores
     from vlens.lens.taxonomy import classify_heads
+    from vlens.parallel.options import SweepOptions
 
     model = vlens.load()
-    scores, scoring = _timed(lambda: compute_head_scores(model, task_samples(64, seed=0, size=168), progress=False))
+    options = SweepOptions(progress=False)
+    scores, scoring = _timed(lambda: compute_head_scores(model, task_samples(64, seed=0, size=168), options=options))
     taxonomy, classifying = _timed(lambda: classify_heads(scores))
     return {"examples": 64, "scoring_s": round(scoring, 3), "stability_s": round(classifying, 3),
             "stability_share_of_scoring": round(classifying / scoring, 4),
