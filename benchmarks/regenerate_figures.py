@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))  # tests.helpers.browser
 SHOTS = ROOT / "docs" / "report"
 # section anchor -> screenshot name (stable names for the docs)
 SECTION_NAMES = {
-    "model-summary": "model", "key-numbers-at-a-glance": "key-numbers", "data-generated-counting-images": "data",
+    "model-summary": "model", "the-paper-s-findings-on-this-model": "findings", "key-numbers-at-a-glance": "key-numbers", "data-generated-counting-images": "data",
     "counting-accuracy-per-count-subitizing-curve": "counting-accuracy",
     "confusion-matrix-of-counting-answers": "confusion-matrix",
     "image-attention-of-every-head-layer-x-head": "attention-share",
