@@ -222,16 +222,16 @@ def mean_interval(values: Sequence[float], level: float = LEVEL) -> dict[str, fl
 
 
 def p_number(p: float | None) -> str:
-    """A p-value's digits: `0.031`, `<0.001`, `0.42`, `n/a`."""
+    """A p-value's digits: `0.031`, `< 0.001`, `0.42`, `n/a` (to follow "p " or "p-value ")."""
     if p is None or not math.isfinite(p):
         return "n/a"
-    return "<0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
 
 
 def format_p(p: float | None) -> str:
     """A p-value for text: `p = 0.031`, `p < 0.001`, `p = n/a`."""
     text = p_number(p)
-    return f"p {text[0]} {text[1:]}" if text.startswith("<") else f"p = {text}"
+    return f"p {text}" if text.startswith("<") else f"p = {text}"
 
 
 __all__ = ["LEVEL", "bootstrap_counts", "bootstrap_interval", "percentile_interval", "resampled_means", "fisher_greater", "format_interval", "format_p", "format_share", "holm",
