@@ -54,7 +54,7 @@ def test_temperature_fit_on_an_unusable_result_is_one_line(tmp_path, capsys):
     for name, message in (("report.json", r"tasks \['counting', 'colour'\]: pass task=\.\.\. \(--task"),
                           ("other.json", "other.json: unrecognised importance result"),
                           ("broken.json", "broken.json: not a JSON result file"),
-                          ("missing.json", "missing.json: no such result file")):
+                          ("missing.json", "missing.json: no such file or folder")):
         code, err = run_cli(["temperature", "fit", "--result", str(tmp_path / name), "--out", str(tmp_path / "t")],
                             capsys)
         assert code == 2 and re.search(message, err) and "Traceback" not in err, (name, err)

@@ -61,6 +61,9 @@ def test_cli_errors_are_explained(tmp_path, capsys):
     assert main(["headlens", "--make", "2", "--thresholds", str(bad), "--out", str(tmp_path), *COMMON]) == 2
     assert "unknown thresholds ['vgs']" in capsys.readouterr().err
     assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "missing"), "--out", str(tmp_path), *COMMON]) == 2
+    assert "missing: no such file or folder" in capsys.readouterr().err  # checked before the model loads
+    (tmp_path / "empty").mkdir()
+    assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "empty"), "--out", str(tmp_path), *COMMON]) == 2
     assert "holds no config.json" in capsys.readouterr().err
     assert main(["lens", "train", "--make", "2", "--tasks", "counting,juggling", "--out", str(tmp_path / "lens"),
                  *COMMON]) == 2

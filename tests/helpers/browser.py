@@ -56,7 +56,9 @@ _PROBE = r"""<script>
           type: (gd.data[i] && gd.data[i].type) || t.type,
           known: !!t._module && (!gd.data[i] || !gd.data[i].type || gd.data[i].type === t.type), visible: t.visible, coloraxis: t.coloraxis || null,
           zmin: t.zmin, zmax: t.zmax, xaxis: t.xaxis || null, yaxis: t.yaxis || null, mode: t.mode || null,
-          dash: t.line ? t.line.dash : null, symbol: t.marker ? t.marker.symbol : null, name: t.name})),
+          dash: t.line ? t.line.dash : null, symbol: t.marker ? t.marker.symbol : null, name: t.name,
+          // a trace of disconnected segments (x holds nulls) draws graph edges, not a curve
+          segments: Array.isArray(gd.data[i] && gd.data[i].x) && gd.data[i].x.some(v => v === null)})),
         axes,
         titles: boxes(gd, ".annotation-text"),
         bartext: boxes(gd, ".bartext"),
@@ -184,7 +186,8 @@ def figure_problems(figure: dict) -> list[str]:
             problems.append(f"{where}: {len(heatmaps)} heatmaps with {len(scales)} different colour scales")
     lines: dict = {}
     for t in figure["traces"]:
-        if t["type"] == "scatter" and t["mode"] and "lines" in t["mode"] and t["visible"] is not False:
+        curve = t["type"] == "scatter" and t["mode"] and "lines" in t["mode"] and not t.get("segments")
+        if curve and t["visible"] is not False:  # graph edges (segment traces) are told apart by colour and width
             lines.setdefault((t["xaxis"], t["yaxis"]), []).append((t["dash"], t["symbol"], t["name"]))
     for styles in lines.values():
         names = [s[2] for s in styles if s[2]]

@@ -34,7 +34,7 @@ def test_vlens_ablate_command(tmp_path, monkeypatch, model, capsys):
     patching = tmp_path / "vap.json"
     patching.write_text(json.dumps({"heads": [[1, 0], [1, 1]]}))
     out = tmp_path / "ablation"
-    code = main(["ablate", "--model", "random", "--tasks", "counting,colour,counting@synreal", "--top-k", "3",
+    code = main(["ablate", "--model", "random-tiny", "--tasks", "counting,colour,counting@synreal", "--top-k", "3",
                  "--n-examples", "3", "--n-reference", "3", "--image-size", str(SIZE), "--quiet",
                  "--patching", str(patching), "--out", str(out), "--retest-seed", "50"])
     assert code == 0
@@ -50,7 +50,7 @@ def test_vlens_ablate_command(tmp_path, monkeypatch, model, capsys):
     assert set(data["reliability"]) == set(data["tasks"])
     assert all(0.0 <= v <= 1.0 for v in data["reliability"].values())
     capsys.readouterr()
-    assert main(["ablate", "--model", "random", "--tasks", "counting", "--n-examples", "3", "--retest-seed", "2",
+    assert main(["ablate", "--model", "random-tiny", "--tasks", "counting", "--n-examples", "3", "--retest-seed", "2",
                  "--top-k", "3", "--out", str(tmp_path / "retest")]) == 2
     assert "overlap the evaluation seeds" in capsys.readouterr().err
     html = (out / "report.html").read_text()

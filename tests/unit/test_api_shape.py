@@ -16,6 +16,8 @@ ALLOWED = {
     "vlens.core.model.HookedVLM.generate": "HF / TransformerLens generate's sampling keywords, spelled as there",
     "vlens.core.model.HookedVLM.from_pretrained": "HF from_pretrained's loading keywords (device_map, max_memory, "
                                                   "offload_folder, trust_remote_code, ...), spelled as there",
+    "vlens.datasets.readers.read_pixmo": "one keyword per load_dataset option the format takes (the CLI's dataset "
+                                         "flags, passed through by name and refused when unknown)",
     "vlens.data.pairs.make_pair": "the scene parameters of one generated pair (all defaulted, recorded per image)",
     "vlens.data.scene.render_with_record": "the scene parameters of one generated image (all defaulted)",
     "vlens.data.tasks.make_task_sample": "the scene parameters of one generated image (all defaulted)",
