@@ -29,6 +29,7 @@ from vlens.core.loading import load_hf_model_and_processor
 from vlens.core.loss import next_token_loss, next_token_targets
 from vlens.core.processing import coerce_inputs, prepare_inputs
 from vlens.core.runtime import RunState, build_masks, module_device
+from vlens.core.splicing import SpliceMixin
 from vlens.core.tl_surface import TransformerLensSurface
 from vlens.core.token_labels import str_tokens
 from vlens.core.weights import WeightsMixin
@@ -41,7 +42,7 @@ AdapterSpec = ArchitectureAdapter | type[ArchitectureAdapter] | str | None
 ReturnType = Literal["logits", "loss", "both", "resid"] | None
 
 
-class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
+class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootModule):
     """A vision-language model whose decoder exposes every TransformerLens hook.
 
     Build one with `HookedVLM.from_pretrained(path_or_hub_id)`, `HookedVLM.from_hf(hf_model,
@@ -357,8 +358,18 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
         Same keywords as TransformerLens (names_filter, device, remove_batch_dim, incl_bwd, pos_slice).
         incl_bwd=True needs return_type="loss": the loss is backpropagated and every hook's gradient
         is cached as "<name>_grad" (also when the weights are frozen: the residual stream then
-        starts the graph). Hooks are removed when it returns, also on error.
+        starts the graph). Hooks are removed when it returns, also on error. saes={hook: sae}
+        (with positions=, use_error_term=) splices SAEs for this call (`vlens.core.splicing`).
         """
+        if kwargs.get("saes") is not None:
+            saes, positions = kwargs.pop("saes"), kwargs.pop("positions", "all")
+            use_error_term = kwargs.pop("use_error_term", False)
+            inputs = self.coerce_inputs(model_args[0]) if model_args else None
+            with self.saes(saes, positions=positions, use_error_term=use_error_term, inputs=inputs):
+                return self.run_with_cache(*((inputs,) + model_args[1:] if model_args else ()),
+                                           return_cache_object=return_cache_object,
+                                           remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd, **kwargs)
+        kwargs.pop("saes", None)
         with self.backward_ready(model_args, kwargs) if incl_bwd else nullcontext():
             out, cache_dict = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim,
                                                      incl_bwd=incl_bwd, **kwargs)
@@ -371,10 +382,18 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, HookedRootModule):
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = None,
                  fwd_hooks: Sequence = (), seed: int | None = None, verbose: bool = False,
                  **hf_kwargs: Any) -> GenerationOutput:
-        """Autoregressive decoding with a KV cache (M-RoPE deltas handled); see `vlens.core.generation`."""
-        return generate(self, self.coerce_inputs(inputs, **hf_kwargs), max_new_tokens=max_new_tokens,
-                        do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
-                        fwd_hooks=fwd_hooks, seed=seed, verbose=verbose)
+        """Autoregressive decoding with a KV cache (M-RoPE deltas handled); see `vlens.core.generation`.
+
+        saes={hook: sae} (with positions=, use_error_term=) splices SAEs into the prompt and every step.
+        """
+        saes = hf_kwargs.pop("saes", None)
+        positions, use_error_term = hf_kwargs.pop("positions", "all"), hf_kwargs.pop("use_error_term", False)
+        run_inputs = self.coerce_inputs(inputs, **hf_kwargs)
+        with self.saes(saes, positions=positions, use_error_term=use_error_term, inputs=run_inputs) if saes \
+                else nullcontext():
+            return generate(self, run_inputs, max_new_tokens=max_new_tokens,
+                            do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
+                            fwd_hooks=fwd_hooks, seed=seed, verbose=verbose)
 
     # ------------------------------------------------------------------ TransformerLens conveniences
     # (more in vlens.core.tl_surface and vlens.core.weights, mixed in above)
