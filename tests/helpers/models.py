@@ -19,6 +19,10 @@ from vlens.testing import (
     tiny_gemma3_model,
     tiny_gemma3_processor,
     tiny_hf_model,
+    tiny_idefics3_model,
+    tiny_idefics3_processor,
+    tiny_internvl_model,
+    tiny_internvl_processor,
     tiny_llava_model,
     tiny_llava_next_model,
     tiny_llava_next_processor,
@@ -31,10 +35,12 @@ from vlens.testing import (
     tiny_qwen3_vl_moe_model,
     tiny_qwen3_vl_processor,
     tiny_qwen_processor,
+    tiny_smolvlm_model,
+    tiny_smolvlm_processor,
 )
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
-                            "llava_next", "llava_onevision", "gemma3")
+                            "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "smolvlm")
 # the Qwen3-VL-processor families (16 px patches) beyond Qwen3-VL itself: builder by family
 QWEN3_BUILDERS = {"qwen3_vl": tiny_qwen3_vl_model, "qwen3_vl_moe": tiny_qwen3_vl_moe_model,
                   "qwen3_5": tiny_qwen3_5_model, "qwen3_5_moe": tiny_qwen3_5_moe_model}
@@ -63,6 +69,16 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
         hf = build_model(seed=seed, attn_implementation=attn, **options, **config)
         tiling = {k: config[k] for k in ("tile", "patch_size", "pinpoints", "vision_aspect_ratio") if k in config}
         made = build_processor(**options, **tiling, **(processor or {}))
+    elif family == "internvl":  # the processor tiles as the config does
+        hf = tiny_internvl_model(seed=seed, attn_implementation=attn, **options, **config)
+        tiling = {k: config[k] for k in ("tile", "patch_size", "downsample_ratio") if k in config}
+        made = tiny_internvl_processor(**options, **tiling, **(processor or {}))
+    elif family in ("idefics3", "smolvlm"):  # the processor splits as the config does
+        build_model, build_processor = ((tiny_idefics3_model, tiny_idefics3_processor) if family == "idefics3"
+                                        else (tiny_smolvlm_model, tiny_smolvlm_processor))
+        hf = build_model(seed=seed, attn_implementation=attn, **options, **config)
+        splitting = {k: config[k] for k in ("sub_image", "patch_size", "scale_factor") if k in config}
+        made = build_processor(**options, **splitting, **(processor or {}))
     else:
         hf = tiny_hf_model(family, seed=seed, attn_implementation=attn, **options, **config)
         made = tiny_qwen_processor(**options, **(processor or {}))

@@ -86,22 +86,31 @@ def tiny_smolvlm_processor(sub_image: int = 32, patch_size: int = 8, scale_facto
                                      chat_template=SMOLVLM_CHAT_TEMPLATE)
 
 
-def tiny_idefics3_config(n_layers: int = 2, d_model: int = 48, n_heads: int = 4, n_kv_heads: int = 2,
-                         d_mlp: int = 80, sub_image: int = 32, patch_size: int = 8, scale_factor: int = 2,
-                         vision_depth: int = 3, vision_width: int = 24, vision_heads: int = 3,
-                         smolvlm: bool = False, tokenizer=None, **text_overrides: Any):
-    """A tiny Idefics3 (or SmolVLM) config whose token ids match `idefics3_tokenizer`."""
+# the sizes `tiny_idefics3_config` takes by keyword; any other keyword is a text-config field
+IDEFICS3_CONFIG_DEFAULTS: dict[str, Any] = dict(
+    n_layers=2, d_model=48, n_heads=4, n_kv_heads=2, d_mlp=80, sub_image=32, patch_size=8, scale_factor=2,
+    vision_depth=3, vision_width=24, vision_heads=3)
+
+
+def tiny_idefics3_config(smolvlm: bool = False, tokenizer=None, **overrides: Any):
+    """A tiny Idefics3 (or SmolVLM) config whose token ids match `idefics3_tokenizer`.
+
+    Keywords: those of `IDEFICS3_CONFIG_DEFAULTS` (decoder sizes, sub-image side, patch size, pixel-shuffle
+    scale factor, the vision tower's sizes); any other keyword is a field of the Llama text config.
+    """
     tokenizer = tokenizer or idefics3_tokenizer(smolvlm)
-    text = dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=d_model, intermediate_size=d_mlp,
-                num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
-                max_position_embeddings=1024, rms_norm_eps=1e-5, pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id)
-    text.update(text_overrides)
-    vision = dict(hidden_size=vision_width, intermediate_size=2 * vision_width, num_hidden_layers=vision_depth,
-                  num_attention_heads=vision_heads, image_size=sub_image, patch_size=patch_size)
+    o = {**IDEFICS3_CONFIG_DEFAULTS, **{k: v for k, v in overrides.items() if k in IDEFICS3_CONFIG_DEFAULTS}}
+    text = dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=o["d_model"], intermediate_size=o["d_mlp"],
+                num_hidden_layers=o["n_layers"], num_attention_heads=o["n_heads"],
+                num_key_value_heads=o["n_kv_heads"], max_position_embeddings=1024, rms_norm_eps=1e-5,
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    text.update({k: v for k, v in overrides.items() if k not in IDEFICS3_CONFIG_DEFAULTS})
+    vision = dict(hidden_size=o["vision_width"], intermediate_size=2 * o["vision_width"],
+                  num_hidden_layers=o["vision_depth"], num_attention_heads=o["vision_heads"],
+                  image_size=o["sub_image"], patch_size=o["patch_size"])
     config_class = SmolVLMConfig if smolvlm else Idefics3Config
     return config_class(text_config=text, vision_config=vision, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-                        scale_factor=scale_factor, tie_word_embeddings=False)
+                        scale_factor=o["scale_factor"], tie_word_embeddings=False)
 
 
 def _build(model_class, config, seed: int, attn_implementation: str, dtype: torch.dtype):

@@ -60,27 +60,37 @@ def tiny_internvl_processor(tile: int = 32, patch_size: int = 8, downsample_rati
                                       image_seq_length=per_tile, chat_template=INTERNVL_CHAT_TEMPLATE)
 
 
-def tiny_internvl_config(n_layers: int = 2, d_model: int = 48, n_heads: int = 4, n_kv_heads: int = 2,
-                         d_mlp: int = 80, text_model: str = "qwen2", tile: int = 32, patch_size: int = 8,
-                         downsample_ratio: float = 0.5, vision_feature_layer: int = -1, vision_depth: int = 3,
-                         vision_width: int = 24, vision_heads: int = 3, norm_type: str = "layer_norm",
-                         use_qk_norm: bool = False, use_mean_pooling: bool = True, tie_word_embeddings: bool = True,
-                         tokenizer=None, **text_overrides: Any) -> InternVLConfig:
-    """A tiny InternVL config whose token ids match `internvl_tokenizer`."""
+# the sizes and choices `tiny_internvl_config` takes by keyword; any other keyword is a text-config field
+INTERNVL_CONFIG_DEFAULTS: dict[str, Any] = dict(
+    n_layers=2, d_model=48, n_heads=4, n_kv_heads=2, d_mlp=80, text_model="qwen2", tie_word_embeddings=True,
+    tile=32, patch_size=8, downsample_ratio=0.5, vision_feature_layer=-1, vision_depth=3, vision_width=24,
+    vision_heads=3, norm_type="layer_norm", use_qk_norm=False, use_mean_pooling=True)
+
+
+def tiny_internvl_config(tokenizer=None, **overrides: Any) -> InternVLConfig:
+    """A tiny InternVL config whose token ids match `internvl_tokenizer`.
+
+    Keywords: those of `INTERNVL_CONFIG_DEFAULTS` (decoder sizes, `text_model` "qwen2" / "llama" /
+    "qwen3", tile side, patch size, downsample ratio, InternViT's sizes and options); any other keyword
+    is a field of the text config (``head_dim=12``).
+    """
     tokenizer = tokenizer or internvl_tokenizer()
-    text = dict(model_type=text_model, vocab_size=len(tokenizer), hidden_size=d_model, intermediate_size=d_mlp,
-                num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
-                max_position_embeddings=1024, rms_norm_eps=1e-5, pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=tie_word_embeddings)
-    text.update(text_overrides)
-    vision = dict(hidden_size=vision_width, num_hidden_layers=vision_depth, num_attention_heads=vision_heads,
-                  intermediate_size=2 * vision_width, image_size=tile, patch_size=patch_size, norm_type=norm_type,
-                  use_qk_norm=use_qk_norm, use_mean_pooling=use_mean_pooling, attention_bias=True)
+    o = {**INTERNVL_CONFIG_DEFAULTS, **{k: v for k, v in overrides.items() if k in INTERNVL_CONFIG_DEFAULTS}}
+    text = dict(model_type=o["text_model"], vocab_size=len(tokenizer), hidden_size=o["d_model"],
+                intermediate_size=o["d_mlp"], num_hidden_layers=o["n_layers"], num_attention_heads=o["n_heads"],
+                num_key_value_heads=o["n_kv_heads"], max_position_embeddings=1024, rms_norm_eps=1e-5,
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                tie_word_embeddings=o["tie_word_embeddings"])
+    text.update({k: v for k, v in overrides.items() if k not in INTERNVL_CONFIG_DEFAULTS})
+    vision = dict(hidden_size=o["vision_width"], num_hidden_layers=o["vision_depth"],
+                  num_attention_heads=o["vision_heads"], intermediate_size=2 * o["vision_width"],
+                  image_size=o["tile"], patch_size=o["patch_size"], norm_type=o["norm_type"],
+                  use_qk_norm=o["use_qk_norm"], use_mean_pooling=o["use_mean_pooling"], attention_bias=True)
     return InternVLConfig(text_config=text, vision_config=vision,
                           image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"),
-                          image_seq_length=int(tile // patch_size * downsample_ratio) ** 2,
-                          downsample_ratio=downsample_ratio, vision_feature_layer=vision_feature_layer,
-                          tie_word_embeddings=tie_word_embeddings)
+                          image_seq_length=int(o["tile"] // o["patch_size"] * o["downsample_ratio"]) ** 2,
+                          downsample_ratio=o["downsample_ratio"], vision_feature_layer=o["vision_feature_layer"],
+                          tie_word_embeddings=o["tie_word_embeddings"])
 
 
 def perturb_internvl(model: torch.nn.Module, seed: int) -> None:
