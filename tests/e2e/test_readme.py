@@ -33,6 +33,20 @@ def test_readme_transformer_lens_section_runs_and_adds_up():
     assert all(not hp.fwd_hooks and not hp.bwd_hooks for hp in model.hook_dict.values())
 
 
+def test_readme_transformer_lens_tools_run(capsys):
+    section = README.read_text().split("## Coming from TransformerLens", 1)[1]
+    block = next(b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "SVDInterpreter" in b)
+    import vlens
+
+    model = vlens.load()
+    namespace: dict = {"model": model}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert "Ranks of the answer tokens" in capsys.readouterr().out
+    scores = model.all_composition_scores("Q")
+    assert scores.shape == (model.cfg.n_layers, model.cfg.n_heads) * 2
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+
+
 def test_readme_circuits_snippet_runs():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     block = next(b for b in blocks if "vlens.circuits" in b)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 import torch
 from jaxtyping import Float
@@ -207,7 +207,22 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         return prepare_inputs(self, images=images, prompts=prompts, chat=chat, allow_urls=allow_urls)
 
     def coerce_inputs(self, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:
-        """Accept `VLMInputs`, a processor output (dict / BatchFeature) or HF keywords."""
+        """Accept `VLMInputs`, a processor output (dict / BatchFeature), token ids, HF keywords, or text.
+
+        Text (a string or a list of strings) is tokenised as TransformerLens does, by `to_tokens`
+        (no chat template, no image, ``cfg.default_prepend_bos``; a batch padded on the tokenizer's
+        side, padding masked), so ``model("some text", return_type="loss")`` runs the text alone.
+        """
+        if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs
+                                       and all(isinstance(item, str) for item in inputs)):
+            texts = [inputs] if isinstance(inputs, str) else list(inputs)
+            tokens = self.to_tokens(texts)
+            width = tokens.shape[1]
+            lengths = [self.to_tokens(text, move_to_device=False).shape[1] for text in texts]
+            left = getattr(self.tokenizer, "padding_side", "right") == "left"
+            mask = [[0] * (width - n) + [1] * n if left else [1] * n + [0] * (width - n) for n in lengths]
+            hf_kwargs.setdefault("attention_mask", torch.tensor(mask, dtype=torch.long, device=tokens.device))
+            inputs = tokens
         return coerce_inputs(self, inputs, **hf_kwargs)
 
     # ------------------------------------------------------------------ forward
@@ -402,12 +417,21 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
             return [self.tokenizer.decode(row) for row in tokens]
         return self.tokenizer.decode(tokens)
 
-    def to_str_tokens(self, tokens: str | int | Tensor | Sequence) -> list[str] | list[list[str]]:
+    def to_str_tokens(self, tokens: str | int | Tensor | Sequence, prepend_bos: bool | None = None,
+                      padding_side: Literal["left", "right"] | None = None) -> list[str] | list[list[str]]:
         """Each token decoded on its own, as TransformerLens does (' many', '\\n', not 'Ġmany', 'Ċ').
 
-        Takes a string (tokenised without special tokens), an int, a list of ids, a 1-D tensor
-        (-> list[str]) or a 2-D tensor / list of lists (-> one list per row).
+        Takes a string (tokenised by `to_tokens` with `prepend_bos` / `padding_side`, TransformerLens's
+        meaning: None is ``cfg.default_prepend_bos``, False for Qwen, whose tokenizer has no BOS), a
+        list of strings (one list each), an int, a list of ids, a 1-D tensor (-> list[str]) or a 2-D
+        tensor / list of lists (-> one list per row); for ids `prepend_bos` and `padding_side` are
+        ignored, as in TransformerLens.
         """
+        if isinstance(tokens, str):
+            return str_tokens(self.tokenizer, self.to_tokens(tokens, prepend_bos=prepend_bos,
+                                                             padding_side=padding_side, move_to_device=False)[0])
+        if isinstance(tokens, (list, tuple)) and tokens and all(isinstance(item, str) for item in tokens):
+            return [cast(list[str], self.to_str_tokens(item, prepend_bos, padding_side)) for item in tokens]
         return str_tokens(self.tokenizer, tokens)
 
     def to_single_token(self, text: str) -> int:

@@ -1,8 +1,11 @@
 """The TransformerLens model methods a notebook reaches for, on a `HookedVLM`.
 
-Tokenization helpers (`to_tokens` with ``prepend_bos`` / ``padding_side``, `to_single_str_token`,
-`get_token_position`), `add_hook` with the same unknown-name error as `run_with_hooks`, and the
-``set_use_*`` switches. Where vlens differs from TransformerLens the method says so and raises
+Tokenization helpers (`to_tokens` / `to_str_tokens` with ``prepend_bos`` / ``padding_side``,
+`to_single_str_token`, `get_token_position`), `add_hook` with the same unknown-name error as
+`run_with_hooks`, the ``set_use_*`` switches, and what TransformerLens's analysis tools read of a
+model: `tl_parameters` (TransformerLens-named weights, for ``SVDInterpreter``) and
+`all_composition_scores`. Text in place of tokens (``model("some text", return_type="loss")``, as
+``evals.sanity_check`` calls it) is tokenised by `to_tokens` in `HookedVLM.coerce_inputs`. Where vlens differs from TransformerLens the method says so and raises
 a clear error instead of silently doing something else.
 """
 
@@ -17,12 +20,16 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from vlens.core.components.rms_norm import compute_weight
 from vlens.utils.errors import UserInputError
 
 if TYPE_CHECKING:
     from transformer_lens.hook_points import HookPoint  # HookedRootModule's type for hook_dict
+    from transformer_lens.model_bridge.composition_scores import CompositionScores
 
+    from vlens.core.components.block import BlockList
     from vlens.core.components.embed import Embed
+    from vlens.core.components.unembed import Unembed
     from vlens.core.config import VLMConfig
 
 
@@ -40,12 +47,15 @@ class TransformerLensSurface:
         cfg: VLMConfig
         hook_dict: dict[str, HookPoint]
         embed: Embed
+        unembed: Unembed
+        blocks: BlockList
         tokenizer: Any
 
         @property
         def input_device(self) -> torch.device: ...
 
-        def to_str_tokens(self, tokens: Any) -> Any: ...
+        def to_str_tokens(self, tokens: Any, prepend_bos: bool | None = None,
+                          padding_side: Literal["left", "right"] | None = None) -> Any: ...
 
         def to_single_token(self, text: str) -> int: ...
 
@@ -148,6 +158,81 @@ class TransformerLensSurface:
         _unsupported_switch("set_use_hook_mlp_in", use_hook_mlp_in,
                             "hook blocks.{l}.hook_resid_mid (the MLP's input residual) or blocks.{l}.ln2.hook_normalized")
 
+    # ------------------------------------------------------------------ weights for TL's analysis tools
+    def tl_parameters(self) -> dict[str, Tensor]:
+        """TransformerLens-named weights, as TransformerLens's ``SVDInterpreter`` and bridge read them.
+
+        Keys: ``embed.W_E`` [d_vocab, d_model], ``unembed.W_U`` [d_model, d_vocab] (final norm
+        folded in, see `vlens.core.weights`), ``unembed.b_U``; per attention layer
+        ``blocks.{l}.attn.W_Q/W_K/W_V`` [n_heads, d_model, d_head] (grouped key/value heads
+        repeated), ``W_O`` [n_heads, d_head, d_model], ``b_Q/b_K/b_V/b_O``; per dense MLP
+        ``blocks.{l}.mlp.W_in/W_gate`` [d_model, d_mlp], ``W_out`` [d_mlp, d_model], ``b_in/b_out``;
+        ``blocks.{l}.ln1.w`` / ``ln2.w`` [d_model]: the factor each norm multiplies by (``1 + w`` for
+        a zero-centred norm), because the blocks' norm weights are not folded into W_Q / W_in
+        (``SVDInterpreter`` multiplies ``W_in`` by ``ln2.w``, as for an unfolded TransformerLens
+        model). Layers without these weights (Gated DeltaNet, mixture-of-experts MLPs) have no key;
+        TransformerLens then raises its own "not a dense MLP" error. Built on each call (views and
+        small products of the HF parameters).
+        """
+        params: dict[str, Tensor] = {"embed.W_E": self.embed.W_E, "unembed.W_U": self.unembed.W_U,
+                                     "unembed.b_U": self.unembed.b_U}
+        for block in self.blocks:
+            prefix = f"blocks.{block.layer}"
+            for norm in ("ln1", "ln2"):
+                module = getattr(block, norm)
+                if hasattr(module, "w"):
+                    params[f"{prefix}.{norm}.w"] = _norm_factor(module)
+            for sub, names in (("attn", ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")),
+                               ("mlp", ("W_in", "W_gate", "W_out", "b_in", "b_out"))):
+                module = getattr(block, sub)
+                for name in names:
+                    if hasattr(type(module), name):
+                        params[f"{prefix}.{sub}.{name}"] = getattr(module, name)
+        return params
+
+    def all_composition_scores(self, mode: Literal["Q", "K", "V"]) -> CompositionScores:
+        """Composition scores of every pair of heads (Elhage et al. 2021), TransformerLens 4.3's method.
+
+        score[l1, h1, l2, h2] = ||OV_{l1,h1} @ M_{l2,h2}||_F / (||OV_{l1,h1}||_F ||M_{l2,h2}||_F) for
+        l1 < l2 (0 elsewhere), computed by TransformerLens's ``utilities.composition_scores``, with
+        OV = W_V W_O and M = W_Q W_K^T ("Q"), its transpose ("K") or the OV matrix ("V"), each
+        [d_model, d_model]. Each head reads ``ln1(x)``, so its layer's ln1 factor (`tl_parameters`)
+        is folded into W_Q / W_K / W_V first, as TransformerLens's default ``fold_ln`` does; rotary
+        and Qwen3's per-head q/k norms are left out (the scores are of the weights). Only attention
+        layers take part (a hybrid decoder's linear-attention layers have no W_Q): ``layer_indices``
+        of the result maps tensor position i to the layer number.
+
+        Returns TransformerLens's ``CompositionScores`` (behaves as the tensor
+        [n_attn_layers, n_heads, n_attn_layers, n_heads]; ``.scores``, ``.head_labels``).
+        """
+        from transformer_lens.FactoredMatrix import FactoredMatrix
+        from transformer_lens.model_bridge.composition_scores import CompositionScores
+        from transformer_lens.utilities import composition_scores
+
+        if mode not in ("Q", "K", "V"):
+            raise UserInputError(f"all_composition_scores: mode must be 'Q', 'K' or 'V', got {mode!r}.")
+        layers = [block for block in self.blocks if hasattr(type(block.attn), "W_Q")]
+        if not layers:
+            raise UserInputError("all_composition_scores: this model has no softmax-attention layer.")
+
+        def folded(name: str) -> Tensor:  # [n_attn_layers, n_heads, d_model, d_*], ln1 factor folded in
+            return torch.stack([_norm_factor(block.ln1)[None, :, None].to(getattr(block.attn, name))
+                                * getattr(block.attn, name) for block in layers])
+
+        W_O = torch.stack([block.attn.W_O for block in layers])
+        left = FactoredMatrix(folded("W_V"), W_O)
+        if mode == "V":
+            right = left
+        else:
+            right = FactoredMatrix(folded("W_Q"), folded("W_K").transpose(-2, -1))
+            right = right.T if mode == "K" else right
+        scores = composition_scores(left, right, broadcast_dims=True)
+        index = torch.arange(len(layers), device=scores.device)
+        scores = torch.where(index[:, None, None, None] < index[None, None, :, None], scores, torch.zeros_like(scores))
+        indices = [block.layer for block in layers]
+        labels = [f"L{layer}H{head}" for layer in indices for head in range(self.cfg.n_heads)]
+        return CompositionScores(scores=scores, layer_indices=indices, head_labels=labels)
+
     # ------------------------------------------------------------------ tokens
     def to_tokens(self, input: str | Sequence[str], prepend_bos: bool | None = None,
                   padding_side: Literal["left", "right"] | None = None, move_to_device: bool = True,
@@ -221,6 +306,12 @@ class TransformerLensSurface:
         if positions.numel() == 0:
             raise UserInputError(f"get_token_position: token {single_token} does not occur in the input.")
         return int(positions[0] if mode == "first" else positions[-1])
+
+
+def _norm_factor(norm: Any) -> Tensor:
+    """What a norm multiplies the normalized input by: ``w``, or ``1 + w`` for a zero-centred norm."""
+    factor = getattr(norm, "effective_weight", None)
+    return factor if isinstance(factor, Tensor) else compute_weight(norm.w, norm.source)
 
 
 def _unsupported_switch(method: str, value: bool, instead: str) -> None:
