@@ -38,6 +38,14 @@ FAMILIES = {
     "qwen3_5": dict(initializer_range=0.1),
     # sandwich norms (post-attention / post-MLP), sliding-window and global layers, a scaled embedding
     "gemma3": dict(n_layers=3, d_model=40, n_heads=4, n_kv_heads=1, d_head=12, initializer_range=0.1),
+    # dynamic tiles + thumbnail (24 px, 2x2 tokens each) wrapped in <img> ... </img>; a Llama decoder
+    "internvl": dict(n_layers=2, d_model=40, n_heads=5, n_kv_heads=1, d_mlp=48, text_model="llama", tile=24,
+                     patch_size=6, initializer_range=0.1),
+    # split images: tagged sub-images + the global image (pixel shuffle by 3 for SmolVLM)
+    "idefics3": dict(n_layers=2, d_model=36, n_heads=3, n_kv_heads=1, d_mlp=40, sub_image=24, patch_size=6,
+                     initializer_range=0.1),
+    "smolvlm": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_mlp=40, sub_image=24, patch_size=4,
+                    scale_factor=3, initializer_range=0.1),
 }
 
 
