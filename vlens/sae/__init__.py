@@ -3,6 +3,12 @@
 - ``config``, ``base``, ``architectures``, ``registry``: standard (ReLU + L1), TopK and JumpReLU
   SAEs as config / module pairs, in an open registry (SAELens's architecture names).
 - ``saelens_format``: `save_sae` / `load_sae`, SAELens's ``cfg.json`` + ``sae_weights.safetensors``.
+- ``activations``, ``buffer``: `ActivationSource` (a hook's activations at image / text / final / all
+  positions or chosen image-grid cells, over any dataset vlens reads, optional disk cache),
+  `TensorSource`, the `ShuffleBuffer`.
+- ``settings``, ``schedule``, ``trainer``, ``metrics``: `train_sae(stream, SAETraining(...), TrainRun(...))`.
+- ``attribution``: `ablate_features`, `feature_attribution` (splicing itself: `model.run_with_saes`,
+  `model.saes(...)`, `vlens.core.splicing`).
 """
 
 from vlens.sae.architectures import JumpReLUSAE, StandardSAE, TopKSAE
