@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -18,6 +18,7 @@ from vlens.core.config import VLMConfig
 from vlens.core.hooks import HookedRootModule, HookPoint
 from vlens.core.inputs import VLMInputs
 from vlens.core.runtime import RunState, build_masks
+from vlens.utils.errors import UserInputError
 from vlens.utils.finite import finite_rows, warn_non_finite
 from vlens.utils.validation import check_count, check_float
 
@@ -53,6 +54,8 @@ class DecodingModel(Protocol):
 
     def start_run(self, inputs: VLMInputs, kv_cache: KVCache | None = None) -> RunState: ...
 
+    def coerce_inputs(self, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs: ...
+
     def run_blocks(self, resid: Tensor, state: RunState, start_at_layer: int = 0,
                    stop_at_layer: int | None = None) -> Tensor: ...
 
@@ -72,66 +75,135 @@ class GenerationOutput:
     non_finite: Tensor | None = None
 
 
-def _choose(logits: Tensor, do_sample: bool, temperature: float, top_p: float, top_k: int | None,
-            generator: torch.Generator | None) -> Tensor:
-    """Next token per row from last-position logits [batch, d_vocab]."""
-    if not do_sample:
-        return logits.argmax(dim=-1)
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 when sampling, got {temperature}.")
-    logits = logits.float() / temperature
+def next_token_logits(logits: Float[Tensor, "batch d_vocab"], counts: Tensor | None = None, do_sample: bool = False,
+                      temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None,
+                      freq_penalty: float = 0.0, repetition_penalty: float = 1.0) -> Float[Tensor, "batch d_vocab"]:
+    """The logits the next token is chosen from (fp32), as HF's logits processors and TransformerLens's
+    ``sample_logits`` shape them, in this order:
+
+    1. repetition_penalty (HF's): every token already in the row (`counts` > 0) has its logit divided
+       by the penalty when positive, multiplied when negative (greedy decoding too);
+    2. when sampling (``do_sample`` and ``temperature > 0``): divided by `temperature`; minus
+       ``freq_penalty * counts`` (TransformerLens's frequency penalty: how often each token occurs
+       in the row so far); top_k keeps the k largest (ties kept); top_p keeps the smallest set whose
+       probability reaches top_p. Both filters apply when both are given, as in HF
+       (TransformerLens then uses top_k alone).
+
+    counts: [batch, d_vocab] occurrences of each token among the row's attended tokens (prompt and
+        generated), needed for either penalty.
+    """
+    logits = logits.float()
+    if repetition_penalty != 1.0 and counts is not None:
+        seen = counts > 0
+        logits = torch.where(seen, torch.where(logits < 0, logits * repetition_penalty, logits / repetition_penalty),
+                             logits)
+    if not do_sample or temperature == 0:
+        return logits
+    logits = logits / temperature
+    if freq_penalty and counts is not None:
+        logits = logits - freq_penalty * counts.to(logits.dtype)
     if top_k is not None and top_k > 0:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
+    if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cumulative - sorted_logits.softmax(-1) > top_p  # keep the smallest set reaching top_p
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest set reaching top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
+def _choose(logits: Tensor, do_sample: bool, temperature: float, generator: torch.Generator | None) -> Tensor:
+    """Next token per row from processed last-position logits [batch, d_vocab]."""
+    if not do_sample or temperature == 0:  # temperature 0 is greedy, as in TransformerLens
+        return logits.argmax(dim=-1)
     probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.multinomial(probs.cpu() if generator is not None else probs, 1, generator=generator).squeeze(-1)
+
+
+@dataclass
+class _Decoding:
+    """What the loop carries between steps: the running attention mask, token counts, finished rows."""
+
+    attention_mask: Tensor
+    counts: Tensor | None
+    finished: Tensor
 
 
 @torch.no_grad()
 def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, do_sample: bool = False,
-             temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = None,
-             fwd_hooks: Sequence = (), seed: int | None = None, verbose: bool = False) -> GenerationOutput:
-    """Greedy (default) or sampled decoding; stops when every row has emitted an EOS token.
+             temperature: float = 1.0, top_p: float | None = 1.0, top_k: int | None = None,
+             fwd_hooks: Sequence = (), seed: int | None = None, verbose: bool = False, stop_at_eos: bool = True,
+             eos_token_id: int | Sequence[int] | None = None, use_past_kv_cache: bool = True,
+             freq_penalty: float = 0.0, repetition_penalty: float = 1.0) -> GenerationOutput:
+    """Greedy (default) or sampled decoding, TransformerLens's keywords with TransformerLens's meaning.
 
-    `fwd_hooks` (TransformerLens (name, fn) pairs) stay active for the prompt and every decoding
-    step (during decoding, position-indexed hooks see pos == 1). Hooks are removed on exit.
+    do_sample: sample (default False: greedy, HF's default; TransformerLens samples by default);
+        ``temperature=0`` is greedy even when sampling, as in TransformerLens.
+    temperature, top_k, top_p, freq_penalty, repetition_penalty: see `next_token_logits`.
+    stop_at_eos: stop a row at its first end token (the row is padded after it) and stop when
+        every row has; False generates ``max_new_tokens`` for every row.
+    eos_token_id: the end token(s) (default: the model's, ``cfg.eos_token_ids``).
+    use_past_kv_cache: decode with a KV cache (default); False reruns the whole sequence, image
+        included, at every step (the same tokens, slower: a reference, or for hooks that need
+        every position at every step).
+    fwd_hooks: TransformerLens (name, fn) pairs, active for the prompt and every decoding step
+        (with the cache, position-indexed hooks see pos == 1 during decoding). Removed on exit.
+    seed: seeds a private generator for sampling (None: torch's global one).
+    verbose: a progress bar over the new tokens.
     """
     check_count(max_new_tokens, "max_new_tokens")
+    check_float(temperature, "temperature", min=0)
+    check_float(repetition_penalty, "repetition_penalty", min=0, min_open=True)
+    check_float(freq_penalty, "freq_penalty", min=0)
     if do_sample:  # NaN would pass every comparison below and sample from garbage
-        check_float(temperature, "temperature", min=0, min_open=True)
-        check_float(top_p, "top_p", min=0, max=1, min_open=True)
+        if top_p is not None:
+            check_float(top_p, "top_p", min=0, max=1, min_open=True)
         check_count(top_k, "top_k", min=0, allow_none=True)  # 0 or None: no top-k filter
     cfg = model.cfg
-    eos = torch.tensor(cfg.eos_token_ids or [], dtype=torch.long, device=inputs.input_ids.device)
-    pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else (cfg.eos_token_ids or [0])[0]
+    device = inputs.input_ids.device
+    eos_ids = ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)) if eos_token_id is not None \
+        else list(cfg.eos_token_ids or [])
+    if stop_at_eos and eos_token_id is not None and not eos_ids:
+        raise UserInputError("generate: eos_token_id is an empty list; name an end token or pass stop_at_eos=False.")
+    eos = torch.tensor(eos_ids if stop_at_eos else [], dtype=torch.long, device=device)
+    pad_id = cfg.pad_token_id if cfg.pad_token_id is not None else (eos_ids or [0])[0]
     generator = torch.Generator(device="cpu").manual_seed(seed) if seed is not None else None
     batch = inputs.batch_size
     # sliding-window layers keep only their window, as HF's cache does
-    cache = KVCache(cfg.n_layers, windows=[cfg.attention_window(layer) for layer in range(cfg.n_layers)])
-    new_tokens = []
-    finished = torch.zeros(batch, dtype=torch.bool, device=inputs.input_ids.device)
-    non_finite = torch.zeros(batch, dtype=torch.bool, device=inputs.input_ids.device)
-    attention_mask = inputs.attention_mask
+    cache = KVCache(cfg.n_layers, windows=[cfg.attention_window(layer) for layer in range(cfg.n_layers)]) \
+        if use_past_kv_cache else None
+    new_tokens: list[Tensor] = []
+    non_finite = torch.zeros(batch, dtype=torch.bool, device=device)
+    penalised = repetition_penalty != 1.0 or (do_sample and freq_penalty > 0)
+    run = _Decoding(attention_mask=inputs.attention_mask, counts=None,
+                    finished=torch.zeros(batch, dtype=torch.bool, device=device))
     with model.hooks(fwd_hooks=list(fwd_hooks)):
         state = model.start_run(inputs, kv_cache=cache)
         logits = model.finish(model.run_blocks(state.resid, state))[:, -1]
+        if penalised:
+            run.counts = torch.zeros(batch, logits.shape[-1], dtype=torch.long, device=logits.device)
+            run.counts.scatter_add_(1, inputs.input_ids.to(logits.device), inputs.attention_mask.to(logits.device).long())
         for _ in tqdm(range(max_new_tokens), desc="generate", disable=not verbose):
-            non_finite |= ~finite_rows(logits).to(non_finite.device) & ~finished
-            token = _choose(logits, do_sample, temperature, top_p, top_k, generator).to(finished.device)
-            token = torch.where(finished, torch.full_like(token, pad_id), token)
+            non_finite |= ~finite_rows(logits).to(device) & ~run.finished
+            scores = next_token_logits(logits, run.counts, do_sample, temperature, top_p, top_k, freq_penalty,
+                                       repetition_penalty)
+            token = _choose(scores, do_sample, temperature, generator).to(device)
+            token = torch.where(run.finished, torch.full_like(token, pad_id), token)
             new_tokens.append(token)
+            if run.counts is not None:
+                run.counts.scatter_add_(1, token[:, None].to(run.counts.device),
+                                        (~run.finished)[:, None].long().to(run.counts.device))
             if len(eos):
-                finished = finished | torch.isin(token, eos)
-            if bool(finished.all()) or len(new_tokens) == max_new_tokens:
+                run.finished = run.finished | torch.isin(token, eos)
+            if bool(run.finished.all()) or len(new_tokens) == max_new_tokens:
                 break
-            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
-            logits = _decode_step(model, token, attention_mask, state, cache)
+            run.attention_mask = torch.cat([run.attention_mask, torch.ones_like(run.attention_mask[:, :1])], dim=1)
+            if cache is not None:
+                logits = _decode_step(model, token, run.attention_mask, state, cache)
+            else:
+                logits = _rerun(model, inputs, torch.stack(new_tokens, dim=1), run.attention_mask)
     tokens = torch.stack(new_tokens, dim=1)
     if bool(non_finite.any()):
         rows = non_finite.nonzero().flatten().tolist()
@@ -139,6 +211,16 @@ def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, 
         warn_non_finite("generate", f"the next-token logits of batch rows {rows[:6]}", hooked, inputs, fwd_hooks)
     return GenerationOutput(tokens=tokens, texts=_decode_texts(model, tokens, eos),
                             sequences=torch.cat([inputs.input_ids, tokens], dim=1), non_finite=non_finite.cpu())
+
+
+def _rerun(model: DecodingModel, prompt: VLMInputs, new: Tensor, attention_mask: Tensor) -> Tensor:
+    """Last logits [batch, d_vocab] of a full forward over the prompt (image included) and the new tokens."""
+    hf = {key: value for key, value in prompt.to_hf_kwargs().items() if key != "mm_token_type_ids"}
+    hf["input_ids"] = torch.cat([prompt.input_ids, new.to(prompt.input_ids.device)], dim=1)
+    hf["attention_mask"] = attention_mask
+    step = model.coerce_inputs(hf)
+    state = model.start_run(step)
+    return model.finish(model.run_blocks(state.resid, state))[:, -1]
 
 
 def _decode_step(model: DecodingModel, token: Tensor, attention_mask: Tensor, prefill: RunState,

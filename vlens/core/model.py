@@ -394,21 +394,70 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
 
     # ------------------------------------------------------------------ generation
     def generate(self, inputs: Any = None, max_new_tokens: int = 16, do_sample: bool = False,
-                 temperature: float = 1.0, top_p: float = 1.0, top_k: int | None = None,
+                 temperature: float = 1.0, top_p: float | None = 1.0, top_k: int | None = None,
                  fwd_hooks: Sequence = (), seed: int | None = None, verbose: bool = False,
-                 **hf_kwargs: Any) -> GenerationOutput:
-        """Autoregressive decoding with a KV cache (M-RoPE deltas handled); see `vlens.core.generation`.
+                 stop_at_eos: bool = True, eos_token_id: int | Sequence[int] | None = None,
+                 return_type: Literal["input", "output", "str", "tokens"] | None = "input",
+                 use_past_kv_cache: bool = True, freq_penalty: float = 0.0, repetition_penalty: float = 1.0,
+                 prepend_bos: bool | None = None, padding_side: Literal["left", "right"] | None = None,
+                 **hf_kwargs: Any) -> GenerationOutput | Tensor | str | list[str]:
+        """Autoregressive decoding with a KV cache (M-RoPE deltas handled); TransformerLens's keywords.
 
+        inputs: `VLMInputs` (from `prepare`), a processor output, HF keywords, token ids
+            [batch, pos] or text (a string or a list: text alone, tokenised by `to_tokens` with
+            `prepend_bos`; a batch is left-padded, as TransformerLens forces for generation).
+        Sampling and stopping (do_sample, temperature, top_k, top_p, freq_penalty,
+        repetition_penalty, stop_at_eos, eos_token_id, use_past_kv_cache, verbose, seed,
+        fwd_hooks): `vlens.core.generation.generate`. The default is greedy (HF's default;
+        TransformerLens samples unless ``do_sample=False``).
+        return_type: "input" (default) answers in the form of the input, as TransformerLens does:
+            text -> text (prompt and continuation: a string, or a list for a list), token ids ->
+            token ids [batch, pos + new], anything else -> `GenerationOutput`; "output" is always
+            `GenerationOutput`; "tokens" the ids [batch, pos + new]; "str" the decoded sequence
+            (prompt and continuation, special tokens kept, as TransformerLens decodes), a list per row.
         saes={hook: sae} (with positions=, use_error_term=) splices SAEs into the prompt and every step.
         """
+        if return_type not in ("input", "output", "str", "tokens", None):
+            raise UserInputError(f"generate: return_type must be 'input', 'output', 'str' or 'tokens', got "
+                                 f"{return_type!r}.")
         saes = hf_kwargs.pop("saes", None)
         positions, use_error_term = hf_kwargs.pop("positions", "all"), hf_kwargs.pop("use_error_term", False)
+        single_text = isinstance(inputs, str)
+        text_input = single_text or (isinstance(inputs, (list, tuple)) and bool(inputs)
+                                                 and all(isinstance(item, str) for item in inputs))
+        tokens_input = isinstance(inputs, Tensor)
+        if text_input:
+            texts = [inputs] if isinstance(inputs, str) else list(inputs)
+            rows = [self.to_tokens(text, prepend_bos=prepend_bos, move_to_device=False)[0] for text in texts]
+            width = max(len(row) for row in rows)
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            ids = torch.full((len(rows), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, row in enumerate(rows):  # left padding: every row's next token is in the last column
+                ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+            inputs, hf_kwargs = ids, {**hf_kwargs, "attention_mask": mask}
+        elif padding_side is not None or prepend_bos is not None:
+            raise UserInputError("generate: prepend_bos / padding_side apply to text input only; these inputs are "
+                                 "already tokens.")
         run_inputs = self.coerce_inputs(inputs, **hf_kwargs)
         with self.saes(saes, positions=positions, use_error_term=use_error_term, inputs=run_inputs) if saes \
                 else nullcontext():
-            return generate(self, run_inputs, max_new_tokens=max_new_tokens,
-                            do_sample=do_sample, temperature=temperature, top_p=top_p, top_k=top_k,
-                            fwd_hooks=fwd_hooks, seed=seed, verbose=verbose)
+            out = generate(self, run_inputs, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                           temperature=temperature, top_p=top_p, top_k=top_k, fwd_hooks=fwd_hooks, seed=seed,
+                           verbose=verbose, stop_at_eos=stop_at_eos, eos_token_id=eos_token_id,
+                           use_past_kv_cache=use_past_kv_cache, freq_penalty=freq_penalty,
+                           repetition_penalty=repetition_penalty)
+        if return_type == "input":
+            return_type = "str" if text_input else "tokens" if tokens_input else "output"
+        if return_type == "tokens":
+            return out.sequences
+        if return_type == "str":
+            decoded = [self.tokenizer.decode(row[keep.bool()].tolist() + (_until_end(new.tolist(), eos_token_id, self.cfg)
+                                                                           if stop_at_eos else new.tolist()))
+                       for row, keep, new in zip(run_inputs.input_ids, run_inputs.attention_mask, out.tokens,
+                                                 strict=True)]
+            return decoded[0] if single_text else decoded
+        return out
 
     # ------------------------------------------------------------------ TransformerLens conveniences
     # (more in vlens.core.tl_surface and vlens.core.weights, mixed in above)
@@ -446,6 +495,13 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         return (f"HookedVLM({c.architecture}: {c.n_layers} layers, d_model={c.d_model}, "
                 f"{c.n_heads} heads ({c.n_key_value_heads} kv), d_head={c.d_head}, "
                 f"{len(self.hook_dict)} hook points)")
+
+
+def _until_end(new: list[int], eos_token_id: int | Sequence[int] | None, cfg: VLMConfig) -> list[int]:
+    """A row's new tokens up to its first end token (kept), without the padding after it."""
+    ends = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or cfg.eos_token_ids or [])
+    cut = next((i + 1 for i, token in enumerate(new) if token in ends), len(new))
+    return new[:cut]
 
 
 HookedVisionLanguageModel = HookedVLM
