@@ -5,41 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vlens.testing as vt
-from tests.helpers.models import tiny_vlm
+from tests.helpers.models import FAMILIES, build_pair, tiny_vlm
 from vlens import HookedVLM
 from vlens.testing import random_image
 from vlens.training.export import load_adapters, save_adapters, save_merged
 from vlens.training.lora import add_lora, lora_layers, lora_parameters
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "llava_onevision", "qwen3_vl_moe",
-            "qwen3_5", "qwen3_5_moe", "gemma3", "internvl", "idefics3", "smolvlm"]
-# builders whose processor is Qwen3-VL's (LoRA reaches the softmax-attention layers' q/k/v/o projections)
-QWEN3_STYLE = {"qwen3_vl_moe": vt.tiny_qwen3_vl_moe_model, "qwen3_5": vt.tiny_qwen3_5_model,
-               "qwen3_5_moe": vt.tiny_qwen3_5_moe_model}
-
 
 def _hf(family: str):
-    """A fresh tiny HF model (same seed -> same weights) and its processor."""
-    if family in ("qwen2_vl", "qwen2_5_vl"):
-        return vt.tiny_hf_model(family, seed=0), vt.tiny_qwen_processor()
-    if family == "qwen3_vl":
-        return vt.tiny_qwen3_vl_model(seed=0), vt.tiny_qwen3_vl_processor()
-    if family in QWEN3_STYLE:
-        return QWEN3_STYLE[family](seed=0), vt.tiny_qwen3_vl_processor()
-    if family == "llava_next":
-        return vt.tiny_llava_next_model(seed=0), vt.tiny_llava_next_processor()
-    if family == "llava_onevision":
-        return vt.tiny_llava_onevision_model(seed=0), vt.tiny_llava_onevision_processor()
-    if family == "gemma3":
-        return vt.tiny_gemma3_model(seed=0), vt.tiny_gemma3_processor()
-    if family == "internvl":
-        return vt.tiny_internvl_model(seed=0), vt.tiny_internvl_processor()
-    if family == "idefics3":
-        return vt.tiny_idefics3_model(seed=0), vt.tiny_idefics3_processor()
-    if family == "smolvlm":
-        return vt.tiny_smolvlm_model(seed=0), vt.tiny_smolvlm_processor()
-    return vt.tiny_llava_model(seed=0), vt.tiny_llava_processor()
+    """A fresh tiny HF model (same seed -> same weights as `_hooked`) and its processor."""
+    hf, model = build_pair(family, seed=0)
+    return hf, model.processor
 
 
 def _hooked(family: str) -> HookedVLM:

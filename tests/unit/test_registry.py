@@ -174,5 +174,5 @@ def test_vlens_info_lists_the_families_without_loading_a_model(capsys):
         assert f"  {family}: {', '.join(adapter.hf_class_names)}" in out
     assert "LlavaNextForConditionalGeneration" in out and "LlavaOnevisionForConditionalGeneration" in out
     for name in ("InternVLForConditionalGeneration", "Idefics3ForConditionalGeneration",
-                 "SmolVLMForConditionalGeneration"):
+                 "SmolVLMForConditionalGeneration", "Gemma3ForConditionalGeneration"):
         assert name in out
