@@ -47,6 +47,23 @@ def test_readme_transformer_lens_tools_run(capsys):
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
 
 
+def test_readme_attention_page_snippet_runs(tmp_path, monkeypatch):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    block = next(b for b in blocks if "vlens.viz.attention_patterns" in b)
+    import vlens
+    from vlens.data import make_pair
+
+    model = vlens.load()
+    image = make_pair(n_clean=3, n_corrupt=5, seed=0, size=168).clean_image
+    inputs = model.prepare(images=[image], prompts=["How many dots are there?"])
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"model": model, "inputs": inputs}
+    exec(compile(block, "README.md", "exec"), namespace)
+    page = (tmp_path / "attention-L2.html").read_text(encoding="utf-8")
+    assert "img0[r5,c5]" in page and (tmp_path / "attention-L2-big.html").exists()
+    assert "img0[r0,c0]" in namespace["labels"]
+
+
 def test_readme_circuits_snippet_runs():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     block = next(b for b in blocks if "vlens.circuits" in b)

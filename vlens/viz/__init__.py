@@ -5,6 +5,7 @@ Nothing here imports plotly or circuitsvis until a function needs it
 (install them with `pip install "vlens[viz]"`).
 """
 
+from vlens.viz.attention_page import attention_patterns, image_token_labels
 from vlens.viz.circuits import attention_heads_view, attention_patterns_view, circuitsvis_html, token_labels
 from vlens.viz.colormaps import apply_colormap, colormap_names
 from vlens.viz.figures import (
@@ -36,6 +37,7 @@ __all__ = [
     "attention_grid_image",
     "attention_heads_view",
     "attention_overlay_figure",
+    "attention_patterns",
     "attention_patterns_view",
     "attention_tiles_figure",
     "attention_to_image",
@@ -46,6 +48,7 @@ __all__ = [
     "figure_page",
     "image_grid_heatmap",
     "image_to_data_uri",
+    "image_token_labels",
     "jaccard_matrix_figure",
     "layer_head_heatmap",
     "layer_region_figure",
