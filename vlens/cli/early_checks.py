@@ -27,6 +27,7 @@ INPUT_FLAGS: dict[str, dict[str, bool]] = {
     "train": {"--data": True, "--image-dir": False},
     "eval": {"--data": False, "--image-dir": False},
     "temperature": {"--data": False, "--image-dir": False, "--temps": False, "--result": False, "--taxonomy": False},
+    "sae": {"--data": False, "--image-dir": False, "--sae": False},
     "demo": {"--interventions": False},
 }
 
