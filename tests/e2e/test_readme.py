@@ -64,6 +64,16 @@ def test_readme_attention_page_snippet_runs(tmp_path, monkeypatch):
     assert "img0[r0,c0]" in namespace["labels"]
 
 
+def test_readme_multi_token_answers_snippet_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    block = next(b for b in blocks if "answer_logit_diff" in b)
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    model, inputs, diff = namespace["model"], namespace["inputs"], namespace["diff"]
+    first = model.answer_logit_diff(inputs, "12", "13", mode="first_token")
+    assert abs(float(first[0]) - float(diff)) <= 1e-4
+
+
 def test_readme_circuits_snippet_runs():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     block = next(b for b in blocks if "vlens.circuits" in b)

@@ -15,6 +15,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.core.answer_tokens import (
+    answer_ids,
+    answer_logprobs,
+    append_tokens,
+    first_difference,
+    teacher_force,
+)
 from vlens.core.architectures import resolve_adapter
 from vlens.core.architectures.base import ArchitectureAdapter, HFModule
 from vlens.core.cache import VLMActivationCache
@@ -196,6 +203,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         prompts: str | Sequence[str] = (),
         chat: bool = True,
         allow_urls: bool = False,
+        answers: str | Sequence[str | Sequence[int]] | None = None,
     ) -> VLMInputs:
         """Processor + chat format -> `VLMInputs` (left-padded batch, with token regions).
 
@@ -203,8 +211,67 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
             image is a PIL image (16-bit, float, palette and alpha modes are scaled / composited
             to 8-bit RGB, see `vlens.utils.images`), a local file path, or a numpy array / tensor.
         allow_urls: fetch "http(s)://" images (refused by default: nothing is downloaded unasked).
+        answers: an answer prefix to teacher-force after each prompt (one text, or one per prompt;
+            token-id lists are taken as they are): its tokens are those it gets continuing the
+            generation prompt (`vlens.core.answers`, rule 1), appended after the prompt, so the
+            last position (``regions.final``) predicts the token after the prefix. E.g.
+            ``answers=["1"]`` and reading "2" vs "3" there contrasts "12" with "13" on a tokenizer
+            that splits digits. `answer_logit_diff` does this for whole answers.
         """
-        return prepare_inputs(self, images=images, prompts=prompts, chat=chat, allow_urls=allow_urls)
+        inputs = prepare_inputs(self, images=images, prompts=prompts, chat=chat, allow_urls=allow_urls)
+        if answers is None:
+            return inputs
+        rows = [answers] * inputs.batch_size if isinstance(answers, str) else list(answers)
+        if len(rows) != inputs.batch_size:
+            raise UserInputError(f"prepare: {len(rows)} answers for {inputs.batch_size} prompts; pass one answer "
+                                 "prefix per prompt (or one string for all).")
+        ids = [answer_ids(self, a, example=f"prompt {i}", chat=chat) if isinstance(a, str) else [int(t) for t in a]
+               for i, a in enumerate(rows)]
+        return append_tokens(self, inputs, ids)
+
+    def answer_logit_diff(self, inputs: VLMInputs, correct: str | Sequence[str], incorrect: str | Sequence[str],
+                          mode: Literal["logprob", "first_token"] = "logprob",
+                          fwd_hooks: Sequence = (), chat: bool = True) -> Float[Tensor, "batch"]:
+        """How much more the model favours `correct` than `incorrect` as the answer, per row [batch].
+
+        Answers may be several tokens ("12" is "1", "2" for Qwen); each is tokenised as it continues
+        the generation prompt (`vlens.core.answers`, rule 1; one string for every row or one per row).
+
+        mode: "logprob" (default): ``log P(correct) - log P(incorrect)``, each the teacher-forced sum
+            ``sum_j log p(a_j | prompt, a_<j)`` (two forwards, one per answer; rule 3). For
+            one-token answers it equals the logit difference exactly.
+            "first_token": the logit difference at the first token where the answers differ, their
+            shared prefix teacher-forced (one forward; rule 2, what vlens's patching metrics read):
+            "12" vs "13" -> logit["2"] - logit["3"] after forcing "1".
+        fwd_hooks: TransformerLens (name, fn) pairs active during the forwards.
+        chat: the answers continue the chat format's generation prompt (False: inputs prepared with
+            ``chat=False``; the answers are tokenised on their own).
+        """
+        if mode not in ("logprob", "first_token"):
+            raise UserInputError(f"answer_logit_diff: mode must be 'logprob' or 'first_token', got {mode!r}.")
+        n = inputs.batch_size
+        goods = [correct] * n if isinstance(correct, str) else list(correct)
+        bads = [incorrect] * n if isinstance(incorrect, str) else list(incorrect)
+        if len(goods) != n or len(bads) != n:
+            raise UserInputError(f"answer_logit_diff: {len(goods)} correct and {len(bads)} incorrect answers for a "
+                                 f"batch of {n}; pass one string for all rows or one per row.")
+        good_ids = [answer_ids(self, a, example=f"row {i}", chat=chat) for i, a in enumerate(goods)]
+        bad_ids = [answer_ids(self, a, example=f"row {i}", chat=chat) for i, a in enumerate(bads)]
+        with torch.no_grad():
+            if mode == "logprob":
+                scores = []
+                for ids in (good_ids, bad_ids):
+                    logits = self.run_with_hooks(teacher_force(self, inputs, ids), fwd_hooks=list(fwd_hooks))
+                    scores.append(answer_logprobs(logits, ids)[0])
+                return scores[0] - scores[1]
+            pairs = [first_difference(self, a, b, example=f"row {i}")
+                     for i, (a, b) in enumerate(zip(good_ids, bad_ids, strict=True))]
+            logits = self.run_with_hooks(append_tokens(self, inputs, [p[0] for p in pairs]),
+                                         fwd_hooks=list(fwd_hooks))[:, -1].float()
+            rows = torch.arange(n, device=logits.device)
+            good = torch.tensor([p[1] for p in pairs], device=logits.device)
+            bad = torch.tensor([p[2] for p in pairs], device=logits.device)
+            return (logits[rows, good] - logits[rows, bad]).cpu()
 
     def coerce_inputs(self, inputs: Any = None, **hf_kwargs: Any) -> VLMInputs:
         """Accept `VLMInputs`, a processor output (dict / BatchFeature), token ids, HF keywords, or text.
