@@ -22,11 +22,26 @@ def test_ablate_runs_real_sets_as_tasks(tmp_path):
     pixmo = write_rows(pixmo_table([1, 2, 3, 4]), tmp_path / "pixmo", "parquet")
     countbench = write_rows(countbench_table([2, 3, 4, 1]), tmp_path / "countbench", "disk")
     out = tmp_path / "ablation"
-    assert main(["ablate", *FAST, "--data", str(pixmo), str(countbench), "--n-examples", "2", "--n-reference", "2",
-                 "--top-k", "2", "--out", str(out), "--quiet"]) == 0
+    assert main(["ablate", *FAST, "--data", str(pixmo), str(countbench), "--tasks", "none", "--n-examples", "2",
+                 "--n-reference", "2", "--top-k", "2", "--out", str(out), "--quiet"]) == 0
     report = json.loads((out / "results.json").read_text())
     assert sorted(report["results"]) == ["countbench", "pixmo"]
     assert report["results"]["pixmo"]["n_examples"] == 2
+
+
+def test_ablate_keeps_the_task_suites_with_data_and_says_how_it_splits(tmp_path, capsys):
+    apples = write_rows(pixmo_table([1, 2, 3, 4, 5, 6]), tmp_path / "apples", "parquet")
+    out = tmp_path / "ablation"
+    assert main(["ablate", *FAST, "--data", str(apples), "--tasks", "counting", "--n-examples", "4",
+                 "--n-reference", "4", "--top-k", "2", "--out", str(out)]) == 0
+    report = json.loads((out / "results.json").read_text())
+    assert sorted(report["results"]) == ["apples", "counting"]  # the suite stays
+    split = report["settings"]["data_splits"]["apples"]
+    assert (split["evaluated"], split["reference"]) == (3, 3)  # 6 records < 4 + 4: split in half
+    assert report["results"]["apples"]["n_examples"] == 3
+    err = capsys.readouterr().err
+    assert "apples: 3 examples evaluated (readable records 1-3), 3 give the reference means (4-6)" in err
+    assert "split in half" in err and "tasks: counting (task suites" in err
 
 
 def test_logit_lens_and_lens_train_on_real_sets(tmp_path):

@@ -2,6 +2,7 @@
 
     vlens ablate --model tiny --tasks counting,colour,spatial,arithmetic --top-k 20 --out runs/ablation
     vlens ablate --model PATH --data pixmo.parquet countbenchqa.parquet --image-dir images/ --out runs/real
+    vlens ablate --model PATH --data pixmo.parquet --tasks none --out runs/pixmo-only
     vlens ablate --model MOE_DIR --unit expert --tasks counting,colour --top-k 10 --out runs/experts
 
 Writes ``results.json`` (the report), ``report.html`` (Jaccard heatmap, per-task damage heatmaps,
@@ -53,10 +54,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
     add_data_arguments(parser, multiple=True,
                        help="real datasets, each one task named after its file (PixMo-Count, CountBenchQA, "
-                            "multiple choice, imagefolders, qa rows; see --format); with --tasks too, both are run")
+                            "multiple choice, imagefolders, qa rows; see --format), run with the task suites "
+                            "(--tasks; --tasks none for the real sets alone). Of each set's readable records the "
+                            "first --n-examples are evaluated and the next --n-reference give the reference means; "
+                            "a smaller set is split in half (the command says how each set was split)")
     parser.add_argument("--tasks", default=None, type=task_list_arg,
-                        help="comma-separated tasks, TASK or TASK@STYLE (e.g. counting@synreal); "
-                             f"default {','.join(DEFAULT_TASKS)}")
+                        help="comma-separated tasks, TASK or TASK@STYLE (e.g. counting@synreal), or none (only the "
+                             f"--data sets); default {','.join(DEFAULT_TASKS)}, with --data too")
     parser.add_argument("--unit", choices=UNITS, default="head",
                         help="what is ablated: each attention head (hook_z), or each expert of every mixture-of-"
                              "experts layer (its output where the router chose it; --method mean or zero)")
@@ -97,11 +101,11 @@ def run_ablate(args: argparse.Namespace) -> int:
     from vlens.utils.finite import collect_non_finite
     from vlens.utils.validation import check_top_k
 
-    if args.tasks is None:
-        args.tasks = "" if args.data else ",".join(DEFAULT_TASKS)
-    tasks = [t for t in args.tasks.split(",") if t.strip()]
+    if args.tasks is None:  # the task suites stay in the comparison when real sets are added
+        args.tasks = ",".join(DEFAULT_TASKS)
+    tasks = [] if args.tasks == "none" else [t for t in args.tasks.split(",") if t.strip()]
     if not tasks and not args.data:
-        raise UserInputError("--tasks is empty: give e.g. --tasks counting,colour (or real sets with --data)")
+        raise UserInputError("--tasks is empty or none: give e.g. --tasks counting,colour (or real sets with --data)")
     datasets = [load_data_arg(args, path) for path in args.data or []]  # read (and checked) before the model
     if args.patching is not None and not args.patching.is_file():
         raise UserInputError(f"--patching {args.patching}: no such file")
@@ -120,6 +124,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         _check_patching(patching, model, args)
     suite = (tasks_with_datasets(model, tasks, datasets, args.n_examples, args.n_reference, args.seed,
                                  rendered_size(args, DEFAULT_IMAGE_SIZE)) if datasets else tasks)
+    splits = _data_splits(suite, len(datasets), args) if isinstance(suite, dict) else {}
     with collect_non_finite() as problems:
         report = ablation_study(
             model, suite, n_examples=args.n_examples, n_reference=args.n_reference,
@@ -133,6 +138,8 @@ def run_ablate(args: argparse.Namespace) -> int:
     if not args.sharding.is_main:  # every rank holds the report; rank 0 writes it
         return non_finite_exit(problems, True, "vlens ablate")
     report.settings["model_arg"] = args.model
+    if splits:
+        report.settings["data_splits"] = splits
     if args.patching is not None:
         add_patching_overlap(report, patching, source=str(args.patching), metric=args.patching_metric)
     report.save(out / RESULTS_FILE)
@@ -150,6 +157,30 @@ def run_ablate(args: argparse.Namespace) -> int:
     echo(report.summary())
     logger.info("wrote %s", ", ".join(str(p) for p in written))
     return non_finite_exit(problems, args.allow_nan, "vlens ablate")
+
+
+def _data_splits(suite: dict, n_datasets: int, args: argparse.Namespace) -> dict[str, dict]:
+    """How each --data set was split between evaluation and the reference means: said on stderr, kept
+    in results.json (settings.data_splits)."""
+    splits = {}
+    names = list(suite)
+    suites, sets = names[: len(names) - n_datasets], names[len(names) - n_datasets:]
+    for name in sets:
+        evaluation, reference = suite[name]
+        n_eval, n_ref = len(evaluation.prompts), len(reference.prompts)
+        halved = (n_eval, n_ref) != (args.n_examples, args.n_reference)
+        rule = (f"fewer than --n-examples {args.n_examples} + --n-reference {args.n_reference} readable records: "
+                "split in half, the first half evaluated" if halved else
+                "the first --n-examples readable records evaluated, the next --n-reference for the reference means")
+        splits[name] = {"evaluated": n_eval, "reference": n_ref, "rule": rule}
+        logger.info("%s: %d examples evaluated (readable records 1-%d), %d give the reference means (%d-%d)%s", name,
+                    n_eval, n_eval, n_ref, n_eval + 1, n_eval + n_ref,
+                    f"; {rule}" if halved else "")
+    if suites:
+        logger.info("tasks: %s (task suites: %d evaluation and %d reference examples each, from disjoint seeds) and "
+                    "%s (--data; --tasks none runs them alone)", ", ".join(suites), args.n_examples, args.n_reference,
+                    ", ".join(sets))
+    return splits
 
 
 def _read_json(path: Path, flag: str):

@@ -131,12 +131,14 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def task_list_arg(text: str) -> str:
-    """ablate --tasks: comma-separated TASK or TASK@STYLE, each a task of the suites and a known style
-    (the text is kept: the command parses it)."""
+    """ablate --tasks: comma-separated TASK or TASK@STYLE, each a task of the suites and a known style,
+    or "none" (no task suite: the --data sets alone). The text is kept: the command parses it."""
     from vlens.data.styles import STYLES
     from vlens.data.templates import TASKS
 
     aliases = {"counting_synreal": "counting@synreal", "synreal": "counting@synreal", "color": "colour"}
+    if text.strip().lower() == "none":
+        return "none"
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
