@@ -82,3 +82,23 @@ def test_readme_circuits_snippet_runs():
     circuit, exact = namespace["circuit"], namespace["exact"]
     assert circuit.faithfulness >= 0.9 and len(exact.effects) == 10
     assert namespace["figure"].layout.images  # the picture under the image-region nodes
+
+
+def test_readme_sae_snippet_runs(tmp_path, monkeypatch):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    block = next(b for b in blocks if "run_with_saes" in b)
+    import torch
+
+    import vlens
+    from vlens.data import make_pair
+
+    model = vlens.load()
+    image = make_pair(n_clean=3, n_corrupt=5, seed=0, size=168).clean_image
+    inputs = model.prepare(images=[image], prompts=["How many dots are there?"])
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"model": model, "inputs": inputs}
+    exec(compile(block, "README.md", "exec"), namespace)
+    assert namespace["acts"].shape == (1, inputs.seq_len, 256)
+    assert torch.equal(namespace["same"].W_dec, namespace["sae"].W_dec)
+    assert (tmp_path / "sae_folder" / "cfg.json").is_file()
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
