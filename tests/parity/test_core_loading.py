@@ -92,3 +92,43 @@ def test_regions_describe_the_layout(qwen_pair):
         assert covered == int(inputs.attention_mask[row].sum())
     with pytest.raises(ValueError, match="2 image entries for 1 prompts|image entries"):
         model.prepare(images=[random_image(), random_image()], prompts=["a"])
+
+
+# family -> (the processor class, the image processor class a hub checkpoint of the family names); the fast
+# image processors need torchvision and InternVL's / SmolVLM's processors a video processor (and num2words)
+HUB_PROCESSORS = {
+    "llava_next": ("LlavaNextProcessor", "LlavaNextImageProcessorFast"),
+    "llava_onevision": ("LlavaOnevisionProcessor", "LlavaOnevisionImageProcessorFast"),
+    "gemma3": ("Gemma3Processor", "Gemma3ImageProcessorFast"),
+    "internvl": ("InternVLProcessor", "GotOcr2ImageProcessorFast"),
+    "idefics3": ("Idefics3Processor", "Idefics3ImageProcessorFast"),
+    "smolvlm": ("SmolVLMProcessor", "SmolVLMImageProcessorFast"),
+}
+
+
+@pytest.mark.parametrize("layout", ["nested", "preprocessor_config"])
+@pytest.mark.parametrize("family", sorted(HUB_PROCESSORS))
+def test_a_folder_naming_the_hub_processor_classes_loads(family, layout, tmp_path):
+    """A folder whose processor config names the classes a hub checkpoint names (HF's processor, the fast
+    image processor; nested in processor_config.json or, the older layout, in preprocessor_config.json)
+    loads with the PIL image processor, without torchvision, and its logits equal HF's."""
+    from tests.helpers.models import build_pair
+
+    hf, built = build_pair(family, seed=1)
+    hf.save_pretrained(tmp_path)
+    built.processor.save_pretrained(tmp_path)
+    processor_class, image_processor_class = HUB_PROCESSORS[family]
+    config = json.loads((tmp_path / "processor_config.json").read_text())
+    config["processor_class"] = processor_class
+    image = config["image_processor"]
+    image["image_processor_type"] = image_processor_class
+    if layout == "preprocessor_config":
+        config.pop("image_processor")
+        (tmp_path / "preprocessor_config.json").write_text(json.dumps({**image, "processor_class": processor_class}))
+    (tmp_path / "processor_config.json").write_text(json.dumps(config))
+    model = HookedVLM.from_pretrained(str(tmp_path), device="cpu")
+    assert type(model.processor.image_processor).__name__.endswith("Pil")
+    inputs = model.prepare(images=[random_image(70, 40, 1)], prompts=["How many dots are there?"])
+    assert sum(len(r) for r in inputs.regions.image) > 0
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs), hf(**inputs.to_hf_kwargs()).logits, atol=1e-4, rtol=0)
