@@ -37,6 +37,8 @@ _LAZY = {
     "registered_adapters": "vlens.core.architectures",
     "supported_architectures": "vlens.core.architectures",
     "UserInputError": "vlens.utils.errors",
+    "load_result": "vlens.utils.results",
+    "Result": "vlens.utils.results",
     "SweepOptions": "vlens.parallel.options",
 }
 
@@ -52,8 +54,10 @@ __all__ = [
     "VLMInputs",
     "act_name",
     "adapter_for",
+    "Result",
     "load",
     "load_model",
+    "load_result",
     "register_adapter",
     "registered_adapters",
     "supported_architectures",
@@ -74,6 +78,7 @@ if TYPE_CHECKING:
     from vlens.core.model import HookedVisionLanguageModel, HookedVLM
     from vlens.parallel.options import SweepOptions
     from vlens.utils.errors import UserInputError
+    from vlens.utils.results import Result, load_result
     from vlens.zoo.specs import load_model
 
 

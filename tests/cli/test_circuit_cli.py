@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from vlens.circuits import Circuit
+from tests.helpers.family_commands import check_loads_back
+from vlens.circuits import Circuit, EdgeScores, ImageAttribution
 from vlens.cli import main
 
 
@@ -26,6 +27,11 @@ def test_circuit_command_writes_a_circuit_that_loads_back(tmp_path, capsys):
     assert set(data["image_attribution"]["scores"]) == {"gradient_x_input", "attribution_patching", "exact"}
     circuit = Circuit.load(out)
     assert circuit.n_edges == data["n_edges"] and circuit.extra["model"] == "tiny"
+    assert check_loads_back(out, "Circuit").to_dict() == circuit.to_dict()
+    # the parts read back alone too: the scores it was ranked by, its image attribution
+    scores = EdgeScores.load(out)
+    assert scores.to_dict() == circuit.scores.to_dict() == data["scores"]
+    assert ImageAttribution.from_dict(data["image_attribution"]).to_dict() == data["image_attribution"]
     assert main(args) == 2  # refuses to overwrite
     assert "--overwrite" in capsys.readouterr().err
 

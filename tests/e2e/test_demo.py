@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.family_commands import check_loads_back
 from vlens import SweepOptions
 from vlens.demo.geometry_stage import count_alignment
 from vlens.demo.interventions_stage import interventions_rows, interventions_section
@@ -53,7 +54,8 @@ def demo_run(tmp_path_factory):
 
 
 def test_quick_demo_writes_every_section_in_order(demo_run):
-    _, results, page = demo_run
+    out, results, page = demo_run
+    assert check_loads_back(out, "DemoResults").section_order == SECTION_KEYS  # vlens.load_result
     assert results["section_order"] == SECTION_KEYS
     assert list(results["sections"]) == SECTION_KEYS
     titles = re.findall(r"<h2>(.*?)</h2>", page)

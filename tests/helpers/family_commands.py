@@ -37,6 +37,27 @@ def results(folder: Path, name: str = "results.json") -> dict:
     return json.loads((folder / name).read_text())
 
 
+def check_loads_back(folder: Path, expected: str) -> Any:
+    """`vlens.load_result(folder)` gives the typed result (class name `expected`) and its `to_dict()`
+    is what the command saved, key for key (less the provenance block, which the object keeps)."""
+    import vlens
+    from vlens.utils.finite import json_safe
+    from vlens.utils.results import result_file
+
+    loaded = vlens.load_result(folder)
+    assert type(loaded).__name__ == expected, (folder, type(loaded).__name__)
+    saved = json.loads(result_file(folder).read_text())
+    provenance = saved.pop("provenance", None)
+    again = json.loads(json.dumps(json_safe(loaded.to_dict()), allow_nan=False))
+    again.pop("provenance", None)
+    differ = sorted(k for k in set(saved) | set(again) if saved.get(k) != again.get(k))
+    assert not differ, (folder, differ)
+    assert saved["kind"] == loaded.kind
+    if provenance is not None and hasattr(loaded, "saved_provenance"):
+        assert loaded.saved_provenance == provenance
+    return loaded
+
+
 def check_provenance(payload: dict, command: str, model: str | None) -> dict:
     """Every written result says how it was made (vlens.utils.provenance): the command line, vlens,
     torch and transformers versions, seeds, world size, start time, and the model with its weights."""
@@ -134,6 +155,13 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
         grid = done["patch"].get("patch_effect") or done["patch"].get("overwrite_rate")
         assert grid is not None and len(grid) == n_layers and len(grid[0]) == n_heads
     assert done["train"]["steps"] == 1
+    # every folder reads back as its typed result (vlens.load_result), to_dict() equal to what was saved
+    for name, expected in (("patch", "PatchingResult"), ("circuit", "Circuit"), ("logit-lens", "LogitLensResult"),
+                           ("lens", "Translators"), ("headlens", "HeadTaxonomy"), ("ablate", "AblationReport"),
+                           ("eval", "EvalResult"), ("train", "SFTResult"), ("fit", "HeadTemperature"),
+                           ("apply", "TemperatureComparison"), ("apply/with_temperature", "EvalResult"),
+                           *([("export", "HeadTemperature")] if export else [])):
+        check_loads_back(out / name, expected)
     return done
 
 
@@ -153,4 +181,7 @@ def run_expert_commands(model: str, out: Path, image_args: Sequence[str] = ("--i
     done["patch --mode layer-expert"] = results(out / "patch-experts")
     for name, payload in done.items():
         check_provenance(payload, name.split()[0], model)
+    for name, expected in (("routing", "RoutingStatistics"), ("ablate-experts", "AblationReport"),
+                           ("patch-experts", "PatchingResult")):
+        check_loads_back(out / name, expected)
     return done

@@ -6,7 +6,7 @@ import html
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float
@@ -42,6 +42,16 @@ def _grid(values) -> list[list[float | None]]:
 def _number(value) -> float | None:
     value = float(value)
     return round(value, 6) if math.isfinite(value) else None  # JSON has no NaN / inf
+
+
+def _exact(value) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _exact_grid(values) -> list[list[float | None]]:
+    """Rows of floats in full (NaN -> None)."""
+    return [[_exact(v) for v in row.tolist()] for row in torch.as_tensor(values)]
 
 
 def _p_grid(values) -> list[list[float | None]]:
@@ -87,6 +97,8 @@ class HeadAblation(Result):
     # what was ablated: "head" (hook_z), or "expert" (a MoE layer's expert, `vlens.ablation.experts`:
     # the grid is [n_layers, n_experts] and heads_per_layer is then the experts per layer, 0 for dense MLPs)
     unit: str = "head"
+
+    kind: ClassVar[str] = "head_ablation"
 
     def unit_label(self, layer: int, index: int) -> str:
         """"L3H5" for a head, "L3E5" for an expert."""
@@ -136,7 +148,8 @@ class HeadAblation(Result):
         lp, acc = self.logprob_drop, self.accuracy_drop
         return {
             "task": self.task, "method": self.method, "alignment": self.alignment, "n_examples": self.n_examples,
-            "clean_logprob": _number(self.clean_logprob), "clean_accuracy": _number(self.clean_accuracy),
+            # the measured values in full (a loaded result recomputes the rounded drops and the ranking exactly)
+            "clean_logprob": _exact(self.clean_logprob), "clean_accuracy": _exact(self.clean_accuracy),
             "max_logprob_drop": _number(self.max_drop),
             "ranked_heads": [
                 {"rank": i + 1, "layer": layer, self.unit: head, "logprob_drop": _number(lp[layer, head]),
@@ -144,8 +157,8 @@ class HeadAblation(Result):
                 for i, (layer, head) in enumerate(ranked)
             ],
             "top_heads": [list(h) for h in ranked[: top_k or len(ranked)]],
-            "ablated_logprob": _grid(self.ablated_logprob),
-            "ablated_accuracy": _grid(self.ablated_accuracy),
+            "ablated_logprob": _exact_grid(self.ablated_logprob),
+            "ablated_accuracy": _exact_grid(self.ablated_accuracy),
             "answer_rule": "vlens.core.answers: whole answer teacher-forced (sum of its tokens' log-probabilities)",
             "answers": self.answers, "answer_tokens": self.answer_tokens,
             **({"heads_per_layer": self.heads_per_layer} if self.heads_per_layer else {}),
@@ -186,6 +199,8 @@ class AblationReport(Result):
     settings: dict = field(default_factory=dict)
     patching: dict | None = None
     retest: dict[str, HeadAblation] | None = None
+
+    kind: ClassVar[str] = "ablation_report"
 
     def __post_init__(self):
         if not self.results:
@@ -299,11 +314,6 @@ class AblationReport(Result):
             "retest_results": None if not self.retest else {
                 task: r.to_dict(self.top_k, self.rank_by) for task, r in self.retest.items()},
         }
-
-    @classmethod
-    def load(cls, path: str | Path) -> AblationReport:
-        """A saved report: its results.json, or the folder holding it."""
-        return cls.from_dict(cls.read_saved(path))
 
     @classmethod
     def from_dict(cls, data: dict) -> AblationReport:

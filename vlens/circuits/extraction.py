@@ -21,7 +21,6 @@ the pairs (the ratio of resampled means).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -152,8 +151,8 @@ class Circuit(Result):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Circuit:
-        if data.get("kind") != "circuit":
-            raise ValueError(f"not a circuit result (kind {data.get('kind')!r})")
+        if data.get("kind", cls.kind) != cls.kind:
+            raise UserInputError(f"not a circuit result (kind {data.get('kind')!r}): read it with vlens.load_result")
         scores = EdgeScores.from_dict(data["scores"])
         interval = data["faithfulness_interval"]
         known = {"kind", "definition", "metric", "method", "ig_steps", "rank_by", "pruned", "target", "k", "n_edges",
@@ -171,11 +170,6 @@ class Circuit(Result):
                    clean_metric=floats(data["clean_metric"]), corrupt_metric=floats(data["corrupt_metric"]),
                    rank_by=data.get("rank_by", "abs"), pruned=bool(data.get("pruned", True)),
                    extra={k: v for k, v in data.items() if k not in known})
-
-    @classmethod
-    def load(cls, path: str | Path) -> Circuit:
-        """Read what `save` wrote (the JSON file, or a folder holding results.json)."""
-        return cls.from_dict(cls.read_saved(path))
 
     def plot(self, max_edges: int | None = 60):
         """The circuit's graph: its edges (the `max_edges` of largest |score|; None: all), width by

@@ -22,7 +22,6 @@ gradients tend to M(corrupt) - M(clean) as m grows (the path's two ends).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -174,10 +173,7 @@ class ImageAttribution(Result):
         })
 
     @classmethod
-    def load(cls, path: str | Path) -> ImageAttribution:
-        data = cls.read_saved(path)
-        if data.get("kind") != cls.kind:
-            raise ValueError(f"not an image attribution result (kind {data.get('kind')!r})")
+    def from_dict(cls, data: dict) -> ImageAttribution:
 
         def tensor(rows) -> Tensor:
             return torch.tensor([[float("nan") if v is None else v for v in row] for row in rows])

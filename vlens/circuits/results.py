@@ -157,9 +157,13 @@ class EdgeScores(Result):
 
     @classmethod
     def load(cls, path: str | Path) -> EdgeScores:
-        """Read what `save` wrote (the JSON file, or a folder holding results.json)."""
+        """Read what `save` wrote (the JSON file, or a folder holding results.json); a saved circuit
+        gives the scores it was ranked by."""
+        path = Path(path)
         data = cls.read_saved(path)
-        return cls.from_dict(data["scores"] if data.get("kind") == "circuit" else data)
+        if data.get("kind") == "circuit":
+            data = data["scores"]
+        return cls.from_saved(data, path if path.is_dir() else path.parent)
 
     def plot(self, k: int = 40, by: str = "abs"):
         """The graph with the `k` highest-ranked edges, width by |score|."""
@@ -219,8 +223,7 @@ class PathPatchResult(Result):
         })
 
     @classmethod
-    def load(cls, path: str | Path) -> PathPatchResult:
-        data = cls.read_saved(path)
+    def from_dict(cls, data: dict) -> PathPatchResult:
         graph = CircuitGraph.from_dict(data["graph"])
         return cls(graph=graph, conditions=[[graph.edge_index(e) for e in edges] for edges in data["conditions"]],
                    patched=torch.tensor([[float("nan") if v is None else v for v in row] for row in data["patched"]]),

@@ -143,7 +143,7 @@ def _train(model, samples, args, steps, lr, positions):
     if not sharding.is_main:
         translators.load_state_dict(state)
         translators.info.update(info)
-    return translators, TrainingReport(**report_json)
+    return translators, TrainingReport.from_dict(report_json)
 
 
 def run_lens_train(args: argparse.Namespace) -> int:

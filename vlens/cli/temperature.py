@@ -162,7 +162,7 @@ def run_fit(args: argparse.Namespace) -> int:
 def run_apply(args: argparse.Namespace) -> int:
     from vlens.evaluation import EvalSettings, HookedVLMBackend, evaluate, get_format, write_report
     from vlens.evaluation.datasets import check_counting
-    from vlens.interventions.temperature import HeadTemperature
+    from vlens.interventions.temperature import HeadTemperature, TemperatureComparison
     from vlens.parallel.options import SweepOptions
     from vlens.utils.finite import collect_non_finite
 
@@ -191,7 +191,7 @@ def run_apply(args: argparse.Namespace) -> int:
             write_report(result, out / f"{label}_temperature", model_name=f"{args.model} ({label} temperature)",
                          figures=False)
     if out is not None:
-        write_results(out, {"temperature": temp.to_dict(), **summary})
+        write_results(out, TemperatureComparison(temp, summary["without"], summary["with"]).to_dict())
         logger.info("wrote %s", out)
     return non_finite_exit(problems, args.allow_nan, "vlens temperature apply")
 

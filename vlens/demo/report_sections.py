@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vlens.demo.results import DemoResults
 from vlens.utils.provenance import stamp
 from vlens.viz.report import Report
 
@@ -108,14 +109,9 @@ def results_document(sections: list[Section], model: dict, settings: dict, timin
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
         raise ValueError(f"duplicate section keys {duplicates}")
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "model": jsonable(model),
-        "settings": jsonable(settings),
-        "timings_s": jsonable(timings),
-        "section_order": keys,
-        "sections": {s.key: s.to_dict() for s in sections},
-    }
+    return DemoResults(schema_version=SCHEMA_VERSION, model=jsonable(model), settings=jsonable(settings),
+                       timings_s=jsonable(timings), section_order=keys,
+                       sections={s.key: s.to_dict() for s in sections}).to_dict()
 
 
 def write_outputs(sections: list[Section], out_dir: str | Path, title: str, intro: str, model: dict,

@@ -7,7 +7,7 @@ import json
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from vlens.core.processing import refused_message
 from vlens.datasets.records import describe_image
@@ -22,6 +22,7 @@ from vlens.evaluation.examples import (
 from vlens.evaluation.formats import EvalFormat, default_post_prompt, format_prompt, get_format
 from vlens.evaluation.metrics import (
     ChoiceMetrics,
+    CountBreakdown,
     CountingMetrics,
     choice_metrics,
     confusion_matrix,
@@ -72,6 +73,9 @@ class EvalResult(Result):
     metrics: CountingMetrics | ChoiceMetrics
     model_name: str | None = None  # what reports call the model
 
+    kind: ClassVar[str] = "evaluation"
+    predictions_file: ClassVar[str] = "predictions.jsonl"  # beside results.json (`write_report`)
+
     def to_dict(self) -> dict:
         """The JSON summary (`results.json` of `write_report`): settings, metrics, skipped rows and,
         for counting, the confusion matrix; the per-example predictions go to predictions.jsonl."""
@@ -90,6 +94,38 @@ class EvalResult(Result):
             rows, columns, matrix = confusion_matrix(*counts_of(self.predictions))
             summary["confusion_matrix"] = {"true": rows, "predicted": columns, "matrix": matrix}
         return summary
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EvalResult:
+        """The summary `to_dict` wrote, with data["predictions"]: the per-example predictions (what
+        predictions.jsonl holds, one dict per example; `load` reads them from the folder)."""
+        if "predictions" not in data:
+            raise UserInputError("an evaluation result needs its predictions: load the --out folder (or its "
+                                 f"results.json) with {cls.predictions_file} beside it")
+        metrics = dict(data["metrics"])
+        parsed: CountingMetrics | ChoiceMetrics
+        if data["task"] == "count":
+            per_count = {int(k): CountBreakdown(**v) for k, v in (metrics.pop("per_count", None) or {}).items()}
+            parsed = CountingMetrics(**metrics, per_count=per_count)
+        else:
+            parsed = ChoiceMetrics(**metrics)
+        return cls(format=data["format"], task=data["task"], source=data["source"], settings=dict(data["settings"]),
+                   predictions=[Prediction(**p) for p in data["predictions"]],
+                   skipped=[SkippedExample(**s) for s in data.get("skipped", [])], metrics=parsed,
+                   model_name=data.get("model"))
+
+    @classmethod
+    def from_saved(cls, data: dict, folder: Path | None = None) -> EvalResult:
+        """`from_dict` of a saved summary with the predictions.jsonl of its folder."""
+        file = None if folder is None else folder / cls.predictions_file
+        if file is None or not file.is_file():
+            raise UserInputError(f"no {cls.predictions_file} in {folder}: an evaluation result is read from the "
+                                 "--out folder of `vlens eval` (results.json and predictions.jsonl)")
+        with file.open(encoding="utf-8") as handle:
+            predictions = [json.loads(line) for line in handle if line.strip()]
+        result = cls.from_dict({**data, "predictions": predictions})
+        body = {key: value for key, value in data.items() if key not in ("kind", "provenance")}
+        return cls.attach_saved(result, body, data.get("provenance"))
 
     def plot(self, title: str | None = None):
         """Counting: the confusion matrix of true against parsed counts; multiple choice: accuracy

@@ -24,6 +24,7 @@ from vlens.interventions.focus import (
 from vlens.interventions.temperature import (
     TEMPERATURE_CLASSES,
     HeadTemperature,
+    TemperatureComparison,
     TemperatureHandle,
     fit_temperature,
     importance_from_result,
@@ -35,6 +36,7 @@ __all__ = [
     "TEMPERATURE_CLASSES",
     "FocusPrior",
     "HeadTemperature",
+    "TemperatureComparison",
     "TemperatureHandle",
     "capture_patterns",
     "default_focus_layers",

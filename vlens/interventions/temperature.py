@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float
@@ -51,6 +52,7 @@ from vlens.utils.finite import warn_non_finite
 from vlens.utils.results import Result
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.figures import layer_head_heatmap
+from vlens.viz.optional import require_plotly
 
 Head = tuple[int, int]
 NORMALISATIONS = ("max", "mean", "none")
@@ -69,6 +71,8 @@ class HeadTemperature(Result):
     normalisation: str = "max"
     floor: float | None = 1.0
     source: dict = field(default_factory=dict)
+
+    kind: ClassVar[str] = "head_temperature"
 
     def __post_init__(self):
         self.betas = {(int(layer), int(head)): float(b) for (layer, head), b in self.betas.items()}
@@ -243,11 +247,6 @@ class HeadTemperature(Result):
         return layer_head_heatmap(grid, title=title, value_label="beta")
 
     @classmethod
-    def load(cls, path: str | Path) -> HeadTemperature:
-        """Saved temperatures: a JSON file, or the folder `save` / `vlens temperature fit` wrote."""
-        return cls.from_dict(cls.read_saved(path))
-
-    @classmethod
     def from_dict(cls, data: dict) -> HeadTemperature:
         heads = data["heads"]
         return cls(
@@ -258,6 +257,34 @@ class HeadTemperature(Result):
             floor=data.get("floor", 1.0),
             source=data.get("source", {}),
         )
+
+
+@dataclass
+class TemperatureComparison(Result):
+    """What `vlens temperature apply` measured: the temperatures and the evaluation without and
+    with them (each {"accuracy", "mae", "n"}; mae None for a task that is not counting)."""
+
+    temperature: HeadTemperature
+    without: dict
+    with_temperature: dict
+
+    kind: ClassVar[str] = "temperature_comparison"
+
+    def to_dict(self) -> dict:
+        return {"temperature": self.temperature.to_dict(), "without": dict(self.without),
+                "with": dict(self.with_temperature)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TemperatureComparison:
+        return cls(temperature=HeadTemperature.from_dict(data["temperature"]), without=dict(data["without"]),
+                   with_temperature=dict(data["with"]))
+
+    def plot(self, title: str = "Accuracy without and with the head temperatures"):
+        """Bars: accuracy without and with the temperatures."""
+        go = require_plotly()
+        figure = go.Figure(go.Bar(x=["without", "with"],
+                                  y=[self.without["accuracy"], self.with_temperature["accuracy"]]))
+        return figure.update_layout(title=title, yaxis={"title": "accuracy", "range": [0, 1.05]})
 
 
 class TemperatureHandle:

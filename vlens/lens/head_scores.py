@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -46,7 +46,7 @@ from vlens.lens.headlens import HeadLens
 from vlens.lens.vocabularies import vocabulary_token_ids
 from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.utils.finite import warn_non_finite
-from vlens.utils.results import Result
+from vlens.utils.results import Result, nan_tensor
 from vlens.utils.stats import resampled_means
 from vlens.viz.figures import layer_head_heatmap
 
@@ -77,6 +77,8 @@ class HeadScores(Result):
     heads_per_layer: list[int] | None = None
     per_example: dict[str, Float[Tensor, "n_examples n_layers n_heads"]] | None = None  # EXAMPLE_VALUES
     image_share: float | None = None  # mean share of image tokens among the keys (rows with an image)
+
+    kind: ClassVar[str] = "head_scores"
 
     def resampled(self, counts: Float[Tensor, "n_resamples n_examples"]) -> dict[str, Tensor]:
         """The scores on each bootstrap resample of the examples (`vlens.utils.stats.bootstrap_counts`):
@@ -141,6 +143,35 @@ class HeadScores(Result):
                       for layer, head in self.head_keys()],
             **({"heads_per_layer": self.heads_per_layer} if self.heads_per_layer else {}),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HeadScores:
+        """The scores `to_dict` wrote (as it rounds them, to 6 decimals; no per-example values)."""
+        return scores_from_heads(data["heads"], n_examples=int(data["n_examples"]), k=int(data["k"]),
+                                 vocab_sizes=dict(data.get("vocab_sizes") or {}), d_vocab=data.get("d_vocab"),
+                                 image_share=data.get("image_share"), heads_per_layer=data.get("heads_per_layer"))
+
+
+def scores_from_heads(heads: Sequence[dict], **fields: Any) -> HeadScores:
+    """`HeadScores` from saved per-head entries ({"layer", "head", "scores", "top_tokens"} and
+    "non_finite" or a "class"); fields: the rest of `HeadScores`."""
+    n_layers = 1 + max(int(h["layer"]) for h in heads)
+    width = 1 + max(int(h["head"]) for h in heads)
+    names = list(heads[0]["scores"])
+    scores = {name: torch.full((n_layers, width), torch.nan, dtype=torch.float64) for name in names}
+    non_finite = torch.zeros(n_layers, width, dtype=torch.bool)
+    top_tokens: dict[tuple[int, int], list[tuple[str, int]]] = {}
+    counts = Counter(int(h["layer"]) for h in heads)
+    for h in heads:
+        layer, head = int(h["layer"]), int(h["head"])
+        for name in names:
+            scores[name][layer, head] = nan_tensor(h["scores"][name], torch.float64)
+        non_finite[layer, head] = bool(h.get("non_finite", h.get("class") == "non-finite"))
+        if h["top_tokens"]:
+            top_tokens[(layer, head)] = [(str(t), int(c)) for t, c in h["top_tokens"]]
+    if fields.get("heads_per_layer") is None and len(set(counts.values())) > 1:
+        fields["heads_per_layer"] = [counts[layer] for layer in range(n_layers)]
+    return HeadScores(scores=scores, top_tokens=top_tokens, non_finite=non_finite, **fields)
 
 
 def scores_from_examples(per_example: Mapping[str, Tensor], counts: Tensor | None = None,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, ClassVar, cast
 
 import torch
 from jaxtyping import Float, Int
@@ -38,7 +38,7 @@ from vlens.core.token_labels import str_tokens
 from vlens.lens.decomposition import attention_post_norm, head_contributions
 from vlens.lens.translators import Translators, TunedLens
 from vlens.utils.finite import finite_rows
-from vlens.utils.results import Result
+from vlens.utils.results import Result, nan_tensor
 from vlens.viz.figures import layer_head_heatmap
 
 if TYPE_CHECKING:
@@ -74,6 +74,8 @@ class HeadLensOutput(Result):
     logits: Float[Tensor, "batch p L H d_vocab"] | None = None
     layer_image_share: Float[Tensor, "batch p L"] | None = None
 
+    kind: ClassVar[str] = "headlens_output"
+
     def shares_by_layer(self) -> Float[Tensor, "batch p L"]:
         """The image-token share of the keys each decoded layer sees, [batch, p, L]."""
         if self.layer_image_share is not None:
@@ -105,7 +107,21 @@ class HeadLensOutput(Result):
             "image_attention": None if self.image_attention is None else self.image_attention.tolist(),
             "image_share": self.image_share.tolist(),
             "layer_image_share": None if self.layer_image_share is None else self.layer_image_share.tolist(),
+            "has_image": self.has_image.tolist(),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> HeadLensOutput:
+        """The decodings `to_dict` wrote (without `logits`, which it does not write)."""
+        def optional(key: str) -> Tensor | None:
+            return None if data.get(key) is None else nan_tensor(data[key])
+
+        return cls(layers=list(data["layers"]), positions=torch.tensor(data["positions"], dtype=torch.long),
+                   top_ids=torch.tensor(data["top_ids"], dtype=torch.long), top_logits=nan_tensor(data["top_logits"]),
+                   model_top1=torch.tensor(data["model_top1"], dtype=torch.long),
+                   image_attention=optional("image_attention"), image_share=nan_tensor(data["image_share"]),
+                   has_image=torch.tensor(data["has_image"], dtype=torch.bool),
+                   layer_image_share=optional("layer_image_share"))
 
 
 def _resolve_positions(inputs, positions) -> Tensor:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
@@ -34,7 +34,7 @@ from vlens.lens.base import Lens
 from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import finite_rows, json_safe, warn_non_finite
-from vlens.utils.results import Result
+from vlens.utils.results import Result, nan_tensor
 from vlens.utils.stats import bootstrap_interval
 from vlens.viz.figures import logit_lens_figure
 
@@ -60,13 +60,15 @@ class LogitLensResult(Result):
     answers: list[str]
     token_strings: dict[int, str]
 
+    kind: ClassVar[str] = "logit_lens"
+
     @property
     def n_layers(self) -> int:
         return self.probabilities.shape[0]
 
     @property
     def mean_probability(self) -> Float[Tensor, "n_layers"]:
-        return self.probabilities.mean(1)
+        return self.probabilities.double().contiguous().mean(1)  # one dtype and order (so a loaded result agrees)
 
     @property
     def median_rank(self) -> Float[Tensor, "n_layers"]:
@@ -118,8 +120,19 @@ class LogitLensResult(Result):
             "ranks": self.ranks.tolist(),
             "top_tokens": [[None if int(t) < 0 else self.token_strings.get(int(t), str(int(t))) for t in row]
                            for row in self.top_tokens],
+            "top_token_ids": self.top_tokens.tolist(),
             "non_finite": int(self.non_finite.sum()),
         })
+
+    @classmethod
+    def from_dict(cls, data: dict) -> LogitLensResult:
+        ids = torch.tensor(data["top_token_ids"], dtype=torch.long)
+        strings = {int(i): s for row_ids, row in zip(data["top_token_ids"], data["top_tokens"], strict=True)
+                   for i, s in zip(row_ids, row, strict=True) if s is not None and s != str(i)}
+        return cls(probabilities=nan_tensor(data["probabilities"], torch.float64),
+                   ranks=nan_tensor(data["ranks"], torch.float64), top_tokens=ids,
+                   answer_tokens=[list(a) for a in data["answer_tokens"]], answers=list(data["answers"]),
+                   token_strings=strings)
 
     def probability_interval(self, level: float = 0.95, seed: int = 0) -> tuple[Tensor, Tensor]:
         """Bootstrap interval over examples of the mean probability per layer: ([n_layers], [n_layers])."""

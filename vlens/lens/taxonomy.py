@@ -38,14 +38,16 @@ against the result rather than imposed. Undefined scores (NaN) never satisfy a r
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from vlens.lens.head_scores import SCORE_NAMES, HeadScores
+from vlens.lens.head_scores import SCORE_NAMES, HeadScores, scores_from_heads
 from vlens.utils.errors import UserInputError
 from vlens.utils.results import Result
 from vlens.utils.stats import LEVEL, bootstrap_counts, percentile_interval
@@ -194,6 +196,8 @@ class HeadTaxonomy(Result):
     thresholds: TaxonomyThresholds
     stability: ClassStability | None = None
 
+    kind: ClassVar[str] = "head_taxonomy"
+
     @property
     def shape(self) -> tuple[int, int]:
         return self.scores.shape
@@ -291,6 +295,32 @@ class HeadTaxonomy(Result):
                 "d_vocab": self.scores.d_vocab, "chance": token_share_chance(self.scores),
                 "heads": self.heads_json()}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> HeadTaxonomy:
+        """The taxonomy `to_dict` wrote (scores and stabilities as rounded there; no per-example values)."""
+        heads = data["heads"]
+        scores = scores_from_heads(heads, n_examples=int(data["n_examples"]), k=int(data["k"]),
+                                   vocab_sizes=dict(data.get("vocab_sizes") or {}), d_vocab=data.get("d_vocab"),
+                                   image_share=data.get("image_share"))
+        classes = {(int(h["layer"]), int(h["head"])): h["class"] for h in heads}
+        stability = None
+        saved = data.get("stability")
+        if saved is not None:
+            per_head = torch.full(scores.shape, torch.nan, dtype=torch.float64)
+            share = float(saved["stable_share"])
+            for h in heads:
+                value = math.nan if h.get("stability") is None else float(h["stability"])
+                if not h.get("stable", True) and value >= share:  # rounded up onto the threshold: keep it below
+                    value = math.nextafter(share, 0.0)
+                per_head[int(h["layer"]), int(h["head"])] = value
+            intervals = data.get("counts_interval") or {}
+            stability = ClassStability(per_head=per_head,
+                                       counts={name: (float(low), float(high)) for name, (low, high) in intervals.items()},
+                                       n_resamples=int(saved["n_resamples"]), seed=int(saved["seed"]),
+                                       stable_share=share)
+        return cls(classes=classes, scores=scores, thresholds=TaxonomyThresholds.from_dict(data["thresholds"]),
+                   stability=stability)
+
 
 def classify_heads(scores: HeadScores, thresholds: TaxonomyThresholds = TaxonomyThresholds(),
                    n_resamples: int = N_RESAMPLES, seed: int = 0) -> HeadTaxonomy:
@@ -308,7 +338,8 @@ def classify_heads(scores: HeadScores, thresholds: TaxonomyThresholds = Taxonomy
         drawn = classify_grid(scores.resampled(counts), thresholds, chance)  # [n_resamples, L, H]
         drawn = drawn.masked_fill(broken, HEAD_CLASSES.index("non-finite"))
         drawn = drawn.masked_fill(~scores.exists(), -1)  # cells beyond a layer's heads count in no class
-        per_head = (drawn == grid).double().mean(0)
+        # NaN beyond a layer's heads: no stability there, and never counted unstable
+        per_head = (drawn == grid).double().mean(0).masked_fill(~scores.exists(), torch.nan)
         class_counts = {}
         for index, name in enumerate(HEAD_CLASSES):
             low, high = percentile_interval((drawn == index).flatten(1).sum(1).double())

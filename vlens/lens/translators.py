@@ -23,7 +23,7 @@ import math
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -38,7 +38,7 @@ from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_folder
 from vlens.utils.finite import finite_rows, warn_non_finite
 from vlens.utils.provenance import stamp
-from vlens.utils.results import Result
+from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.optional import require_plotly
 
@@ -122,17 +122,26 @@ class Translators(nn.Module):
 
 
         with atomic_folder(folder, overwrite=overwrite, name="lens folder") as out:
-            config = stamp({"format_version": FORMAT_VERSION, "n_layers": self.n_layers, "d_model": self.d_model,
-                            **self.info, "provenance": getattr(self, "provenance", None)})  # how it was made
+            config = stamp({**self.to_dict(), "provenance": getattr(self, "provenance", None)})  # how it was made
             (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
             save_file({"A": self.A.detach().float().cpu().contiguous(),
                        "b": self.b.detach().float().cpu().contiguous()}, str(out / WEIGHTS_FILE))
         return Path(folder)
 
+    kind = "lens"  # what config.json records as "kind" (`vlens.load_result` of a `vlens lens train` folder)
+
+    def to_dict(self) -> dict:
+        """What config.json holds (less its provenance): kind, format version, shape and `info`."""
+        return {"kind": self.kind, "format_version": FORMAT_VERSION, "n_layers": self.n_layers,
+                "d_model": self.d_model, **self.info}
+
     @classmethod
     def load(cls, folder: str | Path, model=None, device=None) -> Translators:
-        """Read a saved lens; with `model`, check it belongs to that model (`LensMismatchError`)."""
+        """Read a saved lens (its folder, or the folder's config.json); with `model`, check it belongs
+        to that model (`LensMismatchError`)."""
         folder = Path(folder)
+        if folder.name == CONFIG_FILE and folder.is_file():
+            folder = folder.parent
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder} holds no {name}: is it a folder written by Translators.save "
@@ -141,6 +150,7 @@ class Translators(nn.Module):
         tensors = load_file(str(folder / WEIGHTS_FILE))
         n_layers, d_model = int(config.pop("n_layers")), int(config.pop("d_model"))
         config.pop("format_version", None)
+        config.pop("kind", None)
         made = config.pop("provenance", None)  # how the lens was trained (kept when it is saved again)
         if tuple(tensors["A"].shape) != (n_layers, d_model, d_model) or tuple(tensors["b"].shape) != (n_layers, d_model):
             raise ValueError(f"{folder}: tensor shapes do not match config.json ({n_layers} layers, d_model {d_model})")
@@ -198,8 +208,14 @@ class TrainingReport(Result):
     stopped_early: bool
     val_history: list[float] = field(default_factory=list)
 
+    kind: ClassVar[str] = "lens_training"
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainingReport:
+        return cls(**own_fields(cls, data))
 
     def plot(self, title: str = "Translator fit: held-out KL(final || lens) per layer"):
         """The held-out KL per layer before and after training (lines)."""

@@ -21,7 +21,7 @@ corrupt queries (keys) and linearises only after the softmax:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -36,7 +36,7 @@ from vlens.patching.pairs import PairBatch
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe, warn_non_finite
 from vlens.utils.ragged import pad_heads
-from vlens.utils.results import Result
+from vlens.utils.results import Result, nan_tensor
 from vlens.viz.figures import layer_head_heatmap
 from vlens.viz.optional import require_plotly
 
@@ -69,6 +69,8 @@ class AttributionResult(Result):
     answers: dict | None = None  # the pairs' answers and tokens (PairBatch.answers_json)
     metric: str = "logit_diff"
 
+    kind: ClassVar[str] = "attribution_patching"
+
     @property
     def spearman_z(self) -> float | None:
         """Spearman correlation of the z estimates with `exact_z` (None if not set)."""
@@ -90,10 +92,22 @@ class AttributionResult(Result):
             "q": self.q.tolist(),
             "k": self.k.tolist(),
             "resid_pre": self.resid_pre.tolist(),
+            "per_pair_z": self.per_pair_z.tolist(),
             "clean_logit_diff": self.clean_logit_diff.tolist(),
             **({"answers": self.answers} if self.answers is not None else {}),
             **extra,
         })
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AttributionResult:
+        """The result `to_dict` wrote."""
+        z = nan_tensor(data["z"])
+        exact = data.get("exact_z")
+        return cls(z=z, q=nan_tensor(data["q"]), k=nan_tensor(data["k"]), resid_pre=nan_tensor(data["resid_pre"]),
+                   per_pair_z=nan_tensor(data["per_pair_z"]), pair_ids=list(data["pair_ids"]),
+                   clean_logit_diff=nan_tensor(data["clean_logit_diff"]), qk_fix=bool(data["qk_fix"]),
+                   exact_z=None if exact is None else nan_tensor(exact), answers=data.get("answers"),
+                   metric=data.get("metric", "logit_diff"))
 
     def plot(self, node: str = "z"):
         """Layer x head heatmap of the z (or q) estimates; layer x position for "resid_pre"."""

@@ -136,6 +136,20 @@ def logit_diff(logits: Float[Tensor, "... n_pairs d_vocab"], clean_tokens: Int[T
 
 
 @dataclass
+class SavedBaseline:
+    """A `Baseline` read back from a saved result: the per-pair values results use ([n_pairs] each;
+    the logits themselves are not saved)."""
+
+    clean_logit_diff: Float[Tensor, "n_pairs"]
+    corrupt_logit_diff: Float[Tensor, "n_pairs"]
+    finite: Tensor
+    clean_correct: Tensor
+    corrupt_correct: Tensor
+    clean_tokens: Int[Tensor, "n_pairs"]
+    corrupt_tokens: Int[Tensor, "n_pairs"]
+
+
+@dataclass
 class Baseline:
     """The unpatched runs: per-pair final-position logits of the clean and corrupt inputs."""
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from vlens.patching.metrics import METRICS, Baseline, EffectFloor
+from vlens.patching.metrics import METRICS, Baseline, EffectFloor, SavedBaseline
 from vlens.utils.finite import json_safe
-from vlens.utils.results import Result
+from vlens.utils.results import Result, nan_tensor
 from vlens.utils.stats import LEVEL, bootstrap_counts, percentile_interval, resampled_means, wilson_interval
 from vlens.viz.figures import layer_head_heatmap, layer_region_figure
 from vlens.viz.optional import require_make_subplots, require_plotly
@@ -19,6 +20,11 @@ from vlens.viz.optional import require_make_subplots, require_plotly
 CELL_AXIS = {"layer-region": "regions", "layer-pos": "positions", "layer-head": "heads", "layer-expert": "experts"}
 N_RESAMPLES = 1000  # bootstrap resamples of the pairs behind every cell's interval
 ROLES = {"noising": {"base": "clean", "source": "corrupt"}, "denoising": {"base": "corrupt", "source": "clean"}}
+
+
+def _number(value: float | None) -> float:
+    """A saved float (JSON null: NaN)."""
+    return float("nan") if value is None else float(value)
 
 
 def _jsonable(values: Tensor) -> list:
@@ -62,7 +68,7 @@ class PatchingResult(Result):
     metrics: dict[str, Float[Tensor, "n_layers n_cells"]]
     per_pair: dict[str, Tensor]
     pair_ids: list[str]
-    baseline: Baseline | None
+    baseline: Baseline | SavedBaseline | None
     baseline_values: dict[str, dict[str, Tensor]] | None = None
     metric: str = "answer"
     readout: str | list[int] = "final"
@@ -74,6 +80,8 @@ class PatchingResult(Result):
     direction: str = "noising"
     effect_floor: EffectFloor | None = None
     intervals: dict[str, tuple[Tensor, Tensor]] | None = None
+
+    kind: ClassVar[str] = "patching"
 
     @property
     def n_pairs(self) -> int:
@@ -211,6 +219,53 @@ class PatchingResult(Result):
                                               for name, (low, high) in self.intervals.items()}}
         out.update(self.extra)
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PatchingResult:
+        """The result `to_dict` wrote (a loaded answer-metric baseline is a `SavedBaseline`: the
+        per-pair values without the logits)."""
+        mode = data["mode"]
+        prefix = "per_pair_"
+        per_pair_names = [key[len(prefix):] for key in data if key.startswith(prefix)]
+        metric = data.get("metric", "answer")
+        if metric == "answer":
+            names = [name for name in METRICS if name in data]
+        else:
+            names = [name for name in per_pair_names if name in data]
+        per_pair = {name: torch.tensor(data[prefix + name]) if name == "prediction"
+                    else nan_tensor(data[prefix + name], torch.float64) for name in per_pair_names}
+        baseline: SavedBaseline | None = None
+        baseline_values = None
+        saved = data.get("baseline")
+        if saved is not None and metric == "answer":
+            baseline = SavedBaseline(
+                clean_logit_diff=nan_tensor(saved["clean_logit_diff"], torch.float64),
+                corrupt_logit_diff=nan_tensor(saved["corrupt_logit_diff"], torch.float64),
+                finite=torch.tensor(saved["finite"], dtype=torch.bool),
+                clean_correct=torch.tensor(saved["clean_correct"], dtype=torch.bool),
+                corrupt_correct=torch.tensor(saved["corrupt_correct"], dtype=torch.bool),
+                clean_tokens=torch.tensor(saved["clean_tokens"], dtype=torch.long),
+                corrupt_tokens=torch.tensor(saved["corrupt_tokens"], dtype=torch.long))
+        elif saved is not None:
+            baseline_values = {name: {role: nan_tensor(v, torch.float64) for role, v in roles.items()}
+                               for name, roles in saved.items()}
+        floor = data.get("patch_effect_floor")
+        effect_floor = None if floor is None else EffectFloor(
+            denominator=_number(floor["denominator"]), standard_error=_number(floor["standard_error"]),
+            resolution=_number(floor["resolution"]), dtype=floor["dtype"], n_pairs=int(floor["n_pairs"]))
+        intervals = None
+        if data.get("intervals"):
+            intervals = {name: (nan_tensor(v["low"], torch.float64), nan_tensor(v["high"], torch.float64))
+                         for name, v in data["intervals"].items() if name not in ("level", "method")}
+        grid = data.get("image_grid")
+        return cls(mode=mode, component=data["component"], layers=list(data["layers"]),
+                   cells=list(data[CELL_AXIS[mode]]),
+                   metrics={name: nan_tensor(data[name], torch.float64) for name in names},
+                   per_pair=per_pair, pair_ids=list(data["pair_ids"]), baseline=baseline,
+                   baseline_values=baseline_values, metric=metric, readout=data.get("readout", "final"),
+                   region=data.get("region"), tokens=data.get("tokens"), image_positions=data.get("image_positions"),
+                   image_grid=None if grid is None else (int(grid[0]), int(grid[1])),
+                   direction=data.get("direction", "noising"), effect_floor=effect_floor, intervals=intervals)
 
     # ------------------------------------------------------------------ plots
     def rate_interval(self, metric: str, level: float = 0.95) -> tuple[Tensor, Tensor]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float
@@ -56,6 +57,8 @@ class RoutingStatistics(Result):
     n_examples: int
     regions: tuple[str, ...] = REGIONS
     settings: dict = field(default_factory=dict)
+
+    kind: ClassVar[str] = "routing_statistics"
 
     def _region(self, region: str) -> int:
         if region not in self.regions:

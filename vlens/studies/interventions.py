@@ -38,7 +38,7 @@ from vlens.training.data import SFTExample, example_from_sample
 from vlens.training.sft import SFTConfig, train_sft
 from vlens.utils.finite import json_safe
 from vlens.utils.provenance import provenance, stamp
-from vlens.utils.results import Result
+from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_count
 from vlens.viz.optional import require_plotly
 
@@ -229,6 +229,7 @@ class StudyResult(Result):
     """results[seed][condition][set] = metrics; plus what was trained and the temperatures used."""
 
     filename: ClassVar[str] = "study.json"
+    kind: ClassVar[str] = "study"
 
     settings: dict
     results: dict[int, dict[str, dict[str, dict]]]
@@ -274,15 +275,15 @@ class StudyResult(Result):
                                     xaxis={"title": "evaluation set"})
 
     @classmethod
-    def load(cls, path: str | Path) -> StudyResult:
-        """A saved study: its study.json, or the folder holding it."""
-        data = cls.read_saved(path)
+    def from_dict(cls, data: dict) -> StudyResult:
+        """The study `to_dict` wrote (its study.json)."""
+        data = dict(data)
         for derived in ("labels", "set_roles", "rows"):
             data.pop(derived, None)
         data["results"] = {int(k): v for k, v in data["results"].items()}
         data["training"] = {int(k): v for k, v in data.get("training", {}).items()}
         data["temperatures"] = {int(k): v for k, v in data.get("temperatures", {}).items()}
-        return cls(**data)
+        return cls(**own_fields(cls, data))
 
     def mean(self, condition: str, name: str, key: str) -> float | None:
         values = [

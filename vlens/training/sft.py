@@ -39,7 +39,7 @@ from vlens.training.lora import ATTENTION_PROJECTIONS, add_lora, has_lora, lora_
 from vlens.training.memory import answer_only_loss, gradient_checkpointing, use_checkpointing
 from vlens.training.schedule import learning_rate_at
 from vlens.utils.errors import UserInputError
-from vlens.utils.results import Result
+from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.optional import require_plotly
 
@@ -117,6 +117,7 @@ class SFTResult(Result):
     holds `sft_result.json` and `train_log.jsonl`, the losses every `log_every` steps)."""
 
     filename: ClassVar[str] = "sft_result.json"
+    kind: ClassVar[str] = "sft"
 
     steps: int
     total_steps: int
@@ -129,6 +130,10 @@ class SFTResult(Result):
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SFTResult:
+        return cls(**own_fields(cls, data))
 
     def plot(self, title: str = "Fine-tuning losses"):
         """L_SFT (and L_focus) per logged step, read from the run's `train_log.jsonl`."""

@@ -1,34 +1,175 @@
-"""The protocol of every results object: `to_dict()`, `save(path)`, `plot()`.
+"""The protocol of every results object: `to_dict()`, `save(path)`, `load(path)`, `plot()`.
 
-    result.to_dict()          # a JSON-safe dict (NaN / inf written as None)
+    result.to_dict()          # a JSON-safe dict (NaN / inf written as None), its "kind" first
     result.save("out/")       # out/results.json (a path ending in .json is the file itself)
+    PatchingResult.load("out/")   # the object back: its to_dict() equals what was saved
+    vlens.load_result("out/")     # the same, for any kind (read from the JSON's "kind")
     result.plot().show()      # a plotly figure (needs the `viz` extra)
 
 The `vlens` command line writes each command's result the same way (`--out DIR` holds
-`results.json` and the figures).
+`results.json` and the figures), so `vlens.load_result(DIR)` reads any command's output back.
+Every result type names its `kind` (unique; `RESULT_KINDS`) and implements `from_dict`, the
+inverse of `to_dict`. Keys a writer put beside the result's own (the command line's `model`,
+`world_size`) are kept on the loaded object (`extras`) and written again by its `to_dict()`;
+the `provenance` block is kept as `provenance`.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
+import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
+from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
 from vlens.utils.provenance import stamp
 
 RESULTS_FILE = "results.json"
 
+# kind -> the module that defines the built-in result of that kind ("module:attribute" where it is no
+# `Result`): `result_class` imports it on first use, so reading one result loads only its package
+# (a third-party `Result` subclass registers its own kind when its module is imported)
+BUILTIN_KINDS: dict[str, str] = {
+    "patching": "vlens.patching.results",
+    "attribution_patching": "vlens.patching.attribution",
+    "edge_scores": "vlens.circuits.results",
+    "path_patching": "vlens.circuits.results",
+    "circuit": "vlens.circuits.extraction",
+    "image_attribution": "vlens.circuits.image_attribution",
+    "logit_lens": "vlens.lens.logit_lens",
+    "head_scores": "vlens.lens.head_scores",
+    "headlens_output": "vlens.lens.headlens",
+    "head_taxonomy": "vlens.lens.taxonomy",
+    "lens_training": "vlens.lens.translators",
+    "lens": "vlens.lens.translators:Translators",
+    "head_ablation": "vlens.ablation.results",
+    "ablation_report": "vlens.ablation.results",
+    "head_temperature": "vlens.interventions.temperature",
+    "temperature_comparison": "vlens.interventions.temperature",
+    "evaluation": "vlens.evaluation.runner",
+    "routing_statistics": "vlens.routing.statistics",
+    "sft": "vlens.training.sft",
+    "study": "vlens.studies.interventions",
+    "demo": "vlens.demo.results",
+}
+# the files a command's --out folder may hold its result in, in the order they are tried
+RESULT_FILES = (RESULTS_FILE, "sft_result.json", "study.json", "vlens_temperature.json", "config.json")
+RESULT_KINDS: dict[str, type[Result]] = {}  # kind -> class, filled as result modules are imported
+
+R = TypeVar("R", bound="Result")
+
+
+class SavedResult(Protocol):
+    """What `load_result` returns: a `Result`, or a saved object that is not one (a trained lens)."""
+
+    def to_dict(self) -> dict: ...
+
+
+def _recording_kind(to_dict: Callable[..., dict]) -> Callable[..., dict]:
+    """`to_dict` with the result's "kind" first and the extras a loaded result was saved with last."""
+
+    @functools.wraps(to_dict)
+    def wrapped(self: Result, *args: Any, **kwargs: Any) -> dict:
+        data = to_dict(self, *args, **kwargs)
+        out = {"kind": type(self).kind}
+        out.update((key, value) for key, value in data.items() if key != "kind")
+        out.update(self.extras)
+        return out
+
+    wrapped.records_kind = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _reading_kind(from_dict: Callable[..., Any]) -> Callable[..., Any]:
+    """`from_dict` that accepts what `to_dict` wrote whole: checks and drops its "kind" (and "provenance")."""
+
+    @functools.wraps(from_dict)
+    def wrapped(cls: type[Result], data: dict) -> Any:
+        kind = data.get("kind")
+        if kind is not None and kind != cls.kind:
+            raise UserInputError(f"this holds a {kind!r} result, not a {cls.kind!r} one ({cls.__qualname__}): "
+                                 "read it with vlens.load_result")
+        own_provenance = "provenance" in getattr(cls, "__dataclass_fields__", {})  # a result that keeps its own
+        dropped = ("kind",) if own_provenance else ("kind", "provenance")
+        return from_dict(cls, {key: value for key, value in data.items() if key not in dropped})
+
+    wrapped.records_kind = True  # type: ignore[attr-defined]
+    return wrapped
+
 
 class Result(ABC):
-    """Base of every results object (patching, lenses, head scores, ablation, temperatures, ...)."""
+    """Base of every results object (patching, lenses, head scores, ablation, temperatures, ...).
+
+    A subclass sets `kind` (recorded as "kind" in its JSON; unique across result types) and
+    implements `to_dict` and its inverse `from_dict`; `load` then reads what `save` wrote.
+    """
 
     filename: ClassVar[str] = RESULTS_FILE  # what `save(folder)` writes inside the folder
+    kind: ClassVar[str] = ""  # what the JSON records as "kind" (`vlens.load_result` reads it)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("to_dict")
+        if own is not None and not getattr(own, "records_kind", False):
+            cls.to_dict = _recording_kind(own)  # type: ignore[method-assign]
+        reader = cls.__dict__.get("from_dict")
+        if isinstance(reader, classmethod) and not getattr(reader.__func__, "records_kind", False):
+            cls.from_dict = classmethod(_reading_kind(reader.__func__))  # type: ignore[method-assign,assignment]
+        kind = cls.__dict__.get("kind")
+        if isinstance(kind, str) and kind:
+            known = RESULT_KINDS.get(kind)
+            if known is not None and known.__qualname__ != cls.__qualname__:
+                raise TypeError(f"result kind {kind!r} is taken by {known.__module__}.{known.__qualname__}: "
+                                f"give {cls.__qualname__} another kind")
+            RESULT_KINDS[kind] = cls
+
+    @property
+    def extras(self) -> dict:
+        """Keys the saved JSON held beside the result's own (e.g. the command line's `model`,
+        `world_size`); empty for a result that was not loaded."""
+        return self.__dict__.get("_extras", {})
+
+    @property
+    def saved_provenance(self) -> dict | None:
+        """The `provenance` block of the file a loaded result was read from (None when not loaded)."""
+        return self.__dict__.get("_provenance")
 
     @abstractmethod
     def to_dict(self) -> dict:
         """Everything needed to read the result back: JSON-safe (lists, numbers, strings, None)."""
+
+    @classmethod
+    def from_dict(cls: type[R], data: dict) -> R:
+        """The result `to_dict` described (the inverse of `to_dict`)."""
+        raise NotImplementedError(f"{cls.__qualname__} cannot be read back (it has no from_dict)")
+
+    @classmethod
+    def load(cls: type[R], path: str | Path) -> R:
+        """Read what `save` wrote: the JSON file, or the folder holding `filename`; its `to_dict()`
+        equals what was saved (less the provenance, kept as `saved_provenance`)."""
+        path = Path(path)
+        return cls.from_saved(cls.read_saved(path), path if path.is_dir() else path.parent)
+
+    @classmethod
+    def from_saved(cls: type[R], data: dict, folder: Path | None = None) -> R:
+        """The result of a saved dict (`load`): checks its kind, keeps its provenance and extras.
+        folder: where it was read from (a result whose parts live in other files reads them there)."""
+        result = cls.from_dict(data)  # checks the kind
+        body = {key: value for key, value in data.items() if key not in ("kind", "provenance")}
+        return cls.attach_saved(result, body, data.get("provenance"))
+
+    @staticmethod
+    def attach_saved(result: R, body: dict, provenance: dict | None) -> R:
+        """Keep on `result` the keys of `body` its own `to_dict` does not write (the extras) and the provenance."""
+        own = result.to_dict()
+        result.__dict__["_extras"] = {key: value for key, value in body.items() if key not in own}
+        result.__dict__["_provenance"] = provenance
+        return result
 
     @abstractmethod
     def plot(self, *args: Any, **kwargs: Any) -> Any:
@@ -49,3 +190,83 @@ class Result(ABC):
         """The dict a `save` wrote: the JSON file itself, or `path / filename` for a folder."""
         path = Path(path)
         return json.loads((path / cls.filename if path.is_dir() else path).read_text(encoding="utf-8"))
+
+
+def own_fields(cls: type, data: dict) -> dict:
+    """The items of `data` that are fields of the dataclass `cls` (a `from_dict` that is `cls(**data)`
+    leaves the rest to the extras)."""
+    names = getattr(cls, "__dataclass_fields__", {})
+    return {key: value for key, value in data.items() if key in names}
+
+
+def nan_tensor(values: Any, dtype: Any = None) -> Any:
+    """A float tensor of nested lists where JSON null stands for NaN (what `json_safe` wrote)."""
+    import torch
+
+    def fill(value: Any) -> Any:
+        if value is None:
+            return math.nan
+        return [fill(v) for v in value] if isinstance(value, list) else value
+
+    return torch.tensor(fill(values), dtype=dtype or torch.float32)
+
+
+def result_class(kind: str) -> Any:
+    """The class (or loader) of a result kind: a registered `Result` subclass, else the built-in one."""
+    if kind not in RESULT_KINDS and kind in BUILTIN_KINDS:
+        module, _, attribute = BUILTIN_KINDS[kind].partition(":")
+        loaded = importlib.import_module(module)
+        if attribute:
+            return getattr(loaded, attribute)
+    if kind not in RESULT_KINDS:
+        raise UserInputError(f"unknown result kind {kind!r}; known kinds: {sorted(set(BUILTIN_KINDS) | set(RESULT_KINDS))} "
+                             "(a plugin's result is known once its module is imported)")
+    return RESULT_KINDS[kind]
+
+
+def result_file(path: str | Path) -> Path:
+    """The JSON file that holds the result of `path`: the file itself, or in a folder the first of
+    `RESULT_FILES` that records a "kind"."""
+    path = Path(path)
+    if not path.exists():
+        raise UserInputError(f"{path} does not exist: pass a command's --out folder or its results.json")
+    if path.is_file():
+        return path
+    for name in RESULT_FILES:
+        candidate = path / name
+        if candidate.is_file() and isinstance(_read_json(candidate).get("kind"), str):
+            return candidate
+    raise UserInputError(f"{path} holds no result ({', '.join(RESULT_FILES)} with a \"kind\"): pass the --out "
+                         "folder of a vlens command (a folder written by an older vlens records no kind: run it again)")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserInputError(f"{path} is not a JSON result file: {error}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def load_result(path: str | Path) -> SavedResult:
+    """The typed result of any command's `--out` folder (or of its results.json, or of any file a
+    `Result.save` wrote): `PatchingResult`, `Circuit`, `HeadTaxonomy`, `AblationReport`,
+    `EvalResult`, ... chosen by the "kind" the JSON records; a `vlens lens train` folder gives its
+    `Translators`. Its `to_dict()` equals what was saved (without the provenance block).
+
+    Raises `UserInputError` when the path holds no result or one of an unknown kind.
+    """
+    file = result_file(path)
+    data = _read_json(file)
+    kind = data.get("kind")
+    if not isinstance(kind, str):
+        raise UserInputError(f"{file} records no result \"kind\": it was not written by Result.save or a vlens "
+                             "command (or by an older vlens: run the command again)")
+    loader = result_class(kind)
+    if isinstance(loader, type) and issubclass(loader, Result):
+        return loader.from_saved(data, file.parent)
+    return loader.load(file.parent)
+
+
+__all__ = ["BUILTIN_KINDS", "RESULTS_FILE", "RESULT_FILES", "RESULT_KINDS", "Result", "SavedResult", "load_result",
+           "nan_tensor", "own_fields", "result_class", "result_file"]

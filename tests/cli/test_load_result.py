@@ -1,0 +1,81 @@
+"""`vlens.load_result`: every command's --out folder reads back as its typed result, whose `to_dict()`
+equals what was saved (the family tests check the other commands: tests/helpers/family_commands.py)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+import vlens
+from tests.helpers.family_commands import check_loads_back, counting_folder, run
+from vlens.utils.results import BUILTIN_KINDS, RESULT_KINDS, Result
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def test_every_result_type_has_a_kind_and_reads_back():
+    for module in {path.partition(":")[0] for path in BUILTIN_KINDS.values()}:
+        importlib.import_module(module)
+    types = [cls for cls in _subclasses(Result) if cls.__module__.startswith("vlens.")]
+    assert len(types) >= 20
+    kinds = [cls.kind for cls in types]
+    assert all(kinds) and len(set(kinds)) == len(kinds), kinds  # one kind per type
+    for cls in types:
+        assert BUILTIN_KINDS[cls.kind] == cls.__module__, cls  # load_result finds it without importing everything
+        assert RESULT_KINDS[cls.kind] is cls
+        assert "from_dict" in cls.__dict__, f"{cls.__qualname__} cannot be read back"
+    lens = BUILTIN_KINDS["lens"].split(":")
+    assert getattr(importlib.import_module(lens[0]), lens[1]).kind == "lens"
+
+
+def test_patch_modes_headlens_lens_and_study_load_back(tmp_path):
+    model = "tiny"
+    for mode, expected in (("layer-region", "PatchingResult"), ("layer-pos", "PatchingResult"),
+                           ("atp", "AttributionResult")):
+        extra = ["--compare-exact"] if mode == "atp" else []
+        run(["patch", "--model", model, "--make-pairs", "2", "--mode", mode, *extra, "--out", str(tmp_path / mode)])
+        loaded = check_loads_back(tmp_path / mode, expected)
+        assert loaded.extras["model"] == model and loaded.extras["world_size"] == 1  # the command's own keys
+        assert check_loads_back(tmp_path / mode / "results.json", expected).to_dict() == loaded.to_dict()
+    atp = vlens.load_result(tmp_path / "atp")
+    assert atp.exact_z is not None and atp.per_pair_z.shape == (2, *atp.z.shape)
+    # headlens training its own lens: the taxonomy, the lens folder and its training report
+    run(["headlens", "--model", model, "--make", "2", "--lens-make", "2", "--lens-steps", "1", "--k", "3",
+         "--out", str(tmp_path / "headlens")])
+    taxonomy = check_loads_back(tmp_path / "headlens", "HeadTaxonomy")
+    assert taxonomy.stability is not None and taxonomy.counts() == json.loads(
+        (tmp_path / "headlens" / "results.json").read_text())["counts"]
+    lens = check_loads_back(tmp_path / "headlens" / "lens", "Translators")
+    assert lens.n_layers == taxonomy.shape[0]
+    check_loads_back(tmp_path / "headlens" / "lens_kl.json", "TrainingReport")
+    run(["study", "--model", "random-tiny", "--seeds", "0", "--n-train", "1", "--n-eval", "1", "--lora-rank", "2",
+         "--top-k-heads", "1", "--out", str(tmp_path / "study")])
+    check_loads_back(tmp_path / "study", "StudyResult")
+
+
+def test_load_result_says_what_is_wrong(tmp_path):
+    with pytest.raises(vlens.UserInputError, match="does not exist"):
+        vlens.load_result(tmp_path / "missing")
+    data = counting_folder(tmp_path, n=1)
+    with pytest.raises(vlens.UserInputError, match="holds no result"):
+        vlens.load_result(data)  # a dataset folder is no result
+    (tmp_path / "old.json").write_text(json.dumps({"mode": "layer-head"}))
+    with pytest.raises(vlens.UserInputError, match="records no result \"kind\""):
+        vlens.load_result(tmp_path / "old.json")
+    (tmp_path / "other.json").write_text(json.dumps({"kind": "no_such_kind"}))
+    with pytest.raises(vlens.UserInputError, match="unknown result kind 'no_such_kind'"):
+        vlens.load_result(tmp_path / "other.json")
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(vlens.UserInputError, match="not a JSON result file"):
+        vlens.load_result(tmp_path / "broken.json")
+    from vlens.patching import PatchingResult
+    (tmp_path / "taxonomy.json").write_text(json.dumps({"kind": "head_taxonomy"}))
+    with pytest.raises(vlens.UserInputError, match="holds a 'head_taxonomy' result, not a 'patching' one"):
+        PatchingResult.load(tmp_path / "taxonomy.json")
