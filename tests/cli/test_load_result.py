@@ -30,7 +30,8 @@ def test_every_result_type_has_a_kind_and_reads_back():
     for cls in types:
         assert BUILTIN_KINDS[cls.kind] == cls.__module__, cls  # load_result finds it without importing everything
         assert RESULT_KINDS[cls.kind] is cls
-        assert "from_dict" in cls.__dict__, f"{cls.__qualname__} cannot be read back"
+        readers = {"from_dict", "from_saved"} & set(cls.__dict__)  # from_saved: parts in other files of the folder
+        assert readers, f"{cls.__qualname__} cannot be read back"
     lens = BUILTIN_KINDS["lens"].split(":")
     assert getattr(importlib.import_module(lens[0]), lens[1]).kind == "lens"
 
@@ -79,3 +80,19 @@ def test_load_result_says_what_is_wrong(tmp_path):
     (tmp_path / "taxonomy.json").write_text(json.dumps({"kind": "head_taxonomy"}))
     with pytest.raises(vlens.UserInputError, match="holds a 'head_taxonomy' result, not a 'patching' one"):
         PatchingResult.load(tmp_path / "taxonomy.json")
+
+
+def test_a_trained_sae_loads_back_with_its_weights(tmp_path):
+    import torch
+
+    from vlens.sae.activations import TensorSource
+    from vlens.sae.settings import SAETraining
+    from vlens.sae.trainer import train_sae
+
+    x = torch.randn(512, 8, generator=torch.Generator().manual_seed(0))
+    result = train_sae(TensorSource(x, 256), SAETraining(architecture="topk", k=2, d_sae=16, total_tokens=512,
+                                                          batch_size=64, buffer_size=256, warmup_steps=1))
+    result.save(tmp_path / "sae")
+    loaded = check_loads_back(tmp_path / "sae", "TrainedSAE")
+    for name, value in result.sae.state_dict().items():
+        assert torch.equal(loaded.sae.state_dict()[name].to(value.dtype), value), name

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -46,6 +46,8 @@ class TrainedSAE(Result):
     log: list[dict[str, float]] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
 
+    kind: ClassVar[str] = "sae_training"
+
     def to_dict(self) -> dict:
         return {"kind": "sae_training", "settings": asdict(self.training), "sae": self.sae.cfg.to_dict(),
                 "log": self.log, "metrics": self.metrics}
@@ -54,6 +56,19 @@ class TrainedSAE(Result):
         folder = Path(path)
         save_sae(self.sae, folder)
         return super().save(folder)
+
+    @classmethod
+    def from_saved(cls, data: dict, folder: Path | None = None) -> TrainedSAE:
+        """The result `save` wrote: results.json with the SAELens folder it sits in (the weights)."""
+        if folder is None:
+            raise UserInputError("a trained SAE is read from its folder (results.json beside cfg.json and "
+                                 "sae_weights.safetensors): pass the folder")
+        sae = load_sae(folder)
+        sae.cfg.metadata = dict(data["sae"].get("metadata", {}))  # as trained (the folder's adds the format's)
+        result = cls(sae=sae, training=SAETraining(**data["settings"]), log=list(data.get("log", [])),
+                     metrics=dict(data.get("metrics", {})))
+        body = {key: value for key, value in data.items() if key not in ("kind", "provenance")}
+        return cls.attach_saved(result, body, data.get("provenance"))
 
     def plot(self, *args: Any, **kwargs: Any) -> Any:
         import plotly.graph_objects as go

@@ -56,6 +56,7 @@ BUILTIN_KINDS: dict[str, str] = {
     "sft": "vlens.training.sft",
     "study": "vlens.studies.interventions",
     "demo": "vlens.demo.results",
+    "sae_training": "vlens.sae.trainer",
 }
 # the files a command's --out folder may hold its result in, in the order they are tried
 RESULT_FILES = (RESULTS_FILE, "sft_result.json", "study.json", "vlens_temperature.json", "config.json")
