@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import vlens.testing as vt
-from vlens import HookedVLM
+from tests.helpers.models import build_pair
 from vlens.interventions.temperature import (
     HeadTemperature,
     fit_temperature,
@@ -21,16 +21,13 @@ from vlens.interventions.temperature import (
 
 @functools.lru_cache(maxsize=4)
 def _pair(family: str):
-    if family in ("qwen2_vl", "qwen2_5_vl"):
-        hf, processor = vt.tiny_hf_model(family), vt.tiny_qwen_processor()
-    elif family == "qwen3_vl":
-        hf, processor = vt.tiny_qwen3_vl_model(), vt.tiny_qwen3_vl_processor()
-    else:
-        hf, processor = vt.tiny_llava_model(), vt.tiny_llava_processor()
-    return hf, HookedVLM.from_hf(hf, processor=processor)
+    return build_pair(family)
 
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "llava_onevision", "gemma3", "internvl",
+            "idefics3", "smolvlm"]
+# the families whose q projection can absorb a temperature (no query norm after it)
+BAKED = ["qwen2_5_vl", "llava_next", "llava_onevision", "internvl", "idefics3", "smolvlm"]
 
 
 def _inputs(model):
@@ -186,7 +183,7 @@ def test_hooked_and_hf_export_give_equal_logits(family):
     n_heads = model.cfg.n_heads
     temp = HeadTemperature({(0, 0): 1.2, (0, n_heads - 1): 1.7, (model.cfg.n_layers - 1, 1): 0.8})
     hf_kwargs = inputs.to_hf_kwargs()
-    if family == "llava":  # HF's plain forward needs no mm_token_type_ids here
+    if family.startswith("llava"):  # HF's plain forward needs no mm_token_type_ids here
         hf_kwargs.pop("mm_token_type_ids", None)
     real = inputs.attention_mask.bool()
     with torch.no_grad():
@@ -213,21 +210,27 @@ def test_bad_heads_are_rejected():
     assert math.isclose(fit_temperature(torch.ones(2, 2), top_k=1).betas[(0, 0)], 1.2)
 
 
-def test_baked_checkpoint_equals_hooks(tmp_path):
+@pytest.mark.parametrize("family", BAKED)
+def test_baked_checkpoint_equals_hooks(family, tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    hf, model = _pair("qwen2_5_vl")
+    hf, model = _pair(family)
     inputs = _inputs(model)
-    temp = HeadTemperature({(0, 1): 1.4, (1, 3): 0.7})
+    temp = HeadTemperature({(0, 1): 1.4, (model.cfg.n_layers - 1, model.cfg.n_heads - 1): 0.7})
     hf.save_pretrained(str(tmp_path), state_dict=temp.baked_state_dict(hf))
     baked = AutoModelForImageTextToText.from_pretrained(str(tmp_path)).eval()
     real = inputs.attention_mask.bool()
     with torch.no_grad(), temp.applied(model):
         hooked = model(inputs)
     with torch.no_grad():
-        theirs = baked(**inputs.to_hf_kwargs()).logits
+        hooked_base = model(inputs)
+        kwargs = inputs.to_hf_kwargs()
+        if family.startswith("llava"):
+            kwargs.pop("mm_token_type_ids", None)
+        theirs = baked(**kwargs).logits
+    assert (hooked[real] - hooked_base[real]).abs().max() > 1e-4
     torch.testing.assert_close(theirs[real], hooked[real], atol=1e-4, rtol=1e-4)
-    if "qwen3_vl" in FAMILIES:
+    if family == "qwen2_5_vl":
         with pytest.raises(ValueError, match="query norm"):
             temp.baked_state_dict(_pair("qwen3_vl")[0])
 
