@@ -26,9 +26,10 @@ from vlens.testing import (
     tiny_qwen3_vl_processor,
     tiny_qwen_processor,
 )
+from tests.helpers.models import build_pair
 from vlens.utils.errors import UserInputError
 
-FAMILIES = ["qwen2_5_vl", "qwen3_vl", "llava"]
+FAMILIES = ["qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "internvl", "idefics3", "smolvlm"]
 # a second configuration per family: output biases on (Qwen3: o_proj; LLaVA: o_proj and MLP), tied embeddings
 VARIANTS = [(f, "plain") for f in FAMILIES] + [("qwen3_vl", "bias_tied"), ("llava", "bias_tied"), ("qwen2_vl", "plain")]
 
@@ -41,8 +42,11 @@ def _model(family: str, variant: str = "plain", dtype: torch.dtype = torch.float
     elif family == "llava":
         extra = {**extra, "mlp_bias": True} if extra else extra
         hf, processor = tiny_llava_model(dtype=dtype, **extra), tiny_llava_processor()
-    else:
+    elif family in ("qwen2_vl", "qwen2_5_vl"):
         hf, processor = tiny_hf_model(family, dtype=dtype, **extra), tiny_qwen_processor()
+    else:  # tiled and split-image families, as the shared builders make them
+        hf, built = build_pair(family, **extra)
+        hf, processor = hf.to(dtype), built.processor
     if variant == "bias_tied":
         hf.lm_head.weight = hf.get_input_embeddings().weight
     return HookedVLM.from_hf(hf, processor=processor)
