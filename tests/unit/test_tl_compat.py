@@ -15,6 +15,7 @@ import transformer_lens.patching as tl_patching
 from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.tools.analysis import logit_lens as tl_logit_lens
 
+from tests.helpers.models import build_pair
 from vlens import HookedVLM
 from vlens.core.hooks import act_name
 from vlens.testing import (
@@ -26,7 +27,6 @@ from vlens.testing import (
     tiny_qwen3_vl_processor,
     tiny_qwen_processor,
 )
-from tests.helpers.models import build_pair
 from vlens.utils.errors import UserInputError
 
 FAMILIES = ["qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "internvl", "idefics3", "smolvlm"]
