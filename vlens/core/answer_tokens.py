@@ -100,7 +100,7 @@ def first_difference(model: Any, a: Sequence[int], b: Sequence[int], example: st
 def append_tokens(model: Any, inputs: VLMInputs, suffixes: Sequence[Sequence[int]]) -> VLMInputs:
     """Append token ids after each row's prompt, keeping the batch left-padded (teacher forcing)."""
     if len(suffixes) != inputs.batch_size:
-        raise ValueError(f"got {len(suffixes)} token suffixes for a batch of {inputs.batch_size}")
+        raise UserInputError(f"got {len(suffixes)} token suffixes for a batch of {inputs.batch_size}")
     if not any(len(s) for s in suffixes):
         return inputs
     pad_id = model.tokenizer.pad_token_id or 0
@@ -137,10 +137,10 @@ def answer_logprobs(logits: Float[Tensor, "batch pos d_vocab"], answers: Sequenc
     exact: bool [batch], every answer token is the argmax at its position.
     """
     if logits.ndim != 3 or logits.shape[0] != len(answers):
-        raise ValueError(f"answer_logprobs needs logits [batch={len(answers)}, pos, d_vocab], got {tuple(logits.shape)}")
+        raise UserInputError(f"answer_logprobs needs logits [batch={len(answers)}, pos, d_vocab], got {tuple(logits.shape)}")
     longest = max(len(a) for a in answers)
     if longest > logits.shape[1]:
-        raise ValueError(f"an answer has {longest} tokens but only {logits.shape[1]} positions of logits were given")
+        raise UserInputError(f"an answer has {longest} tokens but only {logits.shape[1]} positions of logits were given")
     tail = logits[:, -longest:].detach().float()
     log_probs = tail.log_softmax(-1)
     best = tail.argmax(-1)

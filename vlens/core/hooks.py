@@ -146,7 +146,7 @@ class HookPoint(_TLHookPoint):
                      level: int | None = None) -> None:
         """TransformerLens's `remove_hooks`, leaving other threads' temporary hooks in place."""
         if dir not in ("fwd", "bwd", "both"):
-            raise ValueError(f"Invalid direction {dir}")
+            raise UserInputError(f"Invalid direction {dir}")
         me = threading.get_ident()
 
         def kept(handles: list) -> list:

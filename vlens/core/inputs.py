@@ -10,6 +10,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from vlens.core.architectures.base import ImageTile, whole_image_tiles
+from vlens.utils.errors import UserInputError
 
 
 @dataclass
@@ -57,7 +58,7 @@ class TokenRegions:
             return self.final[row : row + 1]
         if name == "all":
             return torch.cat([self.image[row], self.text[row]]).sort().values
-        raise ValueError(f"Unknown region {name!r}: use one of 'image', 'text', 'final', 'all'.")
+        raise UserInputError(f"Unknown region {name!r}: use one of 'image', 'text', 'final', 'all'.")
 
     def image_view(self, row: int, image: int = 0) -> ImageTile:
         """The record whose grid covers the whole image (kind "image", or an anyres image's "base"
@@ -70,7 +71,7 @@ class TokenRegions:
             positions = self.images[row][image]
             record = whole_image_tiles(len(positions), self.image_grid[row][image])[-1]
             return replace(record, positions=positions[record.positions])
-        raise ValueError(f"image {image} of row {row} has no grid that covers the whole image "
+        raise RuntimeError(f"image {image} of row {row} has no grid that covers the whole image "
                          f"(its tokens: {[r.kind for r in records]})")
 
     def tile_positions(self, row: int, kind: str) -> Tensor:
@@ -130,7 +131,7 @@ class VLMInputs:
         """`regions`, or a clear error for inputs that have none (built by hand rather than by
         `model.prepare`, or for a model whose config names no image token)."""
         if self.regions is None:
-            raise ValueError("These inputs carry no token regions (final position, image and text tokens): "
+            raise UserInputError("These inputs carry no token regions (final position, image and text tokens): "
                              "build them with model.prepare(...) or model.coerce_inputs(...).")
         return self.regions
 
@@ -189,7 +190,7 @@ def compute_regions(
     is_image = (input_ids == image_token_id) & attention_mask.bool()
     total = int(is_image.sum())
     if total != sum(image_token_counts):
-        raise ValueError(
+        raise UserInputError(
             f"The prompts hold {total} image placeholder tokens but the images need "
             f"{sum(image_token_counts)} ({image_token_counts} per image). Build inputs with "
             "model.prepare(...) or the model's processor so placeholders are expanded to match."
@@ -207,7 +208,7 @@ def compute_regions(
             count, grid, records, marks = next(image_iter)
             here = positions[start : start + count]
             if sum(len(r.positions) for r in records) != count:
-                raise ValueError(f"the tile records of an image hold {sum(len(r.positions) for r in records)} "
+                raise RuntimeError(f"the tile records of an image hold {sum(len(r.positions) for r in records)} "
                                  f"tokens but the image has {count}")
             row_images.append(here)
             row_grids.append(grid)

@@ -140,7 +140,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
             device = resolve_device(device)
         dtype = resolve_dtype(dtype, device if device_map is None else None)
         if device_map is not None and device is not None:
-            raise ValueError("give either device (one device) or device_map (a placement across devices), not both")
+            raise UserInputError("give either device (one device) or device_map (a placement across devices), not both")
         if device_map is not None and importlib.util.find_spec("accelerate") is None:
             raise ImportError("device_map places the model with accelerate, which is not installed: "
                               "pip install 'vlens[distributed]'")
@@ -172,7 +172,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
     def to(self, *args, **kwargs) -> HookedVLM:  # keep cfg.device/dtype truthful
         placement = self.device_map
         if placement is not None:  # accelerate's hooks keep each module's execution device: moving breaks them
-            raise ValueError(f"this model was placed across devices by device_map "
+            raise UserInputError(f"this model was placed across devices by device_map "
                              f"({sorted(set(map(str, placement.values())))}); it cannot be moved as a whole. "
                              "Load it again with device=... instead of device_map.")
         super().to(*args, **kwargs)
@@ -194,7 +194,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
     @property
     def tokenizer(self):
         if self.processor is None:
-            raise ValueError("This model has no processor: pass one to HookedVLM.from_hf(hf_model, processor=processor).")
+            raise UserInputError("This model has no processor: pass one to HookedVLM.from_hf(hf_model, processor=processor).")
         return getattr(self.processor, "tokenizer", self.processor)
 
     def prepare(
@@ -342,12 +342,12 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         image_mask = ids == cfg.image_token_id if cfg.image_token_id is not None else None
         if inputs.pixel_values is not None:
             if image_mask is None:
-                raise ValueError("These inputs carry images but the model's config names no image token "
+                raise UserInputError("These inputs carry images but the model's config names no image token "
                                  "(cfg.image_token_id is None), so there is nowhere to put them.")
             features = self.adapter.encode_images(self.vision, inputs)
             n_placeholders = int(image_mask.sum())
             if n_placeholders != features.embeds.shape[0]:
-                raise ValueError(
+                raise UserInputError(
                     f"Image placeholders and image features do not match: the prompt holds {n_placeholders} "
                     f"image tokens but the vision tower produced {features.embeds.shape[0]} features. Build "
                     "inputs with model.prepare(...) or the model's processor, which expands each image "
@@ -356,7 +356,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
             resid = resid.masked_scatter(image_mask.unsqueeze(-1), features.embeds.to(resid.device, resid.dtype))
             deepstack = {layer: (image_mask, feats) for layer, feats in enumerate(features.deepstack)}
         elif image_mask is not None and bool(image_mask.any()):
-            raise ValueError(
+            raise UserInputError(
                 f"The prompt holds {int(image_mask.sum())} image placeholder tokens but no pixel_values were "
                 "given. Pass the images (model.prepare(images=..., prompts=...)) or remove the placeholders."
             )
@@ -553,7 +553,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
     def to_single_token(self, text: str) -> int:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) != 1:
-            raise ValueError(f"{text!r} is {len(ids)} tokens ({ids}), not one.")
+            raise UserInputError(f"{text!r} is {len(ids)} tokens ({ids}), not one.")
         return ids[0]
 
     def summary(self) -> str:

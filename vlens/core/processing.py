@@ -91,7 +91,7 @@ def _images_per_row(images: Any, batch: int) -> list[list]:
     if not isinstance(images, (list, tuple)):
         images = [images]
     if len(images) != batch:
-        raise ValueError(
+        raise UserInputError(
             f"Got {len(images)} image entries for {batch} prompts. Give one entry per prompt: an image, "
             "a list of images, or None for a text-only prompt."
         )
@@ -145,13 +145,13 @@ def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Seq
     The batch is left-padded so the final prompt position is the last column of every row.
     """
     if model.processor is None:
-        raise ValueError(
+        raise UserInputError(
             "prepare() needs a processor. Load with HookedVLM.from_pretrained(folder_with_processor) or "
             "pass processor= to HookedVLM.from_hf(...)."
         )
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts:
-        raise ValueError("prepare() got no prompts: pass prompts=['How many dots are there?', ...].")
+        raise UserInputError("prepare() got no prompts: pass prompts=['How many dots are there?', ...].")
     rows = _images_per_row(images, len(prompts))
     placeholder = model.adapter.image_placeholder()
     texts = []
@@ -199,7 +199,7 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
     """
     if isinstance(inputs, VLMInputs):
         if hf_kwargs:
-            raise ValueError(f"Got VLMInputs and extra keywords {sorted(hf_kwargs)}; pass one or the other.")
+            raise UserInputError(f"Got VLMInputs and extra keywords {sorted(hf_kwargs)}; pass one or the other.")
         out = inputs
     else:
         if isinstance(inputs, Mapping):
@@ -212,7 +212,7 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
             raise TypeError(f"Cannot run the model on a {type(inputs).__name__}: pass VLMInputs, a processor "
                             "output, or input_ids=..., pixel_values=..., image_grid_thw=... keywords.")
         if merged.get("input_ids") is None:
-            raise ValueError("No input_ids given. Build inputs with model.prepare(images=..., prompts=...).")
+            raise UserInputError("No input_ids given. Build inputs with model.prepare(images=..., prompts=...).")
         known = {k: merged.pop(k, None) for k in VLMInputs.HF_KEYS}
         input_ids = known["input_ids"]
         if input_ids.ndim == 1:

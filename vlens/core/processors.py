@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from transformers import BatchFeature
 
+from vlens.utils.errors import UserInputError
+
 
 class SimpleVLProcessor:
     """Tokenizer + image processor + chat template, with HF-processor-compatible calls.
@@ -55,20 +57,20 @@ class SimpleVLProcessor:
         for text in texts:
             while self.image_token in text:
                 if index >= n_images:
-                    raise ValueError(f"The text holds more {self.image_token} placeholders than the "
+                    raise UserInputError(f"The text holds more {self.image_token} placeholders than the "
                                      f"{n_images} images given.")
                 text = text.replace(self.image_token, marker * self._tokens_per_image(image_inputs, index), 1)
                 index += 1
             out.append(text.replace(marker, self.image_token))
         if index != n_images:
-            raise ValueError(f"Got {n_images} images but the text holds {index} {self.image_token} placeholders: "
+            raise UserInputError(f"Got {n_images} images but the text holds {index} {self.image_token} placeholders: "
                              "give one placeholder per image.")
         return out
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tokenize: bool = False, **kwargs: Any):
         if not self.chat_template:
-            raise ValueError("This processor has no chat template; pass chat=False or set chat_template.")
+            raise UserInputError("This processor has no chat template; pass chat=False or set chat_template.")
         return self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template,
                                                   add_generation_prompt=add_generation_prompt,
                                                   tokenize=tokenize, **kwargs)

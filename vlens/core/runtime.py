@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from transformers.masking_utils import blockwise_overlay, causal_mask_function, or_masks, sdpa_mask
 
 from vlens.core.components.attention import AttentionMasks, KVCache
+from vlens.utils.errors import UserInputError
 
 
 @dataclass
@@ -70,7 +71,7 @@ def module_device(module: nn.Module) -> torch.device:
         device = hook_device(sub) or hook_device(getattr(sub, "source", None))
         if device is not None:
             return device
-    raise ValueError(f"cannot tell where {type(module).__name__} runs: its weights are on the meta device and "
+    raise UserInputError(f"cannot tell where {type(module).__name__} runs: its weights are on the meta device and "
                      "no accelerate hook places them; load the model with a device_map (and offload_folder) "
                      "or materialise its weights")
 

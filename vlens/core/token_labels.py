@@ -12,6 +12,8 @@ from typing import Any, cast, overload
 
 from torch import Tensor
 
+from vlens.utils.errors import UserInputError
+
 
 @overload
 def str_tokens(tokenizer: Any, tokens: str | int) -> list[str]: ...
@@ -25,7 +27,7 @@ def str_tokens(tokenizer: Any, tokens: str | int | Sequence | Tensor) -> list[st
         return _decode_each(tokenizer, ids)
     if isinstance(tokens, Tensor):
         if tokens.ndim > 2:
-            raise ValueError(f"to_str_tokens takes a 0-, 1- or 2-D tensor of token ids, got shape {tuple(tokens.shape)}")
+            raise UserInputError(f"to_str_tokens takes a 0-, 1- or 2-D tensor of token ids, got shape {tuple(tokens.shape)}")
         if tokens.ndim == 2:
             return [_decode_each(tokenizer, row) for row in tokens.tolist()]
         return _decode_each(tokenizer, tokens.reshape(-1).tolist())

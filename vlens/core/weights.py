@@ -22,6 +22,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.FactoredMatrix import FactoredMatrix
 
+from vlens.utils.errors import UserInputError
+
 if TYPE_CHECKING:
     from vlens.core.components.block import BlockList
     from vlens.core.components.embed import Embed
@@ -49,11 +51,11 @@ class WeightsMixin:
         for block in self.blocks:
             module = getattr(block, sub)
             if not hasattr(type(module), name):  # e.g. a Gated DeltaNet layer has no W_Q, a MoE MLP no W_in
-                raise ValueError(f"model.{name}: layer {block.layer}'s {sub} is a {type(module).__name__}, which has "
+                raise UserInputError(f"model.{name}: layer {block.layer}'s {sub} is a {type(module).__name__}, which has "
                                  f"no {name}; read the layers that have one: model.blocks[l].{sub}.{name}")
             views.append(getattr(module, name))
         if len({tuple(v.shape) for v in views}) > 1:
-            raise ValueError(f"model.{name}: the layers' shapes differ ({sorted({tuple(v.shape) for v in views})}: a "
+            raise UserInputError(f"model.{name}: the layers' shapes differ ({sorted({tuple(v.shape) for v in views})}: a "
                              f"hybrid decoder's linear-attention layers have their own heads), so they do not stack; "
                              f"read them per layer: model.blocks[l].{sub}.{name}")
         return torch.stack(views)
@@ -155,9 +157,9 @@ class WeightsMixin:
         """
         n_layers = self.cfg.n_layers
         if not 0 <= layer <= n_layers:
-            raise ValueError(f"layer must be in 0..{n_layers} (n_layers means the unembed), got {layer}")
+            raise UserInputError(f"layer must be in 0..{n_layers} (n_layers means the unembed), got {layer}")
         if mlp_input and layer == n_layers:
-            raise ValueError("mlp_input=True needs a layer below n_layers: the unembed has no MLP")
+            raise UserInputError("mlp_input=True needs a layer below n_layers: the unembed has no MLP")
         reference = self.blocks[0].attn.b_O
         total = torch.zeros(self.cfg.d_model, dtype=reference.dtype, device=reference.device)
         for block in self.blocks[:layer]:

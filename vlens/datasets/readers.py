@@ -48,6 +48,7 @@ from vlens.datasets.records import (
     Record,
     SkippedRecord,
 )
+from vlens.utils.errors import UserInputError
 
 PIXMO_QUESTION_TEMPLATE = "How many {label} are there?"
 PIXMO_IMAGE_COLUMNS = ("image_path", "image", "file_name", "path")
@@ -238,7 +239,7 @@ def read_countbenchqa(
 def option_letters(n: int) -> list[str]:
     """["A", "B", ...] for n options (at most 26)."""
     if not 1 <= n <= 26:
-        raise ValueError(f"multiple choice needs 1 to 26 options, got {n}")
+        raise UserInputError(f"multiple choice needs 1 to 26 options, got {n}")
     return [chr(ord("A") + i) for i in range(n)]
 
 

@@ -123,7 +123,7 @@ class DataSet:
     def head(self, limit: int | None) -> DataSet:
         """The first ``limit`` records (all for None), keeping the skipped list."""
         if limit is not None and limit < 1:
-            raise ValueError(f"limit must be >= 1 (or None for all), got {limit}")
+            raise UserInputError(f"limit must be >= 1 (or None for all), got {limit}")
         examples = self.examples if limit is None else self.examples[:limit]
         return DataSet(self.format, self.source, examples, list(self.skipped))
 

@@ -62,7 +62,7 @@ class RoutingStatistics(Result):
 
     def _region(self, region: str) -> int:
         if region not in self.regions:
-            raise ValueError(f"unknown region {region!r}: use one of {self.regions}")
+            raise UserInputError(f"unknown region {region!r}: use one of {self.regions}")
         return self.regions.index(region)
 
     def share(self, region: str) -> Float[Tensor, "n_layers n_experts"]:
@@ -98,7 +98,7 @@ class RoutingStatistics(Result):
     def top_experts(self, region: str, layer: int, n: int = 5) -> list[tuple[int, float]]:
         """The n experts of `layer` (a model layer index) most often chosen by the region: (expert, share)."""
         if layer not in self.layers:
-            raise ValueError(f"layer {layer} is not a MoE layer here ({self.layers})")
+            raise UserInputError(f"layer {layer} is not a MoE layer here ({self.layers})")
         share = self.share(region)[self.layers.index(layer)]
         order = torch.argsort(torch.nan_to_num(share, nan=-1.0), descending=True, stable=True)[:n]
         return [(int(e), float(share[e])) for e in order]

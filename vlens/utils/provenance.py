@@ -44,6 +44,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vlens.utils.errors import UserInputError
+
 if TYPE_CHECKING:  # torch is imported where weights are hashed: `vlens data` writes provenance without it
     from torch import nn
 
@@ -69,7 +71,7 @@ def weights_fingerprint(model: nn.Module) -> str:
     for name in sorted(tensors):
         tensor = tensors[name]
         if tensor.is_meta:
-            raise ValueError(f"cannot fingerprint {name}: it is on the meta device (offloaded)")
+            raise UserInputError(f"cannot fingerprint {name}: it is on the meta device (offloaded)")
         digest.update(name.encode())
         digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -17,7 +17,7 @@ def pad_heads(per_layer: list[Tensor], width: int, dim: int = 0, fill: float = f
     for values in per_layer:
         missing = width - values.shape[-1]
         if missing < 0:
-            raise ValueError(f"a layer has {values.shape[-1]} heads, more than the grid's {width}")
+            raise RuntimeError(f"a layer has {values.shape[-1]} heads, more than the grid's {width}")
         if missing:
             values = torch.cat([values, values.new_full((*values.shape[:-1], missing), fill)], dim=-1)
         padded.append(values)

@@ -21,12 +21,14 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.utils.errors import UserInputError
+
 LEVEL = 0.95
 
 
 def _z(level: float) -> float:
     if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+        raise UserInputError(f"level must be in (0, 1), got {level}")
     return math.sqrt(2) * torch.erfinv(torch.tensor(level, dtype=torch.float64)).item()
 
 
@@ -38,7 +40,7 @@ def wilson_interval(successes, n, level: float = LEVEL) -> tuple[Tensor, Tensor]
     k = torch.as_tensor(successes, dtype=torch.float64)
     n = torch.as_tensor(n, dtype=torch.float64)
     if (k < 0).any() or (k > n).any():
-        raise ValueError("successes must lie in [0, n]")
+        raise UserInputError("successes must lie in [0, n]")
     z = _z(level)
     safe_n = n.clamp_min(1)
     p = k / safe_n
@@ -53,9 +55,9 @@ def wilson_interval(successes, n, level: float = LEVEL) -> tuple[Tensor, Tensor]
 def bootstrap_counts(n: int, n_resamples: int = 1000, seed: int = 0) -> Float[Tensor, "n_resamples n"]:
     """How often each of n rows is drawn in each bootstrap resample (rows drawn with replacement, seeded)."""
     if n < 1:
-        raise ValueError("a bootstrap needs at least one value along dim 0")
+        raise UserInputError("a bootstrap needs at least one value along dim 0")
     if n_resamples < 1:
-        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+        raise UserInputError(f"n_resamples must be >= 1, got {n_resamples}")
     generator = torch.Generator().manual_seed(seed)
     index = torch.randint(0, n, (n_resamples, n), generator=generator)
     return torch.zeros(n_resamples, n, dtype=torch.float64).scatter_add_(1, index, torch.ones(index.shape,
@@ -94,7 +96,7 @@ def bootstrap_interval(
     """
     x = torch.as_tensor(values, dtype=torch.float64)
     if x.ndim == 0 or x.shape[0] == 0:
-        raise ValueError("bootstrap_interval needs at least one value along dim 0")
+        raise UserInputError("bootstrap_interval needs at least one value along dim 0")
     _z(level)
     return percentile_interval(resampled_means(x, bootstrap_counts(x.shape[0], n_resamples, seed)), level)
 
@@ -131,7 +133,7 @@ def hypergeometric_tail(i: int, population: int, successes: int, draws: int) -> 
     without replacement from `population`. Example: hypergeometric_tail(1, 4, 1, 1) = 0.25.
     """
     if not 0 <= successes <= population or not 0 <= draws <= population:
-        raise ValueError(f"need 0 <= successes, draws <= population, got {successes}, {draws} of {population}")
+        raise UserInputError(f"need 0 <= successes, draws <= population, got {successes}, {draws} of {population}")
     total = math.comb(population, draws)
     top = min(successes, draws)
     mass = sum(math.comb(successes, j) * math.comb(population - successes, draws - j)
@@ -143,7 +145,7 @@ def fisher_greater(hits_a: int, n_a: int, hits_b: int, n_b: int) -> float:
     """One-sided Fisher exact test that the share hits_a / n_a exceeds hits_b / n_b: the probability,
     given all hits and both group sizes, that group a holds at least `hits_a` of them by chance."""
     if not (0 <= hits_a <= n_a and 0 <= hits_b <= n_b):
-        raise ValueError("hits must lie in [0, n] in both groups")
+        raise UserInputError("hits must lie in [0, n] in both groups")
     return hypergeometric_tail(hits_a, n_a + n_b, hits_a + hits_b, n_a)
 
 
@@ -188,9 +190,9 @@ def t_quantile(q: float, df: float) -> float:
     Example: t_quantile(0.975, 2) = 4.303 (the 95% interval of a mean over 3 seeds).
     """
     if not 0 < q < 1:
-        raise ValueError(f"q must be in (0, 1), got {q}")
+        raise UserInputError(f"q must be in (0, 1), got {q}")
     if not df > 0:
-        raise ValueError(f"df must be positive, got {df}")
+        raise UserInputError(f"df must be positive, got {df}")
     if q < 0.5:
         return -t_quantile(1 - q, df)
     low, high = 0.0, 1.0

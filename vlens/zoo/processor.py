@@ -25,6 +25,8 @@ from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen2
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from vlens.utils.errors import UserInputError
+
 IMAGE_SIZE = 224
 PATCH_SIZE = 14
 MERGE_SIZE = 2
@@ -36,7 +38,7 @@ CELL = PATCH_SIZE * MERGE_SIZE  # pixels per image token along each side
 def check_image_size(image_size: int) -> int:
     """`image_size` if it is a positive multiple of CELL (28 px), else a ValueError."""
     if image_size < CELL or image_size % CELL:
-        raise ValueError(
+        raise UserInputError(
             f"image size {image_size} px must be a positive multiple of {CELL} px "
             f"({PATCH_SIZE} px patches merged {MERGE_SIZE} x {MERGE_SIZE}), e.g. 168 or 224"
         )
@@ -69,7 +71,7 @@ def image_size_of(processor) -> int:
     sides = math.isqrt(low), math.isqrt(high)
     size = sum(sides) // 2
     if sides[0] ** 2 != low or sides[1] ** 2 != high or (low != high and (low, high) != pixel_budget(size)):
-        raise ValueError(f"image processor does not pin a square size: {image_processor.size}")
+        raise UserInputError(f"image processor does not pin a square size: {image_processor.size}")
     return check_image_size(size)
 
 

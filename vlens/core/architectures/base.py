@@ -31,6 +31,7 @@ from vlens.core.components import (
     ZeroCenteredRMSNormPre,
 )
 from vlens.core.config import VLMConfig
+from vlens.utils.errors import UserInputError
 
 # An HF model or one of its submodules. Its parts are dynamic attributes (`hf_model.config`,
 # `layer.self_attn.q_proj`) that torch types as `Tensor | Module`; only adapters read them.
@@ -126,7 +127,7 @@ def points_to_box_grid(points: Tensor, image_size: tuple[int, int], box: tuple[f
     x0, y0, x1, y1 = box
     rows, cols = grid
     if x1 <= x0 or y1 <= y0 or rows <= 0 or cols <= 0:
-        raise ValueError(f"box {box} and grid {grid} must be non-empty")
+        raise UserInputError(f"box {box} and grid {grid} must be non-empty")
     width, height = image_size
     x, y = points[:, 0], points[:, 1]
     visible = (x >= 0) & (x <= width) & (y >= 0) & (y <= height)
@@ -311,7 +312,7 @@ class ArchitectureAdapter(ABC):
         width, height = image_size
         rows, cols = grid
         if width <= 0 or height <= 0 or rows <= 0 or cols <= 0:
-            raise ValueError(f"image size {image_size} and grid {grid} must be positive")
+            raise UserInputError(f"image size {image_size} and grid {grid} must be positive")
         x, y = points[:, 0], points[:, 1]
         visible = (x >= 0) & (x <= width) & (y >= 0) & (y <= height)
         return torch.stack([y * rows / height - 0.5, x * cols / width - 0.5], dim=-1), visible

@@ -183,7 +183,7 @@ class Gemma3Adapter(LlavaAdapter):
 
     def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
         if vision.projector is None:
-            raise ValueError("a Gemma 3 vision tower needs its multi-modal projector")
+            raise RuntimeError("a Gemma 3 vision tower needs its multi-modal projector")
         # the tower's post-LayerNorm'd last hidden state [n_images, n_patches, width] is the projector's input
         hidden = vision.tower(pixel_values=inputs.pixel_values, return_dict=True).last_hidden_state
         features = vision.get_submodule("hook_image_features")(hidden)  # the hook point build_vision added

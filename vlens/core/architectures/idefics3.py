@@ -211,7 +211,7 @@ class Idefics3Adapter(LlavaAdapter):
         hidden = tower.post_layernorm(hidden)
         connector: HFModule = vision.projector
         if connector is None:
-            raise ValueError(f"a {self.family} vision tower needs its connector")
+            raise RuntimeError(f"a {self.family} vision tower needs its connector")
         shuffled = vision.get_submodule("hook_image_features")(connector.pixel_shuffle(hidden, connector.scale_factor))
         per_frame = vision.get_submodule("hook_tile_embeds")(connector.modality_projection(shuffled))
         embeds = vision.hook_image_embeds(per_frame.reshape(-1, per_frame.shape[-1]))

@@ -186,7 +186,7 @@ class InternVLAdapter(LlavaAdapter):
                                          scale_factor=self.downsample_ratio)
         shuffled = vision.get_submodule("hook_image_features")(shuffled.reshape(n_tiles, -1, shuffled.shape[-1]))
         if vision.projector is None:
-            raise ValueError("an InternVL vision tower needs its multi-modal projector")
+            raise RuntimeError("an InternVL vision tower needs its multi-modal projector")
         per_tile = vision.get_submodule("hook_tile_embeds")(vision.projector(shuffled))
         embeds = vision.hook_image_embeds(per_tile.reshape(-1, per_tile.shape[-1]))
         return ImageFeatures(embeds=embeds, deepstack=[])

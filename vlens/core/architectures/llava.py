@@ -34,6 +34,7 @@ from vlens.core.components import HookedVisionTower
 from vlens.core.components.vision import attach_vision_head_hooks
 from vlens.core.config import VLMConfig
 from vlens.core.hooks import HookPoint
+from vlens.utils.errors import UserInputError
 
 
 @register_adapter
@@ -105,7 +106,7 @@ class LlavaAdapter(ArchitectureAdapter):
 
     def check_inputs(self, cfg: VLMConfig, inputs) -> None:
         if inputs.pixel_values is not None and inputs.pixel_values.ndim != 4:
-            raise ValueError(
+            raise UserInputError(
                 f"LLaVA expects pixel_values of shape [n_images, channels, height, width], got "
                 f"{tuple(inputs.pixel_values.shape)}. Build inputs with model.prepare(...) or the LLaVA processor."
             )
@@ -115,7 +116,7 @@ class LlavaAdapter(ArchitectureAdapter):
         """The checks every LLaVA-style family shares: the feature select strategy."""
         strategy = inputs.extra.get("vision_feature_select_strategy") or self.select_strategy
         if strategy not in ("default", "full"):
-            raise ValueError(f"vision_feature_select_strategy must be 'default' or 'full', got {strategy!r}.")
+            raise UserInputError(f"vision_feature_select_strategy must be 'default' or 'full', got {strategy!r}.")
 
     def _selection(self, inputs) -> tuple[int | list[int], str]:
         layer = inputs.extra.get("vision_feature_layer")
@@ -137,7 +138,7 @@ class LlavaAdapter(ArchitectureAdapter):
         if strategy == "default":
             selected = [h[:, 1:] for h in selected]  # drop CLS
         if vision.projector is None:
-            raise ValueError("a LLaVA vision tower needs its multi-modal projector")
+            raise RuntimeError("a LLaVA vision tower needs its multi-modal projector")
         # the hook point build_vision added (nn.Module attributes are untyped to checkers)
         features = vision.get_submodule("hook_image_features")(torch.cat(selected, dim=-1))
         return vision.projector(features)
@@ -227,7 +228,7 @@ def tower_core(tower: HFModule) -> HFModule:
         if module is not None and all(hasattr(module, a) for a in ("embeddings", "encoder")) \
                 and hasattr(module.encoder, "layers"):
             return module
-    raise ValueError(
+    raise UserInputError(
         f"vlens supports LLaVA-style models with a CLIP or SigLIP vision tower; got {type(tower).__name__}. Other "
         "towers need their own adapter (see CONTRIBUTING.md, 'Adding an architecture')."
     )
@@ -267,7 +268,7 @@ def _clip_resized(size, height: float, width: float) -> tuple[int, int]:
     fixed_height, fixed_width = _size_value(size, "height"), _size_value(size, "width")
     if fixed_height and fixed_width:
         return int(fixed_height), int(fixed_width)
-    raise ValueError(f"cannot map points through the image processor's size {size}")
+    raise UserInputError(f"cannot map points through the image processor's size {size}")
 
 
 def _crop_start(length: float, crop: float) -> float:

@@ -12,6 +12,7 @@ from vlens.core.architectures.base import ArchitectureAdapter, HFModule, ImageFe
 from vlens.core.architectures.registry import register_adapter
 from vlens.core.components import HookedVisionTower
 from vlens.core.config import VLMConfig
+from vlens.utils.errors import UserInputError
 
 
 @register_adapter
@@ -64,7 +65,7 @@ class Qwen2VLAdapter(ArchitectureAdapter):
 
     def check_inputs(self, cfg: VLMConfig, inputs) -> None:
         if inputs.pixel_values is not None and inputs.image_grid_thw is None:
-            raise ValueError(
+            raise UserInputError(
                 "pixel_values were given without image_grid_thw. Qwen-VL models need the (t, h, w) "
                 "patch grid of every image: pass image_grid_thw from the processor's output."
             )
@@ -97,7 +98,7 @@ class Qwen2VLAdapter(ArchitectureAdapter):
 
     def decode_position_ids(self, attention_mask: Tensor, n_new: int, deltas: Tensor | None) -> Tensor:
         if deltas is None:
-            raise ValueError("Qwen2-VL decoding needs the rope deltas of the prompt run (get_rope_index)")
+            raise RuntimeError("Qwen2-VL decoding needs the rope deltas of the prompt run (get_rope_index)")
         text_pos = attention_mask.long().cumsum(-1) - 1
         text_pos = text_pos.masked_fill(attention_mask == 0, 0)[:, -n_new:]
         return (text_pos + deltas.to(text_pos.device)).unsqueeze(0).expand(3, -1, -1)

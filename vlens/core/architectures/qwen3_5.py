@@ -26,6 +26,7 @@ from vlens.core.architectures.qwen3_vl import Qwen3VLAdapter
 from vlens.core.architectures.registry import register_adapter
 from vlens.core.components import Attention, DeltaRuleKernels, GatedAttention, GatedDeltaNet
 from vlens.core.config import VLMConfig
+from vlens.utils.errors import UserInputError
 
 
 def delta_rule_kernels(hf_linear_attn: HFModule) -> DeltaRuleKernels:
@@ -61,7 +62,7 @@ class Qwen3_5Adapter(Qwen3VLAdapter):
     def query_projection(self, hf_layer: HFModule):
         """Full-attention layers only: q_proj writes each head's query and its output gate."""
         if getattr(hf_layer, "self_attn", None) is None:
-            raise ValueError("this decoder layer is a linear-attention (Gated DeltaNet) layer: it has no q_proj")
+            raise UserInputError("this decoder layer is a linear-attention (Gated DeltaNet) layer: it has no q_proj")
         return hf_layer.self_attn.q_proj
 
     def query_norm(self, hf_layer: HFModule):

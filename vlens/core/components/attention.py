@@ -137,7 +137,7 @@ class KVCache:
         self.positions: list[int] = [0] * n_layers
         self.windows: list[int | None] = list(windows) if windows is not None else [None] * n_layers
         if len(self.windows) != n_layers:
-            raise ValueError(f"KVCache: {len(self.windows)} windows for {n_layers} layers")
+            raise RuntimeError(f"KVCache: {len(self.windows)} windows for {n_layers} layers")
         self._dropped = [0] * n_layers  # keys a windowed layer no longer holds
         self._offsets = [0] * n_layers  # absolute position of the first key the last update returned
 
@@ -331,7 +331,7 @@ class Attention(nn.Module):
         own of [batch, pos, n_kinds, d_head] where layers differ (Gemma 3's local and global bases)."""
         if self.rotary_index is None:
             if cos.ndim != 3:
-                raise ValueError(f"layer {self.layer} reads one rotary table [batch, pos, d_head], got "
+                raise RuntimeError(f"layer {self.layer} reads one rotary table [batch, pos, d_head], got "
                                  f"{tuple(cos.shape)}")
             return cos, sin
         return cos[:, :, self.rotary_index], sin[:, :, self.rotary_index]

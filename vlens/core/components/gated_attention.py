@@ -36,7 +36,7 @@ class GatedAttention(Attention):
 
     def gate_heads(self, z: Tensor, gate: Tensor | None) -> Tensor:
         if gate is None:
-            raise ValueError("GatedAttention needs the gate its project_queries returned")
+            raise RuntimeError("GatedAttention needs the gate its project_queries returned")
         return z * self.hook_output_gate(torch.sigmoid(gate))
 
     def _query_rows(self, tensor: Tensor) -> Tensor:

@@ -84,7 +84,7 @@ class GatedDeltaNet(nn.Module):
         self.n_heads, self.d_head = cfg.linear_n_heads, cfg.linear_d_head
         self.n_key_heads, self.d_key = cfg.linear_n_key_heads, cfg.linear_d_key
         if self.n_heads % self.n_key_heads:
-            raise ValueError(f"{self.n_heads} value heads do not divide into {self.n_key_heads} key heads")
+            raise RuntimeError(f"{self.n_heads} value heads do not divide into {self.n_key_heads} key heads")
         # the HF modules themselves (their parameters are HF's)
         self.in_proj_qkv = hf_layer.in_proj_qkv
         self.in_proj_z = hf_layer.in_proj_z

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from vlens.core.components.mlp import GatedMLP
 from vlens.core.hooks import HookPoint
+from vlens.utils.errors import UserInputError
 
 
 class MoEMLP(nn.Module):
@@ -54,7 +55,7 @@ class MoEMLP(nn.Module):
                  shared_expert: GatedMLP | None = None, shared_gate: nn.Linear | None = None):
         super().__init__()
         if getattr(experts, "has_post_expert_norm", False):
-            raise ValueError("experts with a norm after each expert are not supported by MoEMLP")
+            raise UserInputError("experts with a norm after each expert are not supported by MoEMLP")
         self.router = router
         self.experts = experts
         self.top_k = int(top_k)
@@ -149,7 +150,7 @@ class MoEMLP(nn.Module):
         if self.shared_expert is None:
             return routed
         if self.shared_gate is None:
-            raise ValueError("a shared expert needs its gate (shared_expert_gate)")
+            raise RuntimeError("a shared expert needs its gate (shared_expert_gate)")
         shared = self.shared_expert(x)
         gate = self.hook_shared_gate(torch.sigmoid(self.shared_gate(x)))
         return routed + self.hook_shared_out(gate * shared)

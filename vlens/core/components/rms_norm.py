@@ -27,7 +27,7 @@ def compute_weight(weight: nn.Parameter, source: nn.Module | None) -> Tensor:
     hook = getattr(source, "_hf_hook", None)
     weights = getattr(hook, "weights_map", None)
     if weights is None or hook is None:
-        raise ValueError("this norm's weight is on the meta device and no accelerate offload hook holds it")
+        raise RuntimeError("this norm's weight is on the meta device and no accelerate offload hook holds it")
     return weights["weight"].to(hook.execution_device)
 
 

@@ -42,7 +42,7 @@ class SandwichBlock(TransformerBlock):
         deepstack: tuple[Tensor, Tensor] | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         if deepstack is not None:
-            raise ValueError(f"block {self.layer} takes no DeepStack features (a family with post-sublayer norms)")
+            raise RuntimeError(f"block {self.layer} takes no DeepStack features (a family with post-sublayer norms)")
         resid = self.hook_resid_pre(resid)
         attn_out = self.hook_attn_out(self.ln1_post(self.attn(self.ln1(resid), cos, sin, masks, kv_cache)))
         resid = self.hook_resid_mid(resid + attn_out)

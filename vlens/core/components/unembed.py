@@ -39,7 +39,7 @@ class Unembed(nn.Module):
 
     def _norm_weight(self) -> Tensor:
         if self.ln_final_w is None:
-            raise ValueError("this unembedding has no final norm weight")
+            raise RuntimeError("this unembedding has no final norm weight")
         weight = compute_weight(self.ln_final_w, self.__dict__["ln_final_source"])
         return weight if not self.ln_final_offset else weight + self.ln_final_offset
 
