@@ -51,7 +51,7 @@ def assert_hook_shapes(model, inputs) -> dict:
     """The decoder hooks have TransformerLens shapes; returns the cache for family-specific checks."""
     model.set_use_attn_result(True)
     try:
-        _, cache = model.run_with_cache(inputs)
+        _, cache = model.run_with_cache(inputs, attn_scores=True)
     finally:
         model.set_use_attn_result(False)
     c = model.cfg

@@ -178,6 +178,30 @@ def test_resumed_stacked_sweep_equals_plain_run_with_hooks(model, counting, meth
     assert fast.clean_logprob == pytest.approx(float(logp.mean()), abs=1e-5)
 
 
+def test_the_last_block_runs_at_the_answer_positions_only(model, counting, monkeypatch):
+    import vlens.ablation.sweep as sweep_module
+
+    evaluation, reference_set = counting
+    reference = collect_reference(model, reference_set, "region", options=SweepOptions(progress=False))
+    read = []
+    real = sweep_module.last_block_at
+
+    def spy(model_, resid, state, positions):
+        read.append((resid.shape[1], tuple(positions.shape)))
+        return real(model_, resid, state, positions)
+
+    monkeypatch.setattr(sweep_module, "last_block_at", spy)
+    fast = head_ablation_sweep(model, evaluation, "mean", reference,
+                               options=SweepOptions(batch_size=3, heads_per_pass=2, progress=False))
+    last = model.cfg.n_layers - 1
+    per_chunk = 1 + sum(-(-model.cfg.n_heads // 2) for _ in range(last))  # the clean run + every layer but the last
+    assert len(read) == per_chunk * -(-len(evaluation) // 3)
+    assert all(n_read == 1 and pos > 1 for pos, (_, n_read) in read)  # one answer position of the whole sequence
+    plain = head_ablation_sweep(model, evaluation, "mean", reference, resume=False,
+                                options=SweepOptions(batch_size=5, progress=False))
+    assert torch.allclose(fast.ablated_logprob, plain.ablated_logprob, atol=1e-5)
+
+
 def test_sweep_of_some_layers_leaves_others_nan(model, counting):
     evaluation, _ = counting
     sweep = head_ablation_sweep(model, evaluation, "zero", layers=[1], options=SweepOptions(progress=False))

@@ -19,6 +19,7 @@ from vlens.ablation.reference import ReferenceActivations, resample_partners
 from vlens.ablation.results import HeadAblation
 from vlens.ablation.tasks import TaskBatch
 from vlens.core.answers import answer_logprobs
+from vlens.core.final_block import block_has_hooks, last_block_at, supports_last_block_at
 from vlens.core.hooks import act_name
 from vlens.core.runtime import RunState, build_masks
 from vlens.parallel.options import SweepOptions, fold_legacy
@@ -49,8 +50,27 @@ def final_position_logits(model, resid: Float[Tensor, "batch pos d_model"],
 
 def last_positions(values: Tensor, final: Int[Tensor, "batch"], k: int) -> Tensor:
     """values[b, final[b] - k + 1 .. final[b]] -> [batch, k, ...]."""
-    positions = final.to(values.device)[:, None] + torch.arange(1 - k, 1, device=values.device)
-    return values[torch.arange(values.shape[0], device=values.device)[:, None], positions.clamp(min=0)]
+    positions = read_positions(final.to(values.device), k)
+    return values[torch.arange(values.shape[0], device=values.device)[:, None], positions]
+
+
+def read_positions(final: Int[Tensor, "batch"], k: int) -> Int[Tensor, "batch k"]:
+    """Each row's last k positions ending at `final` (clamped at 0): where the answer is read."""
+    return (final[:, None] + torch.arange(1 - k, 1, device=final.device)).clamp(min=0)
+
+
+def run_to_answer_logits(model, resid: Float[Tensor, "batch pos d_model"], state: RunState, layer: int,
+                         final: Int[Tensor, "batch"], k: int) -> Float[Tensor, "batch k d_vocab"]:
+    """Logits at each row's last k positions ending at `final`, running blocks `layer`.. on `resid` (the
+    residual entering `layer`). The last block runs at those positions only (its queries, output
+    projection and MLP; its keys and values at every position: `vlens.core.final_block`) when it is a plain
+    block with no hook attached (so not the ablated one); otherwise every block runs whole."""
+    last = model.cfg.n_layers - 1
+    block = model.blocks[last]
+    if supports_last_block_at(block) and not block_has_hooks(block):
+        resid = model.run_blocks(resid, state, layer, last)
+        return model.finish(last_block_at(model, resid, state, read_positions(final.to(resid.device), k)))
+    return final_position_logits(model, model.run_blocks(resid, state, layer, None), final, k)
 
 
 def stack_state(state: RunState, attention_mask: Tensor, copies: int) -> RunState:
@@ -191,12 +211,15 @@ class CleanChunk:
         self.state = model.start_run(self.inputs)
         # each layer's clean input, kept on cache_device (and returned to where it was computed when used)
         resid, self.layer_inputs, self.layer_devices = self.state.resid, [], []
+        last = model.cfg.n_layers - 1
         for layer in range(model.cfg.n_layers):
             self.layer_inputs.append(resid if cache_device is None else resid.to(cache_device))
             self.layer_devices.append(resid.device)
-            resid = model.run_blocks(resid, self.state, layer, layer + 1)
-        self.clean_lp, self.clean_acc = answer_metrics(
-            final_position_logits(model, resid, self.inputs.token_regions.final, self.k), self.answers)
+            if layer < last:
+                resid = model.run_blocks(resid, self.state, layer, layer + 1)
+        self.clean_lp, self.clean_acc = answer_metrics(  # the last block at the answer positions only
+            run_to_answer_logits(model, resid, self.state, last, self.inputs.token_regions.final, self.k),
+            self.answers)
         self.stacked: dict[int, RunState] = {}  # copies -> the chunk's run state stacked that often
 
     def copies_metrics(self, model, layer: int, hooks: list, copies: int,
@@ -214,8 +237,8 @@ class CleanChunk:
         else:
             with model.hooks(fwd_hooks=hooks):
                 layer_input = self.layer_inputs[layer].to(self.layer_devices[layer])
-                resid = model.run_blocks(layer_input.repeat(copies, 1, 1), self.stacked[copies], layer, None)
-            logits = final_position_logits(model, resid, final.repeat(copies), self.k)
+                logits = run_to_answer_logits(model, layer_input.repeat(copies, 1, 1), self.stacked[copies], layer,
+                                              final.repeat(copies), self.k)
         logprob, accuracy = [], []
         for g in range(copies):
             lp, acc = answer_metrics(logits[g * self.n_rows:(g + 1) * self.n_rows], self.answers)

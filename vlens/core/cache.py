@@ -44,6 +44,17 @@ def _as_slice(pos_slice) -> Slice:
 class VLMActivationCache(ActivationCache):
     """An `ActivationCache` whose residual decompositions include the vision inputs (see module doc)."""
 
+    def __getitem__(self, key: Any) -> Tensor:
+        try:
+            return super().__getitem__(key)
+        except KeyError as error:
+            name = str(error.args[0]) if error.args else str(key)
+            if "attn_scores" in name or (isinstance(key, tuple) and key and key[0] in ("attn_scores", "scores")):
+                raise KeyError(f"{name}: run_with_cache leaves the attention scores out unless asked (the pattern "
+                               "holds the same information): run_with_cache(..., attn_scores=True), or name "
+                               "them in names_filter") from None
+            raise
+
     # ------------------------------------------------------------------ vision components
     def image_positions(self) -> Bool[Tensor, "*batch pos"]:
         """Where the vision features entered the residual stream: ``hook_inputs_embeds != hook_embed``."""

@@ -434,10 +434,14 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
                 self.reset_hooks(clear_contexts, including_permanent=False, level=level)
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, remove_batch_dim: bool = False,
-                       incl_bwd: bool = False, **kwargs: Any):
+                       incl_bwd: bool = False, attn_scores: bool = False, **kwargs: Any):
         """Run and cache activations: (output, `VLMActivationCache`, a TransformerLens ActivationCache).
 
         Same keywords as TransformerLens (names_filter, device, remove_batch_dim, incl_bwd, pos_slice).
+        Every hook (no names_filter) means every hook but ``hook_attn_scores``: the scores hold
+        the same information as ``hook_pattern`` (its logarithm up to a per-row constant) at the same
+        [batch, n_heads, pos, pos] size, the largest entries of the cache. Ask for them with
+        ``attn_scores=True`` or by naming them in `names_filter`.
         incl_bwd=True needs return_type="loss": the loss is backpropagated and every hook's gradient
         is cached as "<name>_grad" (also when the weights are frozen: the residual stream then
         starts the graph). Hooks are removed when it returns, also on error. saes={hook: sae}
@@ -450,8 +454,11 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
             with self.saes(saes, positions=positions, use_error_term=use_error_term, inputs=inputs):
                 return self.run_with_cache(*((inputs,) + model_args[1:] if model_args else ()),
                                            return_cache_object=return_cache_object,
-                                           remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd, **kwargs)
+                                           remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd,
+                                           attn_scores=attn_scores, **kwargs)
         kwargs.pop("saes", None)
+        if kwargs.get("names_filter") is None and not attn_scores:
+            kwargs["names_filter"] = _not_attn_scores
         with self.backward_ready(model_args, kwargs) if incl_bwd else nullcontext():
             out, cache_dict = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim,
                                                      incl_bwd=incl_bwd, **kwargs)
@@ -562,6 +569,11 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         return (f"HookedVLM({c.architecture}: {c.n_layers} layers, d_model={c.d_model}, "
                 f"{c.n_heads} heads ({c.n_key_value_heads} kv), d_head={c.d_head}, "
                 f"{len(self.hook_dict)} hook points)")
+
+
+def _not_attn_scores(name: str) -> bool:
+    """run_with_cache's default filter: every hook point but the attention scores."""
+    return not name.endswith("hook_attn_scores")
 
 
 def _until_end(new: list[int], eos_token_id: int | Sequence[int] | None, cfg: VLMConfig) -> list[int]:

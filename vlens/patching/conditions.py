@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.core.final_block import gather_positions
 from vlens.core.hooks import act_name
 from vlens.patching.pairs import PairBatch
 from vlens.utils.errors import UserInputError
@@ -82,12 +83,6 @@ def final_logits(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], fi
     """Logits at each row's final position from the last residual stream."""
     rows = torch.arange(resid.shape[0], device=resid.device)
     return model.finish(resid[rows, final.to(resid.device)][:, None, :])[:, 0]
-
-
-def gather_positions(x: Float[Tensor, "batch pos ..."], positions: Int[Tensor, "batch k"]) -> Float[Tensor, "batch k ..."]:
-    """x at each row's positions: x[b, positions[b, j]]."""
-    index = positions.to(x.device).view(*positions.shape, *([1] * (x.ndim - 2))).expand(-1, -1, *x.shape[2:])
-    return x.gather(1, index)
 
 
 def readout_logits(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"],

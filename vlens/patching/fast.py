@@ -26,11 +26,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from vlens.core.components.attention import AttentionMasks, KVCache
+from vlens.core.final_block import block_has_hooks, last_block_at, supports_last_block_at
 from vlens.core.hooks import act_name
 from vlens.core.runtime import RunState, build_masks
 from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.patching.conditions import PatchSpec, corrupt_activations, patch_hook, readout_logits
-from vlens.patching.final_block import block_has_hooks, last_block_at, supports_last_block_at
 from vlens.patching.metrics import Baseline, final_baseline
 from vlens.patching.pairs import PairBatch
 from vlens.utils.validation import check_count

@@ -347,10 +347,13 @@ class Attention(nn.Module):
         """HF eager attention with hooks on the scores and the pattern. q,k,v: [batch, heads, pos, d]."""
         k = repeat_kv(k, self.num_key_value_groups)
         v = repeat_kv(v, self.num_key_value_groups)
-        scores = torch.matmul(q, k.transpose(2, 3)) * self.scaling + masks.additive
-        scores = self.hook_attn_scores(scores)
-        # An edit (say a temperature) must never unmask: masked entries go back to the mask value.
-        scores = scores.masked_fill(~masks.allowed, torch.finfo(scores.dtype).min)
+        scores = torch.matmul(q, k.transpose(2, 3))
+        if is_observed(self.hook_attn_scores):
+            scores = self.hook_attn_scores(scores * self.scaling + masks.additive)
+            # An edit (say a temperature) must never unmask: masked entries go back to the mask value.
+            scores = scores.masked_fill(~masks.allowed, torch.finfo(scores.dtype).min)
+        else:  # only the pattern is read: the same arithmetic in place, no second pass over the scores
+            scores = scores.mul_(self.scaling).add_(masks.additive)
         pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         pattern = self.hook_pattern(pattern)
         return torch.matmul(pattern, v).transpose(1, 2).contiguous()

@@ -1,4 +1,5 @@
-"""Run the last decoder block for the readout positions only (the fast path's last step).
+"""Run the last decoder block for the readout positions only (the fast sweeps' last step: patching,
+ablation).
 
 The logits at the readout positions (the final one by default) need the last block's output
 there alone: its attention still reads keys / values at every position, but the queries, the
@@ -11,7 +12,7 @@ block is the plain pre-norm one (`supports_last_block_at`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -22,10 +23,12 @@ from vlens.core.components.attention import Attention
 from vlens.core.components.block import TransformerBlock
 from vlens.core.components.rotary import apply_rotary
 from vlens.core.runtime import RunState, module_device
-from vlens.patching.conditions import gather_positions
 
-if TYPE_CHECKING:
-    from vlens.core.model import HookedVLM
+
+def gather_positions(x: Float[Tensor, "batch pos ..."], positions: Int[Tensor, "batch k"]) -> Float[Tensor, "batch k ..."]:
+    """x at each row's positions: x[b, positions[b, j]]."""
+    index = positions.to(x.device).view(*positions.shape, *([1] * (x.ndim - 2))).expand(-1, -1, *x.shape[2:])
+    return x.gather(1, index)
 
 
 def supports_last_block_at(block) -> bool:
@@ -42,7 +45,7 @@ def block_has_hooks(block) -> bool:
     return any(getattr(m, "fwd_hooks", None) or getattr(m, "bwd_hooks", None) for m in block.modules())
 
 
-def last_block_at(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], state: RunState,
+def last_block_at(model: Any, resid: Float[Tensor, "batch pos d_model"], state: RunState,
                   positions: Int[Tensor, "batch k"]) -> Float[Tensor, "batch k d_model"]:
     """The last block's output residual at each row's `positions` (e.g. its final position).
 
