@@ -46,9 +46,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--train-positions", default="image,all")
     parser.add_argument("--size", type=int, default=168)
+    parser.add_argument("--timing-runs", type=int, default=0,
+                        help="only time: medians of N interleaved runs of the source and of SAE steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = vlens.load()
+    if args.timing_runs:
+        timing(model, args)
+        return
     train = counting(args.examples, 0, args.size)
     held_out = counting(args.eval, 1_000_003, args.size)
     report: dict = {"hook": args.hook, "examples": args.examples, "tokens": args.tokens, "eval": args.eval,
@@ -89,6 +94,35 @@ def main() -> None:
     for run in report["runs"]:
         print(f"| {run['train_positions']} | {run['source_tokens_per_s']:.0f} | {run['sae_steps_tokens_per_s']:.0f} | "
               f"{run['end_to_end_tokens_per_s']:.0f} | {run['end_to_end_tokens_per_s'] / run['source_tokens_per_s']:.2f} |")
+
+
+def timing(model, args) -> None:
+    """Tokens/s of the activation source (model forwards stopped after the hook's layer) and of SAE
+    steps on activations in memory, medians of interleaved runs; their ratio is what the model costs."""
+    import statistics
+
+    train = counting(args.examples, 0, args.size)
+    rows = []
+    for positions in args.train_positions.split(","):
+        source_rates, step_rates = [], []
+        for _ in range(args.timing_runs):
+            source = ActivationSource(model, train, ActivationOptions(args.hook, positions=positions,
+                                                                      prompts_per_chunk=16))
+            start = time.perf_counter()
+            acts = torch.cat([source.chunk(i).acts for i in range(source.n_chunks)])
+            source_rates.append(acts.shape[0] / (time.perf_counter() - start))
+            training = SAETraining(architecture="topk", d_sae=args.d_sae, k=args.k, total_tokens=args.tokens,
+                                   batch_size=512, buffer_size=8192, lr=1e-3, warmup_steps=50)
+            start = time.perf_counter()
+            train_sae(TensorSource(acts, 4096), training, hook_name=args.hook)
+            step_rates.append(args.tokens / (time.perf_counter() - start))
+        source_rate, step_rate = statistics.median(source_rates), statistics.median(step_rates)
+        rows.append((positions, int(acts.shape[0]), source_rate, step_rate, 1 / (1 / source_rate + 1 / step_rate)))
+    print("| positions | tokens per pass | source tok/s | SAE steps tok/s | both (one pass each) tok/s | "
+          "steps / source |")
+    print("|---|---|---|---|---|---|")
+    for positions, n, source_rate, step_rate, both in rows:
+        print(f"| {positions} | {n} | {source_rate:.0f} | {step_rate:.0f} | {both:.0f} | {step_rate / source_rate:.1f} |")
 
 
 if __name__ == "__main__":
