@@ -7,6 +7,7 @@ import torch
 
 from tests.helpers.models import tiny_vlm
 from vlens.sae import build_sae, make_config
+from vlens.sae.activations import region_mask
 from vlens.sae.attribution import ablate_features, feature_attribution
 from vlens.testing import random_image
 from vlens.utils.errors import UserInputError
@@ -59,6 +60,11 @@ def test_reconstruction_replaces_only_the_chosen_positions(model, inputs):
     assert torch.allclose(spliced, expected, atol=1e-5)
     masked = model.run_with_saes(inputs, saes={HOOK: sae}, positions=mask)
     assert torch.equal(masked, spliced)
+    cells = region_mask(model, inputs, "image", cells=[(0, 1)])  # one cell of each image's grid
+    assert cells.sum(-1).tolist() == [1, 1] and bool((cells <= mask).all())
+    one_cell = model.run_with_hooks(inputs, fwd_hooks=[(HOOK, lambda a, hook=None: torch.where(
+        cells.unsqueeze(-1), sae.b_dec.detach(), a))])
+    assert torch.allclose(model.run_with_saes(inputs, saes={HOOK: sae}, positions=cells), one_cell, atol=1e-5)
 
 
 def test_feature_activations_are_cached_and_hooks_removed(model, inputs):
@@ -129,3 +135,34 @@ def test_attribution_equals_exact_ablation_where_the_metric_is_linear(model, inp
     for feature in active[:4]:
         ablated = metric(ablate_features(model, inputs, {hook: sae}, {hook: [feature]}, positions="final"))
         assert torch.allclose(clean - ablated, per_feature[:, feature], atol=1e-4), feature
+
+
+def test_feature_patching_is_exact_where_the_metric_is_linear(model, inputs):
+    """At ln_final.hook_normalized, patching features from a corrupt run moves the logit by exactly
+    grad . (acts_corrupt - acts_clean); patching from the run itself changes nothing."""
+    from vlens.sae.attribution import patch_features
+
+    hook = "ln_final.hook_normalized"
+    sae = random_sae(model.cfg.d_model, d_sae=16, seed=5, hook=hook)
+    corrupt = model.prepare(images=[random_image(seed=7), random_image(seed=8)], prompts=["how many a", "b c"])
+    clean_logits = model(inputs)
+    same = patch_features(model, inputs, inputs, {hook: sae})
+    assert torch.allclose(same, clean_logits, atol=1e-4)
+    token = 3
+    patched = patch_features(model, inputs, corrupt, {hook: sae}, {hook: [0, 1, 2, 3]}, positions="final")
+    _, clean_cache = model.run_with_cache(inputs, saes={hook: sae}, positions="final", use_error_term=True)
+    _, corrupt_cache = model.run_with_cache(corrupt, saes={hook: sae}, positions="final", use_error_term=True)
+    delta = (corrupt_cache[f"{hook}.hook_sae_acts_post"] - clean_cache[f"{hook}.hook_sae_acts_post"])[..., :4]
+    # the readout is linear in the features: its gradient (taken through the splice) is the exact slope
+    seen = {}
+
+    def keep(acts, hook=None):
+        acts.retain_grad()
+        seen["acts"] = acts
+        return acts
+
+    with model.saes({hook: sae}, positions="final", use_error_term=True, inputs=inputs), torch.enable_grad():
+        model.run_with_hooks(inputs, fwd_hooks=[(f"{hook}.hook_sae_acts_post", keep)])[:, -1, token].sum().backward()
+    slope = seen["acts"].grad[:, -1, :4]
+    expected = clean_logits[:, -1, token] + (delta[:, -1] * slope).sum(-1)
+    assert torch.allclose(patched[:, -1, token], expected, atol=1e-4)

@@ -152,6 +152,14 @@ def site_mask(model: HookedVLM, inputs: Any, options: ActivationOptions) -> tupl
     return mask, cell, is_image
 
 
+def region_mask(model: HookedVLM, inputs: Any, positions: str = "image",
+                cells: Sequence[tuple[int, int]] | None = None) -> Tensor:
+    """Bool [batch, pos] of a region, optionally only some (row, col) cells of each image's token grid:
+    the `positions` mask to splice an SAE at (``model.run_with_saes(inputs, saes, positions=mask)``)."""
+    options = ActivationOptions("", positions=positions, cells=tuple(cells) if cells is not None else None)
+    return site_mask(model, model.coerce_inputs(inputs), options)[0].to(model.input_device)
+
+
 class ActivationSource:
     """Activations of `options.hook_name` at the chosen positions, chunk by chunk, from `examples`.
 
