@@ -21,15 +21,19 @@ def _subclasses(cls: type) -> list[type]:
 
 
 def test_every_result_type_has_a_kind_and_reads_back():
-    for module in {path.partition(":")[0] for path in BUILTIN_KINDS.values()}:
-        importlib.import_module(module)
-    types = [cls for cls in _subclasses(Result) if cls.__module__.startswith("vlens.")]
+    import pkgutil
+
+    for module in pkgutil.walk_packages(vlens.__path__, "vlens."):  # every Result subclass in the package
+        importlib.import_module(module.name)
+    # one class per name (a test that reloads a module leaves the old class behind)
+    types = list({(cls.__module__, cls.__qualname__): cls for cls in _subclasses(Result)
+                  if cls.__module__.startswith("vlens.")}.values())
     assert len(types) >= 20
     kinds = [cls.kind for cls in types]
     assert all(kinds) and len(set(kinds)) == len(kinds), kinds  # one kind per type
     for cls in types:
         assert BUILTIN_KINDS[cls.kind] == cls.__module__, cls  # load_result finds it without importing everything
-        assert RESULT_KINDS[cls.kind] is cls
+        assert RESULT_KINDS[cls.kind].__qualname__ == cls.__qualname__
         readers = {"from_dict", "from_saved"} & set(cls.__dict__)  # from_saved: parts in other files of the folder
         assert readers, f"{cls.__qualname__} cannot be read back"
     lens = BUILTIN_KINDS["lens"].split(":")
@@ -96,3 +100,23 @@ def test_a_trained_sae_loads_back_with_its_weights(tmp_path):
     loaded = check_loads_back(tmp_path / "sae", "TrainedSAE")
     for name, value in result.sae.state_dict().items():
         assert torch.equal(loaded.sae.state_dict()[name].to(value.dtype), value), name
+
+
+def test_sae_feature_views_load_back(tmp_path):
+    import torch
+
+    from tests.helpers.models import tiny_vlm
+    from vlens.sae import build_sae, make_config
+    from vlens.sae.features import FeatureViewOptions, feature_views
+    from vlens.testing import random_image
+
+    model = tiny_vlm("qwen2_5_vl")
+    sae = build_sae(make_config("standard", d_in=model.cfg.d_model, d_sae=4, hook_name="blocks.1.hook_resid_post"))
+    sae.initialize(torch.Generator().manual_seed(0), decoder_norm=1.0)
+    with torch.no_grad():
+        sae.b_enc.fill_(0.5)
+    views = feature_views(model, sae, [(random_image(seed=i), "how many a") for i in range(3)],
+                          FeatureViewOptions(features=(0, 1), top_k=2))
+    views.save(tmp_path / "features")
+    loaded = check_loads_back(tmp_path / "features", "FeatureViews")
+    assert loaded.views[0].top_images and loaded.views[0].top_images[0].grid == views.views[0].top_images[0].grid

@@ -118,7 +118,7 @@ def collect_expert_reference(model: HookedVLM, reference: Iterable[VLMInputs] | 
         n_examples += inputs.batch_size
         n_positions += int(real.sum())
     if n_positions == 0:
-        raise ValueError("the reference set is empty: give at least one example with real tokens")
+        raise UserInputError("the reference set is empty: give at least one example with real tokens")
     means = {layer: (sums[layer] / counts[layer].clamp(min=1).to(device)[:, None]).to(cfg.dtype) for layer in layers}
     return ExpertReference(means=means, counts=counts, n_examples=n_examples, n_positions=n_positions)
 
@@ -161,7 +161,7 @@ def stacked_expert_hooks(layer: int, experts: Sequence[int], values: Float[Tenso
     def replace(out: Tensor, hook) -> Tensor:
         copies = 1 if together else len(experts)
         if out.shape[0] != batch * copies:
-            raise ValueError(f"hook_expert_out batch {out.shape[0]} != {copies} copies x {batch} rows")
+            raise RuntimeError(f"hook_expert_out batch {out.shape[0]} != {copies} copies x {batch} rows")
         out = out.clone()
         mask = real.to(out.device)[..., None]  # [batch, pos, 1]
         groups = [list(experts)] if together else [[e] for e in experts]
@@ -178,11 +178,11 @@ def stacked_expert_hooks(layer: int, experts: Sequence[int], values: Float[Tenso
 
 def _values(method: str, reference: ExpertReference | None, layer: int) -> Tensor | None:
     if method not in EXPERT_METHODS:
-        raise ValueError(f"unknown expert ablation method {method!r}: use one of {EXPERT_METHODS}")
+        raise UserInputError(f"unknown expert ablation method {method!r}: use one of {EXPERT_METHODS}")
     if method == "zero":
         return None
     if reference is None:
-        raise ValueError("mean ablation needs reference means: reference = collect_expert_reference(model, reference_set)")
+        raise UserInputError("mean ablation needs reference means: reference = collect_expert_reference(model, reference_set)")
     return reference.means[layer]
 
 
@@ -196,7 +196,7 @@ def expert_ablation_hooks(model, inputs: VLMInputs, experts: Sequence[tuple[int,
     by_layer: dict[int, list[int]] = defaultdict(list)
     for layer, expert in experts:
         if layer not in layers or not 0 <= expert < model.cfg.n_experts:
-            raise ValueError(f"expert ({layer}, {expert}) does not exist: MoE layers {sorted(layers)}, "
+            raise UserInputError(f"expert ({layer}, {expert}) does not exist: MoE layers {sorted(layers)}, "
                              f"experts 0..{model.cfg.n_experts - 1}")
         by_layer[layer].append(expert)
     real = inputs.attention_mask.bool()
@@ -241,7 +241,7 @@ def expert_ablation_sweep(
     layers = all_moe if layers is None else [int(x) for x in layers]
     bad = [x for x in layers if x not in all_moe]
     if bad:
-        raise ValueError(f"layers {bad} have no mixture of experts (MoE layers: {all_moe})")
+        raise UserInputError(f"layers {bad} have no mixture of experts (MoE layers: {all_moe})")
     for layer in layers:
         _values(method, reference, layer)  # a missing reference fails now
     sharding = options.shards
@@ -322,10 +322,10 @@ def cross_task_expert_ablation(
     layers = moe_layers(model)
     check_top_k(top_k, "top_k", len(layers) * model.cfg.n_experts)
     if not tasks:
-        raise ValueError("cross_task_expert_ablation got no tasks")
+        raise UserInputError("cross_task_expert_ablation got no tasks")
     unknown = sorted(set(retest or {}) - set(tasks))
     if unknown:
-        raise ValueError(f"retest sets {unknown} name no task of {sorted(tasks)}")
+        raise UserInputError(f"retest sets {unknown} name no task of {sorted(tasks)}")
     results, retested, never = {}, {}, {}
     for name, (evaluation, ref_set) in tasks.items():
         reference = None if method == "zero" else collect_expert_reference(model, ref_set, options)

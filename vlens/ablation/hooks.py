@@ -16,6 +16,7 @@ from torch import Tensor
 from vlens.ablation.reference import ReferenceActivations
 from vlens.core.hooks import act_name
 from vlens.core.inputs import VLMInputs
+from vlens.utils.errors import UserInputError
 
 METHODS: tuple[str, ...] = ("mean", "zero", "resample")
 Hook = Callable[[Tensor, object], Tensor]
@@ -23,9 +24,9 @@ Hook = Callable[[Tensor, object], Tensor]
 
 def check_method(method: str, reference: ReferenceActivations | None) -> str:
     if method not in METHODS:
-        raise ValueError(f"unknown ablation method {method!r}: use one of {METHODS}")
+        raise UserInputError(f"unknown ablation method {method!r}: use one of {METHODS}")
     if method != "zero" and reference is None:
-        raise ValueError(f"{method} ablation needs reference activations: "
+        raise UserInputError(f"{method} ablation needs reference activations: "
                          "reference = collect_reference(model, reference_set)")
     return method
 
@@ -49,11 +50,11 @@ def replacement_values(
         return torch.zeros(*inputs.input_ids.shape, cfg.heads_at(layer), cfg.d_head_at(layer), dtype=cfg.dtype,
                            device=model.unembed.device)
     if reference is None:
-        raise ValueError(f"{method} ablation needs reference activations")
+        raise UserInputError(f"{method} ablation needs reference activations")
     if method == "mean":
         return reference.mean_values(layer, inputs, slot_ids)
     if partners is None:
-        raise ValueError("resample ablation needs partners: one reference example index per row")
+        raise UserInputError("resample ablation needs partners: one reference example index per row")
     return reference.resample_values(layer, inputs, partners, slot_ids)
 
 
@@ -68,7 +69,7 @@ def stacked_head_hook(
 
     def hook(z: Tensor, hook) -> Tensor:
         if z.shape[0] != batch * len(heads):
-            raise ValueError(f"hook_z batch {z.shape[0]} != {len(heads)} copies x {batch} rows")
+            raise RuntimeError(f"hook_z batch {z.shape[0]} != {len(heads)} copies x {batch} rows")
         z = z.clone()
         mask = real.to(z.device)[..., None]
         for g, head in enumerate(heads):
@@ -96,7 +97,7 @@ def ablation_hooks(
         if not (0 <= layer < model.cfg.n_layers and 0 <= head < model.cfg.heads_at(layer)):
             where = f"layer {layer}'s {model.cfg.heads_at(layer)} heads" if 0 <= layer < model.cfg.n_layers else \
                 f"the model's {model.cfg.n_layers} layers"
-            raise ValueError(f"head ({layer}, {head}) is outside {where}")
+            raise UserInputError(f"head ({layer}, {head}) is outside {where}")
         by_layer[layer].append(head)
     real = inputs.attention_mask.bool()
     hooks = []

@@ -26,7 +26,7 @@ def rank_heads(scores: Float[Tensor, "n_layers n_heads"], absolute: bool = False
     """
     scores = torch.as_tensor(scores, dtype=torch.float64)
     if scores.ndim != 2:
-        raise ValueError(f"scores must be [n_layers, n_heads], got shape {tuple(scores.shape)}")
+        raise UserInputError(f"scores must be [n_layers, n_heads], got shape {tuple(scores.shape)}")
     values = torch.nan_to_num(scores.abs() if absolute else scores, nan=float("-inf"))  # NaN: not measured
     n_heads = scores.shape[1]
     second = torch.zeros_like(values) if tiebreak is None else torch.as_tensor(tiebreak, dtype=torch.float64)
@@ -43,7 +43,7 @@ def top_k_heads(scores: Float[Tensor, "n_layers n_heads"], k: int = 20, absolute
     fewer than k heads.
     """
     if k < 1:
-        raise ValueError(f"top-k needs k >= 1, got {k}")
+        raise UserInputError(f"top-k needs k >= 1, got {k}")
     measured = ~torch.as_tensor(scores, dtype=torch.float64).isnan()
     return [head for head in rank_heads(scores, absolute, tiebreak) if bool(measured[head])][:k]
 
@@ -63,7 +63,7 @@ def chance_jaccard(k: int, n: int) -> float:
     |A ∩ B| is hypergeometric: P(i) = C(k, i) C(n - k, k - i) / C(n, k); J = i / (2k - i).
     """
     if not 1 <= k <= n:
-        raise ValueError(f"chance_jaccard needs 1 <= k <= n, got k={k}, n={n}")
+        raise UserInputError(f"chance_jaccard needs 1 <= k <= n, got k={k}, n={n}")
     total = math.comb(n, k)
     return sum(math.comb(k, i) * math.comb(n - k, k - i) / total * i / (2 * k - i) for i in range(k + 1))
 
@@ -78,7 +78,7 @@ def jaccard_p_value(a: Iterable[Head], b: Iterable[Head], n: int) -> float:
     set_a: set[tuple[int, ...]] = {tuple(h) for h in a}
     set_b: set[tuple[int, ...]] = {tuple(h) for h in b}
     if max(len(set_a), len(set_b)) > n:
-        raise ValueError(f"sets of {len(set_a)} and {len(set_b)} units cannot come from {n} units")
+        raise UserInputError(f"sets of {len(set_a)} and {len(set_b)} units cannot come from {n} units")
     return hypergeometric_tail(len(set_a & set_b), n, len(set_a), len(set_b))
 
 

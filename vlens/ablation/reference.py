@@ -128,13 +128,13 @@ class ReferenceActivations:
         """Each row's head outputs taken from reference example `partners[row]` at the same
         aligned position (its slot mean, then the global mean, where that example lacks it)."""
         if self.samples is None or self.sample_index is None:
-            raise ValueError("resample ablation needs per-example reference outputs: build the reference with "
+            raise UserInputError("resample ablation needs per-example reference outputs: build the reference with "
                              "collect_reference(..., keep_samples=True)")
         slots = self.slot_ids(inputs) if slot_ids is None else slot_ids
         fallback = self._aligned_means(layer, slots)
         partner = torch.as_tensor(list(partners), dtype=torch.long)
         if partner.numel() != inputs.batch_size or bool((partner < 0).any() | (partner >= self.n_examples).any()):
-            raise ValueError(f"partners must give one reference example in [0, {self.n_examples}) per row")
+            raise UserInputError(f"partners must give one reference example in [0, {self.n_examples}) per row")
         rows = torch.where(slots >= 0, self.sample_index[partner[:, None], slots.clamp(min=0)], -1)
         rows = rows.to(fallback.device)
         taken = self.samples[layer][rows.clamp(min=0)]

@@ -22,6 +22,7 @@ from vlens.ablation.overlap import (
     rank_heads,
     top_k_heads,
 )
+from vlens.utils.errors import UserInputError
 from vlens.utils.results import Result
 from vlens.utils.stats import format_p, holm, p_number
 from vlens.utils.validation import check_top_k
@@ -120,7 +121,7 @@ class HeadAblation(Result):
 
     def scores(self, rank_by: str = "logprob") -> Float[Tensor, "n_layers n_heads"]:
         if rank_by not in RANK_BY:
-            raise ValueError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
+            raise UserInputError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
         return self.logprob_drop if rank_by == "logprob" else self.accuracy_drop
 
     def ranking(self, rank_by: str = "logprob") -> list[Head]:
@@ -204,9 +205,9 @@ class AblationReport(Result):
 
     def __post_init__(self):
         if not self.results:
-            raise ValueError("an AblationReport needs at least one task's results")
+            raise UserInputError("an AblationReport needs at least one task's results")
         if self.rank_by not in RANK_BY:
-            raise ValueError(f"rank_by must be one of {RANK_BY}; got {self.rank_by!r}")
+            raise UserInputError(f"rank_by must be one of {RANK_BY}; got {self.rank_by!r}")
         check_top_k(self.top_k, "top_k", self.n_heads_total)
 
     @property

@@ -232,7 +232,7 @@ class CleanChunk:
         final = self.inputs.token_regions.final
         if not resume:
             if copies != 1:
-                raise ValueError("the plain path (resume=False) runs one copy at a time")
+                raise RuntimeError("the plain path (resume=False) runs one copy at a time")
             logits = last_positions(model.run_with_hooks(self.inputs, fwd_hooks=hooks), final, self.k)
         else:
             with model.hooks(fwd_hooks=hooks):

@@ -27,6 +27,7 @@ from vlens.core.inputs import VLMInputs
 from vlens.core.processing import image_refusal
 from vlens.data import TASKS, make_task_sample
 from vlens.datasets import DatasetError, load_record_images
+from vlens.utils.errors import UserInputError
 
 DEFAULT_STYLE = "synpoly"
 # Reference seeds start here (evaluation seeds are seed, seed + 1, ...): disjoint by construction,
@@ -63,14 +64,14 @@ class TaskBatch:
             self.answer_tokens = [[int(t)] for t in self.answer_tokens.reshape(-1).tolist()]
         self.answer_tokens = [[int(t) for t in a] for a in self.answer_tokens]
         if not (len(self.images) == len(self.answers) == len(self.answer_tokens) == n):
-            raise ValueError(
+            raise UserInputError(
                 f"TaskBatch {self.name!r}: {n} prompts, {len(self.images)} images, {len(self.answers)} answers "
                 f"and {len(self.answer_tokens)} answer token lists; give one of each per example."
             )
         if any(not a for a in self.answer_tokens):
-            raise ValueError(f"TaskBatch {self.name!r}: an answer has no tokens")
+            raise UserInputError(f"TaskBatch {self.name!r}: an answer has no tokens")
         if n == 0:
-            raise ValueError(f"TaskBatch {self.name!r} has no examples.")
+            raise UserInputError(f"TaskBatch {self.name!r} has no examples.")
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -80,7 +81,7 @@ class TaskBatch:
         """[n] each answer's token, for single-token answers; a clear error naming a longer one."""
         for answer, ids in zip(self.answers, self.answer_tokens, strict=True):
             if len(ids) != 1:
-                raise ValueError(f"TaskBatch {self.name!r}: answer_ids needs single-token answers, but {answer!r} is "
+                raise UserInputError(f"TaskBatch {self.name!r}: answer_ids needs single-token answers, but {answer!r} is "
                                  f"{len(ids)} tokens {ids}; use answer_tokens")
         return torch.tensor([a[0] for a in self.answer_tokens], dtype=torch.long)
 
@@ -121,7 +122,7 @@ def parse_task(name: str) -> tuple[str, str]:
     task, _, style = name.partition("@")
     style = style or DEFAULT_STYLE
     if task not in TASKS:
-        raise ValueError(f"unknown task {name!r}: use one of {', '.join(TASKS)}, optionally as TASK@STYLE "
+        raise UserInputError(f"unknown task {name!r}: use one of {', '.join(TASKS)}, optionally as TASK@STYLE "
                          "(e.g. counting@synreal)")
     return task, style
 
@@ -139,7 +140,7 @@ def build_task_batch(model, name: str, n: int, seed: int = 0, image_size: int = 
     of the evaluation range (seed + i); the two never overlap for n < REFERENCE_SEED_OFFSET.
     """
     if n < 1:
-        raise ValueError(f"need at least one example per task, got n={n}")
+        raise UserInputError(f"need at least one example per task, got n={n}")
     task, style = parse_task(name)
     start = seed + (REFERENCE_SEED_OFFSET if reference else 0)
     images, prompts, answers, records = [], [], [], []
@@ -164,7 +165,7 @@ def dataset_task_batches(model, dataset, n_examples: int, n_reference: int,
     are skipped by file name.
     """
     if n_examples < 1 or n_reference < 1:
-        raise ValueError(f"n_examples and n_reference must be >= 1, got {n_examples} and {n_reference}")
+        raise UserInputError(f"n_examples and n_reference must be >= 1, got {n_examples} and {n_reference}")
     name = name or Path(dataset.source).stem
     loaded = load_record_images(dataset.head(n_examples + n_reference),  # refused images skipped by name too
                                 refusal=lambda image: image_refusal(model.processor, image))

@@ -103,7 +103,7 @@ def score_layer(graph: CircuitGraph, layer: int, grads: Tensor, deltas: SenderDe
     graph's order) to `out` ([batch, n_edges])."""
     receivers = graph.layer_receivers(layer)
     if len(receivers) != grads.shape[0]:
-        raise ValueError(f"{grads.shape[0]} gradients for the {len(receivers)} receivers of layer {layer}")
+        raise RuntimeError(f"{grads.shape[0]} gradients for the {len(receivers)} receivers of layer {layer}")
     grads = grads.to(deltas.dtype)
     n_in = graph.n_inputs
     # every receiver of the layer but the MLP shares its senders; the MLP also reads this layer's heads

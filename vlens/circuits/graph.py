@@ -142,7 +142,7 @@ class LayerSpec:
         """Softmax attention; `gated`: each head's output is also multiplied by a gate read from the
         residual (Qwen3.5's full-attention layers: port "gate", `hook_output_gate`)."""
         if n_heads % n_kv_heads:
-            raise ValueError(f"{n_heads} heads do not split into {n_kv_heads} key/value heads")
+            raise UserInputError(f"{n_heads} heads do not split into {n_kv_heads} key/value heads")
         groups = n_heads // n_kv_heads
         ports = (MixerPort("q", "q", n_heads), MixerPort("k", "k", n_kv_heads, groups),
                  MixerPort("v", "v", n_kv_heads, groups))
@@ -151,7 +151,7 @@ class LayerSpec:
     @classmethod
     def linear_attention(cls, n_heads: int, n_key_heads: int) -> LayerSpec:
         if n_heads % n_key_heads:
-            raise ValueError(f"{n_heads} value heads do not split into {n_key_heads} key heads")
+            raise UserInputError(f"{n_heads} value heads do not split into {n_key_heads} key heads")
         groups = n_heads // n_key_heads
         return cls(n_heads, (MixerPort("q", "q", n_key_heads, groups), MixerPort("k", "k", n_key_heads, groups),
                              MixerPort("v", "v", n_heads), MixerPort("beta", "beta", n_heads),
@@ -271,14 +271,14 @@ class CircuitGraph:
                  layers: Sequence[LayerSpec] | None = None):
         self.layers = list(layers) if layers is not None else [LayerSpec.attention(n_heads, n_kv_heads)] * n_layers
         if len(self.layers) != n_layers:
-            raise ValueError(f"{len(self.layers)} layer specs for {n_layers} layers")
+            raise RuntimeError(f"{len(self.layers)} layer specs for {n_layers} layers")
         self.n_layers, self.n_kv_heads = n_layers, n_kv_heads
         self.n_heads = max((spec.n_heads for spec in self.layers), default=n_heads)
         self.image_nodes = parse_image_nodes(image_nodes)
         self.grids = [(int(r), int(c)) for r, c in grids]
         self.parts = [list(p) for p in parts] if parts is not None else [[ImagePart("image", g)] for g in self.grids]
         if len(self.parts) != len(self.grids):
-            raise ValueError(f"{len(self.parts)} images of parts for {len(self.grids)} grids")
+            raise RuntimeError(f"{len(self.parts)} images of parts for {len(self.grids)} grids")
         self.inputs: list[InputNode] = [InputNode(TOKENS)]
         for image, grid in enumerate(self.grids):
             self.inputs += image_input_nodes(image, grid, self.image_nodes, self.parts[image])
@@ -517,7 +517,7 @@ class CircuitGraph:
                     [(int(g[0]), int(g[1])) for g in data["grids"]], spec if isinstance(spec, str) else tuple(spec),
                     parts, layers)
         if "n_edges" in data and int(data["n_edges"]) != graph.n_edges:
-            raise ValueError(f"stored graph has {data['n_edges']} edges, rebuilt {graph.n_edges}")
+            raise UserInputError(f"stored graph has {data['n_edges']} edges, rebuilt {graph.n_edges}")
         return graph
 
     def __repr__(self) -> str:

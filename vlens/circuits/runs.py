@@ -192,7 +192,7 @@ class CircuitMetric:
         """Metric values of K stacked copies of the pairs ([K * n_pairs, pos, d_model] final residual)."""
         n = self.n_pairs
         if resid.shape[0] % n:
-            raise ValueError(f"{resid.shape[0]} rows are not copies of {n} pairs")
+            raise RuntimeError(f"{resid.shape[0]} rows are not copies of {n} pairs")
         copies = resid.shape[0] // n
         positions = self.positions.to(resid.device).repeat(copies, 1)
         logits = model.finish(gather_positions(resid, positions))  # [K * n, n_readout, d_vocab]

@@ -101,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
         spec = DatasetSpec(args.data_kind, args.n, args.seed, args.image_size, args.counts, options)
         out = generate_dataset(spec, args.out, args.workers, args.overwrite, progress=not args.quiet)
     except ValueError as error:
-        # the generators raise ValueError only for requests their options make impossible
+        # the generators raise UserInputError only for requests their options make impossible
         raise UserInputError(str(error)) from error
     unit = "pairs" if args.data_kind == "pairs" else "images"
     logger.info("wrote %d %s to %s in %.1f s", args.n, unit, out, time.perf_counter() - start)

@@ -23,6 +23,7 @@ from vlens.core.components.attention import Attention
 from vlens.core.components.block import TransformerBlock
 from vlens.core.components.rotary import apply_rotary
 from vlens.core.runtime import RunState, module_device
+from vlens.utils.errors import UserInputError
 
 
 def gather_positions(x: Float[Tensor, "batch pos ..."], positions: Int[Tensor, "batch k"]) -> Float[Tensor, "batch k ..."]:
@@ -57,7 +58,7 @@ def last_block_at(model: Any, resid: Float[Tensor, "batch pos d_model"], state: 
     resid, state = resid.to(device), state.on(device)
     attn = block.attn
     if not isinstance(attn, Attention) or not supports_last_block_at(block):
-        raise ValueError(f"last_block_at runs plain softmax attention only, not {type(attn).__name__}")
+        raise UserInputError(f"last_block_at runs plain softmax attention only, not {type(attn).__name__}")
     batch, pos, _ = resid.shape
     n_read = positions.shape[1]
     rows = torch.arange(batch, device=resid.device)[:, None]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from vlens.utils.errors import UserInputError
+
 POLY_BACKGROUNDS: tuple[str, ...] = ("white", "tint", "gradient")
 REAL_BACKGROUNDS: tuple[str, ...] = ("noise", "gradient_noise", "stripes")
 
@@ -64,6 +66,6 @@ def make_background(kind: str, size: int, rng: np.random.Generator) -> Image.Ima
         ys, xs = np.mgrid[0:size, 0:size].astype(np.float32)
         wave = np.sin(2 * np.pi * (np.cos(angle) * xs + np.sin(angle) * ys) / period)
         return _to_image(base + 14 * wave[..., None] + grain)
-    raise ValueError(
+    raise UserInputError(
         f"unknown background {kind!r}; choose one of {POLY_BACKGROUNDS + REAL_BACKGROUNDS} or 'random'"
     )

@@ -54,7 +54,7 @@ def coverage_mask(
             else:
                 draw.ellipse((a, b, c, d), outline=255, width=max(1, round(geom[4] * size * ss)))
         else:
-            raise ValueError(f"unknown primitive kind {kind!r}")
+            raise RuntimeError(f"unknown primitive kind {kind!r}")
     return mask.reduce(ss), (x0, y0)
 
 

@@ -26,6 +26,7 @@ from vlens.data.pairs import make_pair
 from vlens.data.scene import check_seed
 from vlens.data.tasks import DEFAULT_COUNTS, make_task_sample
 from vlens.data.templates import TASKS
+from vlens.utils.errors import UserInputError
 from vlens.utils.provenance import stamp
 from vlens.utils.validation import check_count
 
@@ -53,11 +54,11 @@ class DatasetSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in DATASET_KINDS:
-            raise ValueError(f"unknown dataset kind {self.kind!r}; choose one of {DATASET_KINDS}")
+            raise UserInputError(f"unknown dataset kind {self.kind!r}; choose one of {DATASET_KINDS}")
         check_count(self.n, "--n", max=MAX_SAMPLES)
         check_count(self.size, "--size", min=28)
         if not self.counts:
-            raise ValueError("counts must not be empty")
+            raise UserInputError("counts must not be empty")
         check_seed(self.seed)
 
 
@@ -76,7 +77,7 @@ def _pair_counts(spec: DatasetSpec, index: int, rng: np.random.Generator) -> tup
     # delta too large for this count: take the farthest count that fits
     n_corrupt = hi if hi - n_clean >= n_clean - lo else lo
     if n_corrupt == n_clean:
-        raise ValueError(f"count pairs need at least two different counts, got counts={list(spec.counts)}")
+        raise UserInputError(f"count pairs need at least two different counts, got counts={list(spec.counts)}")
     return n_clean, n_corrupt
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from vlens.utils.errors import UserInputError
+
 Primitive = tuple[str, Any]  # (kind, geometry): kind decides the geometry's shape
 
 _POLYGON_SIDES = {"triangle": 3, "square": 4, "pentagon": 5, "hexagon": 6}
@@ -45,7 +47,7 @@ def polygon_shape(shape: str, rotation_deg: float) -> list[Primitive]:
         return [("polygon", star(rotation_deg))]
     if shape in _POLYGON_SIDES:
         return [("polygon", regular_polygon(_POLYGON_SIDES[shape], rotation_deg))]
-    raise ValueError(
+    raise UserInputError(
         f"unknown SynPoly shape {shape!r}; choose one of {sorted(_POLYGON_SIDES) + ['circle', 'star']}"
     )
 
@@ -79,7 +81,7 @@ _SILHOUETTES: dict[str, list[Primitive]] = {
 def silhouette(shape: str, mirror: bool) -> list[Primitive]:
     """Primitives of a SynReal-lite silhouette, optionally mirrored left-right."""
     if shape not in _SILHOUETTES:
-        raise ValueError(f"unknown silhouette {shape!r}; choose one of {sorted(_SILHOUETTES)}")
+        raise UserInputError(f"unknown silhouette {shape!r}; choose one of {sorted(_SILHOUETTES)}")
     if not mirror:
         return _SILHOUETTES[shape]
     flipped: list[Primitive] = []

@@ -45,7 +45,7 @@ def save_png(image: Image.Image, path: str | os.PathLike) -> None:
 def metadata_line(file_name: str, record: dict) -> str:
     """One ``metadata.jsonl`` line: ``file_name`` first, then the record."""
     if "file_name" in record:
-        raise ValueError("a record must not have its own 'file_name': the writer names the files")
+        raise UserInputError("a record must not have its own 'file_name': the writer names the files")
     return json.dumps({"file_name": file_name, **record}, separators=(",", ":"))
 
 
@@ -97,7 +97,7 @@ class MetadataWriter:
         if self.keys is None:
             self.keys = set(record)
         elif set(record) != self.keys:
-            raise ValueError(
+            raise UserInputError(
                 f"record for {file_name} has keys {sorted(set(record) ^ self.keys)} that the first one "
                 "does not (or lacks them): one dataset needs one schema; write pairs, tasks and "
                 "plain images to separate directories"
@@ -148,7 +148,7 @@ def record_image(record: dict) -> Image.Image:
     if record.get("image") is not None:
         return record["image"]
     if "image_path" not in record:
-        raise ValueError(f"the record has neither 'image' nor 'image_path' (keys: {sorted(record)})")
+        raise UserInputError(f"the record has neither 'image' nor 'image_path' (keys: {sorted(record)})")
     return open_image(Path(record["image_path"]))  # checked, EXIF-upright, 8-bit RGB
 
 

@@ -28,6 +28,7 @@ from vlens.data.scene import (
     stream,
 )
 from vlens.data.styles import get_style
+from vlens.utils.errors import UserInputError
 
 PAIR_KINDS: tuple[str, ...] = ("count", "move", "colour")
 
@@ -51,13 +52,13 @@ class Pair:
 
 def _check_kind_counts(kind: str, n_clean: int, n_corrupt: int | None) -> int:
     if kind not in PAIR_KINDS:
-        raise ValueError(f"unknown pair kind {kind!r}; choose one of {PAIR_KINDS}")
+        raise UserInputError(f"unknown pair kind {kind!r}; choose one of {PAIR_KINDS}")
     if kind == "count":
         if n_corrupt is None or n_corrupt == n_clean:
-            raise ValueError(f"a 'count' pair needs n_corrupt != n_clean (got {n_clean} and {n_corrupt})")
+            raise UserInputError(f"a 'count' pair needs n_corrupt != n_clean (got {n_clean} and {n_corrupt})")
         return n_corrupt
     if n_corrupt is not None and n_corrupt != n_clean:
-        raise ValueError(f"a {kind!r} control pair keeps the count: pass n_corrupt=None or {n_clean}")
+        raise UserInputError(f"a {kind!r} control pair keeps the count: pass n_corrupt=None or {n_clean}")
     return n_clean
 
 
@@ -101,7 +102,7 @@ def make_pair(
     rng = stream(seed, PAIR_STREAM)
     n_diff = abs(n_clean - n_corrupt) if kind == "count" else n_changed
     if not 1 <= n_diff <= n_union:
-        raise ValueError(f"cannot change {n_diff} of {n_union} objects; use 1 <= n_changed <= n_clean")
+        raise UserInputError(f"cannot change {n_diff} of {n_union} objects; use 1 <= n_changed <= n_clean")
     changed = sorted(int(i) for i in rng.choice(n_union, size=n_diff, replace=False))
 
     clean, corrupt = list(union), list(union)

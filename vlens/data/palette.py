@@ -6,6 +6,8 @@ these lists (see :func:`vlens.data.templates.all_template_words`).
 
 from __future__ import annotations
 
+from vlens.utils.errors import UserInputError
+
 # name -> RGB. Distinct hues a person names without hesitation; "black" is the SynDot colour.
 COLOR_PALETTE: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
@@ -40,4 +42,4 @@ def color_rgb(name: str) -> tuple[int, int, int]:
     try:
         return COLOR_PALETTE[name]
     except KeyError:
-        raise ValueError(f"unknown colour {name!r}; choose one of {sorted(COLOR_PALETTE)}") from None
+        raise UserInputError(f"unknown colour {name!r}; choose one of {sorted(COLOR_PALETTE)}") from None

@@ -15,6 +15,7 @@ from vlens.data.backgrounds import make_background
 from vlens.data.layout import place_objects
 from vlens.data.styles import Style
 from vlens.data.templates import COUNT_DOTS, COUNT_OBJECTS
+from vlens.utils.errors import UserInputError
 
 LAYOUT_STREAM, BACKGROUND_STREAM, QUESTION_STREAM, PAIR_STREAM = 0, 1, 2, 3
 
@@ -28,21 +29,21 @@ def stream(seed: int, which: int) -> np.random.Generator:
 
 def check_seed(seed: int) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+        raise UserInputError(f"seed must be a non-negative integer, got {seed!r}")
     return int(seed)
 
 
 def check_image_size(size: int) -> int:
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 16:
-        raise ValueError(f"image size must be an integer >= 16 pixels, got {size!r}")
+        raise UserInputError(f"image size must be an integer >= 16 pixels, got {size!r}")
     return int(size)
 
 
 def check_count(count: int, allow_empty: bool) -> int:
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
-        raise ValueError(f"count must be a non-negative integer, got {count!r}")
+        raise UserInputError(f"count must be a non-negative integer, got {count!r}")
     if count == 0 and not allow_empty:
-        raise ValueError(
+        raise UserInputError(
             "count 0 asks for an empty image; pass allow_empty=True (CLI: --allow-empty) if you want one"
         )
     return int(count)
@@ -54,7 +55,7 @@ def resolve_radius(style: Style, image_size: int, radius: Radius) -> tuple[float
         return style.default_radius(image_size)
     lo, hi = (radius, radius) if isinstance(radius, (int, float, np.number)) else radius
     if not 0 < lo <= hi:
-        raise ValueError(f"radius must be positive with min <= max, got {radius!r}")
+        raise UserInputError(f"radius must be positive with min <= max, got {radius!r}")
     return float(lo), float(hi)
 
 

@@ -19,6 +19,7 @@ from vlens.data.backgrounds import POLY_BACKGROUNDS, REAL_BACKGROUNDS
 from vlens.data.drawing import paste_object
 from vlens.data.geometry import polygon_shape, silhouette
 from vlens.data.palette import OBJECT_COLORS, REAL_SHAPES, SHAPES, color_rgb
+from vlens.utils.errors import UserInputError
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,11 @@ class Style:
 
     def check_attributes(self, color: str | None, shape: str | None) -> None:
         if color is not None and color not in self.colors:
-            raise ValueError(
+            raise UserInputError(
                 f"colour {color!r} is not used by style {self.name!r}; choose one of {self.colors}"
             )
         if shape is not None and shape not in self.shapes:
-            raise ValueError(
+            raise UserInputError(
                 f"shape {shape!r} is not used by style {self.name!r}; choose one of {self.shapes}"
             )
 
@@ -179,4 +180,4 @@ def get_style(name: str) -> Style:
     try:
         return STYLES[name]
     except KeyError:
-        raise ValueError(f"unknown style {name!r}; choose one of {sorted(STYLES)}") from None
+        raise UserInputError(f"unknown style {name!r}; choose one of {sorted(STYLES)}") from None

@@ -26,6 +26,7 @@ from vlens.data.scene import (
     stream,
 )
 from vlens.data.styles import Style, get_style
+from vlens.utils.errors import UserInputError
 
 DEFAULT_COUNTS: tuple[int, ...] = tuple(range(1, 11))
 MAX_SPATIAL_OBJECTS = 6
@@ -116,7 +117,7 @@ def _arithmetic(
 ) -> tuple[Attributes, Asker]:
     total = max(counts)
     if total < 2:
-        raise ValueError("arithmetic questions need counts up to at least 2")
+        raise UserInputError("arithmetic questions need counts up to at least 2")
     c1, c2 = (str(c) for c in rng.choice(style.colors, size=2, replace=False))
     k1 = int(rng.integers(1, total))  # 1..total-1, leaving room for at least one c2 object
     k2 = (
@@ -157,10 +158,10 @@ _BUILDERS = {
 def task_templates(task: str, style: str) -> tuple[str, ...]:
     """The templates a task uses in a style (SynDot counts dots; the others count objects)."""
     if task not in _BUILDERS:
-        raise ValueError(f"unknown task {task!r}; choose one of {T.TASKS}")
+        raise UserInputError(f"unknown task {task!r}; choose one of {T.TASKS}")
     if style == "syndot":
         if task != "counting":
-            raise ValueError(
+            raise UserInputError(
                 f"task {task!r} needs coloured shapes: use style 'synpoly' or 'synreal', not 'syndot'"
             )
         return (T.COUNT_DOTS,)
@@ -195,12 +196,12 @@ def make_task_sample(
     allowed = task_templates(task, style)
     counts = sorted({int(c) for c in counts})
     if not counts or counts[0] < 1:
-        raise ValueError(f"task counts must be positive integers, got {counts}")
+        raise UserInputError(f"task counts must be positive integers, got {counts}")
     q_rng, layout_rng = stream(seed, QUESTION_STREAM), stream(seed, LAYOUT_STREAM)
     if template is None:
         template = _pick(q_rng, allowed)
     elif template not in allowed:
-        raise ValueError(
+        raise UserInputError(
             f"template {template!r} is not one of task {task!r}'s templates for {style}: {allowed}"
         )
     radius_px, gap = resolve_geometry(the_style, size, radius, min_gap)
@@ -212,7 +213,7 @@ def make_task_sample(
         if asked is not None:
             break
     else:
-        raise ValueError(
+        raise UserInputError(
             f"no layout in {LAYOUT_ATTEMPTS} attempts allowed an unambiguous {task!r} question; "
             "use a larger image or smaller objects"
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from vlens.data.palette import COLOR_PALETTE, REAL_SHAPES, SHAPES, plural
+from vlens.utils.errors import UserInputError
 
 TASKS: tuple[str, ...] = ("counting", "colour", "shape", "spatial", "arithmetic", "existence")
 
@@ -66,4 +67,4 @@ def fill(template: str, **values: str) -> str:
     try:
         return template.format(**values)
     except KeyError as missing:
-        raise ValueError(f"template {template!r} needs a value for {missing}") from None
+        raise UserInputError(f"template {template!r} needs a value for {missing}") from None

@@ -15,6 +15,7 @@ from torch import Tensor
 from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
+from vlens.utils.errors import UserInputError
 from vlens.utils.stats import bootstrap_interval, format_interval
 from vlens.viz.circuits import attention_heads_view, token_labels
 from vlens.viz.figures import layer_head_heatmap
@@ -41,7 +42,7 @@ def final_to_image_attention(model, inputs) -> Float[Tensor, "batch n_layers n_h
     final = inputs.regions.final
     image_positions = list(inputs.regions.image)
     if len({len(p) for p in image_positions}) != 1:
-        raise ValueError("every image needs the same number of image tokens (use one image size)")
+        raise UserInputError("every image needs the same number of image tokens (use one image size)")
     shape = (inputs.batch_size, model.cfg.max_heads, len(image_positions[0]))
     per_layer = []
     for layer in range(model.cfg.n_layers):

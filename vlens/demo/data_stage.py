@@ -10,6 +10,7 @@ from PIL import Image, ImageDraw
 from vlens.data import render_syndot, render_synpoly, render_synreal
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
+from vlens.utils.errors import UserInputError
 
 
 @dataclass
@@ -30,7 +31,7 @@ def counting_samples(settings: DemoSettings) -> list[CountingSample]:
     """`settings.n_count_images` images, counts cycling over `settings.counts` (equal numbers each)."""
     renderers: dict[str, Callable[..., tuple[Image.Image, dict]]] = {"syndot": render_syndot, "synpoly": render_synpoly, "synreal": render_synreal}
     if settings.style not in renderers:
-        raise ValueError(f"unknown style {settings.style!r}: use one of {sorted(renderers)}")
+        raise UserInputError(f"unknown style {settings.style!r}: use one of {sorted(renderers)}")
     render = renderers[settings.style]
     samples = []
     for i in range(settings.n_count_images):

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vlens.demo.report_sections import Section
+from vlens.utils.errors import UserInputError
 from vlens.utils.provenance import same_weights
 from vlens.utils.stats import spread
 from vlens.viz.optional import require_plotly
@@ -42,7 +43,7 @@ def interventions_rows(data) -> list[dict]:
                 return interventions_rows(data[key])
         candidates = {k: v for k, v in data.items() if isinstance(v, Mapping)}
         if not candidates:
-            raise ValueError("the interventions file has no rows: expected a study.json, a list of rows or "
+            raise UserInputError("the interventions file has no rows: expected a study.json, a list of rows or "
                              "{setting: {metric: value}}")
         return [{"setting": str(name), **{k: v for k, v in values.items() if _scalar(v)}}
                 for name, values in candidates.items()]
@@ -52,7 +53,7 @@ def interventions_rows(data) -> list[dict]:
             name = next((str(row[f]) for f in NAME_FIELDS if f in row), f"row {index}")
             rows.append({"setting": name, **{k: v for k, v in row.items() if k not in NAME_FIELDS and _scalar(v)}})
         return rows
-    raise ValueError("the interventions file has no rows: expected a study.json, a list of rows or "
+    raise UserInputError("the interventions file has no rows: expected a study.json, a list of rows or "
                      "{setting: {metric: value}}")
 
 

@@ -108,7 +108,7 @@ def results_document(sections: list[Section], model: dict, settings: dict, timin
     keys = [s.key for s in sections]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
-        raise ValueError(f"duplicate section keys {duplicates}")
+        raise RuntimeError(f"duplicate section keys {duplicates}")
     return DemoResults(schema_version=SCHEMA_VERSION, model=jsonable(model), settings=jsonable(settings),
                        timings_s=jsonable(timings), section_order=keys,
                        sections={s.key: s.to_dict() for s in sections}).to_dict()

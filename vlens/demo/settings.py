@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from vlens.utils.errors import UserInputError
+
 
 @dataclass
 class DemoSettings:
@@ -67,13 +69,13 @@ class DemoSettings:
                      "ablation_top_k", "max_new_tokens", "batch_size", "image_size", "circuit_pairs",
                      "circuit_ig_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"DemoSettings.{name} must be >= 1, got {getattr(self, name)}")
+                raise UserInputError(f"DemoSettings.{name} must be >= 1, got {getattr(self, name)}")
         if not self.counts or min(self.counts) < 0:
-            raise ValueError(f"DemoSettings.counts must be non-negative counts, got {self.counts}")
+            raise UserInputError(f"DemoSettings.counts must be non-negative counts, got {self.counts}")
         if not 0 < self.circuit_target <= 1:
-            raise ValueError(f"DemoSettings.circuit_target must be in (0, 1], got {self.circuit_target}")
+            raise UserInputError(f"DemoSettings.circuit_target must be in (0, 1], got {self.circuit_target}")
         if len(self.ablation_tasks) < 2:
-            raise ValueError("the ablation Jaccard needs at least two tasks in DemoSettings.ablation_tasks")
+            raise UserInputError("the ablation Jaccard needs at least two tasks in DemoSettings.ablation_tasks")
 
     def to_dict(self) -> dict:
         data = asdict(self)

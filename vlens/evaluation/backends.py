@@ -18,6 +18,7 @@ from vlens.core.answers import answer_ids, answer_logprobs, teacher_force
 from vlens.core.processing import chat_messages, image_refusal, left_padding
 from vlens.core.prompt_text import escape_special_tokens
 from vlens.core.runtime import module_device
+from vlens.utils.errors import UserInputError
 
 
 class GenerationBackend(Protocol):
@@ -114,7 +115,7 @@ class HFBackend:
 
     def __init__(self, model, processor, generate_kwargs: dict | None = None):
         if getattr(processor, "chat_template", None) is None:
-            raise ValueError(
+            raise UserInputError(
                 "the processor has no chat_template; load one that has (or set processor.chat_template)"
             )
         self.model = model

@@ -22,6 +22,7 @@ from vlens.evaluation.datasets import (
     read_qa,
 )
 from vlens.evaluation.examples import EvalDataset, EvalExample
+from vlens.utils.errors import UserInputError
 from vlens.zoo import is_embedded
 
 
@@ -64,7 +65,7 @@ FORMATS: dict[str, EvalFormat] = {
 def get_format(name: str) -> EvalFormat:
     """The format called ``name``; a clear error lists the known ones."""
     if name not in FORMATS:
-        raise ValueError(f"unknown evaluation format {name!r}; choose one of {sorted(FORMATS)}")
+        raise UserInputError(f"unknown evaluation format {name!r}; choose one of {sorted(FORMATS)}")
     return FORMATS[name]
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from vlens.utils.errors import UserInputError
+
 UNPARSED_LABEL = "unparsed"
 
 
@@ -56,7 +58,7 @@ class ChoiceMetrics:
 
 def _check_lengths(predictions: Sequence, targets: Sequence) -> None:
     if len(predictions) != len(targets):
-        raise ValueError(f"got {len(predictions)} predictions for {len(targets)} targets; they must pair up")
+        raise UserInputError(f"got {len(predictions)} predictions for {len(targets)} targets; they must pair up")
 
 
 def _count_scores(predictions: Sequence[int | None], targets: Sequence[int], unparsed_value: int | None):
@@ -125,7 +127,7 @@ def confusion_matrix(
         rows, columns = list(labels), list(labels)
         outside = sorted({t for t in targets if t not in rows})
         if outside:
-            raise ValueError(f"targets {outside} are not in labels {rows}")
+            raise UserInputError(f"targets {outside} are not in labels {rows}")
     row_index = {label: i for i, label in enumerate(rows)}
     column_index = {label: j for j, label in enumerate(columns)}
     if any(p is None or p not in column_index for p in predictions):

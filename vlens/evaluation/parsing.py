@@ -30,6 +30,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from vlens.datasets.readers import option_letters
+from vlens.utils.errors import UserInputError
 
 NUMBER_WORDS: dict[str, int] = {
     word: value
@@ -106,5 +107,5 @@ ANSWER_PARSERS: dict[str, Callable[[str, Sequence[str] | None], int | str | None
 def get_parser(name: str) -> Callable[[str, Sequence[str] | None], int | str | None]:
     """The parser called ``name``; a clear error lists the known ones."""
     if name not in ANSWER_PARSERS:
-        raise ValueError(f"unknown answer parser {name!r}; choose one of {sorted(ANSWER_PARSERS)}")
+        raise UserInputError(f"unknown answer parser {name!r}; choose one of {sorted(ANSWER_PARSERS)}")
     return ANSWER_PARSERS[name]

@@ -67,7 +67,7 @@ def default_focus_layers(n_layers: int, softmax_layers: Sequence[int] | None = N
     (the lower one on a tie).
     """
     if n_layers < 1:
-        raise ValueError(f"n_layers must be positive, got {n_layers}")
+        raise UserInputError(f"n_layers must be positive, got {n_layers}")
     scale = (n_layers - 1) / (PAPER_N_LAYERS - 1)
     mapped = {round(layer * scale) for layer in PAPER_FOCUS_LAYERS}
     if softmax_layers is not None:
@@ -96,7 +96,7 @@ def pixel_to_grid(
     width, height = image_size
     rows, cols = grid
     if width <= 0 or height <= 0 or rows <= 0 or cols <= 0:
-        raise ValueError(f"image size {image_size} and grid {grid} must be positive")
+        raise UserInputError(f"image size {image_size} and grid {grid} must be positive")
     xy = torch.as_tensor(centres, dtype=torch.float64).reshape(-1, 2)
     return torch.stack([xy[:, 1] * rows / height - 0.5, xy[:, 0] * cols / width - 0.5], dim=-1)
 
@@ -117,7 +117,7 @@ def object_prior(
     Returns u (normalise=False) or g = u / sum(u) as float64 [rows * cols].
     """
     if sigma <= 0:
-        raise ValueError(f"sigma must be positive (grid units), got {sigma}")
+        raise UserInputError(f"sigma must be positive (grid units), got {sigma}")
     if to_grid is None:
         points = pixel_to_grid(centres, image_size, grid)  # [n, 2]
     else:
@@ -135,7 +135,7 @@ def object_prior(
         return u
     total = u.sum()
     if total <= 0:
-        raise ValueError("the prior is empty: give at least one object centre")
+        raise UserInputError("the prior is empty: give at least one object centre")
     return u / total
 
 
@@ -178,10 +178,10 @@ def focus_prior(
 
     regions = inputs.regions
     if regions is None:
-        raise ValueError("focus_prior needs inputs with token regions: build them with model.prepare(...)")
+        raise UserInputError("focus_prior needs inputs with token regions: build them with model.prepare(...)")
     batch, seq = inputs.input_ids.shape
     if len(objects) != batch:
-        raise ValueError(
+        raise UserInputError(
             f"got objects for {len(objects)} rows but the batch has {batch}; give one entry per row"
         )
     weights = torch.zeros(batch, seq, dtype=torch.float64)
@@ -191,7 +191,7 @@ def focus_prior(
         image_mask[row, regions.image[row].cpu()] = True
         row_objects = objects[row] or []
         if row_objects and len(row_objects) != len(regions.images[row]):
-            raise ValueError(
+            raise UserInputError(
                 f"row {row} has {len(regions.images[row])} images but objects for {len(row_objects)}; give "
                 "(centres, (width, height)) for every image of the row, in prompt order"
             )
@@ -199,7 +199,7 @@ def focus_prior(
             if len(centres) == 0:
                 continue
             if size is None:
-                raise ValueError(f"row {row}: give each image's (width, height) with its object centres")
+                raise UserInputError(f"row {row}: give each image's (width, height) with its object centres")
             # every spatial record of the image: its one grid, or an anyres image's base view and tiles
             # (CLS and newline tokens are no place on the image and get no mass)
             records = regions.tiles[row][image] if regions.tiles else [regions.image_view(row, image)]
@@ -229,7 +229,7 @@ def objects_from_record(record: dict, image_size: tuple[int, int] | None = None)
     if image_size is None:
         side = record.get("image_size")
         if side is None:
-            raise ValueError("the record has no image_size: pass image_size=(width, height)")
+            raise UserInputError("the record has no image_size: pass image_size=(width, height)")
         image_size = (int(side), int(side))
     return centres, image_size
 
@@ -253,7 +253,7 @@ def focus_loss(
         window) is left out of the means. Returns a 0-d float32 tensor (0 when no row has objects).
     """
     if not patterns:
-        raise ValueError("no attention patterns captured: is any target layer hooked?")
+        raise UserInputError("no attention patterns captured: is any target layer hooked?")
     if not bool(prior.valid.any()):
         first = next(iter(patterns.values()))
         return first.sum() * 0.0
@@ -302,7 +302,7 @@ def capture_patterns(
 
     for layer in layers:
         if not 0 <= layer < model.cfg.n_layers:
-            raise ValueError(f"focus layer {layer} is outside the model's {model.cfg.n_layers} layers")
+            raise UserInputError(f"focus layer {layer} is outside the model's {model.cfg.n_layers} layers")
         if model.cfg.is_linear_attention(layer):
             softmax = [x for x in range(model.cfg.n_layers) if not model.cfg.is_linear_attention(x)]
             raise UserInputError(f"focus layer {layer} is a linear-attention (Gated DeltaNet) layer: it has no "

@@ -78,7 +78,7 @@ class HeadTemperature(Result):
         self.betas = {(int(layer), int(head)): float(b) for (layer, head), b in self.betas.items()}
         for head, beta in self.betas.items():
             if not beta > 0:
-                raise ValueError(f"beta of head L{head[0]}H{head[1]} must be positive, got {beta}")
+                raise UserInputError(f"beta of head L{head[0]}H{head[1]} must be positive, got {beta}")
 
     def floored(self) -> list[Head]:
         """Heads whose alpha * gamma fell below `floor`, so beta is the floor itself (with the default
@@ -120,14 +120,14 @@ class HeadTemperature(Result):
         for (at, head), beta in self.betas.items():
             if at == layer:
                 if not 0 <= head < n_heads:
-                    raise ValueError(f"head L{at}H{head} does not exist: the layer has {n_heads} heads")
+                    raise UserInputError(f"head L{at}H{head} does not exist: the layer has {n_heads} heads")
                 scales[head] = beta
         return scales
 
     def _check(self, n_layers: int) -> None:
         bad = [layer for layer in self.layers if not 0 <= layer < n_layers]
         if bad:
-            raise ValueError(f"temperature layers {bad} are outside the model's {n_layers} layers")
+            raise UserInputError(f"temperature layers {bad} are outside the model's {n_layers} layers")
 
     # ------------------------------------------------------------------ HookedVLM
     def softmax_layers(self, is_linear: Callable[[int], bool]) -> list[int]:
@@ -206,7 +206,7 @@ class HeadTemperature(Result):
         state = {k: v.detach() for k, v in hf_model.state_dict().items()}
         for layer in self.softmax_layers(cfg.is_linear_attention):
             if adapter.query_norm(layers[layer]) is not None:
-                raise ValueError(
+                raise UserInputError(
                     "this family normalises each head's query (a query norm): a temperature cannot be baked into "
                     "the weights; apply it with export_to_hf(hf_model) hooks instead"
                 )
@@ -487,9 +487,9 @@ def fit_temperature(
                                normalisation="none", floor=floor, source=source or {})
     importance = torch.as_tensor(importance, dtype=torch.float64)
     if importance.ndim != 2:
-        raise ValueError(f"importance must be [n_layers, n_heads], got shape {tuple(importance.shape)}")
+        raise UserInputError(f"importance must be [n_layers, n_heads], got shape {tuple(importance.shape)}")
     if normalisation not in NORMALISATIONS:
-        raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+        raise UserInputError(f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
     alpha = check_float(alpha, "alpha", min=0, min_open=True)
     if floor is not None:
         floor = check_float(floor, "floor", min=0, min_open=True)
@@ -516,7 +516,7 @@ def fit_temperature(
         heads = [(layer, head) for _, layer, head in candidates[:top_k]]
     heads = [(int(layer), int(head)) for layer, head in heads]
     if not heads:
-        raise ValueError("no head selected: the importance has no positive entry (check the result / metric)")
+        raise UserInputError("no head selected: the importance has no positive entry (check the result / metric)")
     values = torch.tensor([float(importance[layer, head]) for layer, head in heads], dtype=torch.float64)
     if normalisation == "max":
         denominator = values.abs().max()
@@ -525,7 +525,7 @@ def fit_temperature(
     else:
         denominator = torch.tensor(1.0, dtype=torch.float64)
     if not denominator > 0:
-        raise ValueError(f"cannot normalise importance by {normalisation}: it is {float(denominator)}")
+        raise UserInputError(f"cannot normalise importance by {normalisation}: it is {float(denominator)}")
     gammas = {head: float(v / denominator) for head, v in zip(heads, values, strict=True)}
     if floor is None and any(g <= 0 for g in gammas.values()):
         weak = [f"L{a}H{b}" for (a, b), g in gammas.items() if g <= 0]

@@ -24,6 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from vlens.core.components.sandwich_block import post_norm_shares
+from vlens.utils.errors import UserInputError
 
 
 def head_contributions(
@@ -32,7 +33,7 @@ def head_contributions(
 ) -> Float[Tensor, "... n_heads d_model"]:
     """Each head's write into the residual stream: ``z_i @ W_O[i]`` for every head i."""
     if z.shape[-2:] != W_O.shape[:2]:
-        raise ValueError(
+        raise UserInputError(
             f"z ends in {tuple(z.shape[-2:])} (n_heads, d_head) but W_O is {tuple(W_O.shape)} "
             "(n_heads, d_head, d_model): pass one layer's hook_z and that layer's W_O (model.blocks[l].attn.W_O)."
         )

@@ -45,6 +45,7 @@ from vlens.lens.corpus import Sample, prepare_batch
 from vlens.lens.headlens import HeadLens
 from vlens.lens.vocabularies import vocabulary_token_ids
 from vlens.parallel.options import SweepOptions, fold_legacy
+from vlens.utils.errors import UserInputError
 from vlens.utils.finite import warn_non_finite
 from vlens.utils.results import Result, nan_tensor
 from vlens.utils.stats import resampled_means
@@ -84,7 +85,7 @@ class HeadScores(Result):
         """The scores on each bootstrap resample of the examples (`vlens.utils.stats.bootstrap_counts`):
         name -> [n_resamples, n_layers, n_heads]. Needs `per_example` (kept by `compute_head_scores`)."""
         if self.per_example is None:
-            raise ValueError("these head scores keep no per-example values (loaded from JSON?): recompute them with "
+            raise UserInputError("these head scores keep no per-example values (loaded from JSON?): recompute them with "
                              "compute_head_scores to resample the examples")
         missing = ~self.exists() if self.non_finite is None else self.non_finite | ~self.exists()
         return scores_from_examples(self.per_example, counts, missing)
@@ -129,7 +130,7 @@ class HeadScores(Result):
     def plot(self, score: str = "cter", title: str | None = None):
         """Layer x head heatmap of one score (default CTER)."""
         if score not in self.scores:
-            raise ValueError(f"score must be one of {sorted(self.scores)}, got {score!r}")
+            raise UserInputError(f"score must be one of {sorted(self.scores)}, got {score!r}")
         return layer_head_heatmap(self.scores[score].float(), title=title or f"{score} per head (k={self.k})",
                                   value_label=score)
 

@@ -37,6 +37,7 @@ from vlens.core.runtime import module_device
 from vlens.core.token_labels import str_tokens
 from vlens.lens.decomposition import attention_post_norm, head_contributions
 from vlens.lens.translators import Translators, TunedLens
+from vlens.utils.errors import UserInputError
 from vlens.utils.finite import finite_rows
 from vlens.utils.results import Result, nan_tensor
 from vlens.viz.figures import layer_head_heatmap
@@ -128,13 +129,13 @@ def _resolve_positions(inputs, positions) -> Tensor:
     """"final" -> [batch, 1]; LongTensor [batch] or [batch, p] -> [batch, p]."""
     if isinstance(positions, str):
         if positions != "final":
-            raise ValueError(f"positions must be 'final' or a LongTensor [batch] / [batch, p], got {positions!r}")
+            raise UserInputError(f"positions must be 'final' or a LongTensor [batch] / [batch, p], got {positions!r}")
         return inputs.regions.final.view(-1, 1).long()
     positions = torch.as_tensor(positions).long()
     if positions.ndim == 1:
         positions = positions.view(-1, 1)
     if positions.ndim != 2 or positions.shape[0] != inputs.input_ids.shape[0]:
-        raise ValueError(f"positions must be [batch] or [batch, p] with batch {inputs.input_ids.shape[0]}, "
+        raise UserInputError(f"positions must be [batch] or [batch, p] with batch {inputs.input_ids.shape[0]}, "
                          f"got {tuple(positions.shape)}")
     seq_len = inputs.input_ids.shape[1]
     if positions.min() < 0 or positions.max() >= seq_len:
@@ -196,7 +197,7 @@ class HeadLens(TunedLens):
             norm = attention_post_norm(self.model, layer)
             if norm is not None:
                 if attn_scale is None:
-                    raise ValueError(f"block {layer} normalizes its attention output: pass attn_scale, its "
+                    raise UserInputError(f"block {layer} normalizes its attention output: pass attn_scale, its "
                                      f"blocks.{layer}.ln1_post.hook_scale at the same positions")
                 contributions = post_norm_shares(contributions, norm, attn_scale.float())
             translated = self.translators.linear(contributions, layer)
@@ -221,7 +222,7 @@ class HeadLens(TunedLens):
         if any(not 0 <= x < model.cfg.n_layers for x in layers):
             raise IndexError(f"layers must lie in [0, {model.cfg.n_layers}), got {layers}")
         if not 1 <= k <= model.cfg.d_vocab:
-            raise ValueError(f"k must lie in [1, {model.cfg.d_vocab}], got {k}")
+            raise UserInputError(f"k must lie in [1, {model.cfg.d_vocab}], got {k}")
         pos = _resolve_positions(inputs, positions)
         image_keys = (inputs.input_ids == model.cfg.image_token_id) if model.cfg.image_token_id is not None \
             else torch.zeros_like(inputs.input_ids, dtype=torch.bool)

@@ -80,12 +80,12 @@ class TaxonomyThresholds:
         for name, value in asdict(self).items():
             if name == "chance_corrected":
                 if not isinstance(value, bool):
-                    raise ValueError(f"chance_corrected must be true or false, got {value!r}")
+                    raise UserInputError(f"chance_corrected must be true or false, got {value!r}")
             elif name.endswith("_ratio_min") or name.endswith("_ratio_max"):
                 if not 0.0 <= value < float("inf"):
-                    raise ValueError(f"threshold {name} (a ratio to uniform attention) must be >= 0, got {value}")
+                    raise UserInputError(f"threshold {name} (a ratio to uniform attention) must be >= 0, got {value}")
             elif not 0.0 <= value <= 1.0:
-                raise ValueError(f"threshold {name} must lie in [0, 1], got {value}")
+                raise UserInputError(f"threshold {name} must lie in [0, 1], got {value}")
 
     @classmethod
     def from_dict(cls, data: dict) -> TaxonomyThresholds:
@@ -216,7 +216,7 @@ class HeadTaxonomy(Result):
 
     def heads_of(self, name: str) -> list[tuple[int, int]]:
         if name not in HEAD_CLASSES:
-            raise ValueError(f"unknown class {name!r}; classes: {HEAD_CLASSES}")
+            raise UserInputError(f"unknown class {name!r}; classes: {HEAD_CLASSES}")
         return sorted(key for key, value in self.classes.items() if value == name)
 
     def head_stability(self, layer: int, head: int) -> float | None:
@@ -255,7 +255,7 @@ class HeadTaxonomy(Result):
         """Plotly layer x head map coloured by class; hover shows the class (and score `value`, e.g. "cter",
         or "stability"); heads whose class is unstable over resamples are marked "?"."""
         if value is not None and value not in self.scores.scores and value != "stability":
-            raise ValueError(f"value must be one of {sorted(self.scores.scores) + ['stability']}, got {value!r}")
+            raise UserInputError(f"value must be one of {sorted(self.scores.scores) + ['stability']}, got {value!r}")
         if value == "stability":
             grid = None if self.stability is None else self.stability.per_head
         else:

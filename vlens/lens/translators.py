@@ -62,7 +62,7 @@ class Translators(nn.Module):
     def __init__(self, n_layers: int, d_model: int, info: dict | None = None):
         super().__init__()
         if n_layers < 1 or d_model < 1:
-            raise ValueError(f"n_layers and d_model must be positive, got {n_layers}, {d_model}")
+            raise UserInputError(f"n_layers and d_model must be positive, got {n_layers}, {d_model}")
         self.A = nn.Parameter(torch.zeros(n_layers, d_model, d_model))
         self.b = nn.Parameter(torch.zeros(n_layers, d_model))
         self.info: dict = dict(info or {})
@@ -153,7 +153,7 @@ class Translators(nn.Module):
         config.pop("kind", None)
         made = config.pop("provenance", None)  # how the lens was trained (kept when it is saved again)
         if tuple(tensors["A"].shape) != (n_layers, d_model, d_model) or tuple(tensors["b"].shape) != (n_layers, d_model):
-            raise ValueError(f"{folder}: tensor shapes do not match config.json ({n_layers} layers, d_model {d_model})")
+            raise UserInputError(f"{folder}: tensor shapes do not match config.json ({n_layers} layers, d_model {d_model})")
         lens = cls(n_layers, d_model, config)
         lens.provenance = made
         with torch.no_grad():
@@ -321,13 +321,13 @@ def train_translators(
                                      "(check its weights); see the NonFiniteWarning for the first non-finite hook")
     n = resid.shape[0]
     if n < 2:
-        raise ValueError(f"need at least 2 residual rows to train and hold out, got {n}: use more samples")
+        raise UserInputError(f"need at least 2 residual rows to train and hold out, got {n}: use more samples")
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(n, generator=generator)
     n_val = max(1, int(math.ceil(n * val_fraction)))
     val_idx, train_idx = order[:n_val], order[n_val:]
     if len(train_idx) == 0:
-        raise ValueError(f"val_fraction {val_fraction} leaves no training rows out of {n}")
+        raise UserInputError(f"val_fraction {val_fraction} leaves no training rows out of {n}")
     device = translators.A.device
     readout.to(device)
     resid, final = resid.float(), final.float()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from vlens.utils.errors import UserInputError
+
 VISUAL_WORDS: tuple[str, ...] = (
     # colours
     "red", "orange", "yellow", "green", "blue", "purple", "black", "white", "gray", "grey", "brown", "pink",
@@ -55,7 +57,7 @@ def word_token_ids(tokenizer, words: Iterable[str]) -> set[int]:
     ids: set[int] = set()
     for word in words:
         if not isinstance(word, str) or not word.strip():
-            raise ValueError(f"vocabulary words must be non-empty strings, got {word!r}")
+            raise UserInputError(f"vocabulary words must be non-empty strings, got {word!r}")
         for spelling in _spellings(word.strip()):
             pieces = tokenizer(spelling, add_special_tokens=False)["input_ids"]
             if not pieces or (unknown is not None and unknown in pieces):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
+from vlens.utils.errors import UserInputError
+
 T = TypeVar("T")
 
 
@@ -18,7 +20,7 @@ class LazyItems(Sequence[T]):
 
     def __init__(self, n: int, build: Callable[[int], T]):
         if n < 0:
-            raise ValueError(f"LazyItems needs n >= 0, got {n}")
+            raise UserInputError(f"LazyItems needs n >= 0, got {n}")
         self.n, self.build = n, build
 
     def __len__(self) -> int:

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 from vlens.parallel.sharding import DistributedRunError, Sharding
+from vlens.utils.errors import UserInputError
 
 TIMEOUT_ENV = "VLENS_DIST_TIMEOUT_S"
 BACKEND_ENV = "VLENS_DIST_BACKEND"
@@ -47,7 +48,7 @@ def timeout_seconds() -> float:
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise ValueError(f"{TIMEOUT_ENV}={raw!r}: give the collective timeout in seconds, a positive number")
+        raise UserInputError(f"{TIMEOUT_ENV}={raw!r}: give the collective timeout in seconds, a positive number")
     return value
 
 
@@ -102,10 +103,10 @@ def rank_device(sharding: Sharding, requested: str | None = None) -> str | None:
         if torch.cuda.is_available():
             return f"cuda:{sharding.local_rank}"
         if requested == "cuda":
-            raise ValueError("--device cuda: CUDA is not available on this machine")
+            raise UserInputError("--device cuda: CUDA is not available on this machine")
         return "cpu"
     if requested.startswith("cuda:"):
-        raise ValueError(f"--device {requested}: in a sharded run each process takes its own GPU "
+        raise UserInputError(f"--device {requested}: in a sharded run each process takes its own GPU "
                          f"(cuda:LOCAL_RANK); pass --device cuda")
     return requested
 

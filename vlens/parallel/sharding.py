@@ -26,6 +26,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from vlens.parallel.store import UnitStore
+from vlens.utils.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def shard_indices(n_units: int, world_size: int, rank: int) -> range:
     """The units `rank` runs: every `world_size`-th from `rank` (shares differ by at most one unit,
     and each holds units from the whole list, so cheap and costly kinds of units are mixed)."""
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in a world of {world_size} processes")
+        raise UserInputError(f"rank {rank} is not in a world of {world_size} processes")
     return range(rank, n_units, world_size)
 
 
@@ -71,7 +72,7 @@ class Sharding:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError("torch.distributed is not initialised: call torch.distributed.init_process_group "
+            raise UserInputError("torch.distributed is not initialised: call torch.distributed.init_process_group "
                              "first, or use vlens.parallel.from_env() under torchrun")
         rank = dist.get_rank(group)
         if local_rank is None:

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from vlens.utils.errors import UserInputError
+
 MANIFEST = "manifest.json"
 STAGE_FILE = "stage.json"
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
@@ -118,7 +120,7 @@ class UnitStore:
                 _write_json(manifest, {"settings": self.settings})
             elif found != self.settings:
                 keys = sorted(k for k in set(found) | set(self.settings) if found.get(k) != self.settings.get(k))
-                raise ValueError(
+                raise UserInputError(
                     f"{self.folder} holds the finished units of a run with other settings (they differ in "
                     f"{', '.join(keys)}); resuming would mix two runs. Delete that folder to start over, or "
                     "rerun with the same arguments to resume it.")
@@ -137,7 +139,7 @@ class UnitStore:
         if stage_file.is_file():
             found = json.loads(stage_file.read_text())
             if found != info:
-                raise ValueError(f"{folder} was written for {found['n_units']} units of {found['name']!r}, this run "
+                raise UserInputError(f"{folder} was written for {found['n_units']} units of {found['name']!r}, this run "
                                  f"has {n_units} units of {name!r}: delete {self.folder} to start over.")
         else:
             _write_json(stage_file, info)

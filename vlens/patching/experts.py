@@ -65,7 +65,7 @@ def expert_patch_hooks(layer: int, experts: Sequence[int], corrupt: dict[str, Te
 
     def patch(routed: Tensor, hook=None) -> Tensor:
         if routed.shape[0] != batch * len(groups):
-            raise ValueError(f"hook_routed_out batch {routed.shape[0]} != {len(groups)} copies x {batch} rows")
+            raise RuntimeError(f"hook_routed_out batch {routed.shape[0]} != {len(groups)} copies x {batch} rows")
         source = {kind: corrupt[kind].to(routed.device) for kind in KINDS}
         mask = positions.to(routed.device)[..., None]
         pieces = []
@@ -116,10 +116,10 @@ def patch_layer_expert(model: HookedVLM, batch: PairBatch, region: str = "all", 
     layers = moe if layers is None else [int(x) for x in layers]
     bad = [x for x in layers if x not in moe]
     if bad:
-        raise ValueError(f"layers {bad} have no mixture of experts (MoE layers: {moe})")
+        raise UserInputError(f"layers {bad} have no mixture of experts (MoE layers: {moe})")
     experts = list(range(cfg.n_experts)) if experts is None else [int(e) for e in experts]
     if any(not 0 <= e < cfg.n_experts for e in experts):
-        raise ValueError(f"experts {experts} are not valid: the model has experts 0..{cfg.n_experts - 1}")
+        raise UserInputError(f"experts {experts} are not valid: the model has experts 0..{cfg.n_experts - 1}")
     if metric is None and readout != "final":
         raise UserInputError("the default answer metrics read the final position: pass metric=... to read "
                              f"readout={readout!r}")

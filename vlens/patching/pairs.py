@@ -112,7 +112,7 @@ class PairBatch:
         """A batch of only some pairs (e.g. those the model answers correctly)."""
         rows = [int(r) for r in rows]
         if not rows:
-            raise ValueError("select() needs at least one pair")
+            raise UserInputError("select() needs at least one pair")
         return PairBatch(
             pair_ids=[self.pair_ids[r] for r in rows],
             clean=_select_rows(self.clean, rows),
@@ -166,7 +166,7 @@ def make_count_pairs(n: int, seed: int = 0, size: int = 168, style: str = "syndo
     size: image side in pixels (168 gives the embedded model its 6x6 image-token grid).
     """
     if n < 1:
-        raise ValueError(f"make_count_pairs needs n >= 1, got {n}")
+        raise UserInputError(f"make_count_pairs needs n >= 1, got {n}")
     rng = np.random.default_rng(seed)
     counts = [int(c) for c in counts]
     pairs = []
@@ -189,26 +189,26 @@ def examples_from_records(records: Sequence[dict]) -> list[PairExample]:
     for index, record in enumerate(records):
         for key in ("pair_id", "role", "question", "answer"):
             if key not in record:
-                raise ValueError(f"record {index} ({record.get('file_name', '?')}) has no {key!r} column; a pair "
+                raise UserInputError(f"record {index} ({record.get('file_name', '?')}) has no {key!r} column; a pair "
                                  "dataset needs pair_id, role, question and answer (write it with `vlens data pairs`)")
         role = record["role"]
         if role not in ("clean", "corrupt"):
-            raise ValueError(f"record {index} of pair {record['pair_id']!r} has role {role!r}; use 'clean' or 'corrupt'")
+            raise UserInputError(f"record {index} of pair {record['pair_id']!r} has role {role!r}; use 'clean' or 'corrupt'")
         roles = by_pair.setdefault(str(record["pair_id"]), {})
         if role in roles:
-            raise ValueError(f"pair {record['pair_id']!r} has two {role!r} records; each pair needs exactly one of each")
+            raise UserInputError(f"pair {record['pair_id']!r} has two {role!r} records; each pair needs exactly one of each")
         roles[role] = record
     examples = []
     for pair_id, roles in by_pair.items():
         missing = {"clean", "corrupt"} - set(roles)
         if missing:
-            raise ValueError(f"pair {pair_id!r} has no {sorted(missing)[0]!r} record; each pair needs one clean "
+            raise UserInputError(f"pair {pair_id!r} has no {sorted(missing)[0]!r} record; each pair needs one clean "
                              "and one corrupt record")
         clean, corrupt = roles["clean"], roles["corrupt"]
         examples.append(PairExample(pair_id, record_image(clean), record_image(corrupt), clean["question"],
                                     corrupt["question"], str(clean["answer"]), str(corrupt["answer"])))
     if not examples:
-        raise ValueError("no pairs found (the dataset is empty)")
+        raise UserInputError("no pairs found (the dataset is empty)")
     return examples
 
 
@@ -255,7 +255,7 @@ def build_pair_batch(model: HookedVLM, examples: Sequence[Any], chat: bool = Tru
     """
     examples = [e if isinstance(e, PairExample) else examples_from_pairs([e])[0] for e in examples]
     if not examples:
-        raise ValueError("build_pair_batch got no pairs")
+        raise UserInputError("build_pair_batch got no pairs")
     n = len(examples)
     contrasts = [contrast(model, e.clean_answer, e.corrupt_answer, example=e.pair_id, chat=chat) for e in examples]
     tokens = [(c.prefix, c.clean_id, c.corrupt_id) for c in contrasts]
@@ -300,7 +300,7 @@ def _check_aligned_pair(clean: VLMInputs, corrupt: VLMInputs, row: int, pair_id:
     other = row if corrupt_row is None else corrupt_row
     lengths = (int(clean.attention_mask[row].sum()), int(corrupt.attention_mask[other].sum()))
     if lengths[0] != lengths[1]:
-        raise ValueError(
+        raise UserInputError(
             f"pair {pair_id!r} is misaligned: the clean prompt is {lengths[0]} tokens, the corrupt one {lengths[1]}. "
             "Patching needs identical token layouts: use images of the same size and the same question in both roles."
         )
@@ -308,17 +308,17 @@ def _check_aligned_pair(clean: VLMInputs, corrupt: VLMInputs, row: int, pair_id:
         a = clean.token_regions.region(region, row).cpu()
         b = corrupt.token_regions.region(region, other).cpu()
         if a.shape != b.shape or not torch.equal(a, b):
-            raise ValueError(
+            raise UserInputError(
                 f"pair {pair_id!r} is misaligned: its {region} tokens sit at different positions in the clean and "
                 f"the corrupt input ({a.numel()} vs {b.numel()} positions). Use images of the same size and the same "
                 "question in both roles."
             )
     grid_a, grid_b = clean.token_regions.image_grid[row], corrupt.token_regions.image_grid[other]
     if grid_a != grid_b:
-        raise ValueError(f"pair {pair_id!r} is misaligned: image grids {grid_a} (clean) vs {grid_b} (corrupt)")
+        raise UserInputError(f"pair {pair_id!r} is misaligned: image grids {grid_a} (clean) vs {grid_b} (corrupt)")
     tiles_a, tiles_b = _tile_layout(clean, row), _tile_layout(corrupt, other)
     if tiles_a != tiles_b:
-        raise ValueError(f"pair {pair_id!r} is misaligned: the images are tiled differently ({tiles_a} (clean) vs "
+        raise UserInputError(f"pair {pair_id!r} is misaligned: the images are tiled differently ({tiles_a} (clean) vs "
                          f"{tiles_b} (corrupt)); use images of the same size in both roles")
 
 

@@ -10,6 +10,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from vlens.patching.metrics import METRICS, Baseline, EffectFloor, SavedBaseline
+from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
 from vlens.utils.results import Result, nan_tensor
 from vlens.utils.stats import LEVEL, bootstrap_counts, percentile_interval, resampled_means, wilson_interval
@@ -174,7 +175,7 @@ class PatchingResult(Result):
     def image_grid_values(self, metric: str | None = None) -> Float[Tensor, "n_layers rows cols"]:
         """For "layer-pos": the metric at the image positions laid out on the image grid."""
         if self.mode != "layer-pos" or self.image_positions is None or self.image_grid is None:
-            raise ValueError("image_grid_values needs a layer-pos result whose pairs share one image layout")
+            raise UserInputError("image_grid_values needs a layer-pos result whose pairs share one image layout")
         columns = [self.cells.index(p) for p in self.image_positions]
         rows, cols = self.image_grid
         return self.metrics[metric or self.metric_names[0]][:, columns].reshape(len(self.layers), rows, cols)
@@ -271,7 +272,7 @@ class PatchingResult(Result):
     def rate_interval(self, metric: str, level: float = 0.95) -> tuple[Tensor, Tensor]:
         """Wilson interval of a rate metric ("overwrite_rate", "flip_away_rate": shares of the pairs)."""
         if not metric.endswith("_rate"):
-            raise ValueError(f"{metric!r} is not a share of pairs; intervals are for the *_rate metrics")
+            raise UserInputError(f"{metric!r} is not a share of pairs; intervals are for the *_rate metrics")
         values = self.metrics[metric].double()
         successes = (values.nan_to_num(0.0) * self.n_pairs).round().clamp(0, self.n_pairs)
         return wilson_interval(successes, torch.full_like(values, float(self.n_pairs)), level)

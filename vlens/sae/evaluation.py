@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -56,8 +56,14 @@ class SpliceEvaluation(Result):
     hook_name: str
     rows: list[dict[str, Any]] = field(default_factory=list)
 
+    kind: ClassVar[str] = "sae_splice_evaluation"
+
     def to_dict(self) -> dict:
         return {"kind": "sae_splice_evaluation", "hook_name": self.hook_name, "rows": self.rows}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SpliceEvaluation:
+        return cls(hook_name=data["hook_name"], rows=[dict(row) for row in data.get("rows", [])])
 
     def plot(self, *args: Any, **kwargs: Any) -> Any:
         import plotly.graph_objects as go

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from PIL import Image
@@ -67,9 +67,16 @@ class FeatureViews(Result):
     n_tokens: int
     examples: list[str] = field(default_factory=list)  # each example's id
 
+    kind: ClassVar[str] = "sae_features"
+
     def to_dict(self) -> dict:
         return {"kind": "sae_features", "hook_name": self.hook_name, "d_sae": self.d_sae, "n_tokens": self.n_tokens,
                 "examples": self.examples, "features": [_view_dict(v) for v in self.views]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FeatureViews:
+        return cls(hook_name=data["hook_name"], d_sae=int(data["d_sae"]), n_tokens=int(data["n_tokens"]),
+                   examples=list(data.get("examples", [])), views=[_view_from_dict(v) for v in data["features"]])
 
     def plot(self, *args: Any, **kwargs: Any) -> Any:
         import plotly.graph_objects as go
@@ -83,6 +90,18 @@ def _view_dict(view: FeatureView) -> dict:
             "top_images": [vars(hit) | {"grid": list(hit.grid)} for hit in view.top_images],
             "top_text": [vars(hit) for hit in view.top_text],
             "promoted": [list(p) for p in view.promoted], "suppressed": [list(p) for p in view.suppressed]}
+
+
+def _view_from_dict(data: dict) -> FeatureView:
+    """The inverse of `_view_dict`."""
+    return FeatureView(
+        feature=int(data["feature"]), frequency=data["frequency"], image_frequency=data["image_frequency"],
+        text_frequency=data["text_frequency"],
+        top_images=[ImageHit(**{**hit, "grid": (int(hit["grid"][0]), int(hit["grid"][1]))})
+                    for hit in data.get("top_images", [])],
+        top_text=[TextHit(**hit) for hit in data.get("top_text", [])],
+        promoted=[(str(t), float(v)) for t, v in data.get("promoted", [])],
+        suppressed=[(str(t), float(v)) for t, v in data.get("suppressed", [])])
 
 
 def _merge_top(values: Tensor, index: Tensor, new_values: Tensor, new_index: Tensor, k: int) -> tuple[Tensor, Tensor]:

@@ -134,7 +134,7 @@ def add_patching_overlap(report: AblationReport, patching, source: str = "", k: 
     if per_task is not None:
         heads = {t: head_set_from_json(per_task[t], n_layers, n_heads, k, metric) for t in ablation_sets if t in per_task}
         if not heads:
-            raise ValueError(f"the patching file names tasks {sorted(per_task)} but the report has "
+            raise UserInputError(f"the patching file names tasks {sorted(per_task)} but the report has "
                              f"{sorted(ablation_sets)}: no task in common")
     else:
         shared = head_set_from_json(patching, n_layers, n_heads, k, metric)

@@ -36,6 +36,7 @@ from vlens.interventions.temperature import HeadTemperature, fit_temperature, im
 from vlens.parallel.options import SweepOptions
 from vlens.training.data import SFTExample, example_from_sample
 from vlens.training.sft import SFTConfig, train_sft
+from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
 from vlens.utils.provenance import provenance, stamp
 from vlens.utils.results import Result, own_fields
@@ -95,12 +96,12 @@ class StudySettings:
     def check(self) -> None:
         unknown = set(self.conditions) - set(CONDITIONS)
         if unknown:
-            raise ValueError(f"unknown conditions {sorted(unknown)}; choose from {list(CONDITIONS)}")
+            raise UserInputError(f"unknown conditions {sorted(unknown)}; choose from {list(CONDITIONS)}")
         unknown = set(self.eval_sets) - set(EVAL_SETS)
         if unknown:
-            raise ValueError(f"unknown evaluation sets {sorted(unknown)}; choose from {list(EVAL_SETS)}")
+            raise UserInputError(f"unknown evaluation sets {sorted(unknown)}; choose from {list(EVAL_SETS)}")
         if "sft_focus_beta" in self.conditions and "sft_focus" not in self.conditions:
-            raise ValueError("+SFT+L_focus+beta is applied to the +SFT+L_focus model: keep 'sft_focus' too")
+            raise UserInputError("+SFT+L_focus+beta is applied to the +SFT+L_focus model: keep 'sft_focus' too")
 
     def sft_config(self, seed: int, focus: bool) -> SFTConfig:
         return SFTConfig(

@@ -26,6 +26,7 @@ from transformers import (
 
 from vlens.core.architectures.llava_onevision import LlavaOnevisionImageTextProcessor
 from vlens.testing.common import TEST_WORDS, perturb_norms, word_level_tokenizer
+from vlens.utils.errors import UserInputError
 
 LLAVA_NEXT_SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
 LLAVA_NEXT_WORDS = [*TEST_WORDS, "INST", "[", "]", "/"]
@@ -90,7 +91,7 @@ def _vision_config(tower: str, tile: int, patch_size: int, depth: int, width: in
         return dict(model_type="siglip_vision_model", hidden_size=width, intermediate_size=2 * width,
                     num_hidden_layers=depth, num_attention_heads=heads, image_size=tile, patch_size=patch_size,
                     vision_use_head=False)
-    raise ValueError(f"tower must be 'clip' or 'siglip', got {tower!r}")
+    raise UserInputError(f"tower must be 'clip' or 'siglip', got {tower!r}")
 
 
 def _text_config(text_model: str, tokenizer, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int,

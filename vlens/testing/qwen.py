@@ -18,6 +18,7 @@ from transformers import (
 
 from vlens.core.processors import SimpleVLProcessor
 from vlens.testing.common import QWEN_CHAT_TEMPLATE, QWEN_SPECIAL_TOKENS, perturb_norms, word_level_tokenizer
+from vlens.utils.errors import UserInputError
 
 
 def qwen_image_processor(min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 64, **kwargs: Any):
@@ -58,7 +59,7 @@ def tiny_qwen_config(family: str = "qwen2_5_vl", vocab_size: int | None = None, 
                       in_channels=3)
         cls = Qwen2_5_VLConfig
     else:
-        raise ValueError(f"tiny_qwen_config: unknown family {family!r} (qwen2_vl or qwen2_5_vl).")
+        raise UserInputError(f"tiny_qwen_config: unknown family {family!r} (qwen2_vl or qwen2_5_vl).")
     return cls(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
                video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
                vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)

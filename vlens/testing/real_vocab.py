@@ -34,6 +34,7 @@ import torch
 
 from vlens.core.model import HookedVLM
 from vlens.core.processors import SimpleVLProcessor
+from vlens.utils.errors import UserInputError
 
 FIXTURE_VERSION = "1"
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -137,7 +138,7 @@ def _build_backend(flavour: str):
     backend = converter.converted()
     if flavour == "qwen":
         if backend.get_vocab_size() != N_QWEN_RANKS:
-            raise ValueError(f"{path} holds {backend.get_vocab_size()} ranks, expected {N_QWEN_RANKS}")
+            raise RuntimeError(f"{path} holds {backend.get_vocab_size()} ranks, expected {N_QWEN_RANKS}")
         specials = {token: N_QWEN_RANKS + i for i, token in enumerate(QWEN_VL_SPECIALS)}
     else:  # a closed prefix of the ranks, shifted behind Llama's three specials
         vocab, merges = converter.extract_vocab_merges_from_model(str(path))
@@ -153,7 +154,7 @@ def _build_backend(flavour: str):
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     for token, expected in specials.items():  # ids must be the real checkpoints' ids
         if backend.token_to_id(token) != expected:
-            raise ValueError(f"fixture tokenizer: {token} got id {backend.token_to_id(token)}, expected {expected}")
+            raise RuntimeError(f"fixture tokenizer: {token} got id {backend.token_to_id(token)}, expected {expected}")
     return backend
 
 
@@ -221,7 +222,7 @@ def real_shape_config(name: str = "qwen2.5-vl-7b", n_layers: int | None = 2, vis
     tiny: keep the real vocabulary and special ids but use 64-wide layers (cheap tests).
     """
     if name not in REAL_SHAPES:
-        raise ValueError(f"unknown real shape {name!r}: use one of {sorted(REAL_SHAPES)}")
+        raise UserInputError(f"unknown real shape {name!r}: use one of {sorted(REAL_SHAPES)}")
     spec = REAL_SHAPES[name]
     family = spec["family"]
     text = {**spec["text"]}

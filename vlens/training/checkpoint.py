@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from vlens.utils.errors import UserInputError
+
 STATE_FILE = "state.json"
 
 
@@ -91,7 +93,7 @@ def load_checkpoint(
     info = json.loads((folder / STATE_FILE).read_text())
     weights = load_file(str(folder / "lora.safetensors"))
     if set(weights) != set(lora):
-        raise ValueError(
+        raise UserInputError(
             f"checkpoint {folder} holds other LoRA parameters than the model "
             f"({len(weights)} vs {len(lora)}); resume with the same LoRA settings"
         )

@@ -25,6 +25,7 @@ from vlens.core.processing import chat_prompt
 from vlens.core.prompt_text import escape_special_tokens
 from vlens.datasets import load_record_images, read_imagefolder_dataset
 from vlens.interventions.focus import FocusPrior, ImageObjects, focus_prior, objects_from_record
+from vlens.utils.errors import UserInputError
 from vlens.utils.validation import check_count
 
 IGNORE_INDEX = -100
@@ -122,7 +123,7 @@ def check_answers(model, examples: Sequence[SFTExample]) -> None:
 def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prior: bool = True) -> SFTBatch:
     """Tokenise and pad a batch (left padding, as `model.prepare`)."""
     if not examples:
-        raise ValueError("collate got no examples")
+        raise UserInputError("collate got no examples")
     tokenizer = model.tokenizer
     texts, answers = [], []
     for index, example in enumerate(examples):
@@ -138,7 +139,7 @@ def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prio
         # left padding: every row ends at the last column
         tail = inputs.input_ids[row, seq - len(ids) :].tolist()
         if tail != ids:
-            raise ValueError(
+            raise UserInputError(
                 f"the answer {examples[row].answer!r} ends the processed sequence as {tail}, not {ids}: the "
                 "processor tokenises differently from its tokenizer"
             )
@@ -157,7 +158,7 @@ def answer_loss(logits: Tensor, labels: Tensor) -> Tensor:
     shifted = logits[:, :-1].float()
     targets = labels[:, 1:]
     if not bool((targets != IGNORE_INDEX).any()):
-        raise ValueError("the batch has no answer tokens to train on")
+        raise UserInputError("the batch has no answer tokens to train on")
     return torch.nn.functional.cross_entropy(
         shifted.reshape(-1, shifted.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
     )

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from vlens.training.lora import ADAPTER_NAME, add_lora, has_lora, lora_config, lora_layers
+from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_folder
 
 PEFT_PREFIX = "base_model.model."
@@ -36,7 +37,7 @@ def hf_names(model) -> dict[str, str]:
     for ours, layer in lora_layers(model).items():
         base = layer.get_base_layer()
         if id(base) not in by_id:
-            raise ValueError(f"{ours}: its base layer is not a module of model.hf_model; cannot map it to HF")
+            raise RuntimeError(f"{ours}: its base layer is not a module of model.hf_model; cannot map it to HF")
         names[ours] = by_id[id(base)]
     return names
 
@@ -92,7 +93,7 @@ def load_adapters(model, folder: str | Path):
         name = key.removeprefix(PEFT_PREFIX)
         module_name, _, part = name.rpartition(".lora_")
         if module_name not in hf_to_ours:
-            raise ValueError(
+            raise UserInputError(
                 f"adapter tensor {key} targets {module_name}, which is not a decoder attention "
                 "projection of this model"
             )
@@ -111,7 +112,7 @@ def load_adapters(model, folder: str | Path):
     lora = lora_layers(model)
     missing = set(lora) - set(wanted)
     if missing:
-        raise ValueError(f"the adapter folder has no weights for {sorted(missing)[:4]}...")
+        raise UserInputError(f"the adapter folder has no weights for {sorted(missing)[:4]}...")
     with torch.no_grad():
         for ours, parts in wanted.items():
             for part, value in parts.items():

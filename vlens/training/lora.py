@@ -13,6 +13,8 @@ from typing import Any
 
 from torch import nn
 
+from vlens.utils.errors import UserInputError
+
 ATTENTION_PROJECTIONS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_NAME = "default"
 
@@ -41,12 +43,12 @@ def add_lora(
     from peft import LoraConfig, inject_adapter_in_model
 
     if has_lora(model):
-        raise ValueError("the model already has LoRA adapters; build a fresh model to add new ones")
+        raise UserInputError("the model already has LoRA adapters; build a fresh model to add new ones")
     unknown = set(projections) - set(ATTENTION_PROJECTIONS)
     if unknown:
-        raise ValueError(f"unknown projections {sorted(unknown)}; choose from {ATTENTION_PROJECTIONS}")
+        raise UserInputError(f"unknown projections {sorted(unknown)}; choose from {ATTENTION_PROJECTIONS}")
     if rank < 1:
-        raise ValueError(f"LoRA rank must be >= 1, got {rank}")
+        raise UserInputError(f"LoRA rank must be >= 1, got {rank}")
     config = LoraConfig(
         r=rank,
         # peft annotates lora_alpha as int; it only divides it by the rank, so a float alpha is fine
@@ -83,5 +85,5 @@ def lora_config(model):
     """The `LoraConfig` peft stored on the model."""
     config = getattr(model, "peft_config", {}).get(ADAPTER_NAME)
     if config is None:
-        raise ValueError("the model has no LoRA adapters: call vlens.training.add_lora(model) first")
+        raise UserInputError("the model has no LoRA adapters: call vlens.training.add_lora(model) first")
     return config

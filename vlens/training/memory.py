@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from vlens.training.data import IGNORE_INDEX
+from vlens.utils.errors import UserInputError
 
 # "auto" checkpoints models at least this wide: every 7-8B decoder (3584 / 4096), not the tiny ones
 AUTO_CHECKPOINT_MIN_D_MODEL = 1024
@@ -29,7 +30,7 @@ def use_checkpointing(setting: str | bool, model) -> bool:
     if setting == "auto":
         return int(model.cfg.d_model) >= AUTO_CHECKPOINT_MIN_D_MODEL
     if not isinstance(setting, bool):
-        raise ValueError(f"gradient_checkpointing must be 'auto', True or False, got {setting!r}")
+        raise UserInputError(f"gradient_checkpointing must be 'auto', True or False, got {setting!r}")
     return setting
 
 
@@ -77,7 +78,7 @@ def answer_only_loss(
     """
     where = answer_positions(labels)
     if where.shape[0] == 0:
-        raise ValueError("the batch has no answer tokens to train on")
+        raise UserInputError("the batch has no answer tokens to train on")
     rows, positions = where[:, 0], where[:, 1]
     logits = model.finish(resid[rows.to(resid.device), positions.to(resid.device)], "logits")  # [n, d_vocab]
     targets = labels[rows, positions + 1]

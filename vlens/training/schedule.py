@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from vlens.utils.errors import UserInputError
+
 DECAYS: tuple[str, ...] = ("linear", "cosine")
 
 
@@ -16,7 +18,7 @@ def learning_rate_at(step: int, total_steps: int, peak: float, warmup_steps: int
     `get_linear_schedule_with_warmup` when floor is 0) or along half a cosine (`"cosine"`).
     """
     if decay not in DECAYS:
-        raise ValueError(f"decay must be one of {DECAYS}, got {decay!r}")
+        raise UserInputError(f"decay must be one of {DECAYS}, got {decay!r}")
     if step < warmup_steps:
         return peak * (step + 1) / warmup_steps
     remaining = max(1, total_steps - warmup_steps)

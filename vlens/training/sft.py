@@ -106,9 +106,9 @@ class SFTConfig:
         if self.lora_alpha is not None:
             check_float(self.lora_alpha, "lora_alpha", min=0, min_open=True)
         if self.focus_query not in ("final", "answer"):
-            raise ValueError(f"focus_query must be 'final' or 'answer', got {self.focus_query!r}")
+            raise UserInputError(f"focus_query must be 'final' or 'answer', got {self.focus_query!r}")
         if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+            raise UserInputError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
 
 
 @dataclass
@@ -255,7 +255,7 @@ def train_sft(
     config = config or SFTConfig()
     config.check()
     if not examples:
-        raise ValueError("train_sft got no examples")
+        raise UserInputError("train_sft got no examples")
     check_answers(model, examples)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -57,6 +57,8 @@ BUILTIN_KINDS: dict[str, str] = {
     "study": "vlens.studies.interventions",
     "demo": "vlens.demo.results",
     "sae_training": "vlens.sae.trainer",
+    "sae_splice_evaluation": "vlens.sae.evaluation",
+    "sae_features": "vlens.sae.features",
 }
 # the files a command's --out folder may hold its result in, in the order they are tried
 RESULT_FILES = (RESULTS_FILE, "sft_result.json", "study.json", "vlens_temperature.json", "config.json")

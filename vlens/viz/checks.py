@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vlens.utils.errors import UserInputError
+
 
 def as_float_tensor(values, name: str, ndim: int | tuple[int, ...]) -> Tensor:
     """Convert a tensor / numpy array / nested list to a float32 CPU tensor of the given rank.
@@ -22,7 +24,7 @@ def as_float_tensor(values, name: str, ndim: int | tuple[int, ...]) -> Tensor:
     allowed = (ndim,) if isinstance(ndim, int) else ndim
     if tensor.ndim not in allowed:
         wanted = " or ".join(f"{n}-D" for n in allowed)
-        raise ValueError(f"{name} must be {wanted}, got shape {tuple(tensor.shape)}")
+        raise UserInputError(f"{name} must be {wanted}, got shape {tuple(tensor.shape)}")
     return tensor.to(device="cpu", dtype=torch.float32)
 
 
@@ -35,7 +37,7 @@ def as_grid(grid: Sequence[int] | Tensor, name: str = "grid") -> tuple[int, int]
     if len(values) == 3 and values[0] == 1:
         values = values[1:]
     if len(values) != 2 or min(values) < 1:
-        raise ValueError(f"{name} must be (rows, cols) with positive sizes, got {tuple(values)}")
+        raise UserInputError(f"{name} must be (rows, cols) with positive sizes, got {tuple(values)}")
     return values[0], values[1]
 
 
@@ -49,5 +51,5 @@ def check_labels(labels: Sequence[str] | None, expected: int, name: str) -> list
         return None
     labels = [str(label) for label in labels]
     if len(labels) != expected:
-        raise ValueError(f"{name} has {len(labels)} entries, expected {expected}")
+        raise UserInputError(f"{name} has {len(labels)} entries, expected {expected}")
     return labels

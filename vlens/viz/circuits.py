@@ -10,6 +10,7 @@ from pathlib import Path
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.utils.errors import UserInputError
 from vlens.viz.checks import as_float_tensor, as_grid
 from vlens.viz.html import compact_numbers
 from vlens.viz.optional import require_circuitsvis_attention
@@ -35,13 +36,13 @@ def token_labels(
         `n_pos` labels. Newlines and tabs in text tokens are shown as `\\n` / `\\t`.
     """
     if len(image_positions_per_image) != len(grids):
-        raise ValueError(f"{len(image_positions_per_image)} images of positions but {len(grids)} grids")
+        raise UserInputError(f"{len(image_positions_per_image)} images of positions but {len(grids)} grids")
     labels = [str(token).replace("\n", "\\n").replace("\t", "\\t") for token in token_strs]
     for image_index, (positions, grid) in enumerate(zip(image_positions_per_image, grids, strict=True)):
         rows, cols = as_grid(grid, f"grids[{image_index}]")
         positions = [int(p) for p in (positions.tolist() if isinstance(positions, Tensor) else positions)]
         if len(positions) != rows * cols:
-            raise ValueError(
+            raise UserInputError(
                 f"image {image_index} has {len(positions)} positions but its grid {rows}x{cols} "
                 f"has {rows * cols} cells"
             )
@@ -66,7 +67,7 @@ def _square_pattern(pattern, tokens: Sequence[str], positions: Sequence[int] | N
     pattern = as_float_tensor(pattern, "pattern (index the batch row first: pattern[0])", 3)
     n_heads, n_queries, n_keys = pattern.shape
     if n_queries != n_keys or n_keys != len(tokens):
-        raise ValueError(
+        raise UserInputError(
             f"pattern must be [n_heads, n_pos, n_pos] with n_pos = len(tokens) = {len(tokens)}, "
             f"got {tuple(pattern.shape)}"
         )
@@ -128,7 +129,7 @@ def attention_heads_view(
         prefix = "" if layer is None else f"L{layer}"
         head_names = [f"{prefix}H{h}" for h in range(n_heads)]
     if len(head_names) != n_heads:
-        raise ValueError(f"{len(head_names)} head names for {n_heads} heads")
+        raise UserInputError(f"{len(head_names)} head names for {n_heads} heads")
     return attention.attention_heads(
         attention=pattern,
         tokens=tokens,
@@ -168,7 +169,7 @@ def circuitsvis_html(view, div_id: str | None = None) -> str:
         raise TypeError(f"expected a circuitsvis RenderedHTML, got {type(view).__name__}")
     match = _RENDER_CALL.search(source)
     if match is None:
-        raise ValueError("could not find the CircuitsVis.render call in this circuitsvis view")
+        raise RuntimeError("could not find the CircuitsVis.render call in this circuitsvis view")
     element_id = html.escape(div_id or match["uuid"])
     # keep token text from closing the script; 5 decimals of attention are plenty to draw it
     props = compact_numbers(match["props"].strip().replace("</", "<\\/"))

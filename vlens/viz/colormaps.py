@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vlens.utils.errors import UserInputError
+
 # Nine evenly spaced stops of matplotlib's perceptually uniform maps, and ColorBrewer RdBu
 # (reversed: negative blue, zero white, positive red) for signed effects.
 _STOPS: dict[str, list[str]] = {
@@ -52,7 +54,7 @@ def apply_colormap(values: np.ndarray, name: str = "inferno") -> np.ndarray:
     Values outside [0, 1] are clipped; NaN is drawn as the lowest colour.
     """
     if name not in _STOPS:
-        raise ValueError(f"unknown colormap {name!r}; choose one of {colormap_names()}")
+        raise UserInputError(f"unknown colormap {name!r}; choose one of {colormap_names()}")
     stops = np.array([_hex_to_rgb(c) for c in _STOPS[name]], dtype=np.float64)
     positions = np.linspace(0.0, 1.0, len(stops))
     flat = np.nan_to_num(np.clip(np.asarray(values, dtype=np.float64), 0.0, 1.0), nan=0.0).ravel()
@@ -64,6 +66,6 @@ def apply_colormap(values: np.ndarray, name: str = "inferno") -> np.ndarray:
 def sample_colors(name: str, n: int) -> list[str]:
     """`n` evenly spaced colours of a colormap as CSS `rgb(r,g,b)` strings (for ordered classes)."""
     if n < 1:
-        raise ValueError("n must be at least 1")
+        raise UserInputError("n must be at least 1")
     points = np.linspace(0.1, 0.9, n) if n > 1 else np.array([0.5])
     return [f"rgb({r},{g},{b})" for r, g, b in apply_colormap(points, name).tolist()]

@@ -13,6 +13,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.utils.errors import UserInputError
 from vlens.utils.stats import p_number
 from vlens.viz.checks import as_float_tensor, as_grid, check_labels
 from vlens.viz.optional import require_make_subplots, require_plotly
@@ -65,11 +66,11 @@ def _error_bars(values: np.ndarray, lower, upper, name: str) -> dict | None:
     if lower is None and upper is None:
         return None
     if lower is None or upper is None:
-        raise ValueError(f"give both lower and upper for {name}, or neither")
+        raise UserInputError(f"give both lower and upper for {name}, or neither")
     low = as_float_tensor(lower, f"lower ({name})", values.ndim).numpy()
     high = as_float_tensor(upper, f"upper ({name})", values.ndim).numpy()
     if low.shape != values.shape or high.shape != values.shape:
-        raise ValueError(f"lower / upper of {name} must have shape {values.shape}")
+        raise UserInputError(f"lower / upper of {name} must have shape {values.shape}")
     return {"type": "data", "symmetric": False, "array": np.clip(high - values, 0, None),
             "arrayminus": np.clip(values - low, 0, None), "thickness": 1.2, "width": 3}
 
@@ -108,10 +109,10 @@ def layer_head_heatmap(
         values_np = as_float_tensor(values, "values", 2).numpy()
         n_layers, n_heads = values_np.shape
     elif classes is None:
-        raise ValueError("give values, classes, or both")
+        raise UserInputError("give values, classes, or both")
     elif isinstance(classes, Mapping):
         if n_layers is None or n_heads is None:
-            raise ValueError("with only a classes mapping, give n_layers and n_heads")
+            raise UserInputError("with only a classes mapping, give n_layers and n_heads")
         values_np = None
     else:
         n_layers, n_heads = tuple(torch.as_tensor(classes).shape)
@@ -134,7 +135,7 @@ def layer_head_heatmap(
         )
 
     if class_names is None:
-        raise ValueError("classes need class_names (e.g. vlens.lens.taxonomy.HEAD_CLASSES), in legend order")
+        raise UserInputError("classes need class_names (e.g. vlens.lens.taxonomy.HEAD_CLASSES), in legend order")
     class_index = _class_index_grid(classes, list(class_names), n_layers, n_heads)
     names = list(class_names)
     colors = [
@@ -188,16 +189,16 @@ def _class_index_grid(classes, names: list[str], n_layers: int, n_heads: int) ->
         grid = np.full((n_layers, n_heads), len(names) - 1, dtype=np.int64)
         for (layer, head), name in classes.items():
             if name not in names:
-                raise ValueError(f"class {name!r} of L{layer}H{head} is not in class_names {names}")
+                raise UserInputError(f"class {name!r} of L{layer}H{head} is not in class_names {names}")
             if not (0 <= layer < n_layers and 0 <= head < n_heads):
                 raise IndexError(f"head L{layer}H{head} outside the {n_layers}x{n_heads} grid")
             grid[layer, head] = names.index(name)
         return grid
     grid = torch.as_tensor(classes).long().numpy()
     if grid.shape != (n_layers, n_heads):
-        raise ValueError(f"classes has shape {grid.shape}, values has {(n_layers, n_heads)}")
+        raise UserInputError(f"classes has shape {grid.shape}, values has {(n_layers, n_heads)}")
     if grid.min() < 0 or grid.max() >= len(names):
-        raise ValueError(f"class indices must lie in [0, {len(names)}) (one per class name)")
+        raise UserInputError(f"class indices must lie in [0, {len(names)}) (one per class name)")
     return grid
 
 
@@ -246,7 +247,7 @@ def layer_region_figure(
         integer_layer_axis(figure, layers)
         return figure
     if kind != "lines":
-        raise ValueError(f"kind must be 'lines' or 'heatmap', got {kind!r}")
+        raise UserInputError(f"kind must be 'lines' or 'heatmap', got {kind!r}")
     errors = _error_bars(values_np, lower, upper, "values")
     figure = go.Figure(
         [
@@ -283,13 +284,13 @@ def image_grid_heatmap(
     tensor = as_float_tensor(values, "values", (1, 2))
     if tensor.ndim == 1:
         if grid is None:
-            raise ValueError("1-D values need grid=(rows, cols)")
+            raise UserInputError("1-D values need grid=(rows, cols)")
         rows, cols = as_grid(grid)
         if tensor.numel() != rows * cols:
-            raise ValueError(f"values has {tensor.numel()} entries, grid {rows}x{cols} has {rows * cols}")
+            raise UserInputError(f"values has {tensor.numel()} entries, grid {rows}x{cols} has {rows * cols}")
         tensor = tensor.reshape(rows, cols)
     elif grid is not None and tuple(tensor.shape) != as_grid(grid):
-        raise ValueError(f"values has shape {tuple(tensor.shape)} but grid is {as_grid(grid)}")
+        raise UserInputError(f"values has shape {tuple(tensor.shape)} but grid is {as_grid(grid)}")
     figure = _heatmap(
         tensor.numpy(),
         None,
@@ -353,10 +354,10 @@ def _named_series(series, name: str, length: int | None = None) -> dict[str, np.
     else:
         named = {name: as_float_tensor(series, name, 1).numpy()}
     if not named:
-        raise ValueError(f"{name} is empty")
+        raise UserInputError(f"{name} is empty")
     for key, value in named.items():
         if length is not None and len(value) != length:
-            raise ValueError(f"{key!r} has {len(value)} values, expected {length}")
+            raise UserInputError(f"{key!r} has {len(value)} values, expected {length}")
     return named
 
 
@@ -386,7 +387,7 @@ def count_accuracy_figure(
         errors = None
         if lows is not None or highs is not None:
             if lows is None or highs is None or key not in lows or key not in highs:
-                raise ValueError(f"give lower and upper for every series (missing for {key!r})")
+                raise UserInputError(f"give lower and upper for every series (missing for {key!r})")
             errors = _error_bars(values, lows[key], highs[key], key)
         traces.append(go.Scatter(x=counts, y=values, mode="lines+markers", name=key, error_y=errors,
                                  line={"color": _PALETTE[index % len(_PALETTE)]}))
@@ -426,11 +427,11 @@ def logit_lens_figure(
         if data is not None
     ]
     if not panels:
-        raise ValueError("give probabilities, ranks, or both")
+        raise UserInputError("give probabilities, ranks, or both")
     named = {name: _named_series(data, "target") for name, data, _ in panels}
     lengths = {len(values) for series in named.values() for values in series.values()}
     if len(lengths) != 1:
-        raise ValueError(
+        raise UserInputError(
             f"every probability / rank series needs the same number of layers, got {sorted(lengths)}"
         )
     n_layers = lengths.pop()
@@ -508,12 +509,12 @@ def jaccard_matrix_figure(
     """
     values = as_float_tensor(matrix, "matrix", 2).numpy().copy()
     if values.shape[0] != values.shape[1]:
-        raise ValueError(f"matrix must be square, got {values.shape}")
+        raise UserInputError(f"matrix must be square, got {values.shape}")
     n = values.shape[0]
     names = check_labels(task_names, n, "task_names")
     again = None if retest is None else as_float_tensor(retest, "retest", 1).numpy()
     if again is not None and len(again) != n:
-        raise ValueError(f"retest has {len(again)} values for {n} tasks")
+        raise UserInputError(f"retest has {len(again)} values for {n} tasks")
     text = np.vectorize(lambda v: "" if np.isnan(v) else f"{v:.2f}")(values).astype(object)
     p = None if p_values is None else as_float_tensor(p_values, "p_values", 2).numpy()
     strong = None if p_values_holm is None else as_float_tensor(p_values_holm, "p_values_holm", 2).numpy() < significance

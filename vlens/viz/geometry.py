@@ -13,6 +13,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from vlens.utils.errors import UserInputError
 from vlens.viz.checks import as_float_tensor
 from vlens.viz.colormaps import sample_colors
 from vlens.viz.optional import require_make_subplots, require_plotly
@@ -35,7 +36,7 @@ def pca(vectors: Float[Tensor, "n d"], n_components: int = 2) -> PCAResult:
     x = as_float_tensor(vectors, "vectors", 2).double()
     n, d = x.shape
     if not 1 <= n_components <= min(n, d):
-        raise ValueError(f"n_components must be in [1, {min(n, d)}] for {n} vectors of size {d}")
+        raise UserInputError(f"n_components must be in [1, {min(n, d)}] for {n} vectors of size {d}")
     mean = x.mean(dim=0)
     centred = x - mean
     _, singular_values, right_vectors = torch.linalg.svd(centred, full_matrices=False)
@@ -69,14 +70,14 @@ def tsne(
     x = as_float_tensor(vectors, "vectors", 2).double()
     n = x.shape[0]
     if n < 4:
-        raise ValueError(f"t-SNE needs at least 4 points, got {n}")
+        raise UserInputError(f"t-SNE needs at least 4 points, got {n}")
     perplexity = min(30.0, (n - 1) / 3) if perplexity is None else float(perplexity)
     if not 1 < perplexity < n:
-        raise ValueError(f"perplexity must be in (1, {n}) for {n} points, got {perplexity}")
+        raise UserInputError(f"perplexity must be in (1, {n}) for {n} points, got {perplexity}")
     if n_iter < 250:
-        raise ValueError("n_iter must be at least 250")
+        raise UserInputError("n_iter must be at least 250")
     if init not in ("pca", "random"):
-        raise ValueError(f"init must be 'pca' or 'random', got {init!r}")
+        raise UserInputError(f"init must be 'pca' or 'random', got {init!r}")
     try:
         from sklearn.manifold import TSNE
     except ImportError as error:
@@ -94,7 +95,7 @@ def project(vectors: Float[Tensor, "n d"], method: str = "pca", seed: int = 0) -
         return pca(vectors, 2).projected
     if method == "tsne":
         return tsne(vectors, 2, seed=seed)
-    raise ValueError(f"method must be 'pca' or 'tsne', got {method!r}")
+    raise UserInputError(f"method must be 'pca' or 'tsne', got {method!r}")
 
 
 def _per_layer(representations) -> dict[int, Tensor]:
@@ -138,10 +139,10 @@ def representation_geometry_figure(
         layers = [available[i] for i in picks]
     missing = [layer for layer in layers if layer not in by_layer]
     if missing:
-        raise ValueError(f"layers {missing} are not in the representations (have {available})")
+        raise UserInputError(f"layers {missing} are not in the representations (have {available})")
     for layer in layers:
         if by_layer[layer].shape[0] != len(counts):
-            raise ValueError(f"layer {layer} has {by_layer[layer].shape[0]} vectors for {len(counts)} counts")
+            raise UserInputError(f"layer {layer} has {by_layer[layer].shape[0]} vectors for {len(counts)} counts")
 
     distinct = sorted(set(counts))
     colors = dict(zip(distinct, sample_colors("viridis", len(distinct)), strict=True))

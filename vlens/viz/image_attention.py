@@ -16,6 +16,7 @@ from jaxtyping import Float, Int
 from PIL import Image, ImageDraw
 from torch import Tensor
 
+from vlens.utils.errors import UserInputError
 from vlens.viz.checks import as_float_tensor, as_grid
 from vlens.viz.colormaps import PLOTLY_NAMES, apply_colormap
 from vlens.viz.optional import require_make_subplots, require_plotly
@@ -50,7 +51,7 @@ def attention_to_image(
     if queries.numel() == 1:
         queries = queries.expand(batch)
     if queries.numel() != batch:
-        raise ValueError(f"query_pos has {queries.numel()} entries for a batch of {batch}")
+        raise UserInputError(f"query_pos has {queries.numel()} entries for a batch of {batch}")
     if ((queries >= n_queries) | (queries < -n_queries)).any():
         raise IndexError(f"query_pos {queries.tolist()} out of range for {n_queries} query positions")
     queries = queries % n_queries
@@ -77,9 +78,9 @@ def _positions_per_row(image_positions, batch: int) -> Int[Tensor, "batch n_imag
     if len(per_row) == 1:
         per_row = per_row * batch
     if len(per_row) != batch:
-        raise ValueError(f"image_positions has {len(per_row)} rows for a batch of {batch}")
+        raise UserInputError(f"image_positions has {len(per_row)} rows for a batch of {batch}")
     if len({p.numel() for p in per_row}) != 1:
-        raise ValueError("every batch row needs the same number of image positions (same-size images)")
+        raise UserInputError("every batch row needs the same number of image positions (same-size images)")
     return torch.stack([p.long() for p in per_row])
 
 
@@ -87,7 +88,7 @@ def _weights_on_grid(weights, grid) -> tuple[np.ndarray, int, int]:
     rows, cols = as_grid(grid)
     values = as_float_tensor(weights, "weights", (1, 2))
     if values.numel() != rows * cols:
-        raise ValueError(
+        raise UserInputError(
             f"weights has {values.numel()} entries but the grid {rows}x{cols} has {rows * cols} cells"
         )
     return values.reshape(rows, cols).numpy(), rows, cols
@@ -128,7 +129,7 @@ def overlay_attention(
     if not isinstance(image, Image.Image):
         raise TypeError(f"image must be a PIL image, got {type(image).__name__}")
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        raise UserInputError(f"alpha must be in [0, 1], got {alpha}")
     values, _, _ = _weights_on_grid(weights, grid)
     unit = _scale_to_unit(values, vmin, vmax)
     # Upsample the scalar map (not the colours) so smoothing stays on the colormap.
@@ -167,13 +168,13 @@ def attention_grid_image(
     maps = as_float_tensor(maps, "maps", 2)
     n_maps = maps.shape[0]
     if n_maps == 0:
-        raise ValueError("maps is empty")
+        raise UserInputError("maps is empty")
     if titles is None:
         titles = [f"map {i}" for i in range(n_maps)]
     if len(titles) != n_maps:
-        raise ValueError(f"{len(titles)} titles for {n_maps} maps")
+        raise UserInputError(f"{len(titles)} titles for {n_maps} maps")
     if n_cols < 1 or tile_size < 8:
-        raise ValueError("n_cols must be >= 1 and tile_size >= 8")
+        raise UserInputError("n_cols must be >= 1 and tile_size >= 8")
 
     scale = tile_size / max(image.size)
     tile_w, tile_h = max(1, round(image.width * scale)), max(1, round(image.height * scale))
@@ -283,12 +284,12 @@ def attention_tiles_figure(
     maps = as_float_tensor(maps, "maps", 2)
     n_maps = maps.shape[0]
     if n_maps == 0:
-        raise ValueError("maps is empty")
+        raise UserInputError("maps is empty")
     titles = [f"map {i}" for i in range(n_maps)] if titles is None else [str(t) for t in titles]
     if len(titles) != n_maps:
-        raise ValueError(f"{len(titles)} titles for {n_maps} maps")
+        raise UserInputError(f"{len(titles)} titles for {n_maps} maps")
     if n_cols < 1 or tile_size < 8:
-        raise ValueError("n_cols must be >= 1 and tile_size >= 8")
+        raise UserInputError("n_cols must be >= 1 and tile_size >= 8")
     columns = min(n_cols, n_maps)
     n_rows = -(-n_maps // columns)
     scale = tile_size / max(image.size)

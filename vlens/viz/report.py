@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vlens.utils.errors import UserInputError
 from vlens.viz.circuits import circuitsvis_bundle_js, circuitsvis_html
 from vlens.viz.html import figure_div, inline_script, plotly_head_script
 from vlens.viz.image_attention import image_to_data_uri
@@ -106,7 +107,7 @@ class Report:
 
     def __init__(self, title: str, intro: str = ""):
         if not isinstance(title, str) or not title.strip():
-            raise ValueError("a report needs a non-empty title")
+            raise UserInputError("a report needs a non-empty title")
         self.title = title.strip()
         self.intro = intro.strip()
         self._sections: list[_Section] = []
@@ -146,9 +147,9 @@ class Report:
             The report, so calls can be chained.
         """
         if not isinstance(title, str) or not title.strip():
-            raise ValueError("a section needs a non-empty title")
+            raise UserInputError("a section needs a non-empty title")
         if not isinstance(explanation, str) or not explanation.strip():
-            raise ValueError(f"section {title!r} needs a one-line explanation")
+            raise UserInputError(f"section {title!r} needs a one-line explanation")
         section = _Section(title.strip(), " ".join(explanation.split()), self._anchor(title))
         if figure is not None:
             if not callable(getattr(figure, "to_html", None)) or not hasattr(figure, "data"):
@@ -188,7 +189,7 @@ class Report:
     def _checked_table(table, title: str) -> list[dict[str, Number]]:
         rows = list(table)
         if not rows or not all(isinstance(row, Mapping) for row in rows):
-            raise ValueError(f"table of section {title!r} must be a non-empty list of dicts")
+            raise UserInputError(f"table of section {title!r} must be a non-empty list of dicts")
         return [
             {str(k): _plain(v, f"table cell {k!r} of section {title!r}") for k, v in row.items()}
             for row in rows

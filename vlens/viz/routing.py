@@ -8,6 +8,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from vlens.utils.errors import UserInputError
 from vlens.viz.checks import as_float_tensor
 from vlens.viz.optional import require_make_subplots
 
@@ -27,7 +28,7 @@ def routing_figure(
     """
     shares = as_float_tensor(shares, "shares", 3)
     if shares.shape[0] != len(regions) or shares.shape[1] != len(layers):
-        raise ValueError(f"shares {tuple(shares.shape)} do not match {len(regions)} regions x {len(layers)} layers")
+        raise UserInputError(f"shares {tuple(shares.shape)} do not match {len(regions)} regions x {len(layers)} layers")
     make_subplots = require_make_subplots()
     import plotly.graph_objects as go  # the viz extra (require_make_subplots checked it)
 

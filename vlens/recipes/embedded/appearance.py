@@ -25,6 +25,7 @@ from PIL import Image, ImageFilter
 from vlens.data.backgrounds import make_background
 from vlens.data.drawing import coverage_mask
 from vlens.data.geometry import polygon_shape, regular_polygon, silhouette
+from vlens.utils.errors import UserInputError
 
 # Hue ranges (degrees) and (saturation, value) ranges of each colour name. The palette
 # colour sits inside each range (red 0, orange 29, yellow 51, green 130, blue 227, purple
@@ -154,7 +155,7 @@ def redraw(record: dict, rng: np.random.Generator) -> tuple[Image.Image, Int[np.
     """A SynDot / SynPoly scene redrawn with appearance variety; returns (image, id map).
     Layout, shapes, colour names (so question and answer) stay those of `record`."""
     if record["style"] not in ("syndot", "synpoly"):
-        raise ValueError(f"redraw handles syndot and synpoly scenes, not {record['style']!r}")
+        raise UserInputError(f"redraw handles syndot and synpoly scenes, not {record['style']!r}")
     size, dots = record["image_size"], record["style"] == "syndot"
     image = _background(size, rng, dots)
     id_map = np.full((size, size), -1, dtype=np.int16)

@@ -15,6 +15,7 @@ from PIL import Image
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 from vlens.core.processing import chat_messages
+from vlens.utils.errors import UserInputError
 from vlens.zoo.processor import (
     CELL,
     IMAGE_SIZE,
@@ -49,7 +50,7 @@ def patchify(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     batch, height, width = images.shape[:3]
     if height != width:
-        raise ValueError(f"patchify needs square images, got {height} x {width}")
+        raise UserInputError(f"patchify needs square images, got {height} x {width}")
     grid = check_image_size(height) // PATCH_SIZE
     pixels = images.permute(0, 3, 1, 2).float() / 255.0
     pixels = (pixels - _MEAN) / _STD  # [batch, 3, H, W]
@@ -84,7 +85,7 @@ def encode_example(processor, question: str, answer: str, image_index: int) -> E
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     if tokenizer.unk_token_id in prompt_ids + answer_ids:
-        raise ValueError(f"words outside the vocabulary in {question!r} -> {answer!r}")
+        raise UserInputError(f"words outside the vocabulary in {question!r} -> {answer!r}")
     return EncodedExample(
         input_ids=prompt_ids + answer_ids,
         labels=[IGNORE_INDEX] * len(prompt_ids) + answer_ids,

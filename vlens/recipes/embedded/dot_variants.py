@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image, ImageDraw
 
+from vlens.utils.errors import UserInputError
+
 MAX_PLACEMENT_TRIES = 2000
 
 
@@ -29,7 +31,7 @@ def _place_centres(
                 centres.append((float(x), float(y)))
                 break
         else:
-            raise ValueError(f"cannot place {count} dots of radius ~{radii.mean():.1f} on {canvas} px")
+            raise UserInputError(f"cannot place {count} dots of radius ~{radii.mean():.1f} on {canvas} px")
     return centres
 
 
@@ -40,7 +42,7 @@ def render_dot_variant(count: int, seed: int) -> tuple[Image.Image, list[tuple[f
     centres in its pixels.
     """
     if not 0 <= count <= 20:
-        raise ValueError(f"count must be in 0..20, got {count}")
+        raise UserInputError(f"count must be in 0..20, got {count}")
     rng = np.random.default_rng(seed)
     canvas = int(rng.integers(112, 281))
     scale = canvas / 168.0

@@ -8,6 +8,7 @@ from collections import defaultdict
 from PIL import Image
 
 from vlens.evaluation.backends import HFBackend
+from vlens.utils.errors import UserInputError
 
 
 def answer_questions(
@@ -20,7 +21,7 @@ def answer_questions(
 ) -> list[str]:
     """Greedy answers (decoded without special tokens, stripped) to one question per image."""
     if len(images) != len(questions):
-        raise ValueError(f"{len(images)} images but {len(questions)} questions")
+        raise UserInputError(f"{len(images)} images but {len(questions)} questions")
     backend = HFBackend(model, processor)
     answers: list[str] = []
     for start in range(0, len(images), batch_size):

@@ -20,6 +20,7 @@ from vlens.recipes.embedded.model_card import rewrite_model_card
 from vlens.recipes.embedded.probe import probe_tower
 from vlens.recipes.embedded.settings import TRAINING_LOG
 from vlens.recipes.embedded.training_set import held_out_samples
+from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_folder
 from vlens.zoo.processor import load_processor
 
@@ -33,7 +34,7 @@ def _trimmed_log(log_path: Path, last_step: int) -> tuple[list[dict], dict]:
     kept = [r for r in records if r.get("step", 0) <= last_step and r.get("event") != "final"]
     starts = [r for r in kept if r.get("event") == "start"]
     if not starts:
-        raise ValueError(f"{log_path} has no start event")
+        raise UserInputError(f"{log_path} has no start event")
     losses = [r["smoothed_loss"] for r in kept if "smoothed_loss" in r]
     return kept, {**starts[-1]["settings"], "last_smoothed_loss": losses[-1] if losses else float("nan")}
 

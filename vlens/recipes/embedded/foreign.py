@@ -19,6 +19,7 @@ from PIL import Image, ImageDraw
 
 from vlens.data.palette import SHAPES
 from vlens.data.templates import COLOUR_OF_SHAPE, COUNT_OBJECTS, SHAPE_OF_COLOR, fill
+from vlens.utils.errors import UserInputError
 
 CSS_COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (255, 0, 0),
@@ -67,7 +68,7 @@ def _scene(
                 centres.append((float(x), float(y)))
                 break
         else:
-            raise ValueError(f"cannot place {len(objects)} objects on {canvas} px")
+            raise UserInputError(f"cannot place {len(objects)} objects on {canvas} px")
     image = Image.new("RGB", (canvas * scale, canvas * scale), (grey, grey, grey))
     draw = ImageDraw.Draw(image)
     records = []
@@ -102,7 +103,7 @@ def foreign_sample(task: str, seed: int) -> tuple[Image.Image, dict]:
         objects = [(SHAPES[int(rng.integers(len(SHAPES)))], colour) for colour in picked]
         question, answer = fill(SHAPE_OF_COLOR, color=objects[0][1]), objects[0][0]
     else:
-        raise ValueError(f"foreign renderer tasks are colour, shape and counting, not {task!r}")
+        raise UserInputError(f"foreign renderer tasks are colour, shape and counting, not {task!r}")
     order = rng.permutation(n)  # the asked-about object is not always drawn first
     image, records = _scene(rng, [objects[i] for i in order], (0.06, 0.14))
     return image, {"task": task, "question": question, "answer": answer, "objects": records, "seed": seed}

@@ -14,6 +14,8 @@ import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
 from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
 
+from vlens.utils.errors import UserInputError
+
 
 def full_attention_blocks_after_growth(old_full: list[int], old_depth: int, new_depth: int) -> list[int]:
     """Keep the old full-attention blocks and make the new last block full attention too
@@ -28,7 +30,7 @@ def grow_vision_tower(
     model's; the rest start as the identity). Raises ValueError if `depth` is not larger."""
     vision = cast(Qwen2_5_VLVisionConfig, model.config.vision_config)
     if depth <= vision.depth:
-        raise ValueError(f"grow the vision tower to more than its {vision.depth} blocks, got depth {depth}")
+        raise UserInputError(f"grow the vision tower to more than its {vision.depth} blocks, got depth {depth}")
     config = model.config.__class__.from_dict(model.config.to_dict())
     grown_vision = cast(Qwen2_5_VLVisionConfig, config.vision_config)
     grown_vision.fullatt_block_indexes = full_attention_blocks_after_growth(

@@ -15,6 +15,8 @@ import torch
 from jaxtyping import UInt8
 from PIL import Image
 
+from vlens.utils.errors import UserInputError
+
 
 class ImageStore:
     """uint8 [size, size, 3] images; `store[rows]` decodes them into [len(rows), size, size, 3]."""
@@ -25,7 +27,7 @@ class ImageStore:
 
     def append(self, image: UInt8[np.ndarray, "size size 3"]) -> None:
         if image.shape != (self.size, self.size, 3) or image.dtype != np.uint8:
-            raise ValueError(
+            raise UserInputError(
                 f"expected a uint8 [{self.size}, {self.size}, 3] image, got {image.dtype} {image.shape}"
             )
         buffer = io.BytesIO()

@@ -140,7 +140,7 @@ def run_loop(
     state = state or TrainingState(None)
     parameters = [p for module in modules.values() for p in module.parameters() if p.requires_grad]
     if not parameters:
-        raise ValueError("nothing to train: every parameter is frozen")
+        raise UserInputError("nothing to train: every parameter is frozen")
     optimizer = torch.optim.AdamW(
         parameters, lr=settings.learning_rate, weight_decay=settings.weight_decay, betas=(0.9, 0.98)
     )
@@ -156,9 +156,9 @@ def run_loop(
         start_step, running, records = saved["step"], saved["running"], saved["log"]
         elapsed_before = saved["elapsed_s"]
     if settings.steps_to_run < 1:
-        raise ValueError(f"nothing to run: {settings.steps_to_run} steps")
+        raise UserInputError(f"nothing to run: {settings.steps_to_run} steps")
     if start_step > settings.steps_to_run:
-        raise ValueError(
+        raise UserInputError(
             f"the saved state in {state.directory} is at step {start_step}, beyond the "
             f"{settings.steps_to_run} steps asked for"
         )

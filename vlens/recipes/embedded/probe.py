@@ -17,6 +17,7 @@ from vlens.data import make_task_sample
 from vlens.data.palette import OBJECT_COLORS, SHAPES
 from vlens.recipes.embedded.batches import to_model_image
 from vlens.recipes.embedded.train import image_tokens
+from vlens.utils.errors import UserInputError
 from vlens.zoo.processor import CELL, image_size_of
 
 PROBE_SEED_BASE = 950_000_000  # disjoint from training and held-out seeds
@@ -78,7 +79,7 @@ def probe_tower(model, processor, n_scenes: int = PROBE_SCENES) -> dict:
     linear probes on the frozen tower of `model` (an HF Qwen2/2.5-VL), from `n_scenes`
     held-out scenes (at least 3)."""
     if n_scenes < 3:
-        raise ValueError(f"the probe needs at least 3 scenes (2 to fit, 1 to score), got {n_scenes}")
+        raise UserInputError(f"the probe needs at least 3 scenes (2 to fit, 1 to score), got {n_scenes}")
     size = image_size_of(processor)
     n_fit = (2 * n_scenes) // 3
     splits = []

@@ -130,7 +130,7 @@ def load_for_continuation(folder: str | Path, image_size: int | None = None):
 
     tokenizer = build_tokenizer(vocabulary_words())
     if AutoTokenizer.from_pretrained(folder).get_vocab() != tokenizer.get_vocab():
-        raise ValueError(f"{folder}: its tokenizer differs from the recipe's vocabulary; cannot continue it")
+        raise UserInputError(f"{folder}: its tokenizer differs from the recipe's vocabulary; cannot continue it")
     if image_size is None:
         image_size = image_size_of(AutoImageProcessor.from_pretrained(folder))
     processor = assemble_processor(tokenizer, build_image_processor(image_size))

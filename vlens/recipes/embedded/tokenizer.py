@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from vlens.utils.errors import UserInputError
+
 # Qwen2.5-VL's special tokens, in Qwen's order. They get the first ids of our vocabulary.
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",
@@ -76,7 +78,7 @@ def build_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
     """
     vocabulary_words = sorted({word for text in words for word in split_words(text)} - {"\n"})
     if not vocabulary_words:
-        raise ValueError("build_tokenizer needs at least one word")
+        raise UserInputError("build_tokenizer needs at least one word")
     ordered = [*QWEN_SPECIAL_TOKENS, UNKNOWN_TOKEN, "\n", *vocabulary_words]
     vocab = {token: index for index, token in enumerate(ordered)}
 

@@ -21,6 +21,7 @@ from vlens.recipes.embedded.batches import EncodedExample, collate, collate_text
 from vlens.recipes.embedded.loop import TrainingState, run_loop
 from vlens.recipes.embedded.settings import TrainSettings
 from vlens.recipes.embedded.vision_aux import VisionAuxHeads, captured_image_tokens
+from vlens.utils.errors import UserInputError
 
 __all__ = ["TrainSettings", "train_model", "image_tokens", "linear_patch_embedding"]
 
@@ -93,16 +94,16 @@ def train_model(
     smoothed answer-token loss).
     """
     if not examples:
-        raise ValueError("train_model needs at least one example")
+        raise UserInputError("train_model needs at least one example")
     if settings.freeze_vision and settings.vision_aux_weight > 0:
-        raise ValueError("the vision objective trains the tower: it cannot be used with a frozen tower")
+        raise UserInputError("the vision objective trains the tower: it cannot be used with a frozen tower")
     device = next(model.parameters()).device  # batches are built on the CPU and moved there
     visual = model.model.visual
     modules: dict[str, torch.nn.Module] = {"model": model}
     heads = None
     if settings.vision_aux_weight > 0:
         if cell_labels is None:
-            raise ValueError("vision_aux_weight > 0 needs cell_labels for the images")
+            raise UserInputError("vision_aux_weight > 0 needs cell_labels for the images")
         heads = VisionAuxHeads(model.config.vision_config.out_hidden_size, settings.seed).to(device)
         modules["heads"] = heads
     cached = None

@@ -114,7 +114,7 @@ def source_makers(vary: bool, max_objects: int | None = None) -> dict[str, Calla
     counting sources. `vary`: training variety of image size and dot radius.
     `max_objects` (a curriculum stage) caps the objects of the non-counting tasks."""
     if max_objects is not None and max_objects < 1:
-        raise ValueError(f"max_objects must be a positive integer or None, got {max_objects}")
+        raise UserInputError(f"max_objects must be a positive integer or None, got {max_objects}")
 
     def task(name: str) -> Callable[..., Sample]:
         return _task_source(name, "synpoly", vary, max_objects)
@@ -199,7 +199,7 @@ def training_sources(
     mix = mix or TRAINING_MIX
     held_out = sorted(set(mix) & set(HELD_OUT_ONLY))
     if held_out:
-        raise ValueError(f"{held_out} are held out of every training stage")
+        raise UserInputError(f"{held_out} are held out of every training stage")
     rng = np.random.default_rng(seed)
     names = list(mix)
     weights = np.array([mix[name] for name in names])
@@ -219,7 +219,7 @@ def render_training_set(
     """Render and encode `n_examples` training examples once (images kept as uint8);
     `max_objects` caps the non-counting tasks' objects (see :func:`source_makers`)."""
     if n_examples < 1:
-        raise ValueError(f"n_examples must be positive, got {n_examples}")
+        raise UserInputError(f"n_examples must be positive, got {n_examples}")
     makers = source_makers(vary=True, max_objects=max_objects)
     size = image_size_of(processor)
     images, examples, sources, labels = ImageStore(size), [], [], []

@@ -21,6 +21,7 @@ from jaxtyping import Float, Int
 from torch import nn
 
 from vlens.data.palette import COLOR_PALETTE, REAL_SHAPES, SHAPES
+from vlens.utils.errors import UserInputError
 
 IGNORE = -100
 BACKGROUND = 0
@@ -46,7 +47,7 @@ def dense_labels(
     """
     size = id_map.shape[0]
     if id_map.shape != (size, size):
-        raise ValueError(f"dense_labels needs a square id map, got {id_map.shape}")
+        raise UserInputError(f"dense_labels needs a square id map, got {id_map.shape}")
     rows = (np.arange(size) * grid) // size  # the cell row (and column) of each pixel line
     cell = rows[:, None] * grid + rows[None, :]
     covered = id_map >= 0
