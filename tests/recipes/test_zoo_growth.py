@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from vlens.recipes.embedded.batches import collate, encode_example, to_model_image
-from vlens.recipes.embedded.growth import full_attention_blocks_after_growth, grow_vision_tower
+from vlens.recipes.embedded.growth import (
+    full_attention_blocks_after_growth,
+    grow_decoder,
+    grow_vision_tower,
+    grown_layer_positions,
+)
 from vlens.recipes.embedded.recipe import build_untrained
 from vlens.recipes.embedded.training_set import source_makers
 
@@ -44,3 +49,40 @@ def test_growth_needs_a_larger_depth_and_keeps_full_attention_blocks():
     with pytest.raises(ValueError, match="more than its 4 blocks"):
         grow_vision_tower(model, depth=4)
     assert full_attention_blocks_after_growth([1], 2, 5) == [1, 4]
+
+
+def test_grown_decoder_starts_as_the_identity_and_then_trains():
+    _, processor, model = build_untrained(seed=2)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.02 * torch.randn_like(parameter))
+    model.eval()
+    grown = grow_decoder(model, layers=8)
+    assert grown.config.text_config.num_hidden_layers == 8 and len(grown.model.language_model.layers) == 8
+    old, new = model.model.language_model.layers, grown.model.language_model.layers
+    for index, position in enumerate((0, 2, 4, 6)):  # the old layers, spread out
+        torch.testing.assert_close(new[position].self_attn.q_proj.weight, old[index].self_attn.q_proj.weight)
+    batch = _batch(processor)
+    with torch.no_grad():
+        torch.testing.assert_close(grown(**batch).logits, model(**batch).logits, rtol=0, atol=1e-5)
+    grown.train()
+    grown(**batch).loss.backward()
+    assert new[3].self_attn.o_proj.weight.grad.abs().sum() > 0  # the zero projections receive gradient
+    assert new[3].mlp.down_proj.weight.grad.abs().sum() > 0
+
+
+def test_decoder_growth_needs_more_layers():
+    _, _, model = build_untrained(seed=1)
+    with pytest.raises(ValueError, match="more than its 4 layers"):
+        grow_decoder(model, layers=4)
+    assert grown_layer_positions(4, 8) == [0, 2, 4, 6]
+    assert grown_layer_positions(4, 6) == [0, 1, 3, 4]
+
+
+def test_growing_needs_a_folder_to_grow():
+    from vlens.recipes.embedded.recipe import check_settings
+    from vlens.recipes.embedded.settings import RecipeSettings
+    from vlens.utils.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="--grow-text-layers: growing the decoder needs"):
+        check_settings(RecipeSettings(grow_text_layers=8))

@@ -114,7 +114,7 @@ def test_a_second_stage_continues_the_folder_and_the_card_lists_both(smoke_run, 
     options = "--seed 4 --steps 2 --batch-size 2 --examples 8 --warmup 1 --held-out 1 --threads 1 --quiet"
     options += " --probe-scenes 6"
     argv = ["zoo", "train", "--out", str(tmp_path), *options.split(), "--init-from", str(first)]
-    argv += ["--mix", "colour=1,shape=1", "--max-objects", "2", "--grow-vision-depth", "5"]
+    argv += ["--mix", "colour=1,shape=1", "--max-objects", "2", "--grow-vision-depth", "5", "--grow-text-layers", "6"]
     threads = torch.get_num_threads()
     try:
         assert main(argv) == 0
@@ -125,9 +125,11 @@ def test_a_second_stage_continues_the_folder_and_the_card_lists_both(smoke_run, 
     assert "stage 2 (continuing stage 1): seed 4, 2 steps" in card
     assert "--init-from stage1" in card and "--mix colour=0.5,shape=0.5 --max-objects 2" in card
     assert "curriculum: non-counting tasks with at most 2 objects" in card
-    assert "--max-objects 2 --grow-vision-depth 5 --init-from stage1" in card
+    assert "--max-objects 2 --grow-vision-depth 5 --grow-text-layers 6 --init-from stage1" in card
     assert "vision tower first grown to 5 blocks" in card and "vision tower: depth 5" in card
-    assert Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path).config.vision_config.depth == 5
+    assert "decoder first grown to 6 layers" in card and "language model: 6 layers" in card
+    config = Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path).config
+    assert config.vision_config.depth == 5 and config.text_config.num_hidden_layers == 6
 
 
 @pytest.mark.parametrize("max_objects", [1, 2, 3])

@@ -49,6 +49,7 @@ def _train(args: argparse.Namespace) -> int:
         mix=parse_mix(args.mix) if args.mix else None,
         max_objects=args.max_objects,
         grow_vision_depth=args.grow_vision_depth,
+        grow_text_layers=args.grow_text_layers,
         device=args.device,
         image_size=args.image_size,
         stage=args.stage,
@@ -184,6 +185,13 @@ def configure(zoo: argparse.ArgumentParser) -> None:
         type=positive,
         default=None,
         help="with --init-from: first grow the vision tower to this many blocks (new ones start as identity)",
+    )
+    train.add_argument(
+        "--grow-text-layers",
+        type=positive,
+        default=None,
+        help="with --init-from: first grow the decoder to this many layers (new ones, interleaved, start "
+        "as identity)",
     )
     train.add_argument(
         "--vision-aux-weight",

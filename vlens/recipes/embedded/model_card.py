@@ -98,6 +98,8 @@ def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
         command += f" --max-objects {stage['max_objects']}"
     if stage.get("grow_vision_depth") is not None:
         command += f" --grow-vision-depth {stage['grow_vision_depth']}"
+    if stage.get("grow_text_layers") is not None:
+        command += f" --grow-text-layers {stage['grow_text_layers']}"
     if stage.get("vision_aux_weight"):
         command += f" --vision-aux-weight {stage['vision_aux_weight']}"
     if stage.get("freeze_vision"):
@@ -159,6 +161,11 @@ def _stage_notes(stage: dict) -> list[str]:
     if stage.get("grow_vision_depth") is not None:
         notes.append(
             f"vision tower first grown to {stage['grow_vision_depth']} blocks (new blocks start as the identity)"
+        )
+    if stage.get("grow_text_layers") is not None:
+        notes.append(
+            f"decoder first grown to {stage['grow_text_layers']} layers (new layers interleaved, starting as "
+            "the identity)"
         )
     if stage.get("image_size") is not None:
         notes.append(f"images at {stage['image_size']} px")

@@ -28,7 +28,7 @@ from vlens.recipes.embedded import architecture as arch
 from vlens.recipes.embedded.appearance import id_map_of
 from vlens.recipes.embedded.batches import to_model_image
 from vlens.recipes.embedded.evaluate import evaluate_samples
-from vlens.recipes.embedded.growth import grow_vision_tower
+from vlens.recipes.embedded.growth import grow_decoder, grow_vision_tower
 from vlens.recipes.embedded.image_store import ImageStore
 from vlens.recipes.embedded.loop import TrainingState
 from vlens.recipes.embedded.model_card import training_stages, write_model_card
@@ -102,6 +102,10 @@ def check_settings(settings: RecipeSettings) -> None:
     if settings.grow_vision_depth is not None and not settings.init_from:
         raise UserInputError(
             "--grow-vision-depth: growing the vision tower needs a trained folder to grow (--init-from)"
+        )
+    if settings.grow_text_layers is not None and not settings.init_from:
+        raise UserInputError(
+            "--grow-text-layers: growing the decoder needs a trained folder to grow (--init-from)"
         )
     if settings.stage == "vision" and (settings.train.freeze_vision or settings.train.vision_aux_weight):
         raise UserInputError(
@@ -214,6 +218,7 @@ def _summary(
             "image_size": settings.image_size,
             "init_from": settings.init_from,
             "grow_vision_depth": settings.grow_vision_depth,
+            "grow_text_layers": settings.grow_text_layers,
             "vision_aux_weight": settings.train.vision_aux_weight,
             "freeze_vision": settings.train.freeze_vision,
             "wall_time_s": training["wall_time_s"],
@@ -305,6 +310,8 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
         tokenizer, processor, model = load_for_continuation(settings.init_from, settings.image_size)
         if settings.grow_vision_depth is not None:
             model = grow_vision_tower(model, settings.grow_vision_depth, settings.seed)
+        if settings.grow_text_layers is not None:
+            model = grow_decoder(model, settings.grow_text_layers, settings.seed)
     else:
         tokenizer, processor, model = build_untrained(settings.seed, settings.image_size or IMAGE_SIZE)
     model.to(settings.device)

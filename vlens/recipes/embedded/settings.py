@@ -50,6 +50,7 @@ class RecipeSettings:
     init_from: str | None = None  # continue from a trained folder (a later stage) instead of scratch
     max_objects: int | None = None  # curriculum: cap the objects of non-counting tasks (None: up to 10)
     grow_vision_depth: int | None = None  # with init_from: add identity-initialised vision blocks first
+    grow_text_layers: int | None = None  # with init_from: interleave identity-initialised decoder layers
     device: str = "cpu"  # e.g. "cuda": train and evaluate there (bitwise determinism: CPU only)
     image_size: int | None = None  # square input px; None: IMAGE_SIZE, or the continued folder's
     stage: str = "language"  # "vision": pretrain the tower alone on dense labels
