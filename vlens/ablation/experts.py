@@ -51,7 +51,7 @@ EXPERT_METHODS: tuple[str, ...] = ("mean", "zero")
 Hook = Callable[[Tensor, object], Tensor | None]
 
 
-def moe_layers(model) -> list[int]:
+def moe_layers(model: HookedVLM) -> list[int]:
     """The model's mixture-of-experts layers; a clear error for a model without any."""
     layers = list(model.cfg.moe_layers)
     if not layers:
@@ -82,7 +82,7 @@ class ExpertReference:
         return [(layer, int(e)) for layer, c in self.counts.items() for e in (c == 0).nonzero().flatten()]
 
 
-def _batches(model, reference: Iterable[VLMInputs] | TaskBatch, batch_size: int) -> tuple[Iterator[VLMInputs], int | None]:
+def _batches(model: HookedVLM, reference: Iterable[VLMInputs] | TaskBatch, batch_size: int) -> tuple[Iterator[VLMInputs], int | None]:
     if isinstance(reference, TaskBatch):
         task = reference
         return (task.inputs(model, range(s, min(s + batch_size, len(task))))
@@ -186,7 +186,7 @@ def _values(method: str, reference: ExpertReference | None, layer: int) -> Tenso
     return reference.means[layer]
 
 
-def expert_ablation_hooks(model, inputs: VLMInputs, experts: Sequence[tuple[int, int]], method: str = "mean",
+def expert_ablation_hooks(model: HookedVLM, inputs: VLMInputs, experts: Sequence[tuple[int, int]], method: str = "mean",
                           reference: ExpertReference | None = None) -> list[tuple[str, Hook]]:
     """Hooks that ablate all `experts` ((layer, expert) pairs) together on `inputs`:
 

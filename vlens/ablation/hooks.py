@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Bool, Float
@@ -17,6 +18,10 @@ from vlens.ablation.reference import ReferenceActivations
 from vlens.core.hooks import act_name
 from vlens.core.inputs import VLMInputs
 from vlens.utils.errors import UserInputError
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 METHODS: tuple[str, ...] = ("mean", "zero", "resample")
 Hook = Callable[[Tensor, object], Tensor]
@@ -32,7 +37,7 @@ def check_method(method: str, reference: ReferenceActivations | None) -> str:
 
 
 def replacement_values(
-    model,
+    model: HookedVLM,
     method: str,
     layer: int,
     inputs: VLMInputs,
@@ -81,7 +86,7 @@ def stacked_head_hook(
 
 
 def ablation_hooks(
-    model,
+    model: HookedVLM,
     inputs: VLMInputs,
     heads: Sequence[tuple[int, int]],
     method: str = "mean",

@@ -42,7 +42,7 @@ def answer_metrics(
     return logprob.masked_fill(~ok, torch.nan), exact.float().masked_fill(~ok, torch.nan)
 
 
-def final_position_logits(model, resid: Float[Tensor, "batch pos d_model"],
+def final_position_logits(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"],
                           final: Int[Tensor, "batch"], k: int = 1) -> Float[Tensor, "batch k d_vocab"]:
     """Logits at each row's last k positions ending at `final` (unembeds only those)."""
     return model.finish(last_positions(resid, final, k))
@@ -59,7 +59,7 @@ def read_positions(final: Int[Tensor, "batch"], k: int) -> Int[Tensor, "batch k"
     return (final[:, None] + torch.arange(1 - k, 1, device=final.device)).clamp(min=0)
 
 
-def run_to_answer_logits(model, resid: Float[Tensor, "batch pos d_model"], state: RunState, layer: int,
+def run_to_answer_logits(model: HookedVLM, resid: Float[Tensor, "batch pos d_model"], state: RunState, layer: int,
                          final: Int[Tensor, "batch"], k: int) -> Float[Tensor, "batch k d_vocab"]:
     """Logits at each row's last k positions ending at `final`, running blocks `layer`.. on `resid` (the
     residual entering `layer`). The last block runs at those positions only (its queries, output
@@ -182,7 +182,7 @@ def gather_units(units: list[tuple[int, int]], results: list[dict], chunks: list
     return clean_lp, clean_acc, abl_lp, abl_acc
 
 
-def _report_non_finite(model, task: TaskBatch, chunks: list[range], clean_lp: Tensor, abl_lp: Tensor,
+def _report_non_finite(model: HookedVLM, task: TaskBatch, chunks: list[range], clean_lp: Tensor, abl_lp: Tensor,
                        layers: list[int]) -> None:
     """Warn about NaN answer metrics: the unablated run (located in the model), else ablated heads."""
     bad_rows = clean_lp.isnan().nonzero().flatten().tolist()
@@ -222,7 +222,7 @@ class CleanChunk:
             self.answers)
         self.stacked: dict[int, RunState] = {}  # copies -> the chunk's run state stacked that often
 
-    def copies_metrics(self, model, layer: int, hooks: list, copies: int,
+    def copies_metrics(self, model: HookedVLM, layer: int, hooks: list, copies: int,
                        resume: bool = True) -> tuple[list[Tensor], list[Tensor]]:
         """Answer log-prob and accuracy [n_rows] of each of `copies` copies of the chunk, run with `hooks`
         (each copy ablating its own unit of `layer`): resumed from the clean residual entering `layer`,
@@ -257,7 +257,7 @@ class _CleanChunk(CleanChunk):
         self.slot_ids = reference.slot_ids(self.inputs) if reference is not None else None
         self.partners = None if partners is None else [partners[r] for r in rows]
 
-    def ablate_layer(self, model, method: str, layer: int, heads_per_pass: int, resume: bool) -> dict:
+    def ablate_layer(self, model: HookedVLM, method: str, layer: int, heads_per_pass: int, resume: bool) -> dict:
         """Answer log-prob and accuracy [n_rows] with each head of `layer` ablated alone, head by head."""
         n_heads = model.cfg.heads_at(layer)
         values = replacement_values(model, method, layer, self.inputs, self.reference, self.partners, self.slot_ids)

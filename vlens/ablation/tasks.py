@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Int
@@ -28,6 +28,10 @@ from vlens.core.processing import image_refusal
 from vlens.data import TASKS, make_task_sample
 from vlens.datasets import DatasetError, load_record_images
 from vlens.utils.errors import UserInputError
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 DEFAULT_STYLE = "synpoly"
 # Reference seeds start here (evaluation seeds are seed, seed + 1, ...): disjoint by construction,
@@ -85,7 +89,7 @@ class TaskBatch:
                                  f"{len(ids)} tokens {ids}; use answer_tokens")
         return torch.tensor([a[0] for a in self.answer_tokens], dtype=torch.long)
 
-    def inputs(self, model, rows: Sequence[int] | range) -> VLMInputs:
+    def inputs(self, model: HookedVLM, rows: Sequence[int] | range) -> VLMInputs:
         """`VLMInputs` (left-padded) for the given example rows, each answer teacher-forced but its
         last token (the last len(answer) positions predict the answer; single tokens add nothing)."""
         rows = list(rows)
@@ -107,7 +111,7 @@ class TaskBatch:
         )
 
 
-def answer_token_ids(model, answers: Sequence[str], chat: bool = True) -> list[list[int]]:
+def answer_token_ids(model: HookedVLM, answers: Sequence[str], chat: bool = True) -> list[list[int]]:
     """Each answer's token ids as the model would generate them (`vlens.core.answers.answer_ids`).
 
     Raises:
@@ -132,7 +136,7 @@ def canonical_task_name(name: str) -> str:
     return task if style == DEFAULT_STYLE else f"{task}@{style}"
 
 
-def build_task_batch(model, name: str, n: int, seed: int = 0, image_size: int = 224,
+def build_task_batch(model: HookedVLM, name: str, n: int, seed: int = 0, image_size: int = 224,
                      reference: bool = False) -> TaskBatch:
     """`n` examples of a task-suite task, deterministic in (name, n, seed, image_size).
 
@@ -154,7 +158,7 @@ def build_task_batch(model, name: str, n: int, seed: int = 0, image_size: int = 
     return TaskBatch(label, prompts, images, answers, answer_token_ids(model, answers), records)
 
 
-def dataset_task_batches(model, dataset, n_examples: int, n_reference: int,
+def dataset_task_batches(model: HookedVLM, dataset, n_examples: int, n_reference: int,
                          name: str | None = None) -> tuple[TaskBatch, TaskBatch]:
     """A real dataset (:func:`vlens.datasets.load_dataset`) as one task: (evaluation, reference).
 

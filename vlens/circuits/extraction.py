@@ -21,7 +21,7 @@ the pairs (the ratio of resampled means).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -40,6 +40,10 @@ from vlens.utils.finite import json_safe
 from vlens.utils.results import Result
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.optional import require_plotly
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 LEVEL = 0.95
 
@@ -244,7 +248,7 @@ class CircuitSettings:
         ranked(torch.zeros(1), self.rank_by)  # refuses an unknown rank_by
 
 
-def extract_circuit(model, pairs: Any, scores: EdgeScores | None = None, target: float | None = 0.9,
+def extract_circuit(model: HookedVLM, pairs: Any, scores: EdgeScores | None = None, target: float | None = 0.9,
                     top_k: int | None = None, metric: MetricFn | None = None, settings: CircuitSettings | None = None,
                     options: SweepOptions | None = None) -> Circuit:
     """The smallest top-ranked edge set whose exact faithfulness reaches `target` (or the top `top_k`).

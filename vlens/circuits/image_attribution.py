@@ -22,7 +22,7 @@ gradients tend to M(corrupt) - M(clean) as m grows (the path's two ends).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from PIL import Image
@@ -45,11 +45,15 @@ from vlens.utils.results import Result
 from vlens.utils.validation import check_count
 from vlens.viz.image_attention import attention_tiles_figure
 
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
+
 ESTIMATES: tuple[str, ...] = ("gradient_x_input", "attribution_patching", "integrated_gradients")
 MAX_THUMBNAILS = 8  # pairs whose pictures a result keeps for its figure
 
 
-def _input_gradients(model, state: RunState, metric: CircuitMetric) -> tuple[Tensor, dict[int, Tensor], Tensor]:
+def _input_gradients(model: HookedVLM, state: RunState, metric: CircuitMetric) -> tuple[Tensor, dict[int, Tensor], Tensor]:
     """(dM/d resid_in [b, p, d], {layer: dM/d DeepStack features [n_tokens, d]}, M per pair)."""
     with torch.enable_grad():
         resid = state.resid.detach().requires_grad_(True)
@@ -94,7 +98,7 @@ def _token_positions(batch: PairBatch, image: int) -> tuple[Tensor, tuple[int, i
     return torch.stack(rows), grids.pop()
 
 
-def _exact_token_patches(model, state: RunState, corrupt: RunState, metric: CircuitMetric, positions: Tensor,
+def _exact_token_patches(model: HookedVLM, state: RunState, corrupt: RunState, metric: CircuitMetric, positions: Tensor,
                          max_batch: int) -> Tensor:
     """[n_pairs, n_tokens] the metric with one image token's inputs (embedding, DeepStack features)
     taken from the corrupt run; one copy of the batch per token, `max_batch` rows per forward."""
@@ -202,7 +206,7 @@ class ImageAttribution(Result):
         return figure.update_layout(title=f"attribution over the image, pair {self.pair_ids[pair]}")
 
 
-def image_attribution(model, pairs: Any, metric: MetricFn | None = None, ig_steps: int | None = None,
+def image_attribution(model: HookedVLM, pairs: Any, metric: MetricFn | None = None, ig_steps: int | None = None,
                       exact: bool = True, options: SweepOptions | None = None) -> ImageAttribution:
     """Per image-token attribution scores (see the module docstring) for every image of the pairs.
 

@@ -65,6 +65,8 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         processor: the HF processor, if known (needed by `prepare` and `generate` texts).
     """
 
+    hf_model: HFModule  # a plain attribute (set in __init__), not a submodule
+
     def __init__(self, hf_model: HFModule, processor: Any = None, adapter: AdapterSpec = None):
         super().__init__()
         self.adapter = resolve_adapter(adapter, hf_model)

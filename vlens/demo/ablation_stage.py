@@ -8,6 +8,7 @@ states each finding as stable across resamples only where both samples agree.
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING
 
 from vlens.ablation import AblationSettings, build_task_batch, cross_task_ablation, parse_task
 from vlens.ablation.stability import overlap_stability
@@ -16,6 +17,10 @@ from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
 from vlens.parallel.options import SweepOptions
 from vlens.utils.stats import format_share, p_number
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 TITLE = "Ablation: Jaccard overlap of important heads across tasks"
 EXPLANATION = ("Mean-ablate each head alone on each task and rank heads by the drop in the answer's log-probability; "
@@ -33,7 +38,7 @@ def task_description(name: str) -> str:
     return f"{style}; " + " | ".join(TEMPLATES[task])
 
 
-def ablation_section(model, settings: DemoSettings, progress: bool = True) -> Section:
+def ablation_section(model: HookedVLM, settings: DemoSettings, progress: bool = True) -> Section:
     n, size, seed = settings.ablation_examples, settings.image_size, settings.seed
     try:
         sets = {task: (build_task_batch(model, task, n, seed, size),

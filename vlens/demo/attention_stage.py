@@ -8,6 +8,8 @@ grid cell.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -21,16 +23,20 @@ from vlens.viz.circuits import attention_heads_view, token_labels
 from vlens.viz.figures import layer_head_heatmap
 from vlens.viz.image_attention import attention_tiles_figure, attention_to_image
 
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
+
 MAX_TILES = 16
 
 
-def _pattern_names(model) -> dict[int, str]:
+def _pattern_names(model: HookedVLM) -> dict[int, str]:
     """layer -> its hook_pattern, for the layers that have an attention pattern (not linear attention)."""
     return {layer: f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)
             if not model.cfg.is_linear_attention(layer)}
 
 
-def final_to_image_attention(model, inputs) -> Float[Tensor, "batch n_layers n_heads n_image_tokens"]:
+def final_to_image_attention(model: HookedVLM, inputs) -> Float[Tensor, "batch n_layers n_heads n_image_tokens"]:
     """Attention from each row's final position to its image tokens, every layer and head.
 
     Rows must have the same number of image tokens (same-size images). A linear-attention layer (a
@@ -54,7 +60,7 @@ def final_to_image_attention(model, inputs) -> Float[Tensor, "batch n_layers n_h
     return torch.stack(per_layer, dim=1)
 
 
-def image_attention_per_image(model, samples: list[CountingSample],
+def image_attention_per_image(model: HookedVLM, samples: list[CountingSample],
                               batch_size: int) -> Float[Tensor, "n_images n_layers n_heads"]:
     """The attention mass the final position puts on image tokens, per image, layer and head."""
     shares = []
@@ -65,7 +71,7 @@ def image_attention_per_image(model, samples: list[CountingSample],
     return torch.cat(shares)
 
 
-def image_attention_share(model, samples: list[CountingSample], batch_size: int) -> Float[Tensor, "n_layers n_heads"]:
+def image_attention_share(model: HookedVLM, samples: list[CountingSample], batch_size: int) -> Float[Tensor, "n_layers n_heads"]:
     """Mean over images of the attention mass the final position puts on image tokens."""
     return image_attention_per_image(model, samples, batch_size).mean(0)
 
@@ -77,7 +83,7 @@ def _example(samples: list[CountingSample]) -> CountingSample:
     return next(s for s in samples if s.count == median)
 
 
-def attention_sections(model, samples: list[CountingSample], settings: DemoSettings) -> list[Section]:
+def attention_sections(model: HookedVLM, samples: list[CountingSample], settings: DemoSettings) -> list[Section]:
     per_image = image_attention_per_image(model, samples, settings.batch_size)  # [n, L, H]
     share = per_image.mean(0)
     n_layers, n_heads = share.shape
@@ -116,11 +122,13 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
 
     example = _example(samples)
     inputs = model.prepare(images=[example.image], prompts=[example.question], chat=True)
+    regions = inputs.regions
+    assert regions is not None  # prepare() gives every row its token regions
     maps = final_to_image_attention(model, inputs)[0]  # [L, H, n_img]
     # the grid that covers the whole image (an anyres image's base view; no CLS token)
-    view = inputs.regions.image_view(0, 0)
-    maps = maps[..., torch.isin(inputs.regions.image[0].cpu(), view.positions.cpu())]
-    grid = tuple(view.grid)
+    view = regions.image_view(0, 0)
+    maps = maps[..., torch.isin(regions.image[0].cpu(), view.positions.cpu())]
+    grid = (int(view.grid[0]), int(view.grid[1]))
     heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads) if not share[layer, head].isnan()]
     if len(heads) > MAX_TILES:  # the most image-focused heads of the whole model
         heads = sorted(heads, key=lambda lh: -float(share[lh]))[:MAX_TILES]
@@ -151,8 +159,8 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
     with torch.no_grad():
         _, cache = model.run_with_cache(inputs, names_filter=lambda n: n == name, return_type=None)
     pattern = cache[name][0].float().cpu()  # [H, pos, pos]
-    views = [inputs.regions.image_view(0, i) for i in range(len(inputs.regions.images[0]))]
-    labels = token_labels(model.to_str_tokens(inputs.input_ids[0]), [v.positions for v in views],
+    views = [regions.image_view(0, i) for i in range(len(regions.images[0]))]
+    labels = token_labels(cast(list[str], model.to_str_tokens(inputs.input_ids[0])), [v.positions for v in views],
                           [v.grid for v in views])
     circuits_section = Section(
         key="attention_circuitsvis",
@@ -161,7 +169,7 @@ def attention_sections(model, samples: list[CountingSample], settings: DemoSetti
                      "image tokens are labelled img0[row,col] by grid cell — click a head to enlarge it."),
         html=attention_heads_view(pattern, labels, layer=top_layer),
         numbers={"layer": top_layer, "positions": len(labels),
-                 "image tokens": int(len(inputs.regions.image[0]))},
+                 "image tokens": int(len(regions.image[0]))},
         data={"tokens": labels},
     )
     return [share_section, overlay_section, circuits_section]

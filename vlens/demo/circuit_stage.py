@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from vlens.circuits import CircuitSettings, edge_attribution, extract_circuit
@@ -11,6 +13,10 @@ from vlens.demo.settings import DemoSettings
 from vlens.parallel.options import SweepOptions
 from vlens.patching import build_pair_batch, make_count_pairs
 from vlens.utils.stats import format_interval
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 CIRCUIT_TITLE = "The counting circuit: edges from image regions through heads and MLPs to the answer"
 CIRCUIT_EXPLANATION = (
@@ -24,7 +30,7 @@ CIRCUIT_EXPLANATION = (
 TOP_EDGES = 8  # edges listed in the section's numbers
 
 
-def circuit_sections(model, settings: DemoSettings, progress: bool = True) -> list[Section]:
+def circuit_sections(model: HookedVLM, settings: DemoSettings, progress: bool = True) -> list[Section]:
     pairs = make_count_pairs(settings.circuit_pairs, seed=settings.seed + 17, size=settings.image_size,
                              style=settings.style, counts=settings.counts)
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vlens.demo.data_stage import CountingSample
 from vlens.demo.report_sections import Section
 from vlens.demo.settings import DemoSettings
@@ -11,8 +13,12 @@ from vlens.parallel.options import SweepOptions
 from vlens.utils.stats import format_interval, wilson_interval
 from vlens.viz.figures import confusion_matrix_figure, count_accuracy_figure
 
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
 
-def evaluate_counting(model, samples: list[CountingSample], settings: DemoSettings, backend=None,
+
+
+def evaluate_counting(model: HookedVLM, samples: list[CountingSample], settings: DemoSettings, backend=None,
                       progress: bool = True):
     """`vlens.evaluation.evaluate` on the counting images (greedy answers, parsed as counts).
 
@@ -29,7 +35,7 @@ def evaluate_counting(model, samples: list[CountingSample], settings: DemoSettin
                     options=SweepOptions(batch_size=settings.batch_size, progress=progress))
 
 
-def counting_sections(model, samples: list[CountingSample], settings: DemoSettings,
+def counting_sections(model: HookedVLM, samples: list[CountingSample], settings: DemoSettings,
                       progress: bool = True) -> list[Section]:
     """Generate an answer for every counting image, parse it, score it per true count."""
     result = evaluate_counting(model, samples, settings, progress=progress)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -16,6 +16,10 @@ from vlens.parallel.options import SweepOptions
 from vlens.patching import spearman
 from vlens.utils.stats import bootstrap_interval, format_interval
 from vlens.viz.geometry import pca, representation_geometry_figure, tsne
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 
 def count_alignment(projected: Float[Tensor, "n 2"], counts: list[int]) -> float:
@@ -73,7 +77,7 @@ def separation_finding(hits: Tensor, counts: list[int], seed: int = 0) -> dict:
     return out
 
 
-def geometry_sections(model, samples: list[CountingSample], settings: DemoSettings) -> list[Section]:
+def geometry_sections(model: HookedVLM, samples: list[CountingSample], settings: DemoSettings) -> list[Section]:
     residuals = collect_residuals(model, [(s.image, s.question, s.record) for s in samples], positions="final",
                                   options=SweepOptions(batch_size=settings.batch_size, progress=False)
                                   ).transpose(0, 1)  # [L, n, d]

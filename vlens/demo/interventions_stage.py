@@ -12,12 +12,17 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vlens.demo.report_sections import Section
 from vlens.utils.errors import UserInputError
 from vlens.utils.provenance import same_weights
 from vlens.utils.stats import spread
 from vlens.viz.optional import require_plotly
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 STORED_FILES = ("interventions.json", "study.json")
 TITLE = "Interventions: baseline / +SFT / +SFT+L_focus / +SFT+L_focus+beta"
@@ -99,7 +104,7 @@ def temperature_note(raw) -> str:
             f"{'; '.join(parts)}.")
 
 
-def provenance_note(raw, model=None) -> str:
+def provenance_note(raw, model: HookedVLM | None = None) -> str:
     """Says that a stored table is stored (not re-measured here), when and on which weights it was measured."""
     stored = raw.get("provenance") if isinstance(raw, Mapping) else None
     if not stored:
@@ -114,7 +119,7 @@ def provenance_note(raw, model=None) -> str:
     return f" Stored table, not re-measured by this run: {when}{commit}, {weights}."
 
 
-def _section_from_rows(rows: list[dict], source: str, raw, model=None) -> Section:
+def _section_from_rows(rows: list[dict], source: str, raw, model: HookedVLM | None = None) -> Section:
     go = require_plotly()
     columns = _accuracy_columns(rows)
     spreads = seed_spread(raw)
@@ -181,7 +186,7 @@ def find_stored(model_dir: Path | None) -> Path | None:
     return next((model_dir / name for name in STORED_FILES if (model_dir / name).is_file()), None)
 
 
-def interventions_section(model_dir: Path | None, stored: Path | None = None, model=None) -> Section:
+def interventions_section(model_dir: Path | None, stored: Path | None = None, model: HookedVLM | None = None) -> Section:
     """The stored interventions table, or a skipped section naming where it looked and how to measure one.
 
     model: the model under study; the section says whether the stored table was measured on its weights.

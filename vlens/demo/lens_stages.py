@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vlens.core.answers import answer_ids
 from vlens.demo.data_stage import CountingSample
@@ -17,6 +18,10 @@ from vlens.lens.taxonomy import classify_heads
 from vlens.lens.translators import LensTraining, Translators, train_translators
 from vlens.parallel.options import SweepOptions
 from vlens.utils.stats import format_interval, format_share
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 LENS_SEED_OFFSET = 1_000_003  # translator-training samples never coincide with scored samples
 SHIPPED_LENS_DIR = "lens"  # a trained lens shipped next to the model weights, if any
@@ -33,7 +38,7 @@ HEADLENS_EXPLANATION = ("Each head's output at the final position decoded throug
                         "(columns defined under it; ? on the map: unstable).")
 
 
-def logit_lens_section(model, samples: list[CountingSample], settings: DemoSettings) -> Section:
+def logit_lens_section(model: HookedVLM, samples: list[CountingSample], settings: DemoSettings) -> Section:
     answers = [s.answer for s in samples]
     try:  # multi-token answers ("12" -> "1", "2") are scored whole (vlens.core.answers)
         tokens = [answer_ids(model, a, example=f"count-{i}") for i, a in enumerate(answers)]
@@ -65,7 +70,7 @@ def logit_lens_section(model, samples: list[CountingSample], settings: DemoSetti
                                                                         "low": low.tolist(), "high": high.tolist()}})
 
 
-def _translators(model, settings: DemoSettings, lens_dir: Path | None, progress: bool):
+def _translators(model: HookedVLM, settings: DemoSettings, lens_dir: Path | None, progress: bool):
     """A shipped lens when the model folder has one, else translators trained for a few steps."""
     if lens_dir is not None and (lens_dir / "config.json").is_file():
         return Translators.load(lens_dir, model=model), {"source": str(lens_dir)}
@@ -115,7 +120,7 @@ def class_statement(taxonomy) -> str:
     return "; ".join(parts)
 
 
-def headlens_section(model, settings: DemoSettings, lens_dir: Path | None = None, progress: bool = True) -> Section:
+def headlens_section(model: HookedVLM, settings: DemoSettings, lens_dir: Path | None = None, progress: bool = True) -> Section:
     translators, lens_info = _translators(model, settings, lens_dir, progress)
     samples = task_samples(settings.headlens_samples, seed=settings.seed, size=settings.image_size)
     scores = compute_head_scores(model, samples, HeadLens(model, translators),

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vlens.demo.report_sections import Section
 
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
 
-def model_summary(model, model_name: str) -> dict:
+
+
+def model_summary(model: HookedVLM, model_name: str) -> dict:
     """Plain numbers describing the model (also the `model` entry of results.json)."""
     cfg = model.cfg
     n_params = sum(p.numel() for p in model.parameters())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
@@ -10,6 +12,10 @@ from vlens.demo.settings import DemoSettings
 from vlens.parallel.options import SweepOptions
 from vlens.patching import build_pair_batch, make_count_pairs, patch_layer_head, patch_layer_region
 from vlens.utils.stats import bootstrap_counts, format_interval, format_share
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 VAP_TITLE = "VAP: overwrite rate per layer and region"
 VAP_EXPLANATION = ("Patch the corrupt image's residual (entering each layer) into the clean run at the image, text, "
@@ -84,7 +90,7 @@ def top_head_share(result, n_resamples: int = 1000, seed: int = 0) -> Tensor:
     return (torch.bincount(leaders, minlength=flat.shape[1]).double() / n_resamples).reshape(draws.shape[1:])
 
 
-def patching_sections(model, settings: DemoSettings, progress: bool = True) -> list[Section]:
+def patching_sections(model: HookedVLM, settings: DemoSettings, progress: bool = True) -> list[Section]:
     try:
         pairs = make_count_pairs(settings.n_pairs, seed=settings.seed, size=settings.image_size,
                                  style=settings.style, counts=settings.counts)

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -47,6 +48,10 @@ from torch import Tensor
 
 from vlens.core.architectures.base import points_to_box_grid
 from vlens.utils.errors import UserInputError
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 # Qwen2.5-VL-7B (28 layers): layer 2 and the routing layers 18-22 (docs/method.md, section 7)
 PAPER_FOCUS_LAYERS: tuple[int, ...] = (2, 18, 19, 20, 21, 22)
@@ -77,7 +82,7 @@ def default_focus_layers(n_layers: int, softmax_layers: Sequence[int] | None = N
     return sorted(mapped)
 
 
-def model_focus_layers(model) -> list[int]:
+def model_focus_layers(model: HookedVLM) -> list[int]:
     """`default_focus_layers` for `model`, on its softmax-attention layers where it has linear ones."""
     cfg = model.cfg
     softmax = [x for x in range(cfg.n_layers) if not cfg.is_linear_attention(x)] if cfg.linear_attention_layers \
@@ -157,7 +162,7 @@ class FocusPrior:
 
 
 def focus_prior(
-    inputs, objects: Sequence[Sequence[ImageObjects] | None], sigma: float = 1.0, model=None
+    inputs, objects: Sequence[Sequence[ImageObjects] | None], sigma: float = 1.0, model: HookedVLM | None = None
 ) -> FocusPrior:
     """Build g for a batch of `VLMInputs` (with regions).
 
@@ -282,7 +287,7 @@ def focus_loss(
 
 @contextmanager
 def capture_patterns(
-    model, layers: Sequence[int], query_positions: Int[Tensor, "batch"] | Int[Tensor, "batch t"]
+    model: HookedVLM, layers: Sequence[int], query_positions: Int[Tensor, "batch"] | Int[Tensor, "batch t"]
 ) -> Iterator[dict[int, Tensor]]:
     """Hook `hook_pattern` of `layers` only; yields layer -> [batch, T, heads, key] rows of the
     query positions, filled by the next forward (gradients flow through them).
@@ -313,7 +318,7 @@ def capture_patterns(
 
 
 def run_with_focus(
-    model,
+    model: HookedVLM,
     inputs,
     prior: FocusPrior,
     layers: Sequence[int] | None = None,

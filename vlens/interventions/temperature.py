@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -53,6 +53,10 @@ from vlens.utils.results import Result
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.figures import layer_head_heatmap
 from vlens.viz.optional import require_plotly
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 Head = tuple[int, int]
 NORMALISATIONS = ("max", "mean", "none")
@@ -140,7 +144,7 @@ class HeadTemperature(Result):
                            "to sharpen; left unchanged", heads, "is" if len(heads.split(", ")) == 1 else "are")
         return [layer for layer in self.layers if layer not in skipped]
 
-    def hooks(self, model) -> list[tuple[str, Callable]]:
+    def hooks(self, model: HookedVLM) -> list[tuple[str, Callable]]:
         """`[(hook name, fn)]` on `hook_attn_scores` of every target layer with softmax attention."""
         self._check(model.cfg.n_layers)
         out = []
@@ -155,12 +159,12 @@ class HeadTemperature(Result):
         return out
 
     @contextmanager
-    def applied(self, model) -> Iterator[None]:
+    def applied(self, model: HookedVLM) -> Iterator[None]:
         """Temperature on for the `with` block only (removed on exit, also on error)."""
         with model.hooks(fwd_hooks=self.hooks(model)):
             yield
 
-    def attach(self, model) -> TemperatureHandle:
+    def attach(self, model: HookedVLM) -> TemperatureHandle:
         """Persistent mode: the hooks stay until `handle.remove()` (they survive model.reset_hooks())."""
         handles = []
         for name, fn in self.hooks(model):

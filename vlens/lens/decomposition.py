@@ -18,6 +18,8 @@ norm's effective weight, and the shares plus ``w * b_O / s`` sum to ``hook_attn_
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import einops
 import torch
 from jaxtyping import Float
@@ -25,6 +27,10 @@ from torch import Tensor
 
 from vlens.core.components.sandwich_block import post_norm_shares
 from vlens.utils.errors import UserInputError
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 
 def head_contributions(
@@ -55,12 +61,12 @@ def flat_W_O(W_O: Float[Tensor, "n_heads d_head d_model"]) -> Float[Tensor, "hd 
     return einops.rearrange(W_O, "h d m -> (h d) m")
 
 
-def attention_post_norm(model, layer: int):
+def attention_post_norm(model: HookedVLM, layer: int):
     """The norm block `layer` applies to its attention output before the residual (``ln1_post``), or None."""
     return getattr(model.blocks[layer], "ln1_post", None)
 
 
-def _post_norm_scale(model, cache, layer: int):
+def _post_norm_scale(model: HookedVLM, cache, layer: int):
     norm = attention_post_norm(model, layer)
     if norm is None:
         return None, None
@@ -71,7 +77,7 @@ def _post_norm_scale(model, cache, layer: int):
     return norm, cache[name]
 
 
-def layer_head_contributions(model, cache, layer: int) -> Float[Tensor, "batch pos n_heads d_model"]:
+def layer_head_contributions(model: HookedVLM, cache, layer: int) -> Float[Tensor, "batch pos n_heads d_model"]:
     """Head contributions of one layer to ``hook_attn_out`` from a cache holding ``blocks.{layer}.attn.hook_z``
     (and ``blocks.{layer}.ln1_post.hook_scale`` where the block normalizes its attention output)."""
     name = f"blocks.{layer}.attn.hook_z"
@@ -82,7 +88,7 @@ def layer_head_contributions(model, cache, layer: int) -> Float[Tensor, "batch p
     return contributions if norm is None else post_norm_shares(contributions, norm, scale)
 
 
-def layer_bias_contribution(model, cache, layer: int) -> Float[Tensor, "... d_model"]:
+def layer_bias_contribution(model: HookedVLM, cache, layer: int) -> Float[Tensor, "... d_model"]:
     """What ``hook_attn_out`` holds besides the heads: ``b_O``, or ``w * b_O / scale`` through a post norm."""
     b_O = model.blocks[layer].attn.b_O
     norm, scale = _post_norm_scale(model, cache, layer)

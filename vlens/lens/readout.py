@@ -10,10 +10,15 @@ its lm_head (``W_U`` here is lm_head's own, without ``w``; ``model.W_U`` has ``w
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 UNEMBED_HASH_CHARS = 16
 
@@ -48,7 +53,7 @@ class LensReadout:
         self.eps = eps
 
     @classmethod
-    def from_model(cls, model) -> LensReadout:
+    def from_model(cls, model: HookedVLM) -> LensReadout:
         """The final RMSNorm (weight ``model.unembed.ln_final_w``, ``model.ln_final.eps``) and lm_head."""
         # the weight the normalized residual is multiplied by (1 + w for Gemma's offset norm)
         weight = getattr(model.unembed, "final_norm_weight", getattr(model.unembed, "ln_final_w", None))

@@ -23,7 +23,7 @@ import math
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -41,6 +41,10 @@ from vlens.utils.provenance import stamp
 from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.optional import require_plotly
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "translators.safetensors"
@@ -69,7 +73,7 @@ class Translators(nn.Module):
         self.provenance: dict | None = None  # how a loaded lens was made (vlens.utils.provenance)
 
     @classmethod
-    def for_model(cls, model) -> Translators:
+    def for_model(cls, model: HookedVLM) -> Translators:
         """Identity translators for `model`, stamped with its name and unembedding hash."""
         cfg = model.cfg
         info = {"model_name": cfg.model_name or cfg.architecture, "unembed_hash": unembedding_hash(model)}
@@ -98,7 +102,7 @@ class Translators(nn.Module):
         return h + torch.einsum("...lj,lij->...li", h, self.A) + self.b
 
     # ---------------------------------------------------------------- checks
-    def check_model(self, model) -> None:
+    def check_model(self, model: HookedVLM) -> None:
         """Raise `LensMismatchError` unless this lens was made for `model`."""
         cfg = model.cfg
         if (cfg.n_layers, cfg.d_model) != (self.n_layers, self.d_model):
@@ -136,7 +140,7 @@ class Translators(nn.Module):
                 "d_model": self.d_model, **self.info}
 
     @classmethod
-    def load(cls, folder: str | Path, model=None, device=None) -> Translators:
+    def load(cls, folder: str | Path, model: HookedVLM | None = None, device=None) -> Translators:
         """Read a saved lens (its folder, or the folder's config.json); with `model`, check it belongs
         to that model (`LensMismatchError`)."""
         folder = Path(folder)
@@ -178,7 +182,7 @@ class TunedLens(Lens):
         self.readout = readout
 
     @classmethod
-    def from_model(cls, model, translators: Translators | None = None) -> TunedLens:
+    def from_model(cls, model: HookedVLM, translators: Translators | None = None) -> TunedLens:
         """A lens for `model`: `translators` (checked against its unembedding) or identity ones."""
         if translators is None:
             translators = Translators.for_model(model)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -32,6 +32,10 @@ from vlens.core.inputs import VLMInputs
 from vlens.utils.errors import UserInputError
 from vlens.utils.results import Result
 from vlens.viz.routing import routing_figure
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 REGIONS: tuple[str, ...] = ("image", "text")
 
@@ -152,7 +156,7 @@ class RoutingStatistics(Result):
         return "\n".join(lines)
 
 
-def routing_statistics(model, batches: Iterable[VLMInputs], progress: bool = True) -> RoutingStatistics:
+def routing_statistics(model: HookedVLM, batches: Iterable[VLMInputs], progress: bool = True) -> RoutingStatistics:
     """Count, per MoE layer, which experts the image and the text tokens of `batches` are routed to.
 
     batches: `VLMInputs` (e.g. `model.prepare(images=..., prompts=...)`), each with token regions.

@@ -95,7 +95,7 @@ def ablation_study(
     return report
 
 
-def tasks_with_datasets(model, names: Sequence[str], datasets: Sequence, n_examples: int, n_reference: int,
+def tasks_with_datasets(model: HookedVLM, names: Sequence[str], datasets: Sequence, n_examples: int, n_reference: int,
                         seed: int = 0, image_size: int = 224) -> dict[str, tuple[TaskBatch, TaskBatch]]:
     """{task: (evaluation, reference)}: the task-suite tasks `names`, then one task per real dataset
     (`vlens.datasets.load_dataset` results), named after its file (repeated names get a number)."""

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from tqdm.auto import tqdm
 
@@ -42,6 +42,10 @@ from vlens.utils.provenance import provenance, stamp
 from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_count
 from vlens.viz.optional import require_plotly
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 CONDITIONS: dict[str, str] = {
     "baseline": "baseline",
@@ -156,7 +160,7 @@ def evaluation_sets(settings: StudySettings) -> dict[str, list[tuple]]:
 
 
 def evaluate_sets(
-    model,
+    model: HookedVLM,
     sets: dict[str, list[tuple]],
     fwd_hooks: Sequence = (),
     batch_size: int = 50,
@@ -195,7 +199,7 @@ def evaluate_sets(
     return results
 
 
-def head_importance(model, settings: StudySettings, seed: int, progress: bool = True):
+def head_importance(model: HookedVLM, settings: StudySettings, seed: int, progress: bool = True):
     """Mean-ablation log-prob drop per head on held-out SynDot + SynPoly counting."""
     n = settings.importance_examples
     base = IMPORTANCE_SEED_BASE + 10_000 * seed

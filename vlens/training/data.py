@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Int
@@ -27,6 +28,10 @@ from vlens.datasets import load_record_images, read_imagefolder_dataset
 from vlens.interventions.focus import FocusPrior, ImageObjects, focus_prior, objects_from_record
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import check_count
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 IGNORE_INDEX = -100
 
@@ -94,7 +99,7 @@ class SFTBatch:
     prior: FocusPrior | None
 
 
-def answer_ids(model, prompt: str, answer: str, example: str = "?") -> list[int]:
+def answer_ids(model: HookedVLM, prompt: str, answer: str, example: str = "?") -> list[int]:
     """The ids the answer and the end-of-turn token (tokenizer.eos_token) get *after this prompt*.
 
     vlens's answer rule (`vlens.core.answers.answer_ids` with the prompt as context, so tokenizers
@@ -112,7 +117,7 @@ def example_name(example: SFTExample, index: int) -> str:
     return str(meta.get("seed", index))
 
 
-def check_answers(model, examples: Sequence[SFTExample]) -> None:
+def check_answers(model: HookedVLM, examples: Sequence[SFTExample]) -> None:
     """Tokenise every answer before training (tokenizer only, no forward): an answer the tokenizer
     cannot express fails now, naming its example, not at the step whose batch first holds it."""
     for index, example in enumerate(examples):
@@ -120,7 +125,7 @@ def check_answers(model, examples: Sequence[SFTExample]) -> None:
         answer_ids(model, prompt, escape_special_tokens(model.tokenizer, example.answer), example_name(example, index))
 
 
-def collate(model, examples: Sequence[SFTExample], sigma: float = 1.0, with_prior: bool = True) -> SFTBatch:
+def collate(model: HookedVLM, examples: Sequence[SFTExample], sigma: float = 1.0, with_prior: bool = True) -> SFTBatch:
     """Tokenise and pad a batch (left padding, as `model.prepare`)."""
     if not examples:
         raise UserInputError("collate got no examples")

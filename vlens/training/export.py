@@ -17,6 +17,7 @@ import copy
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -26,11 +27,15 @@ from vlens.training.lora import ADAPTER_NAME, add_lora, has_lora, lora_config, l
 from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_folder
 
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
+
 PEFT_PREFIX = "base_model.model."
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def hf_names(model) -> dict[str, str]:
+def hf_names(model: HookedVLM) -> dict[str, str]:
     """Our LoRA module name -> the HF module name of its base layer."""
     by_id = {id(module): name for name, module in model.hf_model.named_modules()}
     names = {}
@@ -42,7 +47,7 @@ def hf_names(model) -> dict[str, str]:
     return names
 
 
-def _hf_config(model, base_model_name_or_path: str | None):
+def _hf_config(model: HookedVLM, base_model_name_or_path: str | None):
     config = copy.deepcopy(lora_config(model))
     # exact HF names: a bare "q_proj" would also match e.g. a CLIP vision tower's projections
     config.target_modules = "|".join(re.escape(name) for name in sorted(hf_names(model).values()))
@@ -51,7 +56,7 @@ def _hf_config(model, base_model_name_or_path: str | None):
     return config
 
 
-def adapter_state_dict(model) -> dict[str, torch.Tensor]:
+def adapter_state_dict(model: HookedVLM) -> dict[str, torch.Tensor]:
     """peft-format tensors with HF names: `base_model.model.<hf name>.lora_A.weight`, ..."""
     names = hf_names(model)
     out = {}
@@ -62,7 +67,7 @@ def adapter_state_dict(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_adapters(model, folder: str | Path, base_model_name_or_path: str | None = None,
+def save_adapters(model: HookedVLM, folder: str | Path, base_model_name_or_path: str | None = None,
                   overwrite: bool = False) -> Path:
     """Write the adapters in peft format for the plain HF model; returns the folder.
 
@@ -75,7 +80,7 @@ def save_adapters(model, folder: str | Path, base_model_name_or_path: str | None
     return Path(folder)
 
 
-def load_adapters(model, folder: str | Path):
+def load_adapters(model: HookedVLM, folder: str | Path):
     """Load a peft adapter folder saved for this model's HF architecture into a `HookedVLM`.
 
     Injects LoRA with the folder's rank/alpha/dropout when the model has none yet. Returns the model.
@@ -121,7 +126,7 @@ def load_adapters(model, folder: str | Path):
     return model
 
 
-def _hf_module_to_ours(model) -> dict[str, str]:
+def _hf_module_to_ours(model: HookedVLM) -> dict[str, str]:
     """HF decoder attention projection name -> our name (via the shared nn.Linear)."""
     by_id = {}
     for layer, block in enumerate(model.blocks):
@@ -134,7 +139,7 @@ def _hf_module_to_ours(model) -> dict[str, str]:
     return {name: by_id[id(m)] for name, m in model.hf_model.named_modules() if id(m) in by_id}
 
 
-def merged_state_dict(model) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: HookedVLM) -> dict[str, torch.Tensor]:
     """The HF model's state dict with every adapter merged: W + (alpha / r) * B @ A."""
     state = {k: v.detach() for k, v in model.hf_model.state_dict().items()}
     names = hf_names(model)
@@ -147,7 +152,7 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_merged(model, folder: str | Path, save_processor: bool = True, overwrite: bool = False) -> Path:
+def save_merged(model: HookedVLM, folder: str | Path, save_processor: bool = True, overwrite: bool = False) -> Path:
     """A merged HF checkpoint (`from_pretrained` loads it with plain transformers).
 
     Written whole or not at all (`vlens.utils.fileio.atomic_folder`): a failure leaves an existing
@@ -158,7 +163,7 @@ def save_merged(model, folder: str | Path, save_processor: bool = True, overwrit
     return Path(folder)
 
 
-def _write_merged(model, folder: Path, save_processor: bool) -> None:
+def _write_merged(model: HookedVLM, folder: Path, save_processor: bool) -> None:
     model.hf_model.save_pretrained(str(folder), state_dict=merged_state_dict(model))
     processor = model.processor
     if save_processor and processor is not None and hasattr(processor, "save_pretrained"):

@@ -9,11 +9,15 @@ module, so the HF model stays clean (and its frozen base weights stay shared).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from vlens.utils.errors import UserInputError
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 ATTENTION_PROJECTIONS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 ADAPTER_NAME = "default"
@@ -28,7 +32,7 @@ def lora_target_regex(
 
 
 def add_lora(
-    model,
+    model: HookedVLM,
     rank: int = 64,
     alpha: float | None = None,
     dropout: float = 0.0,
@@ -65,23 +69,23 @@ def add_lora(
     return config
 
 
-def has_lora(model) -> bool:
+def has_lora(model: HookedVLM) -> bool:
     return bool(lora_layers(model))
 
 
-def lora_layers(model) -> dict[str, Any]:
+def lora_layers(model: HookedVLM) -> dict[str, Any]:
     """Our module name -> peft LoRA layer (e.g. "blocks.0.attn.q_proj")."""
     from peft.tuners.lora import LoraLayer
 
     return {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
 
 
-def lora_parameters(model) -> dict[str, nn.Parameter]:
+def lora_parameters(model: HookedVLM) -> dict[str, nn.Parameter]:
     """Trainable LoRA parameters by name (stable order: the module tree's)."""
     return {name: p for name, p in model.named_parameters() if ".lora_" in name}
 
 
-def lora_config(model):
+def lora_config(model: HookedVLM):
     """The `LoraConfig` peft stored on the model."""
     config = getattr(model, "peft_config", {}).get(ADAPTER_NAME)
     if config is None:

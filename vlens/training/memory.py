@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
@@ -21,11 +22,15 @@ from torch.utils.checkpoint import checkpoint
 from vlens.training.data import IGNORE_INDEX
 from vlens.utils.errors import UserInputError
 
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
+
 # "auto" checkpoints models at least this wide: every 7-8B decoder (3584 / 4096), not the tiny ones
 AUTO_CHECKPOINT_MIN_D_MODEL = 1024
 
 
-def use_checkpointing(setting: str | bool, model) -> bool:
+def use_checkpointing(setting: str | bool, model: HookedVLM) -> bool:
     """Resolve the ``gradient_checkpointing`` setting ("auto", True, False) for ``model``."""
     if setting == "auto":
         return int(model.cfg.d_model) >= AUTO_CHECKPOINT_MIN_D_MODEL
@@ -35,7 +40,7 @@ def use_checkpointing(setting: str | bool, model) -> bool:
 
 
 @contextmanager
-def gradient_checkpointing(model, enabled: bool = True) -> Iterator[None]:
+def gradient_checkpointing(model: HookedVLM, enabled: bool = True) -> Iterator[None]:
     """Checkpoint every decoder block of ``model`` while training inside the block.
 
     Only forwards that need gradients are checkpointed (``torch.is_grad_enabled()`` and no KV
@@ -53,7 +58,7 @@ def gradient_checkpointing(model, enabled: bool = True) -> Iterator[None]:
                 return _original(resid, cos, sin, masks, kv_cache, deepstack=deepstack)
             return checkpoint(_original, resid, cos, sin, masks, None, deepstack=deepstack, use_reentrant=False)
 
-        block.forward = checkpointed
+        block.forward = checkpointed  # type: ignore[method-assign]
         originals.append(block)
     try:
         yield
@@ -68,7 +73,7 @@ def answer_positions(labels: Int[Tensor, "batch seq"]) -> Int[Tensor, "n 2"]:
 
 
 def answer_only_loss(
-    model, resid: Float[Tensor, "batch seq d_model"], labels: Int[Tensor, "batch seq"]
+    model: HookedVLM, resid: Float[Tensor, "batch seq d_model"], labels: Int[Tensor, "batch seq"]
 ) -> Float[Tensor, ""]:
     """Mean cross-entropy over answer tokens from the final residual stream (the last block's
     output, before the final norm: ``model(inputs, stop_at_layer=model.cfg.n_layers)``).

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from tqdm.auto import tqdm
@@ -42,6 +42,10 @@ from vlens.utils.errors import UserInputError
 from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.optional import require_plotly
+
+if TYPE_CHECKING:
+    from vlens.core.model import HookedVLM
+
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -195,7 +199,7 @@ def query_positions(batch: SFTBatch, mode: str) -> torch.Tensor:
     return torch.maximum(positions[None, :].expand(len(n_answer), -1), first)
 
 
-def _sft_loss(model, batch: SFTBatch, config: SFTConfig) -> torch.Tensor:
+def _sft_loss(model: HookedVLM, batch: SFTBatch, config: SFTConfig) -> torch.Tensor:
     if config.answer_only_logits:
         return answer_only_loss(model, model(batch.inputs, stop_at_layer=model.cfg.n_layers), batch.labels)
     return answer_loss(model(batch.inputs), batch.labels)
@@ -203,7 +207,7 @@ def _sft_loss(model, batch: SFTBatch, config: SFTConfig) -> torch.Tensor:
 
 @contextmanager
 def micro_batch(
-    model, batch: SFTBatch, config: SFTConfig, layers: Sequence[int], autocast=None
+    model: HookedVLM, batch: SFTBatch, config: SFTConfig, layers: Sequence[int], autocast=None
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
     """(L_SFT, L_focus or None) of one micro-batch; call ``backward`` inside the ``with``.
 
@@ -226,7 +230,7 @@ def micro_batch(
 
 
 def batch_losses(
-    model, batch: SFTBatch, config: SFTConfig, layers: Sequence[int]
+    model: HookedVLM, batch: SFTBatch, config: SFTConfig, layers: Sequence[int]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(L_SFT, L_focus or None) of one micro-batch, for evaluation (no backward: the hooks are gone
     on return; train through :func:`micro_batch`)."""
@@ -235,7 +239,7 @@ def batch_losses(
 
 
 def train_sft(
-    model,
+    model: HookedVLM,
     examples: Sequence[SFTExample],
     config: SFTConfig | None = None,
     out_dir: str | Path = "sft_out",
