@@ -12,7 +12,10 @@ from typing import cast
 
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
-from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLTextConfig, Qwen2_5_VLVisionConfig
+from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import (
+    Qwen2_5_VLTextConfig,
+    Qwen2_5_VLVisionConfig,
+)
 
 from vlens.utils.errors import UserInputError
 
@@ -65,7 +68,7 @@ def grown_layer_positions(old_layers: int, new_layers: int) -> list[int]:
     """Where the old decoder layers sit in the grown stack: spread evenly, so the new
     identity layers interleave with them (4 -> 8: 0, 2, 4, 6)."""
     if new_layers <= old_layers:
-        raise ValueError(f"grow the decoder to more than its {old_layers} layers, got {new_layers}")
+        raise UserInputError(f"grow the decoder to more than its {old_layers} layers, got {new_layers}")
     return [index * new_layers // old_layers for index in range(old_layers)]
 
 
