@@ -61,6 +61,10 @@ def test_quick_demo_writes_every_section_in_order(demo_run):
     titles = re.findall(r"<h2>(.*?)</h2>", page)
     assert titles == [html.escape(results["sections"][key]["title"]) for key in SECTION_KEYS]
     assert set(results["timings_s"]) >= {"counting evaluation", "visual activation patching", "total"}
+    assert set(results["cpu_s"]) == set(results["timings_s"]) - {"total"}
+    wall = results["wall_s"]  # what the command printed: since it started, imports included
+    assert wall["since_the_command_started"] == pytest.approx(wall["stages"] + wall["before_the_stages"], abs=0.01)
+    assert wall["stages"] == results["timings_s"]["total"] and wall["before_the_stages"] > 0
     provenance = results["provenance"]  # how the report was made (vlens.utils.provenance)
     assert provenance["command"] == "demo" and provenance["command_line"].startswith("vlens demo --model")
     assert provenance["model"]["spec"] == MODEL and len(provenance["model"]["weights_digest"]) == 16

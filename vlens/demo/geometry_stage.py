@@ -113,7 +113,8 @@ def geometry_sections(model: HookedVLM, samples: list[CountingSample], settings:
                                                 for layer in layers}
             data["separation"] = separation
         figure = representation_geometry_figure(residuals, counts, layers=shown, method=method, seed=settings.seed,
-                                                title=f"Final-position residual, {method.upper()} per layer")
+                                                title=f"Final-position residual, {method.upper()} per layer",
+                                                projections=projections)
         figure.update_layout(width=1000)  # fit the report's column (the default grows with the panel count)
         sections.append(Section(key=f"geometry_{method}", title=title, explanation=explanation, figure=figure,
                                 numbers=numbers, data=data))

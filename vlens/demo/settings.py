@@ -50,7 +50,7 @@ class DemoSettings:
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        """Small enough for well under 5 minutes on 2 CPU cores (about 35 s with the embedded model)."""
+        """Small enough for well under 5 minutes on 2 CPU cores (stages of about 25 s of CPU with the embedded model)."""
         return cls(
             n_count_images=100,
             n_pairs=32,

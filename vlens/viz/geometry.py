@@ -82,9 +82,14 @@ def tsne(
         from sklearn.manifold import TSNE
     except ImportError as error:
         raise ImportError("t-SNE needs scikit-learn: pip install 'vlens[analysis]'") from error
+    from threadpoolctl import threadpool_limits  # a scikit-learn dependency
+
     method = "barnes_hut" if n_components < 4 else "exact"  # Barnes-Hut supports up to 3 dimensions
-    embedding = TSNE(n_components=n_components, perplexity=perplexity, max_iter=n_iter, init=init,
-                     random_state=seed, method=method).fit_transform(x.cpu().numpy())
+    # one BLAS thread: the PCA initialisation of a few hundred points is tiny, and OpenBLAS's threads spin
+    # for about a second per call when the other cores are busy (a shared machine)
+    with threadpool_limits(limits=1, user_api="blas"):
+        embedding = TSNE(n_components=n_components, perplexity=perplexity, max_iter=n_iter, init=init,
+                         random_state=seed, method=method).fit_transform(x.cpu().numpy())
     y = torch.from_numpy(embedding)
     return (y - y.mean(dim=0)).float()
 
@@ -114,6 +119,7 @@ def representation_geometry_figure(
     method: str = "pca",
     seed: int = 0,
     title: str = "",
+    projections: Mapping[int, Float[Tensor, "n 2"]] | None = None,
 ):
     """One 2-D scatter panel per chosen layer, points coloured by their count.
 
@@ -124,6 +130,8 @@ def representation_geometry_figure(
         layers: which layers to draw (default: up to four evenly spaced, including the last).
         method: "pca" (titles show explained variance) or "tsne".
         seed: for t-SNE.
+        projections: 2-D points already computed per layer with `method` (e.g. `tsne(...)` of the
+            same vectors and seed), used instead of recomputing them (t-SNE is the slow part).
 
     Returns:
         A Figure with `len(layers)` panels and one Scatter per (layer, count); each count is one
@@ -154,7 +162,8 @@ def representation_geometry_figure(
             pc1, pc2 = (100 * result.explained_variance_ratio).tolist()
             subtitles.append(f"layer {layer}<br>PC1 {pc1:.0f}% · PC2 {pc2:.0f}%")
         else:
-            points[layer] = project(by_layer[layer], method, seed)
+            given = None if projections is None else projections.get(layer)
+            points[layer] = given if given is not None else project(by_layer[layer], method, seed)
             subtitles.append(f"layer {layer}")
 
     # Two-line titles in a small font: one-line titles of neighbouring panels ran into each other.
