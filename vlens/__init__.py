@@ -84,7 +84,9 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # imported once (and visible to tools that read the module's namespace)
+        return value
     raise AttributeError(f"module 'vlens' has no attribute {name!r}")
 
 

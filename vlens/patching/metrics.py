@@ -272,7 +272,7 @@ def patch_effect_of(per_pair: Float[Tensor, "... n_pairs"], baseline: Baseline, 
 # ---------------------------------------------------------------------- metric callables
 # A patching metric, TransformerLens style: logits at the readout positions -> one value per pair
 # (or one number for the batch), or a dict of such values under names.
-MetricFn = Callable[[Tensor], "Tensor | Mapping[str, Tensor]"]
+MetricFn = Callable[[Tensor], Tensor | Mapping[str, Tensor]]
 
 
 class AnswerMetrics:

@@ -7,7 +7,7 @@ run is reproducible; it needs the ``analysis`` extra (``pip install 'vlens[analy
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float, Int
@@ -19,7 +19,8 @@ from vlens.viz.colormaps import sample_colors
 from vlens.viz.optional import require_make_subplots, require_plotly
 
 
-class PCAResult(NamedTuple):
+@dataclass(frozen=True)
+class PCAResult:
     """Output of `pca`: projections, unit components, explained-variance ratios and the mean."""
 
     projected: Float[Tensor, "n n_components"]
