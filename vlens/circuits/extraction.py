@@ -60,7 +60,15 @@ def faithfulness(patched: Tensor, clean: Tensor, corrupt: Tensor) -> Tensor:
 
 def faithfulness_interval(patched: Tensor, clean: Tensor, corrupt: Tensor, n_resamples: int = 1000,
                           seed: int = 0, level: float = LEVEL) -> tuple[Tensor, Tensor]:
-    """Percentile bootstrap interval over pairs of F for each condition ([n_conditions] low, high)."""
+    """Percentile bootstrap interval over pairs of the faithfulness F of each condition.
+
+    Args:
+        patched: [n_conditions, n_pairs] the metric with each condition's edges clean, the rest corrupted.
+        clean, corrupt: [n_pairs] the metric of the clean and of the corrupt run.
+        n_resamples, seed, level: the bootstrap's resamples of the pairs, its seed, the interval's level.
+    Returns:
+        (low, high), each [n_conditions].
+    """
     n = clean.shape[0]
     generator = torch.Generator().manual_seed(seed)
     index = torch.randint(0, n, (n_resamples, n), generator=generator)

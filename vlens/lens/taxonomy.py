@@ -326,7 +326,16 @@ def classify_heads(scores: HeadScores, thresholds: TaxonomyThresholds = Taxonomy
                    n_resamples: int = N_RESAMPLES, seed: int = 0) -> HeadTaxonomy:
     """Apply the rules to every head; with per-example scores (as `compute_head_scores` keeps them)
     and n_resamples > 0, also each head's class stability and the class counts' intervals over
-    bootstrap resamples of the examples."""
+    bootstrap resamples of the examples.
+
+    Args:
+        scores: the heads' scores (`compute_head_scores`), each [n_layers, n_heads].
+        thresholds: the rules' thresholds (`TaxonomyThresholds`).
+        n_resamples, seed: bootstrap resamples of the examples for the class stability (0: none).
+    Returns:
+        a `HeadTaxonomy`: each (layer, head)'s class, the scores, thresholds and stability
+        (per_head [n_layers, n_heads], NaN beyond a layer's heads).
+    """
     chance = token_share_chance(scores)
     grid = classify_grid(scores.scores, thresholds, chance)
     broken = scores.non_finite if scores.non_finite is not None else torch.zeros(grid.shape, dtype=torch.bool)

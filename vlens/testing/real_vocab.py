@@ -34,6 +34,7 @@ import torch
 
 from vlens.core.model import HookedVLM
 from vlens.core.processors import SimpleVLProcessor
+from vlens.testing.llava import LLAVA_CHAT_TEMPLATE  # the one LLaVA-1.5 chat format of the fixtures
 from vlens.utils.errors import UserInputError
 
 FIXTURE_VERSION = "1"
@@ -61,14 +62,6 @@ QWEN2_VL_CHAT_TEMPLATE = (
     "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-LLAVA_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if message['role'] == 'user' %}USER: {% else %}ASSISTANT: {% endif %}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for item in message['content'] %}{% if item['type'] == 'image' %}<image>\n"
-    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{% if message['role'] == 'user' %} {% else %}{{ eos_token }}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}ASSISTANT:{% endif %}"
 )
 N_LLAVA_RANKS = 31_997  # ids 3 .. 31999
 

@@ -19,8 +19,7 @@ from jaxtyping import Int
 from PIL import Image
 from torch import Tensor
 
-from vlens.core.answers import answer_ids as rule_ids
-from vlens.core.answers import end_token_id
+from vlens.core.answers import answer_ids, end_token_id
 from vlens.core.inputs import VLMInputs
 from vlens.core.processing import chat_prompt
 from vlens.core.prompt_text import escape_special_tokens
@@ -99,14 +98,14 @@ class SFTBatch:
     prior: FocusPrior | None
 
 
-def answer_ids(model: HookedVLM, prompt: str, answer: str, example: str = "?") -> list[int]:
+def answer_ids_with_end(model: HookedVLM, prompt: str, answer: str, example: str = "?") -> list[int]:
     """The ids the answer and the end-of-turn token (tokenizer.eos_token) get *after this prompt*.
 
     vlens's answer rule (`vlens.core.answers.answer_ids` with the prompt as context, so tokenizers
     that mark word starts give the ids the model generates), then the end-of-turn token. Errors
     name the example for an empty, unknown-token or prompt-merging answer.
     """
-    return rule_ids(model, answer, context=prompt, example=example) + [end_token_id(model)]
+    return answer_ids(model, answer, context=prompt, example=example) + [end_token_id(model)]
 
 
 def example_name(example: SFTExample, index: int) -> str:
@@ -122,7 +121,7 @@ def check_answers(model: HookedVLM, examples: Sequence[SFTExample]) -> None:
     cannot express fails now, naming its example, not at the step whose batch first holds it."""
     for index, example in enumerate(examples):
         prompt = chat_prompt(model, example.question, len(example.images))
-        answer_ids(model, prompt, escape_special_tokens(model.tokenizer, example.answer), example_name(example, index))
+        answer_ids_with_end(model, prompt, escape_special_tokens(model.tokenizer, example.answer), example_name(example, index))
 
 
 def collate(model: HookedVLM, examples: Sequence[SFTExample], sigma: float = 1.0, with_prior: bool = True) -> SFTBatch:
@@ -134,7 +133,7 @@ def collate(model: HookedVLM, examples: Sequence[SFTExample], sigma: float = 1.0
     for index, example in enumerate(examples):
         prompt = chat_prompt(model, example.question, len(example.images))
         answer = escape_special_tokens(tokenizer, example.answer)  # dataset text stays text
-        answers.append(answer_ids(model, prompt, answer, example=example_name(example, index)))
+        answers.append(answer_ids_with_end(model, prompt, answer, example=example_name(example, index)))
         texts.append(prompt + answer + tokenizer.eos_token)
     images = [list(example.images) if example.images else None for example in examples]
     inputs = model.prepare(images=images, prompts=texts, chat=False)
