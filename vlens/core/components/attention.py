@@ -352,8 +352,10 @@ class Attention(nn.Module):
             scores = self.hook_attn_scores(scores * self.scaling + masks.additive)
             # An edit (say a temperature) must never unmask: masked entries go back to the mask value.
             scores = scores.masked_fill(~masks.allowed, torch.finfo(scores.dtype).min)
-        else:  # only the pattern is read: the same arithmetic in place, no second pass over the scores
+        else:  # only the pattern is read: the same arithmetic in place, no copy of the scores
             scores = scores.mul_(self.scaling).add_(masks.additive)
+            # min + a negative score overflows to -inf in bf16: a fully masked (padding) row would be NaN
+            scores = scores.masked_fill_(~masks.allowed, torch.finfo(scores.dtype).min)
         pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         pattern = self.hook_pattern(pattern)
         return torch.matmul(pattern, v).transpose(1, 2).contiguous()
