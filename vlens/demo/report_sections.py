@@ -20,6 +20,7 @@ import torch
 from PIL import Image
 
 from vlens.demo.results import DemoResults
+from vlens.utils.errors import UserInputError
 from vlens.utils.provenance import stamp
 from vlens.viz.report import Report
 
@@ -108,7 +109,7 @@ def results_document(sections: list[Section], model: dict, settings: dict, timin
     keys = [s.key for s in sections]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
-        raise RuntimeError(f"duplicate section keys {duplicates}")
+        raise UserInputError(f"duplicate section keys {duplicates}: give each section its own key")
     return DemoResults(schema_version=SCHEMA_VERSION, model=jsonable(model), settings=jsonable(settings),
                        timings_s=jsonable(timings), section_order=keys,
                        sections={s.key: s.to_dict() for s in sections}).to_dict()
