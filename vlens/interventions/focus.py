@@ -327,8 +327,15 @@ def run_with_focus(
 ) -> tuple[Float[Tensor, "batch pos d_vocab"], Float[Tensor, ""]]:
     """One forward returning (logits, L_focus).
 
-    layers: default `model_focus_layers(model)`; query_positions: default the final
-    prompt position of each row (`inputs.regions.final`).
+    Args:
+        model: the model; inputs: its `VLMInputs` (`model.prepare`), with token regions.
+        prior: the object prior over the image tokens (`focus_prior`).
+        layers: the layers whose attention L_focus reads; default `model_focus_layers(model)`.
+        query_positions: [batch] or [batch, t] the query positions; default the final prompt
+            position of each row (`inputs.regions.final`).
+        eps: added inside the log of the attention mass on the prior.
+    Returns:
+        (logits [batch, pos, d_vocab], L_focus: a scalar tensor that gradients flow through).
     """
     layers = model_focus_layers(model) if layers is None else list(layers)
     if query_positions is None:

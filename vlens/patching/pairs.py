@@ -249,8 +249,11 @@ def build_pair_batch(model: HookedVLM, examples: Sequence[Any], chat: bool = Tru
 
     examples: `PairExample`s or `vlens.data.Pair`s.
 
+    Returns:
+        a `PairBatch`: `clean` and `corrupt` inputs of the same shape ([n_pairs, pos] input ids),
+        the answer tokens read at the final position (clean_tokens / corrupt_tokens: [n_pairs]).
     Raises:
-        ValueError: naming the first pair whose clean and corrupt inputs differ in length or in
+        UserInputError: naming the first pair whose clean and corrupt inputs differ in length or in
             where the image / text / final tokens are (e.g. images of different sizes).
     """
     examples = [e if isinstance(e, PairExample) else examples_from_pairs([e])[0] for e in examples]
