@@ -33,6 +33,11 @@ def test_train_then_dashboard(tmp_path, capsys):
     assert "feature 0" in page and "<script" not in page and "http" not in page
     views = json.loads((dash / "results.json").read_text())
     assert [f["feature"] for f in views["features"]] == [0, 1, 2]
+    evaluation = tmp_path / "eval"
+    assert main(["sae", "evaluate", "--sae", str(out), "--make", "4", "--positions", "image,final",
+                 "--out", str(evaluation), *COMMON]) == 0
+    rows = json.loads((evaluation / "results.json").read_text())["rows"]
+    assert [row["positions"] for row in rows] == ["image", "final"] and rows[0]["n"] == 4
     # the same command again refuses to replace results
     assert main(["sae", "train", "--hook", HOOK, "--make", "4", "--out", str(out), *COMMON]) == 2
 
@@ -44,6 +49,7 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys):
         (["sae", "train", "--hook", HOOK, "--make", "2", "--cells", "a,b"], "cannot read cell"),
         (["sae", "train", "--hook", HOOK, "--make", "2", "--buffer", "10", "--batch-tokens", "8"], "--buffer"),
         (["sae", "dashboard", "--sae", str(tmp_path), "--make", "2"], "not an SAE folder"),
+        (["sae", "evaluate", "--sae", str(tmp_path), "--make", "2", "--positions", "pixels"], "--positions"),
     ]:
         assert main([*argv, "--out", str(tmp_path / "o"), *COMMON]) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()

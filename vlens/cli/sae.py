@@ -3,11 +3,13 @@
     vlens sae train --model tiny --hook blocks.1.hook_resid_post --positions all --make 400 \\
         --architecture topk --d-sae 512 --k 16 --tokens 100000 --evaluate 64 --out runs/sae
     vlens sae dashboard --model tiny --sae runs/sae --make 100 --out runs/sae_dashboard
+    vlens sae evaluate --model tiny --sae folder/saved/by/sae_lens --make 128 --out runs/sae_eval
 
 `train` writes a SAELens folder (cfg.json + sae_weights.safetensors, loadable by
 ``sae_lens.SAE.load_from_disk``) and results.json (settings, training log, final metrics and, with
 --evaluate N, loss recovered and answer accuracy with the SAE spliced at image / text / all
-positions). `dashboard` writes dashboard.html (offline) and results.json (the feature views).
+positions). `dashboard` writes dashboard.html (offline) and results.json (the feature views);
+`evaluate` splices any SAE folder (vlens's or SAELens's) and writes the same measurements.
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
                         help="prompts per model forward (default 16)")
 
 
+def _sae_args(parser: argparse.ArgumentParser) -> None:
+    """The data options, plus --sae (a vlens or SAELens folder) and --hook."""
+    _data_args(parser)
+    sae = parser.add_argument("--sae", required=True, type=arg_path, help="an SAE folder (vlens or SAELens)")
+    mark_input_paths(parser, sae.dest)
+    parser.add_argument("--hook", help="hook name (default: the SAE config's)")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = "Sparse autoencoders on a model's activations (docs/sae.md in the repository)."
     commands = parser.add_subparsers(dest="sae_command", metavar="SUBCOMMAND", required=True)
@@ -87,15 +97,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     dash = commands.add_parser("dashboard", help="an offline HTML dashboard of an SAE's features",
                                description="Top images (activation over the patches), top text positions and "
                                            "promoted tokens of an SAE's features, as one offline HTML page.")
-    _data_args(dash)
-    sae = dash.add_argument("--sae", required=True, type=arg_path, help="an SAE folder (vlens or SAELens)")
-    mark_input_paths(dash, sae.dest)
-    dash.add_argument("--hook", help="hook name (default: the SAE config's)")
+    _sae_args(dash)
     dash.add_argument("--features", help="comma-separated feature indices (default: the most frequent)")
     dash.add_argument("--n-features", type=arg_int(min=1), default=32, help="how many when --features is not given")
     dash.add_argument("--top-k", type=arg_int(min=1), default=6, help="top images and text positions per feature")
     add_out(dash, f"{DASHBOARD} and {RESULTS_FILE} (the feature views)")
     dash.set_defaults(func=run_dashboard)
+
+    evaluate = commands.add_parser("evaluate", help="splice an SAE (vlens or SAELens folder): loss recovered, accuracy",
+                                   description="Splice an SAE at image / text / all positions and measure the answer "
+                                               "loss recovered and the answer accuracy.")
+    _sae_args(evaluate)
+    evaluate.add_argument("--positions", default="image,text,all",
+                          help="comma-separated regions to splice at (default image,text,all)")
+    add_out(evaluate, f"{RESULTS_FILE} (per region: answer loss clean / SAE / zeroed, loss recovered, accuracy)")
+    evaluate.set_defaults(func=run_evaluate)
 
 
 def parse_cells(text: str | None) -> tuple[tuple[int, int], ...] | None:
@@ -186,20 +202,48 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_dashboard(args: argparse.Namespace) -> int:
-    features = parse_features(args.features)
-    out = prepare_out(args, RESULTS_FILE, DASHBOARD)
-
-    from vlens.sae.features import FeatureViewOptions, example_image, feature_views
+def _load_sae_arg(args: argparse.Namespace):
     from vlens.sae.saelens_format import load_sae
     from vlens.utils.errors import failure_context
-    from vlens.viz.sae_dashboard import write_dashboard
 
     with failure_context(f"reading the SAE folder {args.sae}"):
         sae = load_sae(args.sae)
     hook = args.hook or sae.cfg.hook_name
     if hook is None:
         raise UserInputError(f"{args.sae} names no hook: pass --hook")
+    return sae, hook
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    regions = [r.strip() for r in args.positions.split(",") if r.strip()]
+    unknown = [r for r in regions if r not in REGIONS]
+    if unknown or not regions:
+        raise UserInputError(f"--positions {args.positions!r}: choose from {', '.join(REGIONS)}")
+    out = prepare_out(args, RESULTS_FILE)
+
+    from vlens.sae.evaluation import evaluate_splice
+
+    sae, hook = _load_sae_arg(args)
+    model = load_model_from_args(args)
+    model.check_hook_name(hook)
+    evaluation = evaluate_splice(model, samples(args), sae, hook, positions=regions,
+                                 batch_size=args.prompts_per_forward)
+    write_results(out, {**evaluation.to_dict(), "sae": str(args.sae), "model": args.model})
+    for row in evaluation.rows:
+        recovered = "n/a" if row["loss_recovered"] is None else f"{row['loss_recovered']:.3f}"
+        echo(f"spliced at {row['positions']}: loss recovered {recovered}, accuracy {row['accuracy_sae']:.3f} "
+             f"(clean {row['accuracy_clean']:.3f}, zeroed {row['accuracy_zero']:.3f})")
+    return 0
+
+
+def run_dashboard(args: argparse.Namespace) -> int:
+    features = parse_features(args.features)
+    out = prepare_out(args, RESULTS_FILE, DASHBOARD)
+
+    from vlens.sae.features import FeatureViewOptions, example_image, feature_views
+    from vlens.viz.sae_dashboard import write_dashboard
+
+    sae, hook = _load_sae_arg(args)
     model = load_model_from_args(args)
     model.check_hook_name(hook)
     examples = samples(args)
