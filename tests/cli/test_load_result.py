@@ -69,8 +69,11 @@ def test_load_result_says_what_is_wrong(tmp_path):
     with pytest.raises(vlens.UserInputError, match="does not exist"):
         vlens.load_result(tmp_path / "missing")
     data = counting_folder(tmp_path, n=1)
-    with pytest.raises(vlens.UserInputError, match="holds no result"):
+    with pytest.raises(vlens.UserInputError, match="holds no result but a dataset"):
         vlens.load_result(data)  # a dataset folder is no result
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(vlens.UserInputError, match="holds no result"):
+        vlens.load_result(tmp_path / "empty")
     (tmp_path / "old.json").write_text(json.dumps({"mode": "layer-head"}))
     with pytest.raises(vlens.UserInputError, match="records no result \"kind\""):
         vlens.load_result(tmp_path / "old.json")
@@ -120,3 +123,15 @@ def test_sae_feature_views_load_back(tmp_path):
     views.save(tmp_path / "features")
     loaded = check_loads_back(tmp_path / "features", "FeatureViews")
     assert loaded.views[0].top_images and loaded.views[0].top_images[0].grid == views.views[0].top_images[0].grid
+
+
+def test_sae_commands_load_back(tmp_path):
+    common = ["--model", "random-tiny", "--image-size", "56", "--prompts-per-forward", "4"]
+    run(["sae", "train", "--hook", "blocks.1.hook_resid_post", "--positions", "all", "--make", "4", "--d-sae", "16",
+         "--k", "2", "--tokens", "256", "--batch-tokens", "64", "--buffer", "128", "--evaluate", "2",
+         "--out", str(tmp_path / "sae"), *common])
+    trained = check_loads_back(tmp_path / "sae", "TrainedSAE")
+    assert trained.extras["evaluation"]["kind"] == "sae_splice_evaluation"  # what the command adds beside it
+    run(["sae", "dashboard", "--sae", str(tmp_path / "sae"), "--make", "3", "--features", "0,1", "--top-k", "2",
+         "--out", str(tmp_path / "dash"), *common])
+    assert [v.feature for v in check_loads_back(tmp_path / "dash", "FeatureViews").views] == [0, 1]

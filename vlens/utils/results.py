@@ -239,6 +239,9 @@ def result_file(path: str | Path) -> Path:
         candidate = path / name
         if candidate.is_file() and isinstance(_read_json(candidate).get("kind"), str):
             return candidate
+    if (path / ".vlens_dataset.json").is_file():
+        raise UserInputError(f"{path} holds no result but a dataset (`vlens data`): read it with "
+                             "vlens.datasets.load_dataset")
     raise UserInputError(f"{path} holds no result ({', '.join(RESULT_FILES)} with a \"kind\"): pass the --out "
                          "folder of a vlens command (a folder written by an older vlens records no kind: run it again)")
 
