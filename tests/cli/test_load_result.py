@@ -71,6 +71,11 @@ def test_load_result_says_what_is_wrong(tmp_path):
     data = counting_folder(tmp_path, n=1)
     with pytest.raises(vlens.UserInputError, match="holds no result but a dataset"):
         vlens.load_result(data)  # a dataset folder is no result
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(vlens.UserInputError, match="holds no result but a model"):
+        vlens.load_result(tmp_path / "model")
     (tmp_path / "empty").mkdir()
     with pytest.raises(vlens.UserInputError, match="holds no result"):
         vlens.load_result(tmp_path / "empty")

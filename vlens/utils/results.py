@@ -239,6 +239,9 @@ def result_file(path: str | Path) -> Path:
         candidate = path / name
         if candidate.is_file() and isinstance(_read_json(candidate).get("kind"), str):
             return candidate
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        raise UserInputError(f"{path} holds no result but a model (`vlens zoo train`, `vlens train --merged`): "
+                             "load it with vlens.load_model")
     if (path / ".vlens_dataset.json").is_file():
         raise UserInputError(f"{path} holds no result but a dataset (`vlens data`): read it with "
                              "vlens.datasets.load_dataset")
