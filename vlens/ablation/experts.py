@@ -322,7 +322,7 @@ def cross_task_expert_ablation(
     layers = moe_layers(model)
     check_top_k(top_k, "top_k", len(layers) * model.cfg.n_experts)
     if not tasks:
-        raise UserInputError("cross_task_expert_ablation got no tasks")
+        raise UserInputError("cross_task_expert_ablation got no tasks: pass at least one TaskBatch (e.g. build_task_batch(model, 'counting', n))")
     unknown = sorted(set(retest or {}) - set(tasks))
     if unknown:
         raise UserInputError(f"retest sets {unknown} name no task of {sorted(tasks)}")

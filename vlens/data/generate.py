@@ -58,7 +58,7 @@ class DatasetSpec:
         check_count(self.n, "--n", max=MAX_SAMPLES)
         check_count(self.size, "--size", min=28)
         if not self.counts:
-            raise UserInputError("counts must not be empty")
+            raise UserInputError("counts must not be empty: give the object counts to draw, e.g. counts=(1, 2, 3)")
         check_seed(self.seed)
 
 

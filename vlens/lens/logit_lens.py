@@ -92,7 +92,7 @@ class LogitLensResult(Result):
     @staticmethod
     def concat(results: Sequence[LogitLensResult]) -> LogitLensResult:
         if not results:
-            raise UserInputError("no logit-lens results to concatenate")
+            raise UserInputError("no logit-lens results to concatenate: pass at least one LogitLensResult")
         return LogitLensResult(
             probabilities=torch.cat([r.probabilities for r in results], 1),
             ranks=torch.cat([r.ranks for r in results], 1),

@@ -112,7 +112,7 @@ class PairBatch:
         """A batch of only some pairs (e.g. those the model answers correctly)."""
         rows = [int(r) for r in rows]
         if not rows:
-            raise UserInputError("select() needs at least one pair")
+            raise UserInputError("select() needs at least one pair: pass the indices of the pairs to keep")
         return PairBatch(
             pair_ids=[self.pair_ids[r] for r in rows],
             clean=_select_rows(self.clean, rows),
@@ -208,7 +208,7 @@ def examples_from_records(records: Sequence[dict]) -> list[PairExample]:
         examples.append(PairExample(pair_id, record_image(clean), record_image(corrupt), clean["question"],
                                     corrupt["question"], str(clean["answer"]), str(corrupt["answer"])))
     if not examples:
-        raise UserInputError("no pairs found (the dataset is empty)")
+        raise UserInputError("no pairs found (the dataset is empty): write pairs with `vlens data pairs` or check the path")
     return examples
 
 
@@ -258,7 +258,7 @@ def build_pair_batch(model: HookedVLM, examples: Sequence[Any], chat: bool = Tru
     """
     examples = [e if isinstance(e, PairExample) else examples_from_pairs([e])[0] for e in examples]
     if not examples:
-        raise UserInputError("build_pair_batch got no pairs")
+        raise UserInputError("build_pair_batch got no pairs: pass PairExamples (e.g. make_count_pairs(8)) or vlens.data Pairs")
     n = len(examples)
     contrasts = [contrast(model, e.clean_answer, e.corrupt_answer, example=e.pair_id, chat=chat) for e in examples]
     tokens = [(c.prefix, c.clean_id, c.corrupt_id) for c in contrasts]

@@ -127,7 +127,7 @@ def check_answers(model: HookedVLM, examples: Sequence[SFTExample]) -> None:
 def collate(model: HookedVLM, examples: Sequence[SFTExample], sigma: float = 1.0, with_prior: bool = True) -> SFTBatch:
     """Tokenise and pad a batch (left padding, as `model.prepare`)."""
     if not examples:
-        raise UserInputError("collate got no examples")
+        raise UserInputError("collate got no examples: pass at least one SFTExample")
     tokenizer = model.tokenizer
     texts, answers = [], []
     for index, example in enumerate(examples):
@@ -162,7 +162,7 @@ def answer_loss(logits: Tensor, labels: Tensor) -> Tensor:
     shifted = logits[:, :-1].float()
     targets = labels[:, 1:]
     if not bool((targets != IGNORE_INDEX).any()):
-        raise UserInputError("the batch has no answer tokens to train on")
+        raise UserInputError("the batch has no answer tokens to train on: give every example a non-empty answer")
     return torch.nn.functional.cross_entropy(
         shifted.reshape(-1, shifted.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
     )

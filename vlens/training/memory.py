@@ -83,7 +83,7 @@ def answer_only_loss(
     """
     where = answer_positions(labels)
     if where.shape[0] == 0:
-        raise UserInputError("the batch has no answer tokens to train on")
+        raise UserInputError("the batch has no answer tokens to train on: give every example a non-empty answer")
     rows, positions = where[:, 0], where[:, 1]
     logits = model.finish(resid[rows.to(resid.device), positions.to(resid.device)], "logits")  # [n, d_vocab]
     targets = labels[rows, positions + 1]

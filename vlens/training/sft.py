@@ -259,7 +259,7 @@ def train_sft(
     config = config or SFTConfig()
     config.check()
     if not examples:
-        raise UserInputError("train_sft got no examples")
+        raise UserInputError("train_sft got no examples: pass at least one SFTExample (e.g. from a --data folder)")
     check_answers(model, examples)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

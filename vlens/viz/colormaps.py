@@ -66,6 +66,6 @@ def apply_colormap(values: np.ndarray, name: str = "inferno") -> np.ndarray:
 def sample_colors(name: str, n: int) -> list[str]:
     """`n` evenly spaced colours of a colormap as CSS `rgb(r,g,b)` strings (for ordered classes)."""
     if n < 1:
-        raise UserInputError("n must be at least 1")
+        raise UserInputError("n must be at least 1: ask for one colour or more")
     points = np.linspace(0.1, 0.9, n) if n > 1 else np.array([0.5])
     return [f"rgb({r},{g},{b})" for r, g, b in apply_colormap(points, name).tolist()]

@@ -168,7 +168,7 @@ def attention_grid_image(
     maps = as_float_tensor(maps, "maps", 2)
     n_maps = maps.shape[0]
     if n_maps == 0:
-        raise UserInputError("maps is empty")
+        raise UserInputError("maps is empty: pass at least one [rows, cols] map")
     if titles is None:
         titles = [f"map {i}" for i in range(n_maps)]
     if len(titles) != n_maps:
@@ -284,7 +284,7 @@ def attention_tiles_figure(
     maps = as_float_tensor(maps, "maps", 2)
     n_maps = maps.shape[0]
     if n_maps == 0:
-        raise UserInputError("maps is empty")
+        raise UserInputError("maps is empty: pass at least one [rows, cols] map")
     titles = [f"map {i}" for i in range(n_maps)] if titles is None else [str(t) for t in titles]
     if len(titles) != n_maps:
         raise UserInputError(f"{len(titles)} titles for {n_maps} maps")
