@@ -263,3 +263,21 @@ def test_verbose_adds_the_traceback_of_a_user_error_and_flags_work_before_the_co
     assert "Traceback" in err and err.strip().splitlines()[-1].startswith("vlens info: error: model './no/such/model'")
     assert main(["--quiet", "info", "--model", "random-tiny"]) == 0
     assert capsys.readouterr().err == ""
+
+
+
+@pytest.mark.parametrize(("argv", "points_to_help"), [
+    (["patch", "--make-pairs", "2", "--out", "x"], True),  # --mode missing: which flags exist
+    (["nosuch"], True),
+    (["eval", "--no-such-flag"], True),
+    (["zoo", "train", "--steps", "0", "--out", "x"], False),  # a bad value: the message says what was wrong
+])
+def test_a_usage_error_is_one_line_without_the_usage_block(argv, points_to_help, capsys):
+    from vlens.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and "usage:" not in err, err
+    assert err.startswith("vlens") and ": error: " in err
+    assert ("--help` lists the options" in err) == points_to_help, err

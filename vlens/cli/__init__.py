@@ -18,7 +18,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 
 class Command(NamedTuple):
@@ -62,13 +62,28 @@ and figures are written inside it. Errors in what you asked for are one line and
 Run `vlens COMMAND --help` for a command's options; docs/ in the repository has the methods."""
 
 
+# argparse's own messages about which arguments exist (not about a value the user gave)
+ARGPARSE_USAGE_PHRASES = ("arguments are required", "unrecognized arguments", "invalid choice", "expected one argument",
+                          "ambiguous option", "not allowed with argument", "is required")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line (no usage block above it): what was wrong,
+    and where the options are listed. Sub-command parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        if any(phrase in message for phrase in ARGPARSE_USAGE_PHRASES):  # which flags exist: point to them
+            message += f" (`{self.prog} --help` lists the options)"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The `vlens` parser. With `argv`, only the command it names is built (the others are listed
     from the table); without, every command is built (tests and documentation walk it)."""
     from vlens import __version__
     from vlens.cli.console import add_output_flags
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="vlens", description="Mechanistic interpretability for vision-language models.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
