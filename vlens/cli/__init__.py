@@ -72,9 +72,12 @@ class OneLineParser(argparse.ArgumentParser):
     and where the options are listed. Sub-command parsers inherit the class."""
 
     def error(self, message: str) -> NoReturn:
+        from vlens.cli.console import print_error  # already imported: build_parser added the output flags
+
         if any(phrase in message for phrase in ARGPARSE_USAGE_PHRASES):  # which flags exist: point to them
             message += f" (`{self.prog} --help` lists the options)"
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        print_error(self.prog, message)
+        self.exit(2)
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
