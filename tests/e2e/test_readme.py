@@ -8,6 +8,19 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
+def readme_block(containing: str) -> str:
+    """The README's python code block that mentions `containing`."""
+    return next(b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S) if containing in b)
+
+
+def dots_prompt(model):
+    """One generated dots image (3 dots) with the counting question, prepared for `model`."""
+    from vlens.data import make_pair
+
+    image = make_pair(n_clean=3, n_corrupt=5, seed=0, size=168).clean_image
+    return model.prepare(images=[image], prompts=["How many dots are there?"])
+
+
 def test_readme_quick_tour_runs():
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert blocks, "README has no python code block"
@@ -48,14 +61,11 @@ def test_readme_transformer_lens_tools_run(capsys):
 
 
 def test_readme_attention_page_snippet_runs(tmp_path, monkeypatch):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    block = next(b for b in blocks if "vlens.viz.attention_patterns" in b)
+    block = readme_block("vlens.viz.attention_patterns")
     import vlens
-    from vlens.data import make_pair
 
     model = vlens.load()
-    image = make_pair(n_clean=3, n_corrupt=5, seed=0, size=168).clean_image
-    inputs = model.prepare(images=[image], prompts=["How many dots are there?"])
+    inputs = dots_prompt(model)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"model": model, "inputs": inputs}
     exec(compile(block, "README.md", "exec"), namespace)
@@ -65,8 +75,7 @@ def test_readme_attention_page_snippet_runs(tmp_path, monkeypatch):
 
 
 def test_readme_multi_token_answers_snippet_runs():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    block = next(b for b in blocks if "answer_logit_diff" in b)
+    block = readme_block("answer_logit_diff")
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)
     model, inputs, diff = namespace["model"], namespace["inputs"], namespace["diff"]
@@ -75,8 +84,7 @@ def test_readme_multi_token_answers_snippet_runs():
 
 
 def test_readme_circuits_snippet_runs():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    block = next(b for b in blocks if "vlens.circuits" in b)
+    block = readme_block("vlens.circuits")
     namespace: dict = {"model": __import__("vlens").load()}
     exec(compile(block, "README.md", "exec"), namespace)
     circuit, exact = namespace["circuit"], namespace["exact"]
@@ -85,16 +93,13 @@ def test_readme_circuits_snippet_runs():
 
 
 def test_readme_sae_snippet_runs(tmp_path, monkeypatch):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    block = next(b for b in blocks if "run_with_saes" in b)
+    block = readme_block("run_with_saes")
     import torch
 
     import vlens
-    from vlens.data import make_pair
 
     model = vlens.load()
-    image = make_pair(n_clean=3, n_corrupt=5, seed=0, size=168).clean_image
-    inputs = model.prepare(images=[image], prompts=["How many dots are there?"])
+    inputs = dots_prompt(model)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"model": model, "inputs": inputs}
     exec(compile(block, "README.md", "exec"), namespace)
