@@ -9,7 +9,8 @@ Two numerically HF-identical paths:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 import einops
 import torch
@@ -64,6 +65,18 @@ class AttentionMasks:
         blocks = None if self.blocks is None else self.blocks.to(device)
         return AttentionMasks(sdpa=sdpa, allowed=self.allowed.to(device), dtype=self.dtype, blocks=blocks)
 
+    def restricted(self, allowed: Tensor) -> AttentionMasks:
+        """These masks with some entries no longer allowed (an attention knockout, `vlens.flow`).
+
+        allowed: bool [batch, 1 or n_heads, q, k], a subset of `self.allowed` that leaves no query row
+        empty that was not (the caller checks); a per-head mask broadcasts over SDPA's heads. Which
+        queries are padding (`fully_masked`, `query_real`) stays what the unedited mask says.
+        """
+        edited = AttentionMasks(sdpa=allowed, allowed=allowed, dtype=self.dtype, blocks=self.blocks)
+        edited.fully_masked, edited.any_fully_masked = self.fully_masked, self.any_fully_masked
+        edited._query_real, edited._query_real_known = self.query_real, True
+        return edited
+
     @property
     def additive(self) -> Tensor:
         """float [batch, 1, q, k]: 0 where allowed, the dtype's min elsewhere (HF's eager mask)."""
@@ -116,6 +129,9 @@ class AttentionMasks:
         while reach[start] < start:
             start = reach[start]
         return start
+
+
+MaskEdit = Callable[[AttentionMasks, int], AttentionMasks]
 
 
 class KVCache:
@@ -211,6 +227,9 @@ class Attention(nn.Module):
         self.hook_result = HookPoint()  # [batch, pos, n_heads, d_model]
         self.hook_pattern.pos_dim = -2
         self.hook_attn_scores.pos_dim = -2
+        # (thread id, edit): mask edits of the thread that added them (`vlens.flow.knockout`), applied in
+        # `layer_masks` after the sliding window; an edit takes (masks, kv_offset) and returns new masks
+        self.mask_edits: list[tuple[int, MaskEdit]] = []
 
     # ---- TransformerLens-shaped weight views (views of the HF parameters, no copies) ----
     def _split_in(self, linear: nn.Linear, n: int) -> Tensor:
@@ -339,9 +358,14 @@ class Attention(nn.Module):
     def layer_masks(self, masks: AttentionMasks, kv_offset: int = 0) -> AttentionMasks:
         """The run's mask as this layer applies it: with its sliding window (over the keys from
         absolute position `kv_offset` on), or as it is."""
-        if self.sliding_window is None:
-            return masks
-        return masks.windowed(self.sliding_window, kv_offset)
+        if self.sliding_window is not None:
+            masks = masks.windowed(self.sliding_window, kv_offset)
+        if self.mask_edits:
+            me = threading.get_ident()
+            for owner, edit in self.mask_edits:
+                if owner == me:
+                    masks = edit(masks, kv_offset)
+        return masks
 
     def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, masks: AttentionMasks) -> Tensor:
         """HF eager attention with hooks on the scores and the pattern. q,k,v: [batch, heads, pos, d]."""
