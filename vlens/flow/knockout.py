@@ -175,7 +175,10 @@ def knockout(
     added: list[list] = []
     try:
         for layer in chosen_layers:
-            edits = model.blocks[layer].attn.mask_edits
+            attn = model.blocks[layer].attn
+            if not isinstance(attn, Attention):  # check_layers keeps softmax layers only
+                raise RuntimeError(f"layer {layer} has no softmax attention")
+            edits = attn.mask_edits
             edits.append(entry)
             added.append(edits)
         yield edit
