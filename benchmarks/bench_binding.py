@@ -6,6 +6,7 @@ among several objects) stay at chance: the experiments of RESULTS.md's issue-34 
         (how often each answer word), and accuracy by number of objects
     python benchmarks/bench_binding.py single TASK [--steps 150] [--examples 3000]
             [--image-size 168] [--max-objects K] [--lr 2e-3] [--tower FOLDER] [--decoder fresh|tower]
+            [--rope-theta T] [--mrope-section t,h,w] [--minimal-pairs] [--eval-every N]
         one task alone: the decoder (fresh, seeded; or the tower folder's own) trained on
         that task only, the vision tower taken from FOLDER (default: the shipped model)
         and kept frozen (its tokens cached), then held-out accuracy from unseen seeds
@@ -108,7 +109,9 @@ def single(args: argparse.Namespace) -> None:
     tower_folder = args.tower or str(model_path())
     _, processor, donor = load_for_continuation(tower_folder, args.image_size)
     if args.decoder == "fresh":
-        tokenizer, processor, model = build_untrained(args.seed, args.image_size)
+        tokenizer, processor, model = build_untrained(
+            args.seed, args.image_size, args.rope_theta, args.mrope_section
+        )
         if args.text_layers:  # a fresh decoder of another depth
             config = model.config
             config.text_config.num_hidden_layers = args.text_layers
@@ -125,9 +128,11 @@ def single(args: argparse.Namespace) -> None:
             last.bias.mul_(args.token_scale)
     start = time.time()
     rendered = render_training_set(
-        processor, args.examples, args.seed, False, {args.task: 1.0}, args.max_objects
+        processor, args.examples, args.seed, False, {args.task: 1.0}, args.max_objects, args.minimal_pairs
     )
     if args.template:  # keep the examples of one template only
+        if rendered.partners is not None:
+            raise SystemExit("--template and --minimal-pairs cannot be combined")
         keep = [i for i, e in enumerate(rendered.examples) if _template_of(processor, e) == args.template]
         rendered.examples = [rendered.examples[i] for i in keep]
     render_s = time.time() - start
@@ -151,7 +156,7 @@ def single(args: argparse.Namespace) -> None:
         training = train_model(
             model, rendered.examples, rendered.images, settings, tokenizer.pad_token_id,
             processor.image_token_id, Path(tmp) / "log.jsonl", on_checkpoint=on_checkpoint, progress=False,
-            state=state,
+            state=state, partners=rendered.partners,
         )
         train_s = time.time() - start
     losses = [r["loss"] for r in training["log"] if "loss" in r]
@@ -163,6 +168,8 @@ def single(args: argparse.Namespace) -> None:
         "task": args.task, "steps": args.steps, "examples": args.examples, "lr": args.lr,
         "image_size": args.image_size, "max_objects": args.max_objects, "decoder": args.decoder,
         "tower": tower_folder, "template": args.template, "token_scale": args.token_scale, "text_layers": args.text_layers or 4,
+        "rope_theta": args.rope_theta, "mrope_section": args.mrope_section, "minimal_pairs": args.minimal_pairs,
+        "seed": args.seed,
         "n_train": len(rendered.examples), "render_s": round(render_s), "train_s": round(train_s),
         "loss_every_25_steps": [round(x, 3) for x in losses],
         "held_out_by_step": curve,
@@ -194,6 +201,11 @@ def main() -> None:
     two.add_argument("--eval-every", type=int, default=0, help="held-out accuracy every N steps too")
     two.add_argument("--text-layers", type=int, default=None, help="fresh decoder depth (default 4)")
     two.add_argument("--token-scale", type=float, default=1.0, help="multiply the image tokens by this")
+    two.add_argument("--rope-theta", type=float, default=10000.0, help="fresh decoder's M-RoPE theta")
+    two.add_argument("--mrope-section", type=lambda t: [int(x) for x in t.split(",")], default=None,
+                     help="fresh decoder's M-RoPE (time,height,width) frequency counts, e.g. 2,2,4")
+    two.add_argument("--minimal-pairs", action="store_true",
+                     help="every sample with its minimal-pair partner (same image, other noun) in the batch")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.command == "shipped":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
+from vlens.utils.errors import UserInputError
 from vlens.zoo.processor import MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_SIZE
 
 TEXT_LAYERS = 4
@@ -25,12 +26,25 @@ VISION_WIDTH = 96
 VISION_HEADS = 4
 VISION_MLP = 256
 VISION_FULL_ATTENTION_BLOCKS = [1, 3]  # the others attend within 8 x 8-patch windows
-# M-RoPE splits the d_head / 2 = 8 rotary frequencies into (time, height, width) sections.
+# M-RoPE splits the d_head / 2 = 8 rotary frequencies into (time, height, width) sections,
+# highest frequencies first: the width axis gets the lowest ones.
 MROPE_SECTION = [2, 3, 3]
+ROPE_THETA = 10000.0
 
 
-def build_config(tokenizer) -> Qwen2_5_VLConfig:
-    """The tiny Qwen2.5-VL config; vocabulary and special-token ids come from `tokenizer`."""
+def build_config(
+    tokenizer, rope_theta: float = ROPE_THETA, mrope_section: list[int] | None = None
+) -> Qwen2_5_VLConfig:
+    """The tiny Qwen2.5-VL config; vocabulary and special-token ids come from `tokenizer`.
+
+    rope_theta / mrope_section: the decoder's M-RoPE (`axis_rotations` says how far each image
+    axis rotates across the grid; at theta 1e4 the width axis barely moves)."""
+    section = list(mrope_section or MROPE_SECTION)
+    if sum(section) != TEXT_WIDTH // TEXT_HEADS // 2 or min(section) < 1:
+        raise UserInputError(
+            f"mrope_section {section} must be 3 positive numbers summing to d_head / 2 = "
+            f"{TEXT_WIDTH // TEXT_HEADS // 2}"
+        )
     ids = tokenizer.convert_tokens_to_ids
     text_config = {
         "vocab_size": len(tokenizer),
@@ -41,7 +55,7 @@ def build_config(tokenizer) -> Qwen2_5_VLConfig:
         "num_key_value_heads": TEXT_KV_HEADS,
         "max_position_embeddings": 1024,
         "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": MROPE_SECTION},
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(rope_theta), "mrope_section": section},
         "bos_token_id": ids("<|endoftext|>"),
         "eos_token_id": ids("<|im_end|>"),
         "pad_token_id": ids("<|endoftext|>"),
@@ -68,6 +82,19 @@ def build_config(tokenizer) -> Qwen2_5_VLConfig:
         vision_end_token_id=ids("<|vision_end|>"),
         tie_word_embeddings=False,
     )
+
+
+def axis_rotations(rope_theta: float, mrope_section: list[int], d_head: int, grid: int) -> dict[str, float]:
+    """The largest relative rotation (radians) M-RoPE gives two image tokens at opposite ends
+    of a `grid`-token row ("width") or column ("height"): max over the axis's frequencies of
+    (grid - 1) * theta^(-2i / d_head). A decoder can only tell positions apart along an axis
+    whose rotation is measurable."""
+    inverse = [rope_theta ** (-2 * i / d_head) for i in range(d_head // 2)]
+    t, h, _ = mrope_section
+    return {
+        "height": (grid - 1) * max(inverse[t : t + h]),
+        "width": (grid - 1) * max(inverse[t + h :]),
+    }
 
 
 def build_model(config: Qwen2_5_VLConfig, seed: int) -> Qwen2_5_VLForConditionalGeneration:

@@ -116,11 +116,17 @@ def check_settings(settings: RecipeSettings) -> None:
         raise UserInputError(f"--stop-after must be a positive step, got {settings.train.stop_after}")
 
 
-def build_untrained(seed: int, image_size: int = IMAGE_SIZE):
-    """(tokenizer, processor, freshly initialised model) of the recipe."""
+def build_untrained(
+    seed: int,
+    image_size: int = IMAGE_SIZE,
+    rope_theta: float = arch.ROPE_THETA,
+    mrope_section: list[int] | None = None,
+):
+    """(tokenizer, processor, freshly initialised model) of the recipe (the decoder's M-RoPE
+    as `arch.build_config` takes it)."""
     tokenizer = build_tokenizer(vocabulary_words())
     processor = assemble_processor(tokenizer, build_image_processor(image_size))
-    model = arch.build_model(arch.build_config(tokenizer), seed)
+    model = arch.build_model(arch.build_config(tokenizer, rope_theta, mrope_section), seed)
     return tokenizer, processor, model
 
 

@@ -71,6 +71,19 @@ def image_tokens(model, images, batch_size: int = 64, progress: bool = False) ->
     return torch.cat(chunks)
 
 
+def with_partners(rows: list[int], partners: list[int | None]) -> list[int]:
+    """The batch of a minimal-pair run: the first half of the sampled rows, each followed by
+    its partner (or by a row of the second half when it has none); same length as `rows`."""
+    half = len(rows) - len(rows) // 2
+    batch = []
+    for index, row in enumerate(rows[:half]):
+        batch.append(row)
+        partner = partners[row]
+        if len(batch) < len(rows):
+            batch.append(partner if partner is not None else rows[half + index])
+    return batch
+
+
 def train_model(
     model,
     examples: list[EncodedExample],
@@ -83,6 +96,7 @@ def train_model(
     progress: bool = True,
     cell_labels: torch.Tensor | None = None,
     state: TrainingState | None = None,
+    partners: list[int | None] | None = None,
 ) -> dict:
     """Train `model` in place on `examples` (sampled uniformly with replacement).
 
@@ -90,9 +104,14 @@ def train_model(
     cell_labels: int [n_images, 3, cells] (vision_aux.dense_labels), needed when
     settings.vision_aux_weight > 0; the auxiliary heads are trained alongside and dropped.
     `state` (loop.TrainingState) makes the run resumable; `on_checkpoint(step)` runs at its
-    checkpoints. Returns {"steps", "wall_time_s", "final_loss", "log"} (final_loss: the
-    smoothed answer-token loss).
+    checkpoints. `partners` (example index -> its minimal pair's index or None,
+    vlens.recipes.embedded.minimal_pairs): each batch is half sampled examples and half their
+    partners (an example without one is followed by another sampled example), so both
+    questions about an image meet in one step. Returns {"steps", "wall_time_s", "final_loss",
+    "log"} (final_loss: the smoothed answer-token loss).
     """
+    if partners is not None and len(partners) != len(examples):
+        raise UserInputError(f"partners has {len(partners)} entries for {len(examples)} examples")
     if not examples:
         raise UserInputError("train_model needs at least one example")
     if settings.freeze_vision and settings.vision_aux_weight > 0:
@@ -112,6 +131,8 @@ def train_model(
         cached = image_tokens(model, images, progress=progress)
 
     def step_fn(_step: int, rows: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        if partners is not None:
+            rows = with_partners(rows, partners)
         batch_examples = [examples[row] for row in rows]
         image_rows = [example.image_index for example in batch_examples]
         if cached is not None:

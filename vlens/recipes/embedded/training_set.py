@@ -27,6 +27,7 @@ from vlens.recipes.embedded.batches import EncodedExample, encode_example, to_mo
 from vlens.recipes.embedded.dot_variants import render_dot_variant
 from vlens.recipes.embedded.foreign import foreign_sample
 from vlens.recipes.embedded.image_store import ImageStore
+from vlens.recipes.embedded.minimal_pairs import counterpart
 from vlens.recipes.embedded.vision_aux import dense_labels
 from vlens.utils.errors import UserInputError
 from vlens.zoo.processor import CELL, image_size_of
@@ -170,6 +171,9 @@ class RenderedSet:
     examples: list[EncodedExample]
     sources: list[str]
     cell_labels: torch.Tensor
+    # example index -> its minimal-pair partner's index (same image, other noun), or None;
+    # None for the whole set when it was rendered without minimal pairs
+    partners: list[int | None] | None = None
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -215,14 +219,19 @@ def render_training_set(
     progress: bool = True,
     mix: dict[str, float] | None = None,
     max_objects: int | None = None,
+    minimal_pairs: bool = False,
 ) -> RenderedSet:
     """Render and encode `n_examples` training examples once (images kept as uint8);
-    `max_objects` caps the non-counting tasks' objects (see :func:`source_makers`)."""
+    `max_objects` caps the non-counting tasks' objects (see :func:`source_makers`).
+    `minimal_pairs`: every binding sample (existence, spatial, colour, shape) with a
+    counterpart also gets it as a second example on the same image
+    (vlens.recipes.embedded.minimal_pairs), recorded in `partners`."""
     if n_examples < 1:
         raise UserInputError(f"n_examples must be positive, got {n_examples}")
     makers = source_makers(vary=True, max_objects=max_objects)
     size = image_size_of(processor)
     images, examples, sources, labels = ImageStore(size), [], [], []
+    partners: list[int | None] = []
     for index, (name, sample_seed) in enumerate(
         tqdm(training_sources(n_examples, seed, mix), desc="render training set", disable=not progress)
     ):
@@ -231,7 +240,17 @@ def render_training_set(
         examples.append(encode_example(processor, record["question"], record["answer"], index))
         sources.append(name)
         labels.append(dense_labels(id_map, record["objects"], size // CELL))
-    return RenderedSet(images, examples, sources, torch.from_numpy(np.stack(labels)))
+        partners.append(None)
+        pair = counterpart(record, np.random.default_rng([sample_seed, 13])) if minimal_pairs else None
+        if pair is not None:
+            first = len(examples) - 1
+            examples.append(encode_example(processor, pair[0], pair[1], index))
+            sources.append(name)
+            partners[first] = first + 1
+            partners.append(first)
+    return RenderedSet(
+        images, examples, sources, torch.from_numpy(np.stack(labels)), partners if minimal_pairs else None
+    )
 
 
 def varied_sample(make: Callable[..., Sample], seed: int) -> tuple[Image.Image, np.ndarray, dict]:

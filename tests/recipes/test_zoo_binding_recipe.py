@@ -1,0 +1,98 @@
+"""The v4 recipe's binding changes: minimal pairs and an M-RoPE both image axes can use."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from vlens.data import make_task_sample
+from vlens.data import templates as T
+from vlens.data.palette import COLOR_PALETTE, SHAPES
+from vlens.recipes.embedded.architecture import axis_rotations, build_config
+from vlens.recipes.embedded.minimal_pairs import counterpart
+from vlens.recipes.embedded.tokenizer import build_tokenizer
+from vlens.recipes.embedded.train import with_partners
+from vlens.recipes.embedded.vocabulary import vocabulary_words
+from vlens.utils.errors import UserInputError
+
+
+def _truth(record: dict, question: str) -> str:
+    """The answer to `question` about the record's scene, derived independently of counterpart()."""
+    objects = record["objects"]
+    for obj in objects:
+        for other in objects:
+            if other is obj:
+                continue
+            for template, axis in ((T.LEFT_OF, 0), (T.ABOVE, 1)):
+                filled = T.fill(template, color=obj["color"], shape=obj["shape"],
+                                color2=other["color"], shape2=other["shape"])
+                if filled == question:
+                    return T.YES if obj["center"][axis] < other["center"][axis] else T.NO
+    for obj in objects:
+        if question == T.fill(T.COLOUR_OF_SHAPE, shape=obj["shape"]):
+            return obj["color"]
+        if question == T.fill(T.SHAPE_OF_COLOR, color=obj["color"]):
+            return obj["shape"]
+    shapes, colours = {o["shape"] for o in objects}, {o["color"] for o in objects}
+    for shape in set(SHAPES) | shapes:
+        if question == T.fill(T.EXISTS_SHAPE, shape=shape):
+            return T.YES if shape in shapes else T.NO
+    for colour in COLOR_PALETTE:
+        if question == T.fill(T.EXISTS_COLOR, color=colour):
+            return T.YES if colour in colours else T.NO
+    raise AssertionError(f"no rule for {question!r}")
+
+
+@pytest.mark.parametrize("task", ["existence", "spatial", "colour", "shape"])
+def test_counterparts_ask_about_the_same_image_and_are_answered_correctly(task):
+    made = flipped = 0
+    for seed in range(40):
+        _, record = make_task_sample(task, seed, size=168)
+        pair = counterpart(record, np.random.default_rng(seed))
+        if pair is None:
+            continue
+        question, answer = pair
+        made += 1
+        assert question != record["question"]
+        assert answer == _truth(record, question), (record, pair)
+        flipped += answer != record["answer"]
+    assert made >= 20  # most samples have a partner
+    if task in ("existence", "spatial"):
+        assert flipped == made  # the partner's yes/no answer is always the other one
+
+
+def test_no_counterpart_for_a_lone_object_or_counting():
+    for seed in range(40):
+        _, record = make_task_sample("colour", seed, size=168)
+        if len(record["objects"]) == 1:
+            assert counterpart(record, np.random.default_rng(0)) is None
+            break
+    else:
+        pytest.fail("no lone-object colour sample in 40 seeds")
+    _, record = make_task_sample("counting", 0, size=168)
+    assert counterpart(record, np.random.default_rng(0)) is None
+
+
+def test_batches_put_each_example_next_to_its_partner():
+    partners = [1, 0, None, 4, 3, None]
+    assert with_partners([0, 3, 2, 5, 2, 1], partners) == [0, 1, 3, 4, 2, 1]
+    assert with_partners([2, 0, 5], partners) == [2, 5, 0]  # odd batch: same length
+
+
+def test_the_new_rope_rotates_both_image_axes():
+    old = axis_rotations(10_000.0, [2, 3, 3], d_head=16, grid=6)
+    assert math.isclose(old["width"], 5 * 10_000 ** (-10 / 16)) and old["width"] < 0.02
+    new = axis_rotations(30.0, [2, 2, 4], d_head=16, grid=6)
+    assert new["width"] > 0.5 and new["height"] > 0.5
+    assert max(new.values()) < math.pi  # no axis wraps round across the grid
+
+
+def test_build_config_takes_the_rope_and_checks_the_section():
+    tokenizer = build_tokenizer(vocabulary_words())
+    config = build_config(tokenizer, rope_theta=30.0, mrope_section=[2, 2, 4])
+    assert config.text_config.rope_parameters["rope_theta"] == 30.0
+    assert config.text_config.rope_parameters["mrope_section"] == [2, 2, 4]
+    with pytest.raises(UserInputError, match="summing to d_head / 2 = 8"):
+        build_config(tokenizer, mrope_section=[2, 2, 2])
