@@ -62,7 +62,7 @@ def test_ctrl_c_saves_a_whole_step_and_the_resumed_run_equals_an_uninterrupted_o
     with pytest.raises(Interrupted, match="after step 4.*--resume") as stop:
         _toy_run(tmp_path, interrupt_at=3)  # the step in progress completes, then the state is saved
     assert stop.value.step == 4
-    saved = torch.load(tmp_path / "state.pt", weights_only=False)
+    saved = torch.load(tmp_path / "state.pt", weights_only=True)
     assert saved["step"] == 4 and [r["step"] for r in saved["log"] if "step" in r] == [1, 2, 3, 4]
     assert signal.getsignal(signal.SIGINT) is handler  # the loop's handler is gone
     _assert_bitwise_equal(_toy_run(tmp_path), reference)
@@ -93,7 +93,7 @@ def test_killed_run_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path):
     process.kill()  # SIGKILL: no handler runs; only the periodic checkpoint survives
     process.wait()
     assert state.exists() and not out.exists(), process.stderr.read().decode()[-2000:]
-    killed_at = torch.load(state, weights_only=False)["step"]
+    killed_at = torch.load(state, weights_only=True)["step"]
     assert 2 <= killed_at < 12
 
     assert main(["zoo", "train", "--out", str(out), *TINY]) == 2  # a saved state needs --resume

@@ -195,9 +195,10 @@ def run_command(args: argparse.Namespace) -> int:
             # other ranks: no printed summaries, and each warning once, from rank 0 (vlens.parallel.quiet)
             with contextlib.redirect_stdout(io.StringIO()) if not sharding.is_main else nullcontext(), \
                     other_ranks_quiet(sharding):
-                status = _run(args, prog)
-            if status != 2:
+                status, finished = _run(args, prog)
+            if finished and status in (0, NON_FINITE_EXIT):
                 done(sharding)  # the output is written: the finished units are no longer needed
+            # otherwise (a user error, Ctrl-C, a bug) the finished units stay for --resume
             return status
     except CommandExit as stop:
         print_error(prog, stop.message)
@@ -206,17 +207,18 @@ def run_command(args: argparse.Namespace) -> int:
         return report_failure(prog, error, verbose)
 
 
-def _run(args: argparse.Namespace, prog: str) -> int:
+def _run(args: argparse.Namespace, prog: str) -> tuple[int, bool]:
+    """(exit status, whether the command returned: its output is written)."""
     with command_logging(args.verbose, args.quiet), hf_bars_hidden() if args.quiet else nullcontext():
         try:
-            return int(args.func(args) or 0)
+            return int(args.func(args) or 0), True
         except FloatingPointError as error:  # NaN/inf activations or loss (vlens.utils.finite): exit 3, like --allow-nan's
             if args.verbose:
                 traceback.print_exc()
             print_error(prog, one_line(error))
-            return 3
+            return NON_FINITE_EXIT, False
         except (Exception, KeyboardInterrupt) as error:
-            return report_failure(prog, error, args.verbose)
+            return report_failure(prog, error, args.verbose), False
 
 
 __all__ = ["USER_ERRORS", "add_output_flags", "command_logging", "echo", "non_finite_exit", "one_line",

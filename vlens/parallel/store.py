@@ -14,7 +14,6 @@ must be plain data (tensors, numbers, strings, None, and lists / tuples / dicts 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import atomic_write, atomic_write_json, load_tensor_file, read_json_file
 
 MANIFEST = "manifest.json"
 STAGE_FILE = "stage.json"
@@ -52,18 +52,8 @@ def check_plain(value: Any, where: str = "unit result") -> None:
                     f"them) to be stored for resuming; got {type(value).__name__}")
 
 
-def _atomic_write_bytes(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def _write_json(path: Path, data: dict) -> None:
-    _atomic_write_bytes(path, lambda p: p.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n"))
+    atomic_write_json(path, data, sort_keys=True)
 
 
 class StageStore:
@@ -84,10 +74,11 @@ class StageStore:
 
     def save(self, index: int, result: Any) -> None:
         check_plain(result)
-        _atomic_write_bytes(self.path(index), lambda p: torch.save(result, p))
+        atomic_write(self.path(index), lambda p: torch.save(result, p))
 
     def load(self, index: int) -> Any:
-        return torch.load(self.path(index), weights_only=True)
+        return load_tensor_file(self.path(index), f"the finished unit {index} of {self.name!r}",
+                                f"delete {self.path(index)} (that unit is computed again) and resume")
 
 
 class UnitStore:
@@ -113,12 +104,12 @@ class UnitStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         manifest = self.folder / MANIFEST
         if manifest.is_file():
-            found = json.loads(manifest.read_text()).get("settings", {})
+            found = self._manifest_settings(manifest)
             if found != self.settings and self.replace_other:
                 shutil.rmtree(self.folder, ignore_errors=True)
                 self.folder.mkdir(parents=True, exist_ok=True)
                 _write_json(manifest, {"settings": self.settings})
-            elif found != self.settings:
+            elif found is not None and found != self.settings:
                 keys = sorted(k for k in set(found) | set(self.settings) if found.get(k) != self.settings.get(k))
                 raise UserInputError(
                     f"{self.folder} holds the finished units of a run with other settings (they differ in "
@@ -127,6 +118,21 @@ class UnitStore:
         else:  # every rank may write it: the content is the same, the rename atomic
             _write_json(manifest, {"settings": self.settings})
         self._checked = True
+
+    def _manifest_settings(self, manifest: Path) -> dict | None:
+        """The settings the manifest records; None for a damaged one that --overwrite may replace."""
+        fix = f"delete {self.folder} to start over"
+        try:
+            found = read_json_file(manifest, "the resume folder's manifest", fix)
+        except UserInputError:
+            if self.replace_other:
+                return None
+            raise
+        if not isinstance(found, dict) or not isinstance(found.get("settings", {}), dict):
+            if self.replace_other:
+                return None
+            raise UserInputError(f"the resume folder's manifest {manifest} holds no settings object: {fix}")
+        return found.get("settings", {})
 
     def stage(self, index: int, name: str, n_units: int) -> StageStore:
         """The store of the `index`-th stage of the run (named `name`, `n_units` units)."""
@@ -137,7 +143,10 @@ class UnitStore:
         info = {"name": name, "n_units": n_units}
         stage_file = folder / STAGE_FILE
         if stage_file.is_file():
-            found = json.loads(stage_file.read_text())
+            found = read_json_file(stage_file, "the resume folder's stage file", f"delete {self.folder} to start over")
+            if not isinstance(found, dict) or not {"name", "n_units"} <= set(found):
+                raise UserInputError(f"the resume folder's stage file {stage_file} is damaged: delete {self.folder} "
+                                     "to start over")
             if found != info:
                 raise UserInputError(f"{folder} was written for {found['n_units']} units of {found['name']!r}, this run "
                                  f"has {n_units} units of {name!r}: delete {self.folder} to start over.")

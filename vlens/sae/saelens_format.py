@@ -14,7 +14,6 @@ SAELens's keys (``W_enc [d_in, d_sae]``, ``W_dec [d_sae, d_in]``, ``b_enc``, ``b
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from vlens.sae.base import SAE
 from vlens.sae.config import SAEConfig
 from vlens.sae.registry import architecture_classes, build_sae
 from vlens.utils.errors import UserInputError
-from vlens.utils.strict_json import loads_strict
+from vlens.utils.fileio import atomic_write, atomic_write_json, read_json_file
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
@@ -49,8 +48,10 @@ def save_sae(sae: SAE, folder: str | os.PathLike) -> Path:
     cfg["metadata"] = metadata
     cfg["dtype"] = str(sae.dtype).removeprefix("torch.")
     cfg["device"] = str(sae.W_enc.device)
-    save_file({k: v.cpu() for k, v in sae.state().items()}, str(folder / WEIGHTS_FILE))
-    (folder / CFG_FILE).write_text(json.dumps(cfg, indent=1) + "\n", encoding="utf-8")
+    # each file whole or not at all: an interrupted save never leaves a 0-byte cfg.json
+    atomic_write(folder / WEIGHTS_FILE, lambda staging: save_file({k: v.cpu() for k, v in sae.state().items()},
+                                                                   str(staging)))
+    atomic_write_json(folder / CFG_FILE, cfg)
     return folder
 
 
@@ -105,7 +106,7 @@ def load_sae(folder: str | os.PathLike, device: str | torch.device | None = None
     if not is_sae_folder(folder):
         raise UserInputError(f"{folder} is not an SAE folder: it needs {CFG_FILE} and {WEIGHTS_FILE} "
                              "(as SAELens's save_model and vlens.sae.save_sae write them).")
-    raw = loads_strict((folder / CFG_FILE).read_text(encoding="utf-8"), str(folder / CFG_FILE))
+    raw = read_json_file(folder / CFG_FILE, "the SAE config", "write the SAE folder again (train or convert it anew)")
     if not isinstance(raw, dict):
         raise UserInputError(f"{folder / CFG_FILE} must hold a JSON object.")
     fields = normalize_config(raw)

@@ -31,6 +31,7 @@ from vlens.sae.saelens_format import load_sae, save_sae
 from vlens.sae.schedule import lr_at, warmup_factor
 from vlens.sae.settings import SAETraining, TrainRun
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import atomic_write, load_tensor_file
 from vlens.utils.results import Result
 
 STATE_FILE = "trainer_state.pt"
@@ -244,18 +245,17 @@ class SAETrainer:
         assert self.checkpoint_dir is not None
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         save_sae(self.sae, self.checkpoint_dir / "sae")
-        target = self.checkpoint_dir / STATE_FILE
-        tmp = target.with_suffix(".tmp")
-        torch.save(self.state_dict(), tmp)
-        os.replace(tmp, target)
-        return target
+        return atomic_write(self.checkpoint_dir / STATE_FILE, lambda staging: torch.save(self.state_dict(), staging))
 
     def load_checkpoint(self) -> None:
         assert self.checkpoint_dir is not None
         path = self.checkpoint_dir / STATE_FILE
         if not path.exists():
             raise UserInputError(f"nothing to resume: {path} does not exist (run without resume first).")
-        state = torch.load(path, weights_only=True)
+        state = load_tensor_file(path, "the SAE training state", "delete the checkpoint folder to train afresh")
+        if not isinstance(state, dict) or not isinstance(state.get("training"), dict):
+            raise UserInputError(f"{path} is not an SAE training state this version writes: delete the checkpoint "
+                                 "folder to train afresh")
         if state["training"] != asdict(self.training):
             changed = sorted(k for k, v in asdict(self.training).items() if state["training"].get(k) != v)
             raise UserInputError(f"{path} was trained with other settings ({', '.join(changed)} differ): "

@@ -46,6 +46,17 @@ class ImageStore:
         rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
         return torch.from_numpy(np.stack([self.image(row) for row in rows]))
 
+    def to_tensors(self) -> list[torch.Tensor]:
+        """The PNG bytes of each image as uint8 tensors (plain data: saved and read back without pickle)."""
+        return [torch.frombuffer(bytearray(blob), dtype=torch.uint8) for blob in self._blobs]
+
+    @classmethod
+    def from_tensors(cls, size: int, blobs: Sequence[torch.Tensor]) -> ImageStore:
+        """The store `to_tensors` saved (each image is decoded only when drawn)."""
+        store = cls(size)
+        store._blobs = [bytes(blob.numpy().tobytes()) for blob in blobs]
+        return store
+
     @property
     def nbytes(self) -> int:
         return sum(len(blob) for blob in self._blobs)

@@ -11,7 +11,6 @@ same thread count, its final weights equal an uninterrupted run's bit for bit.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -25,8 +24,10 @@ from tqdm.auto import tqdm
 from vlens.recipes.embedded.settings import Schedule
 from vlens.training.schedule import learning_rate_at
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import atomic_write, load_tensor_file
 
 STATE_FILE = "state.pt"
+RESTART_HINT = "pass --overwrite to discard it and start this stage afresh"
 
 
 def rate_at(settings: Schedule, step: int) -> float:
@@ -65,7 +66,9 @@ class TrainingState:
         """The saved state of this run, or None; UserInputError if it belongs to another run."""
         if self.path is None or not self.path.is_file():
             return None
-        state = torch.load(self.path, map_location="cpu", weights_only=False)
+        state = load_tensor_file(self.path, "the saved training state", RESTART_HINT)
+        if not isinstance(state, dict) or not isinstance(state.get("fingerprint"), dict):
+            raise UserInputError(f"the saved training state {self.path} is not one this recipe writes: {RESTART_HINT}")
         if state["fingerprint"] != self.fingerprint:
             differing = sorted(
                 key
@@ -83,10 +86,8 @@ class TrainingState:
         if self.directory is None:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / STATE_FILE
-        partial = path.with_suffix(".partial")
-        torch.save({**state, "fingerprint": self.fingerprint}, partial)
-        os.replace(partial, path)  # a kill during the save leaves the previous state intact
+        # plain data only (read back with weights_only=True); a kill during the save keeps the previous state
+        atomic_write(self.directory / STATE_FILE, lambda path: torch.save({**state, "fingerprint": self.fingerprint}, path))
 
 
 @contextmanager

@@ -39,6 +39,7 @@ from vlens.recipes.embedded.train import train_model
 from vlens.recipes.embedded.training_set import (
     DEFAULT_SIZE,
     TRAINING_MIX,
+    RenderedSet,
     held_out_samples,
     render_training_set,
 )
@@ -46,7 +47,7 @@ from vlens.recipes.embedded.vision_aux import dense_labels
 from vlens.recipes.embedded.vision_pretrain import pretrain_vision
 from vlens.recipes.embedded.vocabulary import vocabulary_words
 from vlens.utils.errors import UserInputError
-from vlens.utils.fileio import atomic_folder
+from vlens.utils.fileio import atomic_folder, atomic_write, load_tensor_file
 from vlens.utils.validation import check_output_folder
 from vlens.zoo.processor import (
     CELL,
@@ -283,15 +284,20 @@ def _rendered_set(state: TrainingState, settings: RecipeSettings, processor, pro
     assert directory is not None  # the recipe always keeps a checkpoint folder (_prepare_state)
     path = directory / RENDERED_FILE
     if path.is_file():
-        saved = torch.load(path, weights_only=False)
+        fix = "delete it (it is rendered again) or pass --overwrite"
+        saved = load_tensor_file(path, "the rendered training set", fix)  # plain data only: never runs code
+        if not isinstance(saved, dict) or "fingerprint" not in saved:
+            raise UserInputError(f"the rendered training set {path} is not one this recipe writes: {fix}")
         if saved["fingerprint"] == state.fingerprint:
-            return saved["rendered"]
+            try:
+                return RenderedSet.from_plain(saved["rendered"])
+            except (KeyError, TypeError, ValueError) as error:
+                raise UserInputError(f"the rendered training set {path} is damaged ({error!r}): {fix}") from None
     rendered = render_training_set(
         processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects
     )
-    directory.mkdir(parents=True, exist_ok=True)
-    torch.save({"fingerprint": state.fingerprint, "rendered": rendered}, path.with_suffix(".partial"))
-    path.with_suffix(".partial").replace(path)
+    atomic_write(path, lambda staging: torch.save({"fingerprint": state.fingerprint, "rendered": rendered.to_plain()},
+                                                  staging))
     return rendered
 
 

@@ -175,6 +175,26 @@ class RenderedSet:
     # None for the whole set when it was rendered without minimal pairs
     partners: list[int | None] | None = None
 
+    def to_plain(self) -> dict:
+        """Plain data (tensors, numbers, strings, lists, dicts) that `torch.load(weights_only=True)` reads back."""
+        return {
+            "image_size": self.images.size,
+            "images": self.images.to_tensors(),
+            "examples": [[e.input_ids, e.labels, e.image_index] for e in self.examples],
+            "sources": list(self.sources),
+            "cell_labels": self.cell_labels,
+        }
+
+    @classmethod
+    def from_plain(cls, data: dict) -> RenderedSet:
+        """The set `to_plain` wrote (KeyError / TypeError / ValueError on anything else)."""
+        return cls(
+            ImageStore.from_tensors(int(data["image_size"]), data["images"]),
+            [EncodedExample(list(ids), list(labels), int(index)) for ids, labels, index in data["examples"]],
+            [str(source) for source in data["sources"]],
+            data["cell_labels"],
+        )
+
 
 def parse_mix(text: str) -> dict[str, float]:
     """ "colour=0.2,shape=0.2" -> {"colour": 0.2, "shape": 0.2}; unknown sources are an error."""
