@@ -277,7 +277,7 @@ def _prepare_state(out: Path, settings: RecipeSettings) -> TrainingState:
     return state
 
 
-def _rendered_set(state: TrainingState, settings: RecipeSettings, processor, progress: bool):
+def cached_training_set(state: TrainingState, settings: RecipeSettings, processor, progress: bool):
     """The stage's pre-rendered training set, kept in the checkpoint folder so that a resumed
     run does not render it again (rendering is deterministic, so either way it is the same)."""
     directory = state.directory
@@ -327,7 +327,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     else:
         tokenizer, processor, model = build_untrained(settings.seed, settings.image_size or IMAGE_SIZE)
     model.to(settings.device)
-    rendered = _rendered_set(state, settings, processor, progress)
+    rendered = cached_training_set(state, settings, processor, progress)
     log_path = checkpoints / TRAINING_LOG
     start = time.time()
     quick = min(settings.checkpoint_held_out_per_source, settings.held_out_per_source)  # per source
