@@ -204,3 +204,25 @@ def assert_saved_checkpoint_loads(hf, processor, folder, images, prompt: str = "
     with torch.no_grad():
         torch.testing.assert_close(model(inputs), hf(**inputs.to_hf_kwargs()).logits, atol=1e-4, rtol=0)
     assert model.cfg.architecture == type(hf).__name__
+
+
+def assert_bf16_within_hf_noise(hf, processor, make_inputs, slack: float = 2.0) -> None:
+    """In bf16, HookedVLM is as close to HF fp32 as HF's own bf16 is: max |ours_bf16 - hf_fp32| over the
+    real tokens is at most `slack` x max |hf_bf16 - hf_fp32| (+ 1e-3). `make_inputs(model)` builds the inputs.
+
+    The bf16 HF model is a copy of `hf` (left in fp32)."""
+    import copy
+
+    from vlens import HookedVLM
+
+    hf16 = copy.deepcopy(hf).to(torch.bfloat16)
+    model16 = HookedVLM.from_hf(hf16, processor=processor)
+    assert model16.cfg.dtype == torch.bfloat16
+    inputs = make_inputs(model16)
+    real = inputs.attention_mask.bool()
+    with torch.no_grad():
+        reference = hf(**inputs.to_hf_kwargs()).logits.float()[real]
+        hf_noise = (hf16(**inputs.to_hf_kwargs()).logits.float()[real] - reference).abs().max()
+        ours = (model16(inputs).float()[real] - reference).abs().max()
+    assert hf_noise > 0, "HF's bf16 run should differ from fp32"
+    assert ours <= slack * hf_noise + 1e-3, (float(ours), float(hf_noise))

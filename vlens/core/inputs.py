@@ -62,10 +62,14 @@ class TokenRegions:
 
     def image_view(self, row: int, image: int = 0) -> ImageTile:
         """The record whose grid covers the whole image (kind "image", or an anyres image's "base"
-        view): its positions are row-major over its grid, what per-cell figures and maps read."""
+        view): its positions are row-major over its grid, what per-cell figures and maps read. Where the
+        whole image's tokens are no places on it (Idefics2's perceiver latents), its non-spatial record."""
         records = self.tiles[row][image] if row < len(self.tiles) and image < len(self.tiles[row]) else []
         for record in records:
             if record.spatial and record.kind in ("image", "base"):
+                return record
+        for record in records:  # tokens that are no places on the image (Idefics2's perceiver latents): one row
+            if record.kind in ("image", "base"):
                 return record
         if not records:  # regions built by hand without tile records
             positions = self.images[row][image]

@@ -1,5 +1,5 @@
 """Tiny random models, tokenizers and processors of every supported family, built offline, for tests,
-benchmarks and docs; one module per family (`vlens.testing.qwen`, `vlens.testing.llava`, `vlens.testing.llava_next`, `vlens.testing.internvl`, `vlens.testing.idefics3`, ...), every
+benchmarks and docs; one module per family (`vlens.testing.qwen`, `vlens.testing.llava`, `vlens.testing.llava_next`, `vlens.testing.internvl`, `vlens.testing.idefics3`, `vlens.testing.idefics2`, ...), every
 name re-exported here. Nothing here downloads anything: configs come from HF config classes, the
 tokenizer from `tokenizers`, the image processor from its parameters (PIL backend, no torchvision).
 `vlens.testing.real_vocab` is the real-vocabulary fixture (Qwen2's byte-level BPE, multi-digit
@@ -25,6 +25,15 @@ from vlens.testing.gemma3 import (
     tiny_gemma3_config,
     tiny_gemma3_model,
     tiny_gemma3_processor,
+)
+from vlens.testing.idefics2 import (
+    IDEFICS2_CHAT_TEMPLATE,
+    IDEFICS2_SPECIAL_TOKENS,
+    IDEFICS2_WORDS,
+    idefics2_tokenizer,
+    tiny_idefics2_config,
+    tiny_idefics2_model,
+    tiny_idefics2_processor,
 )
 from vlens.testing.idefics3 import (
     IDEFICS3_CHAT_TEMPLATE,
@@ -106,4 +115,6 @@ __all__ = [
     "IDEFICS3_CHAT_TEMPLATE", "IDEFICS3_SPECIAL_TOKENS", "IDEFICS3_WORDS", "SMOLVLM_CHAT_TEMPLATE",
     "SMOLVLM_SPECIAL_TOKENS", "idefics3_tokenizer", "tiny_idefics3_config", "tiny_idefics3_model",
     "tiny_idefics3_processor", "tiny_smolvlm_model", "tiny_smolvlm_processor",
+    "IDEFICS2_CHAT_TEMPLATE", "IDEFICS2_SPECIAL_TOKENS", "IDEFICS2_WORDS", "idefics2_tokenizer",
+    "tiny_idefics2_config", "tiny_idefics2_model", "tiny_idefics2_processor",
 ]

@@ -119,6 +119,7 @@ class Idefics3Adapter(LlavaAdapter):
     family = "idefics3"
     # SmolVLM's get_image_features keeps one frame when every frame is padding; Idefics3's drops all
     keep_one_frame = False
+    whole_patches_only = False
 
     def language_model(self, hf_model: HFModule) -> HFModule:
         return hf_model.model.text_model
@@ -164,14 +165,19 @@ class Idefics3Adapter(LlavaAdapter):
         attach_vision_head_hooks(vision, [layer.self_attn.out_proj for layer in layers], heads)
         return vision
 
-    def check_inputs(self, cfg: VLMConfig, inputs) -> None:
+    def check_frame_rows(self, inputs) -> None:
+        """pixel_values must hold one row of frames (sub-images) per prompt."""
         pixel_values = inputs.pixel_values
-        if pixel_values is None:
-            return
         if pixel_values.ndim != 5 or pixel_values.shape[0] != inputs.input_ids.shape[0]:
             raise UserInputError(f"{self.family} expects pixel_values [batch, n_sub_images, channels, height, width] "
                                  f"(one row per prompt), got {tuple(pixel_values.shape)} for a batch of "
                                  f"{inputs.input_ids.shape[0]}. Build inputs with model.prepare(...) or the processor.")
+
+    def check_inputs(self, cfg: VLMConfig, inputs) -> None:
+        pixel_values = inputs.pixel_values
+        if pixel_values is None:
+            return
+        self.check_frame_rows(inputs)
         height, width = pixel_values.shape[-2:]
         step = self.patch_size * self.scale_factor
         if height != width or height % step:
@@ -188,7 +194,9 @@ class Idefics3Adapter(LlavaAdapter):
             real[0] |= ~torch.any(real)
         return real.view(b, n)
 
-    def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
+    def tower_features(self, vision: HookedVisionTower, inputs) -> tuple[Tensor, Tensor]:
+        """(hidden [n_frames, n_patches, width], patch_mask [n_frames, rows, cols]): the tower, block by
+        block, on every real frame (sub-image), as HF's `get_image_features` and vision transformer."""
         tower: HFModule = vision.tower
         pixel_values = inputs.pixel_values
         b, n, channels, height, width = pixel_values.shape
@@ -202,13 +210,18 @@ class Idefics3Adapter(LlavaAdapter):
         else:
             mask = mask.reshape(b * n, *mask.shape[2:])[real.to(mask.device)].contiguous()
         p = self.patch_size
-        patch_mask = mask.unfold(1, p, p).unfold(2, p, p).sum(dim=(-1, -2)) > 0
+        covered = mask.unfold(1, p, p).unfold(2, p, p).sum(dim=(-1, -2))
+        # Idefics2 keeps the patches that lie wholly inside the image, Idefics3 those that touch it
+        patch_mask = covered == p * p if self.whole_patches_only else covered > 0
         hidden = tower.embeddings(pixel_values=frames, patch_attention_mask=patch_mask)
         attention = create_bidirectional_mask(config=tower.config, inputs_embeds=hidden,
                                               attention_mask=patch_mask.reshape(frames.shape[0], -1))
         for block in tower.encoder.layers:
             hidden = block(hidden, attention)
-        hidden = tower.post_layernorm(hidden)
+        return tower.post_layernorm(hidden), patch_mask
+
+    def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
+        hidden, _ = self.tower_features(vision, inputs)
         connector: HFModule = vision.projector
         if connector is None:
             raise RuntimeError(f"a {self.family} vision tower needs its connector")
