@@ -112,12 +112,15 @@ def test_dihedral_moves_labels_with_the_pixels():
         assert int(cells.argmax()) == int(moved[0, 0].argmax()) and moved[0].sum() == 15
 
 
-def test_training_examples_are_varied_and_the_dot_renderer_is_held_out():
+def test_training_examples_are_varied_and_the_foreign_renderer_is_held_out():
     assert not set(HELD_OUT_ONLY) & set(TRAINING_MIX)
     with pytest.raises(ValueError, match="held out of every training stage"):
-        parse_mix("counting/dot_variants=1")
+        parse_mix("foreign/colour=1")
     with pytest.raises(ValueError, match="held out"):
-        training_sources(4, 0, {"counting/dot_variants": 1.0})
+        training_sources(4, 0, {"foreign/counting": 1.0})
+    # the shipped model's stages trained on the second dot renderer: their commands parse
+    assert parse_mix("counting/syndot=0.1,counting/dot_variants=0.05") == {
+        "counting/syndot": 0.1, "counting/dot_variants": 0.05}
     from vlens.recipes.embedded.training_set import source_makers
 
     makers = source_makers(vary=True)

@@ -96,3 +96,28 @@ def test_build_config_takes_the_rope_and_checks_the_section():
     assert config.text_config.rope_parameters["mrope_section"] == [2, 2, 4]
     with pytest.raises(UserInputError, match="summing to d_head / 2 = 8"):
         build_config(tokenizer, mrope_section=[2, 2, 2])
+
+
+def _card_commands(card: str) -> list[str]:
+    return [line for line in card.splitlines() if line.startswith("vlens zoo train ")]
+
+
+@pytest.mark.parametrize("card", ["vlens/zoo/weights/tiny-qwen2.5-vl/MODEL_CARD.md",
+                                  "training/v3/stage1/MODEL_CARD.md"])
+def test_model_card_commands_parse(card):
+    """A model card's commands reproduce its model: every stage's command line is accepted
+    (the --mix of the shipped stages names counting/dot_variants)."""
+    import shlex
+    from pathlib import Path
+
+    from vlens.cli import build_parser
+
+    commands = _card_commands((Path(__file__).parents[2] / card).read_text())
+    assert len(commands) >= 1
+    parser = build_parser()
+    for command in commands:
+        args = parser.parse_args(shlex.split(command)[1:])
+        if args.mix:
+            from vlens.recipes.embedded.training_set import parse_mix
+
+            assert parse_mix(args.mix)

@@ -135,7 +135,7 @@ def test_bad_flags_are_refused_before_anything_runs(tmp_path, capsys, flag, valu
 
 
 def test_a_held_out_source_in_the_mix_is_one_clear_error(tmp_path, capsys):
-    assert main(["zoo", "train", "--out", str(tmp_path / "o"), "--mix", "counting/dot_variants=1"]) == 2
+    assert main(["zoo", "train", "--out", str(tmp_path / "o"), "--mix", "foreign/shape=1"]) == 2
     assert "held out of every training stage" in capsys.readouterr().err
 
 
