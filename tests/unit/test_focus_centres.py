@@ -3,27 +3,14 @@ against hand computations (Qwen's smart_resize; LLaVA's CLIP resize + centre cro
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from PIL import Image, ImageDraw
 
+from tests.helpers.region_geometry import smart_resize_by_hand
 from vlens import HookedVLM
 from vlens.interventions.focus import focus_prior
 from vlens.testing import tiny_hf_model, tiny_llava_model, tiny_llava_processor, tiny_qwen_processor
-
-
-def _smart_resize_by_hand(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
-                          max_pixels: int = 28 * 28 * 64) -> tuple[int, int]:
-    h, w = round(height / factor) * factor, round(width / factor) * factor
-    if h * w > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h, w = math.floor(height / beta / factor) * factor, math.floor(width / beta / factor) * factor
-    elif h * w < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
-    return h, w
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +27,7 @@ def llava():
 def test_qwen_centres_follow_smart_resize(qwen, size, point):
     width, height = size
     inputs = qwen.prepare(images=[Image.new("RGB", size)], prompts=["How many?"])
-    h, w = _smart_resize_by_hand(height, width)
+    h, w = smart_resize_by_hand(height, width)
     grid = (h // 28, w // 28)
     assert inputs.regions.image_grid[0] == [grid]  # the processor's grid is the hand computation
     coords, visible = qwen.adapter.image_points_to_grid(qwen.processor, torch.tensor([point], dtype=torch.float64),

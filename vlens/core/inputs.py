@@ -10,6 +10,14 @@ from jaxtyping import Int
 from torch import Tensor
 
 from vlens.core.architectures.base import ImageTile, whole_image_tiles
+from vlens.core.image_regions import (
+    ImageGeometry,
+    TokenSelection,
+    select_box,
+    select_mask,
+    select_points,
+    token_box,
+)
 from vlens.utils.errors import UserInputError
 
 
@@ -38,6 +46,10 @@ class TokenRegions:
             "start" / "end" (``<img>`` / ``</img>``); Idefics3's "tile_tag" (``<row_r_col_c>``, with the
             tile's layout cell), "global_tag" (``<global-img>``), "boundary" (``<fake_token_around_image>``)
             and "newline" (the newlines after each tile row). Empty lists for families without them.
+        geometry: per row, per image, the pixel geometry of its tokens in the original image
+            (`ImageGeometry`: each token's box), which `from_box`, `from_mask`, `from_points` and
+            `token_box` read; None for an image whose original size is unknown (inputs not built by
+            `model.prepare`). Empty where the regions were built without it.
     """
 
     image: list[Tensor]
@@ -47,6 +59,7 @@ class TokenRegions:
     image_grid: list[list[tuple[int, int]]]
     tiles: list[list[list[ImageTile]]] = field(default_factory=list)
     markers: list[list[list[ImageTile]]] = field(default_factory=list)
+    geometry: list[list[ImageGeometry | None]] = field(default_factory=list)
 
     def region(self, name: str, row: int) -> Tensor:
         """Positions of a named region ("image", "text", "final", "all") in one row."""
@@ -98,7 +111,47 @@ class TokenRegions:
             image_grid=[self.image_grid[r] for r in rows],
             tiles=[self.tiles[r] for r in rows] if self.tiles else [],
             markers=[self.markers[r] for r in rows] if self.markers else [],
+            geometry=[self.geometry[r] for r in rows] if self.geometry else [],
         )
+
+    # ---- image regions from geometry (vlens.core.image_regions; docs/regions.md) ----
+    def image_geometry(self, image_index: int) -> ImageGeometry:
+        """The pixel geometry of image `image_index` (images counted over the batch, row by row, in
+        order of appearance)."""
+        n_images = sum(len(row) for row in self.images)
+        if isinstance(image_index, bool) or not isinstance(image_index, int) or not 0 <= image_index < n_images:
+            raise UserInputError(f"image index {image_index!r} is out of range: the batch holds {n_images} image(s), "
+                                 f"counted over the rows in order (0 .. {n_images - 1})")
+        seen = 0
+        for row, images in enumerate(self.images):
+            if image_index < seen + len(images):
+                found = self.geometry[row][image_index - seen] if row < len(self.geometry) else None
+                if found is None:
+                    raise UserInputError(
+                        f"image {image_index} has no pixel geometry: its original size is unknown. Build the inputs "
+                        "with model.prepare(images=..., prompts=...) (which records each image's size)")
+                return found
+            seen += len(images)
+        raise RuntimeError("unreachable: image index checked against the count")
+
+    def from_box(self, image_index: int, box, *, threshold: float = 0.0) -> TokenSelection:
+        """The tokens of image `image_index` (every view: base view, tiles, thumbnail) that the pixel box
+        (x0, y0, x1, y1) of the original image covers more than `threshold` of, with each token's covered
+        fraction (`TokenSelection.coverage`). threshold 0: any overlap."""
+        return select_box(self.image_geometry(image_index), box, threshold)
+
+    def from_mask(self, image_index: int, mask, *, threshold: float = 0.0) -> TokenSelection:
+        """The tokens a bool [height, width] mask of the original image covers more than `threshold` of."""
+        return select_mask(self.image_geometry(image_index), mask, threshold)
+
+    def from_points(self, image_index: int, points) -> TokenSelection:
+        """The tokens (one per view) whose pixels hold any of the points [[x, y], ...] (original pixels)."""
+        return select_points(self.image_geometry(image_index), points)
+
+    def token_box(self, image_index: int, pos: int, *, clip: bool = True) -> tuple[float, float, float, float]:
+        """The pixel box (x0, y0, x1, y1) in the original image of the token at position `pos` of image
+        `image_index` (clipped to the image; clip=False: the token's whole cell, padding included)."""
+        return token_box(self.image_geometry(image_index), pos, clip)
 
     def mask(self, name: str, seq_len: int) -> Tensor:
         """Boolean [batch, seq_len] mask of a named region."""

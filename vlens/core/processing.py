@@ -12,6 +12,7 @@ from torch import Tensor
 
 from vlens.core.architectures.base import ArchitectureAdapter
 from vlens.core.config import VLMConfig
+from vlens.core.image_regions import ImageGeometry, build_geometry
 from vlens.core.inputs import VLMInputs, compute_regions
 from vlens.core.prompt_text import escape_special_tokens
 from vlens.utils.errors import UserInputError
@@ -178,7 +179,33 @@ def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Seq
         # name the image the processor refuses, if that is why
         raise_if_refused(model.processor, [image for row in rgb for image in row])
         raise
-    return coerce_inputs(model, dict(encoded))
+    out = coerce_inputs(model, dict(encoded))
+    add_image_geometry(model, out, [image.size for row in rgb for image in row])
+    return out
+
+
+def add_image_geometry(model: PreparingModel, inputs: VLMInputs, sizes: Sequence[tuple[int, int]] | None) -> None:
+    """Fill `inputs.regions.geometry`: each image token's pixel box in its original image (the adapter's
+    `token_pixel_boxes` on every spatial record), from each image's original (width, height).
+
+    Left empty where the sizes are unknown or do not match the images the model sees (Gemma 3's
+    pan-and-scan crops count as images of their own: `from_box` then says the geometry is unknown).
+    """
+    regions = inputs.regions
+    if regions is None or not sizes or len(sizes) != sum(len(row) for row in regions.images):
+        return
+    flat = iter(enumerate(sizes))
+    geometry: list[list[ImageGeometry | None]] = []
+    for row in range(len(regions.images)):
+        row_geometry: list[ImageGeometry | None] = []
+        for image in range(len(regions.images[row])):
+            index, size = next(flat)
+            records = regions.tiles[row][image] if regions.tiles else [regions.image_view(row, image)]
+            spatial = [r for r in records if r.spatial]
+            boxes = [model.adapter.token_pixel_boxes(model.processor, (int(size[0]), int(size[1])), r) for r in spatial]
+            row_geometry.append(build_geometry(row, index, size, spatial, boxes))
+        geometry.append(row_geometry)
+    regions.geometry = geometry
 
 
 def raise_if_refused(processor: Any, images: Sequence[Any]) -> None:
@@ -239,6 +266,7 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
             out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id,
                                           counts, grids, model.adapter.image_tiles(model.cfg, out),
                                           model.adapter.image_markers(model.cfg, out))
+            add_image_geometry(model, out, model.adapter.original_image_sizes(out))
         elif not bool((out.input_ids == image_token_id).any()):
             out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id, [], [])
     device = model.input_device

@@ -83,6 +83,9 @@ class ImageTile:
             whole (squashed) image into equal bands (InternVL, Idefics3): tile (r, c) then covers the
             r-th of rows bands of the height and the c-th of cols of the width, which
             `image_points_to_tile` uses when there is no `box`; None for other kinds.
+        extent: (x0, y0, x1, y1) where the grid runs past the image onto the processor's padding (an
+            anyres tile at the padded edge): the whole span its cells divide into equal bands, partly
+            outside the image; None: the cells divide `box` (or the layout band) exactly.
     """
 
     kind: str
@@ -93,6 +96,7 @@ class ImageTile:
     box: tuple[float, float, float, float] | None = None
     spatial: bool = True
     layout_grid: tuple[int, int] | None = None
+    extent: tuple[float, float, float, float] | None = None
 
 
 def whole_image_tiles(count: int, grid: tuple[int, int]) -> list[ImageTile]:
@@ -132,6 +136,30 @@ def points_to_box_grid(points: Tensor, image_size: tuple[int, int], box: tuple[f
     x, y = points[:, 0], points[:, 1]
     visible = (x >= 0) & (x <= width) & (y >= 0) & (y <= height)
     return torch.stack([(y - y0) * rows / (y1 - y0) - 0.5, (x - x0) * cols / (x1 - x0) - 0.5], dim=-1), visible
+
+
+def affine_cell_boxes(to_grid, image_size: tuple[int, int], grid: tuple[int, int]) -> Tensor:
+    """[rows * cols, 4] pixel boxes (x0, y0, x1, y1) of a grid's cells, row-major, from an axis-aligned
+    affine map ``to_grid(points [n, 2] (x, y) float64) -> (grid coordinates [n, 2] (row, col), visible)``
+    with cell centres on integers: cell (r, c) spans grid coordinates [r - 0.5, r + 0.5] x [c - 0.5, c + 0.5],
+    mapped back through the map's inverse (read off at two corners of the image)."""
+    width, height = float(image_size[0]), float(image_size[1])
+    rows, cols = grid
+    corners = torch.tensor([[0.0, 0.0], [width, height]], dtype=torch.float64)
+    mapped, _ = to_grid(corners)
+    mapped = mapped.to(torch.float64)
+    row_scale = (mapped[1, 0] - mapped[0, 0]) / height  # grid rows per pixel
+    col_scale = (mapped[1, 1] - mapped[0, 1]) / width
+    if not (row_scale > 0 and col_scale > 0):
+        raise RuntimeError(f"the pixel -> grid map of a {rows}x{cols} grid is not increasing ({mapped.tolist()})")
+    r = torch.arange(rows, dtype=torch.float64)
+    c = torch.arange(cols, dtype=torch.float64)
+    y0 = (r - 0.5 - mapped[0, 0]) / row_scale
+    y1 = (r + 0.5 - mapped[0, 0]) / row_scale
+    x0 = (c - 0.5 - mapped[0, 1]) / col_scale
+    x1 = (c + 0.5 - mapped[0, 1]) / col_scale
+    return torch.stack([x0.repeat(rows), y0.repeat_interleave(cols), x1.repeat(rows), y1.repeat_interleave(cols)],
+                       dim=-1)
 
 
 @dataclass
@@ -326,12 +354,33 @@ class ArchitectureAdapter(ABC):
         (`points_to_box_grid`), one with a `layout` cell of a uniform `layout_grid` through the band it
         covers (`layout_box`); one without either (kind "image") through `image_points_to_grid`.
         """
-        if tile.box is not None:
-            return points_to_box_grid(points, image_size, tile.box, tile.grid)
+        span = tile.extent if tile.extent is not None else tile.box
+        if span is not None:
+            return points_to_box_grid(points, image_size, span, tile.grid)
         if tile.layout is not None and tile.layout_grid is not None:
             return points_to_box_grid(points, image_size, layout_box(image_size, tile.layout, tile.layout_grid),
                                       tile.grid)
         return self.image_points_to_grid(processor, points, image_size, tile.grid)
+
+    def original_image_sizes(self, inputs) -> list[tuple[int, int]] | None:
+        """Each image's original (width, height) where the processor's output records it (LLaVA-NeXT,
+        InternVL: `image_sizes`), else None (the default): `model.prepare` records the sizes itself."""
+        return None
+
+    def token_pixel_boxes(self, processor, image_size: tuple[int, int], tile: ImageTile) -> Tensor:
+        """The pixel box of each token of one spatial tile record in the original image: [n, 4] float64
+        (x0, y0, x1, y1), row-major over `tile.grid`, NOT clipped to the image (a cell partly on the
+        processor's padding runs past it; `inputs.regions.from_box` clips and keeps the full area as
+        the token's area).
+
+        Default: the exact inverse of `image_points_to_tile`, which every family's preprocessing
+        makes an axis-aligned affine map per tile (resize, crop, pad, tile): evaluated at two corners,
+        inverted per axis (`affine_cell_boxes`). A new family whose `image_tiles` records carry their
+        `box` / `layout` (or whose `image_points_to_grid` maps its resize and crop) gets exact boxes
+        for free; override only for a map that is not affine per tile.
+        """
+        return affine_cell_boxes(lambda points: self.image_points_to_tile(processor, points, image_size, tile),
+                                 image_size, tile.grid)
 
     # ---- prompts ----
     def processor_images(self, rows: list[list]) -> list:

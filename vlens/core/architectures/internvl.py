@@ -225,6 +225,10 @@ class InternVLAdapter(LlavaAdapter):
         values = sizes.tolist() if isinstance(sizes, Tensor) else [list(s) for s in sizes]
         return [(int(h), int(w)) for h, w in values]
 
+    def original_image_sizes(self, inputs) -> list[tuple[int, int]] | None:
+        sizes = self.image_sizes(inputs)
+        return [(w, h) for h, w in sizes] if sizes else None
+
     def image_layouts(self, cfg: VLMConfig, inputs) -> list[list[ImageTile]]:
         """Per image, its token records (positions from its first token), in HF's order."""
         counts = self.tiles_per_image(cfg, inputs)

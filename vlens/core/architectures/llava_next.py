@@ -123,11 +123,17 @@ def anyres_tiles(geometry: AnyresGeometry, image_size: tuple[int, int], base_tok
     px_per_out_row = kept_h / out_h * geometry.patch if out_h else 0.0
     px_per_out_col = kept_w / out_w * geometry.patch if out_w else 0.0
 
+    def raw_x(canvas_x: float) -> float:  # canvas -> original pixels (past the image on the padding)
+        return (canvas_x - paste_x) * width / new_w
+
+    def raw_y(canvas_y: float) -> float:
+        return (canvas_y - paste_y) * height / new_h
+
     def to_x(canvas_x: float) -> float:
-        return min(max((canvas_x - paste_x) * width / new_w, 0.0), float(width))
+        return min(max(raw_x(canvas_x), 0.0), float(width))
 
     def to_y(canvas_y: float) -> float:
-        return min(max((canvas_y - paste_y) * height / new_h, 0.0), float(height))
+        return min(max(raw_y(canvas_y), 0.0), float(height))
 
     records = [ImageTile("base", torch.arange(base_tokens), (g, g), index=0,
                          box=(0.0, 0.0, float(width), float(height)))]
@@ -139,12 +145,15 @@ def anyres_tiles(geometry: AnyresGeometry, image_size: tuple[int, int], base_tok
             if not rows or not cols:
                 continue  # a tile that lies wholly on the padding keeps no token
             offsets = torch.tensor([base_tokens + r * stride + c for r in rows for c in cols])
-            box = (to_x(col0 * geometry.patch + cols[0] * px_per_out_col),
-                   to_y(row0 * geometry.patch + rows[0] * px_per_out_row),
-                   to_x(col0 * geometry.patch + (cols[-1] + 1) * px_per_out_col),
-                   to_y(row0 * geometry.patch + (rows[-1] + 1) * px_per_out_row))
+            canvas = (col0 * geometry.patch + cols[0] * px_per_out_col, row0 * geometry.patch + rows[0] * px_per_out_row,
+                      col0 * geometry.patch + (cols[-1] + 1) * px_per_out_col,
+                      row0 * geometry.patch + (rows[-1] + 1) * px_per_out_row)
+            box = (to_x(canvas[0]), to_y(canvas[1]), to_x(canvas[2]), to_y(canvas[3]))
+            # the cells divide the canvas span equally, padding included: where it runs past the image
+            # (an edge row of the unpadded grid keeps a sliver of padding) the cells' full span
+            extent = (raw_x(canvas[0]), raw_y(canvas[1]), raw_x(canvas[2]), raw_y(canvas[3]))
             records.append(ImageTile("tile", offsets, (len(rows), len(cols)), index=1 + tr * n_cols + tc,
-                                     layout=(tr, tc), box=box))
+                                     layout=(tr, tc), box=box, extent=None if extent == box else extent))
     newlines = torch.tensor([base_tokens + r * stride + out_w for r in range(out_h)])
     records.append(ImageTile("newline", newlines, (out_h, 1), spatial=False))
     return records
@@ -216,6 +225,10 @@ class LlavaNextAdapter(LlavaAdapter):
             return []
         values = sizes.tolist() if isinstance(sizes, Tensor) else [list(s) for s in sizes]
         return [(int(h), int(w)) for h, w in values]
+
+    def original_image_sizes(self, inputs) -> list[tuple[int, int]] | None:
+        sizes = self.image_sizes(inputs)
+        return [(w, h) for h, w in sizes] if sizes else None
 
     def tiled(self, inputs) -> list[bool]:
         """Per image: whether it is cut into high-resolution tiles (always, for LLaVA-NeXT)."""
