@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -13,8 +13,10 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from vlens.core.architectures.base import ArchitectureAdapter
+from vlens.core.cache import VLMActivationCache
 from vlens.core.components.attention import KVCache
 from vlens.core.config import VLMConfig
+from vlens.core.generation_cache import NamesFilter, StepRecorder, resolve_names
 from vlens.core.hooks import HookedRootModule, HookPoint
 from vlens.core.inputs import VLMInputs
 from vlens.core.runtime import RunState, build_masks
@@ -50,6 +52,9 @@ class DecodingModel(Protocol):
     @property
     def hook_inputs_embeds(self) -> HookPoint: ...
 
+    @property
+    def hook_dict(self) -> dict[str, Any]: ...
+
     def hooks(self, fwd_hooks: Sequence = ...) -> AbstractContextManager[Any]: ...
 
     def start_run(self, inputs: VLMInputs, kv_cache: KVCache | None = None) -> RunState: ...
@@ -67,12 +72,17 @@ class GenerationOutput:
     """tokens: [batch, n_new] new token ids (padding after EOS); texts: decoded new text per row,
     cut at EOS, special tokens removed; sequences: [batch, prompt + n_new]; non_finite: [batch]
     bool, True where some step's logits were NaN/inf (the row's tokens are then meaningless and
-    a `NonFiniteWarning` was issued)."""
+    a `NonFiniteWarning` was issued); cache: with ``return_cache=True``, the activations of the
+    prompt and of every new token over ``sequences`` (`vlens.core.generation_cache`), as
+    ``run_with_cache(continuation_inputs(model, inputs, tokens))`` gives them; attention_mask:
+    [batch, prompt + n_new], the mask the decoding ran with (the prompt's, then ones)."""
 
     tokens: Int[Tensor, "batch new"]
     texts: list[str]
     sequences: Int[Tensor, "batch total"]
     non_finite: Tensor | None = None
+    cache: VLMActivationCache | None = None
+    attention_mask: Int[Tensor, "batch total"] | None = None
 
 
 def next_token_logits(logits: Float[Tensor, "batch d_vocab"], counts: Tensor | None = None, do_sample: bool = False,
@@ -136,7 +146,8 @@ def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, 
              temperature: float = 1.0, top_p: float | None = 1.0, top_k: int | None = None,
              fwd_hooks: Sequence = (), seed: int | None = None, verbose: bool = False, stop_at_eos: bool = True,
              eos_token_id: int | Sequence[int] | None = None, use_past_kv_cache: bool = True,
-             freq_penalty: float = 0.0, repetition_penalty: float = 1.0) -> GenerationOutput:
+             freq_penalty: float = 0.0, repetition_penalty: float = 1.0, return_cache: bool = False,
+             names_filter: NamesFilter = None, cache_device: str | torch.device | None = None) -> GenerationOutput:
     """Greedy (default) or sampled decoding, TransformerLens's keywords with TransformerLens's meaning.
 
     do_sample: sample (default False: greedy, HF's default; TransformerLens samples by default);
@@ -150,8 +161,17 @@ def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, 
         every position at every step).
     fwd_hooks: TransformerLens (name, fn) pairs, active for the prompt and every decoding step
         (with the cache, position-indexed hooks see pos == 1 during decoding). Removed on exit.
+        A hook reads the decoding step from ``hook.ctx["step"]``: -1 for the prompt (which predicts
+        new token 0), s >= 0 for the forward that reads new token s (at sequence position
+        ``prompt_len + s``) and predicts token s + 1; ``hook.ctx["pos_offset"]`` is the sequence
+        position of the forward's first position (0 for the prompt and without the KV cache).
+        "Patch only at step k" is ``if hook.ctx["step"] == k: ...`` in one hook.
     seed: seeds a private generator for sampling (None: torch's global one).
     verbose: a progress bar over the new tokens.
+    return_cache: also record the activations of the prompt and of every new token (the last one
+        included: one more decoder step runs for it) into ``out.cache``, one `VLMActivationCache`
+        over ``out.sequences`` (needs the KV cache). names_filter: which hooks (TransformerLens's
+        forms; None: every hook but the attention scores); cache_device: where to keep them.
     """
     check_count(max_new_tokens, "max_new_tokens")
     check_float(temperature, "temperature", min=0)
@@ -161,6 +181,12 @@ def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, 
         if top_p is not None:
             check_float(top_p, "top_p", min=0, max=1, min_open=True)
         check_count(top_k, "top_k", min=0, allow_none=True)  # 0 or None: no top-k filter
+    if not return_cache and (names_filter is not None or cache_device is not None):
+        raise UserInputError("generate: names_filter / cache_device choose what return_cache=True records; pass "
+                             "return_cache=True with them.")
+    if return_cache and not use_past_kv_cache:
+        raise UserInputError("generate(return_cache=True) records the decoding steps of the KV cache; without it each "
+                             "step reruns every position. Pass use_past_kv_cache=True.")
     cfg = model.cfg
     device = inputs.input_ids.device
     eos_ids = ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)) if eos_token_id is not None \
@@ -174,12 +200,15 @@ def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, 
     # sliding-window layers keep only their window, as HF's cache does
     cache = KVCache(cfg.n_layers, windows=[cfg.attention_window(layer) for layer in range(cfg.n_layers)]) \
         if use_past_kv_cache else None
+    recorder = StepRecorder(resolve_names(names_filter, list(model.hook_dict)), cache, cache_device) \
+        if return_cache and cache is not None else None
     new_tokens: list[Tensor] = []
     non_finite = torch.zeros(batch, dtype=torch.bool, device=device)
     penalised = repetition_penalty != 1.0 or (do_sample and freq_penalty > 0)
     run = _Decoding(attention_mask=inputs.attention_mask, counts=None,
                     finished=torch.zeros(batch, dtype=torch.bool, device=device))
-    with model.hooks(fwd_hooks=list(fwd_hooks)):
+    hooks = [*fwd_hooks, *(recorder.fwd_hooks() if recorder is not None else [])]
+    with model.hooks(fwd_hooks=hooks), decoding_steps(model) as set_step:
         state = model.start_run(inputs, kv_cache=cache)
         logits = model.finish(model.run_blocks(state.resid, state))[:, -1]
         if penalised:
@@ -197,29 +226,77 @@ def generate(model: DecodingModel, inputs: VLMInputs, max_new_tokens: int = 16, 
                                         (~run.finished)[:, None].long().to(run.counts.device))
             if len(eos):
                 run.finished = run.finished | torch.isin(token, eos)
-            if bool(run.finished.all()) or len(new_tokens) == max_new_tokens:
+            done = bool(run.finished.all()) or len(new_tokens) == max_new_tokens
+            if done and recorder is None:
                 break
+            # the step that reads this token (when done, it only records the last token's activations)
             run.attention_mask = torch.cat([run.attention_mask, torch.ones_like(run.attention_mask[:, :1])], dim=1)
+            step = len(new_tokens) - 1
             if cache is not None:
+                set_step(step, inputs.seq_len + step)
                 logits = _decode_step(model, token, run.attention_mask, state, cache)
             else:
-                logits = _rerun(model, inputs, torch.stack(new_tokens, dim=1), run.attention_mask)
+                set_step(step, 0)
+                logits = _rerun(model, inputs, torch.stack(new_tokens, dim=1))
+            if done:
+                break
     tokens = torch.stack(new_tokens, dim=1)
     if bool(non_finite.any()):
         rows = non_finite.nonzero().flatten().tolist()
         hooked = model if isinstance(model, HookedRootModule) else None  # to say where the NaN starts
         warn_non_finite("generate", f"the next-token logits of batch rows {rows[:6]}", hooked, inputs, fwd_hooks)
-    return GenerationOutput(tokens=tokens, texts=_decode_texts(model, tokens, eos),
-                            sequences=torch.cat([inputs.input_ids, tokens], dim=1), non_finite=non_finite.cpu())
+    sequences = torch.cat([inputs.input_ids, tokens], dim=1)
+    recorded = None
+    if recorder is not None:
+        recorded = VLMActivationCache(recorder.assemble(sequences.shape[1]), model, has_batch_dim=True)
+    mask = torch.cat([inputs.attention_mask, torch.ones_like(tokens)], dim=1)
+    return GenerationOutput(tokens=tokens, texts=_decode_texts(model, tokens, eos), sequences=sequences,
+                            non_finite=non_finite.cpu(), cache=recorded, attention_mask=mask)
 
 
-def _rerun(model: DecodingModel, prompt: VLMInputs, new: Tensor, attention_mask: Tensor) -> Tensor:
-    """Last logits [batch, d_vocab] of a full forward over the prompt (image included) and the new tokens."""
+@contextmanager
+def decoding_steps(model: DecodingModel) -> Iterator[Callable[[int, int], None]]:
+    """Tell every hook point the decoding step (``hook.ctx["step"]``, ``hook.ctx["pos_offset"]``, see
+    `generate`); yields ``set_step(step, pos_offset)``, starts at the prompt (-1, 0) and removes both
+    keys on exit, also on error."""
+    points = list(model.hook_dict.values())
+
+    def set_step(step: int, pos_offset: int) -> None:
+        for point in points:
+            point.ctx["step"] = step
+            point.ctx["pos_offset"] = pos_offset
+
+    set_step(-1, 0)
+    try:
+        yield set_step
+    finally:
+        for point in points:
+            point.ctx.pop("step", None)
+            point.ctx.pop("pos_offset", None)
+
+
+def continuation_inputs(model: DecodingModel, prompt: VLMInputs, new: Int[Tensor, "batch new"]) -> VLMInputs:
+    """The prompt (images included) followed by new tokens [batch, n_new], every new position attended,
+    as decoding laid them out: a forward over it equals the generation's steps position by position.
+
+    Raises:
+        UserInputError: a new token is an image / video placeholder (a forward would look for its image).
+    """
+    placeholders = [t for t in (model.cfg.image_token_id, model.cfg.video_token_id) if t is not None]
+    if placeholders and bool(torch.isin(new, torch.tensor(placeholders, device=new.device)).any()):
+        raise UserInputError(f"the generated tokens hold image / video placeholder ids {placeholders}: a forward over "
+                             "prompt + output would look for images that are not there. Generate without them (e.g. "
+                             "more tokens of the answer only) before running the continuation.")
     hf = {key: value for key, value in prompt.to_hf_kwargs().items() if key != "mm_token_type_ids"}
     hf["input_ids"] = torch.cat([prompt.input_ids, new.to(prompt.input_ids.device)], dim=1)
-    hf["attention_mask"] = attention_mask
-    step = model.coerce_inputs(hf)
-    state = model.start_run(step)
+    hf["attention_mask"] = torch.cat([prompt.attention_mask, torch.ones_like(hf["input_ids"][:, prompt.seq_len:])],
+                                     dim=1)
+    return model.coerce_inputs(hf)
+
+
+def _rerun(model: DecodingModel, prompt: VLMInputs, new: Tensor) -> Tensor:
+    """Last logits [batch, d_vocab] of a full forward over the prompt (image included) and the new tokens."""
+    state = model.start_run(continuation_inputs(model, prompt, new))
     return model.finish(model.run_blocks(state.resid, state))[:, -1]
 
 

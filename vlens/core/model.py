@@ -30,6 +30,7 @@ from vlens.core.components.block import BlockList
 from vlens.core.config import VLMConfig
 from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype, sync_resolution
 from vlens.core.generation import GenerationOutput, generate
+from vlens.core.generation_cache import NamesFilter
 from vlens.core.hooks import HookedRootModule, HookPoint, new_context_level
 from vlens.core.inputs import VLMInputs
 from vlens.core.loading import load_hf_model_and_processor
@@ -476,6 +477,8 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
                  return_type: Literal["input", "output", "str", "tokens"] | None = "input",
                  use_past_kv_cache: bool = True, freq_penalty: float = 0.0, repetition_penalty: float = 1.0,
                  prepend_bos: bool | None = None, padding_side: Literal["left", "right"] | None = None,
+                 return_cache: bool = False, names_filter: NamesFilter = None,
+                 cache_device: str | torch.device | None = None,
                  **hf_kwargs: Any) -> GenerationOutput | Tensor | str | list[str]:
         """Autoregressive decoding with a KV cache (M-RoPE deltas handled); TransformerLens's keywords.
 
@@ -492,7 +495,15 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
             `GenerationOutput`; "tokens" the ids [batch, pos + new]; "str" the decoded sequence
             (prompt and continuation, special tokens kept, as TransformerLens decodes), a list per row.
         saes={hook: sae} (with positions=, use_error_term=) splices SAEs into the prompt and every step.
+        return_cache: also cache the activations of the prompt and of every new token, one
+            `VLMActivationCache` over prompt + new tokens in ``out.cache`` (a `GenerationOutput` is then
+            returned whatever `return_type`); names_filter / cache_device: which hooks, kept where.
+            A hook reads the decoding step in ``hook.ctx["step"]`` (-1: the prompt; see
+            `vlens.core.generation.generate`).
         """
+        if return_cache and return_type not in ("input", "output"):
+            raise UserInputError(f"generate(return_cache=True) returns a GenerationOutput (out.cache); return_type "
+                                 f"{return_type!r} has no room for the cache. Leave return_type out.")
         if return_type not in ("input", "output", "str", "tokens", None):
             raise UserInputError(f"generate: return_type must be 'input', 'output', 'str' or 'tokens', got "
                                  f"{return_type!r}.")
@@ -522,7 +533,10 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
                            temperature=temperature, top_p=top_p, top_k=top_k, fwd_hooks=fwd_hooks, seed=seed,
                            verbose=verbose, stop_at_eos=stop_at_eos, eos_token_id=eos_token_id,
                            use_past_kv_cache=use_past_kv_cache, freq_penalty=freq_penalty,
-                           repetition_penalty=repetition_penalty)
+                           repetition_penalty=repetition_penalty, return_cache=return_cache,
+                           names_filter=names_filter, cache_device=cache_device)
+        if return_cache:
+            return out
         if return_type == "input":
             return_type = "str" if text_input else "tokens" if tokens_input else "output"
         if return_type == "tokens":
