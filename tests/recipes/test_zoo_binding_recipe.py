@@ -121,3 +121,45 @@ def test_model_card_commands_parse(card):
             from vlens.recipes.embedded.training_set import parse_mix
 
             assert parse_mix(args.mix)
+
+
+def test_fresh_decoder_stage_keeps_the_tower_and_takes_the_new_rope(tmp_path):
+    """`zoo train --init-from F --fresh-decoder --rope-theta 30 --mrope-section 2,2,4
+    --minimal-pairs`: the tower and merger are F's, the decoder is new with the given M-RoPE and
+    depth, and the run (minimal-pair batches, tower frozen) trains and writes its folder."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    from vlens.cli import main
+
+    tiny = ("--image-size 56 --examples 6 --batch-size 4 --steps 2 --warmup 1 --held-out 1 "
+            "--probe-scenes 6 --checkpoint-every 2 --log-every 1 --threads 1 --quiet").split()
+    donor, out = tmp_path / "donor", tmp_path / "v4"
+    assert main(["zoo", "train", "--stage", "vision", "--out", str(donor), "--seed", "1", *tiny]) == 0
+    argv = ["zoo", "train", "--out", str(out), "--seed", "3", "--init-from", str(donor), "--fresh-decoder",
+            "--rope-theta", "30", "--mrope-section", "2,2,4", "--text-layers", "2", "--minimal-pairs",
+            "--freeze-vision", "--mix", "existence=1", *tiny]
+    assert main(argv) == 0
+    config = json.loads((out / "config.json").read_text())["text_config"]
+    assert config["rope_parameters"]["rope_theta"] == 30.0
+    assert config["rope_parameters"]["mrope_section"] == [2, 2, 4] and config["num_hidden_layers"] == 2
+    before, after = load_file(donor / "model.safetensors"), load_file(out / "model.safetensors")
+    for name, tensor in after.items():
+        if name.startswith("visual."):
+            assert torch.equal(tensor, before[name]), name
+    layers = {name.split(".")[2] for name in after if name.startswith("model.layers.")}
+    assert layers == {"0", "1"}
+
+
+def test_decoder_flags_need_a_decoder_built_here(tmp_path, capsys):
+    from vlens.cli import main
+
+    assert main(["zoo", "train", "--out", str(tmp_path / "o"), "--init-from", str(tmp_path),
+                 "--rope-theta", "30"]) == 2
+    assert "--fresh-decoder" in capsys.readouterr().err
+    assert main(["zoo", "train", "--out", str(tmp_path / "o"), "--fresh-decoder"]) == 2
+    assert "needs --init-from" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["zoo", "train", "--out", str(tmp_path / "o"), "--mrope-section", "2,2"])

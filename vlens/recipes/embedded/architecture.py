@@ -33,12 +33,16 @@ ROPE_THETA = 10000.0
 
 
 def build_config(
-    tokenizer, rope_theta: float = ROPE_THETA, mrope_section: list[int] | None = None
+    tokenizer,
+    rope_theta: float = ROPE_THETA,
+    mrope_section: list[int] | None = None,
+    text_layers: int | None = None,
 ) -> Qwen2_5_VLConfig:
     """The tiny Qwen2.5-VL config; vocabulary and special-token ids come from `tokenizer`.
 
     rope_theta / mrope_section: the decoder's M-RoPE (`axis_rotations` says how far each image
-    axis rotates across the grid; at theta 1e4 the width axis barely moves)."""
+    axis rotates across the grid; at theta 1e4 the width axis barely moves); text_layers: the
+    decoder's depth (default TEXT_LAYERS)."""
     section = list(mrope_section or MROPE_SECTION)
     if sum(section) != TEXT_WIDTH // TEXT_HEADS // 2 or min(section) < 1:
         raise UserInputError(
@@ -50,7 +54,7 @@ def build_config(
         "vocab_size": len(tokenizer),
         "hidden_size": TEXT_WIDTH,
         "intermediate_size": TEXT_MLP,
-        "num_hidden_layers": TEXT_LAYERS,
+        "num_hidden_layers": text_layers or TEXT_LAYERS,
         "num_attention_heads": TEXT_HEADS,
         "num_key_value_heads": TEXT_KV_HEADS,
         "max_position_embeddings": 1024,

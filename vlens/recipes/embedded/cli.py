@@ -31,6 +31,18 @@ def _image_size(text: str) -> int:
     return value
 
 
+def _mrope_section(text: str) -> list[int]:
+    try:
+        section = [int(part) for part in text.split(",")]
+    except ValueError:
+        section = []
+    if len(section) != 3 or min(section) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be three positive integers t,h,w (rotary frequencies per axis, e.g. 2,2,4), got {text!r}"
+        )
+    return section
+
+
 def _train(args: argparse.Namespace) -> int:
     from vlens.recipes.embedded.loop import Interrupted
     from vlens.recipes.embedded.recipe import run_recipe
@@ -54,6 +66,11 @@ def _train(args: argparse.Namespace) -> int:
         image_size=args.image_size,
         stage=args.stage,
         probe_scenes=args.probe_scenes,
+        rope_theta=args.rope_theta,
+        mrope_section=args.mrope_section,
+        fresh_decoder=args.fresh_decoder,
+        text_layers=args.text_layers,
+        minimal_pairs=args.minimal_pairs,
         train=TrainSettings(
             steps=args.steps,
             stop_after=args.stop_after,
@@ -220,6 +237,37 @@ def configure(zoo: argparse.ArgumentParser) -> None:
         type=arg_int(min=3),
         default=recipe.probe_scenes,
         help="held-out scenes for the linear probes of the tower after the stage (2/3 fit, 1/3 score)",
+    )
+    train.add_argument(
+        "--rope-theta",
+        type=arg_float(min=1, min_open=True),
+        default=None,
+        help="M-RoPE base of a decoder this stage builds (default 1e4; 30 lets both image axes turn, RESULTS.md)",
+    )
+    train.add_argument(
+        "--mrope-section",
+        type=_mrope_section,
+        default=None,
+        metavar="T,H,W",
+        help="rotary frequencies per (time, height, width) axis of a decoder this stage builds, summing "
+        "to d_head/2 (default 2,3,3)",
+    )
+    train.add_argument(
+        "--fresh-decoder",
+        action="store_true",
+        help="with --init-from: keep its vision tower and merger and train a new decoder",
+    )
+    train.add_argument(
+        "--text-layers",
+        type=positive,
+        default=None,
+        help="depth of a decoder this stage builds (from scratch or --fresh-decoder; default 4)",
+    )
+    train.add_argument(
+        "--minimal-pairs",
+        action="store_true",
+        help="binding questions (existence, spatial, colour, shape) also asked with another noun about the "
+        "same image, both in one batch",
     )
     train.set_defaults(func=_train)
 

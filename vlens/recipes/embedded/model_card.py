@@ -320,7 +320,8 @@ def render_model_card(summary: dict) -> str:
         f"window attention in blocks outside {config['vision_full_attention_blocks']}",
         f"- language model: {config['text_layers']} layers, d_model {config['text_width']}, {config['text_heads']} heads "
         f"over {config['text_kv_heads']} key/value heads (d_head {config['text_width'] // config['text_heads']}), "
-        f"MLP {config['text_mlp']}, M-RoPE sections {config['mrope_section']}",
+        f"MLP {config['text_mlp']}, M-RoPE sections {config['mrope_section']}"
+        + (f", theta {config['rope_theta']:g}" if "rope_theta" in config else ""),
         f"- tokenizer: word level, {config['vocab_size']} tokens (Qwen special tokens, task-suite words, numbers 0-20)",
         "",
         "## Data",

@@ -113,6 +113,17 @@ def check_settings(settings: RecipeSettings) -> None:
             "the vision stage trains the tower on dense labels: --freeze-vision and "
             "--vision-aux-weight belong to language stages"
         )
+    if settings.fresh_decoder and not settings.init_from:
+        raise UserInputError("--fresh-decoder keeps the vision tower of a trained folder: it needs --init-from")
+    built_here = settings.fresh_decoder or not settings.init_from
+    if not built_here and (settings.rope_theta is not None or settings.mrope_section is not None
+                           or settings.text_layers is not None):
+        raise UserInputError(
+            "--rope-theta / --mrope-section / --text-layers shape a decoder built by this stage: use them "
+            "without --init-from, or with --init-from and --fresh-decoder"
+        )
+    if settings.fresh_decoder and (settings.grow_text_layers is not None or settings.grow_vision_depth is not None):
+        raise UserInputError("--fresh-decoder builds a new decoder: use --text-layers, not --grow-* flags")
     if settings.train.stop_after is not None and settings.train.stop_after < 1:
         raise UserInputError(f"--stop-after must be a positive step, got {settings.train.stop_after}")
 
@@ -122,13 +133,25 @@ def build_untrained(
     image_size: int = IMAGE_SIZE,
     rope_theta: float = arch.ROPE_THETA,
     mrope_section: list[int] | None = None,
+    text_layers: int | None = None,
 ):
     """(tokenizer, processor, freshly initialised model) of the recipe (the decoder's M-RoPE
-    as `arch.build_config` takes it)."""
+    and depth as `arch.build_config` takes them)."""
     tokenizer = build_tokenizer(vocabulary_words())
     processor = assemble_processor(tokenizer, build_image_processor(image_size))
-    model = arch.build_model(arch.build_config(tokenizer, rope_theta, mrope_section), seed)
+    model = arch.build_model(arch.build_config(tokenizer, rope_theta, mrope_section, text_layers), seed)
     return tokenizer, processor, model
+
+
+def build_decoder_on_tower(donor, tokenizer, settings: RecipeSettings):
+    """A fresh model (a decoder seeded by settings.seed, with the settings' M-RoPE and depth)
+    whose vision tower and merger are `donor`'s, weights copied."""
+    config = arch.build_config(tokenizer, settings.rope_theta or arch.ROPE_THETA, settings.mrope_section,
+                               settings.text_layers)
+    config.vision_config = donor.config.vision_config
+    model = arch.build_model(config, settings.seed)
+    model.model.visual.load_state_dict(donor.model.visual.state_dict())
+    return model
 
 
 def load_for_continuation(folder: str | Path, image_size: int | None = None):
@@ -189,6 +212,7 @@ def describe_config(model, processor) -> dict:
         "text_kv_heads": text.num_key_value_heads,
         "text_mlp": text.intermediate_size,
         "mrope_section": list(text.rope_parameters["mrope_section"]),
+        "rope_theta": float(text.rope_parameters.get("rope_theta", arch.ROPE_THETA)),
         "vocab_size": len(processor.tokenizer),
     }
 
@@ -294,7 +318,8 @@ def cached_training_set(state: TrainingState, settings: RecipeSettings, processo
             except (KeyError, TypeError, ValueError) as error:
                 raise UserInputError(f"the rendered training set {path} is damaged ({error!r}): {fix}") from None
     rendered = render_training_set(
-        processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects
+        processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects,
+        settings.minimal_pairs,
     )
     atomic_write(path, lambda staging: torch.save({"fingerprint": state.fingerprint, "rendered": rendered.to_plain()},
                                                   staging))
@@ -320,12 +345,17 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     settings.train.seed = settings.seed
     if settings.init_from:
         tokenizer, processor, model = load_for_continuation(settings.init_from, settings.image_size)
+        if settings.fresh_decoder:
+            model = build_decoder_on_tower(model, tokenizer, settings)
         if settings.grow_vision_depth is not None:
             model = grow_vision_tower(model, settings.grow_vision_depth, settings.seed)
         if settings.grow_text_layers is not None:
             model = grow_decoder(model, settings.grow_text_layers, settings.seed)
     else:
-        tokenizer, processor, model = build_untrained(settings.seed, settings.image_size or IMAGE_SIZE)
+        tokenizer, processor, model = build_untrained(
+            settings.seed, settings.image_size or IMAGE_SIZE, settings.rope_theta or arch.ROPE_THETA,
+            settings.mrope_section, settings.text_layers,
+        )
     model.to(settings.device)
     rendered = cached_training_set(state, settings, processor, progress)
     log_path = checkpoints / TRAINING_LOG
@@ -374,6 +404,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
             progress=progress,
             cell_labels=rendered.cell_labels,
             state=state,
+            partners=rendered.partners,
         )
         del rendered
         evaluation = evaluate_samples(model, processor, held_out_samples(settings.held_out_per_source))

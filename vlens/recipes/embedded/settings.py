@@ -58,4 +58,11 @@ class RecipeSettings:
     resume: bool = False  # continue the saved state in checkpoint_dir
     overwrite: bool = False  # replace an existing output folder / discard a saved state
     probe_scenes: int = 600  # held-out scenes of the tower probes measured after the stage
+    # the decoder's M-RoPE for a decoder built here (from scratch or --fresh-decoder); None: the
+    # architecture's (theta 1e4, sections [2, 3, 3]: the width axis barely turns, RESULTS.md issue 40)
+    rope_theta: float | None = None
+    mrope_section: list[int] | None = None
+    fresh_decoder: bool = False  # with init_from: keep its vision tower and merger, start a new decoder
+    text_layers: int | None = None  # depth of a decoder built here (None: the architecture's 4)
+    minimal_pairs: bool = False  # binding samples with their minimal-pair partner in the same batch
     train: TrainSettings = field(default_factory=TrainSettings)

@@ -199,6 +199,7 @@ class RenderedSet:
             "examples": [[e.input_ids, e.labels, e.image_index] for e in self.examples],
             "sources": list(self.sources),
             "cell_labels": self.cell_labels,
+            "partners": [-1 if p is None else p for p in self.partners] if self.partners is not None else None,
         }
 
     @classmethod
@@ -209,6 +210,7 @@ class RenderedSet:
             [EncodedExample(list(ids), list(labels), int(index)) for ids, labels, index in data["examples"]],
             [str(source) for source in data["sources"]],
             data["cell_labels"],
+            None if data.get("partners") is None else [None if p < 0 else int(p) for p in data["partners"]],
         )
 
 
