@@ -81,6 +81,27 @@ class TrainedSAE(Result):
         return figure.update_layout(title="SAE training", xaxis_title="step")
 
 
+def run_steps(trainer: Any, total: int, settings: TrainRun, desc: str) -> None:
+    """The loop every trainer here shares: `trainer.train_step()` until `total` steps (or `stop_after` more),
+    a row of `trainer.log` every `log_every` steps, checkpoints every `checkpoint_every` steps and at the end
+    (`trainer.save_checkpoint()` when it has a `checkpoint_dir`), a tqdm bar."""
+    end = total if settings.stop_after is None else min(total, trainer.step + settings.stop_after)
+    bar = tqdm(total=total, initial=trainer.step, desc=desc, disable=not settings.progress, unit="step")
+    try:
+        while trainer.step < end:
+            row = trainer.train_step()
+            if trainer.step % settings.log_every == 0 or trainer.step == total:
+                trainer.log.append(row)
+                bar.set_postfix(ev=f"{row['explained_variance']:.3f}", l0=f"{row['l0']:.1f}")
+            bar.update(1)
+            if settings.checkpoint_every and trainer.step % settings.checkpoint_every == 0 and trainer.step < end:
+                trainer.save_checkpoint()
+    finally:
+        bar.close()
+    if trainer.checkpoint_dir is not None:
+        trainer.save_checkpoint()
+
+
 def new_sae(training: SAETraining, d_in: int, hook_name: str | None, first_batch: Tensor) -> SAE:
     extra: dict[str, Any] = {"k": training.k, "rescale_acts_by_decoder_norm": False} \
         if training.architecture == "topk" else {}
@@ -212,22 +233,8 @@ class SAETrainer:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> TrainedSAE:
-        t, s = self.training, self.settings
-        end = t.steps if s.stop_after is None else min(t.steps, self.step + s.stop_after)
-        bar = tqdm(total=t.steps, initial=self.step, desc="sae", disable=not s.progress, unit="step")
-        try:
-            while self.step < end:
-                row = self.train_step()
-                if self.step % s.log_every == 0 or self.step == t.steps:
-                    self.log.append(row)
-                    bar.set_postfix(ev=f"{row['explained_variance']:.3f}", l0=f"{row['l0']:.1f}")
-                bar.update(1)
-                if s.checkpoint_every and self.step % s.checkpoint_every == 0 and self.step < end:
-                    self.save_checkpoint()
-        finally:
-            bar.close()
-        if self.checkpoint_dir is not None:
-            self.save_checkpoint()
+        t = self.training
+        run_steps(self, t.steps, self.settings, "sae")
         self.sae.eval()
         last: dict[str, float] = self.log[-1] if self.log else {}
         metrics: dict[str, Any] = {"steps": self.step, "tokens": self.tokens_seen, "finished": self.step >= t.steps,

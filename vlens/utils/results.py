@@ -59,6 +59,9 @@ BUILTIN_KINDS: dict[str, str] = {
     "sae_training": "vlens.sae.trainer",
     "sae_splice_evaluation": "vlens.sae.evaluation",
     "sae_features": "vlens.sae.features",
+    "transcoder_training": "vlens.transcoders.trainer",
+    "transcoder_evaluation": "vlens.transcoders.evaluation",
+    "attribution_graph": "vlens.graphs.results",
 }
 # the files a command's --out folder may hold its result in, in the order they are tried
 RESULT_FILES = (RESULTS_FILE, "sft_result.json", "study.json", "vlens_temperature.json", "config.json")

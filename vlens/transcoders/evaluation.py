@@ -1,0 +1,149 @@
+"""How good a set of transcoders is on image-text prompts: reconstruction and what replacing every MLP costs.
+
+Per covered layer, over every token (image and text) of the prompts: explained variance of the MLP
+output (``1 - sum |y - y_hat|^2 / sum |y - mean(y)|^2``), mean L0 (active features per token) and the
+share of features that never fired. With every covered MLP replaced by its transcoder (no error term),
+the next-token loss over the prompts' text tokens and the KL divergence from the clean model's
+next-token distribution at every real position; recovered as SAELens defines it against zeroing every
+covered MLP's output: ``loss_recovered = (L_zero - L_tc) / (L_zero - L_clean)``,
+``kl_recovered = 1 - KL_tc / KL_zero`` (1: nothing lost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from vlens.core.loss import IGNORE_INDEX, next_token_targets
+from vlens.core.model import HookedVLM
+from vlens.sae.activations import as_prompt
+from vlens.sae.metrics import explained_variance
+from vlens.transcoders.activations import mlp_pairs
+from vlens.transcoders.model import Transcoders
+from vlens.transcoders.splice import check_model, splice_transcoders
+from vlens.utils.errors import UserInputError
+from vlens.utils.results import Result, own_fields
+from vlens.utils.validation import check_count
+
+
+@dataclass
+class TranscoderEvaluation(Result):
+    """Per layer: explained variance, L0, dead share; overall: loss and KL (clean / transcoders / zero) and
+    the recovered fractions (see the module doc)."""
+
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    loss_clean: float = 0.0
+    loss_transcoders: float = 0.0
+    loss_zero: float = 0.0
+    loss_recovered: float | None = None
+    kl_transcoders: float = 0.0
+    kl_zero: float = 0.0
+    kl_recovered: float | None = None
+    n_prompts: int = 0
+    n_tokens: int = 0
+
+    kind: ClassVar[str] = "transcoder_evaluation"
+
+    def to_dict(self) -> dict:
+        return {"kind": "transcoder_evaluation", "layers": self.layers, "loss_clean": self.loss_clean,
+                "loss_transcoders": self.loss_transcoders, "loss_zero": self.loss_zero,
+                "loss_recovered": self.loss_recovered, "kl_transcoders": self.kl_transcoders, "kl_zero": self.kl_zero,
+                "kl_recovered": self.kl_recovered, "n_prompts": self.n_prompts, "n_tokens": self.n_tokens}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TranscoderEvaluation:
+        return cls(**own_fields(cls, data))
+
+    def plot(self, *args: Any, **kwargs: Any) -> Any:
+        import plotly.graph_objects as go
+
+        layers = [row["layer"] for row in self.layers]
+        figure = go.Figure([go.Bar(x=layers, y=[row["explained_variance"] for row in self.layers], name="explained variance"),
+                            go.Bar(x=layers, y=[row["dead_fraction"] for row in self.layers], name="dead share")])
+        return figure.update_layout(title=f"Transcoders: loss recovered {self.loss_recovered}", xaxis_title="layer",
+                                    xaxis={"dtick": 1}, barmode="group")
+
+
+@contextmanager
+def zero_mlps(model: HookedVLM, layers: Sequence[int]) -> Iterator[None]:
+    """Every listed layer's MLP output zeroed (the baseline of loss recovered)."""
+    with model.hooks(fwd_hooks=[(f"blocks.{layer}.hook_mlp_out", lambda out, hook: torch.zeros_like(out))
+                                for layer in layers]):
+        yield
+
+
+def _loss_and_kl(logits: Tensor, clean_logp: Tensor, inputs: Any, model: HookedVLM) -> tuple[float, float, int, int]:
+    """(summed next-token loss, summed KL from clean, tokens predicted, positions compared)."""
+    placeholders = tuple(t for t in (model.cfg.image_token_id, model.cfg.video_token_id) if t is not None)
+    targets = next_token_targets(inputs.input_ids, inputs.attention_mask, placeholders).to(logits.device)
+    losses = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="sum",
+                             ignore_index=IGNORE_INDEX)
+    real = inputs.attention_mask.bool().to(logits.device)
+    logp = logits.float().log_softmax(-1)
+    kl = (clean_logp.exp() * (clean_logp - logp)).sum(-1)[real].sum()
+    return float(losses), float(kl), int((targets != IGNORE_INDEX).sum()), int(real.sum())
+
+
+@torch.no_grad()
+def evaluate_transcoders(model: HookedVLM, tc: Transcoders, examples: Sequence[Any], batch_size: int = 8,
+                         chat: bool = True, progress: bool = False) -> TranscoderEvaluation:
+    """Reconstruction per layer and loss / KL recovered with every covered MLP replaced (module doc).
+
+    examples: dataset Records, vlens.data samples (dicts with "image" and "question"), (image, text) pairs.
+    """
+    check_model(model, tc)
+    check_count(batch_size, "batch_size")
+    examples = list(examples)
+    if not examples:
+        raise UserInputError("evaluate_transcoders needs at least one example.")
+    m = tc.cfg.n_layers
+    ys: list[list[Tensor]] = [[] for _ in range(m)]
+    y_hats: list[list[Tensor]] = [[] for _ in range(m)]
+    l0_sums = [0.0] * m
+    fired = torch.zeros(m, tc.cfg.d_tc, dtype=torch.bool)
+    totals = {"clean": 0.0, "tc": 0.0, "zero": 0.0, "kl_tc": 0.0, "kl_zero": 0.0}
+    n_predicted = n_positions = n_tokens = 0
+    for start in tqdm(range(0, len(examples), batch_size), desc="evaluate", disable=not progress, unit="batch"):
+        prompts = [as_prompt(example, start + i) for i, example in enumerate(examples[start:start + batch_size])]
+        images = [p.images for p in prompts]
+        inputs = model.prepare(images=images if any(images) else None, prompts=[p.text for p in prompts], chat=chat)
+        real = inputs.attention_mask.bool()
+        xs, outs = mlp_pairs(model, inputs, tc.cfg.layers)
+        acts = [tc.encode(i, x) for i, x in enumerate(xs)]
+        for j in range(m):
+            ys[j].append(outs[j][real].float().cpu())
+            y_hats[j].append(tc.decode(j, acts, xs[j])[real].float().cpu())
+            active = acts[j][real] != 0
+            l0_sums[j] += float(active.sum())
+            fired[j] |= active.any(0).cpu()
+        n_tokens += int(real.sum())
+        clean = model(inputs)
+        clean_logp = clean.float().log_softmax(-1)
+        loss, _, predicted, positions = _loss_and_kl(clean, clean_logp, inputs, model)
+        totals["clean"] += loss
+        with splice_transcoders(model, tc, error="none"):
+            loss, kl, _, _ = _loss_and_kl(model(inputs), clean_logp, inputs, model)
+        totals["tc"], totals["kl_tc"] = totals["tc"] + loss, totals["kl_tc"] + kl
+        with zero_mlps(model, tc.cfg.layers):
+            loss, kl, _, _ = _loss_and_kl(model(inputs), clean_logp, inputs, model)
+        totals["zero"], totals["kl_zero"] = totals["zero"] + loss, totals["kl_zero"] + kl
+        n_predicted, n_positions = n_predicted + predicted, n_positions + positions
+    if n_predicted == 0:
+        raise UserInputError("the prompts predict no text token: give prompts with text.")
+    rows = [{"layer": layer, "explained_variance": explained_variance(torch.cat(ys[j]), torch.cat(y_hats[j])),
+             "l0": l0_sums[j] / n_tokens, "dead_fraction": float((~fired[j]).float().mean())}
+            for j, layer in enumerate(tc.cfg.layers)]
+    clean, ours, zero = (totals[k] / n_predicted for k in ("clean", "tc", "zero"))
+    kl_tc, kl_zero = totals["kl_tc"] / n_positions, totals["kl_zero"] / n_positions
+    return TranscoderEvaluation(layers=rows, loss_clean=clean, loss_transcoders=ours, loss_zero=zero,
+                                loss_recovered=(zero - ours) / (zero - clean) if zero != clean else None,
+                                kl_transcoders=kl_tc, kl_zero=kl_zero,
+                                kl_recovered=1 - kl_tc / kl_zero if kl_zero > 0 else None,
+                                n_prompts=len(examples), n_tokens=n_tokens)
