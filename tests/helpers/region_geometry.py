@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+import torch
+from transformers.image_processing_utils import select_best_resolution
+
 
 def smart_resize_by_hand(height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56,
                          max_pixels: int = 28 * 28 * 64) -> tuple[int, int]:
@@ -17,3 +20,71 @@ def smart_resize_by_hand(height: int, width: int, factor: int = 28, min_pixels: 
         beta = math.sqrt(min_pixels / (height * width))
         h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
     return h, w
+
+
+def token_pixel_blocks(model, inputs, image_index: int) -> dict[int, torch.Tensor]:
+    """What the processor put in each spatial token of one image, read from `inputs.pixel_values`
+    by the family's pixel layout alone (not by vlens's boxes): {position: [3, h, w] pixels in 0..255}.
+
+    Qwen: pixel_values holds each image's patches in merged-token order (merge_size ** 2 patches of
+    [C, T, P, P] per token); LLaVA, Gemma 3, InternVL: [entries, C, S, S] (InternVL: an image's tiles,
+    thumbnail last); LLaVA-NeXT / OneVision: [images, tiles, C, S, S], a tile record's cells start at
+    the rows / columns unpadding kept; Idefics3: [rows, sub-images, C, S, S], a row's images in order.
+    """
+    regions = inputs.regions
+    geometry = regions.image_geometry(image_index)
+    row, image = geometry.row, None
+    seen = sum(len(r) for r in regions.images[:row])
+    image = image_index - seen
+    image_processor = getattr(model.processor, "image_processor", model.processor)
+    mean = torch.tensor(image_processor.image_mean, dtype=torch.float64)[:, None, None]
+    std = torch.tensor(image_processor.image_std, dtype=torch.float64)[:, None, None]
+    pixels = inputs.pixel_values.cpu().to(torch.float64)
+    records = [r for r in regions.tiles[row][image] if r.spatial]
+    out: dict[int, torch.Tensor] = {}
+    if pixels.ndim == 2:  # Qwen: patches in merged-token order
+        thw = inputs.image_grid_thw.cpu()
+        offset = int(sum(int(t * h * w) for t, h, w in thw[:image_index].tolist()))
+        merge = int(image_processor.merge_size)
+        patch, temporal = int(image_processor.patch_size), int(image_processor.temporal_patch_size)
+        for k, position in enumerate(regions.images[row][image].tolist()):
+            block = pixels[offset + k * merge**2: offset + (k + 1) * merge**2].reshape(merge**2, 3, temporal, patch, patch)
+            out[position] = torch.cat(list(block[:, :, 0]), dim=-1) * std * 255 + mean * 255
+        return out
+    if pixels.ndim == 4:  # one entry per image (LLaVA, Gemma 3) or per tile (InternVL)
+        entries = inputs.pixel_entries or [1] * (sum(len(r) for r in regions.images))
+        first = sum(entries[:image_index])
+        views = [pixels[first + k] for k in range(entries[image_index])]
+    else:
+        if model.adapter.family in ("idefics3", "smolvlm", "idefics2"):
+            first = sum(sum(1 for r in records_ if r.kind in ("tile", "base", "image"))
+                        for records_ in regions.tiles[row][:image])
+            views = list(pixels[row, first:])
+        else:
+            views = list(pixels[image_index])
+    for record in records:
+        view = views[record.index] * std * 255 + mean * 255
+        side = view.shape[-1]
+        rows, cols = record.grid
+        r0 = c0 = 0
+        cell = side // rows if record.kind != "tile" or record.layout is None or model.adapter.family not in (
+            "llava_next", "llava_onevision") else None
+        if cell is None:  # an anyres tile: cells of side / g px, from the rows / columns unpadding kept
+            g = model.adapter.geometry().side
+            cell = side // g
+            size = model.adapter.image_sizes(inputs)[image_index]
+            best_h, best_w = select_best_resolution(size, model.adapter.geometry().pinpoints)
+            tile_side = model.adapter.geometry().tile_side
+            newlines = regions.tile_positions(row, "newline")
+            image_newlines = [p for p in newlines.tolist() if p in set(regions.images[row][image].tolist())]
+            out_h = len(image_newlines)
+            tiles = [r for r in records if r.kind == "tile"]
+            out_w = sum(len(r.positions) for r in tiles) // max(out_h, 1)
+            row0 = (best_h // tile_side * g - out_h) // 2
+            col0 = (best_w // tile_side * g - out_w) // 2
+            r0 = max(row0 - record.layout[0] * g, 0)
+            c0 = max(col0 - record.layout[1] * g, 0)
+        for k, position in enumerate(record.positions.tolist()):
+            r, c = divmod(k, cols)
+            out[position] = view[:, (r0 + r) * cell:(r0 + r + 1) * cell, (c0 + c) * cell:(c0 + c + 1) * cell]
+    return out
