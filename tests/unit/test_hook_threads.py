@@ -124,3 +124,37 @@ def test_a_filter_function_or_empty_list_that_selects_nothing_is_an_error(model,
         model.run_with_hooks(inputs, fwd_hooks=[(lambda name: name == "nope", _zero)])
     _, cache = model.run_with_cache(inputs, names_filter=lambda name: name.endswith("hook_z"))
     assert len(cache) == model.cfg.n_layers
+
+
+def test_a_hook_left_by_a_finished_thread_never_runs_in_a_thread_that_reuses_its_id(model, inputs):
+    with torch.no_grad():
+        clean = model(inputs)
+    left: dict = {}
+
+    def leave_a_hook() -> None:  # adds a temporary hook and ends without removing it
+        model.add_hook(HOOK, _zero)
+        left["ident"] = threading.get_ident()
+
+    first = threading.Thread(target=leave_a_hook)
+    first.start()
+    first.join()
+    point = model.hook_dict[HOOK]
+    assert len(point.fwd_hooks) == 1
+    reused, outputs = [], []
+
+    def forward() -> None:
+        reused.append(threading.get_ident() == left["ident"])
+        with torch.no_grad():
+            outputs.append(model(inputs))
+
+    for _ in range(64):  # CPython hands a joined thread's id to a later thread (here: within a few)
+        thread = threading.Thread(target=forward)
+        thread.start()
+        thread.join()
+        if sum(reused) >= 2:
+            break
+    assert any(reused), "no thread reused the finished thread's id: the test checked nothing"
+    assert all(torch.equal(out, clean) for out in outputs), "the finished thread's hook ran in a new thread"
+    model.add_hook("blocks.1.attn.hook_z", _zero)  # hook points drop an ended thread's hooks as they change
+    model.reset_hooks()
+    assert point.fwd_hooks == [] and model.hook_dict["blocks.1.attn.hook_z"].fwd_hooks == []

@@ -3,12 +3,15 @@
 vlens reuses TransformerLens's `HookPoint` and `HookedRootModule`, so hooks, `run_with_hooks`,
 `run_with_cache` and `ActivationCache` behave exactly as TransformerLens users expect.
 
-Temporary forward hooks belong to the thread that added them: a forward in another thread
+Temporary forward hooks belong to the thread that added them (to its `ThreadToken`, never to its
+thread id, which Python reuses for a later thread: a hook left by a finished thread would otherwise
+run in the next thread that happens to get the same id); a forward in another thread
 does not run them (it computes the model as if they were not there), and `reset_hooks` /
 the end of a `hooks()` context in one thread removes only that thread's. Two threads can so
 share one model, each with its own `run_with_hooks` / `run_with_cache`, without seeing each
 other's patches or caches. Permanent hooks (``is_permanent=True``) and backward hooks (run by
-autograd's own threads) apply to every thread.
+autograd's own threads) apply to every thread. Hooks of a thread that has ended never run and are
+dropped when the hook point next adds or removes hooks.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import itertools
 import re
 import threading
+import weakref
 from numbers import Integral
 from typing import Any, Literal
 
@@ -26,10 +30,10 @@ from transformer_lens.utilities import get_act_name
 
 from vlens.utils.errors import UserInputError
 
-__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "act_name", "is_observed", "new_context_level",
-           "traced_externally", "visible_hooks"]
+__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "ThreadToken", "act_name", "is_observed",
+           "new_context_level", "thread_token", "traced_externally", "visible_hooks"]
 
-OWNER_ATTRIBUTE = "vlens_owner"  # on a LensHandle: the thread id of a temporary forward hook (None: every thread)
+OWNER_ATTRIBUTE = "vlens_owner"  # on a LensHandle: the ThreadToken of a temporary forward hook (None: every thread)
 # hooks() levels are unique across threads (TransformerLens counts one shared depth, so two threads'
 # contexts would remove each other's hooks or leave their own behind)
 _levels = itertools.count(1_000_000)
@@ -42,7 +46,32 @@ def new_context_level() -> int:
         return next(_levels)
 
 
-def _owner(handle: Any) -> int | None:
+class ThreadToken:
+    """Stands for one thread while it lives. Unlike `threading.get_ident()`, which Python hands to a
+    later thread once this one ends, no other thread ever gets the same token (compare with ``is``)."""
+
+    __slots__ = ("__weakref__", "thread")
+
+    def __init__(self) -> None:
+        self.thread = weakref.ref(threading.current_thread())
+
+    def alive(self) -> bool:
+        thread = self.thread()
+        return thread is not None and thread.is_alive()
+
+
+_tokens = threading.local()  # a new thread starts with an empty one, whatever its id
+
+
+def thread_token() -> ThreadToken:
+    """The current thread's `ThreadToken` (made on first use)."""
+    token = getattr(_tokens, "token", None)
+    if token is None:
+        token = _tokens.token = ThreadToken()
+    return token
+
+
+def _owner(handle: Any) -> ThreadToken | None:
     return getattr(handle, OWNER_ATTRIBUTE, None)
 
 
@@ -50,8 +79,8 @@ def visible_hooks(handles: list) -> bool:
     """Whether any of a hook point's handles runs in the current thread."""
     if not handles:
         return False
-    me = threading.get_ident()
-    return any(_owner(handle) in (None, me) for handle in handles)
+    me = thread_token()
+    return any(_owner(handle) is None or _owner(handle) is me for handle in handles)
 
 
 def traced_externally(module: Any) -> bool:
@@ -91,7 +120,7 @@ def _hook_label(hook: Any) -> str:
     return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
 
 
-def _checked(hook: Any, point: _TLHookPoint, owner: int | None = None):
+def _checked(hook: Any, point: _TLHookPoint, owner: ThreadToken | None = None):
     """`hook` wrapped so a returned value must match the activation's shape, dtype and device.
 
     Returning None (TransformerLens: keep the activation, possibly edited in place) is fine. A
@@ -101,7 +130,7 @@ def _checked(hook: Any, point: _TLHookPoint, owner: int | None = None):
     """
 
     def checked_hook(activation: Tensor, hook: Any = None) -> Any:
-        if owner is not None and threading.get_ident() != owner:
+        if owner is not None and thread_token() is not owner:
             return None
         result = inner(activation, hook=hook)
         if result is None or not isinstance(activation, Tensor):
@@ -134,7 +163,8 @@ class HookPoint(_TLHookPoint):
 
     def add_hook(self, hook: Any, dir: Literal["fwd", "bwd"] = "fwd", is_permanent: bool = False,
                  level: int | None = None, prepend: bool = False, alias_names: list[str] | None = None):
-        owner = None if is_permanent or dir != "fwd" else threading.get_ident()
+        owner = None if is_permanent or dir != "fwd" else thread_token()
+        self.fwd_hooks = self._without_ended_threads(self.fwd_hooks)
         if dir == "fwd":
             hook = _checked(hook, self, owner)
         handle = super().add_hook(hook, dir, is_permanent=is_permanent, level=level, prepend=prepend,
@@ -147,13 +177,13 @@ class HookPoint(_TLHookPoint):
         """TransformerLens's `remove_hooks`, leaving other threads' temporary hooks in place."""
         if dir not in ("fwd", "bwd", "both"):
             raise UserInputError(f"Invalid direction {dir}")
-        me = threading.get_ident()
+        me = thread_token()
 
         def kept(handles: list) -> list:
             keep = []
-            for handle in handles:
+            for handle in self._without_ended_threads(handles):
                 owner = _owner(handle)
-                if (owner is not None and owner != me) or (handle.is_permanent and not including_permanent) \
+                if (owner is not None and owner is not me) or (handle.is_permanent and not including_permanent) \
                         or (level is not None and handle.context_level != level):
                     keep.append(handle)
                 else:
@@ -164,6 +194,18 @@ class HookPoint(_TLHookPoint):
             self.fwd_hooks = kept(self.fwd_hooks)
         if dir in ("bwd", "both"):
             self.bwd_hooks = kept(self.bwd_hooks)
+
+    @staticmethod
+    def _without_ended_threads(handles: list) -> list:
+        """`handles` less the temporary hooks of threads that have ended (removed from the module)."""
+        keep = []
+        for handle in handles:
+            owner = _owner(handle)
+            if owner is not None and not owner.alive():
+                handle.hook.remove()
+            else:
+                keep.append(handle)
+        return keep
 
 
 

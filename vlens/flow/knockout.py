@@ -22,7 +22,6 @@ made it and is removed when the context ends, also on error.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from vlens.core.components.attention import Attention, AttentionMasks
+from vlens.core.hooks import thread_token
 from vlens.core.inputs import VLMInputs
 from vlens.flow.positions import PositionSpec, position_mask
 from vlens.utils.errors import UserInputError
@@ -171,7 +171,7 @@ def knockout(
     chosen_heads = check_heads(model, heads)
     src_mask, dst_mask = _as_mask(src, inputs, "src"), _as_mask(dst, inputs, "dst")
     edit = KnockoutEdit(src_mask, dst_mask, chosen_heads, model.cfg.n_heads)
-    entry = (threading.get_ident(), edit)
+    entry = (thread_token(), edit)  # a thread id could be reused by a later thread
     added: list[list] = []
     try:
         for layer in chosen_layers:

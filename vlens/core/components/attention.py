@@ -9,7 +9,6 @@ Two numerically HF-identical paths:
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 
 import einops
@@ -20,7 +19,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 
 from vlens.core.components.rotary import apply_rotary
 from vlens.core.config import VLMConfig
-from vlens.core.hooks import HookPoint, is_observed
+from vlens.core.hooks import HookPoint, ThreadToken, is_observed, thread_token
 
 
 class AttentionMasks:
@@ -227,9 +226,9 @@ class Attention(nn.Module):
         self.hook_result = HookPoint()  # [batch, pos, n_heads, d_model]
         self.hook_pattern.pos_dim = -2
         self.hook_attn_scores.pos_dim = -2
-        # (thread id, edit): mask edits of the thread that added them (`vlens.flow.knockout`), applied in
+        # mask edits of the thread that added them (`vlens.flow.knockout`), applied in
         # `layer_masks` after the sliding window; an edit takes (masks, kv_offset) and returns new masks
-        self.mask_edits: list[tuple[int, MaskEdit]] = []
+        self.mask_edits: list[tuple[ThreadToken, MaskEdit]] = []  # (the thread it applies in, the edit)
 
     # ---- TransformerLens-shaped weight views (views of the HF parameters, no copies) ----
     def _split_in(self, linear: nn.Linear, n: int) -> Tensor:
@@ -361,9 +360,9 @@ class Attention(nn.Module):
         if self.sliding_window is not None:
             masks = masks.windowed(self.sliding_window, kv_offset)
         if self.mask_edits:
-            me = threading.get_ident()
+            me = thread_token()
             for owner, edit in self.mask_edits:
-                if owner == me:
+                if owner is me:
                     masks = edit(masks, kv_offset)
         return masks
 
