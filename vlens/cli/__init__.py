@@ -37,6 +37,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("lens", "vlens.cli.lens:configure_lens", "train lenses (per-layer translators)"),
     Command("headlens", "vlens.cli.lens:configure_headlens", "HeadLens: decode every head, score and classify it"),
     Command("ablate", "vlens.cli.ablate", "ablate every head per task, rank heads, Jaccard overlap across tasks"),
+    Command("knockout", "vlens.cli.knockout", "attention knockout of edges (image->final, ...) over layer windows"),
     Command("routing", "vlens.cli.routing", "mixture-of-experts routing by token region (image vs text experts)"),
     Command("train", "vlens.cli.train:configure_train", "LoRA fine-tuning with the object-focused attention loss"),
     Command("study", "vlens.cli.study", "the baseline / +SFT / +L_focus / +temperature table"),
