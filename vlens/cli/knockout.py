@@ -85,8 +85,9 @@ def flow_batch_of(args: argparse.Namespace):
     if args.data is None:
         return object_task_batch(args.task or "colour", args.n, seed=args.seed, size=rendered_size(args, DEFAULT_IMAGE_SIZE))
     folder = Path(args.data)
+    records: list[dict]
     if folder.is_dir() and (folder / "metadata.jsonl").is_file() and args.data_format in (None, "imagefolder"):
-        records = read_imagefolder(folder)[: args.limit]  # keeps the objects' boxes and the question's targets
+        records = list(read_imagefolder(folder)[: args.limit])  # keeps the objects' boxes and the question's targets
     else:
         records = record_dicts(load_data_arg(args, args.data), args.limit)
     return FlowBatch.from_records(records, name=folder.name)

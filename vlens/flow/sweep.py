@@ -229,7 +229,7 @@ def knockout_sweep(model: HookedVLM, batch: FlowBatch, edges: Sequence[str] = DE
                     margin[edge][w, rows] = m - m0
                     bar.update()
     bar.close()
-    summary = {}
+    summary: dict[str, dict[str, dict[str, list[float]]]] = {}
     for edge in parsed:
         summary[edge] = {}
         for metric, values in (("prob", prob[edge]), ("margin", margin[edge])):
