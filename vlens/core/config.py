@@ -35,6 +35,8 @@ class VLMConfig:
     rope_kind: RopeKind = "mrope_chunked"
     mrope_section: list[int] = field(default_factory=list)  # per (t, h, w), sums to d_head // 2
     rope_attention_scaling: float = 1.0
+    # rotary pairs: dimensions (i, i + d / 2) (False: Llama / Qwen) or adjacent (2i, 2i + 1) (GLM-4V)
+    rope_adjacent_pairs: bool = False
     qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before rotary
     # the attention logits' scale (None: d_head ** -0.5; Gemma 3: query_pre_attn_scalar ** -0.5)
     attn_scale: float | None = None

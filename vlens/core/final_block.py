@@ -71,8 +71,9 @@ def last_block_at(model: Any, resid: Float[Tensor, "batch pos d_model"], state: 
     v = attn.v_proj(x).view(batch, pos, -1, d_head)
     if attn.q_norm is not None and attn.k_norm is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q = apply_rotary(q, gather_positions(state.cos, positions), gather_positions(state.sin, positions))
-    k = apply_rotary(k, state.cos, state.sin)
+    adjacent = attn.cfg.rope_adjacent_pairs
+    q = apply_rotary(q, gather_positions(state.cos, positions), gather_positions(state.sin, positions), adjacent)
+    k = apply_rotary(k, state.cos, state.sin, adjacent)
     cache = state.kv_cache
     prefix_k = None if cache is None else cache.keys[block.layer]
     prefix_v = None if cache is None else cache.values[block.layer]

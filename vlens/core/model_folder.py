@@ -366,7 +366,8 @@ def load_processor_for(name_or_path: str, trust_remote_code: bool = False, adapt
     if os.path.exists(template_file):
         with open(template_file, encoding="utf-8") as fh:
             chat_template = fh.read()
-    return SimpleVLProcessor(tokenizer, image_processor, chat_template=chat_template)
+    image_token = getattr(adapter, "simple_processor_image_token", None) or "<|image_pad|>"
+    return SimpleVLProcessor(tokenizer, image_processor, chat_template=chat_template, image_token=image_token)
 
 
 __all__ = ["MissingWeightsError", "ModelFolder", "ModelFolderError", "check_processor", "compare_with_config",

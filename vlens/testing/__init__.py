@@ -1,5 +1,5 @@
 """Tiny random models, tokenizers and processors of every supported family, built offline, for tests,
-benchmarks and docs; one module per family (`vlens.testing.qwen`, `vlens.testing.llava`, `vlens.testing.llava_next`, `vlens.testing.internvl`, `vlens.testing.idefics3`, `vlens.testing.idefics2`, ...), every
+benchmarks and docs; one module per family (`vlens.testing.qwen`, `vlens.testing.llava`, `vlens.testing.llava_next`, `vlens.testing.internvl`, `vlens.testing.idefics3`, `vlens.testing.idefics2`, `vlens.testing.glm4v`, ...), every
 name re-exported here. Nothing here downloads anything: configs come from HF config classes, the
 tokenizer from `tokenizers`, the image processor from its parameters (PIL backend, no torchvision).
 `vlens.testing.real_vocab` is the real-vocabulary fixture (Qwen2's byte-level BPE, multi-digit
@@ -25,6 +25,14 @@ from vlens.testing.gemma3 import (
     tiny_gemma3_config,
     tiny_gemma3_model,
     tiny_gemma3_processor,
+)
+from vlens.testing.glm4v import (
+    GLM4V_CHAT_TEMPLATE,
+    GLM4V_SPECIAL_TOKENS,
+    glm4v_tokenizer,
+    tiny_glm4v_config,
+    tiny_glm4v_model,
+    tiny_glm4v_processor,
 )
 from vlens.testing.idefics2 import (
     IDEFICS2_CHAT_TEMPLATE,
@@ -117,4 +125,6 @@ __all__ = [
     "tiny_idefics3_processor", "tiny_smolvlm_model", "tiny_smolvlm_processor",
     "IDEFICS2_CHAT_TEMPLATE", "IDEFICS2_SPECIAL_TOKENS", "IDEFICS2_WORDS", "idefics2_tokenizer",
     "tiny_idefics2_config", "tiny_idefics2_model", "tiny_idefics2_processor",
+    "GLM4V_CHAT_TEMPLATE", "GLM4V_SPECIAL_TOKENS", "glm4v_tokenizer", "tiny_glm4v_config", "tiny_glm4v_model",
+    "tiny_glm4v_processor",
 ]

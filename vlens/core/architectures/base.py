@@ -388,6 +388,9 @@ class ArchitectureAdapter(ABC):
         images in one flat list, in prompt order)."""
         return [image for row in rows for image in row]
 
+    # the placeholder vlens's generic `SimpleVLProcessor` expands for this family's images (GLM-4V: <|image|>)
+    simple_processor_image_token: str = "<|image_pad|>"
+
     def load_processor(self, name_or_path: str, trust_remote_code: bool = False):
         """The family's processor for a folder where HF's AutoProcessor cannot build one (its video
         processor needs torchvision); None (the default): vlens's generic `SimpleVLProcessor`."""

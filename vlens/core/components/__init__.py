@@ -9,7 +9,7 @@ from vlens.core.components.block import TransformerBlock
 from vlens.core.components.embed import Embed, ScaledEmbed
 from vlens.core.components.gated_attention import GatedAttention
 from vlens.core.components.gated_deltanet import DeltaRuleKernels, GatedDeltaNet
-from vlens.core.components.mlp import GatedMLP
+from vlens.core.components.mlp import FusedGatedMLP, GatedMLP
 from vlens.core.components.moe import MoEMLP
 from vlens.core.components.rms_norm import RMSNorm, RMSNormPre, ZeroCenteredRMSNorm, ZeroCenteredRMSNormPre
 from vlens.core.components.rotary import LayerTypeRotary, RotaryEmbedding, apply_rotary
@@ -23,6 +23,7 @@ __all__ = [
     "Embed",
     "GatedAttention",
     "GatedDeltaNet",
+    "FusedGatedMLP",
     "GatedMLP",
     "HookedVisionTower",
     "LayerTypeRotary",

@@ -312,8 +312,9 @@ class Attention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         cos, sin = self.rotary_tables(cos, sin)
-        q = self.hook_rot_q(apply_rotary(q, cos, sin))
-        k = self.hook_rot_k(apply_rotary(k, cos, sin))
+        adjacent = self.cfg.rope_adjacent_pairs
+        q = self.hook_rot_q(apply_rotary(q, cos, sin, adjacent))
+        k = self.hook_rot_k(apply_rotary(k, cos, sin, adjacent))
         kv_offset = 0
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)

@@ -59,6 +59,42 @@ class GatedMLP(nn.Module):
         return self.down_proj(post)
 
 
+class FusedGatedMLP(GatedMLP):
+    """`GatedMLP` on one fused input projection, ``gate, up = gate_up_proj(x).chunk(2, -1)`` (the gate's
+    d_mlp rows first, as GLM-4V stores them); the same hooks and weight views (halves of the fused weight)."""
+
+    def __init__(self, gate_up_proj: nn.Linear, down_proj: nn.Linear, act_fn: str):
+        nn.Module.__init__(self)
+        self.gate_up_proj = gate_up_proj
+        self.down_proj = down_proj
+        self.d_mlp = down_proj.in_features
+        self.act = ACT2FN[act_fn]
+        self.hook_pre = HookPoint()
+        self.hook_pre_linear = HookPoint()
+        self.hook_post = HookPoint()
+
+    @property
+    def W_in(self) -> Float[Tensor, "d_model d_mlp"]:
+        return self.gate_up_proj.weight[self.d_mlp:].T
+
+    @property
+    def W_gate(self) -> Float[Tensor, "d_model d_mlp"]:
+        return self.gate_up_proj.weight[:self.d_mlp].T
+
+    @property
+    def b_in(self) -> Float[Tensor, "d_mlp"]:
+        return _bias(self.gate_up_proj)[self.d_mlp:]
+
+    @property
+    def b_gate(self) -> Float[Tensor, "d_mlp"]:
+        return _bias(self.gate_up_proj)[:self.d_mlp]
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        post = self.hook_post(self.act(self.hook_pre(gate)) * self.hook_pre_linear(up))
+        return self.down_proj(post)
+
+
 def _bias(linear: nn.Linear) -> Tensor:
     if linear.bias is not None:
         return linear.bias

@@ -35,23 +35,33 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rotate_adjacent(x: Tensor) -> Tensor:
+    """The rotation of adjacent pairs (x[2i], x[2i+1]) -> (-x[2i+1], x[2i]) (GPT-J style; GLM-4V's
+    `rotate_half_llm`), for cos / sin tables that repeat each frequency twice in a row."""
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
 def apply_rotary(
     x: Float[Tensor, "batch pos heads d_head"],
     cos: Float[Tensor, "batch pos d_head"],
     sin: Float[Tensor, "batch pos d_head"],
+    adjacent_pairs: bool = False,
 ) -> Float[Tensor, "batch pos heads d_head"]:
     """Rotate q or k ([batch, pos, heads, d_head] layout) by the given angles.
 
     Partial rotary (Qwen3.5: `partial_rotary_factor`): when cos / sin cover fewer than d_head
     dimensions, only the first cos.shape[-1] are rotated and the rest pass through, as in HF.
+    adjacent_pairs (`VLMConfig.rope_adjacent_pairs`, GLM-4V): dimensions 2i and 2i+1 rotate together
+    instead of i and i + d / 2.
     """
     cos = cos.unsqueeze(2)
     sin = sin.unsqueeze(2)
+    rotate = rotate_adjacent if adjacent_pairs else rotate_half
     rotary_dim = cos.shape[-1]
     if rotary_dim == x.shape[-1]:
-        return (x * cos) + (rotate_half(x) * sin)
+        return (x * cos) + (rotate(x) * sin)
     x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-    return torch.cat([(x_rot * cos) + (rotate_half(x_rot) * sin), x_pass], dim=-1)
+    return torch.cat([(x_rot * cos) + (rotate(x_rot) * sin), x_pass], dim=-1)
 
 
 class LayerTypeRotary(RotaryEmbedding):
