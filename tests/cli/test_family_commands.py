@@ -60,6 +60,10 @@ FAMILIES = {
     "gemma3": (lambda: testing.tiny_gemma3_model(seed=5, n_layers=3, d_model=40, n_heads=5, n_kv_heads=1, d_head=8,
                                                 sliding_window=4),
                testing.tiny_gemma3_processor, [], False),
+    # fixed-size images (28 px, 4x4 patches); prompts are one bidirectional prefix
+    "paligemma": (lambda: testing.tiny_paligemma_model(seed=11, n_layers=2, d_model=40, n_heads=4, n_kv_heads=2,
+                                                       d_head=10),
+                  testing.tiny_paligemma_processor, [], True),
 }
 
 # families whose every attention layer normalizes its queries: `temperature export` refuses them

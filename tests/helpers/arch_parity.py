@@ -226,3 +226,31 @@ def assert_bf16_within_hf_noise(hf, processor, make_inputs, slack: float = 2.0) 
         ours = (model16(inputs).float()[real] - reference).abs().max()
     assert hf_noise > 0, "HF's bf16 run should differ from fp32"
     assert ours <= slack * hf_noise + 1e-3, (float(ours), float(hf_noise))
+
+
+def assert_vision_head_and_projector_edits_match_hf(model, hf, inputs, layers, projector, n_heads: int,
+                                                    layer: int = 1, head: int = 1) -> None:
+    """Dropping one vision head (`vision.blocks.{layer}.attn.hook_z`), flipping the projector's input
+    (`vision.hook_image_features`) and zeroing its output (`vision.hook_image_embeds`) equal the same edits on
+    HF's tower `layers` (an attention with `out_proj`) and `projector`."""
+
+    def drop_head(z, hook):
+        z = z.clone()
+        z[..., head, :] = 0
+        return z
+
+    def drop_head_hf(module, args):
+        x = args[0].clone()
+        width = x.shape[-1] // n_heads
+        x[..., head * width:(head + 1) * width] = 0
+        return (x,)
+
+    torch.testing.assert_close(
+        model.run_with_hooks(inputs, fwd_hooks=[(f"vision.blocks.{layer}.attn.hook_z", drop_head)]),
+        hf_logits(hf, inputs, pre_hooks=[(layers[layer].self_attn.out_proj, drop_head_hf)]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        model.run_with_hooks(inputs, fwd_hooks=[("vision.hook_image_features", lambda x, hook: x.flip(1))]),
+        hf_logits(hf, inputs, pre_hooks=[(projector, lambda m, args: (args[0].flip(1),))]), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        model.run_with_hooks(inputs, fwd_hooks=[("vision.hook_image_embeds", lambda x, hook: x * 0)]),
+        hf_logits(hf, inputs, forward_hooks=[(projector, lambda m, a, out: out * 0)]), atol=1e-4, rtol=0)

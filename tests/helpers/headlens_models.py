@@ -32,6 +32,7 @@ BUILDERS = {
                                                          n_kv_heads=1, tile=24, patch_size=6, attention_bias=True),
     "Idefics3ForConditionalGeneration": lambda: tiny_vlm("idefics3", d_model=36, n_heads=3, n_kv_heads=1,
                                                          sub_image=24, patch_size=6),
+    "PaliGemmaForConditionalGeneration": lambda: tiny_vlm("paligemma", attention_bias=True),
     "SmolVLMForConditionalGeneration": lambda: tiny_vlm("smolvlm", d_model=40, n_heads=4, n_kv_heads=2,
                                                         sub_image=24, patch_size=4, scale_factor=3),
 }

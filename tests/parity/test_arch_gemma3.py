@@ -17,6 +17,7 @@ from tests.helpers.arch_parity import (
     assert_no_hooks_left_after_exception,
     assert_saved_checkpoint_loads,
     assert_scores_edit_matches_scaling_q,
+    assert_vision_head_and_projector_edits_match_hf,
     hf_logits,
     input_matrix,
 )
@@ -337,30 +338,9 @@ def test_vision_block_edit_equals_hf():
 def test_vision_head_and_projector_hooks_edit_the_tower():
     hf, model = _pair("mqa_window3_global_first_bias_3x3")
     inputs = _cases("mqa_window3_global_first_bias_3x3")["left_padded_batch"]
-    heads = hf.config.vision_config.num_attention_heads
-
-    def drop_head(z, hook):
-        z = z.clone()
-        z[..., 1, :] = 0
-        return z
-
-    def drop_head_hf(module, args):
-        x = args[0].clone()
-        width = x.shape[-1] // heads
-        x[..., width:2 * width] = 0
-        return (x,)
-
-    layer = hf.model.vision_tower.encoder.layers[1]
-    torch.testing.assert_close(
-        model.run_with_hooks(inputs, fwd_hooks=[("vision.blocks.1.attn.hook_z", drop_head)]),
-        hf_logits(hf, inputs, pre_hooks=[(layer.self_attn.out_proj, drop_head_hf)]), atol=1e-4, rtol=0)
-    projector = hf.model.multi_modal_projector
-    torch.testing.assert_close(
-        model.run_with_hooks(inputs, fwd_hooks=[("vision.hook_image_features", lambda x, hook: x.flip(1))]),
-        hf_logits(hf, inputs, pre_hooks=[(projector, lambda m, args: (args[0].flip(1),))]), atol=1e-4, rtol=0)
-    torch.testing.assert_close(
-        model.run_with_hooks(inputs, fwd_hooks=[("vision.hook_image_embeds", lambda x, hook: x * 0)]),
-        hf_logits(hf, inputs, forward_hooks=[(projector, lambda m, a, out: out * 0)]), atol=1e-4, rtol=0)
+    assert_vision_head_and_projector_edits_match_hf(model, hf, inputs, hf.model.vision_tower.encoder.layers,
+                                                    hf.model.multi_modal_projector,
+                                                    hf.config.vision_config.num_attention_heads)
 
 
 def test_no_hooks_left_after_exception():

@@ -44,6 +44,8 @@ FAMILIES = {
     # split images: tagged sub-images + the global image (pixel shuffle by 3 for SmolVLM)
     "idefics3": dict(n_layers=2, d_model=36, n_heads=3, n_kv_heads=1, d_mlp=40, sub_image=24, patch_size=6,
                      initializer_range=0.1),
+    # the whole prompt one bidirectional prefix block (token types); Gemma's (1 + w) norms, scaled embedding
+    "paligemma": dict(n_layers=2, d_model=40, n_heads=4, n_kv_heads=2, d_head=12, initializer_range=0.1),
     "smolvlm": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_mlp=40, sub_image=24, patch_size=4,
                     scale_factor=3, initializer_range=0.1),
 }

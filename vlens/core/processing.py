@@ -167,14 +167,15 @@ def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Seq
     rgb = [[to_rgb(img, allow_urls=allow_urls, what=f"image {i} of prompt {p}") for i, img in enumerate(row)]
            for p, row in enumerate(rows)]
     # the family decides how per-prompt images reach its processor (LLaVA-OneVision: one list per prompt)
-    kwargs: dict[str, Any] = {"images": model.adapter.processor_images(rgb)} if any(rgb) else {}
+    kwargs: dict[str, Any] = {}
+    images_arg = model.adapter.processor_images(rgb) if any(rgb) else None
     bos = getattr(model.tokenizer, "bos_token", None)
     if bos and all(text.startswith(bos) for text in texts):
         # a chat format that writes the BOS itself (Gemma's): the tokenizer must not add a second one
         kwargs["add_special_tokens"] = False
     try:
         with left_padding(model.tokenizer):
-            encoded = model.processor(text=texts, return_tensors="pt", padding=True, **kwargs)
+            encoded = model.adapter.process(model.processor, texts, images_arg, **kwargs)
     except (ValueError, TypeError, RuntimeError, IndexError, ZeroDivisionError, OverflowError):
         # name the image the processor refuses, if that is why
         raise_if_refused(model.processor, [image for row in rgb for image in row])

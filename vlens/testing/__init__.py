@@ -89,6 +89,14 @@ from vlens.testing.llava_next import (
     tiny_llava_onevision_model,
     tiny_llava_onevision_processor,
 )
+from vlens.testing.paligemma import (
+    PALIGEMMA_SPECIAL_TOKENS,
+    PALIGEMMA_WORDS,
+    paligemma_tokenizer,
+    tiny_paligemma_config,
+    tiny_paligemma_model,
+    tiny_paligemma_processor,
+)
 from vlens.testing.qwen import (
     default_mrope_section,
     qwen3_vl_image_processor,
@@ -127,4 +135,6 @@ __all__ = [
     "tiny_idefics2_config", "tiny_idefics2_model", "tiny_idefics2_processor",
     "GLM4V_CHAT_TEMPLATE", "GLM4V_SPECIAL_TOKENS", "glm4v_tokenizer", "tiny_glm4v_config", "tiny_glm4v_model",
     "tiny_glm4v_processor",
+    "PALIGEMMA_SPECIAL_TOKENS", "PALIGEMMA_WORDS", "paligemma_tokenizer", "tiny_paligemma_config",
+    "tiny_paligemma_model", "tiny_paligemma_processor",
 ]

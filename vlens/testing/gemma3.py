@@ -54,10 +54,11 @@ GEMMA3_CHAT_TEMPLATE = (
 )
 
 
-def gemma3_tokenizer(words: list[str] = GEMMA3_WORDS) -> PreTrainedTokenizerFast:
-    """An offline word-level tokenizer with Gemma 3's special tokens (ids 0..8), newline tokens, BOS added."""
+def gemma_word_tokenizer(specials: list[str], words: list[str]) -> tuple[Tokenizer, dict[str, int]]:
+    """The `tokenizers` backend of Gemma-family test tokenizers: `specials` first, a newline token, `words`;
+    newlines are tokens of their own, spaces split, punctuation apart. Returns (backend, vocab)."""
     vocab: dict[str, int] = {}
-    for token in [*GEMMA3_SPECIAL_TOKENS, "\n", *words]:
+    for token in [*specials, "\n", *words]:
         vocab.setdefault(token, len(vocab))
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Sequence([
@@ -65,7 +66,13 @@ def gemma3_tokenizer(words: list[str] = GEMMA3_WORDS) -> PreTrainedTokenizerFast
         pre_tokenizers.Split(" ", "removed"),
         pre_tokenizers.Punctuation(),
     ])
-    backend.add_special_tokens(GEMMA3_SPECIAL_TOKENS)
+    backend.add_special_tokens(specials)
+    return backend, vocab
+
+
+def gemma3_tokenizer(words: list[str] = GEMMA3_WORDS) -> PreTrainedTokenizerFast:
+    """An offline word-level tokenizer with Gemma 3's special tokens (ids 0..8), newline tokens, BOS added."""
+    backend, vocab = gemma_word_tokenizer(GEMMA3_SPECIAL_TOKENS, words)
     bos = vocab["<bos>"]
     backend.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
                                                            special_tokens=[("<bos>", bos)])

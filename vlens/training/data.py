@@ -137,6 +137,7 @@ def collate(model: HookedVLM, examples: Sequence[SFTExample], sigma: float = 1.0
         texts.append(prompt + answer + tokenizer.eos_token)
     images = [list(example.images) if example.images else None for example in examples]
     inputs = model.prepare(images=images, prompts=texts, chat=False)
+    model.adapter.mark_answer_tokens(model.cfg, inputs, [len(ids) for ids in answers])
     labels = torch.full_like(inputs.input_ids, IGNORE_INDEX)
     seq = inputs.seq_len
     for row, ids in enumerate(answers):

@@ -391,6 +391,21 @@ class ArchitectureAdapter(ABC):
     # the placeholder vlens's generic `SimpleVLProcessor` expands for this family's images (GLM-4V: <|image|>)
     simple_processor_image_token: str = "<|image_pad|>"
 
+    def process(self, processor, texts: list[str], images: list | None, **kwargs: Any):
+        """The processor's output (input_ids, attention_mask, pixel_values, ...) for formatted prompt texts
+        and their images (`processor_images`' form, None: none), left padding set by the caller; default:
+        the processor itself. A family whose processor cannot take some prompts (PaliGemma's refuses rows
+        without an image) formats them here as the processor formats the others."""
+        if images is not None:
+            kwargs["images"] = images
+        return processor(text=texts, return_tensors="pt", padding=True, **kwargs)
+
+    def mark_answer_tokens(self, cfg: VLMConfig, inputs, counts: list[int]) -> None:
+        """Called on a fine-tuning batch whose rows end with their answers (`counts[row]` tokens each) for
+        families whose attention depends on which tokens are targets (PaliGemma: answers are causal suffix
+        tokens, the prompt a bidirectional prefix); default: nothing."""
+        return None
+
     def load_processor(self, name_or_path: str, trust_remote_code: bool = False):
         """The family's processor for a folder where HF's AutoProcessor cannot build one (its video
         processor needs torchvision); None (the default): vlens's generic `SimpleVLProcessor`."""
