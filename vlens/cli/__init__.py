@@ -42,6 +42,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("train", "vlens.cli.train:configure_train", "LoRA fine-tuning with the object-focused attention loss"),
     Command("study", "vlens.cli.study", "the baseline / +SFT / +L_focus / +temperature table"),
     Command("temperature", "vlens.cli.temperature", "adaptive head temperature: fit, apply, export"),
+    Command("steer", "vlens.cli.steer", "steer generation with a direction (mean difference, SAE feature, probe)"),
     Command("sae", "vlens.cli.sae", "sparse autoencoders: train on a hook's activations, feature dashboard"),
     Command("demo", "vlens.cli.demo", "the counting-circuit study end to end, as one HTML report"),
     Command("zoo", "vlens.recipes.embedded.cli", "the embedded tiny model: train (reproduce) or evaluate it"),

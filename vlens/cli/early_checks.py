@@ -29,6 +29,7 @@ INPUT_FLAGS: dict[str, dict[str, bool]] = {
     "temperature": {"--data": False, "--image-dir": False, "--temps": False, "--result": False, "--taxonomy": False},
     "sae": {"--data": False, "--image-dir": False, "--sae": False},
     "demo": {"--interventions": False},
+    "steer": {"--image": False, "--direction": False, "--sae": False},
 }
 
 

@@ -63,6 +63,7 @@ BUILTIN_KINDS: dict[str, str] = {
     "transcoder_evaluation": "vlens.transcoders.evaluation",
     "attribution_graph": "vlens.graphs.results",
     "knockout_sweep": "vlens.flow.sweep",
+    "steering": "vlens.steering.results",
 }
 # the files a command's --out folder may hold its result in, in the order they are tried
 RESULT_FILES = (RESULTS_FILE, "sft_result.json", "study.json", "vlens_temperature.json", "config.json")

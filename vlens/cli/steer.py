@@ -1,0 +1,145 @@
+"""``vlens steer``: add a direction at chosen layers while generating, over a strength sweep.
+
+    vlens steer --model tiny --image dots.png --prompt "How many dots are there?" \\
+        --positive "red" --negative "blue" --layers 1 --strengths 0,2,4,8 --out runs/steer
+    vlens steer --model M --prompt "Describe the image." --image photo.png --sae saes/L3 --feature 17 \\
+        --layers 3 --hook hook_resid_post --region all --out runs/steer_sae
+    vlens steer --model M --prompt "..." --direction probe.pt --layers 5 --from-step 2 --region none --out runs/s
+
+The direction is one of: ``--direction FILE`` (a saved tensor [d_model], .pt or .npy), ``--sae DIR
+--feature N`` (an SAE or transcoder folder in SAELens's format: the feature's decoder row), or
+``--positive TEXT ... --negative TEXT ...`` (the difference of the mean activations at the final
+prompt position, at the hook of the first steered layer). Writes ``results.json`` (loads back with
+``vlens.load_result``) and ``steering.html`` (the texts side by side) into ``--out``; prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from vlens.cli.console import echo
+from vlens.cli.dataset_options import mark_input_paths
+from vlens.cli.options import RESULTS_FILE, add_model_options, add_out, load_model_from_args, prepare_out
+from vlens.utils.validation import arg_int, arg_path
+
+logger = logging.getLogger(__name__)
+
+HTML_FILE = "steering.html"
+REGIONS = ("all", "final", "image", "text", "none")
+
+
+def _numbers(text: str) -> tuple[float, ...]:
+    from vlens.utils.errors import UserInputError
+
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UserInputError(f"--strengths {text!r}: give comma-separated numbers, e.g. 0,2,4,8") from None
+    if not values:
+        raise UserInputError("--strengths: give at least one number, e.g. 0,2,4,8")
+    return values
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    from vlens.utils.errors import UserInputError
+
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UserInputError(f"--layers {text!r}: give comma-separated layer numbers, e.g. 2,3") from None
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_model_options(parser)
+    parser.add_argument("--prompt", action="append", required=True, metavar="TEXT",
+                        help="a prompt to generate from (repeat for a batch)")
+    parser.add_argument("--image", type=arg_path, default=None, metavar="PATH",
+                        help="an image given with every prompt (default: text only)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--direction", type=arg_path, metavar="FILE", help="a saved direction [d_model] (.pt / .npy)")
+    source.add_argument("--sae", type=arg_path, metavar="DIR", help="an SAE / transcoder folder (SAELens format); "
+                        "with --feature")
+    source.add_argument("--positive", nargs="+", metavar="TEXT", help="prompts of the positive set (with --negative)")
+    parser.add_argument("--negative", nargs="+", metavar="TEXT", help="prompts of the negative set")
+    parser.add_argument("--feature", type=arg_int(min=0), default=None, metavar="N", help="the SAE feature (--sae)")
+    parser.add_argument("--layers", type=_layers, default=(0,), metavar="L,L",
+                        help="decoder layers to steer (default 0)")
+    parser.add_argument("--hook", default="hook_resid_post",
+                        help="per-layer hook the direction is added to (default hook_resid_post)")
+    parser.add_argument("--strengths", type=_numbers, default=(0.0, 2.0, 4.0, 8.0), metavar="S,S",
+                        help="the strength sweep (default 0,2,4,8; 0 is the plain generation)")
+    parser.add_argument("--region", choices=REGIONS, default="all",
+                        help="prompt positions steered (default all; none: generated tokens only)")
+    parser.add_argument("--no-generated", action="store_true", help="do not steer the generated tokens")
+    parser.add_argument("--from-step", type=arg_int(min=0), default=0, metavar="K",
+                        help="steer generated tokens from decoding step K on (default 0)")
+    parser.add_argument("--max-new-tokens", type=arg_int(min=1), default=16, metavar="N",
+                        help="tokens generated per prompt (default 16)")
+    add_out(parser, f"{RESULTS_FILE} and {HTML_FILE}")
+    mark_input_paths(parser, "image", "direction", "sae")
+    parser.set_defaults(func=run_steer)
+
+
+def _direction(args: argparse.Namespace, model, hook: str):
+    import numpy as np
+    import torch
+
+    from vlens.steering import mean_difference, sae_direction
+    from vlens.utils.errors import UserInputError, failure_context
+
+    if args.direction is not None:
+        with failure_context(f"reading the direction {args.direction}"):
+            if args.direction.suffix == ".npy":
+                vector = torch.from_numpy(np.load(args.direction))
+            else:
+                vector = torch.load(args.direction, map_location="cpu", weights_only=True)
+        if not isinstance(vector, torch.Tensor):
+            raise UserInputError(f"--direction {args.direction}: holds a {type(vector).__name__}, not a tensor")
+        vector = vector.float()
+        if vector.numel() == model.cfg.d_model:  # [1, d_model] and the like
+            vector = vector.flatten()
+        return vector, f"--direction {args.direction.name}"
+    if args.sae is not None:
+        from vlens.sae import load_sae
+
+        if args.feature is None:
+            raise UserInputError("--sae needs --feature N (the feature whose decoder row is the direction)")
+        with failure_context(f"loading the SAE {args.sae}"):
+            sae = load_sae(args.sae)
+        return sae_direction(sae, args.feature), f"SAE {args.sae.name} feature {args.feature}"
+    if not args.negative:
+        raise UserInputError("--positive needs --negative (the direction is their difference of means)")
+    positive = model.prepare(prompts=list(args.positive))
+    negative = model.prepare(prompts=list(args.negative))
+    return mean_difference(model, positive, negative, hook), f"mean difference at {hook} (final position)"
+
+
+def run_steer(args: argparse.Namespace) -> int:
+    from vlens.steering import SteeringSettings, steer
+    from vlens.utils.errors import UserInputError
+    from vlens.utils.images import open_image_file
+
+    if args.negative and not args.positive:
+        raise UserInputError("--negative goes with --positive")
+    if args.feature is not None and args.sae is None:
+        raise UserInputError("--feature goes with --sae")
+    out = prepare_out(args, RESULTS_FILE, HTML_FILE)
+    model = load_model_from_args(args)
+    settings = SteeringSettings(layers=args.layers, hook=args.hook, strengths=args.strengths,
+                                prompt_region=None if args.region == "none" else args.region,
+                                generated=not args.no_generated, from_step=args.from_step,
+                                max_new_tokens=args.max_new_tokens)
+    settings.check(model)
+    images = None
+    if args.image is not None:
+        image = open_image_file(args.image, "--image")
+        images = [image] * len(args.prompt)
+    inputs = model.prepare(images=images, prompts=list(args.prompt))
+    direction, source = _direction(args, model, settings.hook_names()[0])
+    result = steer(model, inputs, direction, settings, source=source, progress=not args.quiet)
+    path = result.save(out)
+    logger.info("wrote %s and %s", path, out / HTML_FILE)
+    for row in result.table():
+        echo(" | ".join(f"{key}: {value}" for key, value in row.items()))
+    return 0
