@@ -22,6 +22,10 @@ FORMAT_HELP = (
 )
 
 
+# the names of vlens.datasets.boxes.BOX_FORMATS (a test keeps them equal)
+BOX_FORMATS = ("xyxy", "xywh", "cxcywh", "xyxy_norm", "xywh_norm", "cxcywh_norm")
+
+
 def add_data_arguments(parser: argparse.ArgumentParser, flag: str = "--data", multiple: bool = False,
                        required: bool = False, help: str | None = None, group=None) -> None:  # noqa: A002
     """``flag`` (one path, or several with ``multiple``), ``--format``, ``--split``, ``--image-dir``,
@@ -36,6 +40,10 @@ def add_data_arguments(parser: argparse.ArgumentParser, flag: str = "--data", mu
     mark_input_paths(parser, action.dest, image_dir.dest)
     parser.add_argument("--skip-missing", action="store_true",
                         help="skip rows whose image file is missing (listed in the output) instead of stopping")
+    parser.add_argument("--box-format", default=None, choices=BOX_FORMATS,
+                        help="what the rows' object boxes are (imagefolder and qa; default xyxy pixels, what "
+                             "`vlens data` writes): xyxy, xywh (COCO), cxcywh, or those with _norm (fractions of "
+                             "the image's width and height)")
 
 
 def mark_input_paths(parser: argparse.ArgumentParser, *dests: str) -> None:
@@ -63,4 +71,5 @@ def load_data_arg(args: argparse.Namespace, path: Path, limit: int | None = None
 
     return load_dataset(path, getattr(args, "data_format", None), limit=limit,
                         image_dir=getattr(args, "image_dir", None),
-                        split=getattr(args, "split", None), skip_missing=getattr(args, "skip_missing", False) or None)
+                        split=getattr(args, "split", None), skip_missing=getattr(args, "skip_missing", False) or None,
+                        box_format=getattr(args, "box_format", None))

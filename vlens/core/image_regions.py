@@ -15,7 +15,6 @@ per-family geometry lives in the adapters. See docs/regions.md.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from torch import Tensor
 
 from vlens.core.architectures.base import ImageTile
 from vlens.utils.errors import UserInputError
+from vlens.utils.validation import four_numbers
 
 
 @dataclass(frozen=True)
@@ -181,14 +181,7 @@ def check_box(box, size: tuple[int, int], what: str = "box") -> tuple[float, flo
     numbers, x0 < x1 and y0 < y1, inside the image (0 <= x0, x1 <= width, ...)."""
     width, height = size
     hint = f"give (x0, y0, x1, y1) in pixels of the original {width} x {height} image"
-    try:
-        values = [float(v) for v in (box.tolist() if isinstance(box, (Tensor, np.ndarray)) else box)]
-    except (TypeError, ValueError):
-        raise UserInputError(f"{what} {box!r} is not four numbers: {hint}") from None
-    if len(values) != 4:
-        raise UserInputError(f"{what} {box!r} has {len(values)} numbers, not 4: {hint}")
-    if not all(math.isfinite(v) for v in values):
-        raise UserInputError(f"{what} {values} holds NaN or infinity: {hint}")
+    values = four_numbers(box, what, hint)
     x0, y0, x1, y1 = values
     if not (x0 < x1 and y0 < y1):
         raise UserInputError(f"{what} {values} is empty (needs x0 < x1 and y0 < y1): {hint}")

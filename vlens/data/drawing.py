@@ -15,6 +15,10 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from vlens.data.geometry import Primitive
+from vlens.utils.rle import encode_mask
+
+# a pixel belongs to an object's mask when the object covers at least half of it (of 255)
+MASK_COVERAGE = 128
 
 SUPERSAMPLE = 4
 
@@ -64,15 +68,18 @@ def paste_object(
     size: float,
     primitives: Sequence[Primitive],
     fill: tuple[int, int, int] | Callable[[np.ndarray, np.ndarray], np.ndarray],
-) -> list[int]:
-    """Blend one object onto ``image`` in place and return its pixel bbox.
+) -> dict:
+    """Blend one object onto ``image`` in place and return where it lies.
 
     Args:
         fill: a flat RGB colour, or ``fill(u, v) -> uint8 [h, w, 3]`` giving the object's
             colour at pixel centres, where u, v [h, w] are unit coordinates (radius 1).
 
     Returns:
-        [x0, y0, x1, y1] of the pixels the object touches (end exclusive).
+        {"bbox": [x0, y0, x1, y1] of the pixels the object touches (end exclusive), "mask": the
+        pixels it covers at least half of, as COCO's compressed RLE over the whole image
+        (`vlens.utils.rle`)}. Objects never share a pixel (`vlens.data.layout`), so the mask is
+        what is visible of the object.
     """
     mask, (x0, y0) = coverage_mask(center, size, primitives)
     w, h = mask.size
@@ -84,4 +91,15 @@ def paste_object(
     else:
         image.paste(tuple(fill), (x0, y0, x0 + w, y0 + h), mask)
     bx0, by0, bx1, by1 = mask.getbbox() or (0, 0, 0, 0)
-    return [x0 + bx0, y0 + by0, x0 + bx1, y0 + by1]
+    return {"bbox": [x0 + bx0, y0 + by0, x0 + bx1, y0 + by1], "mask": image_mask(mask, (x0, y0), image.size)}
+
+
+def image_mask(coverage: Image.Image, corner: tuple[int, int], image_size: tuple[int, int]) -> dict:
+    """The whole-image RLE of the pixels a footprint's coverage ("L", at `corner`) covers at least half of."""
+    width, height = image_size
+    full = np.zeros((height, width), dtype=bool)
+    x0, y0 = corner
+    patch = np.asarray(coverage) >= MASK_COVERAGE
+    ys, xs = slice(max(y0, 0), min(y0 + patch.shape[0], height)), slice(max(x0, 0), min(x0 + patch.shape[1], width))
+    full[ys, xs] = patch[ys.start - y0:ys.stop - y0, xs.start - x0:xs.stop - x0]
+    return encode_mask(full)

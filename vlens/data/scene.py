@@ -99,10 +99,10 @@ def render_scene(
     """Draw the objects (in order) on the seed's background.
 
     Returns:
-        (RGB image [image_size, image_size], objects with their pixel "bbox" filled in)
+        (RGB image [image_size, image_size], objects with their pixel "bbox" and "mask" (COCO RLE) filled in)
     """
     image = make_background(background, image_size, stream(seed, BACKGROUND_STREAM))
-    drawn = [{**obj, "bbox": style.draw(image, obj)} for obj in objects]
+    drawn = [{**obj, **style.draw(image, obj)} for obj in objects]
     return image, drawn
 
 

@@ -5,7 +5,8 @@ and draws it; placement is :mod:`vlens.data.layout`'s job and backgrounds are
 :mod:`vlens.data.backgrounds`'. An object is a JSON-friendly dict::
 
     {"id": int, "shape": str, "color": str, "rgb": [r, g, b], "center": [x, y],
-     "size": radius_px, "rotation": degrees, "appearance_seed": int, "bbox": [x0, y0, x1, y1]}
+     "size": radius_px, "rotation": degrees, "appearance_seed": int, "bbox": [x0, y0, x1, y1],
+     "mask": {"size": [height, width], "counts": "..."}}   # COCO compressed RLE of its pixels
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ class Style:
         """A copy of ``obj`` with another palette colour, everything else unchanged."""
         return {**obj, "color": color, "rgb": self.object_rgb(color, obj["appearance_seed"])}
 
-    def draw(self, image: Image.Image, obj: dict) -> list[int]:
-        """Draw ``obj`` onto ``image`` in place; returns its pixel bbox (end exclusive)."""
+    def draw(self, image: Image.Image, obj: dict) -> dict:
+        """Draw ``obj`` onto ``image`` in place; returns its pixel "bbox" (end exclusive) and "mask" (RLE)."""
         center, size = obj["center"], obj["size"]
         if self.name != "synreal":
             return paste_object(image, center, size, polygon_shape(obj["shape"], obj["rotation"]), obj["rgb"])

@@ -87,6 +87,9 @@ def row_objects(row: dict, n_images: int, where: str) -> list[ImageObjects] | No
     ``width`` / ``height``; without one it is left None and filled from the opened image.
     """
     objects, centres = row.get("objects"), row.get("centres")
+    if objects and not centres and isinstance(objects, list) and all(
+            isinstance(o, dict) and "bbox" in o and "center" not in o for o in objects):
+        objects = None  # objects with boxes only (COCO-style): no centres (`row_boxes` reads the boxes)
     if not objects and not centres:
         return None
     if n_images != 1:
@@ -105,13 +108,18 @@ def row_objects(row: dict, n_images: int, where: str) -> list[ImageObjects] | No
         raise DatasetError(
             f"{where}: objects must be [{{'center': [x, y]}}, ...] and centres [[x, y], ...] in pixels"
         ) from None
-    size = None
+    return [(points, row_image_size(row, where))]
+
+
+def row_image_size(row: dict, where: str) -> tuple[int, int] | None:
+    """The (width, height) a row gives its image: ``image_size`` (square side, vlens data) or ``width`` /
+    ``height``; None without them."""
     if row.get("image_size") is not None:
         side = as_int(row["image_size"], "image_size", where)
-        size = (side, side)
-    elif row.get("width") is not None and row.get("height") is not None:
-        size = (as_int(row["width"], "width", where), as_int(row["height"], "height", where))
-    return [(points, size)]
+        return (side, side)
+    if row.get("width") is not None and row.get("height") is not None:
+        return (as_int(row["width"], "width", where), as_int(row["height"], "height", where))
+    return None
 
 
 def pixmo_points(value, where: str) -> list[ImageObjects] | None:

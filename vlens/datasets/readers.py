@@ -29,6 +29,7 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from vlens.datasets.boxes import check_box_format, row_boxes
 from vlens.datasets.fields import (
     answer_target,
     as_int,
@@ -37,6 +38,7 @@ from vlens.datasets.fields import (
     pixmo_points,
     require,
     resolve_image,
+    row_image_size,
     row_objects,
 )
 from vlens.datasets.files import Row, iter_jsonl, iter_rows
@@ -102,13 +104,16 @@ def _base(path: Path, image_dir) -> Path:
 
 
 # ---------------------------------------------------------------------- imagefolder
-def read_imagefolder_dataset(path, skip_missing: bool = False, limit: int | None = None) -> DataSet:
+def read_imagefolder_dataset(path, skip_missing: bool = False, limit: int | None = None,
+                             box_format: str = "xyxy") -> DataSet:
     """A folder with ``metadata.jsonl`` (or that file): vlens data sets and HF imagefolders.
 
     ``file_name`` must name a regular file inside the folder. The answer is the row's
     ``answer`` (``count`` when absent); the target is that answer as an int when it is a whole
-    number, else its text.
+    number, else its text. Object boxes and masks (`Record.boxes`) are read in ``box_format``
+    (`vlens.datasets.boxes`; default ``xyxy`` pixels, what vlens data writes).
     """
+    check_box_format(box_format)
     path = Path(path)
     folder = path.parent if path.is_file() else path
     metadata = folder / METADATA_FILE
@@ -128,6 +133,7 @@ def read_imagefolder_dataset(path, skip_missing: bool = False, limit: int | None
             answer=answer.strip(),
             count=None if row.get("count") is None else as_int(row["count"], "count", where),
             objects=row_objects(row, 1, where),
+            boxes=row_boxes(row, 1, where, box_format, row_image_size(row, where)),
             extra=extra_fields(row, {"file_name", "question"}),
         )
 
@@ -334,10 +340,12 @@ def read_mcq(
 # ---------------------------------------------------------------------- generic question / answer
 def read_qa(
     path, image_dir=None, skip_missing: bool = False, split: str | None = None, rows: Iterable[Row] | None = None,
-    limit: int | None = None,
+    limit: int | None = None, box_format: str = "xyxy",
 ) -> DataSet:
-    """Generic rows with image(s), question and answer (any text); optional count and object
-    centres (e.g. a vlens data set saved with ``datasets``' save_to_disk)."""
+    """Generic rows with image(s), question and answer (any text); optional count, object
+    centres and object boxes / masks in ``box_format`` (e.g. a vlens data set saved with ``datasets``'
+    save_to_disk; COCO-style ``objects`` with ``box_format="xywh"``)."""
+    check_box_format(box_format)
     path = Path(path)
     base_dir = _base(path, image_dir)
 
@@ -355,6 +363,7 @@ def read_qa(
             answer=answer.strip(),
             count=None if row.get("count") is None else as_int(row["count"], "count", where),
             objects=row_objects(row, len(images), where),
+            boxes=row_boxes(row, len(images), where, box_format, row_image_size(row, where)),
             extra=extra_fields(row, {"question", "file_name"} | {k for k in row if _NUMBERED_IMAGE.match(k)}),
         )
 

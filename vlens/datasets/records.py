@@ -61,6 +61,8 @@ class Record:
         options: the option texts of a multiple-choice question, else None.
         objects: per image, (centres [(x, y)] in original pixels, (width, height)) when the
             data has object positions, else None.
+        boxes: per image, its objects' boxes (`vlens.datasets.boxes.ObjectBox`: box, label, mask) when the
+            data has them (read in the reader's ``box_format``), else None.
         source: "<file> line N" / "<file> row N": where the record was read.
         extra: the row's other fields (task, pair_id, role, category, ...), for breakdowns.
     """
@@ -75,6 +77,7 @@ class Record:
     count: int | None = None
     objects: list[ImageObjects] | None = None
     source: str = ""
+    boxes: list[list] | None = None
 
     def __post_init__(self):
         if not self.answer:

@@ -237,3 +237,17 @@ __all__ = [
     "MODEL_FOLDER_FILES", "arg_float", "arg_int", "arg_path", "check_choice", "check_count", "check_float", "check_int",
     "check_output_file", "check_output_folder", "check_top_k", "is_model_folder", "range_text",
 ]
+
+
+def four_numbers(values: Any, what: str, hint: str, error: type[UserInputError] = UserInputError) -> list[float]:
+    """A box's four finite numbers (a sequence, tensor or array), else one `error` saying what was wrong
+    with `what` and how to fix it (`hint`)."""
+    try:
+        numbers = [float(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+    except (TypeError, ValueError):
+        raise error(f"{what} {values!r} is not four numbers: {hint}") from None
+    if len(numbers) != 4:
+        raise error(f"{what} {values!r} has {len(numbers)} numbers, not 4: {hint}")
+    if not all(math.isfinite(v) for v in numbers):
+        raise error(f"{what} {numbers} holds NaN or infinity: {hint}")
+    return numbers
