@@ -32,6 +32,8 @@ from vlens.testing.glm4v import (
     glm4v_tokenizer,
     tiny_glm4v_config,
     tiny_glm4v_model,
+    tiny_glm4v_moe_config,
+    tiny_glm4v_moe_model,
     tiny_glm4v_processor,
 )
 from vlens.testing.idefics2 import (
@@ -134,7 +136,7 @@ __all__ = [
     "IDEFICS2_CHAT_TEMPLATE", "IDEFICS2_SPECIAL_TOKENS", "IDEFICS2_WORDS", "idefics2_tokenizer",
     "tiny_idefics2_config", "tiny_idefics2_model", "tiny_idefics2_processor",
     "GLM4V_CHAT_TEMPLATE", "GLM4V_SPECIAL_TOKENS", "glm4v_tokenizer", "tiny_glm4v_config", "tiny_glm4v_model",
-    "tiny_glm4v_processor",
+    "tiny_glm4v_processor", "tiny_glm4v_moe_config", "tiny_glm4v_moe_model",
     "PALIGEMMA_SPECIAL_TOKENS", "PALIGEMMA_WORDS", "paligemma_tokenizer", "tiny_paligemma_config",
     "tiny_paligemma_model", "tiny_paligemma_processor",
 ]

@@ -16,11 +16,14 @@ from transformers import (
     Glm4vConfig,
     Glm4vForConditionalGeneration,
     Glm4vImageProcessorPil,
+    Glm4vMoeConfig,
+    Glm4vMoeForConditionalGeneration,
     PreTrainedTokenizerFast,
 )
 
 from vlens.core.processors import SimpleVLProcessor
 from vlens.testing.common import TEST_WORDS, perturb_norms, word_level_tokenizer
+from vlens.testing.qwen3_vl_moe import sharpen_routers
 
 GLM4V_SPECIAL_TOKENS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|begin_of_image|>",
                         "<|image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|video|>", "<|end_of_video|>"]
@@ -108,3 +111,41 @@ def tiny_glm4v_model(seed: int = 0, attn_implementation: str = "eager", dtype: t
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     return finish_glm4v(Glm4vForConditionalGeneration(config), seed, dtype)
+
+
+def tiny_glm4v_moe_config(n_experts: int = 8, top_k: int = 2, d_expert: int = 20, n_shared_experts: int = 1,
+                          n_group: int = 2, topk_group: int = 1, first_k_dense_replace: int = 1,
+                          routed_scaling_factor: float = 1.5, norm_topk_prob: bool = True, head_dim: int | None = None,
+                          attention_bias: bool = True, tokenizer=None, **overrides: Any) -> Glm4vMoeConfig:
+    """A tiny GLM-4.5V config: `tiny_glm4v_config`'s keywords (decoder and tower sizes, rotary fraction and
+    sections) with `n_experts` routed experts of size `d_expert` in `n_group` groups (`topk_group` kept), `top_k`
+    per token, `n_shared_experts`, dense MLPs on the first `first_k_dense_replace` layers; head_dim free."""
+    if head_dim is not None and "mrope_section" not in overrides:  # the sections cover the rotated pairs of head_dim
+        pairs = int(head_dim * overrides.get("partial_rotary_factor", GLM4V_CONFIG_DEFAULTS["partial_rotary_factor"])) // 2
+        overrides["mrope_section"] = [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3]
+    text, vision, ids = tiny_glm4v_text_and_vision(tokenizer, **overrides)
+    text.update(n_routed_experts=n_experts, num_experts_per_tok=top_k, moe_intermediate_size=d_expert,
+                n_shared_experts=n_shared_experts, n_group=n_group, topk_group=topk_group,
+                first_k_dense_replace=first_k_dense_replace, routed_scaling_factor=routed_scaling_factor,
+                norm_topk_prob=norm_topk_prob, attention_bias=attention_bias)
+    if head_dim is not None:
+        text["head_dim"] = head_dim
+    return Glm4vMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
+
+
+def tiny_glm4v_moe_model(seed: int = 0, attn_implementation: str = "eager", dtype: torch.dtype = torch.float32,
+                         **config_kwargs: Any) -> Glm4vMoeForConditionalGeneration:
+    """A randomly initialised tiny `Glm4vMoeForConditionalGeneration` (eval mode, norms and biases perturbed,
+    routers and experts redrawn so that routing is decisive and varied, random choice biases)."""
+    config = tiny_glm4v_moe_config(**config_kwargs)
+    config._attn_implementation = attn_implementation
+    config._experts_implementation = "eager"
+    torch.manual_seed(seed)
+    model = Glm4vMoeForConditionalGeneration(config)
+    sharpen_routers(model, seed)
+    generator = torch.Generator().manual_seed(seed + 3)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
+    return finish_glm4v(model, seed, dtype)

@@ -10,7 +10,7 @@ from vlens.core.components.embed import Embed, ScaledEmbed
 from vlens.core.components.gated_attention import GatedAttention
 from vlens.core.components.gated_deltanet import DeltaRuleKernels, GatedDeltaNet
 from vlens.core.components.mlp import FusedGatedMLP, GatedMLP
-from vlens.core.components.moe import MoEMLP
+from vlens.core.components.moe import GroupedSigmoidMoEMLP, MoEMLP
 from vlens.core.components.rms_norm import RMSNorm, RMSNormPre, ZeroCenteredRMSNorm, ZeroCenteredRMSNormPre
 from vlens.core.components.rotary import LayerTypeRotary, RotaryEmbedding, apply_rotary
 from vlens.core.components.sandwich_block import SandwichBlock
@@ -27,6 +27,7 @@ __all__ = [
     "GatedMLP",
     "HookedVisionTower",
     "LayerTypeRotary",
+    "GroupedSigmoidMoEMLP",
     "MoEMLP",
     "RMSNorm",
     "RMSNormPre",

@@ -16,6 +16,8 @@ weights renormalised to sum to 1 (where the family does), cast back. Hooks:
     mlp.hook_shared_out      [batch, pos, d_model]       the gated shared expert's output
 
 The block output is ``hook_routed_out + hook_shared_out`` (no shared expert: the routed sum).
+`GroupedSigmoidMoEMLP` routes as DeepSeek-V3 / GLM-4.5V do (sigmoid scores, a per-expert bias for the
+choice only, the best groups first, weights scaled); its `hook_router_logits` are the logits before the sigmoid.
 Slot k of `hook_expert_out` belongs to expert `hook_expert_indices[..., k]`; an index outside
 [0, n_experts) (e.g. set by a hook) runs no expert and contributes zero. Experts' weighted outputs
 are added in increasing expert order, HF's eager order.
@@ -45,6 +47,7 @@ class MoEMLP(nn.Module):
             `_apply_gate` and `act_fn` are used as they are).
         top_k: experts per token; normalize_top_k: renormalise the top-k weights to sum to 1.
         shared_expert, shared_gate: the shared expert as a `GatedMLP` and its [d_model -> 1] gate.
+        ungated_shared: the shared expert's output is added without a gate (GLM-4.5V's `shared_experts`).
     """
 
     # HF modules (their attributes are dynamic: `experts.gate_up_proj`, `router.weight`, `experts._apply_gate`)
@@ -52,8 +55,10 @@ class MoEMLP(nn.Module):
     experts: Any
 
     def __init__(self, router: nn.Module, experts: nn.Module, top_k: int, normalize_top_k: bool = True,
-                 shared_expert: GatedMLP | None = None, shared_gate: nn.Linear | None = None):
+                 shared_expert: GatedMLP | None = None, shared_gate: nn.Linear | None = None,
+                 ungated_shared: bool = False):
         super().__init__()
+        self.ungated_shared = ungated_shared
         if getattr(experts, "has_post_expert_norm", False):
             raise UserInputError("experts with a norm after each expert are not supported by MoEMLP")
         self.router = router
@@ -149,8 +154,36 @@ class MoEMLP(nn.Module):
         routed = self.hook_routed_out(routed)
         if self.shared_expert is None:
             return routed
+        shared = self.shared_expert(x)
+        if self.ungated_shared:  # GLM-4.5V's shared experts add their output as it is
+            return routed + self.hook_shared_out(shared)
         if self.shared_gate is None:
             raise RuntimeError("a shared expert needs its gate (shared_expert_gate)")
-        shared = self.shared_expert(x)
         gate = self.hook_shared_gate(torch.sigmoid(self.shared_gate(x)))
         return routed + self.hook_shared_out(gate * shared)
+
+
+class GroupedSigmoidMoEMLP(MoEMLP):
+    """`MoEMLP` with DeepSeek-V3-style routing, as GLM-4.5V's `Glm4vMoeTextTopkRouter` (all in fp32):
+    scores = sigmoid(logits); the choice reads scores + `e_score_correction_bias`, keeps the `topk_group`
+    of `n_group` groups whose two best choices sum highest, takes the top k there; the weights are the
+    chosen experts' scores (renormalised to sum to 1 where `norm_topk_prob`), times `routed_scaling_factor`.
+    The router module holds those settings."""
+
+    def route(self, x: Float[Tensor, "batch pos d_model"]) -> tuple[Tensor, Tensor, Tensor]:
+        router = self.router
+        logits = self.hook_router_logits(F.linear(x.float(), router.weight.float()))
+        n, groups = self.n_experts, int(router.num_group)
+        scores = logits.sigmoid().reshape(-1, n)
+        choice = scores + router.e_score_correction_bias
+        group_scores = choice.view(-1, groups, n // groups).topk(2, dim=-1)[0].sum(dim=-1)
+        best = torch.topk(group_scores, k=int(router.topk_group), dim=-1, sorted=False)[1]
+        keep = torch.zeros_like(group_scores).scatter_(1, best, 1)
+        keep = keep.unsqueeze(-1).expand(-1, groups, n // groups).reshape(-1, n)
+        indices = torch.topk(choice.masked_fill(~keep.bool(), float("-inf")), k=self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, indices)
+        if self.normalize_top_k:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * router.routed_scaling_factor
+        shape = (*logits.shape[:-1], self.top_k)
+        return logits, self.hook_expert_weights(weights.view(shape)), self.hook_expert_indices(indices.view(shape))
