@@ -18,8 +18,10 @@ renormalises the carrier's pattern over the image keys (text values are zero), t
 from __future__ import annotations
 
 import torch
+from PIL import Image
 
 from tests.helpers.models import tiny_vlm
+from vlens.flow.batch import FlowBatch, FlowExample
 
 A, C = slice(1, 16), slice(32, 48)
 
@@ -66,3 +68,14 @@ def plant_answers(model, inputs, answers: list[int], scale: float = 50.0) -> Non
         for row, token in enumerate(answers):
             c = resid[row, int(inputs.regions.final[row]), C]
             weight[token, C] = scale * c / c.norm()
+
+
+def flow_examples(answers=("red", "blue", "green"), scale: int = 1) -> FlowBatch:
+    """Three random images asking for a colour, with distinct answers and a box each (the flow tests' batch)."""
+    generator = torch.Generator().manual_seed(0)
+    examples = []
+    for i, answer in enumerate(answers):
+        pixels = torch.randint(0, 256, (scale * (32 + 8 * i), scale * 40, 3), generator=generator, dtype=torch.uint8)
+        examples.append(FlowExample(Image.fromarray(pixels.numpy()), "What colour is the circle?", answer,
+                                    box=(4.0, 4.0, 20.0, 14.0 + 4 * i)))
+    return FlowBatch("planted", examples)

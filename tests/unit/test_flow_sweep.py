@@ -6,27 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from PIL import Image
 
 import vlens
 from tests.helpers.models import tiny_vlm
-from tests.helpers.one_edge import one_edge_model, plant_answers
+from tests.helpers.one_edge import flow_examples, one_edge_model, plant_answers
 from vlens.flow import knockout
-from vlens.flow.batch import FlowBatch, FlowExample, object_task_batch
+from vlens.flow.batch import object_task_batch
 from vlens.flow.sweep import SweepSettings, answer_scores, knockout_sweep, layer_windows, parse_edge
 from vlens.utils.errors import UserInputError
 
 torch.set_num_threads(1)
-
-
-def _examples(answers=("red", "blue", "green")) -> FlowBatch:
-    generator = torch.Generator().manual_seed(0)
-    examples = []
-    for i, answer in enumerate(answers):
-        pixels = torch.randint(0, 256, (32 + 8 * i, 40, 3), generator=generator, dtype=torch.uint8)
-        examples.append(FlowExample(Image.fromarray(pixels.numpy()), "What colour is the circle?", answer,
-                                    box=(4.0, 4.0, 20.0, 14.0 + 4 * i)))
-    return FlowBatch("planted", examples)
 
 
 def test_windows_and_edges():
@@ -41,7 +30,7 @@ def test_windows_and_edges():
 
 def test_sweep_equals_a_naive_loop():
     model = tiny_vlm("qwen2_5_vl", n_layers=3, d_model=40, n_heads=4, n_kv_heads=2, d_mlp=24)
-    batch = _examples()
+    batch = flow_examples()
     edges = ("image->final", "question->final", "object->final")
     result = knockout_sweep(model, batch, settings=SweepSettings(edges=edges, window=2, batch_size=2), progress=False)
     for i in range(len(batch)):
@@ -60,7 +49,7 @@ def test_sweep_equals_a_naive_loop():
 
 def test_one_edge_model_moves_only_in_windows_with_the_carrier(tmp_path):
     model = one_edge_model(carrier=2, n_layers=4)
-    batch = _examples()
+    batch = flow_examples()
     inputs, answers, _ = batch.encode(model, range(len(batch)))
     plant_answers(model, inputs, answers.tolist(), scale=300.0)
     result = knockout_sweep(model, batch, edges=["image->final", "image->question"], window=2, progress=False)
@@ -83,7 +72,7 @@ def test_one_edge_model_moves_only_in_windows_with_the_carrier(tmp_path):
 
 def test_object_edges_need_boxes():
     model = tiny_vlm("qwen2_5_vl", n_layers=3, d_model=40, n_heads=4, n_kv_heads=2, d_mlp=24)
-    batch = _examples()
+    batch = flow_examples()
     batch.examples[1].box = None
     with pytest.raises(UserInputError, match="no object box"):
         knockout_sweep(model, batch, edges=["object->final"], window=1, progress=False)

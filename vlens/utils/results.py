@@ -64,6 +64,7 @@ BUILTIN_KINDS: dict[str, str] = {
     "attribution_graph": "vlens.graphs.results",
     "knockout_sweep": "vlens.flow.sweep",
     "steering": "vlens.steering.results",
+    "token_ablation": "vlens.flow.ablation",
 }
 # the files a command's --out folder may hold its result in, in the order they are tried
 RESULT_FILES = (RESULTS_FILE, "sft_result.json", "study.json", "vlens_temperature.json", "config.json")
