@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
-from torch import nn
 
 from tests.helpers.models import tiny_vlm
+from tests.helpers.transcoders import PlantedMLP
 from vlens.sae.activations import TensorSource
 from vlens.sae.settings import TrainRun
 from vlens.testing import random_image
@@ -167,17 +167,6 @@ def test_circuit_tracer_sets_are_read(tmp_path):
     (tmp_path / "hub.yaml").write_text("transcoders:\n  - layer: 0\n    filepath: hf://org/repo/layer_0.safetensors\n")
     with pytest.raises(UserInputError, match="downloads nothing"):
         load_transcoders(tmp_path / "hub.yaml")
-
-
-class PlantedMLP(nn.Module):
-    """relu(x @ E + b) @ D: an MLP a transcoder can equal exactly."""
-
-    def __init__(self, e, b, d):
-        super().__init__()
-        self.e, self.b, self.d = e, b, d
-
-    def forward(self, x):
-        return torch.relu(x @ self.e + self.b) @ self.d
 
 
 def test_a_perfect_transcoder_recovers_all_the_loss_and_kl():

@@ -1,0 +1,17 @@
+"""Planted MLPs for the transcoder and graph tests: ReLU MLPs a transcoder can equal exactly."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PlantedMLP(nn.Module):
+    """relu(x @ E + b) @ D in place of a block's MLP (a transcoder with these weights is perfect)."""
+
+    def __init__(self, e: torch.Tensor, b: torch.Tensor, d: torch.Tensor):
+        super().__init__()
+        self.e, self.b, self.d = e, b, d
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ self.e + self.b) @ self.d
