@@ -171,3 +171,31 @@ def test_inputs_without_sizes_say_how_to_get_them(qwen):
     bare = qwen.coerce_inputs(prepared.to_hf_kwargs())
     with pytest.raises(UserInputError, match="model.prepare"):
         bare.regions.from_box(0, (0, 0, 10, 10))
+
+
+def test_figure_draws_each_selected_token_with_its_coverage(qwen):
+    """One panel per view; one filled rectangle per selected token at its pixel box, opacity
+    0.15 + 0.6 x coverage, and the selecting box outlined."""
+    pytest.importorskip("plotly")
+    image = random_image(150, 70, 2)
+    inputs = qwen.prepare(images=[image], prompts=["red"])
+    selection = inputs.regions.from_box(0, (10, 10, 80, 60))
+    figure = selection.plot(image)
+    filled = [s for s in figure.layout.shapes if s.fillcolor is not None]
+    assert len(filled) == len(selection)
+    for shape, box, cover in zip(filled, selection.boxes.tolist(), selection.coverage.tolist(), strict=True):
+        assert (shape.x0, shape.y0, shape.x1, shape.y1) == pytest.approx(tuple(box))
+        assert shape.opacity == pytest.approx(0.15 + 0.6 * cover)
+    outline = [s for s in figure.layout.shapes if s.fillcolor is None]
+    assert [(s.x0, s.y0, s.x1, s.y1) for s in outline] == [(10, 10, 80, 60)]
+    with pytest.raises(UserInputError, match="original"):
+        selection.plot(random_image(10, 10, 0))
+
+
+def test_figure_has_a_panel_per_view():
+    pytest.importorskip("plotly")
+    model = tiny_vlm("llava_next")
+    image = random_image(90, 50, 1)
+    inputs = model.prepare(images=[image], prompts=["red"])
+    figure = inputs.regions.from_box(0, (20, 10, 61, 37)).buffer(1).plot(image)
+    assert [a.text for a in figure.layout.annotations] == ["whole-image view", "tiles"]

@@ -26,6 +26,7 @@ from torch import Tensor
 from vlens.core.architectures.base import ImageTile
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import four_numbers
+from vlens.viz.regions import token_selection_figure
 
 
 @dataclass(frozen=True)
@@ -134,9 +135,29 @@ class TokenSelection:
     image: int
     geometry: ImageGeometry
     threshold: float = 0.0
+    region: tuple[float, float, float, float] | None = None  # the selecting box, where there is one
 
     def __len__(self) -> int:
         return len(self.positions)
+
+    def _rows(self) -> Tensor:
+        """Where each selected token sits in `geometry` (its row of boxes, labels, views)."""
+        order = torch.argsort(self.geometry.positions)
+        return order[torch.searchsorted(self.geometry.positions[order], self.positions)]
+
+    @property
+    def boxes(self) -> Float[Tensor, "n 4"]:
+        """[n, 4] each selected token's pixel box in the original image (clipped to it)."""
+        return self.geometry.clipped[self._rows()]
+
+    def plot(self, image, title: str = ""):
+        """A plotly figure of the selected tokens over `image` (the original), one panel per view, each
+        token's box filled with an opacity that grows with its coverage (`vlens.viz.regions`)."""
+        if tuple(image.size) != self.geometry.size:
+            raise UserInputError(f"the image is {image.size[0]} x {image.size[1]} but the selection was made on a "
+                                 f"{self.geometry.size[0]} x {self.geometry.size[1]} image: pass the original")
+        return token_selection_figure(image, self.boxes, self.coverage, self.labels, self.geometry.view[self._rows()],
+                                      self.region, title)
 
     def positions_at(self, threshold: float) -> Int[Tensor, " k"]:
         """The positions whose coverage is above `threshold` (a stricter cut of this selection)."""
@@ -159,15 +180,16 @@ class TokenSelection:
             distance = (geometry.cell[:, None, :] - seeds[None, :, :]).abs().amax(-1).amin(-1)  # [m]
             keep |= in_view & (distance <= width)
         coverage = torch.zeros(len(geometry.positions), dtype=torch.float64)
-        coverage[chosen] = self.coverage[torch.searchsorted(self.positions, geometry.positions[chosen])]
-        return _selection(geometry, keep, coverage, self.threshold)
+        coverage[self._rows()] = self.coverage
+        return _selection(geometry, keep, coverage, self.threshold, self.region)
 
 
-def _selection(geometry: ImageGeometry, keep: Tensor, coverage: Tensor, threshold: float) -> TokenSelection:
+def _selection(geometry: ImageGeometry, keep: Tensor, coverage: Tensor, threshold: float,
+               region: tuple[float, float, float, float] | None = None) -> TokenSelection:
     order = torch.argsort(geometry.positions[keep])
     index = keep.nonzero().flatten()[order]
     return TokenSelection(geometry.positions[index], coverage[index], [geometry.labels[i] for i in index.tolist()],
-                          geometry.row, geometry.image, geometry, threshold)
+                          geometry.row, geometry.image, geometry, threshold, region)
 
 
 def _check_threshold(threshold: float) -> None:
@@ -245,8 +267,9 @@ def check_mask(mask, size: tuple[int, int]) -> Tensor:
 def select_box(geometry: ImageGeometry, box, threshold: float = 0.0) -> TokenSelection:
     """The tokens a pixel box covers more than `threshold` of (every view of the image)."""
     _check_threshold(threshold)
-    coverage = box_coverage(geometry, check_box(box, geometry.size))
-    return _selection(geometry, coverage > threshold, coverage, threshold)
+    region = check_box(box, geometry.size)
+    coverage = box_coverage(geometry, region)
+    return _selection(geometry, coverage > threshold, coverage, threshold, region)
 
 
 def select_mask(geometry: ImageGeometry, mask, threshold: float = 0.0) -> TokenSelection:
