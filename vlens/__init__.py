@@ -38,6 +38,7 @@ _LAZY = {
     "supported_architectures": "vlens.core.architectures",
     "UserInputError": "vlens.utils.errors",
     "load_result": "vlens.utils.results",
+    "load_cache": "vlens.core.cache",
     "Result": "vlens.utils.results",
     "SweepOptions": "vlens.parallel.options",
 }
@@ -56,6 +57,7 @@ __all__ = [
     "adapter_for",
     "Result",
     "load",
+    "load_cache",
     "load_model",
     "load_result",
     "register_adapter",
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
         registered_adapters,
         supported_architectures,
     )
+    from vlens.core.cache import load_cache
     from vlens.core.config import VLMConfig
     from vlens.core.hooks import act_name
     from vlens.core.inputs import TokenRegions, VLMInputs

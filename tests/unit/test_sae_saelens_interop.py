@@ -1,8 +1,8 @@
 """SAELens itself reads what vlens writes and vlens reads what SAELens writes (slow: needs sae-lens).
 
-sae-lens cannot share vlens's environment (it pins transformer-lens < 4), so the SAELens side runs
-in its own interpreter: ``$VLENS_SAELENS_PYTHON`` or ``.saelens-venv/bin/python`` (docs/sae.md,
-"Checking against SAELens", says how to make one). Exchanged through files only.
+The SAELens side runs in the interpreter of an environment with sae-lens (vlens and sae-lens share one:
+transformer-lens 3.9): ``$VLENS_SAELENS_PYTHON`` or ``.saelens-venv/bin/python`` (docs/sae.md, "Checking
+against SAELens", says how to make one; .ci/run makes it). Exchanged through files only.
 """
 
 from __future__ import annotations

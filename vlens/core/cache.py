@@ -22,16 +22,24 @@ embedding entered the stream), so both hooks must be in the cache.
 
 from __future__ import annotations
 
+import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 from jaxtyping import Bool, Float
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.utilities import Slice
 
 from vlens.core.components.sandwich_block import post_norm_shares
 from vlens.utils.errors import UserInputError
+
+CACHE_FORMAT = "vlens_activation_cache"  # the safetensors metadata's "format" of a saved cache
+_MODEL_SHAPE = ("n_layers", "d_model", "n_heads", "d_vocab")  # recorded, so a cache is not read with another model
 
 # hooks laid out [n_image_tokens, d_model] over all images of the batch, in row order
 _IMAGE_TOKEN_HOOKS = ("hook_deepstack", "vision.hook_image_embeds")
@@ -54,6 +62,50 @@ class VLMActivationCache(ActivationCache):
                                "holds the same information): run_with_cache(..., attn_scores=True), or name "
                                "them in names_filter") from None
             raise
+
+    # ------------------------------------------------------------------ persistence
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise UserInputError(
+            "An activation cache is not pickled (torch.save / pickle): it holds the model it came from, and "
+            "torch.load (weights_only=True) refuses it. Save it with cache.save('cache.safetensors') and read it "
+            "back with vlens.load_cache('cache.safetensors', model) (every hook, the image components included), "
+            "or torch.save(dict(cache.cache_dict), path) for the tensors alone."
+        )
+
+    def __deepcopy__(self, memo: dict) -> VLMActivationCache:
+        return VLMActivationCache(copy.deepcopy(self.cache_dict, memo), self.model, has_batch_dim=self.has_batch_dim)
+
+    def save(self, path: str | Path) -> Path:
+        """Write every cached activation to one safetensors file (`path`; ".safetensors" is added if missing).
+
+        Tensors that share storage (views of one tensor) are written as separate copies; the batch-dimension
+        flag and the model's name go in the file's metadata. `vlens.load_cache(path, model)` reads it back as a
+        `VLMActivationCache` whose every entry and every decomposition (the image components included) equal
+        this one's. Returns the file written.
+        """
+        path = Path(path)
+        if path.suffix != ".safetensors":
+            path = path.with_name(path.name + ".safetensors")
+        if path.is_dir():
+            raise UserInputError(f"{path} is a folder: cache.save takes a file path (e.g. {path / 'cache.safetensors'}).")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        seen: set[int] = set()
+        tensors = {}
+        for name, tensor in self.cache_dict.items():
+            if not isinstance(tensor, Tensor):
+                raise UserInputError(f"cache entry {name!r} is a {type(tensor).__name__}, not a tensor: only tensors "
+                                     "can be saved; remove it from cache.cache_dict first.")
+            storage = tensor.untyped_storage().data_ptr()
+            # safetensors refuses tensors that share memory: give every entry after the first its own copy
+            tensors[name] = tensor.detach().contiguous() if storage not in seen else tensor.detach().clone()
+            seen.add(storage)
+        cfg = getattr(self.model, "cfg", None)
+        metadata = {"format": CACHE_FORMAT, "has_batch_dim": json.dumps(bool(self.has_batch_dim)),
+                    "names": json.dumps(list(self.cache_dict)),
+                    "model_name": str(getattr(cfg, "model_name", "") or ""),
+                    "shape": json.dumps({key: getattr(cfg, key, None) for key in _MODEL_SHAPE})}
+        save_file(tensors, str(path), metadata=metadata)
+        return path
 
     # ------------------------------------------------------------------ vision components
     def image_positions(self) -> Bool[Tensor, "*batch pos"]:
@@ -237,3 +289,44 @@ class VLMActivationCache(ActivationCache):
             per_row = features.split(counts)
             sliced.cache_dict[key] = torch.cat([per_row[r] for r in rows]) if rows else features[:0]
         return VLMActivationCache(sliced.cache_dict, self.model, has_batch_dim=sliced.has_batch_dim)
+
+
+def load_cache(path: str | Path, model: Any = None, device: str | torch.device | None = None) -> VLMActivationCache:
+    """The `VLMActivationCache` that `cache.save(path)` wrote, in the same order, with its batch-dimension flag.
+
+    model: the HookedVLM the cache came from; the decompositions (`decompose_resid`, `stack_head_results`,
+        `logit_attrs`, ...) need it, plain reading (`cache[name]`, `keys()`) does not.
+    device: where to put the tensors (default: CPU).
+    """
+    path = Path(path)
+    if not path.is_file() and path.with_name(path.name + ".safetensors").is_file():
+        path = path.with_name(path.name + ".safetensors")
+    if not path.is_file():
+        raise UserInputError(f"{path} does not exist: pass the file cache.save(...) wrote.")
+    try:
+        with safe_open(str(path), framework="pt", device=str(device or "cpu")) as handle:
+            metadata = handle.metadata() or {}
+            if metadata.get("format") != CACHE_FORMAT:
+                raise UserInputError(f"{path} is a safetensors file but not a saved activation cache (its metadata "
+                                     f"names format {metadata.get('format')!r}); write one with cache.save(path).")
+            names = json.loads(metadata["names"])
+            if sorted(names) != sorted(handle.keys()):
+                raise UserInputError(f"{path}: the tensors {sorted(handle.keys())} do not match the names its "
+                                     "metadata lists; the file was changed after cache.save wrote it.")
+            cache_dict = {name: handle.get_tensor(name) for name in names}
+            has_batch_dim = json.loads(metadata["has_batch_dim"])
+    except (SafetensorError, OSError) as error:
+        raise UserInputError(f"{path} is not a readable safetensors file ({error}); write one with cache.save(path)."
+                             ) from None
+    except (KeyError, json.JSONDecodeError) as error:
+        raise UserInputError(f"{path}: the cache metadata is damaged ({error}); write it again with cache.save.") from None
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None:
+        saved = json.loads(metadata.get("shape", "{}"))
+        given = {key: getattr(cfg, key, None) for key in _MODEL_SHAPE}
+        differ = {key: (saved[key], given[key]) for key in saved if saved[key] is not None and saved[key] != given[key]}
+        if differ:
+            raise UserInputError(f"{path} was cached from another model: " + ", ".join(
+                f"{key} {was} there, {now} here" for key, (was, now) in differ.items()) +
+                "; pass the model the cache came from (or none, to read the tensors alone).")
+    return VLMActivationCache(cache_dict, model, has_batch_dim=bool(has_batch_dim))

@@ -20,15 +20,42 @@ import itertools
 import re
 import threading
 import weakref
+from importlib import metadata
 from numbers import Integral
 from typing import Any, Literal
 
 from torch import Tensor
-from transformer_lens.hook_points import HookPoint as _TLHookPoint
-from transformer_lens.HookedRootModule import HookedRootModule
-from transformer_lens.utilities import get_act_name
 
-from vlens.utils.errors import UserInputError
+# The TransformerLens releases whose hook points and ActivationCache vlens is tested on: 3.9 is the newest
+# that SAELens accepts (it pins transformer-lens < 4), 4.x the newest line.
+TRANSFORMER_LENS_RANGE = ((3, 9), (5, 0))
+
+
+def check_transformer_lens_version(version: str | None = None) -> None:
+    """Raise ImportError, naming the supported range, when the installed transformer-lens is outside it."""
+    if version is None:
+        try:
+            version = metadata.version("transformer-lens")
+        except metadata.PackageNotFoundError:
+            return  # importing it fails below with Python's own message
+    match = re.match(r"(\d+)\.(\d+)", version)
+    (low, high) = TRANSFORMER_LENS_RANGE
+    if match is None or not low <= (int(match[1]), int(match[2])) < high:
+        raise ImportError(
+            f"vlens needs transformer-lens >={low[0]}.{low[1]},<{high[0]} (its hook points and ActivationCache); "
+            f"transformer-lens {version} is installed. Install a supported one: "
+            f"pip install 'transformer-lens>={low[0]}.{low[1]},<{high[0]}' (with sae-lens, which pins "
+            "transformer-lens < 4, pip then picks 3.9)."
+        )
+
+
+check_transformer_lens_version()
+
+from transformer_lens.hook_points import HookPoint as _TLHookPoint  # noqa: E402
+from transformer_lens.HookedRootModule import HookedRootModule  # noqa: E402
+from transformer_lens.utilities import get_act_name  # noqa: E402
+
+from vlens.utils.errors import UserInputError  # noqa: E402
 
 __all__ = ["HookPoint", "HookResultError", "HookedRootModule", "ThreadToken", "act_name", "is_observed",
            "new_context_level", "thread_token", "traced_externally", "visible_hooks"]
@@ -38,6 +65,25 @@ OWNER_ATTRIBUTE = "vlens_owner"  # on a LensHandle: the ThreadToken of a tempora
 # contexts would remove each other's hooks or leave their own behind)
 _levels = itertools.count(1_000_000)
 _levels_lock = threading.Lock()
+
+
+_generation = 0  # bumped whenever a hook is added or removed anywhere: torch.compile guards on it (see `hooks_generation`)
+
+
+def hooks_generation() -> int:
+    """A number that changes whenever any hook point gains or loses a hook (in any thread).
+
+    A compiled forward reads it, so torch.compile guards on its value and retraces after a hook change:
+    by default dynamo does not guard on module hooks (``skip_nnmodule_hook_guards``), so a graph traced
+    without hooks would otherwise keep running without the hooks added later.
+    """
+    return _generation
+
+
+def _bump_generation() -> None:
+    global _generation
+    with _levels_lock:
+        _generation += 1
 
 
 def new_context_level() -> int:
@@ -169,8 +215,20 @@ class HookPoint(_TLHookPoint):
             hook = _checked(hook, self, owner)
         handle = super().add_hook(hook, dir, is_permanent=is_permanent, level=level, prepend=prepend,
                                   alias_names=alias_names)
+        if handle is None:  # TransformerLens 3.x returns nothing; the new handle is first or last in the list
+            handles = self.fwd_hooks if dir == "fwd" else self.bwd_hooks
+            handle = handles[0] if prepend else handles[-1]
+        _bump_generation()
         setattr(handle, OWNER_ATTRIBUTE, owner)
         return handle
+
+    def forward(self, x: Any) -> Any:
+        """The activation unchanged (hooks run around this call). Reading the hooks' generation here puts a
+        guard on it in every compiled frame that calls a hook point, so torch.compile retraces those frames
+        once a hook is added or removed (see `hooks_generation`)."""
+        if _generation < 0:
+            raise RuntimeError("the hooks' generation counter went negative")
+        return x
 
     def remove_hooks(self, dir: Literal["fwd", "bwd", "both"] = "fwd", including_permanent: bool = False,
                      level: int | None = None) -> None:
@@ -190,6 +248,7 @@ class HookPoint(_TLHookPoint):
                     handle.hook.remove()
             return keep
 
+        _bump_generation()
         if dir in ("fwd", "both"):
             self.fwd_hooks = kept(self.fwd_hooks)
         if dir in ("bwd", "both"):

@@ -6,6 +6,7 @@ not copied); the vision tower stays HF's, wrapped with hooks. Logits equal HF's.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
@@ -412,6 +413,22 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         if return_type == "logits":
             return self.unembed(normalized)
         raise UserInputError(f"Unknown return_type {return_type!r}: use 'logits', 'resid' or None.")
+
+    # ------------------------------------------------------------------ persistence
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise UserInputError(
+            "A HookedVLM is not pickled (torch.save(model) / pickle): it wraps the HF model, its processor and "
+            "hook functions, and torch.load (weights_only=True) would refuse it. Save the HF folder instead: "
+            "model.hf_model.save_pretrained(folder) and model.processor.save_pretrained(folder), then "
+            "HookedVLM.from_pretrained(folder); or torch.save(model.state_dict(), path) for the weights alone "
+            "(load_state_dict into a model built the same way)."
+        )
+
+    def __deepcopy__(self, memo: dict) -> HookedVLM:  # what copy.deepcopy did before pickling was refused
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
 
     @contextmanager
     def hooks(self, fwd_hooks: Sequence = (), bwd_hooks: Sequence = (), reset_hooks_end: bool = True,
