@@ -12,7 +12,6 @@ top heads) and ``summary.md`` into ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from vlens.cli.options import (
     task_list_arg,
 )
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import read_json_file
 from vlens.utils.finite import add_allow_nan_argument
 from vlens.utils.validation import arg_int, arg_path
 
@@ -184,10 +184,7 @@ def _data_splits(suite: dict, n_datasets: int, args: argparse.Namespace) -> dict
 
 
 def _read_json(path: Path, flag: str):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise UserInputError(f"{flag} {path} is not valid JSON: {error}") from None
+    return read_json_file(path, flag)
 
 
 def _check_patching(patching, model, args: argparse.Namespace) -> None:

@@ -21,6 +21,7 @@ import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import NON_FINITE_EXIT
@@ -172,6 +173,18 @@ def run_command(args: argparse.Namespace) -> int:
     warnings about NaN in their own examples); a failure on any rank exits 1 on every
     rank with one line saying what happened.
     """
+    out = getattr(args, "out", None)
+    fresh_out = Path(out) if isinstance(out, (str, os.PathLike)) and not Path(out).exists() else None
+    status = _run_checked(args)
+    if status != 0 and fresh_out is not None and fresh_out.is_dir():
+        try:  # a command that failed early leaves no empty --out folder behind (a non-empty one stays)
+            fresh_out.rmdir()
+        except OSError:
+            pass
+    return status
+
+
+def _run_checked(args: argparse.Namespace) -> int:
     from vlens.cli.options import check_args
 
     prog = getattr(args, "command_prog", "vlens")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from pathlib import Path
 
 from vlens.cli.console import echo, non_finite_exit
 from vlens.cli.dataset_options import add_data_arguments, load_data_arg, mark_input_paths
@@ -32,6 +31,7 @@ from vlens.cli.options import (
     write_results,
 )
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import read_json_file
 from vlens.utils.finite import add_allow_nan_argument
 from vlens.utils.validation import arg_float, arg_int, arg_path
 
@@ -161,10 +161,7 @@ def run_lens_train(args: argparse.Namespace) -> int:
 
 
 def _read_json_file(path: str, flag: str):
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise UserInputError(f"{flag} {path} is not valid JSON: {error}") from None
+    return read_json_file(path, flag)
 
 
 def _load_vocab(path: str | None):

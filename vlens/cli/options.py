@@ -29,6 +29,7 @@ from typing import Any
 
 from vlens.cli.dataset_options import check_input_paths
 from vlens.utils.errors import UserInputError
+from vlens.utils.strict_json import DuplicateKeyError, loads_strict
 from vlens.utils.validation import arg_int, arg_path, check_output_folder
 
 logger = logging.getLogger(__name__)
@@ -165,7 +166,9 @@ def device_map_arg(text: str) -> str | dict[str, Any]:
     elif not text.startswith(("{", "[")):
         return text
     try:
-        placement = json.loads(text)
+        placement = loads_strict(text, "--device-map")
+    except DuplicateKeyError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--device-map")) from None
     except json.JSONDecodeError as error:
         raise argparse.ArgumentTypeError(f"is not valid JSON ({error.msg} at character {error.pos})") from None
     if not isinstance(placement, dict) or not placement:
@@ -290,12 +293,12 @@ def prepare_out(args: argparse.Namespace, *names: str) -> Path:
 
 def write_results(out: Path, payload: dict) -> Path:
     """Write `payload` with its `provenance` to OUT/results.json (NaN / inf as null: strict JSON)."""
+    from vlens.utils.fileio import atomic_write_text
     from vlens.utils.finite import json_safe
     from vlens.utils.provenance import stamp
 
-    path = out / RESULTS_FILE
-    path.write_text(json.dumps(json_safe(stamp(payload)), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    return path
+    # whole or absent: an interrupted write never leaves a truncated results.json
+    return atomic_write_text(out / RESULTS_FILE, json.dumps(json_safe(stamp(payload)), indent=1, allow_nan=False) + "\n")
 
 
 def write_figure(make_figure: Callable[[], Any], path: Path) -> Path | None:

@@ -144,7 +144,7 @@ def weight_tensors(folder: Path) -> dict[str, TensorInfo]:
             tensors[key] = info
     index = folder / INDEX_FILE
     if _exists(index):
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = loads_strict(index.read_text(encoding="utf-8"), str(index))["weight_map"]
         wrong = [key for key, file in weight_map.items() if key not in tensors or tensors[key].file != file]
         if wrong:
             raise WeightFileError(f"{index}: {len(wrong)} tensor(s) are not in the shard it names, e.g. {wrong[0]!r}: "

@@ -8,7 +8,6 @@ given with `--interventions`. To measure one for another model, run `vlens study
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from vlens.demo.report_sections import Section
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import read_json_file
 from vlens.utils.provenance import same_weights
 from vlens.utils.stats import spread
 from vlens.viz.optional import require_plotly
@@ -198,7 +198,7 @@ def interventions_section(model_dir: Path | None, stored: Path | None = None, mo
         return Section.skipped("interventions", TITLE, EXPLANATION,
                                f"no stored interventions study at {where}; measure one with `vlens study --out DIR` "
                                "and pass --interventions DIR/study.json")
-    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw = read_json_file(path, "the interventions study")
     # the model folder's own file is named relative to the folder (no machine-specific absolute path)
     source = (f"{path.name} in the model folder ({model_dir.name})"
               if model_dir is not None and path.parent.resolve() == Path(model_dir).resolve() else str(path))

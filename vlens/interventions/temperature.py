@@ -50,6 +50,7 @@ from vlens.core.architectures.base import HFModule
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import warn_non_finite
 from vlens.utils.results import Result
+from vlens.utils.strict_json import loads_strict
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.figures import layer_head_heatmap
 from vlens.viz.optional import require_plotly
@@ -424,7 +425,7 @@ def _zero_missing_heads(importance: Tensor, heads_per_layer: Sequence[int] | Non
 
 def _read_result_file(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return loads_strict(path.read_text(encoding="utf-8"), str(path))
     except FileNotFoundError:
         raise UserInputError("no such result file") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -35,7 +35,7 @@ from vlens.lens.base import Lens
 from vlens.lens.kl import TargetTerms, layer_kl
 from vlens.lens.readout import LensReadout, unembedding_hash
 from vlens.utils.errors import UserInputError
-from vlens.utils.fileio import atomic_folder
+from vlens.utils.fileio import atomic_folder, read_json_file
 from vlens.utils.finite import finite_rows, warn_non_finite
 from vlens.utils.provenance import stamp
 from vlens.utils.results import Result, own_fields
@@ -150,7 +150,7 @@ class Translators(nn.Module):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder} holds no {name}: is it a folder written by Translators.save "
                                         "or `vlens lens train --out`?")
-        config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+        config = read_json_file(folder / CONFIG_FILE, "the lens config", "save the lens again (vlens lens train)")
         tensors = load_file(str(folder / WEIGHTS_FILE))
         n_layers, d_model = int(config.pop("n_layers")), int(config.pop("d_model"))
         config.pop("format_version", None)

@@ -26,6 +26,7 @@ from torch import Tensor
 from vlens.core.model import HookedVLM
 from vlens.datasets import Record, open_images
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import read_json_file
 from vlens.utils.provenance import weights_digest
 from vlens.utils.validation import check_choice, check_count
 
@@ -200,7 +201,7 @@ class ActivationSource:
         path = self.cache_dir / "manifest.json"
         want = json.loads(json.dumps(self.manifest()))
         if path.exists():
-            have = json.loads(path.read_text(encoding="utf-8"))
+            have = read_json_file(path, "the activation cache manifest", f"delete {self.cache_dir} to cache them again")
             if have != want:
                 raise UserInputError(f"{self.cache_dir} caches other activations ({have.get('options')}, "
                                      f"{have.get('n_examples')} examples): use another cache folder or delete it.")

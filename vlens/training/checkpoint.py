@@ -7,7 +7,6 @@ ignored, so an interruption while saving never leaves a broken "latest" checkpoi
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import atomic_write_json, read_json_file
 
 STATE_FILE = "state.json"
 
@@ -76,7 +76,7 @@ def save_checkpoint(
     if torch.cuda.is_available():
         rng.update({f"cuda{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     save_file(rng, str(folder / "rng.safetensors"))
-    (folder / STATE_FILE).write_text(json.dumps({"step": step, "optimizer": meta, **info}, indent=1) + "\n")
+    atomic_write_json(folder / STATE_FILE, {"step": step, "optimizer": meta, **info})  # last, and whole or absent
     if keep > 0:
         root = folder.parent
         done = sorted(p for p in root.glob("step-*") if (p / STATE_FILE).is_file())
@@ -90,7 +90,7 @@ def load_checkpoint(
 ) -> dict:
     """Restore LoRA weights, optimizer state and RNG from `folder`; returns state.json."""
     folder = Path(folder)
-    info = json.loads((folder / STATE_FILE).read_text())
+    info = read_json_file(folder / STATE_FILE, "the checkpoint state", f"delete {folder} to resume from the one before")
     weights = load_file(str(folder / "lora.safetensors"))
     if set(weights) != set(lora):
         raise UserInputError(

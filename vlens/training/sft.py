@@ -39,6 +39,7 @@ from vlens.training.lora import ATTENTION_PROJECTIONS, add_lora, has_lora, lora_
 from vlens.training.memory import answer_only_loss, gradient_checkpointing, use_checkpointing
 from vlens.training.schedule import learning_rate_at
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import read_json_file
 from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.optional import require_plotly
@@ -431,7 +432,7 @@ def run_fingerprint(config: SFTConfig, examples: Sequence[SFTExample]) -> dict:
 
 def check_resume(folder: Path, config: SFTConfig, fingerprint: dict, n_examples: int, force: bool = False) -> None:
     """Refuse (`UserInputError`) to resume from a checkpoint of a run with other data or settings."""
-    info = json.loads((folder / "state.json").read_text())
+    info = read_json_file(folder / "state.json", "the checkpoint state", f"delete {folder} to resume from the one before")
     stored = info.get("fingerprint")
     if stored is None:  # a checkpoint from before fingerprints: only seed and data size can be compared
         same = info.get("config", {}).get("seed") == config.seed and info.get("n_examples") == n_examples

@@ -35,6 +35,7 @@ from vlens.transcoders.formats import load_transcoders, save_transcoders
 from vlens.transcoders.model import Transcoders
 from vlens.transcoders.settings import TranscoderTraining
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import read_json_file
 from vlens.utils.results import Result
 
 STATE_TENSORS = "trainer_state.safetensors"
@@ -229,7 +230,7 @@ class TranscoderTrainer:
         tensors_path, json_path = self.checkpoint_dir / STATE_TENSORS, self.checkpoint_dir / STATE_JSON
         if not tensors_path.exists() or not json_path.exists():
             raise UserInputError(f"nothing to resume in {self.checkpoint_dir} (run without resume first).")
-        scalars = json.loads(json_path.read_text(encoding="utf-8"))
+        scalars = read_json_file(json_path, "the transcoder training state", f"delete {self.checkpoint_dir} to train afresh")
         if scalars["training"] != asdict(self.training) or tuple(scalars["layers"]) != self.layers:
             changed = sorted(k for k, v in asdict(self.training).items() if scalars["training"].get(k) != v)
             raise UserInputError(f"{self.checkpoint_dir} was trained with other settings ({', '.join(changed) or 'layers'} "

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import atomic_write_text
 from vlens.utils.finite import json_safe
 from vlens.utils.provenance import stamp
+from vlens.utils.strict_json import loads_strict
 
 RESULTS_FILE = "results.json"
 
@@ -189,16 +191,15 @@ class Result(ABC):
         `path` if it ends in .json, else to `path / filename` (folders are created). Returns the file written."""
         path = Path(path)
         target = path if path.suffix == ".json" else path / self.filename
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(json_safe(stamp(self.to_dict())), indent=1, allow_nan=False) + "\n",
-                          encoding="utf-8")
-        return target
+        # whole or absent (temporary file, fsync, rename): an interrupt never leaves a truncated file
+        return atomic_write_text(target, json.dumps(json_safe(stamp(self.to_dict())), indent=1, allow_nan=False) + "\n")
 
     @classmethod
     def read_saved(cls, path: str | Path) -> dict:
         """The dict a `save` wrote: the JSON file itself, or `path / filename` for a folder."""
         path = Path(path)
-        return json.loads((path / cls.filename if path.is_dir() else path).read_text(encoding="utf-8"))
+        file = path / cls.filename if path.is_dir() else path
+        return loads_strict(file.read_text(encoding="utf-8"), str(file))
 
 
 def own_fields(cls: type, data: dict) -> dict:
@@ -257,7 +258,7 @@ def result_file(path: str | Path) -> Path:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_strict(path.read_text(encoding="utf-8"), str(path))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UserInputError(f"{path} is not a JSON result file: {error}") from None
     return data if isinstance(data, dict) else {}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vlens.utils.errors import UserInputError, failure_context
+from vlens.utils.strict_json import loads_strict
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
@@ -87,7 +88,7 @@ def check_spec(spec: str) -> tuple[str, str]:
 def _check_config(path: Path, spec: str) -> None:
     """transformers answers a config.json without model_type with a bare ValueError traceback."""
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = loads_strict(path.read_text(encoding="utf-8"), f"model folder {spec!r}: config.json")
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserInputError(f"model folder {spec!r}: config.json is not valid JSON ({err})") from None
     if not isinstance(config, dict) or not config.get("model_type"):
