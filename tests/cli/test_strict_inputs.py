@@ -71,3 +71,40 @@ def test_a_failing_command_keeps_an_out_folder_that_existed_or_holds_files(tmp_p
     assert code == 2 and existing.is_dir()  # the user's folder stays, even empty
     (tmp_path / "ok.json").write_text(json.dumps({"a": 1}))
     assert json.loads((tmp_path / "ok.json").read_text()) == {"a": 1}
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    from vlens.testing import tiny_hf_model, tiny_qwen_processor
+
+    folder = tmp_path_factory.mktemp("outs") / "model"
+    tiny_hf_model("qwen2_5_vl").save_pretrained(folder)
+    tiny_qwen_processor().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("where, relation", [("{m}", "is"), ("{m}/sub", "is inside"), ("{m}/..", "contains")])
+def test_an_out_folder_on_an_input_model_folder_is_refused_before_anything_is_written(
+        model_folder, tmp_path, capsys, where, relation):
+    temps = tmp_path / "temps.json"
+    temps.write_text("{}")
+    before = sorted(p.name for p in model_folder.iterdir())
+    out = where.format(m=model_folder)
+    code, err = run_cli(["temperature", "export", "--model", str(model_folder), "--temps", str(temps), "--out", out,
+                         "--overwrite"], capsys)
+    assert code == 2 and f"--out {out} {relation} the input --model {model_folder}" in err, err
+    assert sorted(p.name for p in model_folder.iterdir()) == before  # the source weights untouched
+
+
+def test_an_out_folder_inside_a_data_folder_is_refused_and_a_sibling_is_fine(tmp_path, capsys):
+    import argparse
+
+    from vlens.cli.dataset_options import check_out_apart
+
+    data = tmp_path / "data"
+    data.mkdir()
+    code, err = run_cli(["ablate", "--model", "tiny", "--data", str(data), "--out", str(data / "runs")], capsys)
+    assert code == 2 and "is inside the input --data" in err, err
+    assert not (data / "runs").exists()
+    check_out_apart(argparse.Namespace(out=str(tmp_path / "runs"), data=[str(data)], input_paths=("data",),
+                                       model="tiny"))

@@ -7,11 +7,12 @@ Only the standard library at import time (command modules stay light); the datas
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from vlens.cli.early_checks import missing_message
 from vlens.utils.errors import UserInputError
-from vlens.utils.validation import arg_path
+from vlens.utils.validation import arg_path, check_output_apart
 
 # the names of vlens.datasets.DATA_FORMATS (a test keeps them equal)
 DATA_FORMATS = ("imagefolder", "pixmo", "countbenchqa", "mcq", "qa")
@@ -62,6 +63,25 @@ def check_input_paths(args: argparse.Namespace) -> None:
         for path in value if isinstance(value, (list, tuple)) else [value]:
             if path is not None and not Path(path).expanduser().exists():
                 raise UserInputError(missing_message("--" + dest.replace("_", "-"), str(path)))
+
+
+# inputs a command reads without marking them (a model folder given as --model, a stage's --init-from)
+UNMARKED_INPUTS = ("model", "init_from")
+
+
+def check_out_apart(args: argparse.Namespace) -> None:
+    """--out is neither one of the command's inputs (a local --model folder, --data, --temps, ... ) nor
+    inside one nor around one (`vlens.utils.validation.check_output_apart`)."""
+    out = getattr(args, "out", None)
+    if not isinstance(out, (str, os.PathLike)):
+        return
+    dests = tuple(getattr(args, "input_paths", ()) or ()) + UNMARKED_INPUTS
+    inputs = []
+    for dest in dict.fromkeys(dests):
+        value = getattr(args, dest, None)
+        for path in value if isinstance(value, (list, tuple)) else [value]:
+            inputs.append(("--" + dest.replace("_", "-"), path))
+    check_output_apart(out, inputs)
 
 
 def load_data_arg(args: argparse.Namespace, path: Path, limit: int | None = None):

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlens.cli.dataset_options import check_input_paths
+from vlens.cli.dataset_options import check_input_paths, check_out_apart
 from vlens.utils.errors import UserInputError
 from vlens.utils.strict_json import DuplicateKeyError, loads_strict
 from vlens.utils.validation import arg_int, arg_path, check_output_folder
@@ -110,6 +110,7 @@ def check_args(args: argparse.Namespace) -> None:
     Nothing here imports torch, so a misspelt path fails in about the interpreter's start-up time."""
     if not getattr(args, "model_options", False):
         check_input_paths(args)
+        check_out_apart(args)
         return
     image_size, low, high = (getattr(args, name, None) for name in ("image_size", "min_pixels", "max_pixels"))
     if low is not None and high is not None and low > high:
@@ -129,6 +130,7 @@ def check_args(args: argparse.Namespace) -> None:
 
         check_spec(spec)
     check_input_paths(args)
+    check_out_apart(args)
 
 
 def task_list_arg(text: str) -> str:

@@ -224,6 +224,38 @@ class VLMInputs:
         return out
 
 
+def check_input_tensors(inputs: VLMInputs, d_vocab: int, n_ctx: int) -> None:
+    """One clear `UserInputError` for inputs the model cannot run as given (hand-edited `VLMInputs`, a
+    processor output from elsewhere), before any tensor reaches a layer: input_ids an integer
+    [batch, pos] tensor of ids below `d_vocab`, no longer than the model's context `n_ctx` (positions
+    beyond it are untrained, and the attention grids grow as pos^2); attention_mask of the same shape
+    holding 0 / 1; pixel_values floating point. (Placeholder counts against the images are checked
+    where the image features are made.)"""
+    fix = "build inputs with model.prepare(...) or the model's processor"
+    ids, mask = inputs.input_ids, inputs.attention_mask
+    if not isinstance(ids, Tensor) or ids.ndim != 2:
+        shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+        raise UserInputError(f"input_ids must be a [batch, pos] tensor, got {shape}: {fix}")
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise UserInputError(f"input_ids must hold integer token ids, got dtype {ids.dtype}: {fix}")
+    if ids.shape[1] > n_ctx:
+        raise UserInputError(f"the prompt is {ids.shape[1]} tokens long, longer than the model's context of {n_ctx} "
+                             "positions (max_position_embeddings): shorten the prompt or use fewer / smaller images")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= d_vocab):
+        raise UserInputError(f"input_ids hold token ids outside the vocabulary [0, {d_vocab}) (from "
+                             f"{int(ids.min())} to {int(ids.max())}): {fix}")
+    if not isinstance(mask, Tensor) or tuple(mask.shape) != tuple(ids.shape):
+        shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
+        raise UserInputError(f"attention_mask must have input_ids' shape {tuple(ids.shape)}, got {shape}: {fix}")
+    if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
+        raise UserInputError(f"attention_mask must hold only 0 (padding) and 1, got values {mask.unique().tolist()[:6]}")
+    pixels = inputs.pixel_values
+    if pixels is not None and (not isinstance(pixels, Tensor) or not pixels.is_floating_point()):
+        what = pixels.dtype if isinstance(pixels, Tensor) else type(pixels).__name__
+        raise UserInputError(f"pixel_values must be a floating-point tensor (the processor's normalised pixels), got "
+                             f"{what}: {fix}")
+
+
 def compute_regions(
     input_ids: Tensor,
     attention_mask: Tensor,

@@ -13,7 +13,7 @@ from torch import Tensor
 from vlens.core.architectures.base import ArchitectureAdapter
 from vlens.core.config import VLMConfig
 from vlens.core.image_regions import ImageGeometry, build_geometry
-from vlens.core.inputs import VLMInputs, compute_regions
+from vlens.core.inputs import VLMInputs, check_input_tensors, compute_regions
 from vlens.core.prompt_text import escape_special_tokens
 from vlens.utils.errors import UserInputError
 from vlens.utils.images import SOURCE_KEY, to_rgb
@@ -254,6 +254,7 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
             mm_token_type_ids=known["mm_token_type_ids"],
             extra=merged,
         )
+    check_input_tensors(out, model.cfg.d_vocab, model.cfg.n_ctx)
     model.adapter.check_inputs(model.cfg, out)
     if out.pixel_values is not None and out.pixel_entries is None:
         out.pixel_entries = model.adapter.pixel_entries_per_image(model.cfg, out)

@@ -500,6 +500,13 @@ def fit_temperature(
         floor = check_float(floor, "floor", min=0, min_open=True)
     if top_k is not None:
         top_k = check_count(top_k, "top_k")
+    if heads is not None:  # a head outside the grid would be an IndexError (or a negative index: the wrong head)
+        n_layers, n_heads = importance.shape
+        outside = [f"L{layer}H{head}" for layer, head in heads
+                   if not (0 <= int(layer) < n_layers and 0 <= int(head) < n_heads)]
+        if outside:
+            raise UserInputError(f"heads {', '.join(outside)} do not exist: the importance covers {n_layers} layers x "
+                                 f"{n_heads} heads (L0H0 .. L{n_layers - 1}H{n_heads - 1})")
     broken = [(layer, head) for layer, head in (~torch.isfinite(importance)).nonzero().tolist()]
     if heads is not None:
         bad = [head for head in heads if tuple(head) in set(broken)]

@@ -184,6 +184,28 @@ def check_output_folder(path: str | os.PathLike, name: str = "--out", overwrite:
     return path
 
 
+def check_output_apart(out: str | os.PathLike, inputs: Iterable[tuple[str, Any]], name: str = "--out") -> None:
+    """Refuse an output path equal to, inside, or containing an input (a model or data folder, an input
+    file): writing there would replace or mix with what the command reads (``temperature export --model M
+    --out M --overwrite`` replaced the source weights). `inputs`: (flag, path) pairs; paths that do not
+    exist, and values that are not paths (a hub id, a built-in model name), are skipped."""
+    target = Path(out).expanduser().resolve()
+    for flag, value in inputs:
+        if not isinstance(value, (str, os.PathLike)) or not Path(value).expanduser().exists():
+            continue
+        source = Path(value).expanduser().resolve()
+        if target == source:
+            relation = "is"
+        elif source in target.parents:
+            relation = "is inside"
+        elif target in source.parents:
+            relation = "contains"
+        else:
+            continue
+        raise UserInputError(f"{name} {out} {relation} the input {flag} {value}: the output would replace or mix "
+                             f"with what the command reads; choose a folder outside it")
+
+
 # ---------------------------------------------------------------------- argparse adapters
 def _parse_number(text: str, cast: Callable[[str], Any], expected: str) -> Any:
     try:

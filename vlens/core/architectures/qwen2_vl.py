@@ -69,6 +69,13 @@ class Qwen2VLAdapter(ArchitectureAdapter):
                 "pixel_values were given without image_grid_thw. Qwen-VL models need the (t, h, w) "
                 "patch grid of every image: pass image_grid_thw from the processor's output."
             )
+        if inputs.pixel_values is not None:  # one row of flattened patches per (t, h, w) cell of every grid
+            want = int(inputs.image_grid_thw.prod(-1).sum())
+            if inputs.pixel_values.ndim != 2 or inputs.pixel_values.shape[0] != want:
+                raise UserInputError(
+                    f"pixel_values has shape {tuple(inputs.pixel_values.shape)} but image_grid_thw "
+                    f"{inputs.image_grid_thw.tolist()} needs {want} rows of patches: pass pixel_values and "
+                    "image_grid_thw from the same processor output")
 
     def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
         tower = vision.tower
