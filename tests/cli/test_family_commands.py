@@ -64,6 +64,17 @@ FAMILIES = {
     "paligemma": (lambda: testing.tiny_paligemma_model(seed=11, n_layers=2, d_model=40, n_heads=4, n_kv_heads=2,
                                                        d_head=10),
                   testing.tiny_paligemma_processor, [], True),
+    # frames of at most 56 px on the longest edge, split into 4 crops + the whole image, 5 perceiver latents each
+    "idefics2": (lambda: testing.tiny_idefics2_model(seed=12, n_layers=2, d_model=40, n_heads=4, n_kv_heads=2,
+                                                     patch_size=7, image_size=56),
+                 lambda: testing.tiny_idefics2_processor(shortest_edge=28, longest_edge=56, split=True),
+                 ["--image-size", "56"], True),
+    # 48 px images (a multiple of 6 px patches x 2 x 2 merge): 4x4 tokens
+    "glm4v": (lambda: testing.tiny_glm4v_model(seed=13, n_layers=2, d_model=48, n_heads=3, n_kv_heads=1),
+              testing.tiny_glm4v_processor, ["--image-size", "48"], True),
+    "glm4v_moe": (lambda: testing.tiny_glm4v_moe_model(seed=14, n_layers=2, d_model=48, n_heads=3, n_kv_heads=1,
+                                                       n_experts=4, top_k=2, d_expert=12, n_group=2, topk_group=1),
+                  testing.tiny_glm4v_processor, ["--image-size", "48"], True),
 }
 
 # families whose every attention layer normalizes its queries: `temperature export` refuses them
@@ -87,9 +98,10 @@ def test_every_command_on_a_saved_folder(family, tmp_path, data, capsys):
     out = tmp_path / "out"
     run_every_command(folder, out, data, image_args, n_layers=cfg.num_hidden_layers,
                       n_heads=max(heads), export=export, n_heads_total=sum(heads))
-    if getattr(cfg, "num_experts", 0):  # the mixture-of-experts commands
+    n_experts = getattr(cfg, "num_experts", 0) or getattr(cfg, "n_routed_experts", 0)  # GLM-4.5V's name
+    if n_experts:  # the mixture-of-experts commands
         done = run_expert_commands(folder, tmp_path / "out", image_args)
-        n_experts, n_layers = cfg.num_experts, cfg.num_hidden_layers
+        n_layers = cfg.num_hidden_layers
         assert len(done["routing"]["share"]["image"][0]) == n_experts
         ranked = done["ablate --unit expert"]["results"]["counting"]["ranked_heads"]
         assert done["ablate --unit expert"]["results"]["counting"]["unit"] == "expert" and "expert" in ranked[0]

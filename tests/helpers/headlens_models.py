@@ -33,6 +33,9 @@ BUILDERS = {
     "Idefics3ForConditionalGeneration": lambda: tiny_vlm("idefics3", d_model=36, n_heads=3, n_kv_heads=1,
                                                          sub_image=24, patch_size=6),
     "PaliGemmaForConditionalGeneration": lambda: tiny_vlm("paligemma", attention_bias=True),
+    "Idefics2ForConditionalGeneration": lambda: tiny_vlm("idefics2", d_model=36, n_heads=3, n_kv_heads=1),
+    "Glm4vForConditionalGeneration": lambda: tiny_vlm("glm4v", d_model=48, n_heads=3, n_kv_heads=1),
+    "Glm4vMoeForConditionalGeneration": lambda: tiny_vlm("glm4v_moe", d_model=48, n_heads=3, n_kv_heads=1),
     "SmolVLMForConditionalGeneration": lambda: tiny_vlm("smolvlm", d_model=40, n_heads=4, n_kv_heads=2,
                                                         sub_image=24, patch_size=4, scale_factor=3),
 }

@@ -18,7 +18,12 @@ from vlens import HookedVLM
 from vlens.testing import (
     tiny_gemma3_model,
     tiny_gemma3_processor,
+    tiny_glm4v_model,
+    tiny_glm4v_moe_model,
+    tiny_glm4v_processor,
     tiny_hf_model,
+    tiny_idefics2_model,
+    tiny_idefics2_processor,
     tiny_idefics3_model,
     tiny_idefics3_processor,
     tiny_internvl_model,
@@ -43,7 +48,7 @@ from vlens.testing import (
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
                             "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "smolvlm",
-                            "paligemma")
+                            "paligemma", "idefics2", "glm4v", "glm4v_moe")
 # the Qwen3-VL-processor families (16 px patches) beyond Qwen3-VL itself: builder by family
 QWEN3_BUILDERS = {"qwen3_vl": tiny_qwen3_vl_model, "qwen3_vl_moe": tiny_qwen3_vl_moe_model,
                   "qwen3_5": tiny_qwen3_5_model, "qwen3_5_moe": tiny_qwen3_5_moe_model}
@@ -86,6 +91,15 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
         hf = build_model(seed=seed, attn_implementation=attn, **options, **config)
         splitting = {k: config[k] for k in ("sub_image", "patch_size", "scale_factor") if k in config}
         made = build_processor(**options, **splitting, **(processor or {}))
+    elif family == "idefics2":  # the processor's placeholders per frame are the perceiver's latents
+        hf = tiny_idefics2_model(seed=seed, attn_implementation=attn, **options, **config)
+        latents = {"n_latents": config["n_latents"]} if "n_latents" in config else {}
+        made = tiny_idefics2_processor(**options, **latents, **(processor or {}))
+    elif family in ("glm4v", "glm4v_moe"):  # the processor patches and merges as the tower does
+        build = tiny_glm4v_model if family == "glm4v" else tiny_glm4v_moe_model
+        hf = build(seed=seed, attn_implementation=attn, **options, **config)
+        patching = {k: config[k] for k in ("patch_size",) if k in config}
+        made = tiny_glm4v_processor(**options, **patching, **(processor or {}))
     else:
         hf = tiny_hf_model(family, seed=seed, attn_implementation=attn, **options, **config)
         made = tiny_qwen_processor(**options, **(processor or {}))

@@ -103,6 +103,7 @@ HUB_PROCESSORS = {
     "internvl": ("InternVLProcessor", "GotOcr2ImageProcessorFast"),
     "idefics3": ("Idefics3Processor", "Idefics3ImageProcessorFast"),
     "smolvlm": ("SmolVLMProcessor", "SmolVLMImageProcessorFast"),
+    "idefics2": ("Idefics2Processor", "Idefics2ImageProcessorFast"),
 }
 
 

@@ -48,6 +48,14 @@ FAMILIES = {
     "paligemma": dict(n_layers=2, d_model=40, n_heads=4, n_kv_heads=2, d_head=12, initializer_range=0.1),
     "smolvlm": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_mlp=40, sub_image=24, patch_size=4,
                     scale_factor=3, initializer_range=0.1),
+    # perceiver latents (non-spatial image tokens) between <fake_token_around_image> boundaries; a Mistral decoder
+    "idefics2": dict(n_layers=2, d_model=36, n_heads=3, n_kv_heads=1, d_mlp=40, n_latents=6, patch_size=7,
+                     image_size=56, vision_init=0.2, initializer_range=0.2),
+    # four norms per block (post-attention / post-MLP), fused gate/up, 3-D rotary on adjacent pairs
+    "glm4v": dict(n_layers=2, d_model=48, n_heads=4, n_kv_heads=2, d_mlp=40, initializer_range=0.1),
+    # grouped sigmoid routing with ungated shared experts after one dense layer
+    "glm4v_moe": dict(n_layers=2, d_model=48, n_heads=3, n_kv_heads=1, d_mlp=40, n_experts=4, top_k=2, d_expert=12,
+                      initializer_range=0.1),
 }
 
 

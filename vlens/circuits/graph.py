@@ -97,8 +97,9 @@ class ImagePart:
 
     @property
     def is_view(self) -> bool:
-        """The part whose grid covers the whole image (what grid nodes and maps are laid on)."""
-        return self.spatial and self.kind in ("image", "base")
+        """The part whose grid covers the whole image (what grid nodes and maps are laid on); an image whose
+        tokens are no places on it (Idefics2's perceiver latents) has a non-spatial one, a row of latents."""
+        return self.kind in ("image", "base")
 
 
 def image_records(regions: TokenRegions, row: int, image: int) -> list[ImageTile]:
@@ -453,7 +454,7 @@ class CircuitGraph:
                     masks[index, row, parts[node.part].positions.cpu()] = True
                     continue
                 assert node.rows is not None and node.cols is not None
-                view = next(p for p in parts if p.spatial and p.kind in ("image", "base"))
+                view = next(p for p in parts if p.kind in ("image", "base"))  # the view (see ImagePart.is_view)
                 cols = view.grid[1]
                 cells = [r * cols + c for r in range(*node.rows) for c in range(*node.cols)]
                 masks[index, row, view.positions.cpu()[cells]] = True

@@ -70,7 +70,8 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
     pinpoints too: call `sync_resolution(hf_model, processor)` after this. Dynamic-tile processors
     (InternVL: `crop_to_patches`) keep the tower's tile side and use at most (image_size // tile)^2
     tiles; split-image processors (Idefics3 / SmolVLM: `max_image_size`) resize every image to
-    image_size on its longest edge before cutting it into sub-images of the tower's side.
+    image_size on its longest edge before cutting it into sub-images of the tower's side; Idefics2's
+    (`shortest_edge` / `longest_edge`) resize each image and crop to at most image_size on its longest edge.
     """
     image_processor = getattr(processor, "image_processor", processor)
     if image_size is not None:
@@ -120,6 +121,12 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
                                                                                          "do_image_splitting"):
         # split images (Idefics3 / SmolVLM): images are resized to this longest edge, then cut into sub-images
         image_processor.size = {"longest_edge": image_size}
+        return processor
+    if image_size is not None and hasattr(image_processor, "do_image_splitting") and \
+            _size_keys(getattr(image_processor, "size", None)) >= {"shortest_edge", "longest_edge"}:
+        # Idefics2: each image (and crop) is resized to at most image_size on its longest edge
+        shortest = int(_size_value(image_processor.size, "shortest_edge"))
+        image_processor.size = {"shortest_edge": min(shortest, image_size), "longest_edge": image_size}
         return processor
     pinpoints = getattr(image_processor, "image_grid_pinpoints", None)
     if pinpoints and image_size is not None:  # anyres (LLaVA-NeXT / OneVision): a resolution budget
