@@ -16,7 +16,15 @@ import torch
 
 from tests.helpers.models import FAMILIES, tiny_pair, tiny_vlm
 from tests.helpers.transcoders import PlantedMLP
-from vlens.graphs import GraphSettings, ReplacementModel, attribution_graph, linear_problem
+from vlens.graphs import (
+    FeatureEdit,
+    GraphSettings,
+    ReplacementModel,
+    attribution_graph,
+    edits_for,
+    intervene,
+    linear_problem,
+)
 from vlens.testing import random_image
 from vlens.transcoders import TranscoderConfig, Transcoders
 from vlens.utils.errors import UserInputError
@@ -167,7 +175,7 @@ def test_sampled_edges_equal_autograd_derivatives(family, kind):
 def test_every_row_sums_to_its_value(family):
     model = tiny_vlm(family)
     inputs = model.prepare(images=[[random_image(seed=6)]], prompts=[PROMPT])
-    graph = attribution_graph(ReplacementModel(model, random_transcoders(model, kind="skip", seed=7)), inputs,
+    graph = attribution_graph(ReplacementModel(model, random_transcoders(model, kind="skip", d_tc=6, seed=7)), inputs,
                               target=4, settings=GraphSettings(batch_size=64))
     rows = [i for i, v in enumerate(graph.values) if v is not None]
     assert len(rows) == graph.n_features + 1
@@ -203,12 +211,18 @@ def planted_answer_model():
     return model, tc
 
 
-def test_a_planted_feature_that_carries_the_answer_is_found(tmp_path):
+def planted_graph():
+    """(model, inputs, replacement, graph of "5" minus "4", the last position) of `planted_answer_model`."""
     model, tc = planted_answer_model()
     image = random_image(seed=8)
     inputs = model.prepare(images=[[image]], prompts=[PROMPT])
-    graph = attribution_graph(ReplacementModel(model, tc), inputs, target=5, contrast=4, images=[image])
-    last = len(graph.prompt_tokens) - 1
+    replacement = ReplacementModel(model, tc)
+    graph = attribution_graph(replacement, inputs, target=5, contrast=4, images=[image])
+    return model, inputs, replacement, graph, len(graph.prompt_tokens) - 1
+
+
+def test_a_planted_feature_that_carries_the_answer_is_found(tmp_path):
+    model, inputs, replacement, graph, last = planted_graph()
     top = graph.edges_into(graph.nodes[-1]["name"], top=3)
     assert top[0][0] == f"L1F3@{last}"
     total = float(graph.adjacency[-1].abs().sum())
@@ -239,3 +253,64 @@ def test_bad_requests_say_what_to_fix():
     wrong = Transcoders(TranscoderConfig(kind="plt", activation="relu", layers=(0,), d_model=7, d_tc=4))
     with pytest.raises(UserInputError, match="d_model=7"):
         ReplacementModel(model, wrong)
+
+
+def test_interventions_predicted_replacement_and_real():
+    model, inputs, replacement, graph, last = planted_graph()
+    writer = f"L1F3@{last}"
+    graph.supernode("answer", [writer])
+    result = intervene(replacement, inputs, graph, edits_for(graph, ["answer"], "zero"))
+    # last layer, no feature downstream, frozen norms: the prediction and the replacement are the direct effect
+    effect = -graph.edge(graph.nodes[-1]["name"], writer)
+    for value in (result.predicted, result.replacement):
+        assert value - result.clean == pytest.approx(effect, abs=1e-4)
+    # the real model (final norm live) is the planted model without that feature at that position
+    mlp = model.blocks[1].mlp
+
+    def drop_writer(out, hook):
+        x = model.blocks[1].ln2(hook.ctx["resid_mid"])
+        act = torch.relu(x[:, last] @ mlp.e[:, 3] + mlp.b[3])
+        out = out.clone()
+        out[:, last] -= act[:, None] * mlp.d[3]
+        return out
+
+    def keep_resid_mid(resid, hook):
+        model.blocks[1].hook_mlp_out.ctx["resid_mid"] = resid
+
+    with torch.no_grad(), model.hooks(fwd_hooks=[("blocks.1.hook_resid_mid", keep_resid_mid),
+                                                 ("blocks.1.hook_mlp_out", drop_writer)]):
+        logits = model(inputs)[0, -1]
+    assert result.real == pytest.approx(float(logits[5] - logits[4]), abs=1e-4)
+    assert result.real - result.clean < -0.3
+    doubled = intervene(replacement, inputs, graph, edits_for(graph, [writer], "scale", 2.0))
+    assert doubled.replacement - doubled.clean == pytest.approx(-effect, abs=1e-4)
+    # the real model's final norm is live: the residual at the answer is mostly this feature, so doubling it
+    # leaves the normalised direction (and the logit difference) almost where it was
+    assert abs(doubled.real - doubled.clean) < 0.05
+    assert load_result_roundtrip(doubled)
+
+
+def load_result_roundtrip(result) -> bool:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result.save(tmp)
+        return load_result(tmp).to_dict() == result.to_dict()
+
+
+def test_predicted_effects_match_the_replacement_model_for_small_edits():
+    """Random transcoders: scaling early features by 1.001 moves no feature across its threshold, so the graph's
+    linear prediction (direct and through every later feature) equals the replacement model's change."""
+    model = tiny_vlm("qwen2_5_vl")
+    inputs = model.prepare(images=[[random_image(seed=9)]], prompts=[PROMPT])
+    replacement = ReplacementModel(model, random_transcoders(model, kind="clt", seed=11))
+    graph = attribution_graph(replacement, inputs, target=3, contrast=5, settings=GraphSettings(batch_size=64))
+    early = [n for n in graph.nodes if n["kind"] == "feature" and n["layer"] == 0]
+    edits = [FeatureEdit(0, n["feature"], (n["pos"],), "scale", 1.001) for n in early[:5]]
+    result = intervene(replacement, inputs, graph, edits)
+    moved = result.replacement - result.clean
+    assert abs(moved) > 1e-6
+    assert result.predicted - result.clean == pytest.approx(moved, rel=2e-2, abs=1e-6)
+    assert not result.notes
+    with pytest.raises(UserInputError, match="error"):
+        edits_for(graph, ["err0@1"])

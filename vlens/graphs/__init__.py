@@ -9,7 +9,9 @@
 """
 
 from vlens.graphs.attribution import GraphSettings, attribution_graph
+from vlens.graphs.interventions import FeatureEdit, InterventionResult, edits_for, intervene
 from vlens.graphs.replacement import PromptRun, ReplacementModel, linear_problem
 from vlens.graphs.results import AttributionGraph
 
-__all__ = ["AttributionGraph", "GraphSettings", "PromptRun", "ReplacementModel", "attribution_graph", "linear_problem"]
+__all__ = ["AttributionGraph", "FeatureEdit", "GraphSettings", "InterventionResult", "PromptRun", "ReplacementModel",
+           "attribution_graph", "edits_for", "intervene", "linear_problem"]

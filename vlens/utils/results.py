@@ -64,6 +64,7 @@ BUILTIN_KINDS: dict[str, str] = {
     "transcoder_training": "vlens.transcoders.trainer",
     "transcoder_evaluation": "vlens.transcoders.evaluation",
     "attribution_graph": "vlens.graphs.results",
+    "feature_intervention": "vlens.graphs.interventions",
     "knockout_sweep": "vlens.flow.sweep",
     "steering": "vlens.steering.results",
     "token_ablation": "vlens.flow.ablation",
