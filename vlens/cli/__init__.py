@@ -40,7 +40,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("knockout", "vlens.cli.knockout", "attention knockout of edges (image->final, ...) over layer windows"),
     Command("routing", "vlens.cli.routing", "mixture-of-experts routing by token region (image vs text experts)"),
     Command("train", "vlens.cli.train:configure_train", "LoRA fine-tuning with the object-focused attention loss"),
-    Command("study", "vlens.cli.study", "the baseline / +SFT / +L_focus / +temperature table"),
+    Command("study", "vlens.cli.study", "studies: the +SFT / +L_focus / +temperature table; object-tokens; flow"),
     Command("temperature", "vlens.cli.temperature", "adaptive head temperature: fit, apply, export"),
     Command("steer", "vlens.cli.steer", "steer generation with a direction (mean difference, SAE feature, probe)"),
     Command("sae", "vlens.cli.sae", "sparse autoencoders: train on a hook's activations, feature dashboard"),

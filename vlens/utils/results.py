@@ -68,6 +68,8 @@ BUILTIN_KINDS: dict[str, str] = {
     "knockout_sweep": "vlens.flow.sweep",
     "steering": "vlens.steering.results",
     "token_ablation": "vlens.flow.ablation",
+    "object_token_study": "vlens.studies.object_tokens",
+    "flow_study": "vlens.studies.flow",
 }
 # the files a command's --out folder may hold its result in, in the order they are tried
 RESULT_FILES = (RESULTS_FILE, "sft_result.json", "study.json", "vlens_temperature.json", "config.json")
