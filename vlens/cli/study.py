@@ -28,6 +28,7 @@ from vlens.cli.options import (
     write_figure,
 )
 from vlens.utils.errors import UserInputError
+from vlens.utils.results import Result
 from vlens.utils.validation import arg_float, arg_int, arg_path, check_count, check_output_file
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def configure(study: argparse.ArgumentParser) -> None:
                       help="object tasks (default: object-tokens name colour; flow colour name)")
     mine.add_argument("--n", type=arg_int(min=1), default=64, help="examples per task (default 64)")
     mine.add_argument("--seed", type=arg_int(min=0), default=0, help="examples' and baselines' seed (default 0)")
-    add_batch_size(mine, 16)
+    add_batch_size(study, 16)
     mine.add_argument("--how", choices=("mean", "zero", "resample"), default="mean",
                       help="object-tokens: the ablation (default mean)")
     mine.add_argument("--at", nargs="+", default=["vision", "middle"], metavar="SITE",
@@ -143,6 +144,7 @@ def run_flow_study(args: argparse.Namespace) -> int:
     out = prepare_out(args, RESULTS_FILE, STUDY_MD, FIGURES[args.study])
     size = rendered_size(args, 64)
     name = "vlens.load() (the embedded tiny Qwen2.5-VL)" if args.model == "tiny" else args.model
+    result: Result
     if args.study == "object-tokens":
         from vlens.studies.object_tokens import ObjectTokenSettings, run_object_token_study
 
