@@ -1,5 +1,5 @@
 """Object-token ablation (`vlens.flow.ablation`) on hand-computed cases: the exact McNemar test, the
-buffer's dilation, the values written at the vision output and at a decoder layer (zero, mean, resample),
+values written at the vision output and at a decoder layer (zero, mean, resample),
 the baselines' token sets, and the one-edge model losing its answer when every image token is zeroed."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from vlens.flow.ablation import (
     ablate_tokens,
     ablation_hook,
     choose_tokens,
-    dilate,
     mcnemar_exact,
     site_activations,
 )
@@ -31,13 +30,6 @@ def test_mcnemar_exact_by_hand():
     assert mcnemar_exact([1, 0], [1, 0])["p"] == 1.0
     with pytest.raises(UserInputError, match="paired"):
         mcnemar_exact([1], [1, 0])
-
-
-def test_dilate_by_hand():
-    grid = torch.arange(100, 116)  # a 4 x 4 grid of positions 100..115
-    assert dilate(torch.tensor([105]), grid, (4, 4), 1).tolist() == [100, 101, 102, 104, 105, 106, 108, 109, 110]
-    assert dilate(torch.tensor([100]), grid, (4, 4), 1).tolist() == [100, 101, 104, 105]
-    assert dilate(torch.tensor([115, 100]), grid, (4, 4), 0).tolist() == [100, 115]
 
 
 def _captured(model, inputs, hook, name):
@@ -58,7 +50,7 @@ def test_written_values_by_hand(at, how):
     batch = flow_examples()
     inputs, _, objects = batch.encode(model, range(3))
     acts = site_activations(model, inputs, at)
-    positions = [objects[0], objects[1][:1], inputs.regions.image[2][-2:]]
+    positions = [objects[0].positions, objects[1].positions[:1], inputs.regions.image[2][-2:]]
     name, hook = ablation_hook(at, inputs, positions, how, acts)
     edited = _captured(model, inputs, (name, hook), name)
     mean = torch.cat(acts).mean(0)
@@ -85,10 +77,11 @@ def test_token_sets_are_disjoint_and_the_same_size():
     batch = flow_examples(scale=3)
     inputs, _, objects = batch.encode(model, range(3))
     acts = site_activations(model, inputs, "vision")
-    sets = choose_tokens(model, inputs, objects, acts, 1, torch.Generator().manual_seed(0))
+    sets = choose_tokens(inputs, objects, acts, 1, torch.Generator().manual_seed(0))
     for row in range(3):
         obj, rnd, reg = sets.object[row], sets.random[row], sets.register[row]
         assert len(obj) == len(rnd) == len(reg) >= len(objects[row])
+        assert torch.equal(obj, objects[row].buffer(1).positions.sort().values)
         assert not torch.isin(rnd, obj).any() and not torch.isin(reg, obj).any()
         norms = acts[row].norm(dim=-1)
         outside = ~torch.isin(inputs.regions.image[row], obj)

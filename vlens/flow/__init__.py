@@ -14,7 +14,7 @@ random and high-norm tokens).
 """
 
 from vlens.flow.ablation import HOWS, TokenAblation, ablate_tokens, mcnemar_exact
-from vlens.flow.batch import FlowBatch, FlowExample, box_positions, object_task_batch
+from vlens.flow.batch import FlowBatch, FlowExample, object_selection, object_task_batch
 from vlens.flow.knockout import KnockoutEdit, check_layers, knockout, knockout_logits, softmax_layers
 from vlens.flow.positions import REGION_NAMES, PositionSpec, position_mask, question_positions
 from vlens.flow.sweep import DEFAULT_EDGES, KnockoutSweep, SweepSettings, knockout_sweep, layer_windows
@@ -29,10 +29,10 @@ __all__ = [
     "SweepSettings",
     "TokenAblation",
     "ablate_tokens",
-    "box_positions",
     "knockout_sweep",
     "layer_windows",
     "mcnemar_exact",
+    "object_selection",
     "object_task_batch",
     "KnockoutEdit",
     "PositionSpec",

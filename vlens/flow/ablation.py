@@ -10,8 +10,8 @@ reads at the image placeholders); `at=l` edits the residual stream entering deco
 (`blocks.{l}.hook_resid_pre`) at the chosen image positions.
 
 Which tokens, per example:
-- "object": the tokens of the object's box (`box_positions`) dilated by `buffer` grid cells (Neo et
-  al.'s buffer: the neighbouring tokens, here every cell within `buffer` rows and columns of one);
+- "object": the tokens of the object's box on every view of the image (`inputs.regions.from_box`) plus
+  Neo et al.'s buffer of `buffer` cells (`TokenSelection.buffer`: every token within `buffer` cells);
 - "random": as many image tokens drawn uniformly (seeded) from the image tokens outside the object set;
 - "register": as many of the highest-norm image tokens outside the object set, the norm being the L2
   norm of the clean activation at the ablation site. High-norm "register" tokens (Darcet et al. 2024;
@@ -40,6 +40,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from vlens.core.image_regions import TokenSelection
 from vlens.core.inputs import VLMInputs
 from vlens.flow.batch import FlowBatch
 from vlens.flow.sweep import answer_scores
@@ -71,20 +72,6 @@ def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> dict[str, float]:
     return {"a_only": a_only, "b_only": b_only, "p": min(1.0, 2 * tail)}
 
 
-def dilate(positions: Tensor, grid_positions: Tensor, grid: tuple[int, int], buffer: int) -> Tensor:
-    """`positions` (a subset of `grid_positions`, row-major over `grid`) plus every cell within `buffer` rows
-    and columns of one of them: sorted LongTensor."""
-    if buffer == 0 or not len(positions):
-        return positions.sort().values
-    rows, cols = grid
-    index = {int(p): i for i, p in enumerate(grid_positions.tolist())}
-    chosen = torch.zeros(rows, cols, dtype=torch.bool)
-    for p in positions.tolist():
-        chosen.view(-1)[index[int(p)]] = True
-    grown = torch.nn.functional.max_pool2d(chosen[None, None].float(), 2 * buffer + 1, stride=1, padding=buffer)[0, 0]
-    return grid_positions.cpu()[grown.flatten().bool()].sort().values
-
-
 @dataclass
 class TokenSets:
     """Per example, the image positions of each condition and the image positions in embed order."""
@@ -109,15 +96,14 @@ def site_activations(model: HookedVLM, inputs: VLMInputs, at: str | int) -> list
     return [acts[row, regions.image[row].to(acts.device)] for row in range(inputs.batch_size)]
 
 
-def choose_tokens(model: HookedVLM, inputs: VLMInputs, objects: list[Tensor], activations: list[Tensor],
+def choose_tokens(inputs: VLMInputs, objects: list[TokenSelection], activations: list[Tensor],
                   buffer: int, generator: torch.Generator) -> TokenSets:
     """The object (+ buffer), random and register positions of every example (see the module docstring)."""
     regions = inputs.token_regions
     sets = TokenSets([], [], [], [], [])
     for row, found in enumerate(objects):
         image = regions.image[row].cpu()
-        view = regions.image_view(row, 0)
-        chosen = dilate(found.cpu(), view.positions.cpu(), view.grid, buffer)
+        chosen = found.buffer(buffer).positions.cpu().sort().values
         outside = ~torch.isin(image, chosen)
         k = len(chosen)
         if int(outside.sum()) < k:
@@ -286,7 +272,7 @@ def ablate_tokens(model: HookedVLM, batch: FlowBatch, how: str = "mean", at: str
         inputs, answers, objects = batch.encode(model, rows)
         assert objects is not None
         activations = site_activations(model, inputs, at)
-        sets = choose_tokens(model, inputs, objects, activations, buffer, generator)
+        sets = choose_tokens(inputs, objects, activations, buffer, generator)
         with torch.no_grad():
             for condition in names:
                 if condition == "clean":

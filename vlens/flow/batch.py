@@ -5,8 +5,8 @@
     inputs, answers, objects = batch.encode(model, range(8))   # VLMInputs, answer ids [8], object positions
 
 The answer is scored by its first token at the final prompt position (every answer of the synthetic
-tasks is one word). The object's tokens are the image tokens whose cells the object's box overlaps
-(`box_positions`).
+tasks is one word). The object's tokens are the image tokens whose cells the object's box overlaps, on
+every view of the image (`inputs.regions.from_box`, see docs/regions.md).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Int
 from torch import Tensor
 
 from vlens.core.answer_tokens import answer_ids
+from vlens.core.image_regions import TokenSelection
 from vlens.core.inputs import VLMInputs
 from vlens.data import make_task_sample, record_image
 from vlens.data.objects import OBJECT_TASKS, make_object_sample
@@ -44,29 +44,14 @@ class FlowExample:
     box: tuple[float, float, float, float] | None = None
 
 
-def box_positions(model: HookedVLM, inputs: VLMInputs, row: int, box: Sequence[float],
-                  image_size: tuple[int, int], image: int = 0) -> Int[Tensor, " n"]:
-    """Positions of the image tokens whose cells the pixel box overlaps, on the view covering the whole image.
-
-    box: (x0, y0, x1, y1) in the original image's pixels; image_size: its (width, height). The box's
-    corners go through the family's own pixel -> grid mapping (`adapter.image_points_to_tile`, what
-    L_focus uses); a cell (r, c) spans [r - 0.5, r + 0.5] x [c - 0.5, c + 0.5] in grid coordinates.
-    Returns a sorted LongTensor (empty when the preprocessing crops the box away).
-    """
-    x0, y0, x1, y1 = (float(v) for v in box)
-    if not (x1 > x0 and y1 > y0):
-        raise UserInputError(f"object box {tuple(box)} is empty: give (x0, y0, x1, y1) with x1 > x0 and y1 > y0")
-    view = inputs.token_regions.image_view(row, image)
-    corners = torch.tensor([[x0, y0], [x1, y1]], dtype=torch.float64)
-    grid_points, _ = model.adapter.image_points_to_tile(model.processor, corners, image_size, view)
-    rows, cols = view.grid
-    (r0, c0), (r1, c1) = grid_points.tolist()
-    r_lo, r_hi = max(int(torch.floor(torch.tensor(r0 - 0.5))) + 1, 0), min(int(torch.ceil(torch.tensor(r1 + 0.5))) - 1, rows - 1)
-    c_lo, c_hi = max(int(torch.floor(torch.tensor(c0 - 0.5))) + 1, 0), min(int(torch.ceil(torch.tensor(c1 + 0.5))) - 1, cols - 1)
-    if r_lo > r_hi or c_lo > c_hi:
-        return torch.zeros(0, dtype=torch.long)
-    cells = [r * cols + c for r in range(r_lo, r_hi + 1) for c in range(c_lo, c_hi + 1)]
-    return view.positions[torch.tensor(cells, dtype=torch.long)].cpu().sort().values
+def object_selection(inputs: VLMInputs, row: int, box: Sequence[float]) -> TokenSelection:
+    """The tokens of the row's (first) image that the pixel box (x0, y0, x1, y1) of the original image
+    overlaps, on every view of the image (`inputs.regions.from_box`: the family's own geometry)."""
+    regions = inputs.token_regions
+    if not regions.images[row]:
+        raise UserInputError(f"row {row} has no image, so its object box selects nothing")
+    image_index = sum(len(regions.images[r]) for r in range(row))  # images are counted row by row
+    return regions.from_box(image_index, tuple(float(v) for v in box))
 
 
 @dataclass
@@ -106,9 +91,9 @@ class FlowBatch:
                                         box))  # type: ignore[arg-type]
         return cls(name, examples)
 
-    def encode(self, model: HookedVLM, rows: Sequence[int]) -> tuple[VLMInputs, Tensor, list[Tensor] | None]:
-        """(inputs, answer ids [n] (each answer's first token), per row the object's token positions or
-        None when some example has no box) for the examples `rows`."""
+    def encode(self, model: HookedVLM, rows: Sequence[int]) -> tuple[VLMInputs, Tensor, list[TokenSelection] | None]:
+        """(inputs, answer ids [n] (each answer's first token), per row the object's `TokenSelection`
+        (`.positions`: LongTensor [k]) or None when some example has no box) for the examples `rows`."""
         chosen = [self.examples[int(i)] for i in rows]
         inputs = model.prepare(images=[e.image for e in chosen], prompts=[e.question for e in chosen])
         answers = torch.tensor([answer_ids(model, e.answer, example=e.question)[0] for e in chosen], dtype=torch.long)
@@ -117,11 +102,11 @@ class FlowBatch:
         objects = []
         for row, example in enumerate(chosen):
             assert example.box is not None
-            positions = box_positions(model, inputs, row, example.box, example.image.size)
-            if not len(positions):
+            selection = object_selection(inputs, row, example.box)
+            if not len(selection.positions):
                 raise UserInputError(f"example {int(rows[row])}: the object's box {example.box} covers no image token "
                                      "(the preprocessing crops it away)")
-            objects.append(positions)
+            objects.append(selection)
         return inputs, answers, objects
 
 
