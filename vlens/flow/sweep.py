@@ -182,7 +182,7 @@ def clean_residuals(model: HookedVLM, inputs, state) -> tuple[list[Tensor], Tens
     return entering, model.finish(last[:, None])[:, 0]
 
 
-def _endpoint(name: str, objects: list[Tensor] | None) -> Any:
+def _endpoint(name: str, objects: Sequence[Any] | None) -> Any:
     if name != "object":
         return name
     if objects is None:
