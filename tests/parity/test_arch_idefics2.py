@@ -92,6 +92,9 @@ def test_regions_and_markers_of_split_images():
 
     one = _cases("split_p6_l7")["one_image"]
     assert not bool(focus_prior(one, [[([(10.0, 10.0)], (40, 70))]], model=model).valid[0])
+    # nor can a pixel box select any of them: one clear error
+    with pytest.raises(UserInputError, match="no token that is a place on the image"):
+        one.regions.from_box(0, (0, 0, 20, 20))
 
 
 def test_split_crops_follow_hf_split_order():

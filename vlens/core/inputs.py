@@ -130,6 +130,11 @@ class TokenRegions:
                     raise UserInputError(
                         f"image {image_index} has no pixel geometry: its original size is unknown. Build the inputs "
                         "with model.prepare(images=..., prompts=...) (which records each image's size)")
+                if len(found.positions) == 0 and len(images[image_index - seen]):
+                    raise UserInputError(
+                        f"image {image_index} has no token that is a place on the image (e.g. Idefics2's perceiver "
+                        "latents), so a box, mask or point selects none: select its tokens by position instead "
+                        "(inputs.regions.images)")
                 return found
             seen += len(images)
         raise RuntimeError("unreachable: image index checked against the count")
