@@ -44,6 +44,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("temperature", "vlens.cli.temperature", "adaptive head temperature: fit, apply, export"),
     Command("steer", "vlens.cli.steer", "steer generation with a direction (mean difference, SAE feature, probe)"),
     Command("sae", "vlens.cli.sae", "sparse autoencoders: train on a hook's activations, feature dashboard"),
+    Command("transcoder", "vlens.cli.transcoder", "transcoders replacing the MLPs: train, evaluate (loss recovered)"),
+    Command("graph", "vlens.cli.graph", "the attribution graph of an answer: features, image regions, error nodes"),
     Command("demo", "vlens.cli.demo", "the counting-circuit study end to end, as one HTML report"),
     Command("zoo", "vlens.recipes.embedded.cli", "the embedded tiny model: train (reproduce) or evaluate it"),
 )

@@ -40,7 +40,7 @@ HELD_OUT_SEED = 1_000_003  # evaluation samples never coincide with training sam
 REGIONS = ("image", "text", "final", "all")
 
 
-def _data_args(parser: argparse.ArgumentParser) -> None:
+def add_sample_options(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE, dtype_default="float32")
     source = parser.add_mutually_exclusive_group(required=True)
     add_data_arguments(parser, group=source, help="dataset with a question per image (any --format)")
@@ -55,7 +55,7 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
 
 def _sae_args(parser: argparse.ArgumentParser) -> None:
     """The data options, plus --sae (a vlens or SAELens folder) and --hook."""
-    _data_args(parser)
+    add_sample_options(parser)
     sae = parser.add_argument("--sae", required=True, type=arg_path, help="an SAE folder (vlens or SAELens)")
     mark_input_paths(parser, sae.dest)
     parser.add_argument("--hook", help="hook name (default: the SAE config's)")
@@ -67,7 +67,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     train = commands.add_parser("train", help="train an SAE on one hook's activations",
                                 description="Train an SAE on one hook's activations at chosen token positions.")
-    _data_args(train)
+    add_sample_options(train)
     train.add_argument("--hook", required=True, help="hook name, e.g. blocks.1.hook_resid_post (vlens info --hooks)")
     train.add_argument("--positions", choices=REGIONS, default="image", help="token positions (default image)")
     train.add_argument("--cells", help="only these image-grid cells, 'row,col;row,col' (with --positions image)")

@@ -1,0 +1,77 @@
+"""`vlens graph`: the attribution graph of one image-text prompt's answer.
+
+    vlens graph --model tiny --transcoders runs/tc --image dots.png --prompt "How many dots are there?" \\
+        --target 5 --contrast 4 --out runs/graph
+
+Writes graph.json (circuit-tracer's graph schema, with graph-metadata.json for its frontend), graph.html
+(vlens's offline viewer) and results.json (the whole graph; `vlens.load_result` reads it back).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from vlens.cli.console import echo
+from vlens.cli.dataset_options import mark_input_paths
+from vlens.cli.options import (
+    RESULTS_FILE,
+    add_batch_size,
+    add_model_options,
+    add_out,
+    load_model_from_args,
+    prepare_out,
+)
+from vlens.utils.validation import arg_float, arg_int, arg_path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("The attribution graph of a prompt's answer: transcoder features, error nodes, text "
+                          "tokens and image regions, by direct effects in the replacement model (docs/graphs.md "
+                          "in the repository).")
+    add_model_options(parser)
+    source = parser.add_argument("--transcoders", required=True, type=arg_path,
+                                 help="a vlens or SAELens transcoder folder, or a circuit-tracer .yaml")
+    image = parser.add_argument("--image", type=arg_path, help="the prompt's image (default: a text-only prompt)")
+    mark_input_paths(parser, source.dest, image.dest)
+    parser.add_argument("--prompt", required=True, help="the question")
+    parser.add_argument("--target", required=True, help="the answer token whose logit the graph explains")
+    parser.add_argument("--contrast", help="explain the logit difference target minus this token instead")
+    parser.add_argument("--no-chat", action="store_true", help="use the prompt as it is (no chat template)")
+    parser.add_argument("--image-nodes", default="token",
+                        help="image input nodes: token (one per grid cell), image, or RxC blocks (default token)")
+    parser.add_argument("--max-features", type=arg_int(min=1), help="attribute at most this many active features")
+    parser.add_argument("--node-threshold", type=arg_float(min=0, max=1), default=0.8,
+                        help="pruning: keep the nodes holding this share of the influence (default 0.8)")
+    parser.add_argument("--edge-threshold", type=arg_float(min=0, max=1), default=0.98,
+                        help="pruning: keep the edges holding this share of the influence (default 0.98)")
+    add_batch_size(parser, 32, "target rows per backward pass")
+    add_out(parser, f"graph.json, graph.html and {RESULTS_FILE}")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = prepare_out(args, RESULTS_FILE, "graph.json", "graph.html")
+
+    from vlens.graphs import GraphSettings, ReplacementModel, attribution_graph
+    from vlens.transcoders import load_transcoders
+    from vlens.utils.errors import failure_context
+    from vlens.utils.images import open_image_file
+
+    settings = GraphSettings(batch_size=args.batch_size, max_features=args.max_features, image_nodes=args.image_nodes,
+                             node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
+                             slug=out.name or "graph")
+    with failure_context(f"reading the transcoders {args.transcoders}"):
+        transcoders = load_transcoders(args.transcoders)
+    images = [open_image_file(args.image, "--image")] if args.image is not None else []
+    model = load_model_from_args(args)
+    inputs = model.prepare(images=[images] if images else None, prompts=[args.prompt], chat=not args.no_chat)
+    graph = attribution_graph(ReplacementModel(model, transcoders), inputs, target=args.target, contrast=args.contrast,
+                              settings=settings, images=images, progress=not args.quiet)
+    graph.model = args.model
+    graph.save(out)
+    scores = graph.scores()
+    echo(f"{graph.nodes[-1]['name']} = {graph.target['value']:.4f}: {graph.n_features} active features, "
+         f"{scores['pruned_nodes']} nodes and {scores['pruned_edges']} edges after pruning; replacement score "
+         f"{scores['replacement']:.3f}, completeness {scores['completeness']:.3f}; cost "
+         f"{graph.cost['forward_equivalents']} forward-equivalents -> {out}")
+    return 0
