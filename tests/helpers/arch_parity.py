@@ -250,7 +250,8 @@ def assert_vision_head_and_projector_edits_match_hf(model, hf, inputs, layers, p
         hf_logits(hf, inputs, pre_hooks=[(layers[layer].self_attn.out_proj, drop_head_hf)]), atol=1e-4, rtol=0)
     torch.testing.assert_close(
         model.run_with_hooks(inputs, fwd_hooks=[("vision.hook_image_features", lambda x, hook: x.flip(1))]),
-        hf_logits(hf, inputs, pre_hooks=[(projector, lambda m, args: (args[0].flip(1),))]), atol=1e-4, rtol=0)
+        hf_logits(hf, inputs, pre_hooks=[(projector, lambda m, args: (args[0].flip(1), *args[1:]))]), atol=1e-4,
+        rtol=0)
     torch.testing.assert_close(
         model.run_with_hooks(inputs, fwd_hooks=[("vision.hook_image_embeds", lambda x, hook: x * 0)]),
         hf_logits(hf, inputs, forward_hooks=[(projector, lambda m, a, out: out * 0)]), atol=1e-4, rtol=0)

@@ -34,6 +34,8 @@ from vlens.testing import (
     tiny_llava_onevision_model,
     tiny_llava_onevision_processor,
     tiny_llava_processor,
+    tiny_mistral3_model,
+    tiny_mistral3_processor,
     tiny_paligemma_model,
     tiny_paligemma_processor,
     tiny_qwen3_5_model,
@@ -48,7 +50,7 @@ from vlens.testing import (
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
                             "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "smolvlm",
-                            "paligemma", "idefics2", "glm4v", "glm4v_moe")
+                            "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3")
 # the Qwen3-VL-processor families (16 px patches) beyond Qwen3-VL itself: builder by family
 QWEN3_BUILDERS = {"qwen3_vl": tiny_qwen3_vl_model, "qwen3_vl_moe": tiny_qwen3_vl_moe_model,
                   "qwen3_5": tiny_qwen3_5_model, "qwen3_5_moe": tiny_qwen3_5_moe_model}
@@ -71,6 +73,10 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
     elif family == "gemma3":
         hf = tiny_gemma3_model(seed=seed, attn_implementation=attn, **options, **config)
         made = tiny_gemma3_processor(**options, **(processor or {}))
+    elif family == "mistral3":  # the processor's patches and merge are the model's
+        hf = tiny_mistral3_model(seed=seed, attn_implementation=attn, **options, **config)
+        sizes = {k: config[k] for k in ("patch_size", "merge") if k in config}
+        made = tiny_mistral3_processor(**options, **sizes, **(processor or {}))
     elif family == "paligemma":  # the processor's patch grid is the tower's
         hf = tiny_paligemma_model(seed=seed, attn_implementation=attn, **options, **config)
         sizes = {k: config[k] for k in ("image_size", "patch_size") if k in config}

@@ -46,6 +46,8 @@ FAMILIES = {
                      initializer_range=0.1),
     # the whole prompt one bidirectional prefix block (token types); Gemma's (1 + w) norms, scaled embedding
     "paligemma": dict(n_layers=2, d_model=40, n_heads=4, n_kv_heads=2, d_head=12, initializer_range=0.1),
+    # Pixtral tower (images of several sizes in one sequence), 2x2 patch merger, [IMG_BREAK] / [IMG_END] markers
+    "mistral3": dict(n_layers=2, d_model=36, n_heads=3, n_kv_heads=1, d_head=12, initializer_range=0.1),
     "smolvlm": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_mlp=40, sub_image=24, patch_size=4,
                     scale_factor=3, initializer_range=0.1),
     # perceiver latents (non-spatial image tokens) between <fake_token_around_image> boundaries; a Mistral decoder

@@ -91,6 +91,14 @@ from vlens.testing.llava_next import (
     tiny_llava_onevision_model,
     tiny_llava_onevision_processor,
 )
+from vlens.testing.mistral3 import (
+    MISTRAL3_CHAT_TEMPLATE,
+    MISTRAL3_SPECIAL_TOKENS,
+    mistral3_tokenizer,
+    tiny_mistral3_config,
+    tiny_mistral3_model,
+    tiny_mistral3_processor,
+)
 from vlens.testing.paligemma import (
     PALIGEMMA_SPECIAL_TOKENS,
     PALIGEMMA_WORDS,
@@ -139,4 +147,6 @@ __all__ = [
     "tiny_glm4v_processor", "tiny_glm4v_moe_config", "tiny_glm4v_moe_model",
     "PALIGEMMA_SPECIAL_TOKENS", "PALIGEMMA_WORDS", "paligemma_tokenizer", "tiny_paligemma_config",
     "tiny_paligemma_model", "tiny_paligemma_processor",
+    "MISTRAL3_CHAT_TEMPLATE", "MISTRAL3_SPECIAL_TOKENS", "mistral3_tokenizer", "tiny_mistral3_config",
+    "tiny_mistral3_model", "tiny_mistral3_processor",
 ]
