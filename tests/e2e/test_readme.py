@@ -107,3 +107,22 @@ def test_readme_sae_snippet_runs(tmp_path, monkeypatch):
     assert torch.equal(namespace["same"].W_dec, namespace["sae"].W_dec)
     assert (tmp_path / "sae_folder" / "cfg.json").is_file()
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+
+
+def test_readme_flow_section_runs():
+    """The README's knockout / sweep / object-token block, on the quick tour's model and inputs."""
+    import torch
+
+    import vlens
+
+    model = vlens.load()
+    inputs = dots_prompt(model)
+    namespace: dict = {"model": model, "inputs": inputs}
+    exec(compile(readme_block("knockout_sweep("), "README.md", "exec"), namespace)
+    with torch.no_grad():
+        clean = model(inputs)
+    assert (namespace["blocked"] - clean).abs().max() > 0
+    assert set(namespace["flow"].summary) == {"image->final", "question->final", "object->final"}
+    assert set(namespace["ablation"].accuracy) == {"clean", "object", "random", "register"}
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+    assert all(not getattr(block.attn, "mask_edits", []) for block in model.blocks)
