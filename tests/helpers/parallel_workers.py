@@ -8,6 +8,8 @@ import signal
 from datetime import timedelta
 from pathlib import Path
 
+TIMEOUT_S = float(os.environ.get("VLENS_TEST_DIST_TIMEOUT_S", "600"))  # the group's timeout on every collective
+
 
 def worker(rank: int, world_size: int, init_file: str, out_dir: str, store_dir: str) -> None:
     import torch
@@ -16,8 +18,10 @@ def worker(rank: int, world_size: int, init_file: str, out_dir: str, store_dir: 
     from vlens.parallel import DistributedRunError, Sharding, UnitStore
 
     torch.set_num_threads(1)
+    # generous: on a loaded machine one process may start, import or reach a collective minutes after the
+    # other; a killed peer is noticed when its sockets close, not by this timeout
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
+                            timeout=timedelta(seconds=TIMEOUT_S))
     sharding = Sharding.from_group()
     report: dict = {"rank": sharding.rank, "world_size": sharding.world_size}
     calls: list[int] = []

@@ -75,3 +75,59 @@ def test_outside_a_trace_the_wrapped_model_skips_what_nobody_reads(family):
     nnsight.NNsight(model)  # installs its controllers on every module, inert outside a trace
     attention = [block.attn for block in model.blocks if hasattr(block.attn, "hook_pattern")]
     assert attention and not any(attn.needs_pattern() for attn in attention), name
+
+
+# ---- several invokes in one trace (nnsight's clean / corrupt patching pattern): vlens.interop.nnsight
+PATCHED = ["blocks.1.attn.hook_z", "vision.blocks.0.hook_resid_post", "vision.hook_image_embeds"]
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "llava"])  # flattened patches; one entry per image
+def pair(request):
+    from vlens.interop.nnsight import VLMNNsight
+
+    model = tiny_vlm(request.param, fresh=True)
+    size = SIZES.get(request.param, 56)
+    clean, corrupt = (model.prepare(images=[random_image(size, size, seed)], prompts=["How many dots are there?"])
+                      for seed in (1, 2))
+    return request.param, model, VLMNNsight(model), clean, corrupt
+
+
+@pytest.mark.parametrize("hook", PATCHED)
+def test_two_invokes_patch_corrupt_into_clean_as_run_with_hooks_does(pair, hook):
+    name, model, wrapped, clean, corrupt = pair
+    with torch.no_grad():
+        _, cache = model.run_with_cache(corrupt, names_filter=hook)
+        expected = model.run_with_hooks(clean, fwd_hooks=[(hook, lambda x, hook: cache[hook.name].clone())])
+        plain_clean, plain_corrupt = model(clean), model(corrupt)
+        out: dict = {}
+        with wrapped.trace() as tracer:
+            barrier = tracer.barrier(2)  # nnsight's hand-over between invokes: the corrupt value exists below it
+            with tracer.invoke(corrupt):
+                point = _envoy(wrapped, hook)
+                value = point.output.save()
+                barrier()
+                out["corrupt"] = wrapped.output.save()
+            with tracer.invoke(clean):
+                point = _envoy(wrapped, hook)
+                barrier()
+                point.output = value
+                out["clean"] = wrapped.output.save()
+    assert (expected - plain_clean).abs().max() > 1e-4, f"{name} {hook}: the patch changes nothing"
+    torch.testing.assert_close(value, cache[hook], atol=1e-5, rtol=0)  # the invoke's own part only
+    torch.testing.assert_close(out["corrupt"], plain_corrupt, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out["clean"], expected, atol=1e-5, rtol=0)
+
+
+def test_invokes_of_different_lengths_are_refused_with_what_to_do(pair):
+    from vlens.utils.errors import UserInputError
+
+    _, model, wrapped, clean, _ = pair
+    longer = model.prepare(images=[random_image(56, 56, 3)], prompts=["How many red dots are there in it?"])
+    assume = longer.seq_len != clean.seq_len
+    assert assume
+    with pytest.raises(UserInputError, match="equally long"), torch.no_grad():
+        with wrapped.trace() as tracer:
+            with tracer.invoke(clean):
+                wrapped.output.save()
+            with tracer.invoke(longer):
+                wrapped.output.save()
