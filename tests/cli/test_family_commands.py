@@ -153,7 +153,7 @@ def test_anyres_folder_loads_in_bfloat16_and_runs(family, tmp_path, data):
     assert fp16.cfg.dtype == torch.float16 and (logits - high).abs().max() < 0.05 * high.abs().max()
 
 
-@pytest.mark.parametrize("family", ["internvl", "idefics3", "smolvlm"])
+@pytest.mark.parametrize("family", ["internvl", "idefics3", "smolvlm", "idefics2"])
 def test_split_image_folder_loads_in_half_precision_and_runs(family, tmp_path, data):
     """--dtype bfloat16 on a saved folder: the model loads in bf16 (tower, projector, decoder) and the commands
     run; the logits stay close to the fp32 model's (and in fp16)."""
