@@ -32,10 +32,8 @@ def token_pixel_blocks(model, inputs, image_index: int) -> dict[int, torch.Tenso
     the rows / columns unpadding kept; Idefics3: [rows, sub-images, C, S, S], a row's images in order.
     """
     regions = inputs.regions
-    geometry = regions.image_geometry(image_index)
-    row, image = geometry.row, None
-    seen = sum(len(r) for r in regions.images[:row])
-    image = image_index - seen
+    slots = [(row, image) for row in range(len(regions.images)) for image in range(len(regions.images[row]))]
+    row, image = slots[image_index]
     image_processor = getattr(model.processor, "image_processor", model.processor)
     mean = torch.tensor(image_processor.image_mean, dtype=torch.float64)[:, None, None]
     std = torch.tensor(image_processor.image_std, dtype=torch.float64)[:, None, None]

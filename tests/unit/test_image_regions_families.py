@@ -93,3 +93,27 @@ def test_onevision_downscaled_grid_by_hand():
     torch.testing.assert_close(heights, torch.full_like(heights, float(heights[0])))
     torch.testing.assert_close(widths, torch.full_like(widths, float(widths[0])))
     assert float(boxes[:, 0].min()) <= 0 and float(boxes[:, 2].max()) >= 600
+
+
+@pytest.mark.parametrize("width,height", [(120, 40), (37, 150)])
+def test_gemma3_pan_and_scan_crops_are_views_of_the_image(width, height):
+    """With pan-and-scan, each crop the processor adds is a view of the original image: from_box on the
+    image selects tokens of the whole view and of every crop, each at the share of its pixels the box
+    covers (read from the crop's own pixel_values)."""
+    model = tiny_vlm("gemma3", processor={"pan_and_scan": True})
+    box = (width // 5, height // 4, width - width // 3, height - height // 5)
+    inputs = model.prepare(images=[painted(width, height, box)], prompts=["red"])
+    n_views = len(inputs.regions.images[0])
+    assert n_views == 4  # the image + 3 crops along its long side
+    geometry = inputs.regions.image_geometry(0)
+    assert inputs.regions.image_geometry(2) is geometry  # every crop's index gives the whole image's views
+    coverage = box_coverage(geometry, box)
+    blocks = {}
+    for view in range(n_views):
+        blocks.update(token_pixel_blocks(model, inputs, view))
+    assert sorted(blocks) == sorted(geometry.positions.tolist())
+    for position, cover, label in zip(geometry.positions.tolist(), coverage.tolist(), geometry.labels, strict=True):
+        block = blocks[position]
+        red = float(((block[0] - block[1]) > 64).double().mean())
+        assert abs(red - cover) <= TOLERANCE, ((width, height), label, red, cover)
+    assert {label.split("[")[0] for label in geometry.labels} == {"img0", "img0.crop0", "img0.crop1", "img0.crop2"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
@@ -187,25 +188,37 @@ def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Seq
 
 def add_image_geometry(model: PreparingModel, inputs: VLMInputs, sizes: Sequence[tuple[int, int]] | None) -> None:
     """Fill `inputs.regions.geometry`: each image token's pixel box in its original image (the adapter's
-    `token_pixel_boxes` on every spatial record), from each image's original (width, height).
+    `token_pixel_boxes` on every spatial record), from each given image's original (width, height).
 
-    Left empty where the sizes are unknown or do not match the images the model sees (Gemma 3's
-    pan-and-scan crops count as images of their own: `from_box` then says the geometry is unknown).
+    Where the processor makes several prompt images of one image (`image_views`: Gemma 3's pan-and-scan
+    crops), they are views of it: each of them gets the geometry of all of them ("crop" views offset by
+    the crop's place). Left empty where the sizes are unknown or do not match the images the model sees.
     """
     regions = inputs.regions
-    if regions is None or not sizes or len(sizes) != sum(len(row) for row in regions.images):
+    if regions is None or not sizes:
         return
-    flat = iter(enumerate(sizes))
-    geometry: list[list[ImageGeometry | None]] = []
-    for row in range(len(regions.images)):
-        row_geometry: list[ImageGeometry | None] = []
-        for image in range(len(regions.images[row])):
-            index, size = next(flat)
-            records = regions.tiles[row][image] if regions.tiles else [regions.image_view(row, image)]
-            spatial = [r for r in records if r.spatial]
-            boxes = [model.adapter.token_pixel_boxes(model.processor, (int(size[0]), int(size[1])), r) for r in spatial]
-            row_geometry.append(build_geometry(row, index, size, spatial, boxes))
-        geometry.append(row_geometry)
+    sizes = [(int(w), int(h)) for w, h in sizes]
+    slots = [(row, image) for row in range(len(regions.images)) for image in range(len(regions.images[row]))]
+    views = model.adapter.image_views(model.processor, sizes) or [(k, (0, 0, w, h)) for k, (w, h) in enumerate(sizes)]
+    if len(views) != len(slots):
+        return
+    geometry: list[list[ImageGeometry | None]] = [[None] * len(images) for images in regions.images]
+    for source, size in enumerate(sizes):
+        members = [k for k, (of, _) in enumerate(views) if of == source]
+        records, boxes = [], []
+        for k in members:
+            row, image = slots[k]
+            x0, y0, x1, y1 = views[k][1]
+            crop = (x0, y0, x1, y1) != (0, 0, size[0], size[1])
+            for record in regions.tiles[row][image] if regions.tiles else [regions.image_view(row, image)]:
+                if record.spatial:
+                    cells = model.adapter.token_pixel_boxes(model.processor, (x1 - x0, y1 - y0), record)
+                    records.append(replace(record, kind="crop") if crop else record)
+                    boxes.append(cells + torch.tensor([x0, y0, x0, y0], dtype=cells.dtype))
+        if members:
+            shared = build_geometry(slots[members[0]][0], members[0], size, records, boxes)
+            for k in members:
+                geometry[slots[k][0]][slots[k][1]] = shared
     regions.geometry = geometry
 
 

@@ -367,6 +367,12 @@ class ArchitectureAdapter(ABC):
         InternVL: `image_sizes`), else None (the default): `model.prepare` records the sizes itself."""
         return None
 
+    def image_views(self, processor, sizes: list[tuple[int, int]]) -> list[tuple[int, tuple[int, int, int, int]]] | None:
+        """Where the processor turns one image into several images of the prompt (Gemma 3's pan-and-scan
+        crops): per image the model sees, (the index of the original image in `sizes`, the pixel box
+        (x0, y0, x1, y1) of the original it shows). None (the default): one image seen per image given."""
+        return None
+
     def token_pixel_boxes(self, processor, image_size: tuple[int, int], tile: ImageTile) -> Tensor:
         """The pixel box of each token of one spatial tile record in the original image: [n, 4] float64
         (x0, y0, x1, y1), row-major over `tile.grid`, NOT clipped to the image (a cell partly on the

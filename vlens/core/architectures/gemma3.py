@@ -58,6 +58,28 @@ from vlens.core.config import VLMConfig
 from vlens.core.hooks import HookPoint
 from vlens.utils.errors import UserInputError
 
+PAN_AND_SCAN_FIELDS = ("do_pan_and_scan", "pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops",
+                       "pan_and_scan_min_ratio_to_activate")
+
+
+def pan_and_scan_crops(width: int, height: int, settings: dict) -> list[tuple[int, int, int, int]]:
+    """The pixel boxes of Gemma 3's pan-and-scan crops of a width x height image (HF's `pan_and_scan`,
+    row-major; [] when the image is not elongated enough or the crops would be too small)."""
+    min_crop, max_crops = int(settings["pan_and_scan_min_crop_size"]), int(settings["pan_and_scan_max_num_crops"])
+    ratio = float(settings["pan_and_scan_min_ratio_to_activate"])
+    wide = width >= height
+    long_side, short_side = (width, height) if wide else (height, width)
+    if long_side / short_side < ratio:
+        return []
+    n = min(max(2, min(int(math.floor(long_side / min_crop)), int(math.floor(long_side / short_side + 0.5)))),
+            max_crops)
+    n_w, n_h = (n, 1) if wide else (1, n)
+    crop_w, crop_h = int(math.ceil(width / n_w)), int(math.ceil(height / n_h))
+    if min(crop_w, crop_h) < min_crop:
+        return []
+    return [(x, y, min(x + crop_w, width), min(y + crop_h, height))
+            for y in range(0, crop_h * n_h, crop_h) for x in range(0, crop_w * n_w, crop_w)]
+
 
 @register_adapter
 class Gemma3Adapter(LlavaAdapter):
@@ -196,6 +218,21 @@ class Gemma3Adapter(LlavaAdapter):
             return [], []
         n_images = inputs.pixel_values.shape[0]
         return [self.tokens_per_image] * n_images, [self.image_grid] * n_images
+
+    def image_views(self, processor, sizes: list[tuple[int, int]]) -> list[tuple[int, tuple[int, int, int, int]]] | None:
+        """With pan-and-scan on, each image is followed by its crops (HF's `pan_and_scan`: 2 to max crops
+        along the longer side, ceil(side / n) px each, the last one cut at the edge)."""
+        image_processor = getattr(processor, "image_processor", processor)
+        settings = {**{k: getattr(image_processor, k, None) for k in PAN_AND_SCAN_FIELDS},
+                    **{k: v for k, v in (getattr(processor, "images_kwargs", None) or {}).items()
+                       if k in PAN_AND_SCAN_FIELDS and v is not None}}
+        if not settings.get("do_pan_and_scan"):
+            return None
+        views = []
+        for index, (width, height) in enumerate(sizes):
+            views.append((index, (0, 0, width, height)))
+            views += [(index, crop) for crop in pan_and_scan_crops(width, height, settings)]
+        return views
 
     # ---- masks ----
     def attention_blocks(self, cfg: VLMConfig, inputs) -> Tensor | None:
