@@ -1336,6 +1336,149 @@ print("WRONG", wrong)
     return (GOOD, "0 of 15 forwards saw the other thread's hook") if wrong == 0 else (SILENT, f"{wrong} of 15 wrong")
 
 
+# ---- issue 42: files that run code, finished work lost, silent results, user mistakes ------------
+
+_PAYLOAD = """
+class Payload:
+    def __init__(self, marker): self.marker = marker
+    def __reduce__(self): return (open, (self.marker, "w"))
+"""
+
+
+def _api(code: str, tmp: Path) -> tuple[str, str]:
+    """A library-level probe: the code prints 'GOOD <detail>' or 'SILENT <detail>' / 'LOST <detail>'."""
+    run = python(code, tmp)
+    said = [line for line in run.out.splitlines() if line.split(" ", 1)[0] in ("GOOD", "SILENT", "LOST")]
+    if run.code != 0 or not said:
+        return UNCLEAR, f"exit {run.code}: {run.last_line}"
+    verdict, _, detail = said[-1].partition(" ")
+    return {"GOOD": GOOD, "SILENT": SILENT, "LOST": LOST}[verdict], detail[:160]
+
+
+@probe("lost work", "(42) a planted pickle payload in zoo train's state.pt: --resume")
+def payload_zoo_state(tmp: Path):
+    marker = tmp / "ran"
+    state = fresh(tmp, "m.checkpoint") / "state.pt"
+    made = python(_PAYLOAD + f"import torch; torch.save({{'fingerprint': {{}}, 'x': Payload({str(marker)!r})}}, "
+                  f"{str(state)!r})", tmp)
+    if made.code != 0:
+        return UNCLEAR, f"setup failed: {made.last_line}"
+    run = vlens("zoo", "train", "--out", "m", "--resume", "--steps", "2", "--examples", "4", "--held-out", "1",
+                "--image-size", "56", "-q", cwd=tmp, timeout=600)
+    if marker.exists():
+        return SILENT, "the payload ran"
+    return refused(run, "state.pt", "never unpickles")
+
+
+@probe("lost work", "(42) a planted payload in a finished unit of a sharded run")
+def payload_unit(tmp: Path):
+    return _api(_PAYLOAD + f"""
+import torch
+from vlens.parallel.store import UnitStore
+stage = UnitStore({str(tmp / 'store')!r}, {{'a': 1}}).stage(0, 'units', 1)
+torch.save({{'x': Payload({str(tmp / 'ran')!r})}}, stage.path(0))
+try:
+    stage.load(0); print('SILENT loaded')
+except ValueError as error:
+    import os
+    print(('SILENT the payload ran' if os.path.exists({str(tmp / 'ran')!r}) else 'GOOD ' + str(error)))
+""", tmp)
+
+
+@probe("lost work", "(42) Ctrl-C and a bug in a sharded command: the finished units stay for the rerun")
+def interrupted_units_kept(tmp: Path):
+    return _api(f"""
+import argparse, torch
+from pathlib import Path
+from vlens.cli.console import run_command
+done = []
+def command(stop_at, error):
+    def func(args):
+        def unit(i):
+            if i == stop_at: raise error('stop')
+            done.append(i); return torch.tensor(float(i))
+        args.sharding.map(range(6), unit, desc='units', progress=False)
+        return 0
+    return argparse.Namespace(func=func, out={str(tmp / 'o')!r}, shardable=True, quiet=True, verbose=0,
+                              command_prog='vlens probe')
+codes = [run_command(command(3, KeyboardInterrupt)), run_command(command(4, RuntimeError))]
+kept = len(list(Path({str(tmp / 'o')!r}).glob('.vlens-shards/*/unit-*.pt')))
+done.clear(); final = run_command(command(None, RuntimeError))
+ok = codes == [130, 1] and kept == 4 and final == 0 and done == [4, 5]
+print(('GOOD' if ok else 'LOST') + f' exits {{codes}}, {{kept}} of 6 units kept, the rerun computed {{done}}')
+""", tmp)
+
+
+@probe("silent wrong numbers", "(42) a key given twice in a --patching file")
+def duplicate_key_patching(tmp: Path):
+    (tmp / "p.json").write_text('{"kind": "patching", "kind": "ablation"}')
+    return refused(vlens("ablate", "--patching", "p.json", "--out", "o", cwd=tmp), "'kind' appears twice", "p.json")
+
+
+@probe("silent wrong numbers", "(42) add_hook in a thread that ends, then forwards in threads reusing its id")
+def hook_thread_reuse(tmp: Path):
+    return _api("""
+import threading, torch
+from vlens.core.model import HookedVLM
+from vlens.testing import tiny_hf_model, tiny_qwen_processor
+m = HookedVLM.from_hf(tiny_hf_model('qwen2_5_vl'), processor=tiny_qwen_processor())
+x = m.prepare(prompts=['how many red dots'], chat=False)
+with torch.no_grad(): clean = m(x)
+left = {}
+def leave():
+    m.add_hook('blocks.0.attn.hook_z', lambda z, hook: z.zero_()); left['id'] = threading.get_ident()
+t = threading.Thread(target=leave); t.start(); t.join()
+wrong = reused = 0
+for _ in range(28):
+    out = {}
+    def run():
+        out['id'] = threading.get_ident()
+        with torch.no_grad(): out['y'] = m(x)
+    t = threading.Thread(target=run); t.start(); t.join()
+    reused += out['id'] == left['id']; wrong += not torch.equal(out['y'], clean)
+print(('GOOD' if wrong == 0 and reused else 'SILENT') + f' {wrong} of 28 forwards wrong ({reused} reused the id)')
+""", tmp)
+
+
+@probe("lost or overwritten files", "(42) temperature export --model M --out M --overwrite")
+def export_over_source(tmp: Path):
+    model = tmp / "model"
+    shutil.copytree(INPUTS.model_copy("plain_model"), model)
+    before = snapshot(model)
+    (tmp / "t.json").write_text("{}")
+    run = vlens("temperature", "export", "--model", "model", "--temps", "t.json", "--out", "model", "--overwrite",
+                cwd=tmp)
+    change = kept(before, model)
+    return (LOST, change) if change else refused(run, "is the input --model")
+
+
+@probe("unclear errors", "(42) temperature fit --heads L99H0")
+def heads_outside(tmp: Path):
+    run = vlens("temperature", "fit", "--result", str(_ablation_result(tmp)), "--heads", "L99H0", "--out", "t",
+                cwd=tmp)
+    return refused(run, "L99H0 do not exist")
+
+
+@probe("API", "(42) a prompt longer than the model's context; hand-edited VLMInputs (float ids)")
+def long_prompt_and_edited_inputs(tmp: Path):
+    return _api("""
+import dataclasses, torch
+from vlens.core.model import HookedVLM
+from vlens.testing import tiny_hf_model, tiny_qwen_processor
+m = HookedVLM.from_hf(tiny_hf_model('qwen2_5_vl'), processor=tiny_qwen_processor())
+x = m.prepare(prompts=['how many red dots'], chat=False)
+ids = x.input_ids.repeat(1, m.cfg.n_ctx // x.input_ids.shape[1] + 1)
+said = []
+for inputs in (dataclasses.replace(x, input_ids=ids, attention_mask=torch.ones_like(ids), regions=None),
+               dataclasses.replace(x, input_ids=x.input_ids.float())):
+    try:
+        m(inputs); said.append('ran')
+    except ValueError as error:
+        said.append(str(error)[:70])
+print(('GOOD ' if 'ran' not in said else 'SILENT ') + ' / '.join(said))
+""", tmp)
+
+
 def main(argv: list[str] | None = None) -> int:
     global INPUTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
