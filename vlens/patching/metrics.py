@@ -46,17 +46,17 @@ from torch import Tensor
 
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import finite_rows
+from vlens.utils.noise_floor import (  # noqa: F401  (NoiseFloorWarning: re-exported)
+    FLOOR_RESOLUTION_STEPS,
+    FLOOR_STANDARD_ERRORS,
+    NoiseFloorWarning,
+    noise_floor,
+)
 
 if TYPE_CHECKING:
     from vlens.patching.pairs import PairBatch
 
 METRICS: tuple[str, ...] = ("overwrite_rate", "flip_away_rate", "logit_diff", "patch_effect", "corrupt_answer_rate")
-FLOOR_STANDARD_ERRORS = 2.0  # the effect's denominator must exceed 2 standard errors of its mean over pairs
-FLOOR_RESOLUTION_STEPS = 16  # ... and 16 steps of the logits' dtype resolution (eps * magnitude)
-
-
-class NoiseFloorWarning(UserWarning):
-    """The normalised patch effect is undefined: the clean and corrupt runs barely differ."""
 
 
 @dataclass
@@ -77,10 +77,7 @@ class EffectFloor:
 
     @property
     def floor(self) -> float:
-        parts = [FLOOR_RESOLUTION_STEPS * self.resolution]
-        if math.isfinite(self.standard_error):
-            parts.append(FLOOR_STANDARD_ERRORS * self.standard_error)
-        return max(parts)
+        return noise_floor(self.standard_error, self.resolution)  # the rule every normalised score shares
 
     @property
     def defined(self) -> bool:

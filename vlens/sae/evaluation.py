@@ -10,6 +10,7 @@ model's answer is right).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -24,6 +25,7 @@ from vlens.datasets import Record
 from vlens.sae.activations import as_prompt
 from vlens.sae.base import SAE
 from vlens.utils.errors import UserInputError
+from vlens.utils.noise_floor import floored_ratio, gap_floor
 from vlens.utils.results import Result
 from vlens.utils.validation import check_count
 
@@ -116,14 +118,20 @@ def evaluate_splice(model: HookedVLM, examples: Sequence[Any], sae: SAE, hook_na
             lp, ok = _scores(model, batch, start, chat, {hook: zero}, region)
             per[region]["zero"].append(lp)
             per[region]["zero_ok"].append(ok)
-    loss_clean = float(-torch.cat(clean_lp).mean())
+    clean_loss = -torch.cat(clean_lp).double()
+    loss_clean = float(clean_loss.mean())
     accuracy_clean = float(torch.cat(clean_ok).float().mean())
     rows = []
     for region in positions:
-        loss_sae, loss_zero = float(-torch.cat(per[region]["sae"]).mean()), float(-torch.cat(per[region]["zero"]).mean())
-        gap = loss_zero - loss_clean
+        sae_loss, zero_loss = -torch.cat(per[region]["sae"]).double(), -torch.cat(per[region]["zero"]).double()
+        loss_sae, loss_zero = float(sae_loss.mean()), float(zero_loss.mean())
+        # the denominator loss_zero - loss_clean must clear its noise floor, as the patch effect's does
+        floor = gap_floor(zero_loss - clean_loss, magnitude=loss_clean)
+        recovered = floored_ratio(loss_zero - loss_sae, floor, "mean zero-ablation minus clean loss",
+                                  f"the SAE's loss recovered at {region} positions")
         rows.append({"positions": region, "n": len(examples), "loss_clean": loss_clean, "loss_sae": loss_sae,
-                     "loss_zero": loss_zero, "loss_recovered": (loss_zero - loss_sae) / gap if gap != 0 else None,
+                     "loss_zero": loss_zero, "loss_recovered": recovered if math.isfinite(recovered) else None,
+                     "loss_gap_floor": floor.to_dict(),
                      "accuracy_clean": accuracy_clean,
                      "accuracy_sae": float(torch.cat(per[region]["sae_ok"]).float().mean()),
                      "accuracy_zero": float(torch.cat(per[region]["zero_ok"]).float().mean())})
