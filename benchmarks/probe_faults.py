@@ -1454,7 +1454,8 @@ def export_over_source(tmp: Path):
 
 @probe("unclear errors", "(42) temperature fit --heads L99H0")
 def heads_outside(tmp: Path):
-    run = vlens("temperature", "fit", "--result", str(_ablation_result(tmp)), "--heads", "L99H0", "--out", "t",
+    run = vlens("temperature", "fit", "--result", str(_ablation_result(tmp)), "--task", "counting", "--heads", "L99H0",
+                "--out", "t",
                 cwd=tmp)
     return refused(run, "L99H0 do not exist")
 
