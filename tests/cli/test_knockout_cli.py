@@ -39,3 +39,14 @@ def test_bad_edge_is_one_line(tmp_path, capsys):
     assert exit_info.value.code == 2
     assert main(["knockout", "--edge", "image=>final", "--out", str(tmp_path / "y"), "--quiet"]) == 2
     assert "SRC->DST" in capsys.readouterr().err
+
+
+def test_knockout_reads_a_vlens_imagefolder_with_object_boxes(tmp_path):
+    data = tmp_path / "colour"
+    assert main(["data", "tasks", "--tasks", "colour", "--n", "3", "--image-size", "64", "--out", str(data),
+                 "--quiet"]) == 0
+    out = tmp_path / "ko"
+    assert main(["knockout", "--data", str(data), "--edge", "object->final", "--window", "4", "--out", str(out),
+                 "--quiet"]) == 0
+    result = vlens.load_result(out)
+    assert result.n == 3 and list(result.summary) == ["object->final"]

@@ -11,6 +11,7 @@ from PIL import Image
 
 from tests.helpers.models import tiny_vlm
 from tests.helpers.one_edge import one_edge_model, plant_answers
+from vlens.core.generation import continuation_inputs
 from vlens.flow import knockout, position_mask
 from vlens.utils.errors import UserInputError
 
@@ -162,3 +163,17 @@ def test_final_tensor_means_each_rows_final_position():
     per_row = [inputs.regions.image[0][:3], inputs.regions.image[1][-2:]]
     mask = position_mask(per_row, inputs)
     assert mask.sum(1).tolist() == [3, 2]
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3"])
+def test_knockout_during_generation_equals_whole_forwards(family):
+    """Under generate (KV cache, Gemma 3's sliding windows) the prompt's knocked-out edges stay knocked out
+    and the new tokens (in neither set) attend as usual: each new token is the argmax of a whole forward
+    of the sequence so far under the same knockout."""
+    model = tiny_vlm(family, **FAMILIES[family])
+    inputs = _inputs(model, 1)
+    with torch.no_grad(), knockout(model, "image", "final", layers=[0, 1], inputs=inputs):
+        tokens = model.generate(inputs, max_new_tokens=3, stop_at_eos=False).tokens
+        for step in range(tokens.shape[1]):
+            longer = continuation_inputs(model, inputs, tokens[:, :step]) if step else inputs
+            assert int(model(longer)[0, -1].argmax()) == int(tokens[0, step])
