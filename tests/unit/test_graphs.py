@@ -175,14 +175,17 @@ def test_sampled_edges_equal_autograd_derivatives(family, kind):
 def test_every_row_sums_to_its_value(family):
     model = tiny_vlm(family)
     inputs = model.prepare(images=[[random_image(seed=6)]], prompts=[PROMPT])
+    cap = 7 if family == "qwen2_vl" else None  # a capped graph: the left-out features' effects in `dropped`
     graph = attribution_graph(ReplacementModel(model, random_transcoders(model, kind="skip", d_tc=6, seed=7)), inputs,
-                              target=4, settings=GraphSettings(batch_size=64))
+                              target=4, settings=GraphSettings(batch_size=64, max_features=cap))
     rows = [i for i, v in enumerate(graph.values) if v is not None]
     assert len(rows) == graph.n_features + 1
+    assert (graph.n_features == 7 and abs(graph.dropped[-1]) > 0) if cap else not any(graph.dropped)
     for i in rows:
         # float32 sums: the tolerance scales with the row's largest terms (random transcoders' errors are large)
         scale = float(graph.adjacency[i].abs().sum())
-        assert float(graph.adjacency[i].sum()) + graph.biases[i] == pytest.approx(graph.values[i], abs=2e-5 + 2e-7 * scale)
+        total = float(graph.adjacency[i].sum()) + graph.biases[i] + graph.dropped[i]
+        assert total == pytest.approx(graph.values[i], abs=2e-5 + 2e-7 * scale)
     logits = model(inputs)[0, -1]
     assert graph.values[-1] == pytest.approx(float(logits[4]), abs=1e-5)
 

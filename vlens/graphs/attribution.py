@@ -36,13 +36,14 @@ class GraphSettings:
     """How a graph is built and pruned.
 
     batch_size: target rows per backward pass. max_features: attribute at most this many active features
-        (those with the largest |direct effect| on the target; None: all). image_nodes: "token", "image" or
+        (those with the largest |direct effect| on the target; None: all). The others are no nodes: each row
+        keeps their summed direct effect in `dropped`, so rows still add up. image_nodes: "token", "image" or
         "RxC" (blocks of each image's token grid). node_threshold / edge_threshold: pruning (circuit-tracer's
         defaults 0.8 / 0.98). slug: the graph's name in graph.json.
     """
 
     batch_size: int = 32
-    max_features: int | None = None
+    max_features: int | None = 2048
     image_nodes: str = "token"
     node_threshold: float = 0.8
     edge_threshold: float = 0.98
@@ -177,8 +178,7 @@ def attribution_graph(replacement: ReplacementModel, inputs: Any, target: str | 
     n_feat = len(features)
     groups, group_masks = input_groups(model, inputs, settings.image_nodes)
     n_err, n_in = n_layers * seq, len(groups)
-    n_nodes = n_feat + n_err + n_in + 1
-    adjacency = torch.zeros(n_nodes, n_nodes, dtype=torch.float64)
+    n_nodes = n_feat + n_err + n_in + 1  # the width of a full row (every active feature a source)
     decoders = [tc.W_dec[i].detach().double() for i in range(tc.cfg.n_layers)]
     errors = [e[0].detach().double() for e in run.errors]
 
@@ -212,11 +212,26 @@ def attribution_graph(replacement: ReplacementModel, inputs: Any, target: str | 
     # the target row
     embeds, constants, deepstack = backward_rows(forward, Injection([-1], [last], direction[None]))
     backward_passes += 1
-    adjacency[-1] = source_row(embeds, constants, deepstack, forward, 1)[0]
-    # feature rows: all, or those with the largest direct effect on the target
-    order = torch.argsort(adjacency[-1, :n_feat].abs(), descending=True)
+    target_row = source_row(embeds, constants, deepstack, forward, 1)[0]
+    # feature rows: all, or those with the largest direct effect on the target (the others are no nodes)
+    order = torch.argsort(target_row[:n_feat].abs(), descending=True)
     if settings.max_features is not None:
         order = order[:settings.max_features]
+    selected = torch.sort(order).values
+    place = torch.full((n_feat,), -1, dtype=torch.long)
+    place[selected] = torch.arange(len(selected))
+    others = place < 0
+    n_kept = len(selected) + n_err + n_in + 1
+    adjacency = torch.zeros(n_kept, n_kept, dtype=torch.float64)
+    dropped: list[float | None] = [None] * n_kept
+
+    def store(rows: list[int], full: Tensor) -> None:
+        adjacency[rows, :len(selected)] = full[:, selected]
+        adjacency[rows, len(selected):] = full[:, n_feat:]
+        for row, value in zip(rows, full[:, :n_feat][:, others].sum(1).tolist(), strict=True):
+            dropped[row] = value
+
+    store([n_kept - 1], target_row[None])
     encoders = tc.W_enc.detach()
     bar = tqdm(total=len(order), desc="graph", disable=not progress, unit="feature")
     try:
@@ -227,24 +242,24 @@ def attribution_graph(replacement: ReplacementModel, inputs: Any, target: str | 
                                   vectors)
             embeds, constants, deepstack = backward_rows(forward, injection)
             backward_passes += 1
-            adjacency[chosen] = source_row(embeds, constants, deepstack, forward, len(chosen))
+            store(place[chosen].tolist(), source_row(embeds, constants, deepstack, forward, len(chosen)))
             bar.update(len(chosen))
     finally:
         bar.close()
     # the constant of every row: the same forward with every input node at zero
     zero = linear_forward(replacement, run, 1, zero_inputs=True)
-    values: list[float | None] = [None] * n_nodes
-    biases: list[float | None] = [None] * n_nodes
+    values: list[float | None] = [None] * n_kept
+    biases: list[float | None] = [None] * n_kept
     with torch.no_grad():
         values[-1] = value
         biases[-1] = float(zero.final[0, last].double() @ direction) + bias
         for k in order.tolist():
             i, layer, pos, feat = (int(features.index[k]), int(features.layer[k]), int(features.pos[k]),
                                    int(features.feature[k]))
-            values[k] = float(features.activation[k])
-            biases[k] = float(zero.mlp_inputs[layer][0, pos].double() @ encoders[i][:, feat].double()
+            values[int(place[k])] = float(features.activation[k])
+            biases[int(place[k])] = float(zero.mlp_inputs[layer][0, pos].double() @ encoders[i][:, feat].double()
                               + tc.b_enc[i, feat].double())
-    names = feature_nodes(features, order) + error_nodes(n_layers, seq) + groups
+    names = feature_nodes(features, selected) + error_nodes(n_layers, seq) + groups
     target_name = f'logit["{token_text(model, target_id)}"' + (
         f'-"{token_text(model, contrast_id)}"]' if contrast_id is not None else "]")
     names.append({"name": target_name, "kind": "logit", "layer": n_layers, "pos": last, "feature": target_id,
@@ -256,10 +271,10 @@ def attribution_graph(replacement: ReplacementModel, inputs: Any, target: str | 
             feature_maps[f"L{tc.cfg.layers[i]}F{feat}"] = acts[0][:, feat].double().tolist()
     batch_rows = batch
     cost = {"forwards": {"real": 2, "linearised": batch_rows, "constant": 1}, "backward_passes": backward_passes,
-            "rows_per_backward": batch_rows, "features_attributed": len(order), "active_features": n_feat,
+            "rows_per_backward": batch_rows, "features_attributed": len(selected), "active_features": n_feat,
             # a backward pass costs about two forwards of its rows
             "forward_equivalents": 2 + batch_rows + 1 + 2 * batch_rows * backward_passes}
-    return AttributionGraph(nodes=names, adjacency=adjacency, values=values, biases=biases,
+    return AttributionGraph(nodes=names, adjacency=adjacency, values=values, biases=biases, dropped=dropped,
                             target={"token": token_text(model, target_id), "token_id": target_id,
                                     "contrast": None if contrast_id is None else token_text(model, contrast_id),
                                     "contrast_id": contrast_id, "value": value},
@@ -273,12 +288,11 @@ def token_text(model: Any, token: int | None) -> str:
     return "" if token is None else str(str_tokens(tokenizer_of(model), [token])[0])
 
 
-def feature_nodes(features: ActiveFeatures, order: Tensor) -> list[dict[str, Any]]:
-    attributed = set(order.tolist())
+def feature_nodes(features: ActiveFeatures, selected: Tensor) -> list[dict[str, Any]]:
     return [{"name": f"L{int(features.layer[k])}F{int(features.feature[k])}@{int(features.pos[k])}", "kind": "feature",
              "layer": int(features.layer[k]), "pos": int(features.pos[k]), "feature": int(features.feature[k]),
-             "activation": float(features.activation[k]), "label": f"L{int(features.layer[k])}F{int(features.feature[k])}",
-             "attributed": k in attributed} for k in range(len(features))]
+             "activation": float(features.activation[k]), "label": f"L{int(features.layer[k])}F{int(features.feature[k])}"}
+            for k in selected.tolist()]
 
 
 def error_nodes(n_layers: int, seq: int) -> list[dict[str, Any]]:

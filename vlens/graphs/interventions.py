@@ -134,7 +134,6 @@ def predicted_value(graph: AttributionGraph, edits: Sequence[FeatureEdit]) -> tu
     not an attributed node of the graph."""
     n_feat = graph.n_features
     activation = torch.tensor([float(graph.nodes[k]["activation"]) for k in range(n_feat)], dtype=torch.float64)
-    attributed = torch.tensor([bool(graph.nodes[k].get("attributed", True)) for k in range(n_feat)])
     per_unit = graph.adjacency[:n_feat, :n_feat] / activation[None, :]
     change = torch.zeros(n_feat, dtype=torch.float64)
     clamped = torch.zeros(n_feat, dtype=torch.bool)
@@ -148,8 +147,8 @@ def predicted_value(graph: AttributionGraph, edits: Sequence[FeatureEdit]) -> tu
             a = float(activation[k])
             new = 0.0 if edit.mode == "zero" else a * edit.value if edit.mode == "scale" else edit.value
             change[k], clamped[k] = new - a, True
-    if not bool(attributed.all()):
-        return None, notes + ["the graph attributed only some features (max_features): no prediction"]
+    if any(abs(d or 0.0) > 0 for d in graph.dropped):
+        return None, notes + ["the graph left active features out (max_features): no prediction"]
     free = ~clamped
     for _ in range(len(graph.nodes)):  # acyclic: settles within as many rounds as layers
         update = torch.where(free, per_unit @ change, change)

@@ -35,7 +35,9 @@ class AttributionGraph(Result):
     nodes: one dict per node: name, kind ("feature" | "error" | "token" | "image" | "logit"), layer, pos
         (an input group: its first position), feature, activation, label, positions (input nodes).
     adjacency: [n_nodes, n_nodes], rows = targets, columns = sources.
-    values / biases: per node (None where a node has no incoming edges: errors and inputs).
+    values / biases: per node (None where a node has no incoming edges: errors and inputs). dropped: per row, the
+        summed direct effect of active features left out by `max_features` (0 when every one is a node), so
+        ``sum(row) + bias + dropped == value``.
     target: token, token_id, contrast, contrast_id, value. prompt_tokens: the prompt's tokens (labels).
     feature_maps: "L{l}F{i}" -> that feature's activation at every position of the prompt (the viewer's
         top patches and tokens). images: per image: width, height and a PNG data URL; boxes: input node
@@ -50,6 +52,7 @@ class AttributionGraph(Result):
     values: list[float | None]
     biases: list[float | None]
     target: dict[str, Any]
+    dropped: list[float | None] = field(default_factory=list)
     prompt_tokens: list[str] = field(default_factory=list)
     feature_maps: dict[str, list[float]] = field(default_factory=dict)
     images: list[dict[str, Any]] = field(default_factory=list)
@@ -135,7 +138,8 @@ class AttributionGraph(Result):
     def to_dict(self) -> dict:
         rows, cols = self.adjacency.nonzero(as_tuple=True)
         return {"kind": "attribution_graph", "model": self.model, "n_layers": self.n_layers, "target": self.target,
-                "nodes": self.nodes, "values": self.values, "biases": self.biases, "n_nodes": len(self.nodes),
+                "nodes": self.nodes, "values": self.values, "biases": self.biases, "dropped": self.dropped,
+                "n_nodes": len(self.nodes),
                 "edges": [[int(r), int(c), float(self.adjacency[r, c])] for r, c in zip(rows.tolist(), cols.tolist(),
                                                                                        strict=True)],
                 "prompt_tokens": self.prompt_tokens, "feature_maps": self.feature_maps, "images": self.images,
@@ -149,7 +153,7 @@ class AttributionGraph(Result):
         for row, col, weight in data.get("edges", []):
             adjacency[row, col] = weight
         return cls(nodes=list(data["nodes"]), adjacency=adjacency, values=list(data["values"]),
-                   biases=list(data["biases"]), target=dict(data["target"]), prompt_tokens=list(data["prompt_tokens"]),
+                   biases=list(data["biases"]), target=dict(data["target"]), dropped=list(data.get("dropped", [])), prompt_tokens=list(data["prompt_tokens"]),
                    feature_maps=dict(data.get("feature_maps", {})), images=list(data.get("images", [])),
                    boxes=dict(data.get("boxes", {})), cost=dict(data.get("cost", {})),
                    settings=dict(data.get("settings", {})), model=str(data.get("model", "")),
