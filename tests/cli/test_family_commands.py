@@ -75,10 +75,10 @@ FAMILIES = {
     "glm4v_moe": (lambda: testing.tiny_glm4v_moe_model(seed=14, n_layers=2, d_model=48, n_heads=3, n_kv_heads=1,
                                                        n_experts=4, top_k=2, d_expert=12, n_group=2, topk_group=1),
                   testing.tiny_glm4v_processor, ["--image-size", "48"], True),
-    # Pixtral: images up to 48 px on the longest edge, 4 px patches merged 2x2, [IMG_BREAK] / [IMG_END] markers
+    # Pixtral: --image-size 40 bounds the longest edge (48 px by default), 4 px patches merged 2x2, [IMG_BREAK] / [IMG_END] markers
     "mistral3": (lambda: testing.tiny_mistral3_model(seed=12, n_layers=2, d_model=40, n_heads=4, n_kv_heads=2,
                                                      d_head=10),
-                 testing.tiny_mistral3_processor, [], True),
+                 testing.tiny_mistral3_processor, ["--image-size", "40"], True),
 }
 
 # families whose every attention layer normalizes its queries: `temperature export` refuses them

@@ -179,3 +179,21 @@ def test_object_points_map_through_the_whole_image_resize():
     grid, visible = model.adapter.image_points_to_grid(model.processor, points, (96, 64), (4, 6))
     torch.testing.assert_close(grid, torch.tensor([[-0.5, -0.5], [1.5, 2.5], [3.5, 5.5]], dtype=torch.float64))
     assert visible.all()
+
+
+def test_image_size_bounds_the_longest_edge():
+    """--image-size sets Pixtral's longest edge (aspect kept, sides multiples of patch x merge); no pixel budget."""
+    from vlens import HookedVLM
+    from vlens.core.devices import configure_resolution
+    from vlens.testing import tiny_mistral3_processor
+    from vlens.utils.errors import UserInputError
+
+    hf, _ = _pair("mqa_merge2")
+    processor = configure_resolution(tiny_mistral3_processor(**PROCESSOR["mqa_merge2"]), image_size=24)
+    model = HookedVLM.from_hf(hf, processor=processor)
+    inputs = model.prepare(images=[random_image(96, 64, 1)], prompts=["red"])
+    assert inputs.extra["image_sizes"].tolist() == [[16, 24]] and inputs.regions.image_grid == [[(2, 3)]]
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs), hf(**inputs.to_hf_kwargs()).logits, atol=1e-4, rtol=0)
+    with pytest.raises(UserInputError, match="pixel budget"):
+        configure_resolution(tiny_mistral3_processor(), min_pixels=1024)

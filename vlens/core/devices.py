@@ -71,7 +71,8 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
     (InternVL: `crop_to_patches`) keep the tower's tile side and use at most (image_size // tile)^2
     tiles; split-image processors (Idefics3 / SmolVLM: `max_image_size`) resize every image to
     image_size on its longest edge before cutting it into sub-images of the tower's side; Idefics2's
-    (`shortest_edge` / `longest_edge`) resize each image and crop to at most image_size on its longest edge.
+    (`shortest_edge` / `longest_edge`) resize each image and crop to at most image_size on its longest edge;
+    Pixtral's (`longest_edge` only: Mistral 3) resize each image to at most image_size on its longest edge.
     """
     image_processor = getattr(processor, "image_processor", processor)
     if image_size is not None:
@@ -127,6 +128,10 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
         # Idefics2: each image (and crop) is resized to at most image_size on its longest edge
         shortest = int(_size_value(image_processor.size, "shortest_edge"))
         image_processor.size = {"shortest_edge": min(shortest, image_size), "longest_edge": image_size}
+        return processor
+    if image_size is not None and _size_keys(getattr(image_processor, "size", None)) == {"longest_edge"}:
+        # Pixtral (Mistral 3): each image resized to at most image_size on its longest edge, aspect kept
+        image_processor.size = {"longest_edge": image_size}
         return processor
     pinpoints = getattr(image_processor, "image_grid_pinpoints", None)
     if pinpoints and image_size is not None:  # anyres (LLaVA-NeXT / OneVision): a resolution budget
