@@ -23,6 +23,7 @@ FAMILIES = {
     "gemma3": dict(n_layers=3, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48, sliding_window=5,
                    layer_types=("sliding_attention", "full_attention", "sliding_attention")),
     "qwen3_5": {},  # Gated DeltaNet and gated softmax layers
+    "llava_next": {},  # anyres: base view, tiles and newline tokens are all "image"
 }
 
 
@@ -152,6 +153,21 @@ def test_errors_and_cleanup():
         with knockout(model, "image", "final", layers=[0], inputs=inputs):
             model(other)
     assert all(not block.attn.mask_edits for block in model.blocks)
+
+
+def test_object_boxes_on_every_view_of_a_tiled_image():
+    """An object's tokens from `from_box` (base view and tiles of LLaVA-NeXT) as per-row selections."""
+    model = tiny_vlm("llava_next", **FAMILIES["llava_next"])
+    inputs = _inputs(model)
+    objects = [inputs.regions.from_box(row, (2.0, 2.0, 20.0, 16.0)) for row in range(2)]
+    layers = [model.cfg.n_layers - 1]
+    with torch.no_grad():
+        expected = _by_hand(model, inputs, objects, "final", layers)
+        with knockout(model, objects, "final", layers=layers, inputs=inputs) as edit:
+            fast = model(inputs)
+    real = inputs.attention_mask.bool()
+    torch.testing.assert_close(fast[real], expected[real], atol=1e-4, rtol=0)
+    assert edit.src.sum(1).tolist() == [len(o.positions) for o in objects]
 
 
 def test_final_tensor_means_each_rows_final_position():
