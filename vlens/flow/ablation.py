@@ -7,7 +7,9 @@ model can still answer about it, against as many random image tokens and as many
 
 Where: `at="vision"` edits the vision output (`vision.hook_image_embeds`, the features the decoder
 reads at the image placeholders); `at=l` edits the residual stream entering decoder layer l
-(`blocks.{l}.hook_resid_pre`) at the chosen image positions.
+(`blocks.{l}.hook_resid_pre`) at the chosen image positions. Qwen3-VL's DeepStack features are added to
+the image positions at later layers through their own hook (`blocks.{l}.hook_deepstack`) and are not
+ablated by `at="vision"`: ablate at a decoder layer after the last DeepStack layer to remove them too.
 
 Which tokens, per example:
 - "object": the tokens of the object's box on every view of the image (`inputs.regions.from_box`) plus
