@@ -185,6 +185,36 @@ class Result(ABC):
         result.__dict__["_provenance"] = provenance
         return result
 
+    def to_dataframe(self) -> Any:
+        """The result's numbers as a tidy pandas DataFrame: one row per number of `to_dict()`.
+
+        Columns: "field" (the key path, e.g. "effects" or "summary.mean"), "index" (the position inside a
+        nested list as a tuple, () for a scalar) and "value" (NaN where the JSON holds null); strings and
+        other non-numbers are left out. Needs pandas (`pip install pandas`).
+        """
+        try:
+            import pandas as pd
+        except ImportError as error:
+            raise ImportError("to_dataframe needs pandas: pip install pandas") from error
+        rows: list[tuple[str, tuple, float]] = []
+
+        def walk(value: Any, field: str, index: tuple) -> None:
+            if isinstance(value, bool):
+                rows.append((field, index, float(value)))
+            elif isinstance(value, (int, float)):
+                rows.append((field, index, float(value)))
+            elif value is None and index:
+                rows.append((field, index, math.nan))
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    walk(item, f"{field}.{key}" if field else str(key), index)
+            elif isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    walk(item, field, index + (i,))
+
+        walk({key: value for key, value in self.to_dict().items() if key not in ("kind", "provenance")}, "", ())
+        return pd.DataFrame(rows, columns=["field", "index", "value"])
+
     @abstractmethod
     def plot(self, *args: Any, **kwargs: Any) -> Any:
         """The result's main figure (a plotly Figure; needs the `viz` extra)."""
