@@ -79,11 +79,9 @@ def _label(image: int, record: ImageTile, same_kind: int, r: int, c: int) -> str
     return f"img{image}.{record.kind}{same_kind}{cell}"
 
 
-def _grid_index(values: Tensor) -> Tensor:
+def _grid_index(values: np.ndarray) -> np.ndarray:
     """Rank of each value among the distinct values (to a 1e-6 px tolerance): cells on one axis."""
-    rounded = torch.round(values * 1e6) / 1e6
-    distinct = torch.unique(rounded)
-    return torch.searchsorted(distinct, rounded)
+    return np.unique(np.round(values * 1e6), return_inverse=True)[1].reshape(-1)
 
 
 def build_geometry(row: int, image: int, size: tuple[int, int], records: Sequence[ImageTile],
@@ -106,12 +104,14 @@ def build_geometry(row: int, image: int, size: tuple[int, int], records: Sequenc
     positions_t = torch.cat(positions) if positions else torch.zeros(0, dtype=torch.long)
     boxes_t = torch.cat(all_boxes) if all_boxes else torch.zeros(0, 4, dtype=torch.float64)
     view_t = torch.cat(views) if views else torch.zeros(0, dtype=torch.long)
-    cell = torch.zeros(len(positions_t), 2, dtype=torch.long)
-    for v in view_t.unique().tolist():  # one grid per view: rank of each cell's centre on each axis
-        at = view_t == v
-        cell[at, 0] = _grid_index((boxes_t[at, 1] + boxes_t[at, 3]) / 2)
-        cell[at, 1] = _grid_index((boxes_t[at, 0] + boxes_t[at, 2]) / 2)
-    return ImageGeometry(row, image, (int(size[0]), int(size[1])), positions_t, boxes_t, labels, view_t, cell)
+    boxes_np, view_np = boxes_t.numpy(), view_t.numpy()
+    cell = np.zeros((len(positions_t), 2), dtype=np.int64)
+    for v in np.unique(view_np):  # one grid per view: rank of each cell's centre on each axis
+        at = view_np == v
+        cell[at, 0] = _grid_index((boxes_np[at, 1] + boxes_np[at, 3]) / 2)
+        cell[at, 1] = _grid_index((boxes_np[at, 0] + boxes_np[at, 2]) / 2)
+    return ImageGeometry(row, image, (int(size[0]), int(size[1])), positions_t, boxes_t, labels, view_t,
+                         torch.from_numpy(cell))
 
 
 @dataclass(frozen=True)
