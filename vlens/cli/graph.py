@@ -39,7 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chat", action="store_true", help="use the prompt as it is (no chat template)")
     parser.add_argument("--image-nodes", default="token",
                         help="image input nodes: token (one per grid cell), image, or RxC blocks (default token)")
-    parser.add_argument("--max-features", type=arg_int(min=1), help="attribute at most this many active features")
+    parser.add_argument("--max-features", type=arg_int(min=1), default=2048,
+                        help="attribute at most this many active features, those with the largest direct effect on "
+                             "the target (default 2048; each row keeps the rest's summed effect)")
     parser.add_argument("--node-threshold", type=arg_float(min=0, max=1), default=0.8,
                         help="pruning: keep the nodes holding this share of the influence (default 0.8)")
     parser.add_argument("--edge-threshold", type=arg_float(min=0, max=1), default=0.98,
