@@ -243,8 +243,11 @@ def check_site(model: HookedVLM, at: str | int) -> str | int:
     return at
 
 
+N_RESAMPLES = 1000  # bootstrap resamples of the examples behind each probability drop's interval
+
+
 def ablate_tokens(model: HookedVLM, batch: FlowBatch, how: str = "mean", at: str | int = "vision", buffer: int = 0,
-                  seed: int = 0, batch_size: int = 16, n_resamples: int = 1000, progress: bool = True) -> TokenAblation:
+                  seed: int = 0, batch_size: int = 16, progress: bool = True) -> TokenAblation:
     """Ablate each example's object tokens (+ buffer), as many random image tokens, and as many high-norm ones.
 
     Args:
@@ -299,7 +302,7 @@ def ablate_tokens(model: HookedVLM, batch: FlowBatch, how: str = "mean", at: str
     prob_drop = {}
     for condition in CONDITIONS:
         drop = clean_p - torch.tensor(prob[condition], dtype=torch.float64)
-        low, high = bootstrap_interval(drop, n_resamples=n_resamples, seed=seed)
+        low, high = bootstrap_interval(drop, n_resamples=N_RESAMPLES, seed=seed)
         prob_drop[condition] = {"mean": float(drop.mean()), "low": float(low), "high": float(high)}
     tests = {f"object_vs_{b}": mcnemar_exact(correct["object"], correct[b]) for b in ("random", "register")}
     settings = {"how": how, "at": at, "buffer": buffer, "seed": seed, "batch_size": batch_size}

@@ -113,21 +113,29 @@ def tiny_glm4v_model(seed: int = 0, attn_implementation: str = "eager", dtype: t
     return finish_glm4v(Glm4vForConditionalGeneration(config), seed, dtype)
 
 
-def tiny_glm4v_moe_config(n_experts: int = 8, top_k: int = 2, d_expert: int = 20, n_shared_experts: int = 1,
-                          n_group: int = 2, topk_group: int = 1, first_k_dense_replace: int = 1,
-                          routed_scaling_factor: float = 1.5, norm_topk_prob: bool = True, head_dim: int | None = None,
-                          attention_bias: bool = True, tokenizer=None, **overrides: Any) -> Glm4vMoeConfig:
+# tiny_glm4v_moe_config's MoE keywords and their defaults
+GLM4V_MOE_DEFAULTS: dict[str, Any] = {
+    "n_experts": 8, "top_k": 2, "d_expert": 20, "n_shared_experts": 1, "n_group": 2, "topk_group": 1,
+    "first_k_dense_replace": 1, "routed_scaling_factor": 1.5, "norm_topk_prob": True, "attention_bias": True,
+}
+
+
+def tiny_glm4v_moe_config(tokenizer=None, head_dim: int | None = None, **overrides: Any) -> Glm4vMoeConfig:
     """A tiny GLM-4.5V config: `tiny_glm4v_config`'s keywords (decoder and tower sizes, rotary fraction and
-    sections) with `n_experts` routed experts of size `d_expert` in `n_group` groups (`topk_group` kept), `top_k`
-    per token, `n_shared_experts`, dense MLPs on the first `first_k_dense_replace` layers; head_dim free."""
+    sections) plus the MoE keywords of GLM4V_MOE_DEFAULTS: `n_experts` routed experts of size `d_expert` in
+    `n_group` groups (`topk_group` kept), `top_k` per token, `n_shared_experts`, dense MLPs on the first
+    `first_k_dense_replace` layers, `routed_scaling_factor`, `norm_topk_prob`, `attention_bias`; head_dim free."""
+    moe = {name: overrides.pop(name, default) for name, default in GLM4V_MOE_DEFAULTS.items()}
     if head_dim is not None and "mrope_section" not in overrides:  # the sections cover the rotated pairs of head_dim
         pairs = int(head_dim * overrides.get("partial_rotary_factor", GLM4V_CONFIG_DEFAULTS["partial_rotary_factor"])) // 2
         overrides["mrope_section"] = [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3]
     text, vision, ids = tiny_glm4v_text_and_vision(tokenizer, **overrides)
-    text.update(n_routed_experts=n_experts, num_experts_per_tok=top_k, moe_intermediate_size=d_expert,
-                n_shared_experts=n_shared_experts, n_group=n_group, topk_group=topk_group,
-                first_k_dense_replace=first_k_dense_replace, routed_scaling_factor=routed_scaling_factor,
-                norm_topk_prob=norm_topk_prob, attention_bias=attention_bias)
+    text.update(n_routed_experts=moe["n_experts"], num_experts_per_tok=moe["top_k"],
+                moe_intermediate_size=moe["d_expert"], n_shared_experts=moe["n_shared_experts"],
+                n_group=moe["n_group"], topk_group=moe["topk_group"],
+                first_k_dense_replace=moe["first_k_dense_replace"],
+                routed_scaling_factor=moe["routed_scaling_factor"], norm_topk_prob=moe["norm_topk_prob"],
+                attention_bias=moe["attention_bias"])
     if head_dim is not None:
         text["head_dim"] = head_dim
     return Glm4vMoeConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **ids)
