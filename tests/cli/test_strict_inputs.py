@@ -108,3 +108,14 @@ def test_an_out_folder_inside_a_data_folder_is_refused_and_a_sibling_is_fine(tmp
     assert not (data / "runs").exists()
     check_out_apart(argparse.Namespace(out=str(tmp_path / "runs"), data=[str(data)], input_paths=("data",),
                                        model="tiny"))
+
+
+def test_a_flag_the_data_would_ignore_is_refused_before_the_model_loads(tmp_path, capsys):
+    from vlens.data import make_task_sample, write_imagefolder
+
+    data = tmp_path / "counting"
+    write_imagefolder([make_task_sample("counting", seed=i, size=56) for i in range(2)], data)
+    code, err = run_cli(["eval", "--model", "tiny", "--data", str(data), "--category-field", "subject", "--out",
+                         str(tmp_path / "o")], capsys)
+    assert code == 2 and "--category-field 'subject' breaks multiple-choice accuracy down" in err, err
+    assert "is a count task: drop it" in err and not (tmp_path / "o").exists()

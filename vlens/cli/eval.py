@@ -128,13 +128,16 @@ def run_eval(args: argparse.Namespace) -> int:
     from vlens.evaluation.formats import get_format
     from vlens.evaluation.metrics import CountingMetrics
     from vlens.evaluation.report import PREDICTIONS_FILE, REPORT_JSON, REPORT_MD, write_report
-    from vlens.evaluation.runner import EvalSettings, evaluate
+    from vlens.evaluation.runner import EvalSettings, check_settings_apply, evaluate
     from vlens.parallel.options import SweepOptions
     from vlens.utils.finite import collect_non_finite
 
     out = prepare_out(args, PREDICTIONS_FILE, REPORT_JSON, REPORT_MD)  # before reading data or loading the model
     dataset = read_data(args)
     fmt = get_format(dataset.format)
+    settings = EvalSettings(max_new_tokens=args.max_new_tokens, parser=args.parser, post_prompt=args.post_prompt,
+                            limit=args.limit, unparsed_value=args.unparsed_value, category_field=args.category_field)
+    check_settings_apply(settings, fmt)  # an ignored flag is refused before the model loads
     if fmt.task == "count":
         check_counting(dataset)
     if dataset.skipped:
@@ -146,9 +149,7 @@ def run_eval(args: argparse.Namespace) -> int:
             result = evaluate(
                 backend,
                 dataset,
-                EvalSettings(max_new_tokens=args.max_new_tokens, parser=args.parser, post_prompt=args.post_prompt,
-                             limit=args.limit, unparsed_value=args.unparsed_value,
-                             category_field=args.category_field),
+                settings,
                 data_format=fmt,
                 stream_to=partial,
                 options=SweepOptions(batch_size=args.batch_size, progress=not args.quiet, sharding=args.sharding),

@@ -171,6 +171,14 @@ def score_predictions(
     raise UserInputError(f"unknown task {task!r}; use 'count' or 'choice'")
 
 
+def check_settings_apply(settings: EvalSettings, fmt: EvalFormat) -> None:
+    """Refuse a setting the format would silently ignore (`category_field` breaks multiple-choice
+    accuracy down: a counting set has no such breakdown)."""
+    if settings.category_field and fmt.task != "choice":
+        raise UserInputError(f"category_field / --category-field {settings.category_field!r} breaks multiple-choice "
+                             f"accuracy down by a row field, but the {fmt.name} format is a {fmt.task} task: drop it")
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     """What an evaluation generates and how it scores (how it runs is `vlens.SweepOptions`).
@@ -268,6 +276,7 @@ def evaluate(
     fmt = (
         get_format(data_format or dataset.format) if not isinstance(data_format, EvalFormat) else data_format
     )
+    check_settings_apply(settings, fmt)
     parser_name = parser or fmt.parser
     parse = get_parser(parser_name)
     if post_prompt is None:
