@@ -222,6 +222,66 @@ class VLMInputs:
         moved["extra"] = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in self.extra.items()}
         return VLMInputs(**moved)
 
+    def select_rows(self, rows: list[int]) -> VLMInputs:
+        """Some rows of the batch, in the given order, with their images' pixel values (every family's layout:
+        one entry per row, Qwen's patches of all images concatenated, InternVL's tiles per image)."""
+        regions = self.token_regions
+        index = torch.tensor(rows, dtype=torch.long)
+        pixel_values, grid_thw = self.pixel_values, self.image_grid_thw
+        entries, per_image = None, None  # the chosen rows' images (where pixel_values is not per row)
+        if pixel_values is not None:
+            if self.pixel_entries is not None:  # every image's tiles concatenated (InternVL layout)
+                images_per_row = [len(g) for g in regions.image_grid]
+                first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
+                starts = [0]
+                for count in self.pixel_entries:
+                    starts.append(starts[-1] + int(count))
+                per_image = [first_image[r] + k for r in rows for k in range(images_per_row[r])]
+                entries = [self.pixel_entries[i] for i in per_image]
+                pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in per_image]) if per_image else None
+            elif grid_thw is None:  # one image tensor per row (LLaVA layout)
+                pixel_values = pixel_values[index.to(pixel_values.device)]
+            else:
+                per_image = grid_thw.prod(dim=-1).tolist()
+                starts = [0]
+                for count in per_image:
+                    starts.append(starts[-1] + int(count))
+                images_per_row = [len(g) for g in regions.image_grid]
+                first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
+                chosen = [first_image[r] + k for r in rows for k in range(images_per_row[r])]
+                pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in chosen]) if chosen else None
+                grid_thw = grid_thw[torch.tensor(chosen, dtype=torch.long, device=grid_thw.device)] if chosen else None
+        sub = {k: v[index.to(v.device)] for k, v in self.extra.items() if isinstance(v, Tensor) and v.shape[:1] == self.input_ids.shape[:1]}
+        if per_image is not None:  # per-image extras (InternVL's image_sizes) follow their images
+            n_images = len(self.pixel_entries or [])
+            sub.update({k: v[torch.tensor(per_image, dtype=torch.long, device=v.device)] for k, v in self.extra.items()
+                        if isinstance(v, Tensor) and v.ndim and v.shape[0] == n_images and per_image})
+
+        new_regions = regions.select(rows)
+        dev = self.input_ids.device
+        return VLMInputs(
+            input_ids=self.input_ids[index.to(dev)],
+            attention_mask=self.attention_mask[index.to(dev)],
+            pixel_values=pixel_values,
+            image_grid_thw=grid_thw,
+            mm_token_type_ids=None if self.mm_token_type_ids is None else self.mm_token_type_ids[index.to(dev)],
+            regions=new_regions,
+            extra=sub,
+            pixel_entries=entries,
+        )
+
+    @property
+    def ndim(self) -> int:
+        """2, as ``input_ids`` ([batch, pos]): TransformerLens's analysis tools check their token tensors' ndim."""
+        return 2
+
+    def __getitem__(self, rows: slice) -> VLMInputs:
+        """Rows of the batch (``inputs[i : i + 1]``, as TransformerLens's tools slice token tensors; `select_rows`)."""
+        if not isinstance(rows, slice):
+            raise UserInputError(f"VLMInputs are indexed by a slice of rows (inputs[i:i + 1]), not {rows!r}: use "
+                                 "inputs.select_rows([...]) for a list of rows.")
+        return self.select_rows(list(range(self.batch_size))[rows])
+
     def to_hf_kwargs(self) -> dict:
         """The keyword arguments an HF `...ForConditionalGeneration` forward takes."""
         out = {k: getattr(self, k) for k in self.HF_KEYS if getattr(self, k) is not None}

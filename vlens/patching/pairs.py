@@ -332,48 +332,4 @@ def _tile_layout(inputs: VLMInputs, row: int) -> list:
 
 
 def _select_rows(inputs: VLMInputs, rows: list[int]) -> VLMInputs:
-    """Rows of a batch, with their pixel values (Qwen layout: patches of all images concatenated)."""
-    regions = inputs.token_regions
-    index = torch.tensor(rows, dtype=torch.long)
-    pixel_values, grid_thw = inputs.pixel_values, inputs.image_grid_thw
-    entries, per_image = None, None  # the chosen rows' images (where pixel_values is not per row)
-    if pixel_values is not None:
-        if inputs.pixel_entries is not None:  # every image's tiles concatenated (InternVL layout)
-            images_per_row = [len(g) for g in regions.image_grid]
-            first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
-            starts = [0]
-            for count in inputs.pixel_entries:
-                starts.append(starts[-1] + int(count))
-            per_image = [first_image[r] + k for r in rows for k in range(images_per_row[r])]
-            entries = [inputs.pixel_entries[i] for i in per_image]
-            pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in per_image]) if per_image else None
-        elif grid_thw is None:  # one image tensor per row (LLaVA layout)
-            pixel_values = pixel_values[index.to(pixel_values.device)]
-        else:
-            per_image = grid_thw.prod(dim=-1).tolist()
-            starts = [0]
-            for count in per_image:
-                starts.append(starts[-1] + int(count))
-            images_per_row = [len(g) for g in regions.image_grid]
-            first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
-            chosen = [first_image[r] + k for r in rows for k in range(images_per_row[r])]
-            pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in chosen]) if chosen else None
-            grid_thw = grid_thw[torch.tensor(chosen, dtype=torch.long, device=grid_thw.device)] if chosen else None
-    sub = {k: v[index.to(v.device)] for k, v in inputs.extra.items() if isinstance(v, Tensor) and v.shape[:1] == inputs.input_ids.shape[:1]}
-    if per_image is not None:  # per-image extras (InternVL's image_sizes) follow their images
-        n_images = len(inputs.pixel_entries or [])
-        sub.update({k: v[torch.tensor(per_image, dtype=torch.long, device=v.device)] for k, v in inputs.extra.items()
-                    if isinstance(v, Tensor) and v.ndim and v.shape[0] == n_images and per_image})
-
-    new_regions = regions.select(rows)
-    dev = inputs.input_ids.device
-    return VLMInputs(
-        input_ids=inputs.input_ids[index.to(dev)],
-        attention_mask=inputs.attention_mask[index.to(dev)],
-        pixel_values=pixel_values,
-        image_grid_thw=grid_thw,
-        mm_token_type_ids=None if inputs.mm_token_type_ids is None else inputs.mm_token_type_ids[index.to(dev)],
-        regions=new_regions,
-        extra=sub,
-        pixel_entries=entries,
-    )
+    return inputs.select_rows(rows)
