@@ -29,6 +29,7 @@ class Command(NamedTuple):
 
 COMMANDS: tuple[Command, ...] = (
     Command("info", "vlens.cli.info", "show a model's config and hook points"),
+    Command("verify", "vlens.cli.verify", "check that vlens is exact on a checkpoint (logits, generate, hooks, edits)"),
     Command("data", "vlens.cli.data", "generate synthetic datasets (imagefolders)"),
     Command("eval", "vlens.cli.eval", "evaluate a model on a local counting or multiple-choice set"),
     Command("patch", "vlens.cli.patch", "activation patching sweeps (layer x region/position/head) and AtP"),
