@@ -30,6 +30,10 @@ INPUT_FLAGS: dict[str, dict[str, bool]] = {
     "sae": {"--data": False, "--image-dir": False, "--sae": False},
     "demo": {"--interventions": False},
     "steer": {"--image": False, "--direction": False, "--sae": False},
+    "info": {"--image": False},
+    "knockout": {"--data": False, "--image-dir": False},
+    "graph": {"--transcoders": False, "--image": False},
+    "transcoder": {"--data": False, "--image-dir": False, "--transcoders": False},
 }
 
 
