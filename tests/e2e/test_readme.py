@@ -21,9 +21,26 @@ def dots_prompt(model):
     return model.prepare(images=[image], prompts=["How many dots are there?"])
 
 
+def test_readme_quickstart_is_short_and_runs(capsys):
+    """The first code block, at the top of the README: at most 15 lines, and what it prints holds."""
+    section = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    assert block == re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[0]
+    assert len(block.strip().splitlines()) <= 15
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "['3']" in out and "attention from the last token to the image" in out
+    model, inputs, corrupt = namespace["model"], namespace["inputs"], namespace["corrupt"]
+    assert namespace["on_image"].shape == (model.cfg.n_heads,)
+    assert float(model.answer_logit_diff(inputs, "3", "5")[0]) > 0 > float(model.answer_logit_diff(corrupt, "3", "5")[0])
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+
+
 def test_readme_quick_tour_runs():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert blocks, "README has no python code block"
+    section = README.read_text().split("## Quick tour", 1)[1]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert blocks, "README's quick tour has no python code block"
     namespace: dict = {}
     exec(compile(blocks[0], "README.md", "exec"), namespace)
     model, inputs = namespace["model"], namespace["inputs"]
