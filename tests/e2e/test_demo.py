@@ -6,7 +6,9 @@ model (then only the accuracy-dependent checks are skipped).
 
 from __future__ import annotations
 
+import contextlib
 import html
+import io
 import json
 import os
 import re
@@ -39,6 +41,7 @@ MODEL = os.environ.get("VLENS_DEMO_MODEL") or "tiny"
 # study skips there with its reason; another model has no stored interventions table
 ALLOWED_SKIPS = {"tiny": set(), "random-tiny": {"interventions", "ablation_jaccard", "logit_lens"}}.get(
     MODEL, {"interventions"})
+PRINTED: dict[str, str] = {}  # what the demo run printed on stdout
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +49,11 @@ def demo_run(tmp_path_factory):
     from vlens.cli import main
 
     out = tmp_path_factory.mktemp("demo")
-    code = main(["demo", "--model", MODEL, "--quick", "--out", str(out), "--threads", "1"])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["demo", "--model", MODEL, "--quick", "--out", str(out), "--threads", "1"])
     assert code == 0
+    PRINTED["stdout"] = printed.getvalue()
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     page = (out / "report.html").read_text(encoding="utf-8")
     return out, results, page
@@ -165,6 +171,10 @@ def test_the_paper_findings_are_decided_by_their_tests_on_the_results(demo_run):
     for finding in findings.values():
         assert finding["verdict"] in ("shown", "not shown", "not tested") and finding["test"] and finding["evidence"]
         assert f"{finding['name']}: {finding['verdict']}." in html.unescape(page)
+    # the same verdicts printed in the terminal after the run, one line each, in order
+    printed = PRINTED["stdout"].splitlines()
+    start = printed.index(f"The paper's findings on this model ({len(findings)}):")
+    assert printed[start + 1:start + 1 + len(findings)] == [f"  {f['name']}: {f['verdict']}" for f in findings.values()]
     # recompute two verdicts from the other sections' data
     predictions = sections["counting_accuracy"]["data"]["predictions"]
     small = [p["correct"] for p in predictions if p["target"] <= 4]

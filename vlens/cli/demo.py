@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 
+from vlens.cli.console import echo
 from vlens.cli.dataset_options import mark_input_paths
 from vlens.cli.options import (
     RESULTS_FILE,
@@ -44,6 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo_cli(args: argparse.Namespace) -> int:
+    from vlens.demo.findings import findings_lines
     from vlens.demo.pipeline import run_demo
 
     prepare_out(args, REPORT_FILE, RESULTS_FILE)
@@ -62,4 +64,7 @@ def run_demo_cli(args: argparse.Namespace) -> int:
     for section in outcome.sections:
         if section.status != "ok":
             logger.info("  skipped: %s", section.title)
+    for section in outcome.sections:
+        if section.key == "findings":  # the verdicts in the terminal, not only in report.html
+            echo("\n".join(findings_lines(section)))
     return 0

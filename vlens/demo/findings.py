@@ -325,4 +325,10 @@ def findings_section(sections: list[Section]) -> Section:
     )
 
 
-__all__ = ["Finding", "findings_section", "paper_findings"]
+def findings_lines(section: Section) -> list[str]:
+    """The findings section's verdicts, one line each (``name: verdict``), for the terminal."""
+    findings = section.data.get("findings", [])
+    return [f"{TITLE} ({len(findings)}):"] + [f"  {f['name']}: {f['verdict']}" for f in findings]
+
+
+__all__ = ["Finding", "findings_lines", "findings_section", "paper_findings"]
