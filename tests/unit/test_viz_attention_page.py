@@ -118,3 +118,14 @@ def test_page_renders_the_labels_offline_in_chromium(tmp_path):
     body = result.stdout.split("<body", 1)[1]
     drawn = re.sub(r"<script.*?</script>", "", body, flags=re.S)
     assert "img0[r1,c2]" in drawn  # circuitsvis drew the token labels (from the inlined bundle, offline)
+
+
+def test_the_page_shows_a_summary_not_its_html(tmp_path):
+    model = _model()
+    inputs = _inputs(model)
+    page = attention_patterns(model, inputs, layer=1, path=tmp_path / "a.html")
+    assert isinstance(page, str) and (tmp_path / "a.html").read_text(encoding="utf-8") == page
+    n_positions = int(inputs.attention_mask[0].sum())
+    assert repr(page) == (f"AttentionPage(layer 1, {model.cfg.n_heads} heads, {n_positions} positions, "
+                          f"{len(page) / 1e6:.1f} MB of HTML, written to {tmp_path / 'a.html'})")
+    assert page._repr_html_() == str.__str__(page)  # a notebook renders the page itself

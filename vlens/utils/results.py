@@ -16,6 +16,7 @@ the `provenance` block is kept as `provenance`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -117,6 +118,38 @@ def _reading_kind(from_dict: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
+SUMMARY_CHARS = 400  # a result's repr stays a line or two, whatever it holds
+
+
+def _summary_value(value: Any) -> str:
+    """A short stand-in for one field: a tensor's shape, a number, a short string, a container's length."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and not isinstance(value, (int, float)):
+        return f"{type(value).__name__}{list(shape)}"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if value is None or isinstance(value, (bool, int)):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value if len(value) <= 40 else value[:37] + "...")
+    if isinstance(value, tuple) and len(value) <= 4 and all(isinstance(v, (int, float)) for v in value):
+        return "(" + ", ".join(_summary_value(v) for v in value) + ")"
+    if isinstance(value, (list, tuple, dict, set)):
+        return f"{type(value).__name__}[{len(value)}]"
+    return type(value).__name__
+
+
+def result_summary(result: Any) -> str:
+    """``Name(kind=..., field=summary, ...)``: tensors as their shapes, numbers, container lengths;
+    never a tensor's values or a page of HTML (what the REPL and `print` show of every result)."""
+    names = ([f.name for f in dataclasses.fields(result)] if dataclasses.is_dataclass(result)
+             else [k for k in vars(result) if not k.startswith("_")])
+    parts = [f"kind={type(result).kind!r}"] + [f"{name}={_summary_value(getattr(result, name, None))}"
+                                               for name in names]
+    text = f"{type(result).__name__}({', '.join(parts)})"
+    return text if len(text) <= SUMMARY_CHARS else text[:SUMMARY_CHARS - 5] + " ...)"
+
+
 class Result(ABC):
     """Base of every results object (patching, lenses, head scores, ablation, temperatures, ...).
 
@@ -142,6 +175,12 @@ class Result(ABC):
                 raise TypeError(f"result kind {kind!r} is taken by {known.__module__}.{known.__qualname__}: "
                                 f"give {cls.__qualname__} another kind")
             RESULT_KINDS[kind] = cls
+        if cls.__repr__ is Result.__repr__:
+            # in the class's own dict, so that @dataclass keeps it instead of writing a repr of every field
+            cls.__repr__ = Result.__repr__  # type: ignore[method-assign]
+
+    def __repr__(self) -> str:
+        return result_summary(self)
 
     @property
     def extras(self) -> dict:

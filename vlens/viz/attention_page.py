@@ -27,6 +27,24 @@ from vlens.viz.circuits import (
 from vlens.viz.html import inline_script
 
 
+class AttentionPage(str):
+    """The page's HTML (a `str`, usable as one) that shows a one-line summary as its repr and
+    renders itself in a notebook, instead of echoing megabytes of HTML."""
+
+    layer: int
+    n_heads: int
+    n_positions: int
+    path: Path | None
+
+    def __repr__(self) -> str:
+        where = f", written to {self.path}" if self.path is not None else ""
+        return (f"AttentionPage(layer {self.layer}, {self.n_heads} heads, {self.n_positions} positions, "
+                f"{len(self) / 1e6:.1f} MB of HTML{where})")
+
+    def _repr_html_(self) -> str:
+        return str.__str__(self)
+
+
 def image_token_labels(model: Any, inputs: Any, row: int = 0) -> list[str]:
     """One readable label per position of batch row `row` of `inputs` (`VLMInputs` from `prepare`).
 
@@ -67,7 +85,7 @@ def image_token_labels(model: Any, inputs: Any, row: int = 0) -> list[str]:
 
 def attention_patterns(model: Any, inputs: Any, layer: int, path: str | Path | None = None, row: int = 0,
                        positions: Sequence[int] | None = None, view: Literal["heads", "patterns"] = "heads",
-                       title: str | None = None) -> str:
+                       title: str | None = None) -> AttentionPage:
     """A self-contained offline HTML page of layer `layer`'s attention patterns (circuitsvis).
 
     Args:
@@ -83,7 +101,8 @@ def attention_patterns(model: Any, inputs: Any, layer: int, path: str | Path | N
         title: the page's heading (default: the layer and the model's architecture).
 
     Returns:
-        The page's HTML. Its only script is circuitsvis's bundle, inlined, and the render call;
+        The page's HTML, an `AttentionPage` (a `str` whose repr is a one-line summary). Its only
+        script is circuitsvis's bundle, inlined, and the render call;
         it loads nothing from the network. Labels: `image_token_labels`.
     """
     if view not in ("heads", "patterns"):
@@ -117,7 +136,10 @@ def attention_patterns(model: Any, inputs: Any, layer: int, path: str | Path | N
             f"{circuitsvis_html(rendered, div_id=f'attention-layer-{layer}')}\n</body>\n</html>\n")
     if path is not None:
         atomic_write_text(path, page)
-    return page
+    summary = AttentionPage(page)
+    summary.layer, summary.n_heads, summary.n_positions = layer, int(pattern.shape[0]), len(positions)
+    summary.path = None if path is None else Path(path)
+    return summary
 
 
-__all__ = ["attention_patterns", "image_token_labels"]
+__all__ = ["AttentionPage", "attention_patterns", "image_token_labels"]
