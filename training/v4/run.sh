@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The embedded model, version 4 (issue 40): the shipped model's vision tower (frozen, its tokens
+# cached) under a new 4-layer decoder whose M-RoPE lets both image axes turn, trained with
+# minimal pairs for the binding questions.
+#
+#   nice -n 5 bash training/v4/run.sh            # from the repository root; CPU, 1 torch thread
+#   DEVICE=cuda bash training/v4/run.sh          # on a GPU when one is lent
+#
+# Why each change (controlled runs, RESULTS.md "Embedded model v4"):
+# - --rope-theta 30 --mrope-section 2,2,4: at the shipped theta 1e4 with sections [2,3,3] the width
+#   axis gets M-RoPE's three lowest frequencies and turns 0.016 rad across the 6 columns (rows 0.5);
+#   at theta 30 with [2,2,4] rows turn 2.1 rad and columns 0.91 (vlens.recipes.embedded.architecture.
+#   axis_rotations), so "left of" becomes learnable;
+# - --minimal-pairs: each binding question is asked again about the same image with the other noun
+#   (answer flipped for yes/no), in the same batch: the answer prior and image-only shortcuts no
+#   longer fit, which is what kept existence on its ~800-step plateau.
+#
+# Rerun the same command to continue: a stage whose folder training/v4/STAGE holds
+# model.safetensors is done and skipped; a stage with a saved state in training/v4/STAGE.checkpoint
+# resumes from it (vlens zoo train --resume). At the end of a session with a stage unfinished, its
+# state may be committed (training/v4/STAGE.checkpoint/state.*, at most one per session) so the
+# next session resumes it; it is removed from the tree when the stage completes.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-python}
+DEVICE=${DEVICE:-cpu}
+FULL_MIX=counting/syndot=0.12,counting/synpoly=0.14,counting/synreal=0.03,colour=0.15,shape=0.13,spatial=0.15,arithmetic=0.1,existence=0.18
+
+stage() {
+  local name=$1
+  shift
+  local out=training/v4/$name
+  if [ -f "$out/model.safetensors" ]; then
+    echo "v4 $name: done ($out)"
+    return
+  fi
+  local resume=()
+  if [ -d "$out.checkpoint" ] && ls "$out.checkpoint"/state* >/dev/null 2>&1; then
+    resume=(--resume)
+  fi
+  "$PYTHON" -m vlens zoo train --out "$out" "${resume[@]}" --threads 1 --device "$DEVICE" --quiet "$@"
+}
+
+# 1: a fresh decoder on the shipped tower, every task, minimal pairs, tower frozen.
+stage stage1 --init-from vlens/zoo/weights/tiny-qwen2.5-vl --fresh-decoder --text-layers 4 \
+  --rope-theta 30 --mrope-section 2,2,4 --minimal-pairs --freeze-vision \
+  --seed 40 --steps 8000 --batch-size 48 --lr 2e-3 --warmup 100 --examples 8000 \
+  --mix "$FULL_MIX" --checkpoint-every 250 --held-out 100
