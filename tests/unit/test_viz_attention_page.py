@@ -129,3 +129,17 @@ def test_the_page_shows_a_summary_not_its_html(tmp_path):
     assert repr(page) == (f"AttentionPage(layer 1, {model.cfg.n_heads} heads, {n_positions} positions, "
                           f"{len(page) / 1e6:.1f} MB of HTML, written to {tmp_path / 'a.html'})")
     assert page._repr_html_() == str.__str__(page)  # a notebook renders the page itself
+
+
+def test_to_str_tokens_of_inputs_labels_image_tokens_by_cell():
+    model = _model()
+    inputs = _inputs(model)
+    rows = model.to_str_tokens(inputs)
+    assert len(rows) == 2
+    for row, tokens in enumerate(rows):
+        images = {int(p) for image in inputs.regions.images[row] for p in image}
+        labels = image_token_labels(model, inputs, row)
+        text = model.to_str_tokens(inputs.input_ids[row])
+        assert tokens == [f"<{labels[p]}>" if p in images else text[p] for p in range(len(text))]
+    first = inputs.regions.images[0][0][0]
+    assert rows[0][first] == "<img0[r0,c0]>"

@@ -44,6 +44,7 @@ from vlens.core.token_labels import str_tokens
 from vlens.core.weights import WeightsMixin
 from vlens.utils.errors import UserInputError
 from vlens.utils.provenance import note_model
+from vlens.viz.attention_page import image_token_labels
 
 # an adapter, its class, or a registered family / HF class name (None: the one registered for the model)
 AdapterSpec = ArchitectureAdapter | type[ArchitectureAdapter] | str | None
@@ -581,8 +582,17 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         meaning: None is ``cfg.default_prepend_bos``, False for Qwen, whose tokenizer has no BOS), a
         list of strings (one list each), an int, a list of ids, a 1-D tensor (-> list[str]) or a 2-D
         tensor / list of lists (-> one list per row); for ids `prepend_bos` and `padding_side` are
-        ignored, as in TransformerLens.
+        ignored, as in TransformerLens. `VLMInputs` give one list per row with each image token
+        labelled by image and grid cell, ``<img0[r2,c3]>`` (`vlens.viz.image_token_labels`).
         """
+        if isinstance(tokens, VLMInputs):  # one list per row, image tokens as <img0[r2,c3]> (their grid cell)
+            rows = []
+            for row in range(tokens.input_ids.shape[0]):
+                text = cast(list[str], str_tokens(self.tokenizer, tokens.input_ids[row]))  # a 1-D row
+                labels = image_token_labels(self, tokens, row)
+                images = {int(p) for image in (tokens.regions.images[row] if tokens.regions else []) for p in image}
+                rows.append([f"<{labels[p]}>" if p in images else text[p] for p in range(len(text))])
+            return rows
         if isinstance(tokens, str):
             return str_tokens(self.tokenizer, self.to_tokens(tokens, prepend_bos=prepend_bos,
                                                              padding_side=padding_side, move_to_device=False)[0])
