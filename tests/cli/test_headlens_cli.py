@@ -58,12 +58,12 @@ def test_headlens_trains_its_lens_when_none_is_given(tmp_path, capsys):
 def test_cli_errors_are_explained(tmp_path, capsys):
     bad = tmp_path / "thresholds.json"
     bad.write_text('{"vgs": 0.5}')
-    assert main(["headlens", "--make", "2", "--thresholds", str(bad), "--out", str(tmp_path), *COMMON]) == 2
+    assert main(["headlens", "--make", "2", "--thresholds", str(bad), "--out", str(tmp_path / "out"), *COMMON]) == 2
     assert "unknown thresholds ['vgs']" in capsys.readouterr().err
-    assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "missing"), "--out", str(tmp_path), *COMMON]) == 2
+    assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "missing"), "--out", str(tmp_path / "out"), *COMMON]) == 2
     assert "missing: no such file or folder" in capsys.readouterr().err  # checked before the model loads
     (tmp_path / "empty").mkdir()
-    assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "empty"), "--out", str(tmp_path), *COMMON]) == 2
+    assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "empty"), "--out", str(tmp_path / "out"), *COMMON]) == 2
     assert "holds no config.json" in capsys.readouterr().err
     assert main(["lens", "train", "--make", "2", "--tasks", "counting,juggling", "--out", str(tmp_path / "lens"),
                  *COMMON]) == 2

@@ -92,7 +92,7 @@ def test_readme_attention_page_snippet_runs(tmp_path, monkeypatch):
 
 
 def test_readme_multi_token_answers_snippet_runs():
-    block = readme_block("answer_logit_diff")
+    block = readme_block('answer_logit_diff(inputs, "12", "13")')
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)
     model, inputs, diff = namespace["model"], namespace["inputs"], namespace["diff"]

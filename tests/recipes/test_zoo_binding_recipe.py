@@ -156,7 +156,9 @@ def test_fresh_decoder_stage_keeps_the_tower_and_takes_the_new_rope(tmp_path):
 def test_decoder_flags_need_a_decoder_built_here(tmp_path, capsys):
     from vlens.cli import main
 
-    assert main(["zoo", "train", "--out", str(tmp_path / "o"), "--init-from", str(tmp_path),
+    donor = tmp_path / "donor"  # beside --out (an --out inside an input is its own error)
+    donor.mkdir()
+    assert main(["zoo", "train", "--out", str(tmp_path / "o"), "--init-from", str(donor),
                  "--rope-theta", "30"]) == 2
     assert "--fresh-decoder" in capsys.readouterr().err
     assert main(["zoo", "train", "--out", str(tmp_path / "o"), "--fresh-decoder"]) == 2

@@ -10,7 +10,7 @@ import argparse
 from vlens.cli.console import echo
 from vlens.cli.dataset_options import mark_input_paths
 from vlens.cli.options import add_model_options, load_model_from_args
-from vlens.utils.validation import arg_path
+from vlens.utils.validation import arg_float, arg_int, arg_path
 
 SHOWN_HOOKS = 12
 
@@ -24,11 +24,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     regions = parser.add_argument_group("image regions (docs/regions.md)")
     regions.add_argument("--image", type=arg_path, default=None, metavar="PATH",
                          help="an image: with --box, list the tokens the box covers on it (every view)")
-    regions.add_argument("--box", type=float, nargs=4, default=None, metavar=("X0", "Y0", "X1", "Y1"),
+    regions.add_argument("--box", type=arg_float(), nargs=4, default=None, metavar=("X0", "Y0", "X1", "Y1"),
                          help="a pixel box of the original image (x0, y0, x1, y1)")
-    regions.add_argument("--threshold", type=float, default=0.0,
+    regions.add_argument("--threshold", type=arg_float(min=0, max=1), default=0.0,
                          help="keep tokens whose covered fraction is above this (default 0: any overlap)")
-    regions.add_argument("--buffer", type=int, default=0, metavar="K",
+    regions.add_argument("--buffer", type=arg_int(min=0), default=0, metavar="K",
                          help="add the tokens within K cells of the selection (Neo et al.'s buffer)")
     regions.add_argument("--figure", type=arg_path, default=None, metavar="FILE",
                          help="write an HTML figure of the selected tokens over the image")
