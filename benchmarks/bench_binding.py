@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-from vlens.recipes.embedded.architecture import build_model
 from vlens.recipes.embedded.evaluate import answer_questions
 from vlens.recipes.embedded.loop import TrainingState
 from vlens.recipes.embedded.recipe import build_untrained, load_for_continuation
@@ -110,14 +109,8 @@ def single(args: argparse.Namespace) -> None:
     _, processor, donor = load_for_continuation(tower_folder, args.image_size)
     if args.decoder == "fresh":
         tokenizer, processor, model = build_untrained(
-            args.seed, args.image_size, args.rope_theta, args.mrope_section
+            args.seed, args.image_size, args.rope_theta, args.mrope_section, args.text_layers
         )
-        if args.text_layers:  # a fresh decoder of another depth
-            config = model.config
-            config.text_config.num_hidden_layers = args.text_layers
-            if getattr(config.text_config, "layer_types", None) is not None:
-                config.text_config.layer_types = config.text_config.layer_types[:1] * args.text_layers
-            model = build_model(config, args.seed)
         model.model.visual.load_state_dict(donor.model.visual.state_dict())
     else:
         tokenizer, model = processor.tokenizer, donor

@@ -72,13 +72,18 @@ class TrainedSAE(Result):
         return cls.attach_saved(result, body, data.get("provenance"))
 
     def plot(self, *args: Any, **kwargs: Any) -> Any:
-        import plotly.graph_objects as go
+        return plot_training_log(self.log, "SAE training")
 
-        figure = go.Figure()
-        steps = [row["step"] for row in self.log]
-        for key in ("explained_variance", "l0", "dead_fraction"):
-            figure.add_trace(go.Scatter(x=steps, y=[row[key] for row in self.log], name=key))
-        return figure.update_layout(title="SAE training", xaxis_title="step")
+
+def plot_training_log(log: list[dict], title: str) -> Any:
+    """Explained variance, L0 and the dead fraction along a training log (plotly figure)."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    steps = [row["step"] for row in log]
+    for key in ("explained_variance", "l0", "dead_fraction"):
+        figure.add_trace(go.Scatter(x=steps, y=[row[key] for row in log], name=key))
+    return figure.update_layout(title=title, xaxis_title="step")
 
 
 def run_steps(trainer: Any, total: int, settings: TrainRun, desc: str) -> None:

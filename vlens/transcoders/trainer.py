@@ -28,7 +28,7 @@ from vlens.sae.buffer import ShuffleBuffer
 from vlens.sae.metrics import explained_variance, l0
 from vlens.sae.schedule import lr_at, warmup_factor
 from vlens.sae.settings import TrainRun
-from vlens.sae.trainer import run_steps
+from vlens.sae.trainer import plot_training_log, run_steps
 from vlens.transcoders.activations import split_pairs
 from vlens.transcoders.config import TranscoderConfig
 from vlens.transcoders.formats import load_transcoders, save_transcoders
@@ -74,13 +74,7 @@ class TrainedTranscoders(Result):
         return cls.attach_saved(result, body, data.get("provenance"))
 
     def plot(self, *args: Any, **kwargs: Any) -> Any:
-        import plotly.graph_objects as go
-
-        figure = go.Figure()
-        steps = [row["step"] for row in self.log]
-        for key in ("explained_variance", "l0", "dead_fraction"):
-            figure.add_trace(go.Scatter(x=steps, y=[row[key] for row in self.log], name=key))
-        return figure.update_layout(title="Transcoder training", xaxis_title="step")
+        return plot_training_log(self.log, "Transcoder training")
 
 
 def new_transcoders(training: TranscoderTraining, layers: tuple[int, ...], d_model: int, first: Tensor,
