@@ -16,12 +16,14 @@ def worker(rank: int, world_size: int, init_file: str, out_dir: str, store_dir: 
     import torch.distributed as dist
 
     from vlens.parallel import DistributedRunError, Sharding, UnitStore
+    from vlens.parallel.teardown import register_exit_handlers
 
     torch.set_num_threads(1)
     # generous: on a loaded machine one process may start, import or reach a collective minutes after the
     # other; a killed peer is noticed when its sockets close, not by this timeout
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=TIMEOUT_S))
+    register_exit_handlers()  # as vlens.parallel.from_env does: after a lost peer, exit 1 without gloo's teardown
     sharding = Sharding.from_group()
     report: dict = {"rank": sharding.rank, "world_size": sharding.world_size}
     calls: list[int] = []

@@ -96,7 +96,8 @@ def test_two_gloo_processes_gather_fail_together_and_resume(tmp_path):
                 process.kill()
                 process.join()
     assert processes[1].exitcode == -9  # killed on purpose
-    assert processes[0].exitcode == 0
+    # the survivor ends with status 1 (vlens.parallel.teardown), never SIGABRT from gloo's teardown
+    assert processes[0].exitcode == 1
     for rank in range(2):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert report["world_size"] == 2 and report["squares"] == [u * u for u in range(7)]

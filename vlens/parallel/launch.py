@@ -11,7 +11,9 @@ default 1800 s), and returns the `Sharding`. Without torchrun (or with one proce
 the single-process layout and starts nothing.
 
 The group is left when the process exits (a second `init_process_group` in the same torchrun
-worker would wait forever), so several commands may run one after the other in one process.
+worker would wait forever), so several commands may run one after the other in one process;
+after a lost peer the process ends with status 1 without the group's teardown
+(`vlens.parallel.teardown`: gloo's teardown may abort with a dead peer).
 
 When one process fails, torchrun stops the others with SIGTERM (and restarts them all when run
 with `--max-restarts N`: the restarted run resumes from the finished units). `stop_on_sigterm`
@@ -20,13 +22,13 @@ turns that SIGTERM into a `DistributedRunError` with a message, instead of a sil
 
 from __future__ import annotations
 
-import atexit
 import os
 import signal
 from contextlib import contextmanager
 from datetime import timedelta
 
 from vlens.parallel.sharding import DistributedRunError, Sharding
+from vlens.parallel.teardown import register_exit_handlers
 from vlens.utils.errors import UserInputError
 
 TIMEOUT_ENV = "VLENS_DIST_TIMEOUT_S"
@@ -83,7 +85,7 @@ def from_env() -> Sharding:
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend=default_backend(), timeout=timedelta(seconds=timeout_seconds()))
-        atexit.register(_leave_group)
+        register_exit_handlers()
     return Sharding(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank)
 
 
@@ -130,10 +132,3 @@ def stop_on_sigterm(sharding: Sharding):
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _leave_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()

@@ -188,6 +188,9 @@ class Sharding:
         try:
             return call()
         except RuntimeError as error:  # gloo / nccl report a dead or silent peer as RuntimeError subclasses
+            from vlens.parallel.teardown import mark_peer_lost
+
+            mark_peer_lost()  # the broken group must not be torn down at exit
             detail = " ".join(str(error).split())
             raise DistributedRunError(
                 f"{desc}: rank {self.rank} lost contact with another process of this run (it was killed, ran out "
