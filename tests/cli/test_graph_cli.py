@@ -6,8 +6,9 @@ import json
 
 import torch
 
+from vlens.cli import graph as graph_cli
 from vlens.cli import main
-from vlens.graphs import AttributionGraph
+from vlens.graphs import AttributionGraph, attribution
 from vlens.testing import random_image
 from vlens.transcoders import TrainedTranscoders, TranscoderEvaluation, load_transcoders
 from vlens.utils.results import load_result
@@ -39,7 +40,8 @@ def test_train_evaluate_then_graph(tmp_path, capsys):
     graph_out = tmp_path / "graph"
     assert main(["graph", "--model", "random-tiny", "--image-size", "56", "--transcoders", str(tc), "--image", str(image),
                  "--prompt", "How many dots are there?", "--target", "3", "--contrast", "4", "--batch-size", "16",
-                 "--image-nodes", "2x2", "--out", str(graph_out), "--quiet"]) == 0
+                 "--image-nodes", "2x2", "--max-features", "6", "--ranking", "direct", "--out", str(graph_out),
+                 "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert 'logit["3"-"4"]' in printed and "forward-equivalents" in printed
     for name in ("graph.json", "graph.html", "results.json", "graph-metadata.json"):
@@ -47,6 +49,8 @@ def test_train_evaluate_then_graph(tmp_path, capsys):
     graph = load_result(graph_out)
     assert isinstance(graph, AttributionGraph) and graph.target["token"] == "3"
     assert sum(node["kind"] == "image" for node in graph.nodes) == 4  # 2x2 blocks of the grid
+    assert graph.n_features == 6 and graph.settings["ranking"] == "direct" and graph.cost["ranking_updates"] == 0
+    assert graph_cli.RANKINGS == attribution.RANKINGS  # the parser's copy (no torch while parsing)
     assert json.loads((graph_out / "graph.json").read_text())["metadata"]["slug"] == "graph"
 
 

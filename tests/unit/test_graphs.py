@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers.models import FAMILIES, tiny_pair, tiny_vlm
-from tests.helpers.transcoders import PlantedMLP
+from tests.helpers.transcoders import plant
 from vlens.graphs import (
     FeatureEdit,
     GraphSettings,
@@ -207,11 +207,7 @@ def planted_answer_model():
         if layer == 1:
             b[3] = 2.0  # ... but for F3 of the last layer
             dec[3] = 3.0 * direction / direction.norm() ** 2
-        model.blocks[layer].mlp = PlantedMLP(e, b, dec)
-        with torch.no_grad():
-            tc.W_enc[layer].copy_(e)
-            tc.b_enc[layer].copy_(b)
-            tc.W_dec[layer][:, 0].copy_(dec)
+        plant(model, tc, layer, e, b, dec)
     return model, tc
 
 

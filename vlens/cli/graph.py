@@ -23,6 +23,8 @@ from vlens.cli.options import (
 )
 from vlens.utils.validation import arg_float, arg_int, arg_path
 
+RANKINGS = ("influence", "direct")  # vlens.graphs.attribution.RANKINGS (the CLI imports no torch while parsing)
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = ("The attribution graph of a prompt's answer: transcoder features, error nodes, text "
@@ -40,8 +42,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-nodes", default="token",
                         help="image input nodes: token (one per grid cell), image, or RxC blocks (default token)")
     parser.add_argument("--max-features", type=arg_int(min=1), default=2048,
-                        help="attribute at most this many active features, those with the largest direct effect on "
-                             "the target (default 2048; each row keeps the rest's summed effect)")
+                        help="attribute at most this many active features, chosen by --ranking (default 2048; each "
+                             "row keeps the rest's summed effect)")
+    parser.add_argument("--ranking", choices=RANKINGS, default="influence",
+                        help="which features --max-features keeps: influence (circuit-tracer's: their influence on the "
+                             "target through the graph so far, re-ranked as it grows) or direct (their direct effect "
+                             "on the target); default influence")
     parser.add_argument("--node-threshold", type=arg_float(min=0, max=1), default=0.8,
                         help="pruning: keep the nodes holding this share of the influence (default 0.8)")
     parser.add_argument("--edge-threshold", type=arg_float(min=0, max=1), default=0.98,
@@ -59,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from vlens.utils.errors import failure_context
     from vlens.utils.images import open_image_file
 
-    settings = GraphSettings(batch_size=args.batch_size, max_features=args.max_features, image_nodes=args.image_nodes,
+    settings = GraphSettings(batch_size=args.batch_size, max_features=args.max_features, ranking=args.ranking,
+                             image_nodes=args.image_nodes,
                              node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
                              slug=out.name or "graph")
     with failure_context(f"reading the transcoders {args.transcoders}"):

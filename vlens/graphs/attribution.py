@@ -3,8 +3,9 @@
 `attribution_graph(replacement, inputs, target="5", contrast="4")`: the prompt's real run (frozen
 patterns, scales, errors), one linearised forward on `batch_size` copies, then backward passes of
 `batch_size` target rows each: first the target (the logit at the last position, or the logit
-difference), then every active feature (or the `max_features` with the largest direct effect on the
-target). A last forward with every input node at zero measures each row's bias, so each row sums to
+difference), then every active feature, or `max_features` of them chosen as circuit-tracer chooses:
+by their influence on the target through the rows computed so far (the ``(I - N)^-1`` series over the
+partial graph), re-ranked every `update_interval` passes (`ranking="direct"`: by direct effect). A last forward with every input node at zero measures each row's bias, so each row sums to
 its value exactly. Text tokens are input nodes one per position; image tokens are grouped as
 `image_nodes` says ("token": one per grid cell, "RxC": blocks of the grid, "image").
 """
@@ -25,25 +26,33 @@ from vlens.core.answer_tokens import tokenizer_of
 from vlens.core.answers import single_token
 from vlens.core.token_labels import str_tokens
 from vlens.graphs.linear import Injection, backward_rows, linear_forward
+from vlens.graphs.pruning import partial_influence
 from vlens.graphs.replacement import PromptRun, ReplacementModel, linear_problem
 from vlens.graphs.results import AttributionGraph
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import check_count, check_float
+
+RANKINGS = ("influence", "direct")
 
 
 @dataclass(frozen=True)
 class GraphSettings:
     """How a graph is built and pruned.
 
-    batch_size: target rows per backward pass. max_features: attribute at most this many active features
-        (those with the largest |direct effect| on the target; None: all). The others are no nodes: each row
-        keeps their summed direct effect in `dropped`, so rows still add up. image_nodes: "token", "image" or
+    batch_size: target rows per backward pass. max_features: attribute at most this many active features (None:
+        all). The others are no nodes: each row keeps their summed direct effect in `dropped`, so rows still add
+        up. ranking: which features, when `max_features` leaves some out: "influence" (circuit-tracer's: the
+        features with the largest influence on the target through the rows computed so far, re-ranked every
+        `update_interval` backward passes) or "direct" (the largest |direct effect| on the target, one
+        ranking). image_nodes: "token", "image" or
         "RxC" (blocks of each image's token grid). node_threshold / edge_threshold: pruning (circuit-tracer's
         defaults 0.8 / 0.98). slug: the graph's name in graph.json.
     """
 
     batch_size: int = 32
     max_features: int | None = 2048
+    ranking: str = "influence"
+    update_interval: int = 4
     image_nodes: str = "token"
     node_threshold: float = 0.8
     edge_threshold: float = 0.98
@@ -52,6 +61,9 @@ class GraphSettings:
     def __post_init__(self) -> None:
         check_count(self.batch_size, "batch_size")
         check_count(self.max_features, "max_features", allow_none=True)
+        check_count(self.update_interval, "update_interval")
+        if self.ranking not in RANKINGS:
+            raise UserInputError(f"ranking must be one of {', '.join(RANKINGS)}, got {self.ranking!r}.")
         parse_image_nodes(self.image_nodes)
         check_float(self.node_threshold, "node_threshold", min=0, max=1)
         check_float(self.edge_threshold, "edge_threshold", min=0, max=1)
@@ -208,44 +220,56 @@ def attribution_graph(replacement: ReplacementModel, inputs: Any, target: str | 
 
     batch = min(settings.batch_size, 1 + n_feat)
     forward = linear_forward(replacement, run, batch)
-    backward_passes = 0
-    # the target row
+    encoders = tc.W_enc.detach()
+    n_rows = n_feat if settings.max_features is None else min(settings.max_features, n_feat)
+    # full-width rows as they are computed (row 0: the target), and the node each row belongs to
+    computed = torch.zeros(1 + n_rows, n_nodes, dtype=torch.float64)
+    row_nodes = torch.zeros(1 + n_rows, dtype=torch.long)
     embeds, constants, deepstack = backward_rows(forward, Injection([-1], [last], direction[None]))
-    backward_passes += 1
-    target_row = source_row(embeds, constants, deepstack, forward, 1)[0]
-    # feature rows: all, or those with the largest direct effect on the target (the others are no nodes)
-    order = torch.argsort(target_row[:n_feat].abs(), descending=True)
-    if settings.max_features is not None:
-        order = order[:settings.max_features]
-    selected = torch.sort(order).values
+    computed[0], row_nodes[0] = source_row(embeds, constants, deepstack, forward, 1)[0], n_nodes - 1
+    filled, backward_passes, updates = 1, 1, 0
+    visited = torch.zeros(n_feat, dtype=torch.bool)
+    bar = tqdm(total=n_rows, desc="graph", disable=not progress, unit="feature")
+    try:
+        while filled < 1 + n_rows:
+            wanted = 1 + n_rows - filled
+            if n_rows == n_feat or settings.ranking == "direct":
+                # every feature gets a row, or the ranking never changes: one queue, by |direct effect|
+                queue = torch.argsort(computed[0, :n_feat].abs(), descending=True)[:wanted]
+            else:
+                # circuit-tracer's ranking: influence on the target through the rows computed so far
+                scores = partial_influence(computed[:filled], row_nodes[:filled], 
+                                           torch.eye(1, filled, dtype=torch.float64)[0])
+                ranked = torch.argsort(scores[:n_feat], descending=True)
+                queue = ranked[~visited[ranked]][:min(settings.update_interval * batch, wanted)]
+                updates += 1
+            for start in range(0, len(queue), batch):
+                chosen = queue[start:start + batch]
+                vectors = torch.stack([encoders[int(features.index[k])][:, int(features.feature[k])] for k in chosen])
+                injection = Injection([int(features.layer[k]) for k in chosen],
+                                      [int(features.pos[k]) for k in chosen], vectors)
+                embeds, constants, deepstack = backward_rows(forward, injection)
+                backward_passes += 1
+                computed[filled:filled + len(chosen)] = source_row(embeds, constants, deepstack, forward, len(chosen))
+                row_nodes[filled:filled + len(chosen)] = chosen
+                visited[chosen] = True
+                filled += len(chosen)
+                bar.update(len(chosen))
+    finally:
+        bar.close()
+    # the graph: attributed features (in their original order), errors, inputs, the target
+    selected = visited.nonzero().flatten()
     place = torch.full((n_feat,), -1, dtype=torch.long)
     place[selected] = torch.arange(len(selected))
     others = place < 0
     n_kept = len(selected) + n_err + n_in + 1
+    targets = torch.cat([torch.tensor([n_kept - 1]), place[row_nodes[1:]]])
+    columns = torch.cat([selected, torch.arange(n_feat, n_nodes)])
     adjacency = torch.zeros(n_kept, n_kept, dtype=torch.float64)
+    adjacency[targets] = computed[:, columns]
     dropped: list[float | None] = [None] * n_kept
-
-    def store(rows: list[int], full: Tensor) -> None:
-        adjacency[rows, :len(selected)] = full[:, selected]
-        adjacency[rows, len(selected):] = full[:, n_feat:]
-        for row, value in zip(rows, full[:, :n_feat][:, others].sum(1).tolist(), strict=True):
-            dropped[row] = value
-
-    store([n_kept - 1], target_row[None])
-    encoders = tc.W_enc.detach()
-    bar = tqdm(total=len(order), desc="graph", disable=not progress, unit="feature")
-    try:
-        for start in range(0, len(order), batch):
-            chosen = order[start:start + batch]
-            vectors = torch.stack([encoders[int(features.index[k])][:, int(features.feature[k])] for k in chosen])
-            injection = Injection([int(features.layer[k]) for k in chosen], [int(features.pos[k]) for k in chosen],
-                                  vectors)
-            embeds, constants, deepstack = backward_rows(forward, injection)
-            backward_passes += 1
-            store(place[chosen].tolist(), source_row(embeds, constants, deepstack, forward, len(chosen)))
-            bar.update(len(chosen))
-    finally:
-        bar.close()
+    for row, left_out in zip(targets.tolist(), computed[:, :n_feat][:, others].sum(1).tolist(), strict=True):
+        dropped[row] = left_out
     # the constant of every row: the same forward with every input node at zero
     zero = linear_forward(replacement, run, 1, zero_inputs=True)
     values: list[float | None] = [None] * n_kept
@@ -253,7 +277,7 @@ def attribution_graph(replacement: ReplacementModel, inputs: Any, target: str | 
     with torch.no_grad():
         values[-1] = value
         biases[-1] = float(zero.final[0, last].double() @ direction) + bias
-        for k in order.tolist():
+        for k in selected.tolist():
             i, layer, pos, feat = (int(features.index[k]), int(features.layer[k]), int(features.pos[k]),
                                    int(features.feature[k]))
             values[int(place[k])] = float(features.activation[k])
@@ -269,11 +293,12 @@ def attribution_graph(replacement: ReplacementModel, inputs: Any, target: str | 
     for i, acts in enumerate(run.acts):
         for feat in acts[0].nonzero(as_tuple=True)[1].unique().tolist():
             feature_maps[f"L{tc.cfg.layers[i]}F{feat}"] = acts[0][:, feat].double().tolist()
-    batch_rows = batch
-    cost = {"forwards": {"real": 2, "linearised": batch_rows, "constant": 1}, "backward_passes": backward_passes,
-            "rows_per_backward": batch_rows, "features_attributed": len(selected), "active_features": n_feat,
-            # a backward pass costs about two forwards of its rows
-            "forward_equivalents": 2 + batch_rows + 1 + 2 * batch_rows * backward_passes}
+    cost = {"forwards": {"real": 2, "linearised": batch, "constant": 1}, "backward_passes": backward_passes,
+            "rows_per_backward": batch, "features_attributed": len(selected), "active_features": n_feat,
+            # a backward pass costs about two forwards of its rows; a ranking update is matrix-vector products over
+            # the rows computed so far (no model pass)
+            "forward_equivalents": 2 + batch + 1 + 2 * batch * backward_passes,
+            "ranking": settings.ranking, "ranking_updates": updates}
     return AttributionGraph(nodes=names, adjacency=adjacency, values=values, biases=biases, dropped=dropped,
                             target={"token": token_text(model, target_id), "token_id": target_id,
                                     "contrast": None if contrast_id is None else token_text(model, contrast_id),

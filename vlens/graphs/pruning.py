@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from vlens.utils.errors import UserInputError
@@ -40,6 +40,25 @@ def influence(normalized: Float[Tensor, "n n"], weights: Float[Tensor, " n"], ma
         current = current @ normalized
         total += current
     raise RuntimeError("influence did not converge: the adjacency matrix has a cycle")
+
+
+def partial_influence(rows: Float[Tensor, "k n"], row_nodes: Int[Tensor, " k"], weights: Float[Tensor, " k"],
+                      max_iter: int = 10_000) -> Float[Tensor, " n"]:
+    """The influence of every node on the weighted rows through a graph of which only `rows` are known.
+
+    rows: [k, n], row i the direct effects on node ``row_nodes[i]`` (circuit-tracer's partial edge matrix while
+    features are attributed); a node without a row passes nothing on. Equal to `influence` on the square
+    matrix holding these rows at ``row_nodes`` and zeros elsewhere (``w ((I - N)^-1 - I)``, `tests/unit/test_graph_ranking.py`).
+    """
+    normalized = normalize(rows)
+    current = weights @ normalized
+    total = current.clone()
+    for _ in range(max_iter):
+        current = current[row_nodes] @ normalized
+        if not bool(current.any()):
+            return total
+        total += current
+    raise RuntimeError("influence did not converge: the rows hold a cycle")
 
 
 def threshold_for(scores: Float[Tensor, " n"], fraction: float) -> Float[Tensor, ""]:
