@@ -44,6 +44,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("study", "vlens.cli.study", "studies: the +SFT / +L_focus / +temperature table; object-tokens; flow"),
     Command("temperature", "vlens.cli.temperature", "adaptive head temperature: fit, apply, export"),
     Command("steer", "vlens.cli.steer", "steer generation with a direction (mean difference, SAE feature, probe)"),
+    Command("attribute-generation", "vlens.cli.attribute_generation",
+            "which image tokens each generated token used (maps per token, exact patching, logit lens)"),
     Command("sae", "vlens.cli.sae", "sparse autoencoders: train on a hook's activations, feature dashboard"),
     Command("transcoder", "vlens.cli.transcoder", "transcoders replacing the MLPs: train, evaluate (loss recovered)"),
     Command("graph", "vlens.cli.graph", "the attribution graph of an answer: features, image regions, error nodes"),

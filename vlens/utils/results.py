@@ -72,6 +72,7 @@ BUILTIN_KINDS: dict[str, str] = {
     "object_token_study": "vlens.studies.object_tokens",
     "flow_study": "vlens.studies.flow",
     "verification": "vlens.verify.results",
+    "generation_attribution": "vlens.generation_attribution.results",
 }
 # the files a command's --out folder may hold its result in, in the order they are tried
 RESULT_FILES = (RESULTS_FILE, "sft_result.json", "study.json", "vlens_temperature.json", "config.json")
