@@ -12,9 +12,9 @@ import torch
 
 def hf_attention(model, hf, layer: int):
     """The HF token mixer of decoder layer `layer`: its self-attention, or its linear attention
-    (`linear_attn`, a hybrid decoder's Gated DeltaNet) where it has no self-attention."""
+    (`linear_attn`, a hybrid decoder's Gated DeltaNet; `conv`, LFM2's short convolution) where it has none."""
     hf_layer = model.adapter.language_model(hf).layers[layer]
-    return getattr(hf_layer, "self_attn", None) or hf_layer.linear_attn
+    return getattr(hf_layer, "self_attn", None) or getattr(hf_layer, "linear_attn", None) or hf_layer.conv
 
 
 def input_matrix(model, sizes: list[tuple[int, int]]) -> dict:
@@ -157,7 +157,7 @@ def assert_scores_edit_matches_scaling_q(model, hf, inputs, layer: int, head: in
             output[..., head * d_head:(head + 1) * d_head] *= beta
         return output
 
-    q_module = getattr(attn, "q_norm", None) or attn.q_proj
+    q_module = getattr(attn, "q_norm", None) or getattr(attn, "q_layernorm", None) or attn.q_proj
     with torch.no_grad():
         ours = model.run_with_hooks(inputs, fwd_hooks=[(f"blocks.{layer}.attn.hook_attn_scores", scale_scores)])
         plain = model(inputs)

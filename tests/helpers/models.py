@@ -28,6 +28,8 @@ from vlens.testing import (
     tiny_idefics3_processor,
     tiny_internvl_model,
     tiny_internvl_processor,
+    tiny_lfm2_vl_model,
+    tiny_lfm2_vl_processor,
     tiny_llava_model,
     tiny_llava_next_model,
     tiny_llava_next_processor,
@@ -50,7 +52,7 @@ from vlens.testing import (
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
                             "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "smolvlm",
-                            "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3")
+                            "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3", "lfm2_vl")
 # the Qwen3-VL-processor families (16 px patches) beyond Qwen3-VL itself: builder by family
 QWEN3_BUILDERS = {"qwen3_vl": tiny_qwen3_vl_model, "qwen3_vl_moe": tiny_qwen3_vl_moe_model,
                   "qwen3_5": tiny_qwen3_5_model, "qwen3_5_moe": tiny_qwen3_5_moe_model}
@@ -77,6 +79,10 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
         hf = tiny_mistral3_model(seed=seed, attn_implementation=attn, **options, **config)
         sizes = {k: config[k] for k in ("patch_size", "merge") if k in config}
         made = tiny_mistral3_processor(**options, **sizes, **(processor or {}))
+    elif family == "lfm2_vl":  # the processor's patches and downsampling are the model's
+        hf = tiny_lfm2_vl_model(seed=seed, attn_implementation=attn, **options, **config)
+        sizes = {k: config[k] for k in ("patch_size", "factor") if k in config}
+        made = tiny_lfm2_vl_processor(**options, **sizes, **(processor or {}))
     elif family == "paligemma":  # the processor's patch grid is the tower's
         hf = tiny_paligemma_model(seed=seed, attn_implementation=attn, **options, **config)
         sizes = {k: config[k] for k in ("image_size", "patch_size") if k in config}

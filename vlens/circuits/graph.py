@@ -136,7 +136,7 @@ class LayerSpec:
 
     n_heads: int
     ports: tuple[MixerPort, ...]
-    mixer: str = "attention"  # or "linear_attention" (Gated DeltaNet)
+    mixer: str = "attention"  # or "linear_attention" (Gated DeltaNet), "short_conv" (LFM2)
 
     @classmethod
     def attention(cls, n_heads: int, n_kv_heads: int, gated: bool = False) -> LayerSpec:
@@ -159,6 +159,13 @@ class LayerSpec:
                              MixerPort("g", "g", n_heads), MixerPort("gate", "output_gate", n_heads)),
                    "linear_attention")
 
+    @classmethod
+    def short_conv(cls, n_heads: int) -> LayerSpec:
+        """LFM2's gated short convolution: head h (a group of channels) reads only its own channels of the
+        input gate b, the output gate c and the values x."""
+        return cls(n_heads, (MixerPort("b", "b", n_heads), MixerPort("c", "c", n_heads), MixerPort("x", "x", n_heads)),
+                   "short_conv")
+
     def to_dict(self) -> dict[str, Any]:
         return {"n_heads": self.n_heads, "mixer": self.mixer,
                 "ports": [[p.kind, p.hook, p.count, p.group] for p in self.ports]}
@@ -170,15 +177,17 @@ class LayerSpec:
 
 
 def mixer_spec(model: HookedVLM, layer: int) -> LayerSpec:
-    """The graph's view of layer `layer`'s token mixer (softmax attention or Gated DeltaNet)."""
+    """The graph's view of layer `layer`'s token mixer (softmax attention, Gated DeltaNet or a short conv)."""
     attn = getattr(model.blocks[layer], "attn", None)
+    if attn is not None and getattr(attn, "mixer", None) == "short_conv":
+        return LayerSpec.short_conv(int(attn.n_heads))
     if attn is not None and getattr(attn, "is_linear_attention", False) and all(
             hasattr(attn, f"hook_{name}") for name in ("q", "k", "v", "beta", "g", "output_gate", "z")):
         return LayerSpec.linear_attention(int(attn.n_heads), int(attn.n_key_heads))
     if attn is None or model.cfg.is_linear_attention(layer) or not all(
             hasattr(attn, name) for name in ("hook_q", "hook_k", "hook_v", "hook_z", "q_proj", "k_proj", "v_proj")):
-        raise UserInputError(f"layer {layer}'s token mixer is neither softmax attention with q/k/v projections nor a "
-                             "Gated DeltaNet layer: circuit graphs do not cover it")
+        raise UserInputError(f"layer {layer}'s token mixer is neither softmax attention with q/k/v projections, a "
+                             "Gated DeltaNet layer nor a short convolution: circuit graphs do not cover it")
     return LayerSpec.attention(model.cfg.n_heads, model.cfg.n_key_value_heads, gated=hasattr(attn, "hook_output_gate"))
 
 

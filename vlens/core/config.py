@@ -58,8 +58,9 @@ class VLMConfig:
     n_deepstack_layers: int = 0
     # hybrid decoders: each layer's token mixer, HF's layer type: "full_attention" (softmax),
     # "sliding_attention" (softmax over the last `sliding_window` keys, Gemma 3) or "linear_attention"
-    # (Gated DeltaNet, Qwen3.5); empty: every layer is full attention. A linear-attention
-    # layer's heads are its value heads: `linear_n_heads` of size `linear_d_head` (its hook_z).
+    # (Gated DeltaNet, Qwen3.5) or "conv" (LFM2's short convolution); empty: every layer is full attention.
+    # A linear-attention layer's heads are its value heads, a conv layer's groups of channels:
+    # `linear_n_heads` of size `linear_d_head` (its hook_z).
     layer_types: list[str] = field(default_factory=list)
     linear_n_heads: int = 0
     linear_d_head: int = 0
@@ -92,8 +93,9 @@ class VLMConfig:
         return self.d_vocab
 
     def is_linear_attention(self, layer: int) -> bool:
-        """True when decoder layer `layer` mixes tokens by linear attention (no attention pattern)."""
-        return bool(self.layer_types) and self.layer_types[layer] == "linear_attention"
+        """True when decoder layer `layer` mixes tokens without an attention pattern: linear attention
+        (Gated DeltaNet, "linear_attention") or LFM2's short convolution ("conv")."""
+        return bool(self.layer_types) and self.layer_types[layer] in ("linear_attention", "conv")
 
     def heads_at(self, layer: int) -> int:
         """Heads of decoder layer `layer` (its hook_z's head dimension)."""

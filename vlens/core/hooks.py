@@ -275,7 +275,7 @@ _PER_LAYER = re.compile(
     r"hook_(resid_pre|resid_mid|resid_post|attn_out|mlp_out|deepstack)"
     r"|ln[12](_post)?\.hook_(scale|normalized)"
     r"|attn\.hook_(q|k|v|rot_q|rot_k|attn_scores|pattern|z|result"
-    r"|output_gate|beta|g|recurrent_state|core_out)"
+    r"|output_gate|beta|g|recurrent_state|core_out|b|c|x|conv_in|conv_out)"
     r"|mlp\.hook_(pre|pre_linear|post|router_logits|expert_weights|expert_indices|expert_out|routed_out"
     r"|shared_gate|shared_out)"
     r"|mlp\.shared_expert\.hook_(pre|pre_linear|post))"

@@ -256,6 +256,13 @@ class VLMInputs:
             n_images = len(self.pixel_entries or [])
             sub.update({k: v[torch.tensor(per_image, dtype=torch.long, device=v.device)] for k, v in self.extra.items()
                         if isinstance(v, Tensor) and v.ndim and v.shape[0] == n_images and per_image})
+        if self.pixel_entries is not None and per_image is not None:
+            # per-tile extras (LFM2-VL's spatial_shapes, pixel_attention_mask) follow their tiles
+            tiles = [t for i in per_image for t in range(starts[i], starts[i + 1])]
+            n_tiles, n_images = starts[-1], len(self.pixel_entries)
+            if n_tiles != n_images:
+                sub.update({k: v[torch.tensor(tiles, dtype=torch.long, device=v.device)] for k, v in self.extra.items()
+                            if isinstance(v, Tensor) and v.ndim and v.shape[0] == n_tiles and tiles})
 
         new_regions = regions.select(rows)
         dev = self.input_ids.device

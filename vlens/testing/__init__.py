@@ -66,6 +66,14 @@ from vlens.testing.internvl import (
     tiny_internvl_model,
     tiny_internvl_processor,
 )
+from vlens.testing.lfm2_vl import (
+    LFM2_VL_CHAT_TEMPLATE,
+    LFM2_VL_SPECIAL_TOKENS,
+    lfm2_vl_tokenizer,
+    tiny_lfm2_vl_config,
+    tiny_lfm2_vl_model,
+    tiny_lfm2_vl_processor,
+)
 from vlens.testing.llava import (
     LLAVA_CHAT_TEMPLATE,
     LLAVA_SPECIAL_TOKENS,
@@ -149,4 +157,6 @@ __all__ = [
     "tiny_paligemma_model", "tiny_paligemma_processor",
     "MISTRAL3_CHAT_TEMPLATE", "MISTRAL3_SPECIAL_TOKENS", "mistral3_tokenizer", "tiny_mistral3_config",
     "tiny_mistral3_model", "tiny_mistral3_processor",
+    "LFM2_VL_CHAT_TEMPLATE", "LFM2_VL_SPECIAL_TOKENS", "lfm2_vl_tokenizer", "tiny_lfm2_vl_config",
+    "tiny_lfm2_vl_model", "tiny_lfm2_vl_processor",
 ]

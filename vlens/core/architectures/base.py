@@ -25,6 +25,7 @@ from vlens.core.components import (
     RMSNorm,
     RMSNormPre,
     RotaryEmbedding,
+    ShortConv,
     TransformerBlock,
     Unembed,
     ZeroCenteredRMSNorm,
@@ -251,7 +252,7 @@ class ArchitectureAdapter(ABC):
             return ZeroCenteredRMSNorm(hf_norm.weight, cfg.eps, source=hf_norm)
         return RMSNorm(hf_norm.weight, cfg.eps, source=hf_norm)
 
-    def build_attention(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> Attention | GatedDeltaNet:
+    def build_attention(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> Attention | GatedDeltaNet | ShortConv:
         """The layer's token mixer: softmax attention around HF's q/k/v/o projections (and q/k norms)."""
         sa = hf_layer.self_attn
         return Attention(

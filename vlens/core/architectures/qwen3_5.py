@@ -24,7 +24,7 @@ import sys
 from vlens.core.architectures.base import HFModule
 from vlens.core.architectures.qwen3_vl import Qwen3VLAdapter
 from vlens.core.architectures.registry import register_adapter
-from vlens.core.components import Attention, DeltaRuleKernels, GatedAttention, GatedDeltaNet
+from vlens.core.components import Attention, DeltaRuleKernels, GatedAttention, GatedDeltaNet, ShortConv
 from vlens.core.config import VLMConfig
 from vlens.utils.errors import UserInputError
 
@@ -69,7 +69,7 @@ class Qwen3_5Adapter(Qwen3VLAdapter):
         sa = getattr(hf_layer, "self_attn", None)
         return None if sa is None else getattr(sa, "q_norm", None)
 
-    def build_attention(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> Attention | GatedDeltaNet:
+    def build_attention(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> Attention | GatedDeltaNet | ShortConv:
         if cfg.is_linear_attention(layer):
             return GatedDeltaNet(cfg, layer, hf_layer.linear_attn, delta_rule_kernels(hf_layer.linear_attn))
         sa = hf_layer.self_attn

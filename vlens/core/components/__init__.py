@@ -14,6 +14,7 @@ from vlens.core.components.moe import GroupedSigmoidMoEMLP, MoEMLP
 from vlens.core.components.rms_norm import RMSNorm, RMSNormPre, ZeroCenteredRMSNorm, ZeroCenteredRMSNormPre
 from vlens.core.components.rotary import LayerTypeRotary, RotaryEmbedding, apply_rotary
 from vlens.core.components.sandwich_block import SandwichBlock
+from vlens.core.components.short_conv import ShortConv
 from vlens.core.components.unembed import Unembed
 from vlens.core.components.vision import HookedVisionTower
 
@@ -34,6 +35,7 @@ __all__ = [
     "RotaryEmbedding",
     "SandwichBlock",
     "ScaledEmbed",
+    "ShortConv",
     "TransformerBlock",
     "Unembed",
     "ZeroCenteredRMSNorm",

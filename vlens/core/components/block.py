@@ -13,6 +13,7 @@ from vlens.core.components.gated_deltanet import GatedDeltaNet
 from vlens.core.components.mlp import GatedMLP
 from vlens.core.components.moe import MoEMLP
 from vlens.core.components.rms_norm import RMSNormPre
+from vlens.core.components.short_conv import ShortConv
 from vlens.core.hooks import HookPoint
 
 
@@ -20,7 +21,7 @@ class TransformerBlock(nn.Module):
     # read by TransformerLens's logit lens: hook_resid_post is the one residual stream
     hook_out_is_single_residual_stream = True
 
-    def __init__(self, layer: int, ln1: RMSNormPre, attn: Attention | GatedDeltaNet, ln2: RMSNormPre,
+    def __init__(self, layer: int, ln1: RMSNormPre, attn: Attention | GatedDeltaNet | ShortConv, ln2: RMSNormPre,
                  mlp: GatedMLP | MoEMLP):
         """attn: softmax attention (`Attention`, `GatedAttention`) or linear attention (`GatedDeltaNet`);
         mlp: a dense `GatedMLP` or a mixture of experts (`MoEMLP`); ln1 / ln2: `RMSNorm` or `ZeroCenteredRMSNorm`."""

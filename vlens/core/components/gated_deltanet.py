@@ -60,13 +60,36 @@ class DeltaRuleKernels:
     conv_update: Callable
 
 
-class GatedDeltaNet(nn.Module):
+class PatternlessMixer(nn.Module):
+    """A token mixer without an attention pattern whose heads are slices of its `out_proj` input (`hook_z`):
+    TransformerLens's W_O / b_O views of that projection (Gated DeltaNet, LFM2's short convolution)."""
+
+    is_linear_attention = True
+    n_heads: int
+    out_proj: nn.Linear
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_heads d_head d_model"]:
+        return einops.rearrange(self.out_proj.weight, "m (n h) -> n h m", n=self.n_heads)
+
+    @property
+    def b_O(self) -> Float[Tensor, "d_model"]:
+        weight = self.out_proj.weight
+        if self.out_proj.bias is not None:
+            return self.out_proj.bias
+        return torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
+
+    def needs_pattern(self) -> bool:
+        """Never: no attention pattern here."""
+        return False
+
+
+class GatedDeltaNet(PatternlessMixer):
     """Qwen3.5's linear-attention token mixer with hooks (module docstring); HF's parameters in place.
 
     Its forward takes a block's attention arguments (cos / sin are unused: no rotary here).
     """
 
-    is_linear_attention = True
     # the HF layer's modules and parameters, held as they are
     in_proj_qkv: nn.Linear
     in_proj_z: nn.Linear
@@ -109,22 +132,6 @@ class GatedDeltaNet(nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, n_heads, d_head] out_proj's input by head
         self.hook_result = HookPoint()  # [batch, pos, n_heads, d_model] with cfg.use_attn_result
 
-    # ---- TransformerLens-shaped views ----
-    @property
-    def W_O(self) -> Float[Tensor, "n_heads d_head d_model"]:
-        return einops.rearrange(self.out_proj.weight, "m (n h) -> n h m", n=self.n_heads)
-
-    @property
-    def b_O(self) -> Float[Tensor, "d_model"]:
-        weight = self.out_proj.weight
-        if self.out_proj.bias is not None:
-            return self.out_proj.bias
-        return torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device)
-
-    def needs_pattern(self) -> bool:
-        """Never: a linear-attention layer has no attention pattern."""
-        return False
-
     def state_hooked(self) -> bool:
         return is_observed(self.hook_recurrent_state)
 
@@ -146,7 +153,7 @@ class GatedDeltaNet(nn.Module):
             mixed = self.kernels.conv_update(mixed, conv_state, weight, self.conv1d.bias, self.activation)
         else:
             if kv_cache is not None:
-                kv_cache.conv_states[self.layer] = _last_columns(mixed, self.conv_kernel)
+                kv_cache.conv_states[self.layer] = last_columns(mixed, self.conv_kernel)
             mixed = self.kernels.conv(mixed, weight, self.conv1d.bias, activation=self.activation)
         mixed = mixed.transpose(1, 2)
         key_dim = self.n_key_heads * self.d_key
@@ -223,7 +230,7 @@ class GatedDeltaNet(nn.Module):
         return read.to(dtype), clean[:, -1]
 
 
-def _last_columns(x: Tensor, width: int) -> Tensor:
+def last_columns(x: Tensor, width: int) -> Tensor:
     """x [batch, channels, pos] -> its last `width` columns, zeros on the left when pos < width (HF's conv state)."""
     if x.shape[-1] < width:
         x = F.pad(x, (width - x.shape[-1], 0))

@@ -22,12 +22,13 @@ from vlens.core.components.gated_deltanet import GatedDeltaNet
 from vlens.core.components.mlp import GatedMLP
 from vlens.core.components.moe import MoEMLP
 from vlens.core.components.rms_norm import RMSNormPre
+from vlens.core.components.short_conv import ShortConv
 
 
 class SandwichBlock(TransformerBlock):
     """`TransformerBlock` with post-sublayer norms; the same hook points plus ln1_post.* and ln2_post.*."""
 
-    def __init__(self, layer: int, ln1: RMSNormPre, attn: Attention | GatedDeltaNet, ln1_post: RMSNormPre,
+    def __init__(self, layer: int, ln1: RMSNormPre, attn: Attention | GatedDeltaNet | ShortConv, ln1_post: RMSNormPre,
                  ln2: RMSNormPre, mlp: GatedMLP | MoEMLP, ln2_post: RMSNormPre):
         super().__init__(layer, ln1, attn, ln2, mlp)
         self.ln1_post, self.ln2_post = ln1_post, ln2_post
