@@ -76,6 +76,7 @@ class InputNode:
 
     rows / cols: the cells of the image's grid (its whole-image view) it covers, [start, stop);
     part: instead, the index of one other part of the image (`ImagePart`: a tile, newlines, ...);
+    both: the cells rows x cols of that part (a video's frame, ``img0.f3[r2,c1]``);
     neither: the whole image.
     """
 
@@ -250,7 +251,17 @@ def image_input_nodes(image: int, grid: tuple[int, int], spec: ImageNodes,
         return [InputNode(f"img{image}", image)]
     parts = list(parts) if parts is not None else [ImagePart("image", grid)]
     nodes = []
+    frames = 0
     for index, part in enumerate(parts):
+        if part.kind == "frame":  # a video's frame (temporal patch): its grid cells / blocks, img{i}.f{k}[r,c]
+            rows, cols = part.grid
+            blocks = (rows, cols) if spec == "token" else spec
+            assert isinstance(blocks, tuple)
+            blocks = (min(blocks[0], rows), min(blocks[1], cols))
+            nodes += [InputNode(f"img{image}.f{frames}[{_span('r', r)},{_span('c', c)}]", image, r, c, part=index)
+                      for r in _splits(rows, blocks[0]) for c in _splits(cols, blocks[1])]
+            frames += 1
+            continue
         if not part.is_view:
             nodes.append(InputNode(_part_name(image, part, index, parts), image, part=index))
             continue
@@ -342,7 +353,7 @@ class CircuitGraph:
         parts = layouts[0] if layouts else []
         grids: list[tuple[int, int]] = []
         for image, image_parts_ in enumerate(parts):
-            views = [p.grid for p in image_parts_ if p.is_view]
+            views = [p.grid for p in image_parts_ if p.is_view or p.kind == "frame"]  # a video: its frames' grid
             grids.append(views[0] if views else (1, 1))
             if not views:
                 raise UserInputError(f"image {image} has no grid that covers the whole image (its tokens: "
@@ -459,6 +470,11 @@ class CircuitGraph:
                 if node.image not in records:
                     records[node.image] = image_records(regions, row, node.image)
                 parts = records[node.image]
+                if node.part is not None and node.rows is not None and node.cols is not None:  # cells of a video frame
+                    frame = parts[node.part]
+                    cells = [r * frame.grid[1] + c for r in range(*node.rows) for c in range(*node.cols)]
+                    masks[index, row, frame.positions.cpu()[cells]] = True
+                    continue
                 if node.part is not None:
                     masks[index, row, parts[node.part].positions.cpu()] = True
                     continue

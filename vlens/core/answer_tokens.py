@@ -115,11 +115,15 @@ def append_tokens(model: Any, inputs: VLMInputs, suffixes: Sequence[Sequence[int
         ids[i, width - len(r):] = r
         mask[i, width - len(r):] = 1
     hf = {"input_ids": ids, "attention_mask": mask}
-    for key in ("pixel_values", "image_grid_thw"):
+    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
         if getattr(inputs, key) is not None:
             hf[key] = getattr(inputs, key).cpu()
     hf.update(inputs.extra)
-    return model.coerce_inputs(hf)
+    out = model.coerce_inputs(hf)
+    if inputs.video_fps is not None and out.regions is not None and inputs.regions is not None:
+        out.video_fps = list(inputs.video_fps)  # the frames' times are the prompt's (the fps is not in the tensors)
+        out.regions.frame_times = inputs.regions.frame_times
+    return out
 
 
 def teacher_force(model: Any, inputs: VLMInputs, answers: Sequence[Sequence[int]]) -> VLMInputs:

@@ -55,6 +55,7 @@ class VLMConfig:
     pad_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     spatial_merge_size: int = 1
+    temporal_patch_size: int = 1  # video frames per token (Qwen-VL's temporal patches)
     n_deepstack_layers: int = 0
     # hybrid decoders: each layer's token mixer, HF's layer type: "full_attention" (softmax),
     # "sliding_attention" (softmax over the last `sliding_window` keys, Gemma 3) or "linear_attention"

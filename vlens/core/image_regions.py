@@ -76,6 +76,8 @@ def _label(image: int, record: ImageTile, same_kind: int, r: int, c: int) -> str
         return f"img{image}{cell}"
     if record.kind == "tile" and record.layout is not None:
         return f"img{image}.tile[r{record.layout[0]},c{record.layout[1]}]{cell}"
+    if record.kind == "frame":  # a video's frame (temporal patch)
+        return f"img{image}.f{record.index}{cell}"
     return f"img{image}.{record.kind}{same_kind}{cell}"
 
 

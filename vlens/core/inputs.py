@@ -50,6 +50,14 @@ class TokenRegions:
             (`ImageGeometry`: each token's box), which `from_box`, `from_mask`, `from_points` and
             `token_box` read; None for an image whose original size is unknown (inputs not built by
             `model.prepare`). Empty where the regions were built without it.
+        videos: per row, the indices (in `images[row]`) of the entries that are videos: a video is one
+            entry of `images` (its tokens, all frames, in order of appearance among the row's images),
+            with one "frame" record per frame / temporal patch in `tiles` (docs/video.md). Empty lists
+            for rows without video.
+        frames: per row, per video (in the row's order), one LongTensor per frame (Qwen: per temporal
+            patch of `temporal_patch_size` frames) of that frame's token positions, row-major over its grid.
+        frame_times: per row, per video, the time in seconds at which each frame (temporal patch) starts
+            (frame index * frames per patch / fps); empty where the fps is unknown.
     """
 
     image: list[Tensor]
@@ -60,6 +68,9 @@ class TokenRegions:
     tiles: list[list[list[ImageTile]]] = field(default_factory=list)
     markers: list[list[list[ImageTile]]] = field(default_factory=list)
     geometry: list[list[ImageGeometry | None]] = field(default_factory=list)
+    videos: list[list[int]] = field(default_factory=list)
+    frames: list[list[list[Tensor]]] = field(default_factory=list)
+    frame_times: list[list[list[float]]] = field(default_factory=list)
 
     def region(self, name: str, row: int) -> Tensor:
         """Positions of a named region ("image", "text", "final", "all") in one row."""
@@ -73,6 +84,30 @@ class TokenRegions:
             return torch.cat([self.image[row], self.text[row]]).sort().values
         raise UserInputError(f"Unknown region {name!r}: use one of 'image', 'text', 'final', 'all'.")
 
+    def still_image_counts(self) -> list[int]:
+        """Per row, how many of its `images` entries are images rather than videos."""
+        return [len(images) - (len(self.videos[row]) if row < len(self.videos) else 0)
+                for row, images in enumerate(self.images)]
+
+    def frame(self, row: int, video: int, frame: int) -> Tensor:
+        """Positions of one frame (temporal patch) of the `video`-th video of a row, row-major over its grid."""
+        videos = self.frames[row] if row < len(self.frames) else []
+        if not 0 <= video < len(videos):
+            raise UserInputError(f"row {row} holds {len(videos)} video(s): video {video} is out of range")
+        if not 0 <= frame < len(videos[video]):
+            raise UserInputError(f"video {video} of row {row} has {len(videos[video])} frames (temporal patches): "
+                                 f"frame {frame} is out of range")
+        return videos[video][frame]
+
+    def frame_cell(self, row: int, video: int, frame: int, cell: tuple[int, int]) -> Tensor:
+        """The position of cell (r, c) of one frame: [1] LongTensor (label ``img{i}.f{frame}[r{r},c{c}]``)."""
+        positions = self.frame(row, video, frame)
+        rows, cols = self.image_grid[row][self.videos[row][video]]
+        r, c = cell
+        if not (0 <= r < rows and 0 <= c < cols):
+            raise UserInputError(f"cell {cell} is outside the frame's {rows}x{cols} token grid")
+        return positions[r * cols + c : r * cols + c + 1]
+
     def image_view(self, row: int, image: int = 0) -> ImageTile:
         """The record whose grid covers the whole image (kind "image", or an anyres image's "base"
         view): its positions are row-major over its grid, what per-cell figures and maps read. Where the
@@ -84,6 +119,9 @@ class TokenRegions:
         for record in records:  # tokens that are no places on the image (Idefics2's perceiver latents): one row
             if record.kind in ("image", "base"):
                 return record
+        if records and all(r.kind == "frame" for r in records):
+            raise UserInputError(f"entry {image} of row {row} is a video: it has no one grid that covers it; select a "
+                                 "frame (inputs.regions.frames / frame(row, video, frame)) instead")
         if not records:  # regions built by hand without tile records
             positions = self.images[row][image]
             record = whole_image_tiles(len(positions), self.image_grid[row][image])[-1]
@@ -112,6 +150,9 @@ class TokenRegions:
             tiles=[self.tiles[r] for r in rows] if self.tiles else [],
             markers=[self.markers[r] for r in rows] if self.markers else [],
             geometry=[self.geometry[r] for r in rows] if self.geometry else [],
+            videos=[self.videos[r] for r in rows] if self.videos else [],
+            frames=[self.frames[r] for r in rows] if self.frames else [],
+            frame_times=[self.frame_times[r] for r in rows] if self.frame_times else [],
         )
 
     # ---- image regions from geometry (vlens.core.image_regions; docs/regions.md) ----
@@ -172,7 +213,9 @@ class VLMInputs:
 
     Shapes: input_ids/attention_mask/mm_token_type_ids [batch, pos]; pixel_values is the
     family's layout (Qwen: [n_patches, C*T*P*P], LLaVA: [n_images, C, H, W]);
-    image_grid_thw [n_images, 3] (Qwen only).
+    image_grid_thw [n_images, 3] (Qwen only). Videos (docs/video.md): pixel_values_videos (Qwen:
+    [n_video_patches, C*T*P*P]; LLaVA families: [n_videos, n_frames, C, H, W]), video_grid_thw
+    [n_videos, 3] and second_per_grid_ts [n_videos] (Qwen2.5-VL: seconds per temporal patch).
     """
 
     input_ids: Int[Tensor, "batch pos"]
@@ -185,8 +228,14 @@ class VLMInputs:
     # per image, its entries of pixel_values' first axis where pixel_values concatenates every image's
     # tiles (InternVL); None where there is one entry per image or per row (not passed to HF)
     pixel_entries: list[int] | None = None
+    pixel_values_videos: Tensor | None = None
+    video_grid_thw: Tensor | None = None
+    second_per_grid_ts: Tensor | None = None
+    # per video, its frames per second (`model.prepare(..., fps=)`): the frames' times in the regions
+    video_fps: list[float] | None = None
 
-    HF_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+    HF_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids",
+               "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
     @property
     def token_regions(self) -> TokenRegions:
@@ -231,7 +280,7 @@ class VLMInputs:
         entries, per_image = None, None  # the chosen rows' images (where pixel_values is not per row)
         if pixel_values is not None:
             if self.pixel_entries is not None:  # every image's tiles concatenated (InternVL layout)
-                images_per_row = [len(g) for g in regions.image_grid]
+                images_per_row = regions.still_image_counts()
                 first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
                 starts = [0]
                 for count in self.pixel_entries:
@@ -246,7 +295,7 @@ class VLMInputs:
                 starts = [0]
                 for count in per_image:
                     starts.append(starts[-1] + int(count))
-                images_per_row = [len(g) for g in regions.image_grid]
+                images_per_row = regions.still_image_counts()
                 first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
                 chosen = [first_image[r] + k for r in rows for k in range(images_per_row[r])]
                 pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in chosen]) if chosen else None
@@ -265,6 +314,7 @@ class VLMInputs:
                             if isinstance(v, Tensor) and v.ndim and v.shape[0] == n_tiles and tiles})
 
         new_regions = regions.select(rows)
+        videos = self._select_videos(regions, rows)
         dev = self.input_ids.device
         return VLMInputs(
             input_ids=self.input_ids[index.to(dev)],
@@ -275,7 +325,32 @@ class VLMInputs:
             regions=new_regions,
             extra=sub,
             pixel_entries=entries,
+            **videos,
         )
+
+    def _select_videos(self, regions: TokenRegions, rows: list[int]) -> dict[str, Any]:
+        """The video tensors of the chosen rows' videos (Qwen: patches per grid; LLaVA: one entry per video)."""
+        if self.pixel_values_videos is None:
+            return {}
+        per_row = [len(v) for v in regions.videos] if regions.videos else [0] * self.batch_size
+        first = [sum(per_row[:r]) for r in range(len(per_row))]
+        chosen = [first[r] + k for r in rows for k in range(per_row[r])]
+        out: dict[str, Any] = {"video_fps": None if self.video_fps is None else [self.video_fps[i] for i in chosen]}
+        if not chosen:
+            return out
+        pick = torch.tensor(chosen, dtype=torch.long)
+        pixels, grid = self.pixel_values_videos, self.video_grid_thw
+        if grid is None:  # one [frames, C, H, W] entry per video
+            out["pixel_values_videos"] = pixels[pick.to(pixels.device)]
+        else:
+            starts = [0]
+            for count in grid.prod(dim=-1).tolist():
+                starts.append(starts[-1] + int(count))
+            out["pixel_values_videos"] = torch.cat([pixels[starts[i]:starts[i + 1]] for i in chosen])
+            out["video_grid_thw"] = grid[pick.to(grid.device)]
+        if self.second_per_grid_ts is not None:
+            out["second_per_grid_ts"] = self.second_per_grid_ts[pick.to(self.second_per_grid_ts.device)]
+        return out
 
     @property
     def ndim(self) -> int:
@@ -328,6 +403,19 @@ def check_input_tensors(inputs: VLMInputs, d_vocab: int, n_ctx: int) -> None:
                              f"{what}: {fix}")
 
 
+@dataclass
+class VideoLayout:
+    """What `compute_regions` needs of a batch's videos (in order of appearance): each video's token
+    count, its frames' grid (rows, cols), its "frame" records (positions from the video's first token),
+    and each frame's start time in seconds (empty where unknown)."""
+
+    token_id: int
+    counts: list[int]
+    grids: list[tuple[int, int]]
+    tiles: list[list[ImageTile]]
+    times: list[list[float]]
+
+
 def compute_regions(
     input_ids: Tensor,
     attention_mask: Tensor,
@@ -336,6 +424,7 @@ def compute_regions(
     image_grids: list[tuple[int, int]],
     image_tiles: list[list[ImageTile]] | None = None,
     image_markers: list[list[ImageTile]] | None = None,
+    videos: VideoLayout | None = None,
 ) -> TokenRegions:
     """Token regions from the ids and each image's token count / merged grid (in order of appearance).
 
@@ -343,49 +432,82 @@ def compute_regions(
         token (an adapter's `image_tiles`); None: each image is one grid (`whole_image_tiles`).
     image_markers: per image, records of its structure tokens, positions counted from the image's
         first placeholder token (an adapter's `image_markers`); None: no markers.
+    videos: the batch's videos (their placeholder id, counts, frame records): each video becomes one
+        entry of `images` in order of appearance among the row's images, listed in `videos` / `frames`.
+        A video's tokens need not be contiguous (Qwen3-VL puts a timestamp before each temporal patch).
 
     Raises:
-        ValueError: if the placeholder tokens do not add up to the images' token counts.
+        UserInputError: if the placeholder tokens do not add up to the images' (videos') token counts.
     """
     batch = input_ids.shape[0]
-    is_image = (input_ids == image_token_id) & attention_mask.bool()
-    total = int(is_image.sum())
-    if total != sum(image_token_counts):
-        raise UserInputError(
-            f"The prompts hold {total} image placeholder tokens but the images need "
-            f"{sum(image_token_counts)} ({image_token_counts} per image). Build inputs with "
-            "model.prepare(...) or the model's processor so placeholders are expanded to match."
-        )
+    valid = attention_mask.bool()
+    is_image = (input_ids == image_token_id) & valid
+    is_video = (input_ids == videos.token_id) & valid if videos is not None else torch.zeros_like(is_image)
+    for what, mask, counts in (("image", is_image, image_token_counts),
+                               ("video", is_video, videos.counts if videos is not None else [])):
+        if int(mask.sum()) != sum(counts):
+            raise UserInputError(
+                f"The prompts hold {int(mask.sum())} {what} placeholder tokens but the {what}s need "
+                f"{sum(counts)} ({counts} per {what}). Build inputs with model.prepare(...) or the model's "
+                "processor so placeholders are expanded to match."
+            )
     if image_tiles is None:
         image_tiles = [whole_image_tiles(c, g) for c, g in zip(image_token_counts, image_grids, strict=True)]
     markers_given = image_markers is not None
     marker_lists = image_markers if image_markers is not None else [[] for _ in image_token_counts]
     image_iter = iter(zip(image_token_counts, image_grids, image_tiles, marker_lists, strict=True))
+    video_iter = iter(zip(videos.counts, videos.grids, videos.tiles,
+                          videos.times or [[] for _ in videos.counts], strict=True)) if videos is not None else iter(())
     images, image_all, text, grids, tiles, markers = [], [], [], [], [], []
+    video_index: list[list[int]] = []
+    frames: list[list[list[Tensor]]] = []
+    frame_times: list[list[list[float]]] = []
     for row in range(batch):
-        positions = is_image[row].nonzero().flatten()
-        row_images, row_grids, row_tiles, row_markers, start = [], [], [], [], 0
-        while start < len(positions):
-            count, grid, records, marks = next(image_iter)
-            here = positions[start : start + count]
+        kinds = {"image": is_image[row].nonzero().flatten(), "video": is_video[row].nonzero().flatten()}
+        taken = {"image": 0, "video": 0}
+        row_images: list[Tensor] = []
+        row_grids: list[tuple[int, int]] = []
+        row_tiles: list[list[ImageTile]] = []
+        row_markers: list[list[ImageTile]] = []
+        row_videos: list[int] = []
+        row_frames: list[list[Tensor]] = []
+        row_times: list[list[float]] = []
+        while any(taken[k] < len(kinds[k]) for k in kinds):
+            # the next visual input is whichever kind's next placeholder comes first
+            kind = min((k for k in kinds if taken[k] < len(kinds[k])), key=lambda k: int(kinds[k][taken[k]]))
+            if kind == "image":
+                count, grid, records, marks = next(image_iter)
+            else:
+                count, grid, records, times = next(video_iter)
+                marks = []
+            here = kinds[kind][taken[kind] : taken[kind] + count]
             if sum(len(r.positions) for r in records) != count:
-                raise RuntimeError(f"the tile records of an image hold {sum(len(r.positions) for r in records)} "
-                                 f"tokens but the image has {count}")
+                raise RuntimeError(f"the tile records of an {kind} hold {sum(len(r.positions) for r in records)} "
+                                 f"tokens but the {kind} has {count}")
+            placed = [replace(r, positions=here[r.positions.long()]) for r in records]
+            if kind == "video":
+                row_videos.append(len(row_images))
+                row_frames.append([r.positions for r in placed if r.kind == "frame"])
+                row_times.append(list(times))
             row_images.append(here)
             row_grids.append(grid)
-            row_tiles.append([replace(r, positions=here[r.positions.long()]) for r in records])
+            row_tiles.append(placed)
             row_markers.append([replace(m, positions=here[0] + m.positions.long()) for m in marks])
-            start += count
+            taken[kind] += count
         images.append(row_images)
         grids.append(row_grids)
         tiles.append(row_tiles)
         markers.append(row_markers)
-        image_all.append(positions)
-        text.append((attention_mask[row].bool() & ~is_image[row]).nonzero().flatten())
-    valid = attention_mask.bool()
+        video_index.append(row_videos)
+        frames.append(row_frames)
+        frame_times.append(row_times)
+        visual = (is_image[row] | is_video[row])
+        image_all.append(visual.nonzero().flatten())
+        text.append((valid[row] & ~visual).nonzero().flatten())
     final = torch.tensor(
         [int(valid[row].nonzero().max()) if valid[row].any() else input_ids.shape[1] - 1 for row in range(batch)],
         dtype=torch.long,
     )
     return TokenRegions(image=image_all, images=images, text=text, final=final, image_grid=grids, tiles=tiles,
-                        markers=markers if markers_given else [])
+                        markers=markers if markers_given else [], videos=video_index, frames=frames,
+                        frame_times=frame_times)

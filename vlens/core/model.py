@@ -209,6 +209,8 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         chat: bool = True,
         allow_urls: bool = False,
         answers: str | Sequence[str | Sequence[int]] | None = None,
+        videos: Any = None,
+        fps: float = 2.0,
     ) -> VLMInputs:
         """Processor + chat format -> `VLMInputs` (left-padded batch, with token regions).
 
@@ -222,8 +224,14 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
             last position (``regions.final``) predicts the token after the prefix. E.g.
             ``answers=["1"]`` and reading "2" vs "3" there contrasts "12" with "13" on a tokenizer
             that splits digits. `answer_logit_diff` does this for whole answers.
+        videos: one entry per prompt: a video (a list of frames as PIL images / paths / [H, W, 3] arrays,
+            or an array [frames, H, W, 3]), a list of videos, or None (families that take video:
+            docs/video.md). Each video is one entry of ``regions.images`` (after the prompt's images);
+            ``regions.frames`` holds each frame's (temporal patch's) token positions.
+        fps: the frame rate the given frames were sampled at (their times; Qwen's time positions).
         """
-        inputs = prepare_inputs(self, images=images, prompts=prompts, chat=chat, allow_urls=allow_urls)
+        inputs = prepare_inputs(self, images=images, prompts=prompts, chat=chat, allow_urls=allow_urls,
+                                videos=videos, fps=fps)
         if answers is None:
             return inputs
         rows = [answers] * inputs.batch_size if isinstance(answers, str) else list(answers)
@@ -345,7 +353,10 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         resid = self.hook_embed(self.embed(ids))
         deepstack: dict[int, tuple[Tensor, Tensor]] = {}
         image_mask = ids == cfg.image_token_id if cfg.image_token_id is not None else None
-        if inputs.pixel_values is not None:
+        if image_mask is not None and cfg.video_token_id is not None:
+            # videos' tokens take their features too: one [n_image_tokens, d_model] tensor over both, in order
+            image_mask = image_mask | (ids == cfg.video_token_id)
+        if inputs.pixel_values is not None or inputs.pixel_values_videos is not None:
             if image_mask is None:
                 raise UserInputError("These inputs carry images but the model's config names no image token "
                                  "(cfg.image_token_id is None), so there is nowhere to put them.")
@@ -354,7 +365,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
             if n_placeholders != features.embeds.shape[0]:
                 raise UserInputError(
                     f"Image placeholders and image features do not match: the prompt holds {n_placeholders} "
-                    f"image tokens but the vision tower produced {features.embeds.shape[0]} features. Build "
+                    f"image / video tokens but the vision tower produced {features.embeds.shape[0]} features. Build "
                     "inputs with model.prepare(...) or the model's processor, which expands each image "
                     "placeholder to the image's token count."
                 )
@@ -362,8 +373,9 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
             deepstack = {layer: (image_mask, feats) for layer, feats in enumerate(features.deepstack)}
         elif image_mask is not None and bool(image_mask.any()):
             raise UserInputError(
-                f"The prompt holds {int(image_mask.sum())} image placeholder tokens but no pixel_values were "
-                "given. Pass the images (model.prepare(images=..., prompts=...)) or remove the placeholders."
+                f"The prompt holds {int(image_mask.sum())} image / video placeholder tokens but no pixel_values "
+                "(pixel_values_videos) were given. Pass the images (model.prepare(images=..., prompts=...)) or "
+                "remove the placeholders."
             )
         resid = self.hook_inputs_embeds(resid)
         position_ids, deltas = self.adapter.position_ids(self.hf_model, inputs)

@@ -14,8 +14,9 @@ from torch import Tensor
 from vlens.core.architectures.base import ArchitectureAdapter
 from vlens.core.config import VLMConfig
 from vlens.core.image_regions import ImageGeometry, build_geometry
-from vlens.core.inputs import VLMInputs, check_input_tensors, compute_regions
+from vlens.core.inputs import VideoLayout, VLMInputs, check_input_tensors, compute_regions
 from vlens.core.prompt_text import escape_special_tokens
+from vlens.core.video_input import videos_per_row
 from vlens.utils.errors import UserInputError
 from vlens.utils.images import SOURCE_KEY, to_rgb
 
@@ -108,24 +109,26 @@ def _images_per_row(images: Any, batch: int) -> list[list]:
     return rows
 
 
-def chat_messages(prompt: str, n_images: int = 1) -> list[dict]:
-    """One user turn in the chat-template format: `n_images` image slots, then the text."""
+def chat_messages(prompt: str, n_images: int = 1, n_videos: int = 0) -> list[dict]:
+    """One user turn in the chat-template format: `n_images` image slots, `n_videos` video slots, then the text."""
     content: list[dict] = [{"type": "image"} for _ in range(n_images)]
+    content += [{"type": "video"} for _ in range(n_videos)]
     content.append({"type": "text", "text": prompt})
     return [{"role": "user", "content": content}]
 
 
-def chat_prompt(model: PreparingModel, prompt: str, n_images: int) -> str:
+def chat_prompt(model: PreparingModel, prompt: str, n_images: int, n_videos: int = 0) -> str:
     """The prompt text a chat model gets: its processor's chat template (with the generation
-    prompt), or the family's own format when the processor has no template."""
+    prompt), or the family's own format when the processor has no template (videos then go first)."""
     processor = model.processor
     prompt = escape_special_tokens(model.tokenizer, prompt)  # dataset text cannot forge chat turns
     template = getattr(processor, "chat_template", None) or getattr(getattr(processor, "tokenizer", None),
                                                                     "chat_template", None)
     if template:
-        return processor.apply_chat_template(chat_messages(prompt, n_images), add_generation_prompt=True,
+        return processor.apply_chat_template(chat_messages(prompt, n_images, n_videos), add_generation_prompt=True,
                                              tokenize=False)
-    return model.adapter.fallback_chat_prompt(prompt, n_images)
+    slots = model.adapter.video_placeholder() * n_videos if n_videos else ""
+    return model.adapter.fallback_chat_prompt(slots + prompt, n_images)
 
 
 @contextmanager
@@ -141,10 +144,12 @@ def left_padding(tokenizer: Any) -> Iterator[Any]:
 
 
 def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Sequence[str] = (),
-                   chat: bool = True, allow_urls: bool = False) -> VLMInputs:
+                   chat: bool = True, allow_urls: bool = False, videos: Any = None, fps: float = 2.0) -> VLMInputs:
     """Format prompts (chat template or the family's format), run the processor, add regions.
 
-    The batch is left-padded so the final prompt position is the last column of every row.
+    The batch is left-padded so the final prompt position is the last column of every row. Videos
+    (`vlens.core.video_input`): one entry per prompt, each a video, a list of videos or None; `fps`
+    is the rate at which the given frames were sampled (their times in the regions, Qwen's time positions).
     """
     if model.processor is None:
         raise UserInputError(
@@ -155,15 +160,21 @@ def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Seq
     if not prompts:
         raise UserInputError("prepare() got no prompts: pass prompts=['How many dots are there?', ...].")
     rows = _images_per_row(images, len(prompts))
+    video_rows = videos_per_row(videos, len(prompts), allow_urls)
+    if any(video_rows) and not model.adapter.takes_video():
+        model.adapter.process_videos(model.processor, [], fps)  # the family's refusal
     placeholder = model.adapter.image_placeholder()
     texts = []
-    for prompt, row_images in zip(prompts, rows, strict=True):
+    for prompt, row_images, row_videos in zip(prompts, rows, video_rows, strict=True):
         if chat:
-            texts.append(chat_prompt(model, prompt, len(row_images)))
+            texts.append(chat_prompt(model, prompt, len(row_images), len(row_videos)))
         elif row_images and placeholder not in prompt:
             texts.append(placeholder * len(row_images) + prompt)
         else:
             texts.append(prompt)
+        if row_videos and not chat and model.adapter.video_placeholder() not in prompt:
+            texts[-1] = model.adapter.video_placeholder() * len(row_videos) + texts[-1]
+    video_inputs = expand_video_placeholders(model, texts, video_rows, fps) if any(video_rows) else {}
     # 16-bit, float, palette and alpha images scaled / composited correctly (vlens.utils.images)
     rgb = [[to_rgb(img, allow_urls=allow_urls, what=f"image {i} of prompt {p}") for i, img in enumerate(row)]
            for p, row in enumerate(rows)]
@@ -181,8 +192,53 @@ def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Seq
         # name the image the processor refuses, if that is why
         raise_if_refused(model.processor, [image for row in rgb for image in row])
         raise
-    out = coerce_inputs(model, dict(encoded))
+    encoded = dict(encoded)
+    if video_inputs:
+        encoded.update(video_inputs)
+        encoded.pop("mm_token_type_ids", None)  # a generic processor marks only images: the adapter's has videos
+    out = coerce_inputs(model, encoded)
     add_image_geometry(model, out, [image.size for row in rgb for image in row])
+    if video_inputs and out.regions is not None:
+        out.video_fps = [float(fps)] * sum(len(row) for row in video_rows)
+        out.regions.frame_times = frame_times(model, out)
+    return out
+
+
+def expand_video_placeholders(model: PreparingModel, texts: list[str], video_rows: list[list[list]],
+                              fps: float) -> dict[str, Any]:
+    """Run the family's video processing and expand each video slot of `texts` (in place) as HF's processor
+    does; returns the video tensors (pixel_values_videos, video_grid_thw, ...)."""
+    flat = [video for row in video_rows for video in row]
+    video_inputs = model.adapter.process_videos(model.processor, flat, fps)
+    slot = model.adapter.video_placeholder()
+    marker = "<<vlens-video>>"  # so an expanded video is not expanded again
+    index = 0
+    for row, (text, row_videos) in enumerate(zip(texts, video_rows, strict=True)):
+        if text.count(slot) != len(row_videos):
+            raise UserInputError(
+                f"prompt {row} holds {text.count(slot)} video slot(s) {slot!r} for {len(row_videos)} video(s): the "
+                "chat template must write one per video (a template without a video branch writes none); pass "
+                "chat=False and put one slot per video in the prompt")
+        for _ in row_videos:
+            text = text.replace(slot, marker, 1)
+            text = text.replace(marker, model.adapter.video_prompt(model.processor, video_inputs, index, fps, len(flat[index])), 1)
+            index += 1
+        texts[row] = text
+    return video_inputs
+
+
+def frame_times(model: PreparingModel, inputs: VLMInputs) -> list[list[list[float]]]:
+    """Per row, per video, the start time in seconds of each frame record (frame k: k * frames per record / fps)."""
+    regions = inputs.token_regions
+    per_record = model.adapter.frames_per_video_token(model.cfg)
+    rates = iter(inputs.video_fps or [])
+    out = []
+    for row_frames in regions.frames:
+        row = []
+        for frames in row_frames:
+            rate = next(rates, None)
+            row.append([k * per_record / rate for k in range(len(frames))] if rate else [])
+        out.append(row)
     return out
 
 
@@ -198,7 +254,9 @@ def add_image_geometry(model: PreparingModel, inputs: VLMInputs, sizes: Sequence
     if regions is None or not sizes:
         return
     sizes = [(int(w), int(h)) for w, h in sizes]
-    slots = [(row, image) for row in range(len(regions.images)) for image in range(len(regions.images[row]))]
+    videos = regions.videos or [[] for _ in regions.images]  # a video's entries have no image size
+    slots = [(row, image) for row in range(len(regions.images)) for image in range(len(regions.images[row]))
+             if image not in videos[row]]
     views = model.adapter.image_views(model.processor, sizes) or [(k, (0, 0, w, h)) for k, (w, h) in enumerate(sizes)]
     if len(views) != len(slots):
         return
@@ -220,6 +278,15 @@ def add_image_geometry(model: PreparingModel, inputs: VLMInputs, sizes: Sequence
             for k in members:
                 geometry[slots[k][0]][slots[k][1]] = shared
     regions.geometry = geometry
+
+
+def video_layout(model: PreparingModel, inputs: VLMInputs) -> VideoLayout | None:
+    """The batch's videos as `compute_regions` reads them (None without video inputs)."""
+    video_token_id = model.cfg.video_token_id
+    if inputs.pixel_values_videos is None or video_token_id is None:
+        return None
+    counts, grids = model.adapter.video_token_counts(model.cfg, inputs)
+    return VideoLayout(video_token_id, counts, grids, model.adapter.video_tiles(model.cfg, inputs), [])
 
 
 def raise_if_refused(processor: Any, images: Sequence[Any]) -> None:
@@ -266,6 +333,9 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
             image_grid_thw=known["image_grid_thw"],
             mm_token_type_ids=known["mm_token_type_ids"],
             extra=merged,
+            pixel_values_videos=known["pixel_values_videos"],
+            video_grid_thw=known["video_grid_thw"],
+            second_per_grid_ts=known["second_per_grid_ts"],
         )
     check_input_tensors(out, model.cfg.d_vocab, model.cfg.n_ctx)
     model.adapter.check_inputs(model.cfg, out)
@@ -276,12 +346,16 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
     image_token_id = model.cfg.image_token_id
     if out.regions is None and image_token_id is not None:
         # placeholders without pixel_values get no regions: start_run raises the clear error for them
-        if out.pixel_values is not None:
-            counts, grids = model.adapter.image_token_counts(model.cfg, out)
+        videos = video_layout(model, out)
+        if out.pixel_values is not None or videos is not None:
+            counts, grids = model.adapter.image_token_counts(model.cfg, out) if out.pixel_values is not None else ([], [])
             out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id,
-                                          counts, grids, model.adapter.image_tiles(model.cfg, out),
-                                          model.adapter.image_markers(model.cfg, out))
-            add_image_geometry(model, out, model.adapter.original_image_sizes(out))
+                                          counts, grids,
+                                          model.adapter.image_tiles(model.cfg, out) if counts else None,
+                                          model.adapter.image_markers(model.cfg, out) if counts else None,
+                                          videos)
+            if out.pixel_values is not None:
+                add_image_geometry(model, out, model.adapter.original_image_sizes(out))
         elif not bool((out.input_ids == image_token_id).any()):
             out.regions = compute_regions(out.input_ids.cpu(), out.attention_mask.cpu(), image_token_id, [], [])
     device = model.input_device

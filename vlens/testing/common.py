@@ -27,6 +27,7 @@ QWEN_CHAT_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for item in message['content'] %}"
     "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )

@@ -50,7 +50,8 @@ def image_token_labels(model: Any, inputs: Any, row: int = 0) -> list[str]:
 
     Text tokens read as `model.to_str_tokens` decodes them (newlines as ``\\n``); the tokens of
     image i are ``img{i}[r{row},c{col}]`` by cell of the grid that covers the whole image; an anyres
-    or split image's tiles are ``img{i}.tile{k}[r,c]`` (k in the processor's order), other image
+    or split image's tiles are ``img{i}.tile{k}[r,c]`` (k in the processor's order), a video's frames
+    (temporal patches) ``img{i}.f{k}[r,c]`` (a video is entry i of the row's images), other image
     tokens (class token, row newlines) ``img{i}.{kind}{j}``. Padding positions keep their token.
     """
     regions = getattr(inputs, "regions", None)
@@ -65,7 +66,10 @@ def image_token_labels(model: Any, inputs: Any, row: int = 0) -> list[str]:
             tiles = 0
             for record in records[image]:
                 where = [int(p) for p in record.positions.tolist()]
-                if record.spatial and record.kind != "tile":
+                if record.kind == "frame":  # a video's frame (temporal patch): img{i}.f{k}[r,c]
+                    cols = record.grid[1]
+                    names = [f"img{image}.f{record.index}[r{c // cols},c{c % cols}]" for c in range(len(where))]
+                elif record.spatial and record.kind != "tile":
                     cols = record.grid[1]
                     names = [f"img{image}[r{c // cols},c{c % cols}]" for c in range(len(where))]
                 elif record.spatial:

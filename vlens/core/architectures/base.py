@@ -430,6 +430,41 @@ class ArchitectureAdapter(ABC):
         """Raise a clear error for inputs the family cannot run (default: every input is fine)."""
         return None
 
+    # ---- video (docs/video.md): a family that takes videos overrides all of these ----
+    def takes_video(self) -> bool:
+        """Whether `model.prepare(videos=...)` works for this family (default: no)."""
+        return False
+
+    def process_videos(self, processor, videos: list[list[Any]], fps: float) -> dict[str, Any]:
+        """The model's video inputs (pixel_values_videos, video_grid_thw, ...) for videos given as lists of
+        RGB PIL frames of one size each, sampled at `fps` frames per second."""
+        raise UserInputError(f"the {self.family} family takes no video input here; the families that do: "
+                             "qwen2_vl, qwen2_5_vl, qwen3_vl, llava_onevision, llava_next_video")
+
+    def video_placeholder(self) -> str:
+        """The text that stands for one video in a formatted prompt (the chat template's video slot)."""
+        raise UserInputError(f"the {self.family} family takes no video input here")
+
+    def video_prompt(self, processor, video_inputs: dict[str, Any], index: int, fps: float, n_frames: int) -> str:
+        """What `video_placeholder` becomes for video `index` of `process_videos`' output: its placeholder
+        tokens (and, where the family has them, timestamps and frame markers), as HF's processor expands it;
+        `n_frames`: the video's number of frames as given."""
+        raise UserInputError(f"the {self.family} family takes no video input here")
+
+    def video_token_counts(self, cfg: VLMConfig, inputs) -> tuple[list[int], list[tuple[int, int]]]:
+        """Per video (in order): its number of placeholder tokens and its frames' token grid (rows, cols)."""
+        return [], []
+
+    def video_tiles(self, cfg: VLMConfig, inputs) -> list[list[ImageTile]]:
+        """Per video (in order), its tokens as records, positions counted from its first placeholder: one
+        spatial "frame" record per frame / temporal patch (its `index` the frame's number), plus any
+        non-spatial tokens (LLaVA-OneVision's closing "newline")."""
+        return []
+
+    def frames_per_video_token(self, cfg: VLMConfig) -> int:
+        """How many input frames one frame record covers (Qwen: the temporal patch size; default 1)."""
+        return 1
+
 
 def placeholder_runs(input_ids: Tensor, attention_mask: Tensor, token_id: int) -> list[tuple[int, int, int]]:
     """(row, start, end) of every maximal run of consecutive placeholder tokens `token_id` (padding

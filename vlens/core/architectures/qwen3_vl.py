@@ -14,9 +14,12 @@ Differences from Qwen2.5-VL, and where each is handled:
 
 from __future__ import annotations
 
+from typing import Any
+
 from vlens.core.architectures.base import HFModule, ImageFeatures, token_id_list
 from vlens.core.architectures.qwen2_vl import Qwen2VLAdapter
 from vlens.core.architectures.registry import register_adapter
+from vlens.core.architectures.video import qwen3_timestamps
 from vlens.core.components import HookedVisionTower
 from vlens.core.components.vision import attach_vision_head_hooks
 from vlens.core.config import VLMConfig
@@ -53,8 +56,19 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
         return vision
 
     def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
-        tower = vision.tower
-        out = tower(inputs.pixel_values.type(tower.dtype), grid_thw=inputs.image_grid_thw)
-        embeds = vision.hook_image_embeds(out.pooler_output)
+        out = self.run_tower(vision, inputs)
+        embeds = vision.hook_image_embeds(self.placeholder_order(inputs, out.pooler_output))
         # [n_image_tokens, d_model] per early decoder layer; hooked at blocks.{l}.hook_deepstack
-        return ImageFeatures(embeds=embeds, deepstack=list(getattr(out, "deepstack_features", None) or []))
+        deepstack = [self.placeholder_order(inputs, f) for f in getattr(out, "deepstack_features", None) or []]
+        return ImageFeatures(embeds=embeds, deepstack=deepstack)
+
+    def video_prompt(self, processor, video_inputs: dict[str, Any], index: int, fps: float, n_frames: int) -> str:
+        """Each temporal patch in its own ``<|vision_start|>...<|vision_end|>``, after its time
+        (``<1.2 seconds>``), as Qwen3-VL's processor writes it; the chat template's slot is replaced whole."""
+        merge = int(getattr(processor.image_processor, "merge_size", 2))
+        temporal = int(getattr(processor.image_processor, "temporal_patch_size", 2))
+        grid_t, grid_h, grid_w = (int(v) for v in video_inputs["video_grid_thw"][index])
+        per_frame = grid_h * grid_w // merge**2
+        times = qwen3_timestamps(n_frames, fps, temporal)
+        return "".join(f"<{times[k]:.1f} seconds><|vision_start|>" + "<|video_pad|>" * per_frame + "<|vision_end|>"
+                       for k in range(grid_t))
