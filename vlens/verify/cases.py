@@ -31,6 +31,8 @@ def takes_video(model: Any) -> str | None:
         return "the family has no video token"
     if "videos" not in inspect.signature(model.prepare).parameters:
         return "model.prepare takes no videos in this vlens version"
+    if not model.adapter.takes_video():
+        return f"vlens runs no video on the {model.adapter.family} family (docs/video.md lists those it does)"
     return None
 
 
