@@ -52,6 +52,14 @@ def test_train_evaluate_then_graph(tmp_path, capsys):
     assert graph.n_features == 6 and graph.settings["ranking"] == "direct" and graph.cost["ranking_updates"] == 0
     assert graph_cli.RANKINGS == attribution.RANKINGS  # the parser's copy (no torch while parsing)
     assert json.loads((graph_out / "graph.json").read_text())["metadata"]["slug"] == "graph"
+    # the viewer's cards with dataset examples: top patches and tokens over 3 generated counting prompts
+    examples_out = tmp_path / "graph_examples"
+    assert main(["graph", "--model", "random-tiny", "--image-size", "56", "--transcoders", str(tc), "--image", str(image),
+                 "--prompt", "How many dots are there?", "--target", "3", "--examples", "3", "--examples-top-k", "2",
+                 "--max-features", "8", "--out", str(examples_out), "--quiet"]) == 0
+    examples = load_result(examples_out).examples
+    assert examples["n_prompts"] == 3 and examples["top_k"] == 2 and examples["features"]
+    assert all(len(hits["image"]) <= 2 and len(hits["text"]) <= 2 for hits in examples["features"].values())
 
 
 def test_bad_flags_are_one_line_errors(tmp_path, capsys):
@@ -61,6 +69,8 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys):
         (["transcoder", "train", "--make", "2", "--layers", "x", "--out", str(tmp_path / "b")], "--layers"),
         (["transcoder", "evaluate", "--transcoders", str(tc), "--make", "2", "--out", str(tmp_path / "c")], "missing"),
         (["graph", "--transcoders", str(tc), "--prompt", "hi", "--target", "3", "--out", str(tmp_path / "d")], "missing"),
+        (["graph", "--transcoders", str(tmp_path), "--prompt", "hi", "--target", "3", "--examples-data",
+          str(tmp_path / "nowhere"), "--examples", "2", "--out", str(tmp_path / "e")], "nowhere"),
     ]:
         assert main([*argv, *COMMON[:4]]) == 2, argv
         err = capsys.readouterr().err.strip()

@@ -13,6 +13,9 @@ import pytest
 
 from tests.helpers import browser
 from tests.unit.test_graphs import planted_graph
+from vlens.graphs import ExampleSettings, attach_examples
+from vlens.testing import random_image
+from vlens.utils.results import load_result
 
 NODE_FIELDS = {"node_id": str, "feature": int, "layer": str, "ctx_idx": int, "feature_type": str, "token_prob": float,
                "is_target_logit": bool, "run_idx": int, "reverse_ctx_idx": int, "jsNodeId": str, "clerp": str}
@@ -21,8 +24,11 @@ FEATURE_TYPES = {"cross layer transcoder", "mlp reconstruction error", "embeddin
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    _, _, _, graph, last = planted_graph()
+    model, _, replacement, graph, last = planted_graph()
     graph.supernode("answer writer", [f"L1F3@{last}"])
+    examples = [(random_image(seed=30 + i), q) for i, q in enumerate(["How many dots are there?", "Count them.",
+                                                                      "Dots here?"])]
+    attach_examples(graph, model, replacement.transcoders, examples, ExampleSettings(top_k=3, prompts_per_chunk=2))
     folder = tmp_path_factory.mktemp("graph")
     graph.save(folder)
     return graph, folder, last
@@ -61,6 +67,11 @@ def test_graph_html_is_offline_and_holds_the_pruned_graph(saved):
     data = json.loads(re.search(r"const G = (\{.*?\});\n", page, re.S)[1])
     assert f"L1F3@{last}" in {n["name"] for n in data["nodes"]}
     assert data["patches"] and all(len(p["box"]) == 5 for p in data["patches"].values())
+    # the dataset examples of the features the viewer shows, and the whole set in results.json
+    hits = data["examples"]["L1F3"]
+    assert data["n_prompts"] == 3 and len(hits["image"]) == 3 and len(hits["text"]) == 3
+    assert set(data["examples"]) == {n["label"] for n in data["nodes"] if n["kind"] == "feature"}
+    assert load_result(folder).examples == graph.examples
 
 
 @pytest.mark.skipif(not browser.available(), reason=browser.SKIP_REASON)
@@ -79,3 +90,8 @@ def test_graph_html_in_headless_chromium(saved):
     assert 'id="incoming"' in dom and 'id="outgoing"' in dom and 'id="toptokens"' in dom
     assert dom.count('class="patch"') == len(graph.boxes)
     assert "rgba(224,27,36" in dom  # the feature's activation painted on the image patches
+    # its card's dataset examples: top image patches (as images) and text tokens in context
+    hits = graph.examples["features"]["L1F3"]
+    patches = re.findall(r'class="expatch"><img src="data:image/png', dom)  # drawn, not the script's template
+    assert 'id="examples"' in dom and len(patches) == sum("src" in h for h in hits["image"]) == 3
+    assert len(re.findall(r"<mark>(?!\$)", dom)) == len(hits["text"]) == 3

@@ -32,7 +32,7 @@ INPUT_FLAGS: dict[str, dict[str, bool]] = {
     "steer": {"--image": False, "--direction": False, "--sae": False},
     "info": {"--image": False},
     "knockout": {"--data": False, "--image-dir": False},
-    "graph": {"--transcoders": False, "--image": False},
+    "graph": {"--transcoders": False, "--image": False, "--examples-data": False, "--image-dir": False},
     "transcoder": {"--data": False, "--image-dir": False, "--transcoders": False},
 }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from vlens.cli.console import echo
-from vlens.cli.dataset_options import mark_input_paths
+from vlens.cli.dataset_options import add_data_arguments, load_data_arg, mark_input_paths
 from vlens.cli.options import (
     RESULTS_FILE,
     add_batch_size,
@@ -20,7 +20,10 @@ from vlens.cli.options import (
     add_out,
     load_model_from_args,
     prepare_out,
+    rendered_size,
 )
+from vlens.cli.sae import DEFAULT_IMAGE_SIZE, generated_samples
+from vlens.utils.errors import UserInputError
 from vlens.utils.validation import arg_float, arg_int, arg_path
 
 RANKINGS = ("influence", "direct")  # vlens.graphs.attribution.RANKINGS (the CLI imports no torch while parsing)
@@ -53,14 +56,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--edge-threshold", type=arg_float(min=0, max=1), default=0.98,
                         help="pruning: keep the edges holding this share of the influence (default 0.98)")
     add_batch_size(parser, 32, "target rows per backward pass")
+    parser.add_argument("--examples", type=arg_int(min=1), metavar="N",
+                        help="the viewer's feature cards: each kept feature's top image patches and text tokens over "
+                             "N prompts (the first N of --examples-data, else N generated --examples-task samples)")
+    add_data_arguments(parser, flag="--examples-data", help="dataset of the --examples prompts (see --format)")
+    parser.add_argument("--examples-task", default="counting", help="task of generated examples (default counting)")
+    parser.add_argument("--examples-style", default="syndot", help="style of generated examples (default syndot)")
+    parser.add_argument("--examples-top-k", type=arg_int(min=1), default=6,
+                        help="examples per feature, of image patches and of text tokens each (default 6)")
     add_out(parser, f"graph.json, graph.html and {RESULTS_FILE}")
     parser.set_defaults(func=run)
 
 
+def example_prompts(args: argparse.Namespace) -> list:
+    """The --examples prompts: the first N rows of --examples-data, or N generated samples (seeds 0 .. N-1)."""
+    if args.examples_data is not None:
+        return list(load_data_arg(args, args.examples_data, args.examples).examples)
+    return generated_samples(args.examples_task, args.examples_style, args.examples, 0,
+                             rendered_size(args, DEFAULT_IMAGE_SIZE), "--examples-task")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.examples_data is not None and args.examples is None:
+        raise UserInputError("--examples-data is read with --examples N (how many of its prompts)")
     out = prepare_out(args, RESULTS_FILE, "graph.json", "graph.html")
 
-    from vlens.graphs import GraphSettings, ReplacementModel, attribution_graph
+    from vlens.graphs import (
+        ExampleSettings,
+        GraphSettings,
+        ReplacementModel,
+        attach_examples,
+        attribution_graph,
+    )
     from vlens.transcoders import load_transcoders
     from vlens.utils.errors import failure_context
     from vlens.utils.images import open_image_file
@@ -77,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
     graph = attribution_graph(ReplacementModel(model, transcoders), inputs, target=args.target, contrast=args.contrast,
                               settings=settings, images=images, progress=not args.quiet)
     graph.model = args.model
+    if args.examples is not None:
+        attach_examples(graph, model, transcoders, example_prompts(args), ExampleSettings(
+            top_k=args.examples_top_k), progress=not args.quiet)
     graph.save(out)
     scores = graph.scores()
     echo(f"{graph.nodes[-1]['name']} = {graph.target['value']:.4f}: {graph.n_features} active features, "

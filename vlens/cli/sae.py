@@ -137,18 +137,22 @@ def parse_features(text: str | None) -> tuple[int, ...] | None:
 
 def samples(args: argparse.Namespace, n: int | None = None, seed: int | None = None) -> list:
     """Dataset records (--data) or generated task samples (--make N)."""
-    from vlens.data import TASKS, make_task_sample
-
     if n is None and args.data is not None:
         return list(load_data_arg(args, args.data, args.limit).examples)
-    if args.task not in TASKS:
-        raise UserInputError(f"--task {args.task!r}: choose one of {', '.join(TASKS)}")
-    count, start = n or args.make, args.seed if seed is None else seed
-    size = rendered_size(args, DEFAULT_IMAGE_SIZE)
+    return generated_samples(args.task, args.style, n or args.make, args.seed if seed is None else seed,
+                             rendered_size(args, DEFAULT_IMAGE_SIZE), "--task")
+
+
+def generated_samples(task: str, style: str, count: int, start: int, size: int, flag: str) -> list:
+    """`count` task-suite samples (dicts with image, question, answer, id) from seed `start`."""
+    from vlens.data import TASKS, make_task_sample
+
+    if task not in TASKS:
+        raise UserInputError(f"{flag} {task!r}: choose one of {', '.join(TASKS)}")
     out = []
     for i in range(count):
-        image, record = make_task_sample(args.task, seed=start + i, size=size, style=args.style)
-        out.append({"image": image, **record, "id": f"{args.task}-{start + i}"})
+        image, record = make_task_sample(task, seed=start + i, size=size, style=style)
+        out.append({"image": image, **record, "id": f"{task}-{start + i}"})
     return out
 
 

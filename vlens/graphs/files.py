@@ -10,7 +10,8 @@ graph.json follows the schema circuit-tracer's frontend reads (``metadata``, ``q
 graph.html draws the same pruned graph with no network access: inputs at the bottom, the target at the
 top, one row per layer; image-group nodes are drawn on the image as boxes; clicking a node lists its
 strongest incoming and outgoing edges and, for a feature, shows its activation on every image patch
-and its top tokens. ``graph.html#node=NAME`` opens with that node selected.
+and its top tokens, and (when attached: `vlens.graphs.examples`) its top image patches and text tokens
+over a dataset. ``graph.html#node=NAME`` opens with that node selected.
 """
 
 from __future__ import annotations
@@ -95,13 +96,16 @@ def viewer_data(graph: Any) -> dict[str, Any]:
             entry["box"] = graph.boxes[node["name"]]
         nodes.append(entry)
     index = {i: k for k, i in enumerate(kept)}
+    shown = {graph.nodes[i]["label"] for i in kept if graph.nodes[i]["kind"] == "feature"}
     patches = {}
     for node in graph.nodes:
         if node["kind"] == "image" and node["name"] in graph.boxes:
             patches[node["name"]] = {"box": graph.boxes[node["name"]], "positions": node["positions"]}
     return {"nodes": nodes, "links": [[index[c], index[r], w] for r, c, w in links if r in index and c in index],
             "images": graph.images, "patches": patches, "tokens": graph.prompt_tokens, "target": graph.target,
-            "n_layers": graph.n_layers, "scores": graph.scores(), "supernodes": graph.supernodes}
+            "n_layers": graph.n_layers, "scores": graph.scores(), "supernodes": graph.supernodes,
+            "examples": {label: hits for label, hits in graph.examples.get("features", {}).items() if label in shown},
+            "n_prompts": graph.examples.get("n_prompts", 0)}
 
 
 _PAGE = """<!DOCTYPE html>
@@ -114,6 +118,8 @@ svg text{font-size:10px} .node{cursor:pointer} .sel{stroke:#000;stroke-width:2.5
 .pos{color:#1a5fb4} .neg{color:#c01c28} #imgwrap{position:relative;display:inline-block}
 .patch{position:absolute;border:1px solid rgba(0,0,0,.35);box-sizing:border-box;cursor:pointer}
 h1{font-size:16px;margin:0 0 6px} .muted{color:#666}
+.expatch{display:inline-block;margin:2px;text-align:center;font-size:10px} .expatch img{border:1px solid #ccc}
+#extext mark{background:#fc6}
 </style></head><body>
 <div id="left"><h1 id="title"></h1><div class="muted" id="scores"></div><svg id="graph" width="100%"></svg></div>
 <div id="right"><div id="imgwrap"></div><div id="details"><p class="muted">Click a node to see its edges.</p></div></div>
@@ -198,6 +204,14 @@ function select(i) {
       const a = Math.max(0, ...p.positions.map(q => n.map[q] || 0));
       if (patchDivs[name] && a > 0) patchDivs[name].style.background = `rgba(224,27,36,${(0.7 * a / peak).toFixed(3)})`;
     });
+  }
+  const ex = G.examples[n.label];
+  if (n.kind === "feature" && ex) {
+    h += `<b>dataset examples</b> <span class="muted">(top over ${G.n_prompts} prompts)</span><div id="examples">` +
+         ex.image.filter(e => e.src).map(e => `<figure class="expatch"><img src="${e.src}" alt="prompt ${e.prompt}, ` +
+           `position ${e.position}"><figcaption>#${e.prompt} ${e.activation.toPrecision(3)}</figcaption></figure>`).join("") +
+         `</div><table id="extext">` + ex.text.map(e => `<tr><td class="pos">${e.activation.toPrecision(3)}</td><td>#${e.prompt}: ` +
+           e.context.map((t, k) => k === e.focus ? `<mark>${esc(t)}</mark>` : esc(t)).join(" ") + `</td></tr>`).join("") + `</table>`;
   }
   document.getElementById("details").innerHTML = h;
 }

@@ -45,6 +45,8 @@ class AttributionGraph(Result):
     cost: forward passes, backward passes, rows and forward-equivalents (docs/graphs.md).
     settings: batch_size, image_nodes, max_features, node_threshold, edge_threshold; model: its name.
     supernodes: user-named groups of nodes {name: [node names]}.
+    examples: the features' top image patches and text tokens over a dataset (`vlens.graphs.examples`:
+        n_prompts, top_k, features {"L{l}F{i}": {"image": hits, "text": hits}}); empty until attached.
     """
 
     nodes: list[dict[str, Any]]
@@ -62,6 +64,7 @@ class AttributionGraph(Result):
     model: str = ""
     n_layers: int = 0
     supernodes: dict[str, list[str]] = field(default_factory=dict)
+    examples: dict[str, Any] = field(default_factory=dict)
 
     kind: ClassVar[str] = "attribution_graph"
 
@@ -144,7 +147,7 @@ class AttributionGraph(Result):
                                                                                        strict=True)],
                 "prompt_tokens": self.prompt_tokens, "feature_maps": self.feature_maps, "images": self.images,
                 "boxes": self.boxes, "cost": self.cost, "settings": self.settings, "supernodes": self.supernodes,
-                "scores": self.scores()}
+                "examples": self.examples, "scores": self.scores()}
 
     @classmethod
     def from_dict(cls, data: dict) -> AttributionGraph:
@@ -157,7 +160,8 @@ class AttributionGraph(Result):
                    feature_maps=dict(data.get("feature_maps", {})), images=list(data.get("images", [])),
                    boxes=dict(data.get("boxes", {})), cost=dict(data.get("cost", {})),
                    settings=dict(data.get("settings", {})), model=str(data.get("model", "")),
-                   n_layers=int(data.get("n_layers", 0)), supernodes=dict(data.get("supernodes", {})))
+                   n_layers=int(data.get("n_layers", 0)), supernodes=dict(data.get("supernodes", {})),
+                   examples=dict(data.get("examples", {})))
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write results.json (loads back with `vlens.load_result`), graph.json (circuit-tracer's schema, with

@@ -104,7 +104,7 @@ def _view_from_dict(data: dict) -> FeatureView:
         suppressed=[(str(t), float(v)) for t, v in data.get("suppressed", [])])
 
 
-def _merge_top(values: Tensor, index: Tensor, new_values: Tensor, new_index: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def merge_top(values: Tensor, index: Tensor, new_values: Tensor, new_index: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Per feature (rows), the k largest of the kept and the new values."""
     all_values, all_index = torch.cat([values, new_values], dim=1), torch.cat([index, new_index], dim=1)
     top = torch.topk(all_values, min(k, all_values.shape[1]), dim=1)
@@ -177,11 +177,11 @@ def feature_views(model: HookedVLM, sae: SAE, examples: Sequence[Any], options: 
             per_example = torch.zeros(int(ids.max()) + 1, d_sae).scatter_reduce(
                 0, ids[:, None].expand(-1, d_sae), acts[image], "amax", include_self=False)
             present = torch.unique(ids)
-            img_val, img_idx = _merge_top(img_val, img_idx, per_example[present].T,
+            img_val, img_idx = merge_top(img_val, img_idx, per_example[present].T,
                                           present.expand(d_sae, -1), k)
         if bool((~image).any()):
             rows = torch.nonzero(~image).flatten()
-            txt_val, txt_idx = _merge_top(txt_val, txt_idx, acts[rows].T, (rows + offset).expand(d_sae, -1), k)
+            txt_val, txt_idx = merge_top(txt_val, txt_idx, acts[rows].T, (rows + offset).expand(d_sae, -1), k)
         sites_example.append(chunk.sites.example)
         sites_position.append(chunk.sites.position)
         offset += len(chunk.sites.example)
