@@ -71,7 +71,10 @@ def planted_circuit_model(seed: int = 0, constant: float = 10.0, image_gain: flo
 def plant_answers(model, batch, scale: float = 50.0) -> None:
     """Point each pair's clean and corrupt answer rows of the unembedding (C only) at that run's final
     residual, so every clean run prefers its clean answer and every corrupt run its corrupt one
-    (the pairs need distinct answer tokens)."""
+    (the pairs need distinct answer tokens). Each pair's two rows are then scaled so that every pair has
+    the same clean-corrupt logit-difference gap (the mean gap of the unscaled rows): the metric's
+    denominator is then clear of its noise floor however the pairs' images differ (a circuit's
+    faithfulness is NaN when that gap is within its standard error over the pairs)."""
     with torch.no_grad():
         clean = model(batch.clean, return_type="resid")
         corrupt = model(batch.corrupt, return_type="resid")
@@ -81,3 +84,18 @@ def plant_answers(model, batch, scale: float = 50.0) -> None:
                 row = resid[i, batch.final[i], C]
                 weight[token] = 0
                 weight[token, C] = scale * row / row.norm()
+        gaps = _answer_gaps(model, batch)  # logits are linear in the rows: scaling pair i's rows scales its gap
+        for i in range(batch.n_pairs):
+            for token in (batch.clean_tokens[i], batch.corrupt_tokens[i]):
+                weight[token] *= gaps.mean() / gaps[i]
+
+
+def _answer_gaps(model, batch) -> torch.Tensor:
+    """[n_pairs] (corrupt minus clean answer logit) on the corrupt run minus the same on the clean run."""
+    rows = torch.arange(batch.n_pairs)
+
+    def difference(inputs) -> torch.Tensor:
+        logits = model(inputs)[rows, batch.final]
+        return logits[rows, batch.corrupt_tokens] - logits[rows, batch.clean_tokens]
+
+    return difference(batch.corrupt) - difference(batch.clean)

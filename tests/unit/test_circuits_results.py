@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.helpers.models import tiny_vlm
+from tests.helpers.planted_circuit import plant_answers, planted_circuit_model
 from vlens import SweepOptions
 from vlens.circuits import (
     Circuit,
@@ -19,6 +19,7 @@ from vlens.circuits import (
     extract_circuit,
     path_patch,
 )
+from vlens.data import make_pair
 from vlens.patching import build_pair_batch, make_count_pairs
 from vlens.utils.errors import UserInputError
 from vlens.viz.html import CARTESIAN_TRACES, figure_page, plotly_bundle, trace_types
@@ -28,8 +29,11 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def circuit():
-    model = tiny_vlm("qwen2_5_vl", seed=1, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, initializer_range=0.1)
-    pairs = make_count_pairs(4, seed=2, size=56)
+    # the planted two-hop circuit, whose clean and corrupt answers differ clearly on every pair (a random
+    # model's differ by noise: its faithfulness is NaN, as the noise-floor rule says)
+    model = planted_circuit_model(seed=1)
+    pairs = [make_pair(c, k, seed=10 + i, size=84) for i, (c, k) in enumerate([(1, 2), (3, 4), (5, 6), (7, 8)])]
+    plant_answers(model, build_pair_batch(model, pairs))
     return model, pairs, extract_circuit(model, pairs, target=0.8, settings=CircuitSettings(ig_steps=3))
 
 

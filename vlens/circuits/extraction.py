@@ -37,6 +37,7 @@ from vlens.parallel.options import SweepOptions
 from vlens.patching.metrics import MetricFn
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
+from vlens.utils.noise_floor import GapFloor, floored_ratio, gap_floor
 from vlens.utils.results import Result
 from vlens.utils.validation import check_count, check_float
 from vlens.viz.optional import require_plotly
@@ -48,19 +49,34 @@ if TYPE_CHECKING:
 LEVEL = 0.95
 
 
+def faithfulness_floor(clean: Tensor, corrupt: Tensor) -> GapFloor:
+    """The noise floor of F's denominator mean M(clean) - mean M(corrupt) (`vlens.utils.noise_floor`): its
+    standard error over the pairs, and the resolution of the metric's values at their magnitude."""
+    values = torch.cat([clean.flatten(), corrupt.flatten()]).double()
+    values = values[values.isfinite()]
+    magnitude = float(values.abs().mean()) if values.numel() else 0.0
+    dtype = clean.dtype if clean.dtype in (torch.float16, torch.bfloat16) else torch.float32
+    return gap_floor(clean.double() - corrupt.double(), magnitude=magnitude, dtype=dtype)
+
+
 def faithfulness(patched: Tensor, clean: Tensor, corrupt: Tensor) -> Tensor:
-    """F per condition from per-pair metric values: patched [n_conditions, n_pairs], clean / corrupt [n_pairs]
-    (NaN when the clean and corrupt means coincide)."""
+    """F per condition from per-pair metric values: patched [n_conditions, n_pairs], clean / corrupt [n_pairs].
+
+    NaN, with a `NoiseFloorWarning`, when the clean and corrupt means differ by no more than their noise
+    floor (`faithfulness_floor`): F would then be a ratio of noise (2.26 with an interval of [-4.9, 10.1])."""
     clean_mean, corrupt_mean = clean.double().mean(), corrupt.double().mean()
-    gap = clean_mean - corrupt_mean
-    if abs(float(gap)) < 1e-12:
+    floor = faithfulness_floor(clean, corrupt)
+    scale = floored_ratio(1.0, floor, "mean clean minus corrupt metric", "the circuit's faithfulness")
+    if not floor.defined or not torch.isfinite(clean_mean - corrupt_mean):
         return torch.full(patched.shape[:1], float("nan"), dtype=torch.float64)
-    return (patched.double().mean(-1) - corrupt_mean) / gap
+    return (patched.double().mean(-1) - corrupt_mean) * scale
 
 
 def faithfulness_interval(patched: Tensor, clean: Tensor, corrupt: Tensor, n_resamples: int = 1000,
                           seed: int = 0, level: float = LEVEL) -> tuple[Tensor, Tensor]:
-    """Percentile bootstrap interval over pairs of the faithfulness F of each condition.
+    """Percentile bootstrap interval over pairs of the faithfulness F of each condition (the ratio of
+    resampled means; a resample whose denominator is within the full sample's noise floor counts as
+    undefined, and every bound is NaN when the full sample's is: `faithfulness`).
 
     Args:
         patched: [n_conditions, n_pairs] the metric with each condition's edges clean, the rest corrupted.
@@ -69,13 +85,17 @@ def faithfulness_interval(patched: Tensor, clean: Tensor, corrupt: Tensor, n_res
     Returns:
         (low, high), each [n_conditions].
     """
+    floor = faithfulness_floor(clean, corrupt)
+    if not floor.defined:
+        missing = torch.full(patched.shape[:1], float("nan"), dtype=torch.float64)
+        return missing, missing.clone()
     n = clean.shape[0]
     generator = torch.Generator().manual_seed(seed)
     index = torch.randint(0, n, (n_resamples, n), generator=generator)
     clean_b, corrupt_b = clean.double()[index].mean(-1), corrupt.double()[index].mean(-1)  # [R]
     patched_b = patched.double()[:, index].mean(-1)  # [C, R]
     values = (patched_b - corrupt_b) / (clean_b - corrupt_b)
-    values = values.masked_fill((clean_b - corrupt_b).abs() < 1e-12, float("nan"))
+    values = values.masked_fill((clean_b - corrupt_b).abs() <= floor.floor, float("nan"))
     tail = (1 - level) / 2
     quantiles = torch.tensor([tail, 1 - tail], dtype=torch.float64)
     low, high = torch.nanquantile(values, quantiles, dim=1)
@@ -152,6 +172,7 @@ class Circuit(Result):
             "n_edges": self.n_edges, "n_graph_edges": self.graph.n_edges, "faithfulness": self.faithfulness,
             "faithfulness_interval": {"level": LEVEL, "method": "percentile bootstrap over pairs",
                                       "low": self.interval[0], "high": self.interval[1]},
+            "faithfulness_floor": faithfulness_floor(self.clean_metric, self.corrupt_metric).to_dict(),
             "edges": self.edge_names, "edge_scores": [float(self.scores.scores[e]) for e in self.edges],
             "nodes": self.nodes(), "curve": self.curve,
             "per_pair_metric": self.per_pair_metric.tolist(),
@@ -168,7 +189,7 @@ class Circuit(Result):
         scores = EdgeScores.from_dict(data["scores"])
         interval = data["faithfulness_interval"]
         known = {"kind", "definition", "metric", "method", "ig_steps", "rank_by", "pruned", "target", "k", "n_edges",
-                 "n_graph_edges", "faithfulness", "faithfulness_interval", "edges", "edge_scores", "nodes", "curve",
+                 "n_graph_edges", "faithfulness", "faithfulness_interval", "faithfulness_floor", "edges", "edge_scores", "nodes", "curve",
                  "per_pair_metric", "clean_metric_mean", "corrupt_metric_mean", "clean_metric", "corrupt_metric",
                  "scores"}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 
 from vlens.cli.console import echo, non_finite_exit
 from vlens.cli.options import (
@@ -134,9 +135,11 @@ def run_circuit(args: argparse.Namespace) -> int:
                write_figure(circuit.plot_curve, out / CURVE_FILE)]
     if attribution is not None:
         written.append(write_figure(attribution.plot, out / IMAGE_FILE))
+    measured = (f"faithfulness {circuit.faithfulness:.3f} [{circuit.interval[0]:.3f}, {circuit.interval[1]:.3f}]"
+                if math.isfinite(circuit.faithfulness) else
+                "faithfulness undefined (NaN: the clean and corrupt runs differ by no more than their noise floor)")
     echo(f"circuit: {circuit.n_edges} of {scores.graph.n_edges} edges (top {circuit.k} by {args.rank_by} "
-         f"{args.method} score), faithfulness {circuit.faithfulness:.3f} "
-         f"[{circuit.interval[0]:.3f}, {circuit.interval[1]:.3f}] on {batch.n_pairs} pairs")
+         f"{args.method} score), {measured} on {batch.n_pairs} pairs")
     logger.info("wrote %s", ", ".join(str(p) for p in written if p))
     return non_finite_exit(problems, args.allow_nan, "vlens circuit")
 

@@ -47,17 +47,24 @@ DTYPE_CHOICES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16
 
 
 def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | None = None,
-                      model_default: str | None = MODEL_DEFAULT, dtype_default: str = "auto") -> None:
+                      model_default: str | None = MODEL_DEFAULT, dtype_default: str = "auto",
+                      recorded_by: str | None = None) -> None:
     """--model, --device, --dtype, --image-size, --min-pixels, --max-pixels.
 
     render_default: the side in px of the images this command renders itself (None: it renders none).
     model_default: None makes --model required.
     dtype_default: "auto" (bfloat16 on a GPU, float32 on CPU); training commands keep float32 weights.
+    recorded_by: what records the model when --model is not given (e.g. "the SAE folder"): --model then
+        defaults to None and the command reads the model from there (`vlens.cli.recorded_model`).
     """
     from vlens.zoo.specs import SPEC_HELP
 
     group = parser.add_argument_group("model")
-    if model_default is None:
+    if recorded_by is not None:
+        group.add_argument("--model", default=None, metavar="SPEC",
+                           help=f"{SPEC_HELP} (default: the model {recorded_by} records; another model only when "
+                                "its hook and width fit)")
+    elif model_default is None:
         group.add_argument("--model", required=True, metavar="SPEC", help=SPEC_HELP)
     else:
         group.add_argument("--model", default=model_default, metavar="SPEC",

@@ -29,6 +29,7 @@ from vlens.cli.options import (
     rendered_size,
     write_results,
 )
+from vlens.cli.recorded_model import choose_model, recorded_spec
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import arg_float, arg_int, arg_path
 
@@ -40,8 +41,9 @@ HELD_OUT_SEED = 1_000_003  # evaluation samples never coincide with training sam
 REGIONS = ("image", "text", "final", "all")
 
 
-def add_sample_options(parser: argparse.ArgumentParser) -> None:
-    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE, dtype_default="float32")
+def add_sample_options(parser: argparse.ArgumentParser, recorded_by: str | None = None) -> None:
+    """The model and sample options; recorded_by: what records the model when --model is not given."""
+    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE, dtype_default="float32", recorded_by=recorded_by)
     source = parser.add_mutually_exclusive_group(required=True)
     add_data_arguments(parser, group=source, help="dataset with a question per image (any --format)")
     source.add_argument("--make", type=arg_int(min=1), metavar="N", help="generate N task-suite samples on the fly")
@@ -55,7 +57,7 @@ def add_sample_options(parser: argparse.ArgumentParser) -> None:
 
 def _sae_args(parser: argparse.ArgumentParser) -> None:
     """The data options, plus --sae (a vlens or SAELens folder) and --hook."""
-    add_sample_options(parser)
+    add_sample_options(parser, recorded_by="the SAE folder")
     sae = parser.add_argument("--sae", required=True, type=arg_path, help="an SAE folder (vlens or SAELens)")
     mark_input_paths(parser, sae.dest)
     parser.add_argument("--hook", help="hook name (default: the SAE config's)")
@@ -186,7 +188,7 @@ def run_train(args: argparse.Namespace) -> int:
                                                                  prompts_per_chunk=args.prompts_per_forward),
                               cache_dir=args.cache_dir)
     result = train_sae(source, training, run)
-    result.sae.cfg.metadata.update(model_name=args.model, positions=args.positions,
+    result.sae.cfg.metadata.update(model_name=recorded_spec(args.model), positions=args.positions,
                                    trained_with="vlens sae train")
     payload = result.to_dict()
     if args.evaluate:
@@ -215,6 +217,7 @@ def _load_sae_arg(args: argparse.Namespace):
     hook = args.hook or sae.cfg.hook_name
     if hook is None:
         raise UserInputError(f"{args.sae} names no hook: pass --hook")
+    choose_model(args, sae.cfg.metadata, f"the SAE folder {args.sae}")
     return sae, hook
 
 

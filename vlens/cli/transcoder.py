@@ -20,6 +20,7 @@ from pathlib import Path
 from vlens.cli.console import echo
 from vlens.cli.dataset_options import mark_input_paths
 from vlens.cli.options import RESULTS_FILE, add_out, load_model_from_args, prepare_out, write_results
+from vlens.cli.recorded_model import choose_model, recorded_spec
 from vlens.cli.sae import HELD_OUT_SEED, REGIONS, add_sample_options, samples
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import arg_float, arg_int, arg_path
@@ -71,7 +72,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     evaluate = commands.add_parser("evaluate", help="explained variance, L0, dead features, loss / KL recovered",
                                    description="Replace every covered MLP by its transcoder and measure what is "
                                                "lost (vlens, SAELens or circuit-tracer transcoders).")
-    add_sample_options(evaluate)
+    add_sample_options(evaluate, recorded_by="the transcoder folder")
     source = evaluate.add_argument("--transcoders", required=True, type=arg_path,
                                    help="a vlens or SAELens transcoder folder, or a circuit-tracer .yaml")
     mark_input_paths(evaluate, source.dest)
@@ -116,7 +117,7 @@ def run_train(args: argparse.Namespace) -> int:
     source = PairSource(model, samples(args), layers=parse_layers(args.layers), positions=args.positions,
                         prompts_per_chunk=args.prompts_per_forward, cache_dir=args.cache_dir)
     result = train_transcoders(source, training, run)
-    result.transcoders.cfg.metadata.update(model_name=args.model, positions=args.positions,
+    result.transcoders.cfg.metadata.update(model_name=recorded_spec(args.model), positions=args.positions,
                                            trained_with="vlens transcoder train")
     if args.evaluate:
         held_out = samples(args, n=args.evaluate, seed=HELD_OUT_SEED + args.seed)
@@ -126,7 +127,7 @@ def run_train(args: argparse.Namespace) -> int:
         report(evaluation)
     result.save(out)
     if args.saelens:
-        save_saelens_transcoders(result.transcoders, out, model_name=args.model)
+        save_saelens_transcoders(result.transcoders, out, model_name=recorded_spec(args.model))
     m = result.metrics
     echo(f"transcoders ({args.kind}, {args.activation}, {args.d_tc} features x {len(source.layers)} layers): "
          f"{m['steps']} steps, explained variance {m.get('explained_variance', float('nan')):.3f}, "
@@ -142,6 +143,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     with failure_context(f"reading the transcoders {args.transcoders}"):
         transcoders = load_transcoders(args.transcoders)
+    choose_model(args, transcoders.cfg.metadata, f"the transcoders {args.transcoders}")
     model = load_model_from_args(args)
     evaluation = evaluate_transcoders(model, transcoders, samples(args), batch_size=args.prompts_per_forward,
                                       progress=not args.quiet)

@@ -8,7 +8,7 @@ folders. Each problem is one `ModelFolderError` (a `UserInputError`) naming the 
 | the folder | missing, not a folder, unreadable (a permission error is said as one), a symbolic-link loop |
 | config.json | missing, unreadable, not JSON, a key given twice, no ``model_type``, ``architectures`` missing or of no registered family |
 | weights | pickle files only (``.bin``, ``.pt``; never unpickled: how to convert), no weights, a shard the index names missing, a truncated or garbage safetensors file (read from its header) |
-| config vs weights | a tensor the model needs is absent (`MissingWeightsError`, unless ``allow_missing``), a tensor the config does not use (e.g. weights with more layers than ``num_hidden_layers``), a shape that differs (a width that does not match) |
+| config vs weights | a weight stored as integers or booleans (not floating point), a tensor the model needs is absent (`MissingWeightsError`, unless ``allow_missing``), a tensor the config does not use (e.g. weights with more layers than ``num_hidden_layers``), a shape that differs (a width that does not match) |
 | tokenizer / processor | no tokenizer files, token ids past the embedding's rows, an image token the tokenizer does not know or that is not the config's ``image_token_id``, a chat template that does not parse |
 
 Config and weights are compared on a model built on the meta device (no memory) with the
@@ -217,6 +217,15 @@ def compare_with_config(hf_class: type, config: Any, tensors: dict[str, TensorIn
                     and not _matches(name, model._keys_to_ignore_on_load_unexpected) for key in keys)
     missing = sorted(name for name in expected if name not in mapped and name not in tied
                      and not _matches(name, model._keys_to_ignore_on_load_missing))
+    parameters = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    not_float = [key for name, keys in sorted(mapped.items()) if name in parameters for key in keys
+                 if not _is_float(tensors[key].dtype)]
+    if not_float:  # transformers would cast them to the load dtype without a word
+        info = tensors[not_float[0]]
+        raise ModelFolderError(
+            f"{folder}: {len(not_float)} weight(s) are not floating point, e.g. {not_float[0]} is stored as "
+            f"{info.dtype} in {info.file}: vlens runs float weights only (a quantised or corrupted checkpoint would be "
+            "silently cast); use the original float16 / bfloat16 / float32 checkpoint")
     wrong = [(keys[0], tensors[keys[0]], expected[name]) for name, keys in sorted(mapped.items())
              if name in expected and name not in converted and len(keys) == 1
              and tensors[keys[0]].shape != expected[name]]
@@ -238,6 +247,11 @@ def compare_with_config(hf_class: type, config: Any, tensors: dict[str, TensorIn
     if missing:
         logger.warning("%s: %d tensor(s) missing from the checkpoint will be random (allow_missing=True)", folder,
                        len(missing))
+
+
+def _is_float(dtype: str) -> bool:
+    """A safetensors dtype name that is floating point (F16, BF16, F32, F64, F8_*)."""
+    return dtype.startswith("F") or dtype == "BF16"
 
 
 def _matches(name: str, patterns: Iterable[str] | None) -> bool:

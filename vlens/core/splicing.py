@@ -51,6 +51,16 @@ def dictionary_dtype(sae: Any) -> torch.dtype | None:
     return params[0].dtype if params else None
 
 
+def dictionary_width(sae: Any) -> int | None:
+    """The activation width a dictionary reads (`d_in`, its config's, or its encoder's rows); None when unknown."""
+    width = getattr(sae, "d_in", None)
+    if width is None:
+        width = getattr(getattr(sae, "cfg", None), "d_in", None)
+    if width is None and isinstance(getattr(sae, "W_enc", None), Tensor):
+        width = sae.W_enc.shape[0]
+    return int(width) if isinstance(width, int) else None
+
+
 class SpliceSite(nn.Module):
     """The hook points of one spliced hook and the replacement it computes."""
 
@@ -92,6 +102,12 @@ class SpliceSite(nn.Module):
     def splice(self, activation: Tensor) -> Tensor:
         lead = activation.shape[:2] if activation.ndim >= 3 else activation.shape[:1]
         x = activation.reshape(*lead, -1)
+        width = dictionary_width(self.sae)
+        if width is not None and x.shape[-1] != width:
+            # a dictionary trained on another model (or hook): its weights would not even multiply
+            raise UserInputError(f"the SAE spliced at {self.hook_name} reads activations of width {width}, but this "
+                                 f"model's {self.hook_name} has width {x.shape[-1]}: splice it on the model (and hook) "
+                                 "it was trained on, or train an SAE on this one.")
         dtype = dictionary_dtype(self.sae) or x.dtype
         x = self.hook_sae_input(x.to(dtype))
         mask = self.position_mask(activation)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -35,7 +35,7 @@ from vlens.lens.base import Lens
 from vlens.lens.kl import TargetTerms, layer_kl
 from vlens.lens.readout import LensReadout, unembedding_hash
 from vlens.utils.errors import UserInputError
-from vlens.utils.fileio import atomic_folder, read_json_file
+from vlens.utils.fileio import atomic_folder, load_float_tensors, read_json_file
 from vlens.utils.finite import finite_rows, warn_non_finite
 from vlens.utils.provenance import stamp
 from vlens.utils.results import Result, own_fields
@@ -151,7 +151,7 @@ class Translators(nn.Module):
                 raise FileNotFoundError(f"{folder} holds no {name}: is it a folder written by Translators.save "
                                         "or `vlens lens train --out`?")
         config = read_json_file(folder / CONFIG_FILE, "the lens config", "save the lens again (vlens lens train)")
-        tensors = load_file(str(folder / WEIGHTS_FILE))
+        tensors = load_float_tensors(folder / WEIGHTS_FILE, "the lens weights", "save the lens again (vlens lens train)")
         n_layers, d_model = int(config.pop("n_layers")), int(config.pop("d_model"))
         config.pop("format_version", None)
         config.pop("kind", None)

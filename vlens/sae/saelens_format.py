@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from vlens.sae.base import SAE
 from vlens.sae.config import SAEConfig
 from vlens.sae.registry import architecture_classes, build_sae
 from vlens.utils.errors import UserInputError
-from vlens.utils.fileio import atomic_write, atomic_write_json, read_json_file
+from vlens.utils.fileio import atomic_write, atomic_write_json, load_float_tensors, read_json_file
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
@@ -120,7 +120,7 @@ def load_sae(folder: str | os.PathLike, device: str | torch.device | None = None
     config_class = architecture_classes(architecture)[1]
     cfg: SAEConfig = config_class(**fields)
     sae = build_sae(cfg)
-    state = load_file(str(folder / WEIGHTS_FILE), device=str(cfg.device))
+    state = load_float_tensors(folder / WEIGHTS_FILE, "the SAE weights", device=str(cfg.device))
     state = _state_for_loading(state, raw, folder)
     expected = set(sae.state_dict())
     if set(state) != expected:

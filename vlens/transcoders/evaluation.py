@@ -11,6 +11,7 @@ covered MLP's output: ``loss_recovered = (L_zero - L_tc) / (L_zero - L_clean)``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from vlens.transcoders.activations import mlp_pairs
 from vlens.transcoders.model import Transcoders
 from vlens.transcoders.splice import check_model, splice_transcoders
 from vlens.utils.errors import UserInputError
+from vlens.utils.finite import json_safe
+from vlens.utils.noise_floor import GapFloor, floored_ratio, pooled_gap_floor
 from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_count
 
@@ -36,7 +39,8 @@ from vlens.utils.validation import check_count
 @dataclass
 class TranscoderEvaluation(Result):
     """Per layer: explained variance, L0, dead share; overall: loss and KL (clean / transcoders / zero) and
-    the recovered fractions (see the module doc)."""
+    the recovered fractions (see the module doc), None (null) where the denominator is within its noise floor;
+    floors: "loss" / "kl" -> that denominator's `GapFloor` as a dict."""
 
     layers: list[dict[str, Any]] = field(default_factory=list)
     loss_clean: float = 0.0
@@ -48,6 +52,7 @@ class TranscoderEvaluation(Result):
     kl_recovered: float | None = None
     n_prompts: int = 0
     n_tokens: int = 0
+    floors: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     kind: ClassVar[str] = "transcoder_evaluation"
 
@@ -55,7 +60,8 @@ class TranscoderEvaluation(Result):
         return {"kind": "transcoder_evaluation", "layers": self.layers, "loss_clean": self.loss_clean,
                 "loss_transcoders": self.loss_transcoders, "loss_zero": self.loss_zero,
                 "loss_recovered": self.loss_recovered, "kl_transcoders": self.kl_transcoders, "kl_zero": self.kl_zero,
-                "kl_recovered": self.kl_recovered, "n_prompts": self.n_prompts, "n_tokens": self.n_tokens}
+                "kl_recovered": self.kl_recovered, "n_prompts": self.n_prompts, "n_tokens": self.n_tokens,
+                **({"floors": json_safe(self.floors)} if self.floors else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> TranscoderEvaluation:
@@ -79,16 +85,28 @@ def zero_mlps(model: HookedVLM, layers: Sequence[int]) -> Iterator[None]:
         yield
 
 
-def _loss_and_kl(logits: Tensor, clean_logp: Tensor, inputs: Any, model: HookedVLM) -> tuple[float, float, int, int]:
-    """(summed next-token loss, summed KL from clean, tokens predicted, positions compared)."""
+def _loss_and_kl(logits: Tensor, clean_logp: Tensor, inputs: Any, model: HookedVLM
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per prompt [batch]: (summed next-token loss, summed KL from clean, tokens predicted, positions compared)."""
     placeholders = tuple(t for t in (model.cfg.image_token_id, model.cfg.video_token_id) if t is not None)
     targets = next_token_targets(inputs.input_ids, inputs.attention_mask, placeholders).to(logits.device)
-    losses = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="sum",
-                             ignore_index=IGNORE_INDEX)
+    losses = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="none",
+                             ignore_index=IGNORE_INDEX).view(targets.shape).sum(-1)
     real = inputs.attention_mask.bool().to(logits.device)
     logp = logits.float().log_softmax(-1)
-    kl = (clean_logp.exp() * (clean_logp - logp)).sum(-1)[real].sum()
-    return float(losses), float(kl), int((targets != IGNORE_INDEX).sum()), int(real.sum())
+    kl = ((clean_logp.exp() * (clean_logp - logp)).sum(-1) * real).sum(-1)
+    return (losses.double().cpu(), kl.double().cpu(), (targets != IGNORE_INDEX).sum(-1).cpu(),
+            real.sum(-1).cpu())
+
+
+def recovered(numerator: float, sums: Tensor, counts: Tensor, magnitude: float, what: str, score: str
+              ) -> tuple[float | None, GapFloor]:
+    """numerator / (pooled mean of `sums` per unit), or None (null) with a `NoiseFloorWarning` when that
+    denominator is within its noise floor (`vlens.utils.noise_floor`, as the patch effect and an SAE's loss
+    recovered): a ratio of noise is never reported. Also returns the floor."""
+    floor = pooled_gap_floor(sums, counts, magnitude)
+    value = floored_ratio(numerator, floor, what, score, stacklevel=3)
+    return (value if math.isfinite(value) else None), floor
 
 
 @torch.no_grad()
@@ -108,8 +126,9 @@ def evaluate_transcoders(model: HookedVLM, tc: Transcoders, examples: Sequence[A
     y_hats: list[list[Tensor]] = [[] for _ in range(m)]
     l0_sums = [0.0] * m
     fired = torch.zeros(m, tc.cfg.d_tc, dtype=torch.bool)
-    totals = {"clean": 0.0, "tc": 0.0, "zero": 0.0, "kl_tc": 0.0, "kl_zero": 0.0}
-    n_predicted = n_positions = n_tokens = 0
+    parts: dict[str, list[Tensor]] = {"clean": [], "tc": [], "zero": [], "kl_tc": [], "kl_zero": [], "predicted": [],
+                                      "positions": []}
+    n_tokens = 0
     for start in tqdm(range(0, len(examples), batch_size), desc="evaluate", disable=not progress, unit="batch"):
         prompts = [as_prompt(example, start + i) for i, example in enumerate(examples[start:start + batch_size])]
         images = [p.images for p in prompts]
@@ -127,23 +146,33 @@ def evaluate_transcoders(model: HookedVLM, tc: Transcoders, examples: Sequence[A
         clean = model(inputs)
         clean_logp = clean.float().log_softmax(-1)
         loss, _, predicted, positions = _loss_and_kl(clean, clean_logp, inputs, model)
-        totals["clean"] += loss
+        parts["clean"].append(loss)
+        parts["predicted"].append(predicted)
+        parts["positions"].append(positions)
         with splice_transcoders(model, tc, error="none"):
             loss, kl, _, _ = _loss_and_kl(model(inputs), clean_logp, inputs, model)
-        totals["tc"], totals["kl_tc"] = totals["tc"] + loss, totals["kl_tc"] + kl
+        parts["tc"].append(loss)
+        parts["kl_tc"].append(kl)
         with zero_mlps(model, tc.cfg.layers):
             loss, kl, _, _ = _loss_and_kl(model(inputs), clean_logp, inputs, model)
-        totals["zero"], totals["kl_zero"] = totals["zero"] + loss, totals["kl_zero"] + kl
-        n_predicted, n_positions = n_predicted + predicted, n_positions + positions
+        parts["zero"].append(loss)
+        parts["kl_zero"].append(kl)
+    per = {key: torch.cat(values).double() for key, values in parts.items()}  # per prompt
+    n_predicted, n_positions = float(per["predicted"].sum()), float(per["positions"].sum())
     if n_predicted == 0:
         raise UserInputError("the prompts predict no text token: give prompts with text.")
     rows = [{"layer": layer, "explained_variance": explained_variance(torch.cat(ys[j]), torch.cat(y_hats[j])),
              "l0": l0_sums[j] / n_tokens, "dead_fraction": float((~fired[j]).float().mean())}
             for j, layer in enumerate(tc.cfg.layers)]
-    clean, ours, zero = (totals[k] / n_predicted for k in ("clean", "tc", "zero"))
-    kl_tc, kl_zero = totals["kl_tc"] / n_positions, totals["kl_zero"] / n_positions
+    clean, ours, zero = (float(per[k].sum()) / n_predicted for k in ("clean", "tc", "zero"))
+    kl_tc, kl_zero = float(per["kl_tc"].sum()) / n_positions, float(per["kl_zero"].sum()) / n_positions
+    # each ratio's denominator must clear its noise floor over the prompts (NaN / null and a warning otherwise)
+    loss_recovered, loss_floor = recovered(zero - ours, per["zero"] - per["clean"], per["predicted"], clean,
+                               "mean zero-ablation minus clean loss per token", "the transcoders' loss recovered")
+    kl_share, kl_floor = recovered(kl_tc, per["kl_zero"], per["positions"], clean,
+                         "mean KL of the zero-ablated model from the clean one", "the transcoders' KL recovered")
     return TranscoderEvaluation(layers=rows, loss_clean=clean, loss_transcoders=ours, loss_zero=zero,
-                                loss_recovered=(zero - ours) / (zero - clean) if zero != clean else None,
-                                kl_transcoders=kl_tc, kl_zero=kl_zero,
-                                kl_recovered=1 - kl_tc / kl_zero if kl_zero > 0 else None,
-                                n_prompts=len(examples), n_tokens=n_tokens)
+                                loss_recovered=loss_recovered, kl_transcoders=kl_tc, kl_zero=kl_zero,
+                                kl_recovered=None if kl_share is None else 1 - kl_share,
+                                n_prompts=len(examples), n_tokens=n_tokens,
+                                floors={"loss": loss_floor.to_dict(), "kl": kl_floor.to_dict()})

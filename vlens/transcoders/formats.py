@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
 from vlens.transcoders.config import TranscoderConfig
 from vlens.transcoders.model import Transcoders
 from vlens.utils.errors import UserInputError
+from vlens.utils.fileio import check_float_tensors, load_float_tensors
 from vlens.utils.strict_json import loads_strict
 
 CONFIG_FILE = "transcoder_config.json"
@@ -66,7 +67,7 @@ def load_transcoders(path: str | os.PathLike, device: str | torch.device = "cpu"
         if not isinstance(raw, dict):
             raise UserInputError(f"{path / CONFIG_FILE} must hold a JSON object.")
         tc = Transcoders(TranscoderConfig.from_dict(raw))
-        tc.load_state(load_file(str(path / WEIGHTS_FILE)))
+        tc.load_state(load_float_tensors(path / WEIGHTS_FILE, "the transcoder weights"))
         return tc.to(device)
     if path.is_dir() and (saelens_layers(path) or (path / "cfg.json").is_file()):
         return load_saelens_transcoders(path).to(device)
@@ -128,7 +129,7 @@ def _saelens_layer(sub: Path) -> tuple[int, str, dict[str, Tensor], dict[str, An
     if raw.get("d_in") != raw.get("d_out"):
         raise UserInputError(f"{sub}: an MLP transcoder maps d_model to d_model, this one {raw.get('d_in')} -> "
                              f"{raw.get('d_out')}.")
-    state = load_file(str(sub / "sae_weights.safetensors"))
+    state = load_float_tensors(sub / "sae_weights.safetensors", "the transcoder weights")
     return int(match.group(1)), architecture, state, raw
 
 
@@ -194,9 +195,10 @@ def load_circuit_tracer(config_file: str | os.PathLike) -> Transcoders:
             raise UserInputError(f"{config_file}: {path} does not exist.")
         if path.suffix == ".npz":
             with np.load(path) as params:
-                weights = {k: torch.tensor(params[k]) for k in params.files}
+                weights = check_float_tensors({k: torch.tensor(params[k]) for k in params.files},
+                                              f"the transcoder weights {path}")
         else:
-            raw = load_file(str(path))
+            raw = load_float_tensors(path, "the transcoder weights")
             if raw.get("log_thresholds") is not None:
                 raise UserInputError(f"{path}: log_thresholds in a ReLU transcoder file are not supported.")
             weights = {"W_enc": raw["W_enc"].T, "W_dec": raw["W_dec"].T, "b_enc": raw["b_enc"], "b_dec": raw["b_dec"]}

@@ -146,5 +146,25 @@ def load_tensor_file(path: str | os.PathLike, what: str = "", fix: str = "delete
         raise UserInputError(f"{label} is empty, truncated or not a tensor file ({str(error)[:160]}): {fix}") from None
 
 
-__all__ = ["atomic_folder", "atomic_write", "atomic_write_json", "atomic_write_text", "load_tensor_file",
-           "read_json_file"]
+def check_float_tensors(tensors: dict[str, Any], source: str, fix: str = "") -> dict[str, Any]:
+    """`tensors` unchanged when every one is floating point; else a `UserInputError` naming the first that
+    is not (an integer or boolean weight would be cast to float without a word when copied into a module:
+    a quantised checkpoint, a corrupted file, or one written by another tool)."""
+    for name, tensor in tensors.items():
+        if not getattr(tensor, "is_floating_point", lambda: True)():
+            raise UserInputError(
+                f"{source}: {name} is stored as {str(tensor.dtype).removeprefix('torch.')}, not floating point: vlens "
+                "reads only float weights (a quantised, corrupted or foreign file would be silently cast)"
+                + (f"; {fix}" if fix else "; write it again with float tensors (float32, float16 or bfloat16)"))
+    return tensors
+
+
+def load_float_tensors(path: str | os.PathLike, what: str, fix: str = "", device: str | None = None) -> dict[str, Any]:
+    """A safetensors file's tensors, every one floating point (`check_float_tensors`; `what` names the file)."""
+    from safetensors.torch import load_file  # here: most users of this module never load a tensor file
+
+    return check_float_tensors(load_file(str(path), device=device or "cpu"), f"{what} {path}", fix)
+
+
+__all__ = ["atomic_folder", "atomic_write", "atomic_write_json", "atomic_write_text", "check_float_tensors",
+           "load_float_tensors", "load_tensor_file", "read_json_file"]

@@ -82,6 +82,24 @@ def gap_floor(differences: Float[Tensor, "n"], magnitude: float | None = None,
     return GapFloor(mean, standard_error, torch.finfo(dtype).eps * scale, n)
 
 
+def pooled_gap_floor(sums: Float[Tensor, "n"], counts: Float[Tensor, "n"], magnitude: float,
+                     dtype: torch.dtype = torch.float32) -> GapFloor:
+    """The floor of a pooled mean sum(sums) / sum(counts): per example, `sums` the difference between the
+    two runs summed over its `counts` units (tokens). Its standard error is the ratio estimator's over
+    the examples, sqrt(n / (n - 1) * sum((s_i - D c_i)^2)) / sum(c_i); the resolution is `dtype`'s step at
+    `magnitude` (the typical |value| per unit)."""
+    s, c = sums.detach().double().flatten().cpu(), counts.detach().double().flatten().cpu()
+    keep = s.isfinite() & (c > 0)
+    s, c = s[keep], c[keep]
+    n = int(s.numel())
+    if n == 0:
+        return GapFloor(math.nan, math.nan, 0.0, 0)
+    total = float(c.sum())
+    mean = float(s.sum()) / total
+    standard_error = (math.sqrt(n / (n - 1) * float(((s - mean * c) ** 2).sum())) / total) if n > 1 else math.nan
+    return GapFloor(mean, standard_error, torch.finfo(dtype).eps * abs(float(magnitude)), n)
+
+
 def floored_ratio(numerator: float, floor: GapFloor, what: str, score: str, stacklevel: int = 2) -> float:
     """numerator / floor.denominator, or NaN with a `NoiseFloorWarning` naming `score` when the
     denominator (`what`) is within its noise floor."""
@@ -93,4 +111,4 @@ def floored_ratio(numerator: float, floor: GapFloor, what: str, score: str, stac
 
 
 __all__ = ["FLOOR_RESOLUTION_STEPS", "FLOOR_STANDARD_ERRORS", "GapFloor", "NoiseFloorWarning", "floored_ratio",
-           "gap_floor", "noise_floor"]
+           "gap_floor", "noise_floor", "pooled_gap_floor"]
