@@ -26,6 +26,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from vlens.parallel.store import UnitStore
+from vlens.parallel.teardown import mark_peer_lost
 from vlens.utils.errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -188,8 +189,6 @@ class Sharding:
         try:
             return call()
         except RuntimeError as error:  # gloo / nccl report a dead or silent peer as RuntimeError subclasses
-            from vlens.parallel.teardown import mark_peer_lost
-
             mark_peer_lost()  # the broken group must not be torn down at exit
             detail = " ".join(str(error).split())
             raise DistributedRunError(
