@@ -15,6 +15,7 @@ from vlens.data.palette import COLOR_PALETTE, OBJECT_COLORS, REAL_SHAPES, SHAPES
 from vlens.data.styles import STYLES
 from vlens.data.tasks import make_task_sample, task_templates
 from vlens.data.templates import PUNCTUATION, TASKS, TEMPLATES, all_template_words
+from vlens.data.video import VideoPair, make_video_pair, video_array
 
 __all__ = [
     "COLOR_PALETTE",
@@ -29,9 +30,11 @@ __all__ = [
     "ImageRecord",
     "LayoutError",
     "Pair",
+    "VideoPair",
     "all_template_words",
     "make_pair",
     "make_task_sample",
+    "make_video_pair",
     "plural",
     "read_imagefolder",
     "record_image",
@@ -39,5 +42,6 @@ __all__ = [
     "render_synpoly",
     "render_synreal",
     "task_templates",
+    "video_array",
     "write_imagefolder",
 ]

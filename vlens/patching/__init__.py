@@ -22,11 +22,13 @@ from vlens.patching.pairs import (
     examples_from_records,
     load_pair_examples,
     make_count_pairs,
+    make_video_count_pairs,
 )
 from vlens.patching.results import PatchingResult
 from vlens.patching.runner import run_naive, run_specs
 from vlens.patching.sweeps import (
     REGIONS,
+    patch_layer_frame,
     patch_layer_head,
     patch_layer_position,
     patch_layer_region,
@@ -49,6 +51,8 @@ __all__ = [
     "load_pair_examples",
     "logit_diff",
     "make_count_pairs",
+    "make_video_count_pairs",
+    "patch_layer_frame",
     "patch_layer_head",
     "patch_layer_position",
     "patch_layer_region",

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from vlens.core.answers import append_tokens, contrast
 from vlens.core.inputs import VLMInputs
-from vlens.data import make_pair, read_imagefolder, record_image
+from vlens.data import VideoPair, make_pair, make_video_pair, read_imagefolder, record_image
 from vlens.datasets import DatasetError, record_dicts
 from vlens.parallel.options import Readout
 from vlens.utils.errors import UserInputError
@@ -39,7 +39,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class PairExample:
-    """One pair before tokenisation: two images and their prompts / ground-truth answers."""
+    """One pair before tokenisation: two images and their prompts / ground-truth answers.
+
+    video_fps: None for an image pair; for a video pair (`vlens.data.make_video_pair`) the frame rate,
+    and `clean_image` / `corrupt_image` are the two videos (lists of frames).
+    """
 
     pair_id: str
     clean_image: Any
@@ -48,6 +52,7 @@ class PairExample:
     corrupt_prompt: str
     clean_answer: str
     corrupt_answer: str
+    video_fps: float | None = None
 
 
 @dataclass
@@ -151,12 +156,40 @@ class PairBatch:
 
 # ---------------------------------------------------------------------- sources of pairs
 def examples_from_pairs(pairs: Sequence[Any]) -> list[PairExample]:
-    """`vlens.data.Pair` objects -> `PairExample`s (prompt = the record's question)."""
+    """`vlens.data.Pair` / `VideoPair` objects -> `PairExample`s (prompt = the record's question)."""
     return [
+        PairExample(p.pair_id, p.clean_frames, p.corrupt_frames, p.clean_record["question"],
+                    p.corrupt_record["question"], str(p.clean_record["answer"]), str(p.corrupt_record["answer"]),
+                    video_fps=p.fps)
+        if isinstance(p, VideoPair) else
         PairExample(p.pair_id, p.clean_image, p.corrupt_image, p.clean_record["question"],
                     p.corrupt_record["question"], str(p.clean_record["answer"]), str(p.corrupt_record["answer"]))
         for p in pairs
     ]
+
+
+def count_draws(n: int, seed: int, counts: Sequence[int], what: str) -> list[tuple[int, int]]:
+    """`n` (clean, corrupt) counts: clean drawn from `counts`, corrupt another of them at most 2 away."""
+    if n < 1:
+        raise UserInputError(f"{what} needs n >= 1, got {n}")
+    rng = np.random.default_rng(seed)
+    counts = [int(c) for c in counts]
+    draws = []
+    for _ in range(n):
+        n_clean = int(rng.choice(counts))
+        options = [c for c in counts if c != n_clean and abs(c - n_clean) <= 2]
+        draws.append((n_clean, int(rng.choice(options))))
+    return draws
+
+
+def make_video_count_pairs(n: int, seed: int = 0, frames: int = 4, size: int = 112, style: str = "syndot",
+                           counts: Sequence[int] = tuple(range(1, 7)), fps: float = 2.0) -> list[PairExample]:
+    """`n` video counting pairs (`vlens.data.make_video_pair`: objects appear across `frames` frames; clean
+    count c, corrupt c +- 1 or 2), deterministic in seed."""
+    return examples_from_pairs([
+        make_video_pair(n_clean, n_corrupt, frames, seed=seed * 100_003 + i, style=style, size=size, fps=fps,
+                        pair_id=f"{style}-video-{seed}-{i}")
+        for i, (n_clean, n_corrupt) in enumerate(count_draws(n, seed, counts, "make_video_count_pairs"))])
 
 
 def make_count_pairs(n: int, seed: int = 0, size: int = 168, style: str = "syndot",
@@ -165,18 +198,10 @@ def make_count_pairs(n: int, seed: int = 0, size: int = 168, style: str = "syndo
 
     size: image side in pixels (168 gives the embedded model its 6x6 image-token grid).
     """
-    if n < 1:
-        raise UserInputError(f"make_count_pairs needs n >= 1, got {n}")
-    rng = np.random.default_rng(seed)
-    counts = [int(c) for c in counts]
-    pairs = []
-    for i in range(n):
-        n_clean = int(rng.choice(counts))
-        options = [c for c in counts if c != n_clean and abs(c - n_clean) <= 2]
-        n_corrupt = int(rng.choice(options))
-        pairs.append(make_pair(n_clean, n_corrupt, seed=seed * 100_003 + i, style=style, size=size,
-                               pair_id=f"{style}-count-{seed}-{i}"))
-    return examples_from_pairs(pairs)
+    return examples_from_pairs([
+        make_pair(n_clean, n_corrupt, seed=seed * 100_003 + i, style=style, size=size,
+                  pair_id=f"{style}-count-{seed}-{i}")
+        for i, (n_clean, n_corrupt) in enumerate(count_draws(n, seed, counts, "make_count_pairs"))])
 
 
 def examples_from_records(records: Sequence[dict]) -> list[PairExample]:
@@ -259,18 +284,23 @@ def build_pair_batch(model: HookedVLM, examples: Sequence[Any], chat: bool = Tru
     examples = [e if isinstance(e, PairExample) else examples_from_pairs([e])[0] for e in examples]
     if not examples:
         raise UserInputError("build_pair_batch got no pairs: pass PairExamples (e.g. make_count_pairs(8)) or vlens.data Pairs")
+    rates = {e.video_fps for e in examples}
+    if len(rates) > 1:
+        raise UserInputError(f"build_pair_batch got image and video pairs or videos of different frame rates ({rates}): "
+                             "build one batch per kind")
+    fps = rates.pop()
     n = len(examples)
     contrasts = [contrast(model, e.clean_answer, e.corrupt_answer, example=e.pair_id, chat=chat) for e in examples]
     tokens = [(c.prefix, c.clean_id, c.corrupt_id) for c in contrasts]
     # Alignment is checked on each pair alone first, so the error names the pair.
     for e, (prefix, _, _) in zip(examples, tokens, strict=True):
         single = _prepare(model, [e.clean_image, e.corrupt_image], [e.clean_prompt, e.corrupt_prompt],
-                          [prefix, prefix], chat)
+                          [prefix, prefix], chat, fps)
         _check_aligned(single, 0, 1, e.pair_id)
     images = [e.clean_image for e in examples] + [e.corrupt_image for e in examples]
     prompts = [e.clean_prompt for e in examples] + [e.corrupt_prompt for e in examples]
     prefixes = [t[0] for t in tokens] * 2
-    both = _prepare(model, images, prompts, prefixes, chat)
+    both = _prepare(model, images, prompts, prefixes, chat, fps)
     clean, corrupt = _select_rows(both, list(range(n))), _select_rows(both, list(range(n, 2 * n)))
     for i, e in enumerate(examples):
         _check_aligned_pair(clean, corrupt, i, e.pair_id)
@@ -288,8 +318,12 @@ def build_pair_batch(model: HookedVLM, examples: Sequence[Any], chat: bool = Tru
     )
 
 
-def _prepare(model: HookedVLM, images: list, prompts: list[str], prefixes: list[list[int]], chat: bool) -> VLMInputs:
-    inputs = model.prepare(images=images, prompts=prompts, chat=chat)
+def _prepare(model: HookedVLM, images: list, prompts: list[str], prefixes: list[list[int]], chat: bool,
+             fps: float | None = None) -> VLMInputs:
+    if fps is not None:  # video pairs: one video per prompt
+        inputs = model.prepare(videos=images, prompts=prompts, chat=chat, fps=fps)
+    else:
+        inputs = model.prepare(images=images, prompts=prompts, chat=chat)
     if not any(prefixes):
         return inputs
     return append_tokens(model, inputs, prefixes)

@@ -204,6 +204,34 @@ def patch_layer_region(model: HookedVLM, batch: PairBatch, component: str = "res
     return _result(model, batch, specs, axes, metric, direction, options)
 
 
+def patch_layer_frame(model: HookedVLM, batch: PairBatch, component: str = "resid_pre",
+                      layers: Sequence[int] | None = None, metric: MetricFn | None = None,
+                      direction: str = "noising", options: SweepOptions | None = None) -> PatchingResult:
+    """Patch `component` of each layer at each frame of the pairs' videos (one video per pair, the same
+    number of frames / temporal patches in every pair: `vlens.data.make_video_pair`).
+
+    Returns:
+        a "layer-region" `PatchingResult` whose cells are the frames "f0", "f1", ... (regions.frames):
+        metrics [n_layers, n_frames].
+    """
+    check_component(component)
+    frames = batch.clean.token_regions.frames
+    if not frames or any(len(row) != 1 for row in frames) or len({len(row[0]) for row in frames}) != 1:
+        raise UserInputError("patch_layer_frame needs pairs of one video each with the same number of frames "
+                             "(build them from vlens.data.make_video_pair / make_video_count_pairs)")
+    n_frames = len(frames[0][0])
+    masks = []
+    for k in range(n_frames):
+        mask = torch.zeros(batch.n_pairs, batch.seq_len, dtype=torch.bool)
+        for row in range(batch.n_pairs):
+            mask[row, frames[row][0][k].cpu()] = True
+        masks.append(mask)
+    layers = _layers(model, layers)
+    specs = [PatchSpec(layer, component, masks[k]) for layer in layers for k in range(n_frames)]
+    axes = {"mode": "layer-region", "component": component, "layers": layers, "cells": [f"f{k}" for k in range(n_frames)]}
+    return _result(model, batch, specs, axes, metric, direction, options or SweepOptions())
+
+
 def patch_layer_region_components(model: HookedVLM, batch: PairBatch,
                                   components: Sequence[str] = ("resid_pre", "attn_out", "mlp_out"),
                                   **kwargs: Any) -> dict[str, PatchingResult]:

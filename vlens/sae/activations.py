@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,7 +40,8 @@ class ActivationOptions:
     Attributes:
         hook_name: any hook of the model with a [batch, pos, ...] activation (hook_z: heads flattened).
         positions: "image", "text", "final" (last prompt position) or "all" (image and text).
-        cells: with positions="image", only these (row, col) cells of each image's token grid.
+        cells: with positions="image", only these (row, col) cells of each image's token grid (of every
+            frame of a video).
         prompts_per_chunk: prompts per forward (one chunk).
         chat: wrap questions in the model's chat template (as `model.prepare` does by default).
     """
@@ -97,11 +98,13 @@ class ActivationStream(Protocol):
 
 @dataclass
 class Prompt:
-    """One prompt: its images (opened) and text."""
+    """One prompt: its images (opened) and text; its videos (each a list of frames) at `fps` frames per second."""
 
     images: list[Image.Image]
     text: str
     id: str = ""
+    videos: list[list[Any]] = field(default_factory=list)
+    fps: float = 2.0
 
 
 def as_prompt(example: Any, index: int) -> Prompt:
@@ -114,7 +117,9 @@ def as_prompt(example: Any, index: int) -> Prompt:
     if isinstance(example, dict) and "question" in example:
         image = example.get("image")
         images = [] if image is None else list(image) if isinstance(image, (list, tuple)) else [image]
-        return Prompt(images, str(example["question"]), str(example.get("id", index)))
+        video = example.get("video")  # one video: a list of frames (or a [T, H, W, 3] array)
+        return Prompt(images, str(example["question"]), str(example.get("id", index)),
+                      videos=[] if video is None else [video], fps=float(example.get("fps", 2.0)))
     if isinstance(example, tuple) and len(example) == 2:
         image, text = example
         images = [] if image is None else list(image) if isinstance(image, (list, tuple)) else [image]
@@ -137,12 +142,16 @@ def site_mask(model: HookedVLM, inputs: Any, options: ActivationOptions) -> tupl
     batch, seq = inputs.input_ids.shape
     cell = torch.full((batch, seq, 2), -1, dtype=torch.long)
     for row in range(batch):
+        videos = regions.videos[row] if row < len(regions.videos) else []
         for image in range(len(regions.images[row])):
-            view = regions.image_view(row, image)
-            rows, cols = view.grid
-            index = torch.arange(len(view.positions))
-            cell[row, view.positions.cpu(), 0] = index // cols
-            cell[row, view.positions.cpu(), 1] = index % cols
+            # an image's whole-image view; a video's every frame (each token's cell in its own frame)
+            views = ([r for r in regions.tiles[row][image] if r.kind == "frame"] if image in videos
+                     else [regions.image_view(row, image)])
+            for view in views:
+                rows, cols = view.grid
+                index = torch.arange(len(view.positions))
+                cell[row, view.positions.cpu(), 0] = index // cols
+                cell[row, view.positions.cpu(), 1] = index % cols
     is_image = regions.mask("image", seq)
     mask = regions.mask(options.positions, seq)
     if options.cells is not None:
@@ -232,8 +241,14 @@ class ActivationSource:
     def inputs(self, prompts: Sequence[Prompt]) -> Any:
         images = [p.images for p in prompts]
         has_images = any(images)
+        videos = [p.videos for p in prompts]
+        rates = {p.fps for p in prompts if p.videos}
+        if len(rates) > 1:
+            raise UserInputError(f"the videos of one chunk of prompts have different frame rates {sorted(rates)}: "
+                                 "give every video one fps (or prompts_per_chunk=1)")
         return self.model.prepare(images=images if has_images else None, prompts=[p.text for p in prompts],
-                                  chat=self.options.chat)
+                                  chat=self.options.chat, videos=videos if any(videos) else None,
+                                  fps=rates.pop() if rates else 2.0)
 
     @torch.no_grad()
     def compute(self, index: int) -> ActivationChunk:
