@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformer_lens.hook_points import HookPoint as TLHookPoint
 
-from vlens.core.hooks import OWNER_ATTRIBUTE, HookPoint, check_transformer_lens_version, thread_token
+from vlens.core.hooks import OWNER_ATTRIBUTE, HookPoint, thread_token
+from vlens.utils.tl_modules import check_transformer_lens_version
 
 
 @pytest.mark.parametrize("version", ["3.9.0", "3.9.1rc1", "4.0.0", "4.3.0", "4.10.2"])

@@ -32,11 +32,10 @@ from jaxtyping import Bool, Float
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor
-from transformer_lens.ActivationCache import ActivationCache
-from transformer_lens.utilities import Slice
 
 from vlens.core.components.sandwich_block import post_norm_shares
 from vlens.utils.errors import UserInputError
+from vlens.utils.tl_modules import ActivationCache, Slice
 
 CACHE_FORMAT = "vlens_activation_cache"  # the safetensors metadata's "format" of a saved cache
 _MODEL_SHAPE = ("n_layers", "d_model", "n_heads", "d_vocab")  # recorded, so a cache is not read with another model

@@ -20,42 +20,17 @@ import itertools
 import re
 import threading
 import weakref
-from importlib import metadata
 from numbers import Integral
 from typing import Any, Literal
 
 from torch import Tensor
 
-# The TransformerLens releases whose hook points and ActivationCache vlens is tested on: 3.9 is the newest
-# that SAELens accepts (it pins transformer-lens < 4), 4.x the newest line.
-TRANSFORMER_LENS_RANGE = ((3, 9), (5, 0))
-
-
-def check_transformer_lens_version(version: str | None = None) -> None:
-    """Raise ImportError, naming the supported range, when the installed transformer-lens is outside it."""
-    if version is None:
-        try:
-            version = metadata.version("transformer-lens")
-        except metadata.PackageNotFoundError:
-            return  # importing it fails below with Python's own message
-    match = re.match(r"(\d+)\.(\d+)", version)
-    (low, high) = TRANSFORMER_LENS_RANGE
-    if match is None or not low <= (int(match[1]), int(match[2])) < high:
-        raise ImportError(
-            f"vlens needs transformer-lens >={low[0]}.{low[1]},<{high[0]} (its hook points and ActivationCache); "
-            f"transformer-lens {version} is installed. Install a supported one: "
-            f"pip install 'transformer-lens>={low[0]}.{low[1]},<{high[0]}' (with sae-lens, which pins "
-            "transformer-lens < 4, pip then picks 3.9)."
-        )
-
-
-check_transformer_lens_version()
-
-from transformer_lens.hook_points import HookPoint as _TLHookPoint  # noqa: E402
-from transformer_lens.HookedRootModule import HookedRootModule  # noqa: E402
-from transformer_lens.utilities import get_act_name  # noqa: E402
-
-from vlens.utils.errors import UserInputError  # noqa: E402
+from vlens.utils.errors import UserInputError
+from vlens.utils.tl_modules import (
+    HookedRootModule,
+    get_act_name,
+)
+from vlens.utils.tl_modules import HookPoint as _TLHookPoint
 
 __all__ = ["HookPoint", "HookResultError", "HookedRootModule", "ThreadToken", "act_name", "is_observed",
            "new_context_level", "thread_token", "traced_externally", "visible_hooks"]

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens.FactoredMatrix import FactoredMatrix
 
 from vlens.utils.errors import UserInputError
+from vlens.utils.tl_modules import FactoredMatrix
 
 if TYPE_CHECKING:
     from vlens.core.components.block import BlockList
