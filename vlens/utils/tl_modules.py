@@ -98,8 +98,8 @@ class DeferredPackage(types.ModuleType):
             raise AttributeError("__path__")  # being created (importlib asks before it sets it)
         if not _deferring:
             run_init(self)
-            return self.__dict__["__path__"]  # type: ignore[no-any-return]
-        return self.__dict__["_vlens_path"]  # type: ignore[no-any-return]
+            return self.__dict__["__path__"]
+        return self.__dict__["_vlens_path"]
 
     @__path__.setter
     def __path__(self, value: list[str]) -> None:
@@ -141,7 +141,7 @@ def run_init(module: types.ModuleType) -> None:
         path = namespace.pop("_vlens_path")
         namespace.pop("_vlens_names", None)
         loader = namespace.pop("_vlens_loader")
-        module.__class__ = types.ModuleType
+        module.__class__ = types.ModuleType  # type: ignore[assignment]
         namespace["__path__"] = path
         namespace["__loader__"] = loader
         module.__spec__.loader = loader  # type: ignore[union-attr]
@@ -166,7 +166,7 @@ class _DeferringFinder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.submodule_search_locations is None or spec.loader is None:
             return None  # a plain module loads as usual
-        spec.loader = _DeferredLoader(spec.loader)  # type: ignore[arg-type]
+        spec.loader = _DeferredLoader(spec.loader)
         return spec
 
 
