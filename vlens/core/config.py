@@ -68,6 +68,10 @@ class VLMConfig:
     linear_n_key_heads: int = 0
     linear_d_key: int = 0
     linear_conv_kernel: int = 0
+    # softmax layers whose head size / key-value head count differ by layer (Gemma 4's full-attention
+    # layers: `global_head_dim`); empty: every softmax layer has d_head / n_key_value_heads
+    layer_d_heads: list[int] = field(default_factory=list)
+    layer_kv_heads: list[int] = field(default_factory=list)
     # mixture of experts (0 / empty for dense MLPs): experts per MoE layer, experts per token, the
     # layers whose MLP is a MoE block, an expert's hidden size, the shared expert's (0: none)
     n_experts: int = 0
@@ -104,7 +108,13 @@ class VLMConfig:
 
     def d_head_at(self, layer: int) -> int:
         """Size of one head's output in decoder layer `layer` (its hook_z's last dimension)."""
-        return self.linear_d_head if self.is_linear_attention(layer) else self.d_head
+        if self.is_linear_attention(layer):
+            return self.linear_d_head
+        return self.layer_d_heads[layer] if self.layer_d_heads else self.d_head
+
+    def kv_heads_at(self, layer: int) -> int:
+        """Key/value heads of softmax-attention layer `layer` (its hook_k / hook_v's head dimension)."""
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.n_key_value_heads
 
     @property
     def max_heads(self) -> int:

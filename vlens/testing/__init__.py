@@ -26,6 +26,16 @@ from vlens.testing.gemma3 import (
     tiny_gemma3_model,
     tiny_gemma3_processor,
 )
+from vlens.testing.gemma4 import (
+    GEMMA4_CHAT_TEMPLATE,
+    GEMMA4_SPECIAL_TOKENS,
+    GEMMA4_WORDS,
+    gemma4_image_processor,
+    gemma4_tokenizer,
+    tiny_gemma4_config,
+    tiny_gemma4_model,
+    tiny_gemma4_processor,
+)
 from vlens.testing.glm4v import (
     GLM4V_CHAT_TEMPLATE,
     GLM4V_SPECIAL_TOKENS,
@@ -137,6 +147,8 @@ __all__ = [
     "tiny_llava_onevision_model", "tiny_llava_onevision_processor",
     "GEMMA3_CHAT_TEMPLATE", "GEMMA3_SPECIAL_TOKENS", "GEMMA3_WORDS", "gemma3_image_processor", "gemma3_tokenizer",
     "tiny_gemma3_config", "tiny_gemma3_model", "tiny_gemma3_processor",
+    "GEMMA4_CHAT_TEMPLATE", "GEMMA4_SPECIAL_TOKENS", "GEMMA4_WORDS", "gemma4_image_processor", "gemma4_tokenizer",
+    "tiny_gemma4_config", "tiny_gemma4_model", "tiny_gemma4_processor",
     "LLAVA_CHAT_TEMPLATE", "LLAVA_SPECIAL_TOKENS", "LLAVA_WORDS", "QWEN_CHAT_TEMPLATE", "QWEN_SPECIAL_TOKENS",
     "TEST_WORDS", "TINY_WORDS", "default_mrope_section", "llava_tokenizer", "perturb_norms", "qwen3_vl_image_processor",
     "qwen_image_processor", "random_image", "tiny_hf_model", "tiny_llava_config", "tiny_llava_model",

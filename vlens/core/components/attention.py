@@ -315,6 +315,14 @@ class Attention(nn.Module):
         adjacent = self.cfg.rope_adjacent_pairs
         q = self.hook_rot_q(apply_rotary(q, cos, sin, adjacent))
         k = self.hook_rot_k(apply_rotary(k, cos, sin, adjacent))
+        return self.attend(q, k, v, masks, kv_cache, gate)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, masks: AttentionMasks, kv_cache: KVCache | None,
+               gate: Tensor | None = None) -> Float[Tensor, "batch pos d_model"]:
+        """Rotated q [batch, pos, n_heads, d], k / v [batch, pos, n_kv_heads, d] -> the layer's output: the
+        KV cache, this layer's mask, softmax attention (HF's sdpa, or eager with the pattern hooks), hook_z,
+        o_proj (or per-head results)."""
+        batch, pos = q.shape[:2]
         kv_offset = 0
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)

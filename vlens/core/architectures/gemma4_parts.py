@@ -1,0 +1,268 @@
+"""Gemma 4's own decoder pieces (`gemma4.py` assembles them around the HF parameters).
+
+- `Gemma4Attention`: Gemma 3's attention plus a scale-free RMSNorm on the values (HF's `v_norm`), a head size
+  and key/value head count per layer (full-attention layers: `global_head_dim`), values equal to the keys'
+  projection where HF shares them (`attention_k_eq_v`), and full-attention layers that stay causal over image
+  tokens (only the sliding layers see an image bidirectionally, HF's `create_masks_for_vision_model`).
+- `PerLayerInputBlock`: the sandwich block plus the per-layer-embedding (PLE) sublayer and the layer scalar.
+- `Gemma4Tables`: the run's per-position tables: each layer type's rotary cos / sin (padded to the widest)
+  followed by every layer's per-layer input, so that whatever repeats or slices the rotary tables by batch
+  and position (patching, ablation, decoding) carries the per-layer inputs along.
+- `PerLayerEmbed`: the main embedding; it also looks up the token-identity half of the per-layer inputs,
+  which the tables pick up in the same forward (the context half needs the image-merged embeddings).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from vlens.core.components import (
+    Attention,
+    LayerTypeRotary,
+    SandwichBlock,
+    ScaledEmbed,
+    Unembed,
+    ZeroCenteredRMSNorm,
+)
+from vlens.core.components.attention import AttentionMasks, KVCache
+from vlens.core.components.rms_norm import compute_weight
+from vlens.core.components.rotary import apply_rotary
+from vlens.core.config import VLMConfig
+from vlens.core.hooks import HookPoint
+
+_PENDING = threading.local()  # the token-identity per-layer inputs between embed and tables, per thread
+_CAUSAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class Fp32RMSNorm(ZeroCenteredRMSNorm):
+    """w * x / sqrt(mean(x^2) + eps) in fp32, cast back once (HF's `Gemma4RMSNorm`: a plain weight, not 1 + w)."""
+
+    @property
+    def effective_weight(self) -> Tensor:
+        return compute_weight(self.w, self.source)
+
+    def forward(self, x: Float[Tensor, "... d"]) -> Float[Tensor, "... d"]:
+        hidden = super(ZeroCenteredRMSNorm, self).forward(x)  # fp32, x / scale
+        return (hidden * compute_weight(self.w, self.source).float()).type_as(x)
+
+
+class SoftcapUnembed(Unembed):
+    """The final norm's weight in fp32 (Gemma 4's norm), lm_head, then HF's soft cap ``c * tanh(logits / c)``."""
+
+    def __init__(self, lm_head: nn.Linear, norm: Any, softcap: float | None):
+        super().__init__(lm_head, norm.weight, ln_final_source=norm, ln_final_offset=0.0)
+        self.softcap = softcap
+
+    def apply_norm_weight(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        if self.ln_final_w is None:
+            raise RuntimeError("Gemma 4's unembedding applies its final norm's weight; it has none")
+        weight = compute_weight(self.ln_final_w, self.__dict__["ln_final_source"]).float()
+        return (x.float() * weight.to(x.device)).to(self.lm_head.weight.dtype)
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+        logits = self.lm_head(self.apply_norm_weight(x))
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
+
+
+class PerLayerEmbed(ScaledEmbed):
+    """Gemma's scaled embedding of the tokens with every multimodal placeholder (image, video, audio) read as
+    the pad token, as HF does (the image features then overwrite the image ones); with per-layer embeddings it
+    also looks up their token-identity half (HF's `get_per_layer_inputs`) for `Gemma4Tables`."""
+
+    def __init__(self, embedding: nn.Embedding, text_model: nn.Module | None, placeholder_ids: list[int],
+                 pad_id: int):
+        super().__init__(embedding, placeholder_id=placeholder_ids[0] if placeholder_ids else None)
+        self.__dict__["text_model"] = text_model  # HF's Gemma4TextModel (its PLE table is ours already)
+        self.placeholder_ids = list(placeholder_ids)
+        self.pad_id = pad_id
+
+    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        ids = tokens
+        if self.placeholder_ids:
+            placeholders = torch.tensor(self.placeholder_ids, device=tokens.device)
+            ids = tokens.masked_fill(torch.isin(tokens, placeholders), self.pad_id)
+        text_model = self.__dict__["text_model"]
+        if text_model is not None:
+            _PENDING.tokens = text_model.get_per_layer_inputs(ids, None)
+        return self.embedding(ids)  # HF's module applies the scale
+
+
+class Gemma4Tables(LayerTypeRotary):
+    """(cos, sin), each [batch, pos, n_types + n_layers, width]: the layer types' rotary tables (zero-padded
+    to `width`), then each layer's per-layer input (HF's `project_per_layer_inputs` of the image-merged
+    embeddings and the token-identity half `PerLayerEmbed` looked up), zero-padded likewise."""
+
+    def __init__(self, hf_rotary: nn.Module, layer_types: list[str], width: int, text_model: nn.Module | None):
+        super().__init__(hf_rotary, layer_types)
+        self.width = width
+        self.__dict__["text_model"] = text_model
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        position_ids: Int[Tensor, "... batch pos"],
+    ) -> tuple[Float[Tensor, "batch pos n_tables width"], Float[Tensor, "batch pos n_tables width"]]:
+        batch, pos = x.shape[:2]
+        tables = [self.hf_rotary(x, position_ids, layer_type) for layer_type in self.layer_types]
+        cos = [F.pad(c, (0, self.width - c.shape[-1])).expand(batch, pos, -1) for c, _ in tables]
+        sin = [F.pad(s, (0, self.width - s.shape[-1])).expand(batch, pos, -1) for _, s in tables]
+        cos_t, sin_t = torch.stack(cos, dim=2), torch.stack(sin, dim=2)
+        text_model = self.__dict__["text_model"]
+        if text_model is None:
+            return cos_t, sin_t
+        tokens = getattr(_PENDING, "tokens", None)
+        _PENDING.tokens = None
+        if tokens is None or tuple(tokens.shape[:2]) != (batch, pos):
+            raise RuntimeError("Gemma 4's per-layer inputs need the embedding of the same tokens first "
+                               "(model.embed, then model.rotary, in one forward)")
+        per_layer = text_model.project_per_layer_inputs(x, tokens.to(x.device))  # [batch, pos, n_layers, dim]
+        per_layer = F.pad(per_layer, (0, self.width - per_layer.shape[-1])).to(cos_t.dtype)
+        return torch.cat([cos_t, per_layer], dim=2), torch.cat([sin_t, per_layer], dim=2)
+
+
+def causal_only(masks: AttentionMasks) -> AttentionMasks:
+    """`masks` without the bidirectional image blocks (HF's full-attention layers: causal and padding only)."""
+    if masks.blocks is None:
+        return masks
+    cached = _CAUSAL.get(masks)
+    if cached is None:
+        q_len, kv_len = masks.allowed.shape[-2:]
+        device = masks.allowed.device
+        queries = torch.arange(kv_len - q_len, kv_len, device=device)
+        band = torch.arange(kv_len, device=device)[None, :] <= queries[:, None]
+        allowed = masks.allowed & band
+        cached = AttentionMasks(sdpa=allowed, allowed=allowed, dtype=masks.dtype)
+        _CAUSAL[masks] = cached
+    return cached
+
+
+class Gemma4Attention(Attention):
+    """Gemma 4's attention (module docstring). Hooks as `Attention`'s; `hook_v` is before the value norm,
+    as `hook_k` is before the key norm; with `attention_k_eq_v` both read the key projection."""
+
+    def __init__(self, cfg: VLMConfig, layer: int, hf_attn: Any, bidirectional_images: bool):
+        values_from_keys = getattr(hf_attn, "v_proj", None) is None
+        super().__init__(cfg, layer, hf_attn.q_proj, hf_attn.k_proj,
+                         hf_attn.k_proj if values_from_keys else hf_attn.v_proj, hf_attn.o_proj,
+                         q_norm=hf_attn.q_norm, k_norm=hf_attn.k_norm)
+        self.v_norm: nn.Module = hf_attn.v_norm
+        self.values_from_keys = values_from_keys
+        self.d_head = cfg.d_head_at(layer)
+        self.n_kv_heads = cfg.kv_heads_at(layer)
+        self.num_key_value_groups = cfg.n_heads // self.n_kv_heads
+        self.causal_over_images = bidirectional_images and self.sliding_window is None
+
+    # weight views with this layer's own head size and key/value head count
+    def _split_bias(self, linear: nn.Linear, n: int) -> Tensor:
+        if linear.bias is None:
+            return torch.zeros(n, self.d_head, dtype=linear.weight.dtype, device=linear.weight.device)
+        return linear.bias.view(n, self.d_head)
+
+    @property
+    def _W_K(self) -> Float[Tensor, "n_kv_heads d_model d_head"]:
+        return self._split_in(self.k_proj, self.n_kv_heads)
+
+    @property
+    def _W_V(self) -> Float[Tensor, "n_kv_heads d_model d_head"]:
+        return self._split_in(self.v_proj, self.n_kv_heads)
+
+    @property
+    def _b_K(self) -> Float[Tensor, "n_kv_heads d_head"]:
+        return self._split_bias(self.k_proj, self.n_kv_heads)
+
+    @property
+    def _b_V(self) -> Float[Tensor, "n_kv_heads d_head"]:
+        return self._split_bias(self.v_proj, self.n_kv_heads)
+
+    def project_queries(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        return self.q_proj(x).view(*x.shape[:2], -1, self.d_head), None
+
+    def rotary_tables(self, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = super().rotary_tables(cos, sin)
+        return cos[..., :self.d_head], sin[..., :self.d_head]
+
+    def layer_masks(self, masks: AttentionMasks, kv_offset: int = 0) -> AttentionMasks:
+        return super().layer_masks(causal_only(masks) if self.causal_over_images else masks, kv_offset)
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch pos d_model"],
+        cos: Tensor,
+        sin: Tensor,
+        masks: AttentionMasks,
+        kv_cache: KVCache | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        batch, pos, _ = x.shape
+        q, _ = self.project_queries(x)
+        q = self.hook_q(q)
+        keys = self.k_proj(x).view(batch, pos, -1, self.d_head)
+        k = self.hook_k(keys)
+        v = self.hook_v(keys.clone() if self.values_from_keys else self.v_proj(x).view(batch, pos, -1, self.d_head))
+        if self.q_norm is None or self.k_norm is None:
+            raise RuntimeError("Gemma 4's attention normalizes queries and keys")
+        q, k, v = self.q_norm(q), self.k_norm(k), self.v_norm(v)
+        cos, sin = self.rotary_tables(cos, sin)
+        q = self.hook_rot_q(apply_rotary(q, cos, sin))
+        k = self.hook_rot_k(apply_rotary(k, cos, sin))
+        return self.attend(q, k, v, masks, kv_cache)
+
+
+class PerLayerInputBlock(SandwichBlock):
+    """Gemma 4's block: the sandwich block, then (with per-layer embeddings) the PLE sublayer, then the
+    layer scalar:
+
+        resid_mid + mlp_out  ->  + ple_out  ->  * layer_scalar  ->  hook_resid_post
+        ple_out = post_per_layer_input_norm(per_layer_projection(act(per_layer_input_gate(x)) * per_layer_input))
+
+    `hook_per_layer_input` [batch, pos, ple_dim] is this layer's per-layer input, `hook_ple_out`
+    [batch, pos, d_model] what the sublayer adds. With a layer scalar other than 1 the residual stream is
+    no longer the plain sum of what the sublayers write (methods that rely on it check and refuse).
+    """
+
+    def __init__(self, layer: int, parts: dict, hf_layer: Any, table_index: int | None,
+                 ple_norm: nn.Module | None):
+        super().__init__(layer, **parts)
+        self.table_index = table_index  # where this layer's per-layer input sits in the run's tables
+        self.ple_gate = getattr(hf_layer, "per_layer_input_gate", None) if table_index is not None else None
+        self.ple_proj = getattr(hf_layer, "per_layer_projection", None) if table_index is not None else None
+        self.ple_act: Any = getattr(hf_layer, "act_fn", None)
+        self.ple_norm = ple_norm
+        self.ple_dim = 0 if self.ple_gate is None else self.ple_gate.out_features
+        self.__dict__["hf_layer"] = hf_layer  # its layer_scalar buffer (read at each call: moved with the model)
+        self.hook_per_layer_input = HookPoint()  # [batch, pos, ple_dim]
+        self.hook_ple_out = HookPoint()  # [batch, pos, d_model]
+
+    @property
+    def layer_scalar(self) -> Tensor:
+        return self.__dict__["hf_layer"].layer_scalar
+
+    def forward(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        cos: Tensor,
+        sin: Tensor,
+        masks: AttentionMasks,
+        kv_cache: KVCache | None = None,
+        deepstack: tuple[Tensor, Tensor] | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        if deepstack is not None:
+            raise RuntimeError(f"block {self.layer} takes no DeepStack features (Gemma 4)")
+        resid = self.hook_resid_pre(resid)
+        attn_out = self.hook_attn_out(self.ln1_post(self.attn(self.ln1(resid), cos, sin, masks, kv_cache)))
+        resid = self.hook_resid_mid(resid + attn_out)
+        mlp_out = self.hook_mlp_out(self.ln2_post(self.mlp(self.ln2(resid))))
+        resid = resid + mlp_out
+        if self.ple_gate is not None and self.ple_proj is not None and self.ple_norm is not None:
+            per_layer = self.hook_per_layer_input(cos[:, :, self.table_index, :self.ple_dim])
+            hidden = self.ple_proj(self.ple_act(self.ple_gate(resid)) * per_layer)
+            resid = resid + self.hook_ple_out(self.ple_norm(hidden))
+        return self.hook_resid_post(resid * self.layer_scalar)
