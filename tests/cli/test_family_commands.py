@@ -79,6 +79,9 @@ FAMILIES = {
     "mistral3": (lambda: testing.tiny_mistral3_model(seed=12, n_layers=2, d_model=40, n_heads=4, n_kv_heads=2,
                                                      d_head=10),
                  testing.tiny_mistral3_processor, ["--image-size", "40"], True),
+    # attention, a short convolution, attention; --image-size 32: at most 16 tokens whole, 4 tiles of 16 px
+    "lfm2_vl": (lambda: testing.tiny_lfm2_vl_model(seed=15, n_layers=3, d_model=40, n_heads=4, n_kv_heads=2),
+                testing.tiny_lfm2_vl_processor, ["--image-size", "32"], False),
 }
 
 # families whose every attention layer normalizes its queries: `temperature export` refuses them

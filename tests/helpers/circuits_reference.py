@@ -26,8 +26,8 @@ HEAD = re.compile(r"L(\d+)H(\d+)")
 MLP = re.compile(r"MLP(\d+)")
 IMAGE = re.compile(r"img(\d+)(?:\[r(\d+)(?:-(\d+))?,c(\d+)(?:-(\d+))?\])?")
 PART = re.compile(r"img(\d+)\.(tile\[r(\d+),c(\d+)\]|[a-z]+)")
-RECEIVER = re.compile(r"L(\d+)H(\d+)(?:-(\d+))?\.(q|k|v|beta|g|gate)")
-PORT_HOOK = {"q": "q", "k": "k", "v": "v", "beta": "beta", "g": "g", "gate": "output_gate"}
+RECEIVER = re.compile(r"L(\d+)H(\d+)(?:-(\d+))?\.(q|k|v|beta|g|gate|b|c|x)")
+PORT_HOOK = {"q": "q", "k": "k", "v": "v", "beta": "beta", "g": "g", "gate": "output_gate", "b": "b", "c": "c", "x": "x"}
 
 
 def metric(model, batch, logits):

@@ -290,3 +290,20 @@ def test_bf16_is_within_hfs_own_bf16_noise():
     hf, model = _pair("attn_conv_attn")
     assert_bf16_within_hf_noise(hf, model.processor, lambda m: input_matrix(m, IMAGE_SIZES)["left_padded_batch"],
                                 slack=1.0)
+
+
+def test_image_size_sets_the_token_budget_and_tiles():
+    """--image-size: at most image_size^2 px for a whole image (or thumbnail), tiles of the tower's side while two fit."""
+    from vlens.core.devices import configure_resolution
+    from vlens.testing import tiny_lfm2_vl_processor
+    from vlens.utils.errors import UserInputError
+
+    ip = configure_resolution(tiny_lfm2_vl_processor(), image_size=32).image_processor
+    assert (ip.max_image_tokens, ip.max_tiles, ip.do_image_splitting) == (16, 4, True)
+    assert ip.split_layout(32, 32) == (1, 1, (32, 32))  # 16 tokens: within the budget, one tile
+    ip = configure_resolution(tiny_lfm2_vl_processor(), image_size=24).image_processor
+    assert (ip.max_image_tokens, ip.do_image_splitting) == (9, False)
+    with pytest.raises(UserInputError, match="multiple of 8"):
+        configure_resolution(tiny_lfm2_vl_processor(), image_size=30)
+    with pytest.raises(UserInputError, match="pixel budget"):
+        configure_resolution(tiny_lfm2_vl_processor(), max_pixels=1024)

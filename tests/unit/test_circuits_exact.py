@@ -48,6 +48,8 @@ FAMILIES = {
     "paligemma": dict(n_layers=2, d_model=40, n_heads=4, n_kv_heads=2, d_head=12, initializer_range=0.1),
     # Pixtral tower (images of several sizes in one sequence), 2x2 patch merger, [IMG_BREAK] / [IMG_END] markers
     "mistral3": dict(n_layers=2, d_model=36, n_heads=3, n_kv_heads=1, d_head=12, initializer_range=0.1),
+    # short convolutions (ports b, c, x per channel group) around an attention layer; tiles + thumbnail
+    "lfm2_vl": dict(n_layers=3, d_model=36, n_heads=3, n_kv_heads=1, full_attn_idxs=(1, 2), initializer_range=0.1),
     "smolvlm": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_mlp=40, sub_image=24, patch_size=4,
                     scale_factor=3, initializer_range=0.1),
     # perceiver latents (non-spatial image tokens) between <fake_token_around_image> boundaries; a Mistral decoder
@@ -67,13 +69,13 @@ def sample_edges(graph: CircuitGraph) -> list[tuple[str, str]]:
     kv = [r.name for r in graph.receivers if r.layer == last and r.kind in ("k", "v")]
     queries = [r.name for r in graph.receivers if r.layer == last and r.kind == "q"]
     image = graph.inputs[-1].name  # the last image node
-    edges = [(image, [r.name for r in graph.receivers if r.layer == 0 and r.kind == "q"][-1]),
+    edges = [(image, [r.name for r in graph.receivers if r.layer == 0 and r.kind in ("q", "x")][-1]),
              (graph.inputs[1].name, kv[0]), (image, kv[-1]), (image, "MLP0"), (image, "logits"),
              ("L0H1", queries[0]), ("L0H0", kv[-1]), ("MLP0", kv[0]), ("L0H1", "MLP0"), (f"L{last}H1", "logits"),
              (f"MLP{last}", "logits"), ("MLP0", f"MLP{last}")]
-    # a Gated DeltaNet layer's other ports: write strength, decay, output gate
+    # a Gated DeltaNet layer's other ports: write strength, decay, output gate; a short convolution's gates
     edges += [(image if r.layer == 0 else "L0H0", r.name) for r in graph.receivers
-              if r.kind in ("beta", "g", "gate") and r.index == 1]
+              if r.kind in ("beta", "g", "gate", "b", "c") and r.index == 1]
     return [e for e in edges if e[0] in graph.sender_index]
 
 
@@ -105,6 +107,8 @@ def test_path_patch_matches_plain_hooks_and_eap_matches_gradients(family):
     assert kinds >= {"q", "k", "v", "mlp", "logits"}
     if name == "qwen3_5":
         assert kinds >= {"beta", "g", "gate"} and graph.layers[0].mixer == "linear_attention"
+    if name == "lfm2_vl":
+        assert kinds >= {"b", "c", "x"} and graph.layers[0].mixer == "short_conv"
     assert float(exact.effects.abs().max()) > 1e-3
 
 

@@ -72,7 +72,9 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
     tiles; split-image processors (Idefics3 / SmolVLM: `max_image_size`) resize every image to
     image_size on its longest edge before cutting it into sub-images of the tower's side; Idefics2's
     (`shortest_edge` / `longest_edge`) resize each image and crop to at most image_size on its longest edge;
-    Pixtral's (`longest_edge` only: Mistral 3) resize each image to at most image_size on its longest edge.
+    Pixtral's (`longest_edge` only: Mistral 3) resize each image to at most image_size on its longest edge;
+    LFM2-VL's (`max_image_tokens`, `tile_size`) resize a whole image (or thumbnail) to at most image_size^2 pixels
+    and cut tiles of the tower's side only while image_size holds at least two (at most (image_size // tile)^2).
     """
     image_processor = getattr(processor, "image_processor", processor)
     if image_size is not None:
@@ -117,6 +119,21 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
                                  f"processor: use at least {tile}")
         image_processor.max_patches = max(1, (image_size // tile) ** 2) if tile else image_processor.max_patches
         image_processor.min_patches = min(int(getattr(image_processor, "min_patches", 1)), image_processor.max_patches)
+        return processor
+    if image_size is not None and hasattr(image_processor, "max_image_tokens") and hasattr(image_processor, "tile_size"):
+        # LFM2-VL: a token budget for the whole-image resize (image_size^2 px) and tiles of the tower's side only
+        # while image_size holds two of them
+        step = int(image_processor.encoder_patch_size) * int(image_processor.downsample_factor)
+        if image_size % step:
+            raise UserInputError(f"image_size {image_size} px is not a multiple of {step} (this model's patch x "
+                                 f"downsample factor); use e.g. {max(step, round(image_size / step) * step)}")
+        image_processor.max_image_tokens = (image_size // step) ** 2
+        image_processor.min_image_tokens = min(int(image_processor.min_image_tokens), image_processor.max_image_tokens)
+        tiles = (image_size // int(image_processor.tile_size)) ** 2
+        image_processor.do_image_splitting = tiles >= 2
+        if tiles >= 2:
+            image_processor.max_tiles = tiles
+            image_processor.min_tiles = min(int(image_processor.min_tiles), tiles)
         return processor
     if image_size is not None and hasattr(image_processor, "max_image_size") and hasattr(image_processor,
                                                                                          "do_image_splitting"):

@@ -55,7 +55,7 @@ def tiny_lfm2_vl_processor(patch_size: int = 4, factor: int = 2, tile_size: int 
 
 
 def tiny_lfm2_vl_config(n_layers: int = 3, d_model: int = 40, n_heads: int = 4, n_kv_heads: int = 2,
-                        d_mlp: int = 56, full_attn_idxs: tuple[int, ...] = (1,), conv_kernel: int = 3,
+                        d_mlp: int = 56, full_attn_idxs: tuple[int, ...] = (0, 2), conv_kernel: int = 3,
                         conv_bias: bool = False, patch_size: int = 4, factor: int = 2, vision_depth: int = 2,
                         vision_width: int = 24, vision_heads: int = 2, position_grid: int = 4,
                         projector_use_layernorm: bool = True, tokenizer=None, **overrides: Any) -> Lfm2VlConfig:
