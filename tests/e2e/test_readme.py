@@ -143,3 +143,20 @@ def test_readme_flow_section_runs():
     assert set(namespace["ablation"].accuracy) == {"clean", "object", "random", "register"}
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
     assert all(not getattr(block.attn, "mask_edits", []) for block in model.blocks)
+
+
+def test_readme_generation_block_runs(tmp_path, monkeypatch):
+    """The generation block (cache, a step hook, steering, per-token attribution), on the tour's model and prompt."""
+    import vlens
+    from vlens.data import make_pair
+
+    monkeypatch.chdir(tmp_path)  # it saves attr_out/
+    model = vlens.load()
+    pair = make_pair(n_clean=3, n_corrupt=5, seed=0, size=168)
+    namespace: dict = {"model": model, "pair": pair, "inputs": dots_prompt(model)}
+    exec(compile(readme_block("attribute_generation("), "README.md", "exec"), namespace)
+    attr = namespace["attr"]
+    assert attr.region_maps["exact"][0].shape == (attr.n_new, 36)
+    assert attr.lens_prob.shape == (attr.n_new, model.cfg.n_layers)
+    assert vlens.load_result(tmp_path / "attr_out").to_dict() == attr.to_dict()
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
