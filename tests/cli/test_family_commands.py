@@ -82,7 +82,13 @@ FAMILIES = {
     # attention, a short convolution, attention; --image-size 32: at most 16 tokens whole, 4 tiles of 16 px
     "lfm2_vl": (lambda: testing.tiny_lfm2_vl_model(seed=15, n_layers=3, d_model=40, n_heads=4, n_kv_heads=2),
                 testing.tiny_lfm2_vl_processor, ["--image-size", "32"], False),
+    # Cohere2 decoder (parallel attention + MLP, a sliding RoPE layer then a global NoPE one, logit scale);
+    # SigLIP on 24 px tiles of 3 px patches shuffled 2x2, up to 4 tiles + a thumbnail, tag tokens as markers
+    "aya_vision": (lambda: testing.tiny_aya_vision_model(seed=13, n_layers=2, d_model=40, n_heads=4, n_kv_heads=2),
+                   testing.tiny_aya_vision_processor, ["--image-size", "48"], True),
 }
+# families whose blocks run attention and MLP in parallel: `circuit` refuses them (exit status 2)
+PARALLEL_BLOCKS = {"aya_vision"}
 
 # families whose every attention layer normalizes its queries: `temperature export` refuses them
 QUERY_NORM_REFUSES_EXPORT = {"qwen3_vl", "qwen3_vl_moe", "gemma3"}
@@ -104,7 +110,8 @@ def test_every_command_on_a_saved_folder(family, tmp_path, data, capsys):
              for is_linear in (linear or [False] * cfg.num_hidden_layers)]
     out = tmp_path / "out"
     run_every_command(folder, out, data, image_args, n_layers=cfg.num_hidden_layers,
-                      n_heads=max(heads), export=export, n_heads_total=sum(heads))
+                      n_heads=max(heads), export=export, n_heads_total=sum(heads),
+                      circuit=family not in PARALLEL_BLOCKS)
     n_experts = getattr(cfg, "num_experts", 0) or getattr(cfg, "n_routed_experts", 0)  # GLM-4.5V's name
     if n_experts:  # the mixture-of-experts commands
         done = run_expert_commands(folder, tmp_path / "out", image_args)

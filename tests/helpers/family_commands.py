@@ -83,7 +83,7 @@ def run(argv: Sequence[str]) -> None:
 
 def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[str] = ("--image-size", "56"),
                       n_layers: int | None = None, n_heads: int | None = None,
-                      export: bool = True, n_heads_total: int | None = None) -> dict[str, dict]:
+                      export: bool = True, n_heads_total: int | None = None, circuit: bool = True) -> dict[str, dict]:
     """patch, circuit, logit-lens, lens train, headlens, ablate, eval, train, temperature fit/apply/export
     and info on the model folder `model`; returns each command's results (by command name).
 
@@ -91,7 +91,8 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
     this family; n_layers / n_heads: the model's, to check the shapes of what the commands wrote (n_heads:
     the widest layer's heads; n_heads_total: every layer's heads together where layers differ, as in a
     hybrid decoder, default n_layers * n_heads);
-    export: also `temperature export` (families whose q projection can absorb a head's temperature).
+    export: also `temperature export` (families whose q projection can absorb a head's temperature);
+    circuit: `circuit` runs (False: it must refuse the model with exit status 2, as for parallel attention + MLP).
     """
     image = list(image_args)
     done: dict[str, dict] = {}
@@ -100,10 +101,14 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
     run(["patch", "--model", model, "--make-pairs", "2", *image, "--mode", "layer-head", "--out", str(out / "patch")])
     done["patch"] = results(out / "patch")
 
-    run(["circuit", "--model", model, "--make-pairs", "2", *image, "--ig-steps", "2", "--target", "0.5",
-         "--image-nodes", "image", "--exact-check", "4", "--out", str(out / "circuit")])
-    done["circuit"] = results(out / "circuit")
-    assert done["circuit"]["kind"] == "circuit" and done["circuit"]["exact_check"]["n_edges"] == 4
+    circuit_args = ["circuit", "--model", model, "--make-pairs", "2", *image, "--ig-steps", "2", "--target", "0.5",
+                    "--image-nodes", "image", "--exact-check", "4", "--out", str(out / "circuit")]
+    if circuit:
+        run(circuit_args)
+        done["circuit"] = results(out / "circuit")
+        assert done["circuit"]["kind"] == "circuit" and done["circuit"]["exact_check"]["n_edges"] == 4
+    else:
+        assert main([*circuit_args, "--quiet"]) == 2 and not (out / "circuit" / "results.json").exists()
 
     run(["logit-lens", "--model", model, "--data", str(data), "--out", str(out / "logit-lens")])
     done["logit-lens"] = results(out / "logit-lens")
@@ -156,7 +161,8 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
         assert grid is not None and len(grid) == n_layers and len(grid[0]) == n_heads
     assert done["train"]["steps"] == 1
     # every folder reads back as its typed result (vlens.load_result), to_dict() equal to what was saved
-    for name, expected in (("patch", "PatchingResult"), ("circuit", "Circuit"), ("logit-lens", "LogitLensResult"),
+    for name, expected in (("patch", "PatchingResult"), *([("circuit", "Circuit")] if circuit else []),
+                           ("logit-lens", "LogitLensResult"),
                            ("lens", "Translators"), ("headlens", "HeadTaxonomy"), ("ablate", "AblationReport"),
                            ("eval", "EvalResult"), ("train", "SFTResult"), ("fit", "HeadTemperature"),
                            ("apply", "TemperatureComparison"), ("apply/with_temperature", "EvalResult"),

@@ -16,6 +16,8 @@ from typing import Any
 
 from vlens import HookedVLM
 from vlens.testing import (
+    tiny_aya_vision_model,
+    tiny_aya_vision_processor,
     tiny_gemma3_model,
     tiny_gemma3_processor,
     tiny_glm4v_model,
@@ -52,7 +54,7 @@ from vlens.testing import (
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
                             "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "smolvlm",
-                            "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3", "lfm2_vl")
+                            "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3", "lfm2_vl", "aya_vision")
 # the Qwen3-VL-processor families (16 px patches) beyond Qwen3-VL itself: builder by family
 QWEN3_BUILDERS = {"qwen3_vl": tiny_qwen3_vl_model, "qwen3_vl_moe": tiny_qwen3_vl_moe_model,
                   "qwen3_5": tiny_qwen3_5_model, "qwen3_5_moe": tiny_qwen3_5_moe_model}
@@ -97,6 +99,10 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
         hf = tiny_internvl_model(seed=seed, attn_implementation=attn, **options, **config)
         tiling = {k: config[k] for k in ("tile", "patch_size", "downsample_ratio") if k in config}
         made = tiny_internvl_processor(**options, **tiling, **(processor or {}))
+    elif family == "aya_vision":  # the processor tiles as the config does
+        hf = tiny_aya_vision_model(seed=seed, attn_implementation=attn, **options, **config)
+        tiling = {k: config[k] for k in ("tile", "patch_size", "downsample") if k in config}
+        made = tiny_aya_vision_processor(**options, **tiling, **(processor or {}))
     elif family in ("idefics3", "smolvlm"):  # the processor splits as the config does
         build_model, build_processor = ((tiny_idefics3_model, tiny_idefics3_processor) if family == "idefics3"
                                         else (tiny_smolvlm_model, tiny_smolvlm_processor))

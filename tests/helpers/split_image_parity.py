@@ -45,11 +45,11 @@ def assert_regions_follow_hf_features(model, hf, inputs, projector) -> None:
     row-major order, as HF's forward places them; regions.image is exactly the placeholder tokens."""
     regions = inputs.regions
 
-    def markers(out):
-        marked = torch.zeros_like(out)
-        marked[:, :, 0] = torch.arange(out.shape[0], dtype=out.dtype)[:, None]
-        marked[:, :, 1] = torch.arange(out.shape[1], dtype=out.dtype)[None, :]
-        return marked
+    def markers(out):  # out: [n_frames, tokens..., d] (Aya Vision's projector keeps the token grid: rows, cols)
+        marked = torch.zeros(out.shape[0], out[0, ..., 0].numel(), out.shape[-1], dtype=out.dtype)
+        marked[:, :, 0] = torch.arange(marked.shape[0], dtype=out.dtype)[:, None]
+        marked[:, :, 1] = torch.arange(marked.shape[1], dtype=out.dtype)[None, :]
+        return marked.reshape(out.shape)
 
     embeds = _hf_text_inputs(hf, model.adapter.language_model(hf), inputs, projector, markers)
     placeholders = (inputs.input_ids == model.cfg.image_token_id) & inputs.attention_mask.bool()
@@ -139,8 +139,9 @@ def assert_split_image_edits_match_hf(model, hf, inputs, vision_layers, out_proj
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
     assert (got - plain).abs().max() > 1e-4
 
-    got = ours([("vision.hook_image_features", lambda x, hook: x * 0.25)])
-    expected = hf_logits(hf, inputs, pre_hooks=[(projector, lambda mod, args: (args[0] * 0.25,))])
+    # features reversed, not only scaled: a projector that starts with a LayerNorm (Aya Vision's) ignores a scale
+    got = ours([("vision.hook_image_features", lambda x, hook: x.flip(-1) * 0.25)])
+    expected = hf_logits(hf, inputs, pre_hooks=[(projector, lambda mod, args: (args[0].flip(-1) * 0.25,))])
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
     assert (got - plain).abs().max() > 1e-4
 

@@ -29,7 +29,8 @@ from vlens.testing import (
 )
 from vlens.utils.errors import UserInputError
 
-FAMILIES = ["qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "internvl", "idefics3", "smolvlm", "idefics2"]
+FAMILIES = ["qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "internvl", "idefics3", "smolvlm", "idefics2",
+            "aya_vision"]
 # a second configuration per family: output biases on (Qwen3: o_proj; LLaVA: o_proj and MLP), tied embeddings
 VARIANTS = [(f, "plain") for f in FAMILIES] + [("qwen3_vl", "bias_tied"), ("llava", "bias_tied"), ("qwen2_vl", "plain")]
 

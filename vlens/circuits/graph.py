@@ -333,6 +333,11 @@ class CircuitGraph:
                   parts: Sequence[Sequence[ImagePart]] | None = None) -> CircuitGraph:
         """The graph of `model`'s decoder (every block: softmax attention or Gated DeltaNet, then an MLP)."""
         cfg = model.cfg
+        if any(getattr(block, "parallel", False) for block in model.blocks):
+            # the graph's MLP reads its own layer's heads (resid_mid); a parallel block's MLP does not
+            raise UserInputError(f"circuits need attention before the MLP in each block; {cfg.architecture}'s blocks "
+                                 "run attention and MLP in parallel from one norm (Cohere's layout), which the circuit "
+                                 "graph does not model yet: use patching, knockout or the lenses on this model")
         layers = [mixer_spec(model, layer) for layer in range(cfg.n_layers)]
         return cls(cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, grids, image_nodes, parts, layers)
 

@@ -44,6 +44,8 @@ class VLMConfig:
     # layer types with rotary tables of their own, in the order of the run's cos/sin third axis
     # (Gemma 3: a local and a global base); empty: one [batch, pos, d_head] table for every layer
     rope_layer_types: list[str] = field(default_factory=list)
+    # layers whose attention applies no rotary at all (Cohere2's global layers, Llama 4's NoPE layers)
+    nope_layers: list[int] = field(default_factory=list)
     attn_qkv_bias: bool = True
     attn_out_bias: bool = False
     tie_word_embeddings: bool = False
@@ -141,6 +143,10 @@ class VLMConfig:
         if self.layer_types and self.layer_types[layer] == "sliding_attention":
             return self.sliding_window
         return None
+
+    def uses_rope(self, layer: int) -> bool:
+        """False where `layer`'s attention reads no rotary positions (`nope_layers`)."""
+        return layer not in self.nope_layers
 
     def rotary_index(self, layer: int) -> int | None:
         """Which of the run's rotary tables `layer` reads (None: the only one)."""

@@ -34,11 +34,12 @@ def gather_positions(x: Float[Tensor, "batch pos ..."], positions: Int[Tensor, "
 
 def supports_last_block_at(block) -> bool:
     """True when `last_block_at` can run the block: the plain pre-norm block with plain softmax attention
-    (no output gate, no linear attention, one rotary table, no sliding window, no post-sublayer norms);
+    (no output gate, no linear attention, one rotary table in every layer, no sliding window, no post-sublayer
+    norms, no parallel attention + MLP);
     other blocks run whole."""
     attn = block.attn
     return (type(block) is TransformerBlock and type(attn) is Attention and attn.sliding_window is None
-            and attn.rotary_index is None)
+            and attn.rotary_index is None and attn.uses_rope)
 
 
 def block_has_hooks(block) -> bool:

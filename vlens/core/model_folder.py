@@ -310,12 +310,13 @@ def check_processor(processor: Any, config: Any, folder: Path | str, tensors: di
     placeholder = getattr(processor, "image_token", None)
     if isinstance(placeholder, str) and wanted is not None and vocab:
         got = vocab.get(placeholder)
-        if got is None:
+        # Aya Vision's "<image>" is text the processor replaces with its image tokens, never a token itself
+        if got is None and not _expands_to(processor, placeholder, wanted):
             raise ModelFolderError(
                 f"{folder}: the processor's image placeholder {placeholder!r} is not a token of the tokenizer, so "
                 "images would have no place in the prompt: add it to the tokenizer (tokenizer.json added_tokens) "
                 "or use the model's own tokenizer files")
-        if got != wanted and not _expands_to(processor, placeholder, wanted):
+        if got is not None and got != wanted and not _expands_to(processor, placeholder, wanted):
             raise ModelFolderError(
                 f"{folder}: the processor's image placeholder {placeholder!r} is token {got}, but config.json's "
                 f"image_token_id is {wanted}: the model would find no image tokens in the prompt: set image_token_id "
@@ -327,8 +328,9 @@ def check_processor(processor: Any, config: Any, folder: Path | str, tensors: di
 
 def _expands_to(processor: Any, placeholder: str, token_id: int) -> bool:
     """Whether the processor expands `placeholder` with one image into tokens that include `token_id`
-    (Gemma 3 writes <start_of_image>, which becomes image soft tokens). Asked only when the placeholder
-    itself is another token; a processor that cannot be run here counts as not expanding it."""
+    (Gemma 3 writes <start_of_image>, which becomes image soft tokens; Aya Vision replaces the text "<image>").
+    Asked only when the placeholder itself is another token or none; a processor that cannot be run here counts
+    as not expanding it."""
     from PIL import Image
 
     tokenizer = getattr(processor, "tokenizer", processor)

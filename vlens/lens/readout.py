@@ -46,8 +46,10 @@ class LensReadout:
         b_U: Float[Tensor, "d_vocab"] | None = None,
         norm_weight: Float[Tensor, "d_model"] | None = None,
         eps: float = 1e-6,
+        centered: bool = False,
     ):
         self.W_U = W_U.detach().float()
+        self.centered = centered  # a LayerNorm read-out (Cohere's): the mean is removed before the scale
         self.b_U = None if b_U is None else b_U.detach().float()
         self.norm_weight = None if norm_weight is None else norm_weight.detach().float()
         self.eps = eps
@@ -63,7 +65,10 @@ class LensReadout:
                 "weight; lenses expect an RMSNorm read-out (vlens.core.components: RMSNormPre + Unembed)."
             )
         b_U = model.b_U if getattr(model.unembed.lm_head, "bias", None) is not None else None
-        return cls(model.unembed.W_U_unfolded, b_U, weight, model.ln_final.eps)
+        W_U = model.unembed.W_U_unfolded
+        scale = float(getattr(model.unembed, "logit_scale", 1.0))  # Cohere's logit scale, folded into W_U
+        return cls(W_U if scale == 1.0 else W_U.float() * scale, b_U, weight, model.ln_final.eps,
+                   centered=bool(getattr(model.ln_final, "centered", False)))
 
     @property
     def d_model(self) -> int:
@@ -83,7 +88,10 @@ class LensReadout:
         """The final norm's divisor for a full residual (1 when there is no norm)."""
         if self.norm_weight is None:
             return torch.ones_like(x[..., :1])
-        return (x.to(self.W_U.dtype).pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+        x = x.to(self.W_U.dtype)
+        if self.centered:
+            x = x - x.mean(-1, keepdim=True)
+        return (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
 
     def normalized(self, x: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"] | None = None
                    ) -> Float[Tensor, "... d_model"]:
@@ -92,7 +100,8 @@ class LensReadout:
         x = x.to(self.W_U.dtype)
         if self.norm_weight is None:
             return x
-        return self.norm_weight * (x / (self.scale(x) if scale is None else scale))
+        centred = x - x.mean(-1, keepdim=True) if self.centered else x
+        return self.norm_weight * (centred / (self.scale(x) if scale is None else scale))
 
     def logits(
         self,

@@ -7,6 +7,14 @@ answers). The library never imports this package, except `vlens.zoo.random_tiny`
 random-tiny` is the Qwen2.5-VL builder here).
 """
 
+from vlens.testing.aya_vision import (
+    AYA_CHAT_TEMPLATE,
+    AYA_SPECIAL_TOKENS,
+    aya_vision_tokenizer,
+    tiny_aya_vision_config,
+    tiny_aya_vision_model,
+    tiny_aya_vision_processor,
+)
 from vlens.testing.common import (
     QWEN_CHAT_TEMPLATE,
     QWEN_SPECIAL_TOKENS,
@@ -171,4 +179,6 @@ __all__ = [
     "tiny_mistral3_model", "tiny_mistral3_processor",
     "LFM2_VL_CHAT_TEMPLATE", "LFM2_VL_SPECIAL_TOKENS", "lfm2_vl_tokenizer", "tiny_lfm2_vl_config",
     "tiny_lfm2_vl_model", "tiny_lfm2_vl_processor",
+    "AYA_CHAT_TEMPLATE", "AYA_SPECIAL_TOKENS", "aya_vision_tokenizer", "tiny_aya_vision_config",
+    "tiny_aya_vision_model", "tiny_aya_vision_processor",
 ]

@@ -86,18 +86,18 @@ class InternVLImageTextProcessor(InternVLProcessor):
             raise UserInputError("vlens runs InternVL on images only: pass video frames as images")
         out = super().__call__(images=images, text=text, **kwargs)
         if images is not None:
-            sizes = [list(_image_hw(image)) for image in _flat_images(images)]
+            sizes = [list(image_hw(image)) for image in flat_images(images)]
             out["image_sizes"] = torch.tensor(sizes, dtype=torch.long) if kwargs.get("return_tensors") == "pt" else sizes
         return out
 
 
-def _flat_images(images) -> list:
+def flat_images(images) -> list:
     if isinstance(images, (list, tuple)):
-        return [leaf for item in images for leaf in _flat_images(item)]
+        return [leaf for item in images for leaf in flat_images(item)]
     return [images]
 
 
-def _image_hw(image) -> tuple[int, int]:
+def image_hw(image) -> tuple[int, int]:
     """(height, width) of a PIL image, an array [H, W, C] / [C, H, W] or a tensor [C, H, W]."""
     if isinstance(image, Image.Image):
         return int(image.height), int(image.width)

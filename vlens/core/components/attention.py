@@ -211,6 +211,7 @@ class Attention(nn.Module):
         self.scaling = cfg.attn_scale if cfg.attn_scale is not None else cfg.d_head**-0.5
         self.sliding_window = cfg.attention_window(layer)  # None: every earlier key
         self.rotary_index = cfg.rotary_index(layer)  # which of the run's rotary tables (None: the only one)
+        self.uses_rope = cfg.uses_rope(layer)  # False: a NoPE layer (q and k pass unrotated)
         # read by HF's sdpa_attention_forward
         self.num_key_value_groups = cfg.n_heads // cfg.n_key_value_heads
         self.is_causal = True
@@ -311,10 +312,12 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        cos, sin = self.rotary_tables(cos, sin)
-        adjacent = self.cfg.rope_adjacent_pairs
-        q = self.hook_rot_q(apply_rotary(q, cos, sin, adjacent))
-        k = self.hook_rot_k(apply_rotary(k, cos, sin, adjacent))
+        if self.uses_rope:
+            cos, sin = self.rotary_tables(cos, sin)
+            adjacent = self.cfg.rope_adjacent_pairs
+            q = apply_rotary(q, cos, sin, adjacent)
+            k = apply_rotary(k, cos, sin, adjacent)
+        q, k = self.hook_rot_q(q), self.hook_rot_k(k)
         return self.attend(q, k, v, masks, kv_cache, gate)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, masks: AttentionMasks, kv_cache: KVCache | None,

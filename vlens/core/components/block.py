@@ -20,6 +20,8 @@ from vlens.core.hooks import HookPoint
 class TransformerBlock(nn.Module):
     # read by TransformerLens's logit lens: hook_resid_post is the one residual stream
     hook_out_is_single_residual_stream = True
+    # True where attention and MLP read one norm of hook_resid_pre (`ParallelBlock`, Cohere)
+    parallel = False
 
     def __init__(self, layer: int, ln1: RMSNormPre, attn: Attention | GatedDeltaNet | ShortConv, ln2: RMSNormPre,
                  mlp: GatedMLP | MoEMLP):

@@ -21,7 +21,7 @@ from vlens.core.components.rms_norm import compute_weight
 
 
 class Unembed(nn.Module):
-    """``logits = lm_head(ln_final_w * x)`` for a normalized residual ``x``.
+    """``logits = lm_head(ln_final_w * x) * logit_scale`` for a normalized residual ``x``.
 
     Attributes:
         lm_head: the HF output projection (weight [d_vocab, d_model], maybe tied to the embedding).
@@ -29,8 +29,10 @@ class Unembed(nn.Module):
     """
 
     def __init__(self, lm_head: nn.Linear, ln_final_w: nn.Parameter | None = None,
-                 ln_final_source: nn.Module | None = None, ln_final_offset: float = 0.0):
+                 ln_final_source: nn.Module | None = None, ln_final_offset: float = 0.0, logit_scale: float = 1.0):
         super().__init__()
+        # what HF multiplies lm_head's output by (Cohere's `logit_scale`; 1.0 elsewhere), folded into W_U
+        self.logit_scale = float(logit_scale)
         self.lm_head = lm_head
         self.ln_final_w = ln_final_w
         self.__dict__["ln_final_source"] = ln_final_source  # the HF norm (for offloaded weights); not ours
@@ -57,7 +59,8 @@ class Unembed(nn.Module):
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
         """Effective unembedding ``diag(ln_final_w) @ lm_head.weight.T``, computed on access."""
         weight = self.lm_head.weight.T
-        return weight if self.ln_final_w is None else self._norm_weight().to(weight.device)[:, None] * weight
+        weight = weight if self.ln_final_w is None else self._norm_weight().to(weight.device)[:, None] * weight
+        return weight if self.logit_scale == 1.0 else weight * self.logit_scale
 
     @property
     def W_U_unfolded(self) -> Float[Tensor, "d_model d_vocab"]:
@@ -67,26 +70,28 @@ class Unembed(nn.Module):
     @property
     def b_U(self) -> Float[Tensor, "d_vocab"]:
         if self.lm_head.bias is not None:
-            return self.lm_head.bias
+            return self.lm_head.bias if self.logit_scale == 1.0 else self.lm_head.bias * self.logit_scale
         return torch.zeros(self.lm_head.out_features, dtype=self.lm_head.weight.dtype,
                            device=self.lm_head.weight.device)
 
     def directions(self, tokens: Int[Tensor, "..."]) -> Float[Tensor, "... d_model"]:
         """Columns of the effective ``W_U`` for `tokens` (token dims first), without building ``W_U``."""
         rows = self.lm_head.weight[tokens.to(self.device)]
-        return rows if self.ln_final_w is None else rows * self._norm_weight().to(rows.device)
+        rows = rows if self.ln_final_w is None else rows * self._norm_weight().to(rows.device)
+        return rows if self.logit_scale == 1.0 else rows * self.logit_scale
 
     def apply_norm_weight(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         """``ln_final_w * x``: what HF's final norm returns for a normalized ``x`` (lm_head's input).
 
-        A zero-centred norm's fp32-normalized ``x`` (`ZeroCenteredRMSNormPre`) is multiplied by ``1 + w`` in
-        fp32 and then cast to lm_head's dtype, HF's ``(x * (1 + w)).to(dtype)``."""
+        A norm that returns fp32 (`ZeroCenteredRMSNormPre`, `LayerNormPre`) has its ``x`` multiplied by ``w`` (or
+        ``1 + w``) in fp32 and then cast to lm_head's dtype, HF's ``(x * (1 + w)).to(dtype)``."""
         if self.ln_final_w is None:
             return x
-        if self.ln_final_offset and x.dtype == torch.float32:
+        if x.dtype == torch.float32:
             weight = compute_weight(self.ln_final_w, self.__dict__["ln_final_source"]).float() + self.ln_final_offset
             return (x * weight.to(x.device)).to(self.lm_head.weight.dtype)
         return self._norm_weight().to(x.device) * x
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
-        return self.lm_head(self.apply_norm_weight(x))
+        logits = self.lm_head(self.apply_norm_weight(x))
+        return logits if self.logit_scale == 1.0 else logits * self.logit_scale
