@@ -27,6 +27,7 @@ BUILDERS = {
     "LlavaNextForConditionalGeneration": lambda: tiny_vlm("llava_next", d_model=48, n_heads=3, n_kv_heads=1),
     "LlavaOnevisionForConditionalGeneration": lambda: tiny_vlm("llava_onevision", n_heads=4, n_kv_heads=2),
     "Gemma3ForConditionalGeneration": lambda: tiny_vlm("gemma3", attention_bias=True),
+    "Gemma4ForConditionalGeneration": lambda: tiny_vlm("gemma4", attention_bias=True),
     # 24 px tiles / sub-images: 4x4 patches of 6 px (6x6 of 4 px for SmolVLM) -> 2x2 tokens after pixel shuffle
     "InternVLForConditionalGeneration": lambda: tiny_vlm("internvl", text_model="llama", d_model=40, n_heads=5,
                                                          n_kv_heads=1, tile=24, patch_size=6, attention_bias=True),

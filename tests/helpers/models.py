@@ -20,6 +20,8 @@ from vlens.testing import (
     tiny_aya_vision_processor,
     tiny_gemma3_model,
     tiny_gemma3_processor,
+    tiny_gemma4_model,
+    tiny_gemma4_processor,
     tiny_glm4v_model,
     tiny_glm4v_moe_model,
     tiny_glm4v_processor,
@@ -54,7 +56,8 @@ from vlens.testing import (
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
                             "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "smolvlm",
-                            "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3", "lfm2_vl", "aya_vision")
+                            "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3", "lfm2_vl", "aya_vision",
+                            "gemma4")
 # the Qwen3-VL-processor families (16 px patches) beyond Qwen3-VL itself: builder by family
 QWEN3_BUILDERS = {"qwen3_vl": tiny_qwen3_vl_model, "qwen3_vl_moe": tiny_qwen3_vl_moe_model,
                   "qwen3_5": tiny_qwen3_5_model, "qwen3_5_moe": tiny_qwen3_5_moe_model}
@@ -77,6 +80,10 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
     elif family == "gemma3":
         hf = tiny_gemma3_model(seed=seed, attn_implementation=attn, **options, **config)
         made = tiny_gemma3_processor(**options, **(processor or {}))
+    elif family == "gemma4":  # the processor's patches and pooling are the tower's
+        hf = tiny_gemma4_model(seed=seed, attn_implementation=attn, **options, **config)
+        sizes = {k: config[k] for k in ("patch_size", "pooling_kernel_size") if k in config}
+        made = tiny_gemma4_processor(**options, **sizes, **(processor or {}))
     elif family == "mistral3":  # the processor's patches and merge are the model's
         hf = tiny_mistral3_model(seed=seed, attn_implementation=attn, **options, **config)
         sizes = {k: config[k] for k in ("patch_size", "merge") if k in config}

@@ -138,27 +138,21 @@ def test_attn_scores_edit_equals_scaling_q_after_q_norm(shape):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_value_and_per_layer_edits_equal_hf(shape):
-    """Flipping hook_v of one kv head equals flipping HF's v_proj output (k_proj's, where keys are values, seen
-    by the values only); zeroing a layer's per-layer input or PLE output equals the same edit in HF."""
+    """Flipping hook_v of one kv head equals flipping HF's value-norm output for that head; zeroing a layer's per-layer input or PLE output equals the same edit in HF."""
     hf, model = _pair(shape)
     inputs = _cases(shape)["one_image"]
     layers = hf.model.language_model.layers
     layer = 0
-    d = model.cfg.d_head_at(layer)
 
-    def flip_v(v, hook):  # the value norm undoes any scaling: flip the head's dimensions instead
+    def flip_v(v, hook):
         v = v.clone()
         v[:, :, 0] = v[:, :, 0].flip(-1)
         return v
 
     hf_attn = layers[layer].self_attn
-    if hf_attn.v_proj is not None:
-        hooks = [(hf_attn.v_proj, lambda m, a, out: torch.cat([out[..., :d].flip(-1), out[..., d:]], dim=-1))]
-        expected = hf_logits(hf, inputs, forward_hooks=hooks)
-    else:  # values read k_proj's output before the key norm: scale the value norm's input instead
-        hooks = [(hf_attn.v_norm, lambda m, args: (torch.cat([args[0][..., :1, :].flip(-1), args[0][..., 1:, :]],
-                                                             dim=-2),))]
-        expected = hf_logits(hf, inputs, pre_hooks=hooks)
+    # the value norm's output [batch, pos, kv_heads, d] (k_proj's output normed, where keys are values)
+    flipped = [(hf_attn.v_norm, lambda m, a, out: torch.cat([out[..., :1, :].flip(-1), out[..., 1:, :]], dim=-2))]
+    expected = hf_logits(hf, inputs, forward_hooks=flipped)
     with torch.no_grad():
         ours = model.run_with_hooks(inputs, fwd_hooks=[(f"blocks.{layer}.attn.hook_v", flip_v)])
         plain = model(inputs)

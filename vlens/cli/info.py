@@ -63,6 +63,7 @@ def family_lines() -> list[str]:
     from vlens.core.architectures import registered_adapters
 
     return [f"  {family}: {', '.join(adapter.hf_class_names)} ({adapter.__module__})"
+            + (f" refused: {adapter.refusal}" if adapter.refusal else "")
             for family, adapter in registered_adapters().items()]
 
 

@@ -181,6 +181,8 @@ class ArchitectureAdapter(ABC):
 
     hf_class_names: tuple[str, ...] = ()
     family: str = ""
+    # why a registered family cannot be converted (Perception LM), None for every family that can
+    refusal: str | None = None
     # the heads axis of the HF query norm's output: -2 for [..., n_heads, d_head] (Qwen3), 1 where
     # HF normalizes after moving heads forward, [batch, n_heads, pos, d_head] (Gemma 3)
     query_norm_head_axis: int = -2

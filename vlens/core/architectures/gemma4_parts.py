@@ -146,8 +146,9 @@ def causal_only(masks: AttentionMasks) -> AttentionMasks:
 
 
 class Gemma4Attention(Attention):
-    """Gemma 4's attention (module docstring). Hooks as `Attention`'s; `hook_v` is before the value norm,
-    as `hook_k` is before the key norm; with `attention_k_eq_v` both read the key projection."""
+    """Gemma 4's attention (module docstring). Hooks as `Attention`'s; `hook_k` is before the key norm (as in
+    Gemma 3 and Qwen3), `hook_v` after the scale-free value norm (the values each head's pattern averages:
+    z_h = pattern_h @ v); with `attention_k_eq_v` the values are the value-normed key projection."""
 
     def __init__(self, cfg: VLMConfig, layer: int, hf_attn: Any, bidirectional_images: bool):
         values_from_keys = getattr(hf_attn, "v_proj", None) is None
@@ -206,10 +207,12 @@ class Gemma4Attention(Attention):
         q = self.hook_q(q)
         keys = self.k_proj(x).view(batch, pos, -1, self.d_head)
         k = self.hook_k(keys)
-        v = self.hook_v(keys.clone() if self.values_from_keys else self.v_proj(x).view(batch, pos, -1, self.d_head))
+        values = keys if self.values_from_keys else self.v_proj(x).view(batch, pos, -1, self.d_head)
+        # after the value norm: the values the pattern averages (z_h = pattern_h @ hook_v)
+        v = self.hook_v(self.v_norm(values))
         if self.q_norm is None or self.k_norm is None:
             raise RuntimeError("Gemma 4's attention normalizes queries and keys")
-        q, k, v = self.q_norm(q), self.k_norm(k), self.v_norm(v)
+        q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = self.rotary_tables(cos, sin)
         q = self.hook_rot_q(apply_rotary(q, cos, sin))
         k = self.hook_rot_k(apply_rotary(k, cos, sin))

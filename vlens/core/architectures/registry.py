@@ -125,9 +125,9 @@ def registered_adapters() -> dict[str, type[ArchitectureAdapter]]:
 
 
 def supported_architectures() -> list[str]:
-    """The HF class names vlens can convert."""
+    """The HF class names vlens can convert (not those of a family registered only to say why it is refused)."""
     discover_adapters()
-    return list(_by_class_name)
+    return [name for name, adapter in _by_class_name.items() if adapter.refusal is None]
 
 
 def adapter_class_for(name_or_model: nn.Module | type | str) -> type[ArchitectureAdapter]:
