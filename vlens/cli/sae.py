@@ -88,7 +88,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--cache-dir", type=arg_path, help="keep the activations on disk here (reused)")
     train.add_argument("--checkpoint-every", type=arg_int(min=0), default=0, help="steps between checkpoints")
     train.add_argument("--checkpoint-dir", type=arg_path,
-                       help="full training state (default OUT.checkpoint when checkpointing)")
+                       help="full training state (default OUT.checkpoint; also written when Ctrl-C or an error stops the run)")
     train.add_argument("--resume", action="store_true", help="continue the run in --checkpoint-dir")
     train.add_argument("--stop-after", type=arg_int(min=1), help="end after N steps (continue with --resume)")
     train.add_argument("--evaluate", type=arg_int(min=1), metavar="N",
@@ -164,9 +164,9 @@ def run_train(args: argparse.Namespace) -> int:
         raise UserInputError("--cells choose image-grid cells: use them with --positions image")
     if args.buffer < 2 * args.batch_tokens:
         raise UserInputError(f"--buffer ({args.buffer}) must be at least twice --batch-tokens ({args.batch_tokens})")
-    checkpoint_dir = args.checkpoint_dir
-    if checkpoint_dir is None and (args.checkpoint_every or args.resume or args.stop_after):
-        checkpoint_dir = Path(str(args.out).rstrip("/") + ".checkpoint")
+    # the state is saved there also when Ctrl-C or an error stops the run, so --resume continues it
+    checkpointing = bool(args.checkpoint_dir or args.checkpoint_every or args.resume or args.stop_after)
+    checkpoint_dir = args.checkpoint_dir or Path(str(args.out).rstrip("/") + ".checkpoint")
     out = prepare_out(args, RESULTS_FILE, "cfg.json")
 
     from vlens.sae.activations import ActivationOptions, ActivationSource
@@ -180,7 +180,7 @@ def run_train(args: argparse.Namespace) -> int:
                            total_tokens=args.tokens, batch_size=args.batch_tokens, buffer_size=args.buffer,
                            dead_features=args.dead_features, seed=args.seed)
     run = TrainRun(checkpoint_dir=checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
-                   stop_after=args.stop_after, progress=not args.quiet)
+                   stop_after=args.stop_after, final_checkpoint=checkpointing, progress=not args.quiet)
     model = load_model_from_args(args)
     model.check_hook_name(args.hook)
     examples = samples(args)

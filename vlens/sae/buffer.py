@@ -28,14 +28,16 @@ class ShuffleBuffer:
         self.next_chunk, self.epoch, self.tokens_read = 0, 0, 0
 
     def refill(self) -> None:
+        # the state changes only once the chunks are read: a failing read leaves the buffer as it was
         parts = [] if self.held is None else [self.held]
         have = 0 if self.held is None else self.held.shape[0]
+        (next_chunk, epoch, tokens_read) = (self.next_chunk, self.epoch, self.tokens_read)
         empty = 0
         while have < self.capacity:
-            chunk = self.stream.chunk(self.next_chunk).acts
-            self.next_chunk += 1
-            if self.next_chunk == self.stream.n_chunks:
-                self.next_chunk, self.epoch = 0, self.epoch + 1
+            chunk = self.stream.chunk(next_chunk).acts
+            next_chunk += 1
+            if next_chunk == self.stream.n_chunks:
+                next_chunk, epoch = 0, epoch + 1
             if chunk.shape[0] == 0:
                 empty += 1
                 if empty >= self.stream.n_chunks:
@@ -45,9 +47,10 @@ class ShuffleBuffer:
             empty = 0
             parts.append(chunk.float())
             have += chunk.shape[0]
-            self.tokens_read += chunk.shape[0]
+            tokens_read += chunk.shape[0]
         pool = torch.cat(parts)
         self.held = pool[torch.randperm(pool.shape[0], generator=self.generator)]
+        (self.next_chunk, self.epoch, self.tokens_read) = (next_chunk, epoch, tokens_read)
 
     def next_batch(self, size: int) -> Float[Tensor, "size d_in"]:
         """`size` shuffled activations."""

@@ -94,7 +94,9 @@ class TrainRun:
         checkpoint_dir: where the full state is saved every `checkpoint_every` steps (and at the end).
         resume: continue from the state in checkpoint_dir (identical weights to an uninterrupted run).
         stop_after: end after this many steps (the state is saved; continue with resume).
-        progress: a tqdm bar. log_every: steps between logged metrics.
+        progress: a tqdm bar. log_every: steps between logged metrics (only they are computed).
+        final_checkpoint: save the state in checkpoint_dir at the end too (False: only when Ctrl-C or an
+            error stops the run, so that resume continues it).
     """
 
     checkpoint_dir: str | os.PathLike | None = None
@@ -103,6 +105,7 @@ class TrainRun:
     stop_after: int | None = None
     progress: bool = False
     log_every: int = 25
+    final_checkpoint: bool = True
 
     def __post_init__(self) -> None:
         check_count(self.checkpoint_every, "checkpoint_every", min=0)

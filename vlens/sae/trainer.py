@@ -13,6 +13,7 @@ stopped (on the CPU, for a fixed thread count).
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,6 +26,7 @@ from vlens.sae.activations import ActivationStream
 from vlens.sae.architectures import JumpReLUSAE, jump_gate
 from vlens.sae.base import SAE
 from vlens.sae.buffer import ShuffleBuffer
+from vlens.sae.interrupts import steps_interruptible
 from vlens.sae.metrics import dead_fraction, explained_variance, l0
 from vlens.sae.registry import build_sae, make_config
 from vlens.sae.saelens_format import load_sae, save_sae
@@ -87,24 +89,55 @@ def plot_training_log(log: list[dict], title: str) -> Any:
 
 
 def run_steps(trainer: Any, total: int, settings: TrainRun, desc: str) -> None:
-    """The loop every trainer here shares: `trainer.train_step()` until `total` steps (or `stop_after` more),
-    a row of `trainer.log` every `log_every` steps, checkpoints every `checkpoint_every` steps and at the end
-    (`trainer.save_checkpoint()` when it has a `checkpoint_dir`), a tqdm bar."""
+    """The loop every trainer here shares: `trainer.train_step(record)` until `total` steps (or `stop_after`
+    more), a row of `trainer.log` every `log_every` steps (only those steps compute the metrics: `record`),
+    checkpoints every `checkpoint_every` steps and at the end (`trainer.save_checkpoint()` when it has a
+    `checkpoint_dir`; at the end only with `settings.final_checkpoint`), a tqdm bar.
+
+    Ctrl-C finishes the step under way; it, or an error, then saves the state of the last finished step in
+    the `checkpoint_dir` (a step whose update had begun when the error came cannot be saved whole: the last
+    checkpoint stays), so `resume` continues where the run stopped."""
     end = total if settings.stop_after is None else min(total, trainer.step + settings.stop_after)
     bar = tqdm(total=total, initial=trainer.step, desc=desc, disable=not settings.progress, unit="step")
     try:
-        while trainer.step < end:
-            row = trainer.train_step()
-            if trainer.step % settings.log_every == 0 or trainer.step == total:
-                trainer.log.append(row)
-                bar.set_postfix(ev=f"{row['explained_variance']:.3f}", l0=f"{row['l0']:.1f}")
-            bar.update(1)
-            if settings.checkpoint_every and trainer.step % settings.checkpoint_every == 0 and trainer.step < end:
-                trainer.save_checkpoint()
+        with steps_interruptible() as interrupt:
+            while trainer.step < end:
+                coming = trainer.step + 1
+                row = trainer.train_step(record=coming % settings.log_every == 0 or coming == total)
+                if row is not None:
+                    trainer.log.append(row)
+                    bar.set_postfix(ev=f"{row['explained_variance']:.3f}", l0=f"{row['l0']:.1f}")
+                bar.update(1)
+                if settings.checkpoint_every and trainer.step % settings.checkpoint_every == 0 and trainer.step < end:
+                    trainer.save_checkpoint()
+                if interrupt.requested:
+                    raise KeyboardInterrupt
+    except BaseException:
+        save_after_failure(trainer)
+        raise
     finally:
         bar.close()
-    if trainer.checkpoint_dir is not None:
+    if trainer.checkpoint_dir is not None and settings.final_checkpoint:
         trainer.save_checkpoint()
+
+
+def save_after_failure(trainer: Any) -> None:
+    """Save a stopped run's state for `resume`, saying where (a warning); never hides the error that stopped it."""
+    if trainer.checkpoint_dir is None:
+        return
+    if trainer.updating:
+        warnings.warn(f"training stopped inside the update of step {trainer.step + 1}: its state is not whole, so "
+                      f"it is not saved; resume continues from the last checkpoint in {trainer.checkpoint_dir} "
+                      "(if any)", stacklevel=3)
+        return
+    try:
+        trainer.save_checkpoint()
+    except Exception as error:  # noqa: BLE001 - the error that stopped the run is the one to report
+        warnings.warn(f"training stopped at step {trainer.step}, and saving its state failed too ({error})",
+                      stacklevel=3)
+        return
+    warnings.warn(f"training stopped at step {trainer.step}: its state is saved in {trainer.checkpoint_dir}; "
+                  "continue with resume (--resume)", stacklevel=3)
 
 
 def new_sae(training: SAETraining, d_in: int, hook_name: str | None, first_batch: Tensor) -> SAE:
@@ -132,6 +165,7 @@ class SAETrainer:
         self.buffer = ShuffleBuffer(stream, training.buffer_size, seed=training.seed + 1)
         self.generator = torch.Generator().manual_seed(training.seed + 2)
         self.step, self.tokens_seen = 0, 0
+        self.updating = False  # True inside a step's update (a state saved then would not be whole)
         self.log: list[dict[str, float]] = []
         first = self.buffer.next_batch(training.batch_size)
         self.pending: Tensor | None = first
@@ -179,16 +213,22 @@ class SAETrainer:
                 parts["aux_loss"] = t.aux_coefficient * (aux_acts @ sae.W_dec - residual).pow(2).sum(-1).mean()
         return sum(parts.values(), torch.zeros(())), parts, acts, x_hat
 
-    def train_step(self) -> dict[str, float]:
+    def train_step(self, record: bool = True) -> dict[str, float] | None:
+        """One step; its metrics row when `record` (None otherwise: the metrics cost a pass over the batch)."""
         t = self.training
         x = self.batch()
         lr = lr_at(self.step, t.steps, t.lr, t.warmup_steps, t.decay, t.lr_end_fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.sae.train()
-        loss, parts, acts, x_hat = self.losses(x)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        try:
+            loss, parts, acts, x_hat = self.losses(x)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        except BaseException:
+            self.pending = x  # nothing was updated: this batch comes first again, so a state saved now is whole
+            raise
+        self.updating = True
         torch.nn.utils.clip_grad_norm_(self.sae.parameters(), 1.0)
         self.optimizer.step()
         with torch.no_grad():
@@ -202,6 +242,9 @@ class SAETrainer:
         self.step += 1
         if t.dead_mode == "resample" and self.step % t.resample_every == 0 and self.tokens_seen >= t.dead_window:
             self.resample(x, x_hat.detach())
+        self.updating = False
+        if not record:
+            return None
         row = {"step": float(self.step), "loss": float(loss.detach()), "lr": lr,
                "explained_variance": explained_variance(x, x_hat.detach()), "l0": l0(acts.detach()),
                "dead_fraction": dead_fraction(self.last_fired, self.tokens_seen, t.dead_window)}

@@ -109,6 +109,7 @@ class TranscoderTrainer:
         self.layers = tuple(layers)
         self.buffer = ShuffleBuffer(stream, training.buffer_size, seed=training.seed + 1)
         self.step, self.tokens_seen = 0, 0
+        self.updating = False  # True inside a step's update (a state saved then would not be whole)
         self.log: list[dict[str, float]] = []
         first = self.buffer.next_batch(training.batch_size)
         width = first.shape[-1]
@@ -148,16 +149,22 @@ class TranscoderTrainer:
                 torch.zeros(()))
         return sum(parts.values(), torch.zeros(())), parts, acts, ys, y_hats
 
-    def train_step(self) -> dict[str, float]:
+    def train_step(self, record: bool = True) -> dict[str, float] | None:
+        """One step; its metrics row when `record` (None otherwise)."""
         t = self.training
         rows = self.batch()
         lr = lr_at(self.step, t.steps, t.lr, t.warmup_steps, t.decay, t.lr_end_fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.tc.train()
-        loss, parts, acts, ys, y_hats = self.losses(rows)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        try:
+            loss, parts, acts, ys, y_hats = self.losses(rows)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        except BaseException:
+            self.pending = rows  # nothing was updated: this batch comes first again, so a state saved now is whole
+            raise
+        self.updating = True
         torch.nn.utils.clip_grad_norm_(self.tc.parameters(), 1.0)
         self.optimizer.step()
         with torch.no_grad():
@@ -170,6 +177,9 @@ class TranscoderTrainer:
         for i, a in enumerate(acts):
             self.last_fired[i, (a.detach() != 0).any(dim=0)] = self.tokens_seen
         self.step += 1
+        self.updating = False
+        if not record:
+            return None
         y, y_hat = torch.cat(ys, -1), torch.cat([h.detach() for h in y_hats], -1)
         row = {"step": float(self.step), "loss": float(loss.detach()), "lr": lr,
                "explained_variance": explained_variance(y, y_hat),
