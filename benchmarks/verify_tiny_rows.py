@@ -1,7 +1,8 @@
 """Write docs/verified/tiny-<family>.json: `vlens verify`'s row for every family's tiny random model
 (CPU, fp32), then rewrite docs/verified-models.md's table (tools/verified_models.py).
 
-    python benchmarks/verify_tiny_rows.py
+    python benchmarks/verify_tiny_rows.py                     # every family
+    python benchmarks/verify_tiny_rows.py lfm2_vl molmo2      # these families' rows only
 """
 
 from __future__ import annotations
@@ -20,10 +21,15 @@ from tools import verified_models  # noqa: E402
 from vlens.verify import verify_model  # noqa: E402
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
+    chosen = list(sys.argv[1:] if argv is None else argv) or list(FAMILIES)
+    unknown = [f for f in chosen if f not in FAMILIES]
+    if unknown:
+        sys.stderr.write(f"unknown families {unknown}: choose from {list(FAMILIES)}\n")
+        return 2
     failed = []
-    for family in FAMILIES:
+    for family in chosen:
         result = verify_model(tiny_vlm(family), f"tiny {family}", progress=False)
         row = result.row()
         (verified_models.ROWS / f"tiny-{family}.json").write_text(json.dumps(row, indent=1) + "\n", encoding="utf-8")

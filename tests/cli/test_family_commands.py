@@ -86,6 +86,9 @@ FAMILIES = {
     # SigLIP on 24 px tiles of 3 px patches shuffled 2x2, up to 4 tiles + a thumbnail, tag tokens as markers
     "aya_vision": (lambda: testing.tiny_aya_vision_model(seed=13, n_layers=2, d_model=40, n_heads=4, n_kv_heads=2),
                    testing.tiny_aya_vision_processor, ["--image-size", "48"], True),
+    # 16 px crops overlapping by a 4 px patch, pooled 2 x 2; --image-size 32 allows (32 // 16)^2 = 4 crops
+    "molmo2": (lambda: testing.tiny_molmo2_model(seed=16, n_layers=2, d_model=40, n_heads=4, n_kv_heads=2),
+               testing.tiny_molmo2_processor, ["--image-size", "32"], False),
 }
 # families whose blocks run attention and MLP in parallel: `circuit` refuses them (exit status 2)
 PARALLEL_BLOCKS = {"aya_vision"}

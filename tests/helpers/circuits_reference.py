@@ -25,7 +25,7 @@ import torch
 HEAD = re.compile(r"L(\d+)H(\d+)")
 MLP = re.compile(r"MLP(\d+)")
 IMAGE = re.compile(r"img(\d+)(?:\[r(\d+)(?:-(\d+))?,c(\d+)(?:-(\d+))?\])?")
-PART = re.compile(r"img(\d+)\.(tile\[r(\d+),c(\d+)\]|[a-z]+)")
+PART = re.compile(r"img(\d+)\.(tile\[r(\d+),c(\d+)\]|[a-z_]+)")
 RECEIVER = re.compile(r"L(\d+)H(\d+)(?:-(\d+))?\.(q|k|v|beta|g|gate|b|c|x)")
 PORT_HOOK = {"q": "q", "k": "k", "v": "v", "beta": "beta", "g": "g", "gate": "output_gate", "b": "b", "c": "c", "x": "x"}
 

@@ -42,6 +42,8 @@ from vlens.testing import (
     tiny_llava_processor,
     tiny_mistral3_model,
     tiny_mistral3_processor,
+    tiny_molmo2_model,
+    tiny_molmo2_processor,
     tiny_paligemma_model,
     tiny_paligemma_processor,
     tiny_qwen3_5_model,
@@ -57,7 +59,7 @@ from vlens.testing import (
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
                             "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "smolvlm",
                             "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3", "lfm2_vl", "aya_vision",
-                            "gemma4")
+                            "gemma4", "molmo2")
 # the Qwen3-VL-processor families (16 px patches) beyond Qwen3-VL itself: builder by family
 QWEN3_BUILDERS = {"qwen3_vl": tiny_qwen3_vl_model, "qwen3_vl_moe": tiny_qwen3_vl_moe_model,
                   "qwen3_5": tiny_qwen3_5_model, "qwen3_5_moe": tiny_qwen3_5_moe_model}
@@ -92,6 +94,10 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
         hf = tiny_lfm2_vl_model(seed=seed, attn_implementation=attn, **options, **config)
         sizes = {k: config[k] for k in ("patch_size", "factor") if k in config}
         made = tiny_lfm2_vl_processor(**options, **sizes, **(processor or {}))
+    elif family == "molmo2":  # the processor's crops and patches are the tower's
+        hf = tiny_molmo2_model(seed=seed, attn_implementation=attn, **options, **config)
+        sizes = {k: config[k] for k in ("crop", "patch_size") if k in config}
+        made = tiny_molmo2_processor(**options, **sizes, **(processor or {}))
     elif family == "paligemma":  # the processor's patch grid is the tower's
         hf = tiny_paligemma_model(seed=seed, attn_implementation=attn, **options, **config)
         sizes = {k: config[k] for k in ("image_size", "patch_size") if k in config}

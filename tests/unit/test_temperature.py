@@ -25,7 +25,7 @@ def _pair(family: str):
 
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "llava_next", "llava_onevision", "gemma3", "internvl",
-            "idefics3", "smolvlm", "paligemma", "idefics2", "glm4v", "mistral3", "lfm2_vl", "aya_vision"]
+            "idefics3", "smolvlm", "paligemma", "idefics2", "glm4v", "mistral3", "lfm2_vl", "aya_vision", "molmo2"]
 # the families whose q projection can absorb a temperature (no query norm after it)
 BAKED = ["qwen2_5_vl", "llava_next", "llava_onevision", "internvl", "idefics3", "smolvlm", "paligemma", "idefics2",
          "glm4v", "mistral3", "aya_vision"]

@@ -29,6 +29,9 @@ class VLMConfig:
     d_head: int
     d_mlp: int
     d_vocab: int
+    # token ids the embedding takes when it holds more rows than the LM head has outputs (Molmo 2's
+    # additional vocabulary of image tokens); 0: d_vocab
+    d_vocab_in: int = 0
     act_fn: str = "silu"
     eps: float = 1e-6
     rope_theta: float = 10000.0

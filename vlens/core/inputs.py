@@ -312,6 +312,13 @@ class VLMInputs:
             if n_tiles != n_images:
                 sub.update({k: v[torch.tensor(tiles, dtype=torch.long, device=v.device)] for k, v in self.extra.items()
                             if isinstance(v, Tensor) and v.ndim and v.shape[0] == n_tiles and tiles})
+            # per-image-token extras (Molmo 2's image_token_pooling: one row per placeholder) follow their tokens
+            counts = [len(p) for row_images in regions.images for p in row_images]
+            firsts = [sum(counts[:i]) for i in range(len(counts))]
+            tokens = [t for i in per_image for t in range(firsts[i], firsts[i] + counts[i])]
+            if sum(counts) not in (n_tiles, n_images):
+                sub.update({k: v[torch.tensor(tokens, dtype=torch.long, device=v.device)] for k, v in self.extra.items()
+                            if isinstance(v, Tensor) and v.ndim and v.shape[0] == sum(counts) and tokens})
 
         new_regions = regions.select(rows)
         videos = self._select_videos(regions, rows)

@@ -212,6 +212,10 @@ def compare_with_config(hf_class: type, config: Any, tensors: dict[str, TensorIn
         mapped.setdefault(name, []).append(key)
         if pattern is not None:
             converted.add(name)
+            # a converter that splits one tensor into several (Molmo 2's fused q/k/v, gate/up) fills them all
+            for sibling in _split_targets(name, converters):
+                mapped.setdefault(sibling, []).append(key)
+                converted.add(sibling)
     tied = set(getattr(model, "all_tied_weights_keys", None) or ())
     unused = sorted(key for name, keys in mapped.items() if name not in expected
                     and not _matches(name, model._keys_to_ignore_on_load_unexpected) for key in keys)
@@ -254,6 +258,20 @@ def _is_float(dtype: str) -> bool:
     return dtype.startswith("F") or dtype == "BF16"
 
 
+def _split_targets(name: str, converters: list) -> list[str]:
+    """The other tensors a splitting converter writes besides `name` (its targets, one of which `name` holds)."""
+    out = []
+    for converter in converters:
+        targets = [str(t) for t in getattr(converter, "target_patterns", None) or []]
+        if len(targets) < 2:
+            continue
+        for target in targets:
+            if target in name:
+                out += [name.replace(target, other) for other in targets if other != target]
+                break
+    return out
+
+
 def _matches(name: str, patterns: Iterable[str] | None) -> bool:
     return any(re.search(pattern, name) for pattern in patterns or ())
 
@@ -275,10 +293,11 @@ def _layer_note(tensors: dict[str, TensorInfo], config: Any) -> str:
 
 
 def vocab_rows(config: Any, tensors: dict[str, TensorInfo] | None = None) -> int | None:
-    """The number of token embeddings: the config's text vocab_size."""
+    """The number of token embeddings: the config's text vocab_size (+ Molmo 2's additional_vocab_size, rows the
+    embedding holds past the LM head's outputs)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     size = getattr(text, "vocab_size", None)
-    return int(size) if size is not None else None
+    return int(size) + int(getattr(text, "additional_vocab_size", 0) or 0) if size is not None else None
 
 
 def image_token_id(config: Any) -> int | None:

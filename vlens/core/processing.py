@@ -337,7 +337,7 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
             video_grid_thw=known["video_grid_thw"],
             second_per_grid_ts=known["second_per_grid_ts"],
         )
-    check_input_tensors(out, model.cfg.d_vocab, model.cfg.n_ctx)
+    check_input_tensors(out, max(model.cfg.d_vocab, model.cfg.d_vocab_in), model.cfg.n_ctx)
     model.adapter.check_inputs(model.cfg, out)
     if out.pixel_values is not None and out.pixel_entries is None:
         out.pixel_entries = model.adapter.pixel_entries_per_image(model.cfg, out)

@@ -125,6 +125,14 @@ from vlens.testing.mistral3 import (
     tiny_mistral3_model,
     tiny_mistral3_processor,
 )
+from vlens.testing.molmo2 import (
+    MOLMO2_CHAT_TEMPLATE,
+    MOLMO2_SPECIAL_TOKENS,
+    molmo2_tokenizer,
+    tiny_molmo2_config,
+    tiny_molmo2_model,
+    tiny_molmo2_processor,
+)
 from vlens.testing.paligemma import (
     PALIGEMMA_SPECIAL_TOKENS,
     PALIGEMMA_WORDS,
@@ -181,4 +189,6 @@ __all__ = [
     "tiny_lfm2_vl_model", "tiny_lfm2_vl_processor",
     "AYA_CHAT_TEMPLATE", "AYA_SPECIAL_TOKENS", "aya_vision_tokenizer", "tiny_aya_vision_config",
     "tiny_aya_vision_model", "tiny_aya_vision_processor",
+    "MOLMO2_CHAT_TEMPLATE", "MOLMO2_SPECIAL_TOKENS", "molmo2_tokenizer", "tiny_molmo2_config", "tiny_molmo2_model",
+    "tiny_molmo2_processor",
 ]

@@ -28,7 +28,6 @@ hybrid decoder of short convolutions and softmax attention.
 
 from __future__ import annotations
 
-import logging
 import re
 import sys
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ from vlens.core.architectures.base import (
 from vlens.core.architectures.lfm2_vl_processor import Lfm2VlImageTextProcessor
 from vlens.core.architectures.llava import LlavaAdapter
 from vlens.core.architectures.registry import register_adapter
+from vlens.core.architectures.simple_processor import processor_from_folder
 from vlens.core.components import (
     Attention,
     Embed,
@@ -64,8 +64,6 @@ from vlens.core.components.vision import attach_vision_head_hooks
 from vlens.core.config import VLMConfig
 from vlens.core.hooks import HookPoint
 from vlens.utils.errors import UserInputError
-
-logger = logging.getLogger(__name__)
 
 _TILE_TAG = re.compile(r"<\|img_row_(\d+)_col_(\d+)\|>")
 
@@ -335,11 +333,7 @@ class Lfm2VlAdapter(LlavaAdapter):
 
     # ---- prompts ----
     def load_processor(self, name_or_path: str, trust_remote_code: bool = False):
-        try:
-            return Lfm2VlImageTextProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError, TypeError, UserInputError) as error:
-            logger.info("Lfm2VlImageTextProcessor unavailable for %s: %s", name_or_path, error)
-            return None
+        return processor_from_folder(Lfm2VlImageTextProcessor, name_or_path, trust_remote_code)
 
     def image_placeholder(self) -> str:
         return "<image>"

@@ -230,21 +230,7 @@ class Lfm2VlImageTextProcessor(SimpleVLProcessor):
     def _expand_placeholders(self, texts: list[str], image_inputs: dict, n_images: int) -> list[str]:
         layouts = [self.image_text(r, c, tuple(s)) for r, c, s in zip(image_inputs["image_rows"], image_inputs["image_cols"],
                                                                      image_inputs["image_sizes"], strict=True)]
-        marker, index, out = "<<vlens-image>>", 0, []
-        for text in texts:
-            while self.image_token in text:
-                if index >= n_images:
-                    raise UserInputError(f"The text holds more {self.image_token} placeholders than the "
-                                         f"{n_images} images given.")
-                text = text.replace(self.image_token, f"{marker}{index}{marker}", 1)
-                index += 1
-            for i in range(index):
-                text = text.replace(f"{marker}{i}{marker}", layouts[i])
-            out.append(text)
-        if index != n_images:
-            raise UserInputError(f"Got {n_images} images but the text holds {index} {self.image_token} placeholders: "
-                                 "give one placeholder per image.")
-        return out
+        return self.expand_layouts(texts, layouts, n_images)
 
     def save_pretrained(self, folder: str) -> None:
         super().save_pretrained(folder)

@@ -23,7 +23,6 @@ merger + MLP projector, Mistral decoder.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +33,12 @@ from transformers import BatchFeature
 from vlens.core.architectures.base import ArchitectureAdapter, HFModule, ImageFeatures, ImageTile
 from vlens.core.architectures.llava import LlavaAdapter
 from vlens.core.architectures.registry import register_adapter
-from vlens.core.architectures.simple_processor import SimpleVLProcessor
+from vlens.core.architectures.simple_processor import SimpleVLProcessor, processor_from_folder
 from vlens.core.components import HookedVisionTower
 from vlens.core.components.vision import attach_vision_head_hooks
 from vlens.core.config import VLMConfig
 from vlens.core.hooks import HookPoint
 from vlens.utils.errors import UserInputError
-
-logger = logging.getLogger(__name__)
 
 
 class PixtralImageTextProcessor(SimpleVLProcessor):
@@ -78,22 +75,7 @@ class PixtralImageTextProcessor(SimpleVLProcessor):
             tokens = [token for row in rows for token in row]
             tokens[-1] = self.image_end_token
             layouts.append("".join(tokens))
-        marker = "<<vlens-image>>"
-        index, out = 0, []
-        for text in texts:
-            while self.image_token in text:
-                if index >= n_images:
-                    raise UserInputError(f"The text holds more {self.image_token} placeholders than the "
-                                         f"{n_images} images given.")
-                text = text.replace(self.image_token, marker + str(index) + marker, 1)
-                index += 1
-            for i in range(index):
-                text = text.replace(marker + str(i) + marker, layouts[i])
-            out.append(text)
-        if index != n_images:
-            raise UserInputError(f"Got {n_images} images but the text holds {index} {self.image_token} placeholders: "
-                                 "give one placeholder per image.")
-        return out
+        return self.expand_layouts(texts, layouts, n_images)
 
     def save_pretrained(self, folder: str) -> None:
         super().save_pretrained(folder)
@@ -234,11 +216,7 @@ class Mistral3Adapter(LlavaAdapter):
 
     # ---- prompts ----
     def load_processor(self, name_or_path: str, trust_remote_code: bool = False):
-        try:
-            return PixtralImageTextProcessor.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError, TypeError, UserInputError) as error:
-            logger.info("PixtralImageTextProcessor unavailable for %s: %s", name_or_path, error)
-            return None
+        return processor_from_folder(PixtralImageTextProcessor, name_or_path, trust_remote_code)
 
     def image_placeholder(self) -> str:
         return "[IMG]"

@@ -10,12 +10,15 @@ mm_token_type_ids).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from transformers import BatchFeature
 
 from vlens.utils.errors import UserInputError
+
+logger = logging.getLogger(__name__)
 
 
 class SimpleVLProcessor:
@@ -71,6 +74,25 @@ class SimpleVLProcessor:
                              "give one placeholder per image.")
         return out
 
+    def expand_layouts(self, texts: list[str], layouts: list[str], n_images: int) -> list[str]:
+        """Each image placeholder of `texts`, in order, replaced by its image's placeholder text `layouts[i]` (a
+        family's rows, tiles and tags around its image tokens); the count must match the images given."""
+        marker, index, out = "<<vlens-image>>", 0, []  # so an expanded placeholder is not expanded again
+        for text in texts:
+            while self.image_token in text:
+                if index >= n_images:
+                    raise UserInputError(f"The text holds more {self.image_token} placeholders than the "
+                                         f"{n_images} images given.")
+                text = text.replace(self.image_token, f"{marker}{index}{marker}", 1)
+                index += 1
+            for i in range(index):
+                text = text.replace(f"{marker}{i}{marker}", layouts[i])
+            out.append(text)
+        if index != n_images:
+            raise UserInputError(f"Got {n_images} images but the text holds {index} {self.image_token} placeholders: "
+                                 "give one placeholder per image.")
+        return out
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tokenize: bool = False, **kwargs: Any):
         if not self.chat_template:
@@ -91,3 +113,13 @@ class SimpleVLProcessor:
         if self.chat_template:
             with open(f"{folder}/chat_template.jinja", "w") as fh:
                 fh.write(self.chat_template)
+
+
+def processor_from_folder(processor_class: Any, name_or_path: str, trust_remote_code: bool = False) -> Any:
+    """`processor_class.from_pretrained(name_or_path)`, or None (logged) where the folder does not hold one: an
+    adapter's `load_processor` for a family whose HF processor needs torchvision."""
+    try:
+        return processor_class.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError, UserInputError) as error:
+        logger.info("%s unavailable for %s: %s", processor_class.__name__, name_or_path, error)
+        return None
