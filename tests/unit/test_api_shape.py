@@ -26,6 +26,7 @@ ALLOWED = {
     "vlens.testing.qwen.tiny_qwen3_vl_config": "one keyword per HF config field the parity tests vary",
     "vlens.testing.llava_next.tiny_llava_next_config": "one keyword per HF config field the parity tests vary",
     "vlens.testing.llava_next.tiny_llava_onevision_config": "one keyword per HF config field the parity tests vary",
+    "vlens.testing.llava_next_video.tiny_llava_next_video_config": "one keyword per HF config field the parity tests vary",
     "vlens.testing.qwen3_5.qwen3_5_text_config": "one keyword per HF config field the parity tests vary",
     "vlens.viz.figures.jaccard_matrix_figure": "a figure's styling keywords",
     "vlens.testing.gemma3.tiny_gemma3_config": "one keyword per HF config field the parity tests vary",

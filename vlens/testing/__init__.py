@@ -117,6 +117,13 @@ from vlens.testing.llava_next import (
     tiny_llava_onevision_model,
     tiny_llava_onevision_processor,
 )
+from vlens.testing.llava_next_video import (
+    LLAVA_NEXT_VIDEO_CHAT_TEMPLATE,
+    llava_next_video_tokenizer,
+    tiny_llava_next_video_config,
+    tiny_llava_next_video_model,
+    tiny_llava_next_video_processor,
+)
 from vlens.testing.mistral3 import (
     MISTRAL3_CHAT_TEMPLATE,
     MISTRAL3_SPECIAL_TOKENS,
@@ -161,6 +168,8 @@ __all__ = [
     "LLAVA_ONEVISION_SPECIAL_TOKENS", "default_pinpoints", "llava_next_tokenizer", "llava_onevision_tokenizer",
     "tiny_llava_next_config", "tiny_llava_next_model", "tiny_llava_next_processor", "tiny_llava_onevision_config",
     "tiny_llava_onevision_model", "tiny_llava_onevision_processor",
+    "LLAVA_NEXT_VIDEO_CHAT_TEMPLATE", "llava_next_video_tokenizer", "tiny_llava_next_video_config",
+    "tiny_llava_next_video_model", "tiny_llava_next_video_processor",
     "GEMMA3_CHAT_TEMPLATE", "GEMMA3_SPECIAL_TOKENS", "GEMMA3_WORDS", "gemma3_image_processor", "gemma3_tokenizer",
     "tiny_gemma3_config", "tiny_gemma3_model", "tiny_gemma3_processor",
     "GEMMA4_CHAT_TEMPLATE", "GEMMA4_SPECIAL_TOKENS", "GEMMA4_WORDS", "gemma4_image_processor", "gemma4_tokenizer",

@@ -47,6 +47,7 @@ LLAVA_ONEVISION_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ' ' }}"
     "{% if message['content'] is string %}{{ '\n' + message['content'] }}{% else %}"
     "{% for item in message['content'] %}{% if item['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'video' %}{{ '<video>' }}{% endif %}{% endfor %}"
     "{% for item in message['content'] %}{% if item['type'] == 'text' %}{{ '\n' + item['text'] }}{% endif %}"
     "{% endfor %}{% endif %}{{ '<|im_end|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -109,12 +110,14 @@ def tiny_llava_next_config(n_layers: int = 2, d_model: int = 64, n_heads: int = 
                            vision_feature_layer: int | list[int] = -2,
                            vision_feature_select_strategy: Literal["default", "full"] = "default",
                            tower: str = "clip", text_model: str = "llama", vision_depth: int = 3,
-                           vision_width: int = 32, vision_heads: int = 2, tokenizer=None, **text_overrides: Any):
-    """A tiny LLaVA-NeXT config whose token ids match `llava_next_tokenizer`."""
+                           vision_width: int = 32, vision_heads: int = 2, tokenizer=None,
+                           config_class: type = LlavaNextConfig, extra: dict | None = None, **text_overrides: Any):
+    """A tiny LLaVA-NeXT config whose token ids match `llava_next_tokenizer` (`config_class` with the
+    `extra` fields: a LLaVA-NeXT-Video config)."""
     tokenizer = tokenizer or llava_next_tokenizer()
     text = _text_config(text_model, tokenizer, n_layers, d_model, n_heads, n_kv_heads, d_mlp,
                         bos_token_id=tokenizer.convert_tokens_to_ids("<s>"), **text_overrides)
-    return LlavaNextConfig(text_config=text,
+    return config_class(text_config=text, **(extra or {}),
                            vision_config=_vision_config(tower, tile, patch_size, vision_depth, vision_width,
                                                         vision_heads),
                            image_token_index=tokenizer.convert_tokens_to_ids("<image>"),

@@ -468,6 +468,23 @@ class ArchitectureAdapter(ABC):
         return 1
 
 
+def merge_visual_features(is_video: Tensor, images: Tensor | None, videos: Tensor | None) -> Tensor:
+    """[n_visual_tokens, d]: image features at the image placeholders and video features at the video ones,
+    in placeholder order (what `ImageFeatures.embeds` holds when a batch has both). is_video: bool
+    [n_visual_tokens], whether each of the batch's image / video placeholders (row by row, in order) is a
+    video's."""
+    if videos is None or images is None:
+        found = images if videos is None else videos
+        if found is None:
+            raise RuntimeError("no image or video features to merge")
+        return found
+    mask = is_video.to(images.device)
+    out = images.new_empty((len(mask), images.shape[-1]))
+    out[~mask] = images
+    out[mask] = videos.to(images.dtype)
+    return out
+
+
 def placeholder_runs(input_ids: Tensor, attention_mask: Tensor, token_id: int) -> list[tuple[int, int, int]]:
     """(row, start, end) of every maximal run of consecutive placeholder tokens `token_id` (padding
     excluded), row by row, left to right: the image (or sub-image) blocks of families that wrap each

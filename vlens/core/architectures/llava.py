@@ -131,17 +131,24 @@ class LlavaAdapter(ArchitectureAdapter):
     def project_images(self, vision: HookedVisionTower, inputs, pixel_values: Tensor) -> Tensor:
         """[n, n_tokens, d_model]: the vision tower on `pixel_values` [n, C, H, W] block by block, the
         selected layer(s) and strategy, the projector (its input at `vision.hook_image_features`)."""
+        return self.project(vision, self.select_features(vision, inputs, pixel_values), "hook_image_features")
+
+    def select_features(self, vision: HookedVisionTower, inputs, pixel_values: Tensor) -> Tensor:
+        """[n, n_tokens, width * n_selected_layers]: the tower's selected layer(s), CLS dropped for "default"."""
         feature_layer, strategy = self._selection(inputs)
         layers = [feature_layer] if isinstance(feature_layer, int) else list(feature_layer)
         hidden_states = _tower_hidden_states(vision.tower, pixel_values, layers)
         selected = [hidden_states[i] for i in layers]
         if strategy == "default":
             selected = [h[:, 1:] for h in selected]  # drop CLS
+        return torch.cat(selected, dim=-1)
+
+    def project(self, vision: HookedVisionTower, features: Tensor, hook: str) -> Tensor:
+        """The projector on `features`, its input passed through the vision hook point `hook`."""
         if vision.projector is None:
             raise RuntimeError("a LLaVA vision tower needs its multi-modal projector")
         # the hook point build_vision added (nn.Module attributes are untyped to checkers)
-        features = vision.get_submodule("hook_image_features")(torch.cat(selected, dim=-1))
-        return vision.projector(features)
+        return vision.projector(vision.get_submodule(hook)(features))
 
     def image_token_counts(self, cfg: VLMConfig, inputs) -> tuple[list[int], list[tuple[int, int]]]:
         """n_patches per image (+1 for CLIP's CLS with "full"; "default" drops the first token); grid

@@ -281,6 +281,11 @@ class LlavaNextAdapter(LlavaAdapter):
 
     def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
         per_tile = self.project_images(vision, inputs, self.flat_pixel_values(inputs))
+        return ImageFeatures(embeds=vision.hook_image_embeds(self.pack_tiles(vision, inputs, per_tile)), deepstack=[])
+
+    def pack_tiles(self, vision: HookedVisionTower, inputs, per_tile: Tensor) -> Tensor:
+        """[n_image_tokens, d_model]: the projected tiles [n_tiles, tokens_per_tile, d_model] of every image
+        packed as HF packs them (base view, unpadded tiles, newlines)."""
         per_tile = vision.get_submodule("hook_tile_embeds")(per_tile)  # [n_tiles, tokens_per_tile, d_model]
         per_image = list(torch.split(per_tile, self.tiles_per_image(inputs), dim=0))
         newline = vision.get_submodule("hook_image_newline")(vision.get_parameter("image_newline"))
@@ -290,8 +295,7 @@ class LlavaNextAdapter(LlavaAdapter):
             raise RuntimeError(f"vlens's anyres layout ({expected} tokens per image) disagrees with HF's packing "
                                f"({[len(p) for p in packed]}) for images of sizes {self.image_sizes(inputs)}; "
                                "please report it with the model config")
-        embeds = vision.hook_image_embeds(torch.cat(packed, dim=0))
-        return ImageFeatures(embeds=embeds, deepstack=[])
+        return torch.cat(packed, dim=0)
 
     def pack(self, vision: HookedVisionTower, per_image: list[Tensor], inputs, newline: Tensor) -> list[Tensor]:
         """HF's `pack_image_features` on the per-image tile features (base first, unpadded, newlines)."""

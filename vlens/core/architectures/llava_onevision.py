@@ -11,7 +11,9 @@
   tiled: padded to a square, one tile, its tokens then one newline (`vlens prepare` passes
   images per prompt, as HF's chat template does); (3) the processor names the image count of
   each prompt, which the model reads.
-- Videos (`pixel_values_videos`, the 2x2 pooled frames) are refused: vlens runs images only.
+- Videos (`pixel_values_videos` [videos, frames, C, H, W]; `vlens.core.architectures.llava_video`): each
+  frame squashed to the tower's side, projected, pooled 2x2 bilinearly (HF's `apply_pooling`), the frames'
+  tokens in order and one newline closing each video; regions: one "frame" record per frame.
 - HF's `LlavaOnevisionProcessor` needs a video processor, which needs torchvision;
   `LlavaOnevisionImageTextProcessor` here is HF's processor class without that attribute (the same
   placeholder expansion), and `load_processor` builds it from a folder when AutoProcessor cannot.
@@ -21,6 +23,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from torch import Tensor
@@ -28,6 +31,7 @@ from transformers import LlavaOnevisionProcessor
 
 from vlens.core.architectures.base import HFModule
 from vlens.core.architectures.llava_next import AnyresGeometry, LlavaNextAdapter
+from vlens.core.architectures.llava_video import LlavaVideoMixin
 from vlens.core.architectures.registry import register_adapter
 from vlens.core.components import HookedVisionTower
 from vlens.core.config import VLMConfig
@@ -65,7 +69,7 @@ def max_patches(vision_aspect_ratio: str) -> int:
 
 
 @register_adapter
-class LlavaOnevisionAdapter(LlavaNextAdapter):
+class LlavaOnevisionAdapter(LlavaVideoMixin, LlavaNextAdapter):
     hf_class_names = ("LlavaOnevisionForConditionalGeneration",)
     family = "llava_onevision"
 
@@ -79,10 +83,31 @@ class LlavaOnevisionAdapter(LlavaNextAdapter):
         return AnyresGeometry(base.tile_side, base.patch, base.pinpoints,
                               max_patches=max_patches(self.hf_config.vision_aspect_ratio))
 
+    def build_vision(self, hf_model: HFModule) -> HookedVisionTower:
+        vision = super().build_vision(hf_model)
+        self.add_video_hooks(vision)
+        self.hf_apply_pooling = hf_model.model.apply_pooling  # HF's 2x2 bilinear pooling of the frames
+        return vision
+
+    def frame_grid(self) -> tuple[int, int]:
+        side = math.ceil(self.geometry().side / 2)
+        return side, side
+
+    def frame_trailing(self) -> int:
+        return 1  # the image newline closing each video
+
+    def frame_embeds(self, vision: HookedVisionTower, features: Tensor) -> Tensor:
+        return self.hf_apply_pooling(self.project(vision, features, "hook_video_features"))
+
+    def video_embeds(self, vision: HookedVisionTower, inputs, features: Tensor) -> Tensor:
+        n_videos, n_frames = inputs.pixel_values_videos.shape[:2]
+        frames = vision.get_submodule("hook_frame_embeds")(self.frame_embeds(vision, features))
+        newline = vision.get_submodule("hook_image_newline")(vision.get_parameter("image_newline"))
+        per_video = frames.reshape(n_videos, -1, frames.shape[-1])
+        closing = newline.to(per_video.dtype)[None, None].expand(n_videos, 1, -1)
+        return torch.cat([per_video, closing], dim=1).flatten(0, 1)
+
     def check_inputs(self, cfg: VLMConfig, inputs) -> None:
-        if inputs.extra.get("pixel_values_videos") is not None:
-            raise UserInputError("vlens runs LLaVA-OneVision on images only: videos (pixel_values_videos) are not "
-                                 "supported yet; pass frames as images")
         ratio = inputs.extra.get("vision_aspect_ratio")
         if ratio is not None and ratio != self.hf_config.vision_aspect_ratio:
             raise UserInputError(f"vision_aspect_ratio={ratio!r} differs from the model config's "

@@ -16,6 +16,7 @@ from vlens.core.architectures.base import (
     HFModule,
     ImageFeatures,
     ImageTile,
+    merge_visual_features,
     token_id_list,
 )
 from vlens.core.architectures.registry import register_adapter
@@ -107,12 +108,9 @@ class Qwen2VLAdapter(ArchitectureAdapter):
         if inputs.pixel_values_videos is None or inputs.pixel_values is None:
             return features
         types = inputs.mm_token_type_ids  # 1 image, 2 video (the adapter's `mm_token_type_ids`)
-        is_video = (types[types > 0] == 2).to(features.device)
+        is_video = types[types > 0] == 2
         n_image = int((~is_video).sum())
-        out = features.new_empty(features.shape)
-        out[~is_video] = features[:n_image]
-        out[is_video] = features[n_image:]
-        return out
+        return merge_visual_features(is_video, features[:n_image], features[n_image:])
 
     def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
         out = self.run_tower(vision, inputs)

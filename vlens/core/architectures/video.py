@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
 from torch import Tensor
 
 from vlens.core.architectures.base import ImageTile
@@ -68,3 +70,23 @@ def qwen3_timestamps(n_frames: int, fps: float, temporal_patch_size: int) -> lis
     indices += [indices[-1]] * (-len(indices) % temporal_patch_size)
     times = [i / fps for i in indices]
     return [(times[i] + times[i + temporal_patch_size - 1]) / 2 for i in range(0, len(times), temporal_patch_size)]
+
+
+def normalized_frames(frames: list[Any], size: tuple[int, int], mean: Any, std: Any, crop: bool) -> Tensor:
+    """[T, 3, height, width] float: each frame resized (bicubic) to `size` = (height, width), or with `crop`
+    resized so its shorter side fits and centre-cropped to it, as LLaVA video processors do; rescaled to
+    [0, 1] and normalised by the processor's mean / std."""
+    height, width = size
+    out = []
+    for frame in frames:
+        if crop:
+            scale = max(height / frame.height, width / frame.width)
+            resized = frame.resize((max(width, round(frame.width * scale)), max(height, round(frame.height * scale))),
+                                   Image.Resampling.BICUBIC)
+            left, top = (resized.width - width) // 2, (resized.height - height) // 2
+            resized = resized.crop((left, top, left + width, top + height))
+        else:
+            resized = frame.resize((width, height), Image.Resampling.BICUBIC)
+        pixels = np.asarray(resized.convert("RGB"), dtype=np.float32) / 255.0
+        out.append((pixels - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32))
+    return torch.from_numpy(np.stack(out)).permute(0, 3, 1, 2).contiguous()
