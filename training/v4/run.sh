@@ -18,7 +18,7 @@
 # Rerun the same command to continue: a stage whose folder training/v4/STAGE holds
 # model.safetensors is done and skipped; a stage with a saved state in training/v4/STAGE.checkpoint
 # resumes from it (vlens zoo train --resume). At the end of a session with a stage unfinished, its
-# state may be committed (training/v4/STAGE.checkpoint/state.*, at most one per session) so the
+# state may be committed (git add -f training/v4/STAGE.checkpoint/state.pt and its log, at most one per session) so the
 # next session resumes it; it is removed from the tree when the stage completes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
