@@ -20,7 +20,7 @@ PAGE = ROOT / "docs" / "verified-models.md"
 BEGIN, END = "<!-- verified-models table: begin (python -m tools.verified_models) -->", \
     "<!-- verified-models table: end -->"
 COLUMNS = ("model", "family", "dtype", "device", "transformers", "logits_max_rel", "top1_agreement",
-           "generate_identical", "hooks_checked", "time_ratio", "memory_ratio", "passed", "date")
+           "generate_identical", "hooks_checked", "video_checked", "time_ratio", "memory_ratio", "passed", "date")
 
 
 def read_rows(folder: Path = ROWS) -> list[dict]:

@@ -15,6 +15,7 @@ from vlens.cli import main
 from vlens.verify import VerificationResult, VerifySettings, verify_model
 
 # the other cases (two images, text only) run in the CLI test below
+VIDEO_FAMILIES = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"}
 FAST = VerifySettings(max_new_tokens=2, repeats=1, case_names=("one_image", "padded_batch"))
 
 
@@ -28,6 +29,24 @@ def test_every_family_passes(family):
         assert statuses[check] == "pass", check
     row = result.row()
     assert row["hooks_checked"] > 10 and row["generate_identical"] and row["logits_max_rel"] <= 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_video_case_runs_where_the_family_takes_video(family):
+    model = tiny_vlm(family)
+    result = verify_model(model, family, VerifySettings(max_new_tokens=2, repeats=1, case_names=("video",)),
+                          progress=False)
+    row = result.row()
+    # the family's adapter runs video and its config names a video token (GLM-4V's adapter would, its config has none)
+    runs_video = model.adapter.takes_video() and model.cfg.video_token_id is not None
+    assert runs_video == (family in VIDEO_FAMILIES)
+    assert result.passed and row["video_checked"] is runs_video, result.table_rows()
+    statuses = {(c.check, c.case): c.status for c in result.checks}
+    if runs_video:  # logits and greedy tokens equal HF's on four frames
+        assert statuses == {("logits", "video"): "pass", ("generate", "video"): "pass"}
+        assert row["logits_max_rel"] <= 1e-4 and row["generate_identical"] and row["skipped"] == {}
+    else:
+        assert statuses == {("inputs", "video"): "skip"} and row["skipped"]["video"]  # skipped with the reason
 
 
 def test_a_planted_discrepancy_fails_the_named_checks():

@@ -5,7 +5,7 @@ one flat JSON object (docs/verified-models.md):
 
     model, architecture, family, dtype, device, transformers, torch, vlens, date,
     logits_max_abs, logits_max_rel, top1_agreement, generate_identical, hooks_checked,
-    time_ratio, memory_ratio, passed, failed
+    time_ratio, memory_ratio, video_checked, skipped, passed, failed
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from vlens.viz.optional import require_plotly
 ROW_FILE = "verified.json"
 ROW_KEYS = ("model", "architecture", "family", "dtype", "device", "transformers", "torch", "vlens", "date",
             "logits_max_abs", "logits_max_rel", "top1_agreement", "generate_identical", "hooks_checked",
-            "time_ratio", "memory_ratio", "passed", "failed")
+            "time_ratio", "memory_ratio", "video_checked", "skipped", "passed", "failed")
 
 
 @dataclass
@@ -79,6 +79,7 @@ class VerificationResult(Result):
         generation = [c for c in self.checks if c.check == "generate" and c.status != "skip"]
         hooks = self._figures("hooks")
         cost = self._figures("cost")
+        video = [c for c in self.checks if c.case == "video"]
         return {
             "model": self.model, "architecture": self.architecture, "family": self.family, "dtype": self.dtype,
             "device": self.device, "transformers": self.versions.get("transformers", ""),
@@ -90,6 +91,10 @@ class VerificationResult(Result):
             "hooks_checked": sum(int(f.get("checked", 0)) for f in hooks) if hooks else None,
             "time_ratio": cost[0].get("time_ratio") if cost else None,
             "memory_ratio": cost[0].get("memory_ratio") if cost else None,
+            # the video case ran (its checks count in passed / failed); None where it was not asked for
+            "video_checked": (any(c.status != "skip" for c in video) if video else None),
+            "skipped": {c.case if c.check == "inputs" else f"{c.check}/{c.case}": c.detail
+                        for c in self.checks if c.status == "skip" and c.case},
             "passed": self.passed, "failed": self.failed_checks(),
         }
 
