@@ -40,6 +40,9 @@ def token_pixel_blocks(model, inputs, image_index: int) -> dict[int, torch.Tenso
     pixels = inputs.pixel_values.cpu().to(torch.float64)
     records = [r for r in regions.tiles[row][image] if r.spatial]
     out: dict[int, torch.Tensor] = {}
+    if pixels.ndim == 3:  # patchified tiles [entries, patches, p * p * 3] (LFM2-VL, Molmo 2)
+        blocks = _patchified_blocks(model, inputs, image_index, row, image, records, pixels)
+        return {k: v * std * 255 + mean * 255 for k, v in blocks.items()}
     if pixels.ndim == 2:  # Qwen: patches in merged-token order
         thw = inputs.image_grid_thw.cpu()
         offset = int(sum(int(t * h * w) for t, h, w in thw[:image_index].tolist()))
@@ -85,4 +88,45 @@ def token_pixel_blocks(model, inputs, image_index: int) -> dict[int, torch.Tenso
         for k, position in enumerate(record.positions.tolist()):
             r, c = divmod(k, cols)
             out[position] = view[:, (r0 + r) * cell:(r0 + r + 1) * cell, (c0 + c) * cell:(c0 + c + 1) * cell]
+    return out
+
+
+def _patches_to_image(patches: torch.Tensor, rows: int, cols: int, p: int) -> torch.Tensor:
+    """[rows * cols, p * p * 3] patches (each row by row, channels last) -> [3, rows * p, cols * p]."""
+    return patches[:rows * cols].reshape(rows, cols, p, p, 3).permute(4, 0, 2, 1, 3).reshape(3, rows * p, cols * p)
+
+
+def _patchified_blocks(model, inputs, image_index: int, row: int, image: int, records, pixels) -> dict:
+    """LFM2-VL: each tile's patches rebuilt into its image by `spatial_shapes`, a token's cell factor x factor
+    patches of its tile. Molmo 2: each token's pixels are the patches `image_token_pooling` pools into it, laid
+    out as its pool_h x pool_w window (an empty slot stays 0: not red)."""
+    image_processor = getattr(model.processor, "image_processor", model.processor)
+    entries = inputs.pixel_entries
+    first = sum(entries[:image_index])
+    out: dict[int, torch.Tensor] = {}
+    if model.adapter.family == "lfm2_vl":
+        p = image_processor.encoder_patch_size
+        shapes = inputs.extra["spatial_shapes"].cpu().tolist()
+        for record in records:
+            h, w = shapes[first + record.index]
+            view = _patches_to_image(pixels[first + record.index], h, w, p)
+            cell_h, cell_w = view.shape[-2] // record.grid[0], view.shape[-1] // record.grid[1]
+            for k, position in enumerate(record.positions.tolist()):
+                r, c = divmod(k, record.grid[1])
+                out[position] = view[:, r * cell_h:(r + 1) * cell_h, c * cell_w:(c + 1) * cell_w]
+        return out
+    # Molmo 2: the image's pooling rows, its crops' patches
+    p = image_processor.patch_size
+    pool_h, pool_w = image_processor.pooling_size
+    counts = [len(t) for r in inputs.regions.images for t in r]
+    pooling = inputs.extra["image_token_pooling"].cpu()[sum(counts[:image_index]):sum(counts[:image_index + 1])]
+    patches = pixels[first:first + entries[image_index]].reshape(-1, pixels.shape[-1])
+    positions = inputs.regions.images[row][image].tolist()
+    for k, position in enumerate(positions):
+        block = torch.full((3, pool_h * p, pool_w * p), -1.0, dtype=pixels.dtype)  # an empty slot: black, not red
+        for slot, index in enumerate(pooling[k].tolist()):
+            if index >= 0:
+                r, c = divmod(slot, pool_w)
+                block[:, r * p:(r + 1) * p, c * p:(c + 1) * p] = _patches_to_image(patches[index:index + 1], 1, 1, p)
+        out[position] = block
     return out
