@@ -20,6 +20,8 @@ import sys
 from collections.abc import Sequence
 from typing import NamedTuple, NoReturn
 
+from vlens.cli.help_text import RawDescriptionOptionsHelpFormatter, use_options_help
+
 
 class Command(NamedTuple):
     name: str
@@ -95,7 +97,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     parser = OneLineParser(
         prog="vlens", description="Mechanistic interpretability for vision-language models.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG, formatter_class=RawDescriptionOptionsHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"vlens {__version__}")
     add_output_flags(parser, top_level=True)
@@ -128,6 +130,7 @@ def _configure(command: Command, parser: argparse.ArgumentParser) -> None:
     for leaf in _leaves(parser):
         add_output_flags(leaf)
         leaf.set_defaults(command_prog=leaf.prog)
+    use_options_help(parser)
 
 
 def _leaves(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

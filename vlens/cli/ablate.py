@@ -78,7 +78,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_batch_size(parser, 16)
     parser.add_argument("--heads-per-pass", type=arg_int(min=1), default=8,
                         help="heads of one layer run in one stacked batch")
-    parser.add_argument("--seed", type=arg_int(min=0), default=0)
+    parser.add_argument("--seed", type=arg_int(min=0), default=0,
+                        help="seed of the evaluation set (and of resampling with --method resample)")
     parser.add_argument("--retest-seed", type=arg_int(min=0), default=None,
                         help="also sweep a second evaluation set from this seed and report, per task, the Jaccard "
                              "of the two top-k sets (reliability); use a seed >= seed + n-examples")

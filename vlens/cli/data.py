@@ -123,13 +123,14 @@ def configure(data: argparse.ArgumentParser) -> None:
         if name != "syndot":
             choices = (POLY_BACKGROUNDS if name == "synpoly" else REAL_BACKGROUNDS) + ("random",)
             p.add_argument(
-                "--background", choices=choices, default="white" if name == "synpoly" else "random"
+                "--background", choices=choices, default="white" if name == "synpoly" else "random",
+                help="the image background (random: one drawn per image)",
             )
         p.set_defaults(func=_run)
 
     p = kinds.add_parser("pairs", help="controlled clean/corrupt pairs for activation patching")
     _common(p, n_help="number of pairs")
-    p.add_argument("--style", choices=STYLES, default="syndot")
+    p.add_argument("--style", choices=STYLES, default="syndot", help="the images' style (as the data command of that name)")
     p.add_argument("--kind", choices=PAIR_KINDS, default="count", help="count difference, or a control pair")
     p.add_argument("--delta", type=parse_int_list, default=(1, 2, 3), help="count differences, e.g. 1-3")
     p.add_argument("--n-changed", type=arg_int(min=1), default=1, help="objects moved/recoloured in control pairs")
@@ -139,7 +140,7 @@ def configure(data: argparse.ArgumentParser) -> None:
 
     p = kinds.add_parser("tasks", help="task suites (one task per image, cycling through --tasks)")
     _common(p)
-    p.add_argument("--style", choices=STYLES, default="synpoly")
+    p.add_argument("--style", choices=STYLES, default="synpoly", help="the images' style (as the data command of that name)")
     p.add_argument("--tasks", type=parse_tasks, default=TASKS, help=f"comma list from {','.join(TASKS)}")
     p.add_argument("--background", default=None, help="background kind (default: the style's)")
     p.set_defaults(func=_run)

@@ -48,7 +48,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--verify-sha256", action="store_true", help="pixmo: check images against image_sha256"
     )
     add_batch_size(parser, 8, "examples per generate call")
-    parser.add_argument("--max-new-tokens", type=arg_int(min=1), default=32)
+    parser.add_argument("--max-new-tokens", type=arg_int(min=1), default=32, help="tokens generated per answer")
     parser.add_argument("--limit", type=arg_int(min=1), help="evaluate only the first N examples")
     parser.add_argument("--parser", choices=ANSWER_PARSERS, help="answer parser (default: the format's)")
     parser.add_argument("--post-prompt", help="instruction appended to each question (default: none for the embedded "

@@ -61,7 +61,9 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
 def configure(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
     add_pair_arguments(parser)
-    parser.add_argument("--mode", choices=MODES, required=True)
+    parser.add_argument("--mode", choices=MODES, required=True,
+                        help="what is patched: one layer x region (image / text / final) grid, one layer x position grid, "
+                        "each head, each expert, or atp (attribution patching: the first-order estimate of every head)")
     add_out(parser, f"{RESULTS_FILE} and {FIGURE_FILE}")
     parser.add_argument("--component", default="resid_pre", choices=("resid_pre", "attn_out", "mlp_out"),
                         help="activation patched in layer-region / layer-pos mode (default resid_pre)")
@@ -73,7 +75,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="noising (default): patch the corrupt run's activations into the clean run; denoising: "
                         "the clean run's into the corrupt run (TransformerLens's get_act_patch_* convention); the "
                         "metrics read the patched run against the run patched from (docs/method.md)")
-    parser.add_argument("--method", default="fast", choices=("fast", "naive"))
+    parser.add_argument("--method", default="fast", choices=("fast", "naive"),
+                        help="fast: many patched runs stacked in one batch; naive: one forward per patch (the reference)")
     parser.add_argument("--compare-exact", action="store_true", help="atp: also run the exact head sweep, report Spearman")
     parser.add_argument("--max-batch", type=arg_int(min=1), default=64,
                         help="rows per forward in the fast path (default 64)")

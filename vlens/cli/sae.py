@@ -73,18 +73,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--hook", required=True, help="hook name, e.g. blocks.1.hook_resid_post (vlens info --hooks)")
     train.add_argument("--positions", choices=REGIONS, default="image", help="token positions (default image)")
     train.add_argument("--cells", help="only these image-grid cells, 'row,col;row,col' (with --positions image)")
-    train.add_argument("--architecture", choices=("standard", "topk", "jumprelu"), default="topk")
+    train.add_argument("--architecture", choices=("standard", "topk", "jumprelu"), default="topk",
+                       help="standard: ReLU with an L1 penalty; topk: the k largest features; jumprelu: a learnt "
+                       "threshold per feature with an L0 penalty (docs/sae.md)")
     train.add_argument("--d-sae", type=arg_int(min=1), default=512, help="number of features (default 512)")
     train.add_argument("--k", type=arg_int(min=1), default=16, help="TopK: active features per token (default 16)")
     train.add_argument("--l1", type=arg_float(min=0), default=5.0, help="standard: L1 coefficient (default 5)")
     train.add_argument("--l0", type=arg_float(min=0), default=1.0, help="jumprelu: L0 coefficient (default 1)")
-    train.add_argument("--lr", type=arg_float(min=0, min_open=True), default=1e-3)
-    train.add_argument("--warmup-steps", type=arg_int(min=0), default=50)
-    train.add_argument("--decay", choices=("cosine", "linear", "constant"), default="cosine")
+    train.add_argument("--lr", type=arg_float(min=0, min_open=True), default=1e-3, help="Adam learning rate")
+    train.add_argument("--warmup-steps", type=arg_int(min=0), default=50, help="steps of linear learning-rate warm-up")
+    train.add_argument("--decay", choices=("cosine", "linear", "constant"), default="cosine",
+                       help="learning-rate schedule after the warm-up")
     train.add_argument("--tokens", type=arg_int(min=1), default=100_000, help="activations to train on (default 1e5)")
     train.add_argument("--batch-tokens", type=arg_int(min=1), default=512, help="activations per step (default 512)")
     train.add_argument("--buffer", type=arg_int(min=2), default=8192, help="shuffling buffer size (default 8192)")
-    train.add_argument("--dead-features", choices=("auto", "aux", "resample", "none"), default="auto")
+    train.add_argument("--dead-features", choices=("auto", "aux", "resample", "none"), default="auto",
+                       help="what revives features that stopped firing: aux (an auxiliary loss on them), resample "
+                       "(restart them on badly reconstructed inputs), none; auto: aux for topk, else resample")
     train.add_argument("--cache-dir", type=arg_path, help="keep the activations on disk here (reused)")
     train.add_argument("--checkpoint-every", type=arg_int(min=0), default=0, help="steps between checkpoints")
     train.add_argument("--checkpoint-dir", type=arg_path,

@@ -75,16 +75,19 @@ def configure(study: argparse.ArgumentParser) -> None:
                       "ablated with it (default 1)")
     mine.add_argument("--window", type=arg_int(min=1), default=None, metavar="K",
                       help="flow: layers per window (default max(1, n_layers // 4))")
-    study.add_argument("--seeds", type=arg_int(min=0), nargs="+", default=[0])
+    study.add_argument("--seeds", type=arg_int(min=0), nargs="+", default=[0],
+                       help="one fine-tuning run per seed (results are reported across them)")
     study.add_argument(
         "--n-train", type=arg_int(min=1), default=200, help="fine-tuning images per style (SynDot, SynPoly)"
     )
     study.add_argument("--n-eval", type=arg_int(min=1), default=100, help="evaluation examples per set")
-    study.add_argument("--epochs", type=arg_int(min=1), default=1)
-    study.add_argument("--lr", type=arg_float(min=0, min_open=True), default=1e-3)
-    study.add_argument("--lora-rank", type=arg_int(min=1), default=64)
-    study.add_argument("--top-k-heads", type=arg_int(min=1), default=4)
-    study.add_argument("--alpha", type=arg_float(min=0, min_open=True), default=1.2)
+    study.add_argument("--epochs", type=arg_int(min=1), default=1, help="fine-tuning epochs")
+    study.add_argument("--lr", type=arg_float(min=0, min_open=True), default=1e-3, help="fine-tuning learning rate")
+    study.add_argument("--lora-rank", type=arg_int(min=1), default=64, help="LoRA rank of the fine-tuning")
+    study.add_argument("--top-k-heads", type=arg_int(min=1), default=4,
+                       help="heads given a temperature (the top ones by ablation damage)")
+    study.add_argument("--alpha", type=arg_float(min=0, min_open=True), default=1.2,
+                       help="temperature scale: beta = alpha * gamma (as temperature fit --alpha)")
     study.add_argument("--model-card", type=arg_path, help="also put the results table into this model card")
     study.set_defaults(func=run)
 

@@ -66,8 +66,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     fit.add_argument("--top-k", type=arg_int(min=1), default=8, help="number of heads (default 8)")
     fit.add_argument("--heads", help="explicit heads instead of top-k, e.g. 'L3H1,L2H0'")
-    fit.add_argument("--alpha", type=arg_float(min=0, min_open=True), default=1.2)
-    fit.add_argument("--normalisation", choices=["max", "mean", "none"], default="max")
+    fit.add_argument("--alpha", type=arg_float(min=0, min_open=True), default=1.2,
+                     help="scale of the temperatures: beta = alpha * gamma (gamma: the head's normalised importance)")
+    fit.add_argument("--normalisation", choices=["max", "mean", "none"], default="max",
+                     help="gamma = importance divided by the chosen heads' max or mean importance, or the raw importance")
     fit.add_argument("--floor", type=arg_float(min=0, min_open=True), default=1.0,
                      help="smallest beta (default 1: never soften)")
     fit.add_argument("--no-floor", action="store_true", help="the bare formula beta = alpha * gamma")
@@ -80,9 +82,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     temps = apply.add_argument("--temps", required=True, type=arg_path, help="a `temperature fit` folder (or its JSON)")
     mark_input_paths(apply, temps.dest)
     add_data_arguments(apply, required=True, help="counting or multiple-choice set (any --format)")
-    apply.add_argument("--limit", type=arg_int(min=1))
+    apply.add_argument("--limit", type=arg_int(min=1), help="evaluate only the first N examples")
     add_batch_size(apply, 16, "examples per generate call")
-    apply.add_argument("--max-new-tokens", type=arg_int(min=1), default=8)
+    apply.add_argument("--max-new-tokens", type=arg_int(min=1), default=8, help="tokens generated per answer")
     add_out(apply, f"{RESULTS_FILE} (both accuracies) and one evaluation report per condition "
                    "(with_temperature/, without_temperature/); without --out only the summary is printed",
             required=False)

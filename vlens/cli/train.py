@@ -45,22 +45,25 @@ def configure_train(train: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--focus-layers", help="comma-separated layers (default: the paper's, mapped to the depth)"
     )
-    train.add_argument("--focus-query", choices=["final", "answer"], default="final")
+    train.add_argument("--focus-query", choices=["final", "answer"], default="final",
+                       help="whose attention the focus loss shapes: the final prompt position or the answer tokens")
     train.add_argument("--sigma", type=arg_float(min=0, min_open=True), default=1.0,
                        help="prior width in grid units (default 1)")
-    train.add_argument("--lora-rank", type=arg_int(min=1), default=64)
-    train.add_argument("--lr", type=arg_float(min=0, min_open=True), default=2e-5)
-    train.add_argument("--epochs", type=arg_int(min=1), default=2)
+    train.add_argument("--lora-rank", type=arg_int(min=1), default=64, help="LoRA rank")
+    train.add_argument("--lr", type=arg_float(min=0, min_open=True), default=2e-5, help="learning rate")
+    train.add_argument("--epochs", type=arg_int(min=1), default=2, help="passes over the training set")
     add_batch_size(train, 2, "examples per micro-batch")
-    train.add_argument("--grad-accum", type=arg_int(min=1), default=1)
+    train.add_argument("--grad-accum", type=arg_int(min=1), default=1,
+                       help="micro-batches whose gradients are summed per optimizer step")
     train.add_argument("--max-steps", type=arg_int(min=1), help="stop after N optimizer steps")
-    train.add_argument("--checkpoint-every", type=arg_int(min=1), default=50)
+    train.add_argument("--checkpoint-every", type=arg_int(min=1), default=50,
+                       help="optimizer steps between checkpoints in --out (a run there is resumed from the last)")
     train.add_argument("--bf16", choices=["auto", "on", "off"], default="auto",
                        help="bf16 autocast (default auto: on CUDA GPUs with bf16)")
     train.add_argument("--gradient-checkpointing", choices=["auto", "on", "off"], default="auto",
                        help="recompute decoder blocks in the backward to save memory (auto: on for d_model >= 1024, "
                        "i.e. every 7-8B model)")
-    train.add_argument("--seed", type=arg_int(min=0), default=0)
+    train.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of the initialisation and shuffling")
     train.add_argument("--no-resume", action="store_true",
                        help="start over; checkpoints already in --out are moved to OUT/checkpoints.previous-N")
     train.add_argument("--force-resume", action="store_true",

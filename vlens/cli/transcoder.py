@@ -47,13 +47,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--positions", choices=REGIONS, default="all", help="token positions (default all)")
     train.add_argument("--kind", choices=("plt", "skip", "clt"), default="plt",
                        help="per-layer, per-layer with a skip connection, or cross-layer (default plt)")
-    train.add_argument("--activation", choices=("relu", "topk", "jumprelu"), default="relu")
+    train.add_argument("--activation", choices=("relu", "topk", "jumprelu"), default="relu",
+                       help="relu with an L1 penalty, topk (the k largest), or jumprelu with an L0 penalty")
     train.add_argument("--d-tc", type=arg_int(min=1), default=256, help="features per layer (default 256)")
     train.add_argument("--k", type=arg_int(min=1), default=16, help="topk: active features per token (default 16)")
     train.add_argument("--l1", type=arg_float(min=0), default=1e-3, help="relu: L1 coefficient (default 1e-3)")
     train.add_argument("--l0", type=arg_float(min=0), default=1e-3, help="jumprelu: L0 coefficient (default 1e-3)")
-    train.add_argument("--lr", type=arg_float(min=0, min_open=True), default=1e-3)
-    train.add_argument("--warmup-steps", type=arg_int(min=0), default=20)
+    train.add_argument("--lr", type=arg_float(min=0, min_open=True), default=1e-3, help="Adam learning rate")
+    train.add_argument("--warmup-steps", type=arg_int(min=0), default=20, help="steps of linear learning-rate warm-up")
     train.add_argument("--tokens", type=arg_int(min=1), default=100_000, help="pairs to train on (default 1e5)")
     train.add_argument("--batch-tokens", type=arg_int(min=1), default=256, help="pairs per step (default 256)")
     train.add_argument("--buffer", type=arg_int(min=2), default=4096, help="shuffling buffer size (default 4096)")

@@ -274,7 +274,7 @@ def configure(zoo: argparse.ArgumentParser) -> None:
     evaluate = commands.add_parser("evaluate", help="held-out accuracy of a model folder (default: shipped)")
     evaluate.add_argument("--model", default=None, help="model folder (default: the shipped model)")
     evaluate.add_argument("--held-out", type=positive, default=100, help="held-out samples per source")
-    evaluate.add_argument("--threads", type=positive, default=1)
+    evaluate.add_argument("--threads", type=positive, default=1, help="torch threads")
     evaluate.add_argument(
         "--write",
         action="store_true",
