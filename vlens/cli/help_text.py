@@ -63,5 +63,6 @@ def all_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentPa
 def use_options_help(parser: argparse.ArgumentParser) -> None:
     """Give `parser` and every parser under it the formatter above (keeping a raw description raw)."""
     for each in all_parsers(parser):
-        raw = issubclass(each.formatter_class, argparse.RawDescriptionHelpFormatter)
+        raw = isinstance(each.formatter_class, type) and issubclass(each.formatter_class,
+                                                                  argparse.RawDescriptionHelpFormatter)
         each.formatter_class = RawDescriptionOptionsHelpFormatter if raw else OptionsHelpFormatter
