@@ -89,12 +89,16 @@ FAMILIES = {
     # 16 px crops overlapping by a 4 px patch, pooled 2 x 2; --image-size 32 allows (32 // 16)^2 = 4 crops
     "molmo2": (lambda: testing.tiny_molmo2_model(seed=16, n_layers=2, d_model=40, n_heads=4, n_kv_heads=2),
                testing.tiny_molmo2_processor, ["--image-size", "32"], False),
+    # per-layer embeddings, sliding (12-d heads) and full (20-d heads) layers, images pooled 2x2 from 4 px patches
+    "gemma4": (lambda: testing.tiny_gemma4_model(seed=16, n_layers=3, d_model=40, n_heads=4, n_kv_heads=2),
+               testing.tiny_gemma4_processor, ["--image-size", "48"], False),
 }
-# families whose blocks run attention and MLP in parallel: `circuit` refuses them (exit status 2)
-PARALLEL_BLOCKS = {"aya_vision"}
+# families whose blocks run attention and MLP in parallel, or add more than attention and MLP to the residual
+# (Gemma 4's per-layer-embedding sublayer and layer scalar): `circuit` refuses them (exit status 2)
+PARALLEL_BLOCKS = {"aya_vision", "gemma4"}
 
 # families whose every attention layer normalizes its queries: `temperature export` refuses them
-QUERY_NORM_REFUSES_EXPORT = {"qwen3_vl", "qwen3_vl_moe", "gemma3"}
+QUERY_NORM_REFUSES_EXPORT = {"qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma4"}
 
 
 @pytest.fixture(scope="module")
