@@ -126,7 +126,8 @@ def tiny_llava_next_config(n_layers: int = 2, d_model: int = 64, n_heads: int = 
                            vision_feature_select_strategy=vision_feature_select_strategy, tie_word_embeddings=False)
 
 
-def _build(model_class, config, seed: int, attn_implementation: str, dtype: torch.dtype):
+def build_random_model(model_class, config, seed: int, attn_implementation: str, dtype: torch.dtype):
+    """`model_class(config)` with a fixed seed, in `dtype`, eval mode, norms and biases perturbed."""
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     # HF wraps Module.to with functools.wraps: mypy reads the unbound signature (self first)
@@ -138,7 +139,7 @@ def _build(model_class, config, seed: int, attn_implementation: str, dtype: torc
 def tiny_llava_next_model(seed: int = 0, attn_implementation: str = "eager", dtype: torch.dtype = torch.float32,
                           **config_kwargs: Any) -> LlavaNextForConditionalGeneration:
     """A randomly initialised tiny `LlavaNextForConditionalGeneration` (eval mode, norms and biases perturbed)."""
-    return _build(LlavaNextForConditionalGeneration, tiny_llava_next_config(**config_kwargs), seed,
+    return build_random_model(LlavaNextForConditionalGeneration, tiny_llava_next_config(**config_kwargs), seed,
                   attn_implementation, dtype)
 
 
@@ -193,5 +194,5 @@ def tiny_llava_onevision_config(n_layers: int = 2, d_model: int = 64, n_heads: i
 def tiny_llava_onevision_model(seed: int = 0, attn_implementation: str = "eager", dtype: torch.dtype = torch.float32,
                                **config_kwargs: Any) -> LlavaOnevisionForConditionalGeneration:
     """A randomly initialised tiny `LlavaOnevisionForConditionalGeneration` (eval mode, norms perturbed)."""
-    return _build(LlavaOnevisionForConditionalGeneration, tiny_llava_onevision_config(**config_kwargs), seed,
+    return build_random_model(LlavaOnevisionForConditionalGeneration, tiny_llava_onevision_config(**config_kwargs), seed,
                   attn_implementation, dtype)

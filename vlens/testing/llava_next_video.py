@@ -15,7 +15,7 @@ from transformers import (
 
 from vlens.core.architectures.llava_next_video import LlavaNextVideoImageTextProcessor
 from vlens.testing.common import TEST_WORDS, word_level_tokenizer
-from vlens.testing.llava_next import _build, default_pinpoints, tiny_llava_next_config
+from vlens.testing.llava_next import build_random_model, default_pinpoints, tiny_llava_next_config
 
 LLAVA_NEXT_VIDEO_SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<image>", "<video>"]
 # llava-next-video-hf's Vicuna-style format: "USER: <image>\n<video>\n{question} ASSISTANT:"
@@ -71,5 +71,5 @@ def tiny_llava_next_video_config(n_layers: int = 2, d_model: int = 64, n_heads: 
 def tiny_llava_next_video_model(seed: int = 0, attn_implementation: str = "eager", dtype: torch.dtype = torch.float32,
                                 **config_kwargs: Any) -> LlavaNextVideoForConditionalGeneration:
     """A randomly initialised tiny `LlavaNextVideoForConditionalGeneration` (eval mode, norms perturbed)."""
-    return _build(LlavaNextVideoForConditionalGeneration, tiny_llava_next_video_config(**config_kwargs), seed,
+    return build_random_model(LlavaNextVideoForConditionalGeneration, tiny_llava_next_video_config(**config_kwargs), seed,
                   attn_implementation, dtype)
