@@ -35,9 +35,16 @@ def evaluate_counting(model: HookedVLM, samples: list[CountingSample], settings:
                     options=SweepOptions(batch_size=settings.batch_size, progress=progress))
 
 
+def counting_key(settings: DemoSettings, style: str, key: str = "counting_accuracy") -> str:
+    """The section key of a style's counting evaluation: `key` for `settings.style`, `key_STYLE` for others."""
+    return key if style == settings.style else f"{key}_{style}"
+
+
 def counting_sections(model: HookedVLM, samples: list[CountingSample], settings: DemoSettings,
-                      progress: bool = True) -> list[Section]:
-    """Generate an answer for every counting image, parse it, score it per true count."""
+                      progress: bool = True, style: str | None = None) -> list[Section]:
+    """Generate an answer for every counting image (of `style`, default `settings.style`), parse it,
+    score it per true count."""
+    style = style or settings.style
     result = evaluate_counting(model, samples, settings, progress=progress)
     metrics = result.metrics
     counts = sorted(metrics.per_count)
@@ -52,12 +59,12 @@ def counting_sections(model: HookedVLM, samples: list[CountingSample], settings:
     limit = subitizing_limit(accuracy)
 
     curve = Section(
-        key="counting_accuracy",
-        title="Counting accuracy per count (subitizing curve)",
-        explanation=(f"Share of the {metrics.n} {settings.style} images answered with the exact count, per true "
+        key=counting_key(settings, style),
+        title="Counting accuracy per count (subitizing curve)" + ("" if style == settings.style else f", {style}"),
+        explanation=(f"Share of the {metrics.n} {style} images answered with the exact count, per true "
                      f"count, with 95% Wilson intervals ({n_per_count[0]} images per count); every count up to "
                      f"{limit} is answered with accuracy >= {SUBITIZING_ACCURACY}. These are the demo's own "
-                     f"{settings.style} images (one renderer, one question), not the mixed task suite of the "
+                     f"{style} images (one renderer, one question), not the mixed task suite of the "
                      "ablation section."),
         figure=count_accuracy_figure(counts, {"accuracy": [accuracy[c] for c in counts]},
                                      lower={"accuracy": low.tolist()}, upper={"accuracy": high.tolist()},
@@ -73,7 +80,7 @@ def counting_sections(model: HookedVLM, samples: list[CountingSample], settings:
                                                                       float(overall[1])),
                  "MAE": metrics.mae, "unparsed answers": metrics.n_unparsed,
                  "examples": metrics.n, f"subitizing limit (acc >= {SUBITIZING_ACCURACY})": limit},
-        data={"counts": counts, "accuracy_per_count": [accuracy[c] for c in counts],
+        data={"style": style, "counts": counts, "accuracy_per_count": [accuracy[c] for c in counts],
               "accuracy_interval": {"level": 0.95, "method": "wilson", "low": low.tolist(), "high": high.tolist(),
                                     "overall": [float(overall[0]), float(overall[1])]},
               "metrics": metrics.to_dict(), "settings": result.settings,
@@ -82,8 +89,8 @@ def counting_sections(model: HookedVLM, samples: list[CountingSample], settings:
     )
     labels = sorted(set(counts) | {p for p in parsed if p is not None})
     confusion = Section(
-        key="confusion_matrix",
-        title="Confusion matrix of counting answers",
+        key=counting_key(settings, style, "confusion_matrix"),
+        title="Confusion matrix of counting answers" + ("" if style == settings.style else f", {style}"),
         explanation=("Rows: true count, columns: parsed answer (the last column collects answers outside the "
                      "counts or with no number); mass off the diagonal shows which counts are confused."),
         figure=confusion_matrix_figure(*confusion_matrix(parsed, targets, labels=labels, other_label="other"),

@@ -27,14 +27,17 @@ class CountingSample:
         return str(self.record.get("answer", self.count))
 
 
-def counting_samples(settings: DemoSettings) -> list[CountingSample]:
-    """`settings.n_count_images` images, counts cycling over `settings.counts` (equal numbers each)."""
+def counting_samples(settings: DemoSettings, style: str | None = None, n: int | None = None) -> list[CountingSample]:
+    """`n` images (default `settings.n_count_images`) of `style` (default `settings.style`), counts
+    cycling over `settings.counts` (equal numbers each); the same seeds for every `n`, so a
+    longer list starts with the shorter one."""
     renderers: dict[str, Callable[..., tuple[Image.Image, dict]]] = {"syndot": render_syndot, "synpoly": render_synpoly, "synreal": render_synreal}
-    if settings.style not in renderers:
-        raise UserInputError(f"unknown style {settings.style!r}: use one of {sorted(renderers)}")
-    render = renderers[settings.style]
+    style = style or settings.style
+    if style not in renderers:
+        raise UserInputError(f"unknown style {style!r}: use one of {sorted(renderers)}")
+    render = renderers[style]
     samples = []
-    for i in range(settings.n_count_images):
+    for i in range(settings.n_count_images if n is None else n):
         count = settings.counts[i % len(settings.counts)]
         image, record = render(count=count, seed=settings.seed + i, size=settings.image_size)
         samples.append(CountingSample(image, record["question"], int(record["count"]), record))

@@ -67,6 +67,13 @@ def model_folder(model_arg: str) -> Path | None:
     return path if path.is_dir() else None
 
 
+def counting_evaluation(model: HookedVLM, settings: DemoSettings, progress: bool) -> list[Section]:
+    """The counting evaluation on `settings.subitizing_per_count` images per count of each counting style."""
+    n = settings.subitizing_per_count * len(settings.counts)
+    return [section for style in settings.counting_styles()
+            for section in counting_sections(model, counting_samples(settings, style, n), settings, progress, style)]
+
+
 class _Stages:
     """Runs named stages in order, logging `[i/n] name ... done in s` and recording timings."""
 
@@ -126,11 +133,11 @@ def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo"
     grid_inputs = hooked.prepare(images=[samples[0].image], prompts=[samples[0].question], chat=True)
     regions = grid_inputs.token_regions
     grid = tuple(regions.image_grid[0][0]) if regions.image_grid[0] else None
-    summary = model_summary(hooked, name)
+    summary = model_summary(hooked, name, folder)
     sections = [model_section(summary, grid, len(regions.images[0][0]) if regions.images[0] else None),
                 data_section(samples, settings)]
     with torch.no_grad():
-        sections += stages.run("counting evaluation", counting_sections, hooked, samples, settings, progress)
+        sections += stages.run("counting evaluation", counting_evaluation, hooked, settings, progress)
         sections += stages.run("attention over the image", attention_sections, hooked, samples, settings)
         sections += stages.run("visual activation patching", patching_sections, hooked, settings, progress)
         sections += stages.run("counting circuit", circuit_sections, hooked, settings, progress)

@@ -12,8 +12,11 @@ class DemoSettings:
     """Sizes and seeds of every stage.
 
     Attributes:
-        n_count_images: counting images for the subitizing curve, logit lens and geometry
+        n_count_images: counting images for the attention, logit lens and geometry stages
             (cycled over `counts`, so each count gets the same number).
+        subitizing_per_count: images per count in the counting evaluation (the subitizing test),
+            for each style in `subitizing_styles` (`style` first); the report states the smallest
+            accuracy gap this many images detect with 80% power.
         counts: the ground-truth counts drawn.
         style: data style of the counting images and pairs ("syndot", "synpoly", "synreal").
         image_size: image side in pixels (168 gives the embedded model its 6x6 image grid).
@@ -30,6 +33,8 @@ class DemoSettings:
     """
 
     n_count_images: int = 150
+    subitizing_per_count: int = 40
+    subitizing_styles: tuple[str, ...] = ("syndot", "synpoly")  # SynPoly: where the paper's degradation is
     counts: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)  # the embedded model was trained on 1-10
     style: str = "syndot"
     image_size: int = 168
@@ -53,6 +58,7 @@ class DemoSettings:
         """Small enough for well under 5 minutes on 2 CPU cores (stages of about 25 s of CPU with the embedded model)."""
         return cls(
             n_count_images=100,
+            subitizing_per_count=20,
             n_pairs=32,
             lens_samples=64,
             lens_steps=100,
@@ -65,7 +71,7 @@ class DemoSettings:
         )
 
     def check(self) -> None:
-        for name in ("n_count_images", "n_pairs", "lens_samples", "headlens_samples", "ablation_examples",
+        for name in ("n_count_images", "subitizing_per_count", "n_pairs", "lens_samples", "headlens_samples", "ablation_examples",
                      "ablation_top_k", "max_new_tokens", "batch_size", "image_size", "circuit_pairs",
                      "circuit_ig_steps"):
             if getattr(self, name) < 1:
@@ -77,8 +83,13 @@ class DemoSettings:
         if len(self.ablation_tasks) < 2:
             raise UserInputError("the ablation Jaccard needs at least two tasks in DemoSettings.ablation_tasks")
 
+    def counting_styles(self) -> list[str]:
+        """The styles of the counting evaluation: `style` first, then the other `subitizing_styles`."""
+        return [self.style] + [s for s in self.subitizing_styles if s != self.style]
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["counts"] = list(self.counts)
         data["ablation_tasks"] = list(self.ablation_tasks)
+        data["subitizing_styles"] = list(self.subitizing_styles)
         return data

@@ -167,7 +167,8 @@ def evaluate_sets(
     max_new_tokens: int = 3,
     progress: bool = True,
 ) -> dict[str, dict]:
-    """Greedy answers -> per set: accuracy (and MAE, n_unparsed for counting sets).
+    """Greedy answers -> per set: accuracy (and MAE, n_unparsed for counting sets) and "correct", 0 / 1
+    per image in set order (paired across conditions and seeds: the evaluation images are fixed).
 
     Counting: the first number parsed from the answer (lmms-eval's parser); MAE over parsed
     answers. Other tasks: the answer's first word must equal the target (case-insensitive).
@@ -184,18 +185,20 @@ def evaluate_sets(
         records = [record for _, record in samples]
         if EVAL_SETS.get(name, ("",))[0] == "counting":
             metrics = counting_metrics([parse_count(o) for o in outputs], [int(r["answer"]) for r in records])
+            hits = [parse_count(o) == int(r["answer"]) for o, r in zip(outputs, records, strict=True)]
             results[name] = {
                 "accuracy": metrics.accuracy,
                 "mae": metrics.mae,
                 "n": metrics.n,
                 "n_unparsed": metrics.n_unparsed,
+                "correct": [int(h) for h in hits],  # per image (the same images in every condition and seed)
             }
         else:
             hits = [
                 (o.split() or [""])[0].lower() == str(r["answer"]).lower()
                 for o, r in zip(outputs, records, strict=True)
             ]
-            results[name] = {"accuracy": sum(hits) / len(hits), "n": len(hits)}
+            results[name] = {"accuracy": sum(hits) / len(hits), "n": len(hits), "correct": [int(h) for h in hits]}
     return results
 
 
