@@ -37,6 +37,8 @@ from vlens.testing import (
     tiny_llava_model,
     tiny_llava_next_model,
     tiny_llava_next_processor,
+    tiny_llava_next_video_model,
+    tiny_llava_next_video_processor,
     tiny_llava_onevision_model,
     tiny_llava_onevision_processor,
     tiny_llava_processor,
@@ -57,9 +59,9 @@ from vlens.testing import (
 )
 
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
-                            "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "smolvlm",
-                            "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3", "lfm2_vl", "aya_vision",
-                            "gemma4", "molmo2")
+                            "llava_next", "llava_onevision", "llava_next_video", "gemma3", "internvl", "idefics3",
+                            "smolvlm", "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3", "lfm2_vl",
+                            "aya_vision", "gemma4", "molmo2")
 # the Qwen3-VL-processor families (16 px patches) beyond Qwen3-VL itself: builder by family
 QWEN3_BUILDERS = {"qwen3_vl": tiny_qwen3_vl_model, "qwen3_vl_moe": tiny_qwen3_vl_moe_model,
                   "qwen3_5": tiny_qwen3_5_model, "qwen3_5_moe": tiny_qwen3_5_moe_model}
@@ -102,9 +104,11 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
         hf = tiny_paligemma_model(seed=seed, attn_implementation=attn, **options, **config)
         sizes = {k: config[k] for k in ("image_size", "patch_size") if k in config}
         made = tiny_paligemma_processor(**options, **sizes, **(processor or {}))
-    elif family in ("llava_next", "llava_onevision"):  # the processor tiles as the config does
-        build_model, build_processor = ((tiny_llava_next_model, tiny_llava_next_processor) if family == "llava_next"
-                                        else (tiny_llava_onevision_model, tiny_llava_onevision_processor))
+    elif family in ("llava_next", "llava_onevision", "llava_next_video"):  # the processor tiles as the config does
+        build_model, build_processor = {
+            "llava_next": (tiny_llava_next_model, tiny_llava_next_processor),
+            "llava_onevision": (tiny_llava_onevision_model, tiny_llava_onevision_processor),
+            "llava_next_video": (tiny_llava_next_video_model, tiny_llava_next_video_processor)}[family]
         hf = build_model(seed=seed, attn_implementation=attn, **options, **config)
         tiling = {k: config[k] for k in ("tile", "patch_size", "pinpoints", "vision_aspect_ratio") if k in config}
         made = build_processor(**options, **tiling, **(processor or {}))

@@ -34,6 +34,7 @@ FAMILIES = {
     "qwen3_vl_moe": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, mlp_only_layers=(0,),
                          initializer_range=0.1),
     "llava_next": dict(n_layers=2, d_model=40, n_heads=4, n_kv_heads=2, d_mlp=48, initializer_range=0.1),
+    "llava_next_video": dict(n_layers=2, d_model=40, n_heads=2, n_kv_heads=1, d_mlp=48, initializer_range=0.1),
     # Gated DeltaNet layers 0 and 2 (4 value heads over 2 key heads) around a softmax layer of 3 heads
     "qwen3_5": dict(initializer_range=0.1),
     # sandwich norms (post-attention / post-MLP), sliding-window and global layers, a scaled embedding

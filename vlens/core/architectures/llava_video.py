@@ -68,8 +68,17 @@ class LlavaVideoMixin:
             processor.video_token, processor.video_token_id = saved
 
     def video_prompt(self, processor, video_inputs: dict[str, Any], index: int, fps: float, n_frames: int) -> str:
-        """HF's own expansion (the processor's `replace_video_token`)."""
-        return processor.replace_video_token(video_inputs, index)
+        """HF's own expansion (the processor's `replace_video_token`), refused where it disagrees with the tokens
+        the model makes (LLaVA-NeXT-Video's processor assumes an even patch grid, its pooling floors an odd one)."""
+        text = processor.replace_video_token(video_inputs, index)
+        rows, cols = self.frame_grid()
+        want = len(video_inputs["pixel_values_videos"][index]) * rows * cols + self.frame_trailing()
+        if text.count(self.video_placeholder()) != want:
+            raise UserInputError(
+                f"HF's processor writes {text.count(self.video_placeholder())} video tokens for this video but the "
+                f"model makes {want} ({rows}x{cols} per frame): HF's own processor and model disagree for this "
+                "tower (a patch grid the pooling stride does not divide), so the model cannot run videos")
+        return text
 
     def frame_grid(self) -> tuple[int, int]:
         """(rows, cols) of one frame's tokens."""
