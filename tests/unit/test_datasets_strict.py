@@ -112,3 +112,34 @@ def test_prepare_names_a_refused_image_in_one_line():
     with pytest.raises(RefusedImageError, match=r"image wide\.png \(7000 x 28 px\): the model's image processor "
                                                 r"refuses it \(.*200"):
         model.prepare(images=[wide], prompts=["How many?"])
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"answer": "4"}, r"line 2: the answer '4' disagrees with its count 1 \(the row has no 'task' and a whole-number"),
+    ({"task": "counting", "answer": "two"}, r"line 2: the answer 'two' disagrees with its count 1 \(the row has 'task' "
+                                            "counting"),
+    ({"task": "counting", "targets": [0, 1], "objects": [{"id": 0}, {"id": 1}], "count": 2},
+     r"line 2: the answer '1' disagrees with its 2 targets"),
+    ({"objects": [{"id": 0}, {"id": 1}]}, r"line 2: the count 1 and the 2 objects the row lists disagree"),
+])
+def test_a_count_and_answer_that_disagree_are_refused(tmp_path, edit, message):
+    folder = _imagefolder(tmp_path / "d", 3)
+    rows = [json.loads(line) for line in (folder / "metadata.jsonl").read_text().splitlines()]
+    rows[1].update(edit)
+    (folder / "metadata.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with pytest.raises(DatasetError, match=message):
+        load_dataset(folder)
+
+
+def test_counts_that_agree_and_counts_of_something_else_pass(tmp_path):
+    folder = _imagefolder(tmp_path / "d", 3)
+    rows = [json.loads(line) for line in (folder / "metadata.jsonl").read_text().splitlines()]
+    # a colour question about one of two objects; a count of 3 shapes among 5 objects (vlens data's synpoly)
+    def objects(n):
+        return [{"id": i, "center": [4.0 * i, 4.0]} for i in range(n)]
+
+    rows[1].update(task="colour", answer="red", count=2, targets=[1], objects=objects(2))
+    rows[2].update(task="counting", answer="3", count=5, targets=[0, 1, 2], objects=objects(5))
+    (folder / "metadata.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    data = load_dataset(folder)
+    assert [r.count for r in data.examples] == [0, 2, 5] and data.examples[2].target == 3

@@ -14,6 +14,7 @@ from vlens.lens.headlens import HeadLensOutput
 from vlens.lens.taxonomy import HEAD_CLASSES, TaxonomyThresholds, classify_head, classify_heads
 from vlens.lens.vocabularies import DEFAULT_VOCABULARIES, vocabulary_token_ids, word_token_ids
 from vlens.testing import random_image, word_level_tokenizer
+from vlens.utils.errors import UserInputError
 
 torch.set_num_threads(1)
 QWEN = "Qwen2_5_VLForConditionalGeneration"
@@ -29,6 +30,19 @@ def test_word_level_vocabularies_skip_unknown_words():
     assert names["existence"] == {"1", "yes"}
     assert names["difficulty"] == set()  # no such word: the difficulty score is then undefined
     assert set(DEFAULT_VOCABULARIES) == {"visual", "number", "existence", "difficulty"}
+
+
+def test_a_given_vocabulary_names_the_words_the_tokenizer_cannot_spell():
+    tokenizer = word_level_tokenizer()
+    # before: "zebra" and "xylophone" counted through nothing, and the visual score silently covered one word
+    with pytest.raises(UserInputError, match="vocabulary 'visual': the tokenizer knows no spelling of 'zebra', "
+                                             "'xylophone' \\(2 of 3 words"):
+        vocabulary_token_ids(tokenizer, {**DEFAULT_VOCABULARIES, "visual": ["red", "zebra", "xylophone"]})
+    with pytest.raises(UserInputError, match="must be a list of words"):
+        vocabulary_token_ids(tokenizer, {"visual": "red"})
+    # the built-in lists (kept as they are next to a given one) skip what a small tokenizer lacks
+    ids = vocabulary_token_ids(tokenizer, {**DEFAULT_VOCABULARIES, "visual": ["red", "blue"]})
+    assert ids["difficulty"] == set() and len(ids["visual"]) == 2
 
 
 def test_multi_token_words_count_through_their_first_token():

@@ -78,6 +78,34 @@ def answer_target(answer: str) -> int | str:
     return int(text) if text.isdigit() else text
 
 
+def row_count(row: dict, answer: str, where: str) -> int | None:
+    """The row's ``count`` (None when absent), checked against the rest of the row, so that a count and an
+    answer that disagree are refused naming the row (before, one of the two was silently scored):
+
+    - a row that lists its ``objects`` (vlens data): the count is how many there are;
+    - a counting row (``task`` "counting", or no task and a whole-number answer): the answer is how many
+      objects the question is about, its ``targets`` when the row lists them (vlens data: a count of
+      one shape among others), else the count.
+    """
+    if row.get("count") is None:
+        return None
+    count = as_int(row["count"], "count", where)
+    objects, targets, task = row.get("objects"), row.get("targets"), row.get("task")
+    if isinstance(objects, list) and objects and count != len(objects):
+        raise DatasetError(f"{where}: the count {count} and the {len(objects)} objects the row lists disagree: fix "
+                           "the count (the number of objects in the image) or the objects")
+    text = answer.strip()
+    if task == "counting" or (task is None and text.isdigit()):
+        expected, of = ((len(targets), f"its {len(targets)} targets") if isinstance(targets, list)
+                        else (count, f"its count {count}"))
+        if not text.isdigit() or int(text) != expected:
+            why = "'task' counting" if task == "counting" else "no 'task' and a whole-number answer"
+            raise DatasetError(f"{where}: the answer {answer!r} disagrees with {of} (the row has {why}, so its answer "
+                               "is that number): fix one of them, or give the row its 'task' when the count is of "
+                               "something else than the answer")
+    return count
+
+
 def row_objects(row: dict, n_images: int, where: str) -> list[ImageObjects] | None:
     """Object centres of a one-image row, when the row has them, else None.
 
