@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers.family_commands import check_loads_back
 from vlens.circuits import Circuit, EdgeScores, ImageAttribution
 from vlens.cli import main
@@ -40,8 +42,10 @@ def test_circuit_command_errors_are_one_line(tmp_path, capsys):
     base = ["circuit", "--model", "tiny", "--make-pairs", "2", "--out", str(tmp_path / "x")]
     assert main([*base, "--method", "eap", "--ig-steps", "3"]) == 2
     assert "--ig-steps applies to --method eap-ig only" in capsys.readouterr().err
-    assert main([*base, "--image-nodes", "grid"]) == 2
+    with pytest.raises(SystemExit) as exit_:  # refused while parsing (tests/cli/test_parse_time_checks.py)
+        main([*base, "--image-nodes", "grid"])
     err = capsys.readouterr().err
+    assert exit_.value.code == 2
     assert "ROWSxCOLS" in err and len(err.strip().splitlines()) == 1
     assert main([*base, "--image-nodes", "9x9"]) == 2  # more blocks than the 6x6 token grid
     assert "only a 6x6 token grid" in capsys.readouterr().err

@@ -37,8 +37,9 @@ def test_bad_edge_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["knockout", "--from", "picture", "--out", str(tmp_path / "x")])
     assert exit_info.value.code == 2
-    assert main(["knockout", "--edge", "image=>final", "--out", str(tmp_path / "y"), "--quiet"]) == 2
-    assert "SRC->DST" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # refused while parsing
+        main(["knockout", "--edge", "image=>final", "--out", str(tmp_path / "y"), "--quiet"])
+    assert exit_info.value.code == 2 and "SRC->DST" in capsys.readouterr().err
 
 
 def test_knockout_reads_a_vlens_imagefolder_with_object_boxes(tmp_path):

@@ -100,6 +100,7 @@ class HeadAblation(Result):
     unit: str = "head"
 
     kind: ClassVar[str] = "head_ablation"
+    saved_dims: ClassVar[dict[str, str]] = {"heads_per_layer": "n_layers"}  # checked when a file is read
 
     def unit_label(self, layer: int, index: int) -> str:
         """"L3H5" for a head, "L3E5" for an expert."""

@@ -108,6 +108,7 @@ class EdgeScores(Result):
     answers: dict | None = None
 
     kind: ClassVar[str] = "edge_scores"
+    saved_dims: ClassVar[dict[str, str]] = {"pair_ids": "n_pairs"}  # checked when a file is read
 
     @property
     def edge_names(self) -> list[str]:
@@ -194,6 +195,7 @@ class PathPatchResult(Result):
     thumbnail: Image.Image | None = None
 
     kind: ClassVar[str] = "path_patching"
+    saved_dims: ClassVar[dict[str, str]] = {"conditions": "n_conditions", "pair_ids": "n_pairs"}  # read checks
 
     @property
     def effects(self) -> Float[Tensor, " n_conditions"]:

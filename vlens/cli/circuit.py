@@ -24,6 +24,7 @@ from vlens.cli.options import (
     RESULTS_FILE,
     add_model_options,
     add_out,
+    image_nodes_arg,
     load_model_from_args,
     prepare_out,
     write_figure,
@@ -50,7 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "default)")
     parser.add_argument("--ig-steps", type=arg_int(min=1), default=None, metavar="M",
                         help="EAP-IG steps (default 5; eap-ig only)")
-    parser.add_argument("--image-nodes", default="token", metavar="SPEC",
+    parser.add_argument("--image-nodes", type=image_nodes_arg, default="token", metavar="SPEC",
                         help="input nodes of an image: token (one per image token, default), image (one per image) "
                              "or ROWSxCOLS blocks of the token grid (e.g. 3x3)")
     size = parser.add_mutually_exclusive_group()

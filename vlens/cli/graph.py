@@ -18,9 +18,12 @@ from vlens.cli.options import (
     add_batch_size,
     add_model_options,
     add_out,
+    image_nodes_arg,
     load_model_from_args,
     prepare_out,
     rendered_size,
+    style_arg,
+    task_arg,
 )
 from vlens.cli.sae import DEFAULT_IMAGE_SIZE, generated_samples
 from vlens.utils.errors import UserInputError
@@ -42,7 +45,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="the answer token whose logit the graph explains")
     parser.add_argument("--contrast", help="explain the logit difference target minus this token instead")
     parser.add_argument("--no-chat", action="store_true", help="use the prompt as it is (no chat template)")
-    parser.add_argument("--image-nodes", default="token",
+    parser.add_argument("--image-nodes", type=image_nodes_arg, default="token",
                         help="image input nodes: token (one per grid cell), image, or RxC blocks (default token)")
     parser.add_argument("--max-features", type=arg_int(min=1), default=2048,
                         help="attribute at most this many active features, chosen by --ranking (default 2048; each "
@@ -60,8 +63,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the viewer's feature cards: each kept feature's top image patches and text tokens over "
                              "N prompts (the first N of --examples-data, else N generated --examples-task samples)")
     add_data_arguments(parser, flag="--examples-data", help="dataset of the --examples prompts (see --format)")
-    parser.add_argument("--examples-task", default="counting", help="task of generated examples (default counting)")
-    parser.add_argument("--examples-style", default="syndot", help="style of generated examples (default syndot)")
+    parser.add_argument("--examples-task", type=task_arg, default="counting", help="task of generated examples (default counting)")
+    parser.add_argument("--examples-style", type=style_arg, default="syndot", help="style of generated examples (default syndot)")
     parser.add_argument("--examples-top-k", type=arg_int(min=1), default=6,
                         help="examples per feature, of image patches and of text tokens each (default 6)")
     add_out(parser, f"graph.json, graph.html and {RESULTS_FILE}")

@@ -25,6 +25,7 @@ from vlens.cli.options import (
     add_batch_size,
     add_model_options,
     add_out,
+    checked_by,
     load_model_from_args,
     prepare_out,
     rendered_size,
@@ -56,7 +57,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"key side of one edge, one of {', '.join(REGIONS)} (with --to; default image)")
     parser.add_argument("--to", dest="dst", choices=REGIONS, default=None, metavar="REGION",
                         help="query side of that edge (default final)")
-    parser.add_argument("--edge", action="append", default=None, metavar="SRC->DST",
+    parser.add_argument("--edge", action="append", type=edge_arg, default=None, metavar="SRC->DST",
                         help="an edge to sweep (repeatable; with neither --from/--to nor --edge: image->final, "
                         "image->question, question->final, object->final)")
     parser.add_argument("--window", type=arg_int(min=1), default=3, metavar="K", help="layers per window (default 3)")
@@ -64,6 +65,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_batch_size(parser, 16)
     add_out(parser, f"{RESULTS_FILE} and {FIGURE_FILE}")
     parser.set_defaults(func=run_knockout)
+
+
+def edge_arg(text: str) -> str:
+    """--edge SRC->DST, checked while parsing (`vlens.flow.sweep.parse_edge`)."""
+    from vlens.flow.sweep import parse_edge
+
+    return checked_by(parse_edge)(text)
 
 
 def edges_of(args: argparse.Namespace) -> tuple[str, ...]:

@@ -27,6 +27,8 @@ from vlens.cli.options import (
     load_model_from_args,
     prepare_out,
     rendered_size,
+    style_arg,
+    task_names_arg,
     write_figure,
     write_results,
 )
@@ -50,8 +52,8 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--make", type=arg_int(min=1), metavar="N", help="generate N task-suite samples on the fly")
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many images of --data")
     parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of generated samples (default 0)")
-    parser.add_argument("--style", default="synpoly", help="style of generated samples (default synpoly)")
-    parser.add_argument("--tasks", default=None,
+    parser.add_argument("--style", type=style_arg, default="synpoly", help="style of generated samples (default synpoly)")
+    parser.add_argument("--tasks", type=task_names_arg, default=None,
                         help="comma-separated tasks of generated samples (default: all task suites)")
     add_batch_size(parser, 8)
 

@@ -25,6 +25,7 @@ from vlens.cli.options import (
     load_model_from_args,
     prepare_out,
     rendered_size,
+    style_arg,
     write_figure,
     write_results,
 )
@@ -47,7 +48,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many records of --data")
     add_batch_size(parser, 16)
     parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of --make (default 0)")
-    parser.add_argument("--style", default="syndot", help="style of --make (default syndot)")
+    parser.add_argument("--style", type=style_arg, default="syndot", help="style of --make (default syndot)")
     add_allow_nan_argument(parser)
     parser.set_defaults(func=run_logit_lens, shardable=True)  # torchrun splits the batches (vlens.parallel)
 

@@ -140,6 +140,61 @@ def check_args(args: argparse.Namespace) -> None:
     check_out_apart(args)
 
 
+def checked_by(parse: Callable[[str], Any]) -> Callable[[str], str]:
+    """An argparse type that runs `parse` on the value while the command line is read, so that a value it
+    refuses (a `UserInputError`) is argparse's one-line error, before any model loads or --out is created;
+    the text itself is kept for the command to parse again where it uses it."""
+
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except UserInputError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text
+
+    check.__name__ = getattr(parse, "__name__", "value")
+    return check
+
+
+def task_arg(text: str) -> str:
+    """--task / --examples-task of generated samples: a task of the suites."""
+    from vlens.data.templates import TASKS
+
+    if text not in TASKS:
+        raise argparse.ArgumentTypeError(f"unknown task {text!r}: use one of {', '.join(TASKS)}")
+    return text
+
+
+def task_names_arg(text: str) -> str:
+    """--tasks of generated samples: comma-separated tasks of the suites (the text is kept)."""
+    from vlens.data.templates import TASKS
+
+    tasks = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise argparse.ArgumentTypeError(f"unknown task(s) {', '.join(map(repr, unknown)) or 'none given'}: use "
+                                         f"comma-separated tasks of {', '.join(TASKS)}")
+    return text
+
+
+def style_arg(text: str) -> str:
+    """--style / --examples-style of generated samples: a style of the generators."""
+    from vlens.data.styles import STYLES
+
+    if text not in STYLES:
+        raise argparse.ArgumentTypeError(f"unknown style {text!r}: use one of {', '.join(STYLES)}")
+    return text
+
+
+def image_nodes_arg(text: str) -> str:
+    """--image-nodes: image, token or ROWSxCOLS (`vlens.circuits.graph.parse_image_nodes`)."""
+    if text.strip().lower() in ("image", "token"):
+        return text  # the defaults: no need to import the circuits package while parsing
+    from vlens.circuits.graph import parse_image_nodes
+
+    return checked_by(parse_image_nodes)(text)
+
+
 def task_list_arg(text: str) -> str:
     """ablate --tasks: comma-separated TASK or TASK@STYLE, each a task of the suites and a known style,
     or "none" (no task suite: the --data sets alone). The text is kept: the command parses it."""

@@ -26,6 +26,7 @@ from vlens.cli.options import (
     load_model_from_args,
     prepare_out,
     rendered_size,
+    style_arg,
     write_figure,
     write_results,
 )
@@ -52,7 +53,7 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep only pairs whose clean and corrupt runs both predict their own answer")
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many pairs of --pairs")
     parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of --make-pairs (default 0)")
-    parser.add_argument("--style", default="syndot", help="style of --make-pairs (default syndot)")
+    parser.add_argument("--style", type=style_arg, default="syndot", help="style of --make-pairs (default syndot)")
     parser.add_argument("--batch-size", "--pair-batch-size", dest="batch_size", type=arg_int(min=1), default=None,
                         metavar="N", help="pairs per forward: run the pairs in chunks of this many (memory); default "
                         "all at once (--pair-batch-size is the old spelling)")

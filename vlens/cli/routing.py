@@ -25,6 +25,7 @@ from vlens.cli.options import (
     load_model_from_args,
     prepare_out,
     rendered_size,
+    style_arg,
     write_figure,
     write_results,
 )
@@ -48,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many records of --data")
     add_batch_size(parser, 8)
     parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of --make (default 0)")
-    parser.add_argument("--style", default="synpoly", help="style of --make (default synpoly)")
+    parser.add_argument("--style", type=style_arg, default="synpoly", help="style of --make (default synpoly)")
     parser.set_defaults(func=run_routing)
 
 

@@ -24,9 +24,12 @@ from vlens.cli.options import (
     RESULTS_FILE,
     add_model_options,
     add_out,
+    checked_by,
     load_model_from_args,
     prepare_out,
     rendered_size,
+    style_arg,
+    task_arg,
     write_results,
 )
 from vlens.cli.recorded_model import choose_model, recorded_spec
@@ -48,8 +51,8 @@ def add_sample_options(parser: argparse.ArgumentParser, recorded_by: str | None 
     add_data_arguments(parser, group=source, help="dataset with a question per image (any --format)")
     source.add_argument("--make", type=arg_int(min=1), metavar="N", help="generate N task-suite samples on the fly")
     parser.add_argument("--limit", type=arg_int(min=1), help="use at most this many rows of --data")
-    parser.add_argument("--task", default="counting", help="task of generated samples (default counting)")
-    parser.add_argument("--style", default="syndot", help="style of generated samples (default syndot)")
+    parser.add_argument("--task", type=task_arg, default="counting", help="task of generated samples (default counting)")
+    parser.add_argument("--style", type=style_arg, default="syndot", help="style of generated samples (default syndot)")
     parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of generated samples and training")
     parser.add_argument("--prompts-per-forward", type=arg_int(min=1), default=16,
                         help="prompts per model forward (default 16)")
@@ -72,7 +75,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_sample_options(train)
     train.add_argument("--hook", required=True, help="hook name, e.g. blocks.1.hook_resid_post (vlens info --hooks)")
     train.add_argument("--positions", choices=REGIONS, default="image", help="token positions (default image)")
-    train.add_argument("--cells", help="only these image-grid cells, 'row,col;row,col' (with --positions image)")
+    train.add_argument("--cells", type=checked_by(parse_cells),
+                       help="only these image-grid cells, 'row,col;row,col' (with --positions image)")
     train.add_argument("--architecture", choices=("standard", "topk", "jumprelu"), default="topk",
                        help="standard: ReLU with an L1 penalty; topk: the k largest features; jumprelu: a learnt "
                        "threshold per feature with an L0 penalty (docs/sae.md)")
@@ -105,7 +109,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                description="Top images (activation over the patches), top text positions and "
                                            "promoted tokens of an SAE's features, as one offline HTML page.")
     _sae_args(dash)
-    dash.add_argument("--features", help="comma-separated feature indices (default: the most frequent)")
+    dash.add_argument("--features", type=checked_by(parse_features), help="comma-separated feature indices (default: the most frequent)")
     dash.add_argument("--n-features", type=arg_int(min=1), default=32, help="how many when --features is not given")
     dash.add_argument("--top-k", type=arg_int(min=1), default=6, help="top images and text positions per feature")
     add_out(dash, f"{DASHBOARD} and {RESULTS_FILE} (the feature views)")
@@ -115,7 +119,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                    description="Splice an SAE at image / text / all positions and measure the answer "
                                                "loss recovered and the answer accuracy.")
     _sae_args(evaluate)
-    evaluate.add_argument("--positions", default="image,text,all",
+    evaluate.add_argument("--positions", type=checked_by(parse_regions), default="image,text,all",
                           help="comma-separated regions to splice at (default image,text,all)")
     add_out(evaluate, f"{RESULTS_FILE} (per region: answer loss clean / SAE / zeroed, loss recovered, accuracy)")
     evaluate.set_defaults(func=run_evaluate)
@@ -226,11 +230,17 @@ def _load_sae_arg(args: argparse.Namespace):
     return sae, hook
 
 
-def run_evaluate(args: argparse.Namespace) -> int:
-    regions = [r.strip() for r in args.positions.split(",") if r.strip()]
+def parse_regions(text: str) -> list[str]:
+    """--positions of `sae evaluate`: comma-separated regions."""
+    regions = [r.strip() for r in text.split(",") if r.strip()]
     unknown = [r for r in regions if r not in REGIONS]
     if unknown or not regions:
-        raise UserInputError(f"--positions {args.positions!r}: choose from {', '.join(REGIONS)}")
+        raise UserInputError(f"--positions {text!r}: choose comma-separated regions from {', '.join(REGIONS)}")
+    return regions
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    regions = parse_regions(args.positions)
     out = prepare_out(args, RESULTS_FILE)
 
     from vlens.sae.evaluation import evaluate_splice

@@ -51,6 +51,13 @@ OWNERS = {
 }
 
 
+def site_arg(text: str) -> str:
+    """--at: vision, middle or a decoder layer number (what ObjectTokenSettings.sites takes)."""
+    if text not in ("vision", "middle") and not text.isdigit():
+        raise argparse.ArgumentTypeError(f"site {text!r}: use vision, middle or a decoder layer number")
+    return text
+
+
 def configure(study: argparse.ArgumentParser) -> None:
     """`vlens study`."""
     study.description = ("A study: interventions (default; the table baseline / +SFT / +SFT+L_focus / "
@@ -69,7 +76,7 @@ def configure(study: argparse.ArgumentParser) -> None:
     add_batch_size(study, 16)
     mine.add_argument("--how", choices=("mean", "zero", "resample"), default="mean",
                       help="object-tokens: the ablation (default mean)")
-    mine.add_argument("--at", nargs="+", default=["vision", "middle"], metavar="SITE",
+    mine.add_argument("--at", nargs="+", type=site_arg, default=["vision", "middle"], metavar="SITE",
                       help="object-tokens: vision, middle (layer n_layers // 2) or a layer number (default vision middle)")
     mine.add_argument("--buffer", type=arg_int(min=0), default=1, help="object-tokens: grid cells around the object "
                       "ablated with it (default 1)")

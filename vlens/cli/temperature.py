@@ -22,6 +22,7 @@ from vlens.cli.options import (
     add_batch_size,
     add_model_options,
     add_out,
+    checked_by,
     load_model_from_args,
     prepare_out,
     write_results,
@@ -65,7 +66,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="ablation: logprob (default) or accuracy; patching: a metric name (default overwrite_rate)",
     )
     fit.add_argument("--top-k", type=arg_int(min=1), default=8, help="number of heads (default 8)")
-    fit.add_argument("--heads", help="explicit heads instead of top-k, e.g. 'L3H1,L2H0'")
+    fit.add_argument("--heads", type=checked_by(_parse_heads), help="explicit heads instead of top-k, e.g. 'L3H1,L2H0'")
     fit.add_argument("--alpha", type=arg_float(min=0, min_open=True), default=1.2,
                      help="scale of the temperatures: beta = alpha * gamma (gamma: the head's normalised importance)")
     fit.add_argument("--normalisation", choices=["max", "mean", "none"], default="max",

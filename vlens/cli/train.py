@@ -17,6 +17,7 @@ from vlens.cli.dataset_options import add_data_arguments, load_data_arg
 from vlens.cli.options import (
     add_batch_size,
     add_model_options,
+    checked_by,
     load_model_from_args,
 )
 from vlens.utils.validation import arg_float, arg_int, arg_path
@@ -43,7 +44,7 @@ def configure_train(train: argparse.ArgumentParser) -> None:
     train.add_argument("--focus-weight", type=arg_float(min=0), default=1.0, help="lambda (default 1.0)")
     train.add_argument("--no-focus", action="store_true", help="plain LoRA SFT (lambda = 0)")
     train.add_argument(
-        "--focus-layers", help="comma-separated layers (default: the paper's, mapped to the depth)"
+        "--focus-layers", type=checked_by(_focus_layers), help="comma-separated layers (default: the paper's, mapped to the depth)"
     )
     train.add_argument("--focus-query", choices=["final", "answer"], default="final",
                        help="whose attention the focus loss shapes: the final prompt position or the answer tokens")

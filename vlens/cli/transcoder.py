@@ -19,7 +19,14 @@ from pathlib import Path
 
 from vlens.cli.console import echo
 from vlens.cli.dataset_options import mark_input_paths
-from vlens.cli.options import RESULTS_FILE, add_out, load_model_from_args, prepare_out, write_results
+from vlens.cli.options import (
+    RESULTS_FILE,
+    add_out,
+    checked_by,
+    load_model_from_args,
+    prepare_out,
+    write_results,
+)
 from vlens.cli.recorded_model import choose_model, recorded_spec
 from vlens.cli.sae import HELD_OUT_SEED, REGIONS, add_sample_options, samples
 from vlens.utils.errors import UserInputError
@@ -43,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                 description="Train per-layer, skip or cross-layer transcoders on every layer's "
                                             "(MLP input, MLP output) pairs at image and text positions.")
     add_sample_options(train)
-    train.add_argument("--layers", help="comma-separated decoder layers (default: every layer)")
+    train.add_argument("--layers", type=checked_by(parse_layers), help="comma-separated decoder layers (default: every layer)")
     train.add_argument("--positions", choices=REGIONS, default="all", help="token positions (default all)")
     train.add_argument("--kind", choices=("plt", "skip", "clt"), default="plt",
                        help="per-layer, per-layer with a skip connection, or cross-layer (default plt)")

@@ -83,6 +83,8 @@ class PatchingResult(Result):
     intervals: dict[str, tuple[Tensor, Tensor]] | None = None
 
     kind: ClassVar[str] = "patching"
+    # list lengths that must agree with the tensors' named sizes when a file is read (vlens.utils.saved_fields)
+    saved_dims: ClassVar[dict[str, str]] = {"layers": "n_layers", "cells": "n_cells", "pair_ids": "n_pairs"}
 
     @property
     def n_pairs(self) -> int:

@@ -30,6 +30,7 @@ from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_write_text
 from vlens.utils.finite import json_safe
 from vlens.utils.provenance import stamp
+from vlens.utils.saved_fields import check_fields, differences, failing_field
 from vlens.utils.strict_json import loads_strict
 
 RESULTS_FILE = "results.json"
@@ -208,7 +209,8 @@ class Result(ABC):
         """Read what `save` wrote: the JSON file, or the folder holding `filename`; its `to_dict()`
         equals what was saved (less the provenance, kept as `saved_provenance`)."""
         path = Path(path)
-        return cls.from_saved(cls.read_saved(path), path if path.is_dir() else path.parent)
+        file = path / cls.filename if path.is_dir() else path
+        return read_checked(cls, cls.read_saved(path), file)
 
     @classmethod
     def from_saved(cls: type[R], data: dict, folder: Path | None = None) -> R:
@@ -295,6 +297,46 @@ def nan_tensor(values: Any, dtype: Any = None) -> Any:
     return torch.tensor(fill(values), dtype=dtype or torch.float32)
 
 
+READER_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError, OverflowError)
+
+
+def read_checked(cls: type[R], data: dict, file: Path) -> R:
+    """`cls.from_saved(data)` of a file a user may have edited: a field missing or not fitting its kind, a field
+    of the wrong type or shape (`vlens.utils.saved_fields.check_fields`, declared by each class's annotations
+    and ``saved_dims``), and a result that does not write back what the file holds are each a
+    `UserInputError` naming the file and the field, never a traceback or a silently different result."""
+    source = f"{file} ({cls.kind!r} result)"
+    redo = "write it again with the command or call that made it"
+    try:
+        result = cls.from_saved(data, file.parent)
+    except UserInputError as error:  # the class's own check of a value: said of this file and field
+        if str(file) in str(error):
+            raise
+        field = failing_field(error, data)
+        raise UserInputError(f"{source}: " + (f"the field {field!r}: " if field else "") + str(error)) from None
+    except KeyError as error:
+        key = error.args[0] if error.args else "?"
+        field = failing_field(error, data)
+        what = (f"the field {key!r} is missing" if isinstance(key, str) and key not in data and field in (None, key)
+                else f"the field {field!r} holds {key!r}, a value the reader does not know, or lacks a part"
+                if field is not None else f"{key!r} is a value the reader does not know, or a part is missing")
+        raise UserInputError(f"{source}: {what} (the file was cut short or edited): {redo}") from None
+    except READER_ERRORS as error:
+        field = failing_field(error, data)
+        where = f"the field {field!r} does not fit" if field is not None else "its fields do not fit"
+        raise UserInputError(f"{source}: {where} a {cls.kind!r} result ({type(error).__name__}: {str(error)[:160]}): "
+                             f"the file was edited or written by another version; {redo}") from None
+    check_fields(result, source)
+    body = {key: value for key, value in data.items() if key not in ("kind", "provenance")}
+    differ = differences(json_safe(body), json_safe(result.to_dict()))
+    if differ:
+        fields = ", ".join(repr(path) for path in differ[:4]) + (f" (+{len(differ) - 4} more)" if len(differ) > 4 else "")
+        raise UserInputError(f"{source}: the field{'s' if len(differ) > 1 else ''} {fields} do{'' if len(differ) > 1 else 'es'} "
+                             f"not read back as saved (a value of another type, or one that disagrees with the other "
+                             f"fields): {redo}")
+    return result
+
+
 def result_class(kind: str) -> Any:
     """The class (or loader) of a result kind: a registered `Result` subclass, else the built-in one."""
     if kind not in RESULT_KINDS and kind in BUILTIN_KINDS:
@@ -354,9 +396,9 @@ def load_result(path: str | Path) -> SavedResult:
                              "command (or by an older vlens: run the command again)")
     loader = result_class(kind)
     if isinstance(loader, type) and issubclass(loader, Result):
-        return loader.from_saved(data, file.parent)
+        return read_checked(loader, data, file)
     return loader.load(file.parent)
 
 
 __all__ = ["BUILTIN_KINDS", "RESULTS_FILE", "RESULT_FILES", "RESULT_KINDS", "Result", "SavedResult", "load_result",
-           "nan_tensor", "own_fields", "result_class", "result_file"]
+           "nan_tensor", "own_fields", "read_checked", "result_class", "result_file"]
