@@ -129,7 +129,8 @@ def check_fields(result: Any, source: str) -> None:
                 continue
             if not isinstance(value, (list, tuple)):
                 raise UserInputError(f"{source}: the field {name!r} must be a list, got {_describe(value)}")
-            if not isinstance(torch.empty(len(value)), jaxtyping.Shaped[torch.Tensor, dim]):
+            shaped: Any = jaxtyping.Shaped[torch.Tensor, dim]
+            if not isinstance(torch.empty(len(value)), shaped):
                 raise UserInputError(f"{source}: the field {name!r} holds {len(value)} entries, which disagrees with "
                                      f"the other fields' {dim}")
         for field in dataclasses.fields(result):
@@ -192,10 +193,12 @@ def failing_field(error: BaseException, data: dict) -> str | None:
         locals_by_frame.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, dict(tb.tb_frame.f_locals)))
         tb = tb.tb_next
     for frame in reversed(frames):
-        lines = [linecache.getline(frame.filename, n) for n in range(frame.lineno or 0, (frame.end_lineno or 0) + 1)]
+        end = getattr(frame, "end_lineno", None) or frame.lineno or 0  # positions: Python 3.11+
+        lines = [linecache.getline(frame.filename, n) for n in range(frame.lineno or 0, end + 1)]
         text = "".join(lines)
-        if frame.colno is not None and frame.end_colno is not None and len(lines) == 1:
-            text = lines[0][frame.colno:frame.end_colno]
+        start_col, end_col = getattr(frame, "colno", None), getattr(frame, "end_colno", None)
+        if start_col is not None and end_col is not None and len(lines) == 1:
+            text = lines[0][start_col:end_col]
         for key in re.findall(r"[\"']([A-Za-z_][\w.]*)[\"']", text):
             if key in data:
                 return key
