@@ -100,7 +100,7 @@ def main() -> None:
         "estimates (gradient x activation + attribution patching)": lambda: attribute_generation(
             model, inputs, estimates, continuation=new, progress=False),
         f"exact patching of every image token ({len(sets)} rows, 8 per forward)": lambda: exact_patches(
-            model, state, base_state, sets, predicting, new, "logprob", 8, False),
+            model, state, base_state, full.input_ids, sets, predicting, new, "logprob", 8, False),
         "attribute_generation (estimates + exact + lens)": lambda: attribute_generation(
             model, inputs, GenerationAttributionSettings(), continuation=new, progress=False),
     }

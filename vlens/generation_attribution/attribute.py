@@ -76,6 +76,16 @@ def image_tokens(inputs: VLMInputs, size: int) -> list[ImageTokens]:
     return out
 
 
+def with_inputs(model: HookedVLM, state: RunState, resid: Tensor, ids: Tensor) -> RunState:
+    """`state` with decoder input `resid` [batch, pos, d_model] and the per-position tables computed from it, as
+    `start_run` computes them after `hook_inputs_embeds` (Gemma 4's per-layer inputs are a projection of the
+    merged embeddings, so they follow a patched or differentiated input; other families' tables are the same).
+    ids: [batch, pos] the rows' tokens."""
+    model.embed(ids.to(model.input_device))  # Gemma 4: records the per-layer inputs' token half for the tables
+    cos, sin = model.rotary(resid, state.position_ids)
+    return replace(state, resid=resid, cos=cos, sin=sin, _moved={})
+
+
 def _feature_index(state: RunState) -> dict[int, Tensor]:
     """Per DeepStack layer, [pos] the row of its features at each position of row 0 (-1: none)."""
     out = {}
@@ -85,6 +95,16 @@ def _feature_index(state: RunState) -> dict[int, Tensor]:
         index[row] = torch.arange(int(row.sum()))
         out[layer] = index
     return out
+
+
+BLANK_VALUE = 1e-4  # normalised units: not exactly 0, which Idefics-style towers take for a padding image
+
+
+def blank_pixels(pixel_values: Tensor) -> Tensor:
+    """A uniform image at the processor's normalisation mean, in the layout of `pixel_values`: every value
+    BLANK_VALUE (a normalised pixel of 0 is the mean colour; 1e-4 of a standard deviation is far below one
+    grey level)."""
+    return torch.full_like(pixel_values, BLANK_VALUE)
 
 
 def baseline_state(model: HookedVLM, state: RunState, full: VLMInputs, baseline: str | VLMInputs,
@@ -102,7 +122,7 @@ def baseline_state(model: HookedVLM, state: RunState, full: VLMInputs, baseline:
     if baseline == "blank":
         if full.pixel_values is None:
             raise UserInputError("baseline 'blank' needs pixel values; these inputs have none")
-        return model.start_run(replace(full, pixel_values=torch.zeros_like(full.pixel_values)))
+        return model.start_run(replace(full, pixel_values=blank_pixels(full.pixel_values)))
     resid = state.resid.clone()
     deepstack = {layer: (mask, feats.clone()) for layer, (mask, feats) in state.deepstack.items()}
     index = _feature_index(state)
@@ -136,8 +156,8 @@ def _per_position(grad: Tensor, feat_grads: dict[int, Tensor], value: Tensor, fe
     return out
 
 
-def _gradients(model: HookedVLM, state: RunState, base: RunState, predicting: Tensor, targets: Tensor, metric: str,
-               lens: bool, progress: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+def _gradients(model: HookedVLM, state: RunState, base: RunState, ids: Tensor, predicting: Tensor, targets: Tensor,
+               metric: str, lens: bool, progress: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """(M [n_new], gradient x activation [n_new, pos], attribution patching [n_new, pos], the residual
     after each layer at the predicting positions [n_layers, n_new, d_model] or None): one forward, one
     backward per generated token."""
@@ -146,8 +166,8 @@ def _gradients(model: HookedVLM, state: RunState, base: RunState, predicting: Te
     with torch.enable_grad():
         resid = state.resid.detach().requires_grad_(True)
         feats = {layer: f.detach().requires_grad_(True) for layer, (_, f) in state.deepstack.items()}
-        run = replace(state, resid=resid, deepstack={k: (state.deepstack[k][0], f) for k, f in feats.items()},
-                      _moved={})
+        run = replace(with_inputs(model, state, resid, ids),
+                      deepstack={k: (state.deepstack[k][0], f) for k, f in feats.items()})
         hidden, layers = resid, []
         for layer in range(model.cfg.n_layers):  # block by block: the logit lens reads every layer's output
             hidden = model.run_blocks(hidden, run, layer, layer + 1)
@@ -174,8 +194,8 @@ def _gradients(model: HookedVLM, state: RunState, base: RunState, predicting: Te
     return values.detach().double().cpu(), gxa, atp, stacked
 
 
-def exact_patches(model: HookedVLM, state: RunState, base: RunState, patch_sets: Sequence[Tensor], predicting: Tensor,
-                  targets: Tensor, metric: str, max_batch: int, progress: bool) -> Float[Tensor, "n_sets n_new"]:
+def exact_patches(model: HookedVLM, state: RunState, base: RunState, ids: Tensor, patch_sets: Sequence[Tensor],
+                  predicting: Tensor, targets: Tensor, metric: str, max_batch: int, progress: bool) -> Float[Tensor, "n_sets n_new"]:
     """M [n_sets, n_new] with the inputs (embedding, DeepStack features) of each set of positions
     taken from the baseline run; max_batch sets per forward."""
     index = _feature_index(state)
@@ -193,7 +213,7 @@ def exact_patches(model: HookedVLM, state: RunState, base: RunState, patch_sets:
                 rows = index[layer][positions]
                 n_feats = state.deepstack[layer][1].shape[0]
                 feats[copy * n_feats + rows.to(feats.device)] = base.deepstack[layer][1][rows.to(feats.device)]
-        run = replace(repeated, resid=resid, deepstack=deepstack, _moved={})
+        run = replace(with_inputs(model, repeated, resid, ids.repeat(len(sets), 1)), deepstack=deepstack)
         out[start:start + len(sets)] = token_metric(model, model.run_blocks(resid, run), predicting, targets,
                                                     metric).cpu()
     return out
@@ -252,7 +272,8 @@ def attribute_generation(model: HookedVLM, inputs: Any, settings: GenerationAttr
     with torch.no_grad():
         state = model.start_run(full)
         base = baseline_state(model, state, full, settings.baseline if baseline is None else baseline, new)
-    clean, gxa, atp, layers = _gradients(model, state, base, predicting, new, settings.metric, settings.lens, progress)
+    clean, gxa, atp, layers = _gradients(model, state, base, full.input_ids, predicting, new, settings.metric,
+                                         settings.lens, progress)
     found = image_tokens(full, settings.region_size)
     maps: dict[str, list[Tensor]] = {"gradient_x_activation": [], "attribution_patching": []}
     region_maps: dict[str, list[Tensor]] = {m: [] for m in ESTIMATES}
@@ -265,8 +286,8 @@ def attribute_generation(model: HookedVLM, inputs: Any, settings: GenerationAttr
     patch_sets = [image.positions[r] for image in found for r in image.regions] if settings.exact else []
     patch_sets.append(torch.cat(list(full.token_regions.images[0])).cpu())
     with torch.no_grad():
-        patched = exact_patches(model, state, base, patch_sets, predicting, new, settings.metric, settings.max_batch,
-                                progress) - clean[None]
+        patched = exact_patches(model, state, base, full.input_ids, patch_sets, predicting, new, settings.metric,
+                                settings.max_batch, progress) - clean[None]
     if settings.exact:
         region_maps["exact"], start = [], 0
         for image in found:

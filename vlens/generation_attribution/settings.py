@@ -21,8 +21,8 @@ class GenerationAttributionSettings:
     metric: what is attributed for generated token k: "logprob" (log p(y_k | prompt, y_<k)) or "logit"
         (its logit), read at the position that predicts it, teacher-forced over prompt + output.
     baseline: what an image token is patched to: "mean" (the mean of its image's tokens: mean-ablated
-        image tokens), "blank" (the inputs the same prompt gives with every pixel at the processor's
-        normalisation mean: a uniform image of the same size and token layout), "zero" (zero inputs).
+        image tokens), "blank" (the same prompt with every pixel at the processor's normalisation mean: a
+        uniform image of the same size and token layout), "zero" (zero inputs).
         `attribute_generation` also takes the VLMInputs of the same prompt with another image.
     region_size: exact patching patches square blocks of region_size x region_size tokens of each
         image's grid (1: every token on its own); the estimates are summed over the same blocks.
