@@ -16,14 +16,16 @@ from tests.helpers.arch_parity import assert_generate_matches_hf, assert_logits_
 from vlens.testing import random_image
 from vlens.utils.errors import UserInputError
 
-# sizes unlike the image tests': Qwen2.5-VL with GQA 3:1 and 3 layers; Qwen3-VL with d_head 20 and DeepStack
+# sizes unlike the image tests': Qwen2-VL with 5 heads over 1; Qwen2.5-VL with GQA 3:1 and 3 layers; Qwen3-VL
+# with d_head 20 and DeepStack
 FAMILIES = {
+    "qwen2_vl": dict(n_layers=2, d_model=40, n_heads=5, n_kv_heads=1, mrope_section=[2, 1, 1]),
     "qwen2_5_vl": dict(n_layers=3, d_model=48, n_heads=6, n_kv_heads=2, mrope_section=[2, 1, 1]),
     "qwen3_vl": dict(n_heads=4, n_kv_heads=1, d_head=20, mrope_section=[4, 3, 3], deepstack_visual_indexes=[0, 2]),
 }
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=3)
 def _pair(family: str):
     from vlens import HookedVLM
     from vlens.testing import tiny_hf_model, tiny_qwen3_vl_model, tiny_qwen3_vl_processor, tiny_qwen_processor

@@ -108,3 +108,24 @@ def test_sae_source_reads_video_tokens(tiny):
                       for row in range(2) for k in range(2)])
     torch.testing.assert_close(chunk.acts, want.float(), atol=0, rtol=0)
     assert chunk.sites.cell.tolist() == [[1, 0]] * 4
+
+
+def test_knockout_of_a_frame_equals_masking_its_keys(tiny):
+    """Knocking frame 1 out of the final position's reads equals -inf scores from the final query to its keys."""
+    from vlens.flow import knockout_logits
+
+    pair = make_video_pair(2, 3, frames=4, seed=0, size=56)
+    inputs = tiny.prepare(videos=[pair.clean_frames], prompts=["How many dots are there?"])
+    frame = inputs.regions.frame(0, 0, 1)
+    final = int(inputs.regions.final[0])
+    ours = knockout_logits(tiny, inputs, src=[frame], dst=inputs.regions.final)
+
+    def mask(scores, hook):
+        scores = scores.clone()
+        scores[0, :, final, frame] = float("-inf")
+        return scores
+
+    names = [f"blocks.{layer}.attn.hook_attn_scores" for layer in range(tiny.cfg.n_layers)]
+    expected = tiny.run_with_hooks(inputs, fwd_hooks=[(name, mask) for name in names])
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=0)
+    assert not torch.allclose(ours[0, final], tiny(inputs)[0, final], atol=1e-4)
