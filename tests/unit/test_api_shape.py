@@ -32,6 +32,7 @@ ALLOWED = {
     "vlens.testing.gemma3.tiny_gemma3_config": "one keyword per HF config field the parity tests vary",
     "vlens.testing.paligemma.tiny_paligemma_config": "one keyword per HF config field the parity tests vary",
     "vlens.testing.mistral3.tiny_mistral3_config": "one keyword per HF config field the parity tests vary",
+    "vlens.testing.gemma4.tiny_gemma4_config": "one keyword per HF config field the parity tests vary",
     "vlens.testing.lfm2_vl.tiny_lfm2_vl_config": "one keyword per HF config field the parity tests vary",
     "vlens.testing.molmo2.tiny_molmo2_config": "one keyword per HF config field the parity tests vary",
     "vlens.viz.figures.layer_head_heatmap": "a figure's styling keywords (plotly's own take dozens)",
