@@ -36,9 +36,16 @@ SHAPES = {
         attention_k_eq_v=True, num_global_key_value_heads=5, ple_dim=0, final_logit_softcapping=None,
         bidirectional_vision=False, attention_bias=True, patch_size=6, pooling_kernel_size=2, vision_heads=3,
         vision_head_dim=8, vocab_size=90, partial_rotary_factor=0.25),
+    # experts beside the dense MLP (4 experts, top 2), a sliding then a full layer (sizes whose bf16 rows are
+    # multiples of 16 bytes: HF's grouped_mm experts need it on CPU)
+    "moe4_top2_mha3_window5": dict(
+        n_layers=2, d_model=40, n_heads=3, n_kv_heads=3, d_head=12, global_head_dim=24, sliding_window=5,
+        layer_types=["sliding_attention", "full_attention"], enable_moe_block=True, num_experts=4, top_k_experts=2,
+        moe_intermediate_size=16, ple_dim=6),
 }
 PROCESSOR_KWARGS = {"gqa2_ple8_softcap_bidir_pool2": dict(patch_size=4, pooling_kernel_size=2),
-                    "mqa_kv_eq_v_full_first_no_ple_bias": dict(patch_size=6, pooling_kernel_size=2)}
+                    "mqa_kv_eq_v_full_first_no_ple_bias": dict(patch_size=6, pooling_kernel_size=2),
+                    "moe4_top2_mha3_window5": dict(patch_size=4, pooling_kernel_size=2)}
 IMAGE_SIZES = [(40, 60), (96, 64), (32, 48), (64, 64), (50, 50), (64, 96)]
 
 
@@ -48,7 +55,7 @@ def _processor(shape: str):
     return tiny_gemma4_processor(**PROCESSOR_KWARGS[shape])
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=3)
 def _pair(shape: str):
     from vlens import HookedVLM
     from vlens.testing.gemma4 import tiny_gemma4_model
@@ -57,7 +64,7 @@ def _pair(shape: str):
     return hf, HookedVLM.from_hf(hf, processor=_processor(shape))
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=3)
 def _cases(shape: str) -> dict:
     _, model = _pair(shape)
     return input_matrix(model, IMAGE_SIZES)
@@ -133,7 +140,9 @@ def test_hook_z_edit_equals_hf_o_proj_input_edit(shape, layer):
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_attn_scores_edit_equals_scaling_q_after_q_norm(shape):
     hf, model = _pair(shape)
-    assert_scores_edit_matches_scaling_q(model, hf, _cases(shape)["left_padded_batch"], layer=1, head=1)
+    # a sliding layer: the helper reads the config's head size (the full layers' is global_head_dim)
+    layer = next(x for x in range(model.cfg.n_layers) if model.blocks[x].attn.sliding_window is not None)
+    assert_scores_edit_matches_scaling_q(model, hf, _cases(shape)["left_padded_batch"], layer=layer, head=1)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -247,9 +256,10 @@ def test_saved_checkpoint_loads(tmp_path):
                                   [random_image(40, 56, 3), random_image(64, 32, 4)])
 
 
-def test_bf16_within_hf_noise():
-    hf, _ = _pair("gqa2_ple8_softcap_bidir_pool2")
-    assert_bf16_within_hf_noise(hf, _processor("gqa2_ple8_softcap_bidir_pool2"),
+@pytest.mark.parametrize("shape", ["gqa2_ple8_softcap_bidir_pool2", "moe4_top2_mha3_window5"])
+def test_bf16_within_hf_noise(shape):
+    hf, _ = _pair(shape)
+    assert_bf16_within_hf_noise(hf, _processor(shape),
                                 lambda model: model.prepare(images=[random_image(48, 40, 1), random_image(40, 40, 2)],
                                                             prompts=["How many dots are there?", "red"]))
 
@@ -274,15 +284,45 @@ def test_processor_equals_hf_gemma4_processor(monkeypatch):
         torch.testing.assert_close(got[key], expected[key], atol=0, rtol=0, msg=key)
 
 
-@pytest.mark.parametrize("overrides,words", [
-    (dict(enable_moe_block=True, num_experts=2, top_k_experts=1, moe_intermediate_size=8), "enable_moe_block"),
-    (dict(n_layers=4, num_kv_shared_layers=1), "num_kv_shared_layers"),
-])
-def test_unconverted_settings_are_refused(overrides, words):
+def test_kv_sharing_is_refused():
     from vlens import HookedVLM
     from vlens.testing.gemma4 import tiny_gemma4_model
     from vlens.utils.errors import UserInputError
 
-    hf = tiny_gemma4_model(seed=3, **overrides)
-    with pytest.raises(UserInputError, match=words):
+    hf = tiny_gemma4_model(seed=3, n_layers=4, num_kv_shared_layers=1)
+    with pytest.raises(UserInputError, match="num_kv_shared_layers"):
         HookedVLM.from_hf(hf)
+
+
+def test_expert_hooks_act_as_the_same_edits_in_hf():
+    """The experts' routing weights and output are hook points: zeroing one chosen expert's weight, or the whole
+    expert output, equals the same edit on HF's router output / post-experts norm; the weights are HF's."""
+    hf, model = _pair("moe4_top2_mha3_window5")
+    inputs = _cases("moe4_top2_mha3_window5")["one_image"]
+    layer = hf.model.language_model.layers[1]
+    _, cache = model.run_with_cache(inputs, names_filter=lambda n: ".moe." in n)
+    b, p = inputs.input_ids.shape
+    assert tuple(cache["blocks.1.moe.hook_router_probs"].shape) == (b, p, 4)
+    assert tuple(cache["blocks.1.moe.hook_expert_indices"].shape) == (b, p, 2)
+
+    def drop_first(w, hook):
+        w = w.clone()
+        w[..., 0] = 0
+        return w
+
+    def drop_first_hf(module, args, out):
+        probs, w, idx = out
+        w = w.clone()
+        w[:, 0] = 0
+        return probs, w, idx
+
+    with torch.no_grad():
+        ours = model.run_with_hooks(inputs, fwd_hooks=[("blocks.1.moe.hook_expert_weights", drop_first)])
+        plain = model(inputs)
+    torch.testing.assert_close(ours, hf_logits(hf, inputs, forward_hooks=[(layer.router, drop_first_hf)]),
+                               atol=1e-4, rtol=0)
+    assert (ours - plain).abs().max() > 1e-4
+    with torch.no_grad():
+        ours = model.run_with_hooks(inputs, fwd_hooks=[("blocks.1.moe.hook_expert_out", lambda x, hook: x * 0)])
+    expected = hf_logits(hf, inputs, forward_hooks=[(layer.post_feedforward_layernorm_2, lambda m, a, out: out * 0)])
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)

@@ -140,6 +140,9 @@ def tiny_gemma4_model(seed: int = 0, attn_implementation: str = "eager", dtype: 
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):
                 buffer.copy_((0.5 + torch.rand(buffer.shape, generator=generator)).to(buffer.dtype))
+        for name, param in model.named_parameters():  # MoE routers: ones at init
+            if name.endswith(("router.scale", "router.per_expert_scale")):
+                param.copy_((0.5 + torch.rand(param.shape, generator=generator)).to(param.dtype))
         table = model.model.vision_tower.patch_embedder.position_embedding_table
         table.copy_((0.5 * torch.randn(table.shape, generator=generator)).to(table.dtype))
     perturb_norms(model, seed)

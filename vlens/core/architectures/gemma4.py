@@ -27,9 +27,13 @@ hooks give `vision.blocks.{i}.hook_resid_post` and per-head `vision.blocks.{i}.a
 aspect ratio: its tokens are a (rows, cols) grid of pooled cells, row-major, between `<|image>` and `<image|>`
 (`image_markers`).
 
-Refused, with the reason: mixture-of-experts blocks (`enable_moe_block`: a dense MLP and routed experts side
-by side), KV sharing across layers (`num_kv_shared_layers`), ``use_bidirectional_attention="all"`` (an
-embedding model's setting), audio and video inputs.
+Mixture of experts (`enable_moe_block`): HF's router and experts beside the dense MLP (`DenseAndExperts`,
+`blocks.{l}.moe.hook_*`); the expert-level commands (routing, expert ablation / patching, which read
+`MoEMLP`) do not cover them yet.
+
+Refused, with the reason: KV sharing across layers (`num_kv_shared_layers`: a consumer layer would read keys
+that a run started at a later layer never computed), ``use_bidirectional_attention="all"`` (an embedding
+model's setting), audio and video inputs.
 
 Positions: 1-D, from the attention mask as HF's `generate` makes them (LLaVA's rule, inherited).
 """
@@ -82,13 +86,10 @@ class Gemma4Adapter(Gemma3Adapter):
     def build_config(self, hf_model: HFModule) -> VLMConfig:
         config = hf_model.config
         text = config.get_text_config()
-        for setting, reason in (("enable_moe_block", "mixture-of-experts blocks (a dense MLP beside routed "
-                                 "experts) are not converted yet"),
-                                ("num_kv_shared_layers", "layers that reuse another layer's keys and values "
-                                 "(KV sharing) are not converted yet")):
-            if getattr(text, setting, None):
-                raise UserInputError(f"this Gemma 4 config sets {setting}={getattr(text, setting)!r}: {reason}; "
-                                     "vlens runs Gemma 4 decoders without it")
+        if getattr(text, "num_kv_shared_layers", 0):
+            raise UserInputError(f"this Gemma 4 config sets num_kv_shared_layers={text.num_kv_shared_layers}: layers "
+                                 "that reuse another layer's keys and values (KV sharing, Gemma 4 E2B / E4B) are not "
+                                 "converted yet; vlens runs Gemma 4 decoders without it")
         if getattr(text, "use_bidirectional_attention", None) == "all":
             raise UserInputError("this Gemma 4 config sets use_bidirectional_attention='all' (an embedding "
                                  "model's setting); vlens converts the causal Gemma 4 decoder only")

@@ -4,7 +4,8 @@
   and key/value head count per layer (full-attention layers: `global_head_dim`), values equal to the keys'
   projection where HF shares them (`attention_k_eq_v`), and full-attention layers that stay causal over image
   tokens (only the sliding layers see an image bidirectionally, HF's `create_masks_for_vision_model`).
-- `PerLayerInputBlock`: the sandwich block plus the per-layer-embedding (PLE) sublayer and the layer scalar.
+- `PerLayerInputBlock`: the sandwich block plus the per-layer-embedding (PLE) sublayer and the layer scalar;
+  `DenseAndExperts`: the routed experts HF's MoE layers add beside the dense MLP.
 - `Gemma4Tables`: the run's per-position tables: each layer type's rotary cos / sin (padded to the widest)
   followed by every layer's per-layer input, so that whatever repeats or slices the rotary tables by batch
   and position (patching, ablation, decoding) carries the per-layer inputs along.
@@ -219,6 +220,45 @@ class Gemma4Attention(Attention):
         return self.attend(q, k, v, masks, kv_cache)
 
 
+class DenseAndExperts(nn.Module):
+    """Gemma 4's mixture-of-experts layer beside the dense MLP (HF's `enable_moe_block`): HF's own router and
+    experts, hooked.
+
+        dense_out  = post_feedforward_layernorm_1(mlp(ln2(resid)))
+        expert_out = post_feedforward_layernorm_2(experts(pre_feedforward_layernorm_2(resid), routing))
+        routing    = router(resid): softmax over experts of a scale-free-normed, scaled projection, top-k,
+                     renormalized, times each chosen expert's `per_expert_scale`
+
+    and the block's ln2_post reads ``dense_out + expert_out``. Hooks: `hook_router_probs` [batch, pos, n_experts],
+    `hook_expert_weights` / `hook_expert_indices` [batch, pos, k] (the weights as the experts read them),
+    `hook_dense_out` and `hook_expert_out` [batch, pos, d_model].
+    """
+
+    def __init__(self, hf_layer: Any):
+        super().__init__()
+        self.router, self.experts = hf_layer.router, hf_layer.experts
+        self.post_dense_norm = hf_layer.post_feedforward_layernorm_1
+        self.pre_experts_norm = hf_layer.pre_feedforward_layernorm_2
+        self.post_experts_norm = hf_layer.post_feedforward_layernorm_2
+        self.hook_router_probs = HookPoint()
+        self.hook_expert_weights = HookPoint()
+        self.hook_expert_indices = HookPoint()
+        self.hook_dense_out = HookPoint()
+        self.hook_expert_out = HookPoint()
+
+    def forward(self, resid: Float[Tensor, "batch pos d_model"],
+                dense: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        batch, pos, d_model = resid.shape
+        flat = resid.reshape(-1, d_model)
+        probs, weights, indices = self.router(flat)
+        self.hook_router_probs(probs.view(batch, pos, -1))
+        weights = self.hook_expert_weights(weights.view(batch, pos, -1)).reshape(batch * pos, -1)
+        indices = self.hook_expert_indices(indices.view(batch, pos, -1)).reshape(batch * pos, -1)
+        experts = self.experts(self.pre_experts_norm(flat), indices, weights).reshape(batch, pos, d_model)
+        dense_out = self.hook_dense_out(self.post_dense_norm(dense))
+        return dense_out + self.hook_expert_out(self.post_experts_norm(experts))
+
+
 class PerLayerInputBlock(SandwichBlock):
     """Gemma 4's block: the sandwich block, then (with per-layer embeddings) the PLE sublayer, then the
     layer scalar:
@@ -234,6 +274,8 @@ class PerLayerInputBlock(SandwichBlock):
     def __init__(self, layer: int, parts: dict, hf_layer: Any, table_index: int | None,
                  ple_norm: nn.Module | None):
         super().__init__(layer, **parts)
+        # the experts beside the dense MLP (HF's enable_moe_block), read from the residual itself
+        self.moe = DenseAndExperts(hf_layer) if getattr(hf_layer, "enable_moe_block", False) else None
         self.table_index = table_index  # where this layer's per-layer input sits in the run's tables
         self.ple_gate = getattr(hf_layer, "per_layer_input_gate", None) if table_index is not None else None
         self.ple_proj = getattr(hf_layer, "per_layer_projection", None) if table_index is not None else None
@@ -262,7 +304,8 @@ class PerLayerInputBlock(SandwichBlock):
         resid = self.hook_resid_pre(resid)
         attn_out = self.hook_attn_out(self.ln1_post(self.attn(self.ln1(resid), cos, sin, masks, kv_cache)))
         resid = self.hook_resid_mid(resid + attn_out)
-        mlp_out = self.hook_mlp_out(self.ln2_post(self.mlp(self.ln2(resid))))
+        dense = self.mlp(self.ln2(resid))
+        mlp_out = self.hook_mlp_out(self.ln2_post(dense if self.moe is None else self.moe(resid, dense)))
         resid = resid + mlp_out
         if self.ple_gate is not None and self.ple_proj is not None and self.ple_norm is not None:
             per_layer = self.hook_per_layer_input(cos[:, :, self.table_index, :self.ple_dim])
