@@ -160,3 +160,14 @@ def test_readme_generation_block_runs(tmp_path, monkeypatch):
     assert attr.lens_prob.shape == (attr.n_new, model.cfg.n_layers)
     assert vlens.load_result(tmp_path / "attr_out").to_dict() == attr.to_dict()
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+
+
+def test_readme_video_block_runs():
+    import vlens
+
+    model = vlens.load()
+    namespace: dict = {"model": model}
+    exec(compile(readme_block("patch_layer_frame("), "README.md", "exec"), namespace)
+    assert namespace["label"] == "<img0.f0[r0,c0]>" and len(namespace["first"]) == 36
+    assert namespace["frames"].cells == ["f0", "f1"] and namespace["frames"].layers == [0, 3]
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
