@@ -92,13 +92,17 @@ FAMILIES = {
     # per-layer embeddings, sliding (12-d heads) and full (20-d heads) layers, images pooled 2x2 from 4 px patches
     "gemma4": (lambda: testing.tiny_gemma4_model(seed=16, n_layers=3, d_model=40, n_heads=4, n_kv_heads=2),
                testing.tiny_gemma4_processor, ["--image-size", "48"], False),
+    # MoE on layers 1 and 3 (sigmoid top-2 of 4, shared expert), chunked RoPE layers with the q / k norm, a NoPE
+    # layer with temperature tuning; 16 px tiles of 4 px patches, up to 4 tiles + a global tile
+    "llama4": (lambda: testing.tiny_llama4_model(seed=16), testing.tiny_llama4_processor, ["--image-size", "32"],
+               False),
 }
 # families whose blocks run attention and MLP in parallel, or add more than attention and MLP to the residual
 # (Gemma 4's per-layer-embedding sublayer and layer scalar): `circuit` refuses them (exit status 2)
 PARALLEL_BLOCKS = {"aya_vision", "gemma4"}
 
 # families whose every attention layer normalizes its queries: `temperature export` refuses them
-QUERY_NORM_REFUSES_EXPORT = {"qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma4"}
+QUERY_NORM_REFUSES_EXPORT = {"qwen3_vl", "qwen3_vl_moe", "gemma3", "gemma4", "llama4"}
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +123,8 @@ def test_every_command_on_a_saved_folder(family, tmp_path, data, capsys):
     run_every_command(folder, out, data, image_args, n_layers=cfg.num_hidden_layers,
                       n_heads=max(heads), export=export, n_heads_total=sum(heads),
                       circuit=family not in PARALLEL_BLOCKS)
-    n_experts = getattr(cfg, "num_experts", 0) or getattr(cfg, "n_routed_experts", 0)  # GLM-4.5V's name
+    n_experts = getattr(cfg, "num_experts", 0) or getattr(cfg, "n_routed_experts", 0) or \
+        getattr(cfg, "num_local_experts", 0)  # GLM-4.5V's and Llama 4's names
     if n_experts:  # the mixture-of-experts commands
         done = run_expert_commands(folder, tmp_path / "out", image_args)
         n_layers = cfg.num_hidden_layers

@@ -34,6 +34,8 @@ from vlens.testing import (
     tiny_internvl_processor,
     tiny_lfm2_vl_model,
     tiny_lfm2_vl_processor,
+    tiny_llama4_model,
+    tiny_llama4_processor,
     tiny_llava_model,
     tiny_llava_next_model,
     tiny_llava_next_processor,
@@ -61,7 +63,7 @@ from vlens.testing import (
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
                             "llava_next", "llava_onevision", "llava_next_video", "gemma3", "internvl", "idefics3",
                             "smolvlm", "paligemma", "idefics2", "glm4v", "glm4v_moe", "mistral3", "lfm2_vl",
-                            "aya_vision", "gemma4", "molmo2")
+                            "aya_vision", "gemma4", "molmo2", "llama4")
 # the Qwen3-VL-processor families (16 px patches) beyond Qwen3-VL itself: builder by family
 QWEN3_BUILDERS = {"qwen3_vl": tiny_qwen3_vl_model, "qwen3_vl_moe": tiny_qwen3_vl_moe_model,
                   "qwen3_5": tiny_qwen3_5_model, "qwen3_5_moe": tiny_qwen3_5_moe_model}
@@ -116,6 +118,10 @@ def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", p
         hf = tiny_internvl_model(seed=seed, attn_implementation=attn, **options, **config)
         tiling = {k: config[k] for k in ("tile", "patch_size", "downsample_ratio") if k in config}
         made = tiny_internvl_processor(**options, **tiling, **(processor or {}))
+    elif family == "llama4":  # the processor tiles as the config does
+        hf = tiny_llama4_model(seed=seed, attn_implementation=attn, **options, **config)
+        tiling = {k: config[k] for k in ("tile", "patch_size") if k in config}
+        made = tiny_llama4_processor(**options, **tiling, **(processor or {}))
     elif family == "aya_vision":  # the processor tiles as the config does
         hf = tiny_aya_vision_model(seed=seed, attn_implementation=attn, **options, **config)
         tiling = {k: config[k] for k in ("tile", "patch_size", "downsample") if k in config}

@@ -113,7 +113,8 @@ def assert_split_image_edits_match_hf(model, hf, inputs, vision_layers, out_proj
     shift = torch.linspace(-1, 1, width)
     got = ours([(f"vision.blocks.{block}.hook_resid_post", lambda x, hook: x + shift)])
     # prepended, so that HF's own hidden-state capture (a hook on the same block) records the edited output
-    handle = vision_layers[block].register_forward_hook(lambda mod, args, out: out + shift, prepend=True)
+    handle = vision_layers[block].register_forward_hook(  # a block may return (hidden, ...) (Llama 4's)
+        lambda mod, args, out: (out[0] + shift, *out[1:]) if isinstance(out, tuple) else out + shift, prepend=True)
     try:
         expected = hf_logits(hf, inputs)
     finally:

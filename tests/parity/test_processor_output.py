@@ -16,7 +16,7 @@ from tests.helpers.models import tiny_pair
 from vlens.testing import random_image
 
 FAMILIES = ["llava", "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "smolvlm", "idefics2",
-            "mistral3", "lfm2_vl", "aya_vision", "molmo2", "gemma4"]
+            "mistral3", "lfm2_vl", "aya_vision", "molmo2", "gemma4", "llama4"]
 
 
 def _chat(processor, n_images: int, text: str) -> str:

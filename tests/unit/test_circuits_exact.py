@@ -49,6 +49,8 @@ FAMILIES = {
     "paligemma": dict(n_layers=2, d_model=40, n_heads=4, n_kv_heads=2, d_head=12, initializer_range=0.1),
     # Pixtral tower (images of several sizes in one sequence), 2x2 patch merger, [IMG_BREAK] / [IMG_END] markers
     "mistral3": dict(n_layers=2, d_model=36, n_heads=3, n_kv_heads=1, d_head=12, initializer_range=0.1),
+    # chunked RoPE layers with the q / k norm, a NoPE layer with temperature tuning, sigmoid-routed MoE + shared expert
+    "llama4": dict(initializer_range=0.1),
     # short convolutions (ports b, c, x per channel group) around an attention layer; tiles + thumbnail
     # every image token in one bidirectional block, image features added to the placeholder embeddings
     "molmo2": dict(n_layers=2, d_model=36, n_heads=3, n_kv_heads=1, d_head=12, initializer_range=0.1),

@@ -44,6 +44,9 @@ class VLMConfig:
     # the attention logits' scale (None: d_head ** -0.5; Gemma 3: query_pre_attn_scalar ** -0.5)
     attn_scale: float | None = None
     sliding_window: int | None = None  # keys a "sliding_attention" query sees, itself included
+    # Llama 4's "chunked_attention" layers: a query sees the keys of its own chunk of this many tokens, counted
+    # from the row's first real token (HF's `chunked_overlay`)
+    attention_chunk_size: int | None = None
     # layer types with rotary tables of their own, in the order of the run's cos/sin third axis
     # (Gemma 3: a local and a global base); empty: one [batch, pos, d_head] table for every layer
     rope_layer_types: list[str] = field(default_factory=list)
@@ -145,6 +148,12 @@ class VLMConfig:
         "sliding_attention" layer, None (every earlier key) otherwise."""
         if self.layer_types and self.layer_types[layer] == "sliding_attention":
             return self.sliding_window
+        return None
+
+    def attention_chunk(self, layer: int) -> int | None:
+        """The chunk a query of `layer` attends within ("chunked_attention" layers), None elsewhere."""
+        if self.layer_types and self.layer_types[layer] == "chunked_attention":
+            return self.attention_chunk_size
         return None
 
     def uses_rope(self, layer: int) -> bool:

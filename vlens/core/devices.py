@@ -68,7 +68,7 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
     only the pinpoints whose height and width are both <= image_size are kept (at least one tile
     side), which bounds the tiles, and so the image tokens, of every image. The model reads the
     pinpoints too: call `sync_resolution(hf_model, processor)` after this. Dynamic-tile processors
-    (InternVL: `crop_to_patches`) keep the tower's tile side and use at most (image_size // tile)^2
+    (InternVL: `crop_to_patches`; Llama 4's best-fit canvas) keep the tower's tile side and use at most (image_size // tile)^2
     tiles; split-image processors (Idefics3 / SmolVLM: `max_image_size`) resize every image to
     image_size on its longest edge before cutting it into sub-images of the tower's side; Idefics2's
     (`shortest_edge` / `longest_edge`) resize each image and crop to at most image_size on its longest edge;
@@ -112,6 +112,15 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
     if min_pixels is not None or max_pixels is not None:
         raise UserInputError(f"{type(image_processor).__name__} has no pixel budget (min_pixels/max_pixels are Qwen-VL "
                          "settings); use image_size")
+    if image_size is not None and hasattr(image_processor, "resize_to_max_canvas") and hasattr(image_processor,
+                                                                                          "max_patches"):
+        # Llama 4's best-fit canvas of tiles: the tile side is the tower's; image_size bounds the canvas's tiles
+        tile = int(_size_value(image_processor.size, "height"))
+        if image_size < tile:
+            raise UserInputError(f"image_size {image_size} px is smaller than one tile ({tile} px) of this tiling "
+                                 f"processor: use at least {tile}")
+        image_processor.max_patches = max(1, (image_size // tile) ** 2)
+        return processor
     if image_size is not None and hasattr(image_processor, "crop_to_patches") and hasattr(image_processor, "max_patches"):
         # dynamic tiles (InternVL): the tile side is the tower's; image_size bounds the tiles an image may use
         tile = int(_size_value(getattr(image_processor, "size", None), "height") or 0)

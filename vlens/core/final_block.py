@@ -39,7 +39,7 @@ def supports_last_block_at(block) -> bool:
     other blocks run whole."""
     attn = block.attn
     return (type(block) is TransformerBlock and type(attn) is Attention and attn.sliding_window is None
-            and attn.rotary_index is None and attn.uses_rope)
+            and attn.rotary_index is None and attn.uses_rope and attn.attention_chunk is None)
 
 
 def block_has_hooks(block) -> bool:

@@ -207,6 +207,11 @@ class TokenRegions:
         return out
 
 
+# processor outputs that are vlens's bookkeeping, never passed to HF's forward: each image's original (height, width)
+# where the family's HF forward takes no `image_sizes` (Llama 4's processor, for the tile boxes)
+VLENS_ONLY_EXTRAS = frozenset({"original_image_sizes"})
+
+
 @dataclass
 class VLMInputs:
     """Model inputs in the HF keyword form plus token regions.
@@ -374,7 +379,7 @@ class VLMInputs:
     def to_hf_kwargs(self) -> dict:
         """The keyword arguments an HF `...ForConditionalGeneration` forward takes."""
         out = {k: getattr(self, k) for k in self.HF_KEYS if getattr(self, k) is not None}
-        out.update(self.extra)
+        out.update({k: v for k, v in self.extra.items() if k not in VLENS_ONLY_EXTRAS})
         return out
 
 

@@ -92,6 +92,14 @@ from vlens.testing.lfm2_vl import (
     tiny_lfm2_vl_model,
     tiny_lfm2_vl_processor,
 )
+from vlens.testing.llama4 import (
+    LLAMA4_CHAT_TEMPLATE,
+    LLAMA4_SPECIAL_TOKENS,
+    llama4_tokenizer,
+    tiny_llama4_config,
+    tiny_llama4_model,
+    tiny_llama4_processor,
+)
 from vlens.testing.llava import (
     LLAVA_CHAT_TEMPLATE,
     LLAVA_SPECIAL_TOKENS,
@@ -200,4 +208,6 @@ __all__ = [
     "tiny_aya_vision_model", "tiny_aya_vision_processor",
     "MOLMO2_CHAT_TEMPLATE", "MOLMO2_SPECIAL_TOKENS", "molmo2_tokenizer", "tiny_molmo2_config", "tiny_molmo2_model",
     "tiny_molmo2_processor",
+    "LLAMA4_CHAT_TEMPLATE", "LLAMA4_SPECIAL_TOKENS", "llama4_tokenizer", "tiny_llama4_config", "tiny_llama4_model",
+    "tiny_llama4_processor",
 ]

@@ -90,6 +90,8 @@ def weights_digest(model: nn.Module, samples: int = DIGEST_SAMPLES) -> str:
             if tensor.is_meta or tensor.numel() == 0:
                 continue
             flat = tensor.detach().view(-1) if tensor.is_contiguous() else tensor.detach().flatten()
+            if flat.is_complex():  # Llama 4's vision rotary table: both parts, as reals
+                flat = torch.view_as_real(flat).flatten()
             step = max(1, flat.numel() // samples)
             digest.update(flat[::step][:samples].to("cpu", torch.float32).contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -106,6 +106,24 @@ class AttentionMasks:
                 self._windowed[key] = AttentionMasks(sdpa=allowed, allowed=allowed, dtype=self.dtype)
         return self._windowed[key]
 
+    def chunked(self, chunk: int, kv_offset: int = 0) -> AttentionMasks:
+        """This mask in a chunked-attention layer (Llama 4): a query also needs its key in the same chunk of
+        `chunk` tokens, chunks counted from the row's first real token (HF's `chunked_overlay` with left
+        padding), over the keys from absolute position `kv_offset` on. Built once per (chunk, offset)."""
+        key = (-chunk, kv_offset)
+        if key not in self._windowed:
+            q_len, kv_len = self.allowed.shape[-2:]
+            device = self.allowed.device
+            # left padding per row: the keys the last query (a real token, reading every earlier key) may not read
+            left = (~self.allowed[:, 0, -1, :]).long().cumprod(dim=-1).sum(dim=-1)[:, None, None]  # [batch, 1, 1]
+            queries = torch.arange(kv_len - q_len, kv_len, device=device)[None, :, None]
+            keys = torch.arange(kv_offset, kv_len, device=device)[None, None, :]
+            same = torch.div(keys - left, chunk, rounding_mode="floor") == \
+                torch.div(queries - left, chunk, rounding_mode="floor")  # [batch, q, kept keys]
+            allowed = self.allowed[..., kv_offset:] & same[:, None]
+            self._windowed[key] = AttentionMasks(sdpa=allowed, allowed=allowed, dtype=self.dtype)
+        return self._windowed[key]
+
     def first_affected(self, position: int) -> int:
         """The first query position whose output can change when the key at `position` changes.
 
@@ -210,6 +228,7 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = q_norm, k_norm
         self.scaling = cfg.attn_scale if cfg.attn_scale is not None else cfg.d_head**-0.5
         self.sliding_window = cfg.attention_window(layer)  # None: every earlier key
+        self.attention_chunk = cfg.attention_chunk(layer)  # Llama 4's chunked layers; None: no chunks
         self.rotary_index = cfg.rotary_index(layer)  # which of the run's rotary tables (None: the only one)
         self.uses_rope = cfg.uses_rope(layer)  # False: a NoPE layer (q and k pass unrotated)
         # read by HF's sdpa_attention_forward
@@ -371,6 +390,8 @@ class Attention(nn.Module):
         absolute position `kv_offset` on), or as it is."""
         if self.sliding_window is not None:
             masks = masks.windowed(self.sliding_window, kv_offset)
+        if self.attention_chunk is not None:
+            masks = masks.chunked(self.attention_chunk, kv_offset)
         if self.mask_edits:
             me = thread_token()
             for owner, edit in self.mask_edits:
