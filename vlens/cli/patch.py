@@ -4,6 +4,7 @@
     vlens patch --model tiny --pairs data/pairs --mode layer-head --out runs/heads
     vlens patch --model tiny --make-pairs 32 --mode atp --compare-exact --out runs/atp
     vlens patch --model MOE_DIR --make-pairs 32 --mode layer-expert --region image --out runs/experts
+    vlens patch --model tiny --make-pairs 16 --video-frames 4 --mode layer-frame --out runs/frames
 
 ``--pairs PATH`` reads any dataset (``--format``) whose rows have ``pair_id`` / ``role`` columns
 (``vlens data pairs``); a set without them is refused with what to do instead.
@@ -36,7 +37,7 @@ from vlens.utils.validation import arg_int
 
 logger = logging.getLogger(__name__)
 
-MODES = ("layer-region", "layer-pos", "layer-head", "layer-expert", "atp")
+MODES = ("layer-region", "layer-pos", "layer-head", "layer-expert", "layer-frame", "atp")
 FIGURE_FILE = "figure.html"
 DEFAULT_IMAGE_SIZE = 168
 
@@ -54,6 +55,9 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=arg_int(min=1), default=None, help="use at most this many pairs of --pairs")
     parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of --make-pairs (default 0)")
     parser.add_argument("--style", type=style_arg, default="syndot", help="style of --make-pairs (default syndot)")
+    parser.add_argument("--video-frames", type=arg_int(min=1), default=None, metavar="N",
+                        help="with --make-pairs: video pairs of N frames whose objects appear across the frames, for "
+                        "the families that take video (docs/video.md)")
     parser.add_argument("--batch-size", "--pair-batch-size", dest="batch_size", type=arg_int(min=1), default=None,
                         metavar="N", help="pairs per forward: run the pairs in chunks of this many (memory); default "
                         "all at once (--pair-batch-size is the old spelling)")
@@ -64,10 +68,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_pair_arguments(parser)
     parser.add_argument("--mode", choices=MODES, required=True,
                         help="what is patched: one layer x region (image / text / final) grid, one layer x position grid, "
-                        "each head, each expert, or atp (attribution patching: the first-order estimate of every head)")
+                        "each head, each expert, each frame of video pairs (layer-frame, with --video-frames), or atp "
+                        "(attribution patching: the first-order estimate of every head)")
     add_out(parser, f"{RESULTS_FILE} and {FIGURE_FILE}")
     parser.add_argument("--component", default="resid_pre", choices=("resid_pre", "attn_out", "mlp_out"),
-                        help="activation patched in layer-region / layer-pos mode (default resid_pre)")
+                        help="activation patched in layer-region / layer-pos / layer-frame mode (default resid_pre)")
     parser.add_argument("--region", default="all", choices=("all", "image", "text", "final"),
                         help="positions patched in layer-head / layer-expert mode (default all)")
     parser.add_argument("--metric", default="overwrite_rate", help=f"metric shown in {FIGURE_FILE} "
@@ -87,8 +92,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def load_examples(args: argparse.Namespace):
     """The pairs (`PairExample`s) the arguments ask for: --pairs (minus control pairs) or --make-pairs."""
-    from vlens.patching.pairs import make_count_pairs, pairs_from_dataset
+    from vlens.patching.pairs import make_count_pairs, make_video_count_pairs, pairs_from_dataset
 
+    frames = getattr(args, "video_frames", None)
+    if frames is not None and args.pairs:
+        raise UserInputError("--video-frames makes video pairs: use it with --make-pairs N, not --pairs")
+    if frames is not None:
+        return make_video_count_pairs(args.make_pairs, seed=args.seed, frames=frames,
+                                      size=rendered_size(args, DEFAULT_IMAGE_SIZE), style=args.style)
     if args.pairs:
         examples = pairs_from_dataset(load_data_arg(args, args.pairs))
         patchable = [e for e in examples if e.clean_answer != e.corrupt_answer]
@@ -125,6 +136,9 @@ def run_patch(args: argparse.Namespace) -> int:
     from vlens.utils.finite import collect_non_finite
     from vlens.utils.validation import check_choice
 
+    if args.mode == "layer-frame" and args.video_frames is None:
+        raise UserInputError("--mode layer-frame patches the frames of video pairs: add --video-frames N (with "
+                             "--make-pairs)")
     if args.mode != "atp":  # everything the user gave is checked before the model loads
         check_choice(args.metric, "--metric", METRICS)
     elif args.direction != "noising":
@@ -144,6 +158,9 @@ def run_patch(args: argparse.Namespace) -> int:
         elif args.mode == "layer-head":
             result = sweeps.patch_layer_head(model, batch, region=args.region, direction=args.direction,
                                              options=options)
+        elif args.mode == "layer-frame":
+            result = sweeps.patch_layer_frame(model, batch, component=args.component, direction=args.direction,
+                                              options=options)
         elif args.mode == "layer-expert":
             result = _run_experts(model, batch, args, options)
         else:
