@@ -284,14 +284,57 @@ def test_processor_equals_hf_gemma4_processor(monkeypatch):
         torch.testing.assert_close(got[key], expected[key], atol=0, rtol=0, msg=key)
 
 
-def test_kv_sharing_is_refused():
+KV_SHARED = dict(n_layers=5, num_kv_shared_layers=2, use_double_wide_mlp=True, sliding_window=5,
+                 layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                              "full_attention"])
+
+
+@functools.lru_cache(maxsize=1)
+def _kv_shared_pair():
     from vlens import HookedVLM
     from vlens.testing.gemma4 import tiny_gemma4_model
+
+    hf = tiny_gemma4_model(seed=11, **KV_SHARED)
+    return hf, HookedVLM.from_hf(hf, processor=_processor("gqa2_ple8_softcap_bidir_pool2"))
+
+
+def test_kv_shared_layers_match_hf():
+    """Gemma 4 E2B / E4B's layout: the last two layers read the keys / values of the last earlier layer of their
+    type (layers 1 and 2: HF's "store"), have no key projections, and a double-wide MLP."""
+    hf, model = _kv_shared_pair()
+    assert hf.config.get_text_config().kv_sharing_modes == [None, "store", "store", "reuse", "reuse"]
+    assert model.blocks[3].attn.__dict__["kv_source"] is model.blocks[2].attn
+    assert model.blocks[4].attn.__dict__["kv_source"] is model.blocks[1].attn
+    cases = input_matrix(model, IMAGE_SIZES)
+    assert_logits_match(model, hf, cases)
+    for case in ("left_padded_batch", "two_images_different_sizes"):  # decoding past the window
+        assert_generate_matches_hf(model, hf, cases[case], max_new_tokens=8)
+    # an edit of the source layer's keys reaches the layers that share them, as in HF
+    inputs = cases["one_image"]
+
+    def flip_k(k, hook):
+        return k.flip(-1)
+
+    hf_k = hf.model.language_model.layers[1].self_attn.k_proj
+    d = model.cfg.d_head_at(1)
+    flipped = [(hf_k, lambda m, a, out: out.view(*out.shape[:2], -1, d).flip(-1).reshape(out.shape))]
+    with torch.no_grad():
+        ours = model.run_with_hooks(inputs, fwd_hooks=[("blocks.1.attn.hook_k", flip_k)])
+    torch.testing.assert_close(ours, hf_logits(hf, inputs, forward_hooks=flipped), atol=1e-4, rtol=0)
+
+
+def test_kv_shared_run_resumed_after_the_source_layer_is_refused():
     from vlens.utils.errors import UserInputError
 
-    hf = tiny_gemma4_model(seed=3, n_layers=4, num_kv_shared_layers=1)
-    with pytest.raises(UserInputError, match="num_kv_shared_layers"):
-        HookedVLM.from_hf(hf)
+    _, model = _kv_shared_pair()
+    inputs = _cases("gqa2_ple8_softcap_bidir_pool2")["one_image"]
+    with torch.no_grad():
+        state = model.start_run(inputs)
+        resid = model.run_blocks(state.resid, state, 0, 3)
+        full = model.finish(model.run_blocks(resid, state, 3))  # the same pass, resumed where it stopped
+        torch.testing.assert_close(full, model(inputs), atol=1e-6, rtol=0)
+        with pytest.raises(UserInputError, match="start the run at layer 2 or earlier"):
+            model.run_blocks(resid, state, 3)  # a new pass that never ran layer 2
 
 
 def test_expert_hooks_act_as_the_same_edits_in_hf():

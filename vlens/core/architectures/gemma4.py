@@ -31,9 +31,13 @@ Mixture of experts (`enable_moe_block`): HF's router and experts beside the dens
 `blocks.{l}.moe.hook_*`); the expert-level commands (routing, expert ablation / patching, which read
 `MoEMLP`) do not cover them yet.
 
-Refused, with the reason: KV sharing across layers (`num_kv_shared_layers`: a consumer layer would read keys
-that a run started at a later layer never computed), ``use_bidirectional_attention="all"`` (an embedding
-model's setting), audio and video inputs.
+KV sharing (`num_kv_shared_layers`, Gemma 4 E2B / E4B): the last layers read the rotated keys and values that
+the last earlier layer of their type made in the same pass (`Gemma4Attention.kv_source`); they have no
+hook_k / hook_v / hook_rot_k of their own (edit the source layer's), and a run resumed after the source layer
+(start_at_layer, a sweep resuming at a later layer) is refused with that reason rather than read stale keys.
+
+Refused, with the reason: ``use_bidirectional_attention="all"`` (an embedding model's setting), audio and
+video inputs.
 
 Positions: 1-D, from the attention mask as HF's `generate` makes them (LLaVA's rule, inherited).
 """
@@ -86,10 +90,8 @@ class Gemma4Adapter(Gemma3Adapter):
     def build_config(self, hf_model: HFModule) -> VLMConfig:
         config = hf_model.config
         text = config.get_text_config()
-        if getattr(text, "num_kv_shared_layers", 0):
-            raise UserInputError(f"this Gemma 4 config sets num_kv_shared_layers={text.num_kv_shared_layers}: layers "
-                                 "that reuse another layer's keys and values (KV sharing, Gemma 4 E2B / E4B) are not "
-                                 "converted yet; vlens runs Gemma 4 decoders without it")
+        # KV sharing: "store" layers keep their keys / values for the later "reuse" layers of their type
+        self.kv_modes = list(text.kv_sharing_modes) if getattr(text, "num_kv_shared_layers", 0) else []
         if getattr(text, "use_bidirectional_attention", None) == "all":
             raise UserInputError("this Gemma 4 config sets use_bidirectional_attention='all' (an embedding "
                                  "model's setting); vlens converts the causal Gemma 4 decoder only")
@@ -152,6 +154,7 @@ class Gemma4Adapter(Gemma3Adapter):
         self.ple_dim = int(text.hidden_size_per_layer_input) if ple is not None else 0
         self.n_tables = len(cfg.rope_layer_types)
         width = max([cfg.d_head_at(layer) for layer in range(cfg.n_layers)] + [self.ple_dim])
+        self.kv_producers: dict[str, Gemma4Attention] = {}
         blocks: list[TransformerBlock] = [self.build_block(cfg, layer, hf_layer) for layer, hf_layer in enumerate(lm.layers)]
         return DecoderParts(
             embed=PerLayerEmbed(lm.embed_tokens, ple, placeholder_ids=self.placeholder_ids(hf_model.config),
@@ -173,7 +176,16 @@ class Gemma4Adapter(Gemma3Adapter):
         return Fp32RMSNorm(hf_norm.weight, cfg.eps, source=hf_norm)
 
     def build_attention(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> Gemma4Attention:
-        return Gemma4Attention(cfg, layer, hf_layer.self_attn, self.bidirectional_images)
+        mode = self.kv_modes[layer] if self.kv_modes else None
+        layer_type = cfg.layer_types[layer]
+        source = self.kv_producers.get(layer_type) if mode == "reuse" else None
+        if mode == "reuse" and source is None:
+            raise RuntimeError(f"Gemma 4 layer {layer} reuses the keys of an earlier {layer_type} layer; none stores them")
+        attn = Gemma4Attention(cfg, layer, hf_layer.self_attn, self.bidirectional_images, kv_source=source)
+        if mode == "store":
+            attn.shares_kv = True
+            self.kv_producers[layer_type] = attn
+        return attn
 
     def build_block(self, cfg: VLMConfig, layer: int, hf_layer: HFModule) -> PerLayerInputBlock:
         parts = dict(ln1=self.build_norm(cfg, hf_layer.input_layernorm),

@@ -36,10 +36,23 @@ from vlens.core.components.attention import AttentionMasks, KVCache
 from vlens.core.components.rms_norm import compute_weight
 from vlens.core.components.rotary import apply_rotary
 from vlens.core.config import VLMConfig
-from vlens.core.hooks import HookPoint
+from vlens.core.hooks import HookPoint, thread_token
+from vlens.utils.errors import UserInputError
 
 _PENDING = threading.local()  # the token-identity per-layer inputs between embed and tables, per thread
 _CAUSAL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PASS = threading.local()  # per thread: the pass through the blocks in progress (id) and its last block
+
+
+def note_block(layer: int) -> int:
+    """Called by every Gemma 4 block as it starts: the id of the pass through the blocks it belongs to. A block
+    whose layer is not after the previous block's starts a new pass (a forward, a decoding step, a run resumed
+    at a later layer after other runs)."""
+    last = getattr(_PASS, "last", None)
+    if last is None or layer <= last:
+        _PASS.id = getattr(_PASS, "id", 0) + 1
+    _PASS.last = layer
+    return _PASS.id
 
 
 class Fp32RMSNorm(ZeroCenteredRMSNorm):
@@ -151,17 +164,26 @@ class Gemma4Attention(Attention):
     Gemma 3 and Qwen3), `hook_v` after the scale-free value norm (the values each head's pattern averages:
     z_h = pattern_h @ v); with `attention_k_eq_v` the values are the value-normed key projection."""
 
-    def __init__(self, cfg: VLMConfig, layer: int, hf_attn: Any, bidirectional_images: bool):
-        values_from_keys = getattr(hf_attn, "v_proj", None) is None
-        super().__init__(cfg, layer, hf_attn.q_proj, hf_attn.k_proj,
-                         hf_attn.k_proj if values_from_keys else hf_attn.v_proj, hf_attn.o_proj,
-                         q_norm=hf_attn.q_norm, k_norm=hf_attn.k_norm)
-        self.v_norm: nn.Module = hf_attn.v_norm
+    values_from_keys: bool
+
+    def __init__(self, cfg: VLMConfig, layer: int, hf_attn: Any, bidirectional_images: bool,
+                 kv_source: Gemma4Attention | None = None):
+        """kv_source: for a KV-shared layer (HF's `num_kv_shared_layers`), the earlier layer of its type whose
+        rotated keys and values it reads; it has no key / value projections of its own, so its W_K / W_V views
+        are that layer's (the keys it reads were made from that layer's input)."""
+        own = hf_attn if kv_source is None else kv_source
+        values_from_keys = own.values_from_keys if isinstance(own, Gemma4Attention) else own.v_proj is None
+        super().__init__(cfg, layer, hf_attn.q_proj, own.k_proj, own.k_proj if values_from_keys else own.v_proj,
+                         hf_attn.o_proj, q_norm=hf_attn.q_norm, k_norm=own.k_norm)
+        self.v_norm: nn.Module = own.v_norm
         self.values_from_keys = values_from_keys
         self.d_head = cfg.d_head_at(layer)
         self.n_kv_heads = cfg.kv_heads_at(layer)
         self.num_key_value_groups = cfg.n_heads // self.n_kv_heads
         self.causal_over_images = bidirectional_images and self.sliding_window is None
+        self.__dict__["kv_source"] = kv_source  # not a submodule: its parameters are already in the model
+        self.shares_kv = False  # set on a layer whose keys and values later layers read
+        self._shared: dict = {}  # thread -> (pass id, rotated keys, values, offset of the first key)
 
     # weight views with this layer's own head size and key/value head count
     def _split_bias(self, linear: nn.Linear, n: int) -> Tensor:
@@ -206,18 +228,39 @@ class Gemma4Attention(Attention):
         batch, pos, _ = x.shape
         q, _ = self.project_queries(x)
         q = self.hook_q(q)
+        if self.q_norm is None or self.k_norm is None:
+            raise RuntimeError("Gemma 4's attention normalizes queries and keys")
+        q = self.q_norm(q)
+        cos, sin = self.rotary_tables(cos, sin)
+        q = self.hook_rot_q(apply_rotary(q, cos, sin))
+        source = self.__dict__["kv_source"]
+        if source is not None:  # a KV-shared layer: the keys / values its source layer made in this pass
+            k, v, kv_offset = source.shared_kv(self.layer)
+            return self.attend(q, k, v, masks, None, kv_offset=kv_offset)
         keys = self.k_proj(x).view(batch, pos, -1, self.d_head)
         k = self.hook_k(keys)
         values = keys if self.values_from_keys else self.v_proj(x).view(batch, pos, -1, self.d_head)
         # after the value norm: the values the pattern averages (z_h = pattern_h @ hook_v)
         v = self.hook_v(self.v_norm(values))
-        if self.q_norm is None or self.k_norm is None:
-            raise RuntimeError("Gemma 4's attention normalizes queries and keys")
-        q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = self.rotary_tables(cos, sin)
-        q = self.hook_rot_q(apply_rotary(q, cos, sin))
-        k = self.hook_rot_k(apply_rotary(k, cos, sin))
-        return self.attend(q, k, v, masks, kv_cache)
+        k = self.hook_rot_k(apply_rotary(self.k_norm(k), cos, sin))
+        kv_offset = 0
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer, k, v)
+            kv_offset = kv_cache.offset(self.layer)
+        if self.shares_kv:
+            self._shared[thread_token()] = (getattr(_PASS, "id", 0), k, v, kv_offset)
+        return self.attend(q, k, v, masks, None, kv_offset=kv_offset)
+
+    def shared_kv(self, reader: int) -> tuple[Tensor, Tensor, int]:
+        """(rotated keys, values, offset of the first key) this layer made in the current pass, for KV-shared
+        layer `reader`; a pass that did not run this layer (one resumed at a later layer) is refused."""
+        entry = self._shared.get(thread_token())
+        if entry is None or entry[0] != getattr(_PASS, "id", 0):
+            raise UserInputError(
+                f"layer {reader} of this Gemma 4 model reads the keys and values of layer {self.layer} (KV sharing, "
+                f"num_kv_shared_layers), which this run did not compute: start the run at layer {self.layer} or "
+                "earlier (start_at_layer / a sweep that resumes at a later layer cannot run KV-shared layers)")
+        return entry[1], entry[2], entry[3]
 
 
 class DenseAndExperts(nn.Module):
@@ -301,6 +344,7 @@ class PerLayerInputBlock(SandwichBlock):
     ) -> Float[Tensor, "batch pos d_model"]:
         if deepstack is not None:
             raise RuntimeError(f"block {self.layer} takes no DeepStack features (Gemma 4)")
+        note_block(self.layer)
         resid = self.hook_resid_pre(resid)
         attn_out = self.hook_attn_out(self.ln1_post(self.attn(self.ln1(resid), cos, sin, masks, kv_cache)))
         resid = self.hook_resid_mid(resid + attn_out)

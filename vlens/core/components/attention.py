@@ -340,12 +340,12 @@ class Attention(nn.Module):
         return self.attend(q, k, v, masks, kv_cache, gate)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, masks: AttentionMasks, kv_cache: KVCache | None,
-               gate: Tensor | None = None) -> Float[Tensor, "batch pos d_model"]:
+               gate: Tensor | None = None, kv_offset: int = 0) -> Float[Tensor, "batch pos d_model"]:
         """Rotated q [batch, pos, n_heads, d], k / v [batch, pos, n_kv_heads, d] -> the layer's output: the
         KV cache, this layer's mask, softmax attention (HF's sdpa, or eager with the pattern hooks), hook_z,
-        o_proj (or per-head results)."""
+        o_proj (or per-head results). `kv_offset`: the absolute position of the first key, where keys come
+        from elsewhere than this layer's cache (Gemma 4's KV-shared layers)."""
         batch, pos = q.shape[:2]
-        kv_offset = 0
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)
             kv_offset = kv_cache.offset(self.layer)
