@@ -28,6 +28,7 @@ import torch
 
 from vlens.demo.report_sections import Section
 from vlens.evaluation.subitizing import best_split
+from vlens.utils.errors import UserInputError
 from vlens.utils.power import minimum_detectable_gap
 from vlens.utils.stats import (
     fisher_greater,
@@ -348,7 +349,7 @@ def paired_gain_interval(before: list[list[int]], after: list[list[int]], seed: 
     a = torch.tensor(before, dtype=torch.float64)
     b = torch.tensor(after, dtype=torch.float64)
     if a.shape != b.shape or a.ndim != 2 or a.numel() == 0:
-        raise ValueError(f"paired per-image results need equal [seeds, images] shapes, got {tuple(a.shape)} and "
+        raise UserInputError(f"paired per-image results need equal [seeds, images] shapes, got {tuple(a.shape)} and "
                          f"{tuple(b.shape)}")
     gains = b - a  # [seeds, images]
     n_seeds, n_images = gains.shape
