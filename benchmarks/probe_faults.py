@@ -181,6 +181,8 @@ def fresh(tmp: Path, name: str) -> Path:
 def _answer_37(path: Path, rows: list[dict]) -> None:
     rows[1]["answer"] = "37"
     rows[1]["count"] = 37
+    for key in ("objects", "targets"):  # a count of 37 must agree with what the row lists (issue 42)
+        rows[1].pop(key, None)
 
 
 @probe("silent wrong numbers", "answer \"37\" (not in the tiny vocabulary): logit-lens --data")
@@ -1477,6 +1479,69 @@ for inputs in (dataclasses.replace(x, input_ids=ids, attention_mask=torch.ones_l
     except ValueError as error:
         said.append(str(error)[:70])
 print(('GOOD ' if 'ran' not in said else 'SILENT ') + ' / '.join(said))
+""", tmp)
+
+
+def _count_answer_disagree(path: Path, rows: list[dict]) -> None:
+    rows[1]["answer"] = str(int(rows[1]["answer"]) + 1)
+
+
+@probe("silent wrong numbers", "(42d) a counting row whose answer disagrees with its objects: logit-lens --data")
+def count_answer_disagree(tmp: Path):
+    data = INPUTS.edited_dataset("count_answer", _count_answer_disagree)
+    return refused(vlens("logit-lens", "--data", str(data), "--out", "o", "-q", cwd=tmp), "line 2", "disagrees")
+
+
+@probe("outputs and flags", "(42d) logit-lens --style glossy: refused while parsing, no --out left")
+def style_while_parsing(tmp: Path):
+    verdict, detail = refused(vlens("logit-lens", "--make", "2", "--style", "glossy", "--out", "o", cwd=tmp),
+                              "argument --style", "syndot")
+    return (LOST, "an --out folder was created") if (tmp / "o").exists() else (verdict, detail)
+
+
+@probe("silent wrong numbers", "(42d) sae evaluate of an SAE trained on random-tiny, without --model")
+def sae_recorded_model(tmp: Path):
+    made = python("""
+from vlens.sae.registry import build_sae, make_config
+from vlens.sae.saelens_format import save_sae
+save_sae(build_sae(make_config('standard', d_in=64, d_sae=8, hook_name='blocks.1.hook_resid_post',
+                               metadata={'model_name': 'random-tiny'})), 'sae')
+""", tmp)
+    if made.code != 0:
+        return UNCLEAR, f"could not write the SAE: {made.last_line}"
+    run = vlens("sae", "evaluate", "--sae", "sae", "--make", "2", "--image-size", "56", "--positions", "all",
+                "--out", "o", "-q", cwd=tmp)
+    if run.code != 0:
+        return UNCLEAR, f"exit {run.code}: {run.last_line}"
+    model = json.loads((tmp / "o" / "results.json").read_text()).get("model")
+    return (GOOD, "evaluated on random-tiny, the model the SAE records") if model == "random-tiny" else (
+        SILENT, f"evaluated on {model}")
+
+
+@probe("API", "(42d) load_result of a tampered patching file; hooks that are not (name, function) pairs")
+def tampered_result_and_hook_pairs(tmp: Path):
+    return _api("""
+import json, vlens
+from vlens.patching import PatchingResult
+from vlens.core.model import HookedVLM
+from vlens.testing import tiny_hf_model, tiny_qwen_processor
+m = HookedVLM.from_hf(tiny_hf_model('qwen2_5_vl'), processor=tiny_qwen_processor())
+x = m.prepare(prompts=['how many red dots'], chat=False)
+said = []
+for call in (lambda: m.run_with_hooks(x, fwd_hooks=[('blocks.0.hook_resid_post', 3)]),
+             lambda: m.run_with_hooks(x, fwd_hooks=['blocks.0.hook_resid_post'])):
+    try:
+        call(); said.append('ran')
+    except vlens.UserInputError as error:
+        said.append(str(error)[:60])
+data = {'kind': 'patching', 'mode': 'layer-head', 'component': 'z', 'layers': [0, None], 'heads': [0],
+        'pair_ids': ['a'], 'metric': 'm', 'm': [[1.0], [2.0]], 'per_pair_m': [[[1.0]], [[2.0]]]}
+open('r.json', 'w').write(json.dumps(data))
+try:
+    vlens.load_result('r.json'); said.append('loaded')
+except vlens.UserInputError as error:
+    said.append(str(error)[str(error).find('the field'):][:60])
+print(('GOOD ' if 'ran' not in said and 'loaded' not in said else 'SILENT ') + ' / '.join(said))
 """, tmp)
 
 

@@ -46,6 +46,8 @@ DEFAULT_IMAGE_SIZE = 224
 REPORT_HTML, SUMMARY_MD = "report.html", "summary.md"
 
 
+TOP_K_DEFAULT = 20  # heads (or experts) per task's set
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """`vlens ablate`."""
     parser.description = ("Ablate each head alone (on hook_z) on task-suite examples, rank heads by the drop in "
@@ -64,7 +66,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unit", choices=UNITS, default="head",
                         help="what is ablated: each attention head (hook_z), or each expert of every mixture-of-"
                              "experts layer (its output where the router chose it; --method mean or zero)")
-    parser.add_argument("--top-k", type=arg_int(min=1), default=20, help="size of each task's head set (default 20)")
+    parser.add_argument("--top-k", type=arg_int(min=1), default=TOP_K_DEFAULT,
+                        help=f"size of each task's head set (default {TOP_K_DEFAULT})")
     parser.add_argument("--method", choices=METHODS, default="mean", help="ablation (default mean)")
     parser.add_argument("--alignment", choices=ALIGNMENTS, default="region",
                         help="how reference means are aligned: one mean over all positions, per position "
@@ -120,6 +123,9 @@ def run_ablate(args: argparse.Namespace) -> int:
     units = model.cfg.n_heads_total if args.unit == "head" else len(model.cfg.moe_layers) * model.cfg.n_experts
     if args.unit == "expert" and not units:
         raise UserInputError(f"--unit expert: {model.cfg.architecture} has no mixture-of-experts layer")
+    if args.top_k == TOP_K_DEFAULT and args.top_k >= units:  # the default, not a value the user gave
+        raise UserInputError(f"the default --top-k {TOP_K_DEFAULT} is not fewer than this model's {units} "
+                             f"{args.unit}s: give --top-k k with 1 <= k < {units}")
     check_top_k(args.top_k, "--top-k", units)  # before the sweep
     if patching is not None:  # a wrong --patching-metric or grid fails now, not after the sweep
         _check_patching(patching, model, args)

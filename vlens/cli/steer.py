@@ -87,13 +87,15 @@ def _direction(args: argparse.Namespace, model, hook: str):
 
     from vlens.steering import mean_difference, sae_direction
     from vlens.utils.errors import UserInputError, failure_context
+    from vlens.utils.fileio import load_tensor_file
 
     if args.direction is not None:
         with failure_context(f"reading the direction {args.direction}"):
             if args.direction.suffix == ".npy":
                 vector = torch.from_numpy(np.load(args.direction))
-            else:
-                vector = torch.load(args.direction, map_location="cpu", weights_only=True)
+            else:  # plain data only; torch's own "Weights only load failed ..." said nothing of the file
+                vector = load_tensor_file(args.direction, "--direction",
+                                          "give a .pt file holding one tensor [d_model] (torch.save(v, path)) or a .npy")
         if not isinstance(vector, torch.Tensor):
             raise UserInputError(f"--direction {args.direction}: holds a {type(vector).__name__}, not a tensor")
         vector = vector.float()

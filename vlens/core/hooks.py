@@ -32,8 +32,8 @@ from vlens.utils.tl_modules import (
 )
 from vlens.utils.tl_modules import HookPoint as _TLHookPoint
 
-__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "ThreadToken", "act_name", "is_observed",
-           "new_context_level", "thread_token", "traced_externally", "visible_hooks"]
+__all__ = ["HookPoint", "HookResultError", "HookedRootModule", "ThreadToken", "act_name", "check_hook_pairs",
+           "is_observed", "new_context_level", "thread_token", "traced_externally", "visible_hooks"]
 
 OWNER_ATTRIBUTE = "vlens_owner"  # on a LensHandle: the ThreadToken of a temporary forward hook (None: every thread)
 # hooks() levels are unique across threads (TransformerLens counts one shared depth, so two threads'
@@ -130,6 +130,24 @@ def is_observed(hook_point: Any) -> bool:
     (`visible_hooks`), a backward hook, or an external tracer (`traced_externally`). Modules that skip
     work when nobody looks (the explicit attention path, the vision blocks' routing) ask this."""
     return bool(visible_hooks(hook_point.fwd_hooks) or hook_point.bwd_hooks or traced_externally(hook_point))
+
+
+def check_hook_pairs(pairs: Any, which: str = "fwd_hooks") -> list:
+    """`pairs` as a list of (hook name or name filter, function) pairs, as TransformerLens takes them; else one
+    `UserInputError` saying which entry is wrong (before: "too many values to unpack" or "'int' object is not
+    callable" from inside a forward)."""
+    example = f"{which}=[('blocks.0.hook_resid_post', fn)] with fn(activation, hook)"
+    if isinstance(pairs, (str, bytes, dict)) or not hasattr(pairs, "__iter__"):
+        raise UserInputError(f"{which} must be a list of (hook name, function) pairs, got {type(pairs).__name__}: "
+                             f"{example}")
+    pairs = list(pairs)
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise UserInputError(f"{which}[{i}] must be a (hook name, function) pair, got {str(pair)[:60]!r}: {example}")
+        if not callable(pair[1]):
+            raise UserInputError(f"{which}[{i}]: the hook for {str(pair[0])[:60]!r} is a {type(pair[1]).__name__}, not a "
+                                 f"function: {example}")
+    return pairs
 
 
 class HookResultError(ValueError):

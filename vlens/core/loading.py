@@ -79,6 +79,12 @@ def load_hf_model_and_processor(name_or_path: str, dtype: torch.dtype | None = N
         hf_model.eval()
         return hf_model, folder.processor
 
+    if os.path.exists(name_or_path):  # before: the Hub's "Repo id must be in the form 'namespace/repo_name'"
+        raise UserInputError(f"{name_or_path} is a file, not a model folder: pass the folder that holds config.json "
+                             "and the weights")
+    if str(name_or_path).startswith((".", "/", "~")) or str(name_or_path).count("/") >= 2:
+        raise UserInputError(f"model folder {name_or_path} does not exist ({os.path.abspath(name_or_path)}): check the "
+                             "path (a hub id is org/name)")
     if check_hub_reachable(name_or_path):
         hf_kwargs.setdefault("local_files_only", True)
     local_only = {"local_files_only": True} if hf_kwargs.get("local_files_only") else {}

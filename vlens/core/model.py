@@ -32,7 +32,7 @@ from vlens.core.config import VLMConfig
 from vlens.core.devices import configure_resolution, resolve_device, resolve_dtype, sync_resolution
 from vlens.core.generation import GenerationOutput, generate
 from vlens.core.generation_cache import NamesFilter
-from vlens.core.hooks import HookedRootModule, HookPoint, new_context_level
+from vlens.core.hooks import HookedRootModule, HookPoint, check_hook_pairs, new_context_level
 from vlens.core.inputs import VLMInputs
 from vlens.core.loading import load_hf_model_and_processor
 from vlens.core.loss import next_token_loss, next_token_targets
@@ -453,6 +453,7 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         forward on the same model does not see them) and leaving the context removes only them
         (`vlens.core.hooks`).
         """
+        fwd_hooks, bwd_hooks = check_hook_pairs(fwd_hooks, "fwd_hooks"), check_hook_pairs(bwd_hooks, "bwd_hooks")
         for name, _ in [*fwd_hooks, *bwd_hooks]:
             self.check_hook_filter(name, "hook name")
         level = new_context_level()  # unique: another thread's context never removes these hooks

@@ -58,6 +58,10 @@ def interventions_rows(data) -> list[dict]:
             name = next((str(row[f]) for f in NAME_FIELDS if f in row), f"row {index}")
             rows.append({"setting": name, **{k: v for k, v in row.items() if k not in NAME_FIELDS and _scalar(v)}})
         return rows
+    if isinstance(data, list) and data:  # before: "has no rows" of a list that had some
+        bad = next(i for i, row in enumerate(data) if not isinstance(row, Mapping))
+        raise UserInputError(f"the interventions file's row {bad} is a {type(data[bad]).__name__}, not an object "
+                             "{\"setting\": ..., metric: value}: give one object per row (or a study.json)")
     raise UserInputError("the interventions file has no rows: expected a study.json, a list of rows or "
                      "{setting: {metric: value}}")
 

@@ -206,6 +206,11 @@ def logit_lens(model: HookedVLM, inputs: VLMInputs, answer_tokens: Int[Tensor, "
     n_layers = model.cfg.n_layers
     names = [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
     inputs = model.coerce_inputs(inputs)
+    if not isinstance(answer_tokens, Tensor) and not all(
+            isinstance(a, (list, tuple)) and all(isinstance(t, int) for t in a) for a in answer_tokens):
+        raise UserInputError("answer_tokens must be a [batch] tensor of token ids or, per row, a list of the answer's "
+                             "token ids (vlens.core.answers.answer_ids), e.g. [[5], [7]]; got "
+                             f"{str(answer_tokens)[:60]}")
     answer_ids = ([[int(t)] for t in answer_tokens.tolist()] if isinstance(answer_tokens, Tensor)
                   else [[int(t) for t in a] for a in answer_tokens])
     if len(answer_ids) != inputs.batch_size:
