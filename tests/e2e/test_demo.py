@@ -29,7 +29,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 SECTION_KEYS = [
     "model", "findings", "key_numbers", "data", "counting_accuracy", "confusion_matrix", "counting_accuracy_synpoly", "confusion_matrix_synpoly",
     "attention_share", "attention_image",
-    "attention_circuitsvis", "vap_layer_region", "vap_layer_head", "counting_circuit", "logit_lens", "headlens",
+    "attention_circuitsvis", "vap_layer_region", "vap_layer_head", "counting_circuit", "attribution_graph", "logit_lens", "headlens",
     "ablation_jaccard",
     "geometry_pca", "geometry_tsne", "interventions",
 ]
@@ -228,6 +228,29 @@ def test_embedded_model_subitizes_and_the_circuit_is_visible(demo_run):
     assert vap["handover layer (final > image)"] != "none"  # ... and then into the final position
     lens = sections["logit_lens"]["data"]["mean_probability"]
     assert lens[-1] > lens[0] + 0.2  # the true count becomes readable with depth
+
+
+def test_the_attribution_graph_section_states_what_its_scores_support(demo_run):
+    """The graph saved beside the report loads back; the section's scores, verdict and writers are that graph's."""
+    from vlens.utils.results import load_result
+
+    out, results, _ = demo_run
+    section = results["sections"]["attribution_graph"]
+    numbers, data = section["numbers"], section["data"]
+    graph = load_result(out / data["folder"])
+    scores = graph.scores()
+    assert numbers["replacement score"] == pytest.approx(scores["replacement"]) == data["scores"]["replacement"]
+    assert numbers["completeness score"] == pytest.approx(scores["completeness"])
+    assert f"replacement score {scores['replacement']:.2f}, completeness" in numbers["what the scores support"]
+    assert (graph.target["token"], graph.target["contrast"]) == (str(data["count"]), str(data["count"] + 1))
+    target = graph.nodes[-1]["name"]
+    for rank, name in enumerate(data["writers"], start=1):
+        assert numbers[f"writer #{rank} {name}"] == pytest.approx(graph.edge(target, name))
+    total = float(graph.adjacency[-1].sum()) + graph.biases[-1] + graph.dropped[-1]
+    assert total == pytest.approx(graph.target["value"], abs=1e-3)  # the target's row adds up to the logit difference
+    assert graph.examples["features"] and (out / data["folder"] / "graph.html").is_file()  # the viewer's cards
+    if MODEL == "tiny":
+        assert data["correct"] and data["count"] == DemoSettings.quick().graph_count
 
 
 @pytest.mark.browser

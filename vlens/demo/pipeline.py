@@ -7,7 +7,8 @@
 The report opens with the paper's six findings, each shown or not shown on this model by an explicit
 test on the results below (`vlens.demo.findings`). Stages: model summary -> data -> counting
 evaluation (subitizing curve, confusion) -> attention over the image -> VAP layer x region and
-layer x head -> the counting circuit (EAP-IG, exact faithfulness) -> logit lens -> HeadLens taxonomy ->
+layer x head -> the counting circuit (EAP-IG, exact faithfulness) -> the counting circuit as an attribution
+graph (transcoders trained here, features from image cells to the count) -> logit lens -> HeadLens taxonomy ->
 ablation Jaccard across tasks -> representation geometry -> interventions table.
 """
 
@@ -30,6 +31,7 @@ from vlens.demo.counting_stage import counting_sections
 from vlens.demo.data_stage import counting_samples, data_section
 from vlens.demo.findings import findings_section
 from vlens.demo.geometry_stage import geometry_sections
+from vlens.demo.graph_stage import graph_sections
 from vlens.demo.interventions_stage import interventions_section
 from vlens.demo.lens_stages import SHIPPED_LENS_DIR, headlens_section, logit_lens_section
 from vlens.demo.model_stage import model_section, model_summary
@@ -124,7 +126,7 @@ def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo"
     model_arg = model if isinstance(model, str) else None
     folder = model_folder(model_arg) if model_arg else None
     name = model_arg or type(model).__name__
-    stages = _Stages(12 if model_arg else 11, progress)
+    stages = _Stages(13 if model_arg else 12, progress)
 
     options = {"progress": progress, **(load_options or {})}
     hooked = stages.run("load model", load_model, model, **options) if isinstance(model, str) else model
@@ -141,6 +143,9 @@ def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo"
         sections += stages.run("attention over the image", attention_sections, hooked, samples, settings)
         sections += stages.run("visual activation patching", patching_sections, hooked, settings, progress)
         sections += stages.run("counting circuit", circuit_sections, hooked, settings, progress)
+    with torch.enable_grad():  # the graph's backward passes (transcoder training sets its own)
+        sections += stages.run("attribution graph", graph_sections, hooked, samples, settings, out_dir, progress)
+    with torch.no_grad():
         sections.append(stages.run("logit lens", logit_lens_section, hooked, samples, settings))
     lens_dir = folder / SHIPPED_LENS_DIR if folder is not None else None
     sections.append(stages.run("HeadLens taxonomy", headlens_section, hooked, settings, lens_dir, progress))

@@ -27,6 +27,10 @@ class DemoSettings:
         ablation_tasks, ablation_examples, ablation_top_k: the cross-task ablation study.
         circuit_pairs, circuit_ig_steps, circuit_target: the counting circuit (EAP-IG scores, the
             smallest circuit whose exact faithfulness reaches the target).
+        graph_prompts, graph_tokens, graph_d_tc, graph_k, graph_max_features, graph_count: the attribution graph
+            (skip TopK transcoders trained on the first `graph_prompts` counting images for `graph_tokens` tokens,
+            `graph_d_tc` features per layer, `graph_k` active; at most `graph_max_features` features attributed; the
+            graph's image: the first one of `graph_count` dots the model answers correctly, else of any count).
         max_new_tokens: generation length for the counting evaluation.
         batch_size: examples per forward pass.
         seed: base seed of every generated example.
@@ -48,6 +52,12 @@ class DemoSettings:
     circuit_pairs: int = 32
     circuit_ig_steps: int = 5
     circuit_target: float = 0.8
+    graph_prompts: int = 96
+    graph_tokens: int = 262_144
+    graph_count: int = 4
+    graph_d_tc: int = 256
+    graph_k: int = 8
+    graph_max_features: int = 512
     max_new_tokens: int = 6
     batch_size: int = 16
     seed: int = 0
@@ -68,18 +78,23 @@ class DemoSettings:
             ablation_top_k=6,
             circuit_pairs=12,
             circuit_ig_steps=3,
+            graph_prompts=48,
+            graph_tokens=65_536,
+            graph_max_features=256,
         )
 
     def check(self) -> None:
         for name in ("n_count_images", "subitizing_per_count", "n_pairs", "lens_samples", "headlens_samples", "ablation_examples",
                      "ablation_top_k", "max_new_tokens", "batch_size", "image_size", "circuit_pairs",
-                     "circuit_ig_steps"):
+                     "circuit_ig_steps", "graph_prompts", "graph_tokens", "graph_d_tc", "graph_k", "graph_max_features"):
             if getattr(self, name) < 1:
                 raise UserInputError(f"DemoSettings.{name} must be >= 1, got {getattr(self, name)}")
         if not self.counts or min(self.counts) < 0:
             raise UserInputError(f"DemoSettings.counts must be non-negative counts, got {self.counts}")
         if not 0 < self.circuit_target <= 1:
             raise UserInputError(f"DemoSettings.circuit_target must be in (0, 1], got {self.circuit_target}")
+        if self.graph_k > self.graph_d_tc:
+            raise UserInputError(f"DemoSettings.graph_k ({self.graph_k}) must be at most graph_d_tc ({self.graph_d_tc})")
         if len(self.ablation_tasks) < 2:
             raise UserInputError("the ablation Jaccard needs at least two tasks in DemoSettings.ablation_tasks")
 
