@@ -147,6 +147,7 @@ def graph_sections(model: HookedVLM, samples: list[CountingSample], settings: De
         "pruned graph": f"{scores['pruned_nodes']} nodes, {scores['pruned_edges']} edges (replacement "
                         f"{scores['pruned_replacement']:.2f}, completeness {scores['pruned_completeness']:.2f})",
         "image cells' share of the input influence": input_influence["image"],
+        "largest direct effect on the answer (any node)": "{} {:+.3f}".format(*graph.edges_into(name, top=1)[0]),
         "what the scores support": _scores_verdict(scores["replacement"], scores["completeness"]),
         "files": f"{GRAPH_FOLDER}/graph.html (the viewer: click a feature for its dataset examples), graph.json "
                  "(circuit-tracer's schema), results.json (vlens.load_result)",
