@@ -51,6 +51,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("sae", "vlens.cli.sae", "sparse autoencoders: train on a hook's activations, feature dashboard"),
     Command("transcoder", "vlens.cli.transcoder", "transcoders replacing the MLPs: train, evaluate (loss recovered)"),
     Command("graph", "vlens.cli.graph", "the attribution graph of an answer: features, image regions, error nodes"),
+    Command("tiny", "vlens.cli.tiny", "write a family's tiny random model as a model folder (offline, for tests)"),
     Command("demo", "vlens.cli.demo", "the counting-circuit study end to end, as one HTML report"),
     Command("zoo", "vlens.recipes.embedded.cli", "the embedded tiny model: train (reproduce) or evaluate it"),
 )
