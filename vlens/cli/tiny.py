@@ -2,7 +2,7 @@
 processor, tokenizer), for trying a family's code paths offline or writing a test.
 
     vlens tiny --family llava --out tiny-llava
-    vlens tiny --family qwen2_5_vl --size n_layers=3 --size d_model=48 --out tiny-qwen
+    vlens tiny --family qwen2_5_vl --config n_layers=3 --config d_model=48 --out tiny-qwen
     vlens tiny --list
 
 The folder loads with ``HookedVLM.from_pretrained(DIR)``, ``--model DIR`` and the family's HF class;
@@ -38,7 +38,7 @@ def size_arg(text: str) -> tuple[str, object]:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", help="the model family (vlens tiny --list prints them), e.g. llava, qwen2_5_vl")
     parser.add_argument("--list", action="store_true", help="print the families with a tiny model and exit")
-    parser.add_argument("--size", type=size_arg, action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--config", type=size_arg, action="append", default=[], metavar="KEY=VALUE",
                         help="a config size of the family's tiny builder (repeatable): n_layers=3, d_model=48, ... "
                              "(see vlens.testing's tiny_<family> builders)")
     parser.add_argument("--seed", type=arg_int(min=0), default=0, help="seed of the random weights")
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         if not (out / MARKER).is_file():
             raise UserInputError(f"--out {out} holds files vlens tiny did not write (no {MARKER}): choose another folder")
         shutil.rmtree(out)
-    sizes = dict(args.size)
+    sizes = dict(args.config)
     folder = write_tiny_folder(args.family, out, seed=args.seed, **sizes)
     echo(f"tiny {args.family} model (seed {args.seed}{''.join(f', {k}={v}' for k, v in sizes.items())}) -> {folder}")
     return 0

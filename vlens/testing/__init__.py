@@ -24,6 +24,15 @@ from vlens.testing.common import (
     random_image,
     word_level_tokenizer,
 )
+from vlens.testing.families import (
+    TINY_FAMILIES,
+    TinyFamily,
+    register_tiny_family,
+    tiny_families,
+    tiny_family,
+    tiny_parts,
+    write_tiny_folder,
+)
 from vlens.testing.gemma3 import (
     GEMMA3_CHAT_TEMPLATE,
     GEMMA3_SPECIAL_TOKENS,
@@ -172,6 +181,8 @@ from vlens.testing.qwen3_5_moe import tiny_qwen3_5_moe_config, tiny_qwen3_5_moe_
 from vlens.testing.qwen3_vl_moe import tiny_qwen3_vl_moe_config, tiny_qwen3_vl_moe_model
 
 __all__ = [
+    "TINY_FAMILIES", "TinyFamily", "register_tiny_family", "tiny_families", "tiny_family", "tiny_parts",
+    "write_tiny_folder",
     "LLAVA_NEXT_CHAT_TEMPLATE", "LLAVA_NEXT_SPECIAL_TOKENS", "LLAVA_NEXT_WORDS", "LLAVA_ONEVISION_CHAT_TEMPLATE",
     "LLAVA_ONEVISION_SPECIAL_TOKENS", "default_pinpoints", "llava_next_tokenizer", "llava_onevision_tokenizer",
     "tiny_llava_next_config", "tiny_llava_next_model", "tiny_llava_next_processor", "tiny_llava_onevision_config",

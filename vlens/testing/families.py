@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,12 @@ from vlens.core.architectures.registry import registered_adapters
 from vlens.testing.glm4v import tiny_glm4v_moe_model, tiny_glm4v_processor
 from vlens.testing.idefics3 import tiny_smolvlm_model, tiny_smolvlm_processor
 from vlens.testing.llava_next import tiny_llava_onevision_model, tiny_llava_onevision_processor
-from vlens.testing.qwen import tiny_hf_model, tiny_qwen3_vl_model, tiny_qwen3_vl_processor, tiny_qwen_processor
+from vlens.testing.qwen import (
+    tiny_hf_model,
+    tiny_qwen3_vl_model,
+    tiny_qwen3_vl_processor,
+    tiny_qwen_processor,
+)
 from vlens.testing.qwen3_5 import tiny_qwen3_5_model
 from vlens.testing.qwen3_5_moe import tiny_qwen3_5_moe_model
 from vlens.testing.qwen3_vl_moe import tiny_qwen3_vl_moe_model
@@ -60,7 +66,22 @@ class TinyFamily:
 def _qwen2(family: str) -> Callable[..., Any]:
     def build(**kwargs: Any) -> Any:
         return tiny_hf_model(family, **kwargs)
+    build.__wrapped__ = tiny_hf_model  # type: ignore[attr-defined]  # where its config builder lives
     return build
+
+
+def _unknown_sizes(entry: TinyFamily, hf: Any, sizes: dict[str, Any]) -> list[str]:
+    """The sizes neither the family's builders name nor its HF configs have (HF configs keep any keyword
+    silently, so a misspelt size would otherwise be lost)."""
+    builder = inspect.unwrap(entry.model)
+    module = sys.modules[builder.__module__]
+    functions = [builder, *(getattr(module, n) for n in dir(module) if n.startswith("tiny_") and n.endswith("_config"))]
+    known = {p.name for f in functions for p in inspect.signature(f).parameters.values()
+             if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)}
+    for config in (hf.config, getattr(hf.config, "text_config", None), getattr(hf.config, "vision_config", None)):
+        if config is not None:
+            known |= set(type(config)().to_dict())
+    return [key for key in sizes if key not in known]
 
 
 # the families whose builders are not tiny_<family>_model / _processor in vlens.testing.<family>
@@ -131,6 +152,10 @@ def write_tiny_folder(family: str, path: str | Path, seed: int = 0, processor: d
     except TypeError as error:  # a size the family's builder does not take
         raise UserInputError(f"the tiny {family} model takes no such size: {error} (see vlens.testing's "
                              f"tiny_{family} builders)") from None
+    unknown = _unknown_sizes(tiny_family(family), hf, sizes)  # type: ignore[arg-type]
+    if unknown:
+        raise UserInputError(f"the tiny {family} model takes no such size: {', '.join(unknown)} (neither its "
+                             f"builders in vlens.testing nor its HF config have it)")
     folder.mkdir(parents=True, exist_ok=True)
     hf.config.torch_dtype = torch.float32
     hf.save_pretrained(folder, safe_serialization=True)
