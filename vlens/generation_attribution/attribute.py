@@ -194,7 +194,7 @@ def _gradients(model: HookedVLM, state: RunState, base: RunState, ids: Tensor, p
     return values.detach().double().cpu(), gxa, atp, stacked
 
 
-def exact_patches(model: HookedVLM, state: RunState, base: RunState, ids: Tensor, patch_sets: Sequence[Tensor],
+def _exact_patches(model: HookedVLM, state: RunState, base: RunState, ids: Tensor, patch_sets: Sequence[Tensor],
                   predicting: Tensor, targets: Tensor, metric: str, max_batch: int, progress: bool) -> Float[Tensor, "n_sets n_new"]:
     """M [n_sets, n_new] with the inputs (embedding, DeepStack features) of each set of positions
     taken from the baseline run; max_batch sets per forward."""
@@ -286,7 +286,7 @@ def attribute_generation(model: HookedVLM, inputs: Any, settings: GenerationAttr
     patch_sets = [image.positions[r] for image in found for r in image.regions] if settings.exact else []
     patch_sets.append(torch.cat(list(full.token_regions.images[0])).cpu())
     with torch.no_grad():
-        patched = exact_patches(model, state, base, full.input_ids, patch_sets, predicting, new, settings.metric,
+        patched = _exact_patches(model, state, base, full.input_ids, patch_sets, predicting, new, settings.metric,
                                 settings.max_batch, progress) - clean[None]
     if settings.exact:
         region_maps["exact"], start = [], 0
