@@ -369,3 +369,25 @@ def test_expert_hooks_act_as_the_same_edits_in_hf():
         ours = model.run_with_hooks(inputs, fwd_hooks=[("blocks.1.moe.hook_expert_out", lambda x, hook: x * 0)])
     expected = hf_logits(hf, inputs, forward_hooks=[(layer.post_feedforward_layernorm_2, lambda m, a, out: out * 0)])
     torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+
+
+def test_kv_shared_layers_train_with_gradient_checkpointing():
+    """Blocks recomputed in backward read the keys their source layer made in the forward pass: the gradients
+    equal those of an uncheckpointed run."""
+    from vlens.training.memory import gradient_checkpointing
+
+    _, model = _kv_shared_pair()
+    inputs = _cases("gqa2_ple8_softcap_bidir_pool2")["one_image"]
+
+    def grads(checkpointed: bool) -> dict:
+        model.zero_grad(set_to_none=True)
+        with torch.enable_grad(), gradient_checkpointing(model, checkpointed):
+            model(inputs, return_type="loss").backward()
+        out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return out
+
+    plain, checkpointed = grads(False), grads(True)
+    assert plain.keys() == checkpointed.keys() and len(plain) > 50
+    for name, grad in plain.items():
+        torch.testing.assert_close(checkpointed[name], grad, atol=1e-6, rtol=0, msg=name)

@@ -255,7 +255,9 @@ class Gemma4Attention(Attention):
         """(rotated keys, values, offset of the first key) this layer made in the current pass, for KV-shared
         layer `reader`; a pass that did not run this layer (one resumed at a later layer) is refused."""
         entry = self._shared.get(thread_token())
-        if entry is None or entry[0] != getattr(_PASS, "id", 0):
+        # a block recomputed in backward (gradient checkpointing) reads what the forward pass made
+        recomputing = getattr(torch._C, "_current_graph_task_id", lambda: -1)() != -1
+        if entry is None or (entry[0] != getattr(_PASS, "id", 0) and not recomputing):
             raise UserInputError(
                 f"layer {reader} of this Gemma 4 model reads the keys and values of layer {self.layer} (KV sharing, "
                 f"num_kv_shared_layers), which this run did not compute: start the run at layer {self.layer} or "
