@@ -176,10 +176,11 @@ def test_bad_video_inputs_are_refused():
         model.prepare(videos=[np.zeros((2, 28, 28, 3, 1), dtype=np.uint8)], prompts=["red"])
 
 
-def test_family_without_video_refuses():
-    from vlens import HookedVLM
-    from vlens.testing import tiny_llava_model, tiny_llava_processor
+@pytest.mark.parametrize("family", ["llava", "glm4v"])
+def test_family_without_video_refuses(family):
+    """LLaVA-1.5 has no video path; GLM-4V's adapter extends Qwen2-VL's but its videos are not Qwen's."""
+    from tests.helpers.models import tiny_vlm
 
-    model = HookedVLM.from_hf(tiny_llava_model(), processor=tiny_llava_processor())
+    model = tiny_vlm(family)
     with pytest.raises(UserInputError, match="takes no video"):
         model.prepare(videos=[[random_image(56, 56, 0)] * 2], prompts=["red"])

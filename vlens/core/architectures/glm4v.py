@@ -87,10 +87,13 @@ class Glm4vAdapter(Qwen2VLAdapter):
         visual.merger.register_forward_pre_hook(lambda module, args: (hook(args[0]), *args[1:]))
         return vision
 
+    def takes_video(self) -> bool:
+        return False  # GLM's videos (image tokens between <|begin_of_video|> markers, timestamps) are not Qwen's
+
     def check_inputs(self, cfg: VLMConfig, inputs) -> None:
-        super().check_inputs(cfg, inputs)
-        if inputs.extra.get("pixel_values_videos") is not None or inputs.extra.get("video_grid_thw") is not None:
+        if inputs.pixel_values_videos is not None or inputs.video_grid_thw is not None:
             raise UserInputError(f"vlens runs {self.family} on images only: pass a video's frames as images")
+        super().check_inputs(cfg, inputs)
 
     def encode_images(self, vision: HookedVisionTower, inputs) -> ImageFeatures:
         tower = vision.tower
