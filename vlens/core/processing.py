@@ -162,7 +162,7 @@ def prepare_inputs(model: PreparingModel, images: Any = None, prompts: str | Seq
     rows = _images_per_row(images, len(prompts))
     video_rows = videos_per_row(videos, len(prompts), allow_urls)
     if any(video_rows) and not model.adapter.takes_video():
-        model.adapter.process_videos(model.processor, [], fps)  # the family's refusal
+        raise UserInputError(model.adapter.video_refusal())
     placeholder = model.adapter.image_placeholder()
     texts = []
     for prompt, row_images, row_videos in zip(prompts, rows, video_rows, strict=True):

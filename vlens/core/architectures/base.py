@@ -437,11 +437,15 @@ class ArchitectureAdapter(ABC):
         """Whether `model.prepare(videos=...)` works for this family (default: no)."""
         return False
 
+    def video_refusal(self) -> str:
+        """Why `model.prepare(videos=...)` refuses this family's videos."""
+        return (f"the {self.family} family takes no video input here; the families that do: qwen2_vl, qwen2_5_vl, "
+                "qwen3_vl (and its MoE / Qwen3.5 relatives), llava_onevision, llava_next_video (docs/video.md)")
+
     def process_videos(self, processor, videos: list[list[Any]], fps: float) -> dict[str, Any]:
         """The model's video inputs (pixel_values_videos, video_grid_thw, ...) for videos given as lists of
         RGB PIL frames of one size each, sampled at `fps` frames per second."""
-        raise UserInputError(f"the {self.family} family takes no video input here; the families that do: "
-                             "qwen2_vl, qwen2_5_vl, qwen3_vl, llava_onevision, llava_next_video")
+        raise UserInputError(self.video_refusal())
 
     def video_placeholder(self) -> str:
         """The text that stands for one video in a formatted prompt (the chat template's video slot)."""
