@@ -238,6 +238,8 @@ class VLMInputs:
     second_per_grid_ts: Tensor | None = None
     # per video, its frames per second (`model.prepare(..., fps=)`): the frames' times in the regions
     video_fps: list[float] | None = None
+    # the keyword HF's forward takes pixel_values under (Phi-4-multimodal: image_pixel_values)
+    hf_pixel_key: str = "pixel_values"
 
     HF_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids",
                "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
@@ -337,6 +339,7 @@ class VLMInputs:
             regions=new_regions,
             extra=sub,
             pixel_entries=entries,
+            hf_pixel_key=self.hf_pixel_key,
             **videos,
         )
 
@@ -379,6 +382,8 @@ class VLMInputs:
     def to_hf_kwargs(self) -> dict:
         """The keyword arguments an HF `...ForConditionalGeneration` forward takes."""
         out = {k: getattr(self, k) for k in self.HF_KEYS if getattr(self, k) is not None}
+        if "pixel_values" in out and self.hf_pixel_key != "pixel_values":
+            out[self.hf_pixel_key] = out.pop("pixel_values")
         out.update({k: v for k, v in self.extra.items() if k not in VLENS_ONLY_EXTRAS})
         return out
 

@@ -322,6 +322,12 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
         if merged.get("input_ids") is None:
             raise UserInputError("No input_ids given. Build inputs with model.prepare(images=..., prompts=...).")
         known = {k: merged.pop(k, None) for k in VLMInputs.HF_KEYS}
+        pixel_key = model.adapter.hf_pixel_values_key
+        if pixel_key != "pixel_values" and merged.get(pixel_key) is not None:  # HF's processor output, as HF names it
+            if known["pixel_values"] is not None:
+                raise UserInputError(f"Got both pixel_values and {pixel_key} (the same images under this family's HF "
+                                     "name): pass one of them.")
+            known["pixel_values"] = merged.pop(pixel_key)
         input_ids = known["input_ids"]
         if input_ids.ndim == 1:
             input_ids = input_ids.unsqueeze(0)
@@ -337,6 +343,7 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
             video_grid_thw=known["video_grid_thw"],
             second_per_grid_ts=known["second_per_grid_ts"],
         )
+    out.hf_pixel_key = model.adapter.hf_pixel_values_key
     check_input_tensors(out, max(model.cfg.d_vocab, model.cfg.d_vocab_in), model.cfg.n_ctx)
     model.adapter.check_inputs(model.cfg, out)
     if out.pixel_values is not None and out.pixel_entries is None:

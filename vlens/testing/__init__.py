@@ -165,6 +165,14 @@ from vlens.testing.paligemma import (
     tiny_paligemma_model,
     tiny_paligemma_processor,
 )
+from vlens.testing.phi4_multimodal import (
+    PHI4_MULTIMODAL_CHAT_TEMPLATE,
+    PHI4_MULTIMODAL_SPECIAL_TOKENS,
+    phi4_multimodal_tokenizer,
+    tiny_phi4_multimodal_config,
+    tiny_phi4_multimodal_model,
+    tiny_phi4_multimodal_processor,
+)
 from vlens.testing.qwen import (
     default_mrope_section,
     qwen3_vl_image_processor,
@@ -221,4 +229,6 @@ __all__ = [
     "tiny_molmo2_processor",
     "LLAMA4_CHAT_TEMPLATE", "LLAMA4_SPECIAL_TOKENS", "llama4_tokenizer", "tiny_llama4_config", "tiny_llama4_model",
     "tiny_llama4_processor",
+    "PHI4_MULTIMODAL_CHAT_TEMPLATE", "PHI4_MULTIMODAL_SPECIAL_TOKENS", "phi4_multimodal_tokenizer",
+    "tiny_phi4_multimodal_config", "tiny_phi4_multimodal_model", "tiny_phi4_multimodal_processor",
 ]

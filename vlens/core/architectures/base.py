@@ -186,6 +186,9 @@ class ArchitectureAdapter(ABC):
     # the heads axis of the HF query norm's output: -2 for [..., n_heads, d_head] (Qwen3), 1 where
     # HF normalizes after moving heads forward, [batch, n_heads, pos, d_head] (Gemma 3)
     query_norm_head_axis: int = -2
+    # the keyword HF's forward reads the images' pixels from (Phi-4-multimodal: "image_pixel_values");
+    # vlens holds them as `VLMInputs.pixel_values` and passes them back to HF under this name
+    hf_pixel_values_key: str = "pixel_values"
 
     def hf_model_class(self, class_name: str) -> type:
         """The HF class that loads a checkpoint whose config names `class_name` (default: the class

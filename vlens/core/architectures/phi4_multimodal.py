@@ -1,12 +1,24 @@
 """Phi-4-multimodal (`Phi4MultimodalForCausalLM`), vision path: SigLIP (NaViT position buckets) over a global view
 and HD crops, 2x2 average pooling, newline / separator feature tokens, a two-layer GELU projector, a Phi-3 decoder.
 
-WORK IN PROGRESS (branch only): the decoder and the image features; no processor (HF's needs torchvision), no
-regions beyond one non-spatial record per image, LoRA training refused (the fused qkv_proj has no q_proj of its own).
-
 - Decoder (`model`, a `Phi4MultimodalModel`: `embed_tokens`, `layers`, `norm`, `rotary_emb`): fused `qkv_proj`
-  (q, k, v rows in that order; exposed as row views), fused `gate_up_proj` (`FusedGatedMLP`), partial rotary.
-- Audio inputs are refused: vlens runs the vision path only.
+  (q, k, v rows in that order; exposed as row views, so hooks and weights are per head while the weight stays
+  HF's one tensor), fused `gate_up_proj` (`FusedGatedMLP`), partial rotary (HF's rotary module).
+- Vision (`model.embed_tokens_extend.image_embed`): HF's SigLIP run block by block over every crop (the global
+  view first, then the HD crops; `vision.blocks.{i}.hook_resid_post`, per-head `attn.hook_z`), the
+  `feature_layer` state pooled 2 x 2 at `vision.hook_image_features` [n_images * n_crops, b * b, width], then
+  HF's assembly (kept sub-image cells with a newline feature per row, the separator feature, the global view
+  with a newline per row) and projector -> `vision.hook_image_embeds` [n_image_tokens, d_model].
+- Inputs: HF names the pixels `image_pixel_values` [n_images, n_crops, 3, S, S] (with `image_sizes`, the HD
+  canvas' height / width, and `image_attention_mask` [n_images, n_crops, S / p, S / p]); vlens holds them as
+  `pixel_values` and hands them back to HF under HF's name (`hf_pixel_values_key`). HF's image processor needs
+  torchvision: `Phi4MultimodalImageTextProcessor` (`phi4_multimodal_processor`) does its job without it.
+- Regions: every image token is a `<|image|>` placeholder; its records (`image_tiles`) are one "tile" per crop
+  (the crop's kept pooled cells, layout cell (r, c)), the sub-image "newline" features, the "separator"
+  feature, the global view ("base", b x b: the image's grid) and its "newline" features. Pixels map through
+  the HD canvas (`image_points_to_tile`), read from the model's image processor.
+- Audio inputs are refused: vlens runs the vision path only. LoRA training / export is refused (the fused
+  qkv_proj has no q_proj / v_proj of its own for vlens's LoRA to target).
 """
 
 from __future__ import annotations
@@ -17,9 +29,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vlens.core.architectures.base import DecoderParts, HFModule, ImageFeatures, ImageTile, token_id_list
+from vlens.core.architectures.base import (
+    DecoderParts,
+    HFModule,
+    ImageFeatures,
+    ImageTile,
+    points_to_box_grid,
+    token_id_list,
+)
 from vlens.core.architectures.llava import LlavaAdapter, sliding_layers
+from vlens.core.architectures.phi4_multimodal_processor import Phi4MultimodalImageTextProcessor, crop_layout
 from vlens.core.architectures.registry import register_adapter
+from vlens.core.architectures.simple_processor import processor_from_folder
 from vlens.core.components import Attention, FusedGatedMLP, GatedDeltaNet, HookedVisionTower, ShortConv
 from vlens.core.components.vision import attach_vision_head_hooks
 from vlens.core.config import VLMConfig
@@ -37,12 +58,16 @@ class RowSlice(nn.Module):
         self.out_features, self.in_features = stop - start, fused.in_features
 
     @property
+    def fused(self) -> nn.Linear:
+        return self.__dict__["_fused"]
+
+    @property
     def weight(self) -> Tensor:
-        return self._fused.weight[self.start:self.stop]
+        return self.fused.weight[self.start:self.stop]
 
     @property
     def bias(self) -> Tensor | None:
-        bias = self._fused.bias
+        bias = self.fused.bias
         return None if bias is None else bias[self.start:self.stop]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -53,6 +78,7 @@ class RowSlice(nn.Module):
 class Phi4MultimodalAdapter(LlavaAdapter):
     hf_class_names = ("Phi4MultimodalForCausalLM",)
     family = "phi4_multimodal"
+    hf_pixel_values_key = "image_pixel_values"
 
     def language_model(self, hf_model: HFModule) -> HFModule:
         return hf_model.model
@@ -108,7 +134,7 @@ class Phi4MultimodalAdapter(LlavaAdapter):
         sa = hf_layer.self_attn
         q, kv = cfg.n_heads * cfg.d_head, cfg.n_key_value_heads * cfg.d_head
         attention = Attention(cfg, layer, RowSlice(sa.qkv_proj, 0, q), RowSlice(sa.qkv_proj, q, q + kv),  # type: ignore[arg-type]
-                              RowSlice(sa.qkv_proj, q + kv, q + 2 * kv), sa.o_proj)
+                              RowSlice(sa.qkv_proj, q + kv, q + 2 * kv), sa.o_proj)  # type: ignore[arg-type]
         attention.qkv_proj = sa.qkv_proj  # registered here, so the model owns the fused weight once
         return attention
 
@@ -152,7 +178,9 @@ class Phi4MultimodalAdapter(LlavaAdapter):
                                               attention_mask=mask.view(mask.shape[0], -1))
         states = [hidden]
         for layer in tower.encoder.layers:
-            hidden = layer(hidden, attention)
+            # bidirectional, as HF's eager path and the checkpoint's SigLIP: HF's SigLIP attention says
+            # is_causal=True, which its sdpa path obeys whenever no patch is masked (no mask tensor is built)
+            hidden = layer(hidden, attention, is_causal=False)
             states.append(hidden)
         feature = states[self.feature_layer]
         width = int(math.sqrt(feature.size(1)))
@@ -187,35 +215,103 @@ class Phi4MultimodalAdapter(LlavaAdapter):
         return ImageFeatures(embeds=vision.hook_image_embeds(embeds), deepstack=[])
 
     # ---- layout ----
-    def _counts(self, inputs) -> list[int]:
+    @property
+    def base(self) -> int:
+        """Side of a crop's pooled token grid (2 x 2 average pooling of crop / patch patches, the odd edge padded)."""
+        mask_size = self.crop_size // self.patch_size
+        return mask_size // 2 + mask_size % 2
+
+    def _grids(self, inputs) -> list[tuple[int, int, int, int]]:
+        """Per image: (crop rows, crop cols, kept pooled rows, kept pooled cols), as HF's image embedding reads
+        them from image_sizes and each crop's image_attention_mask at [0::2, 0::2]."""
         sizes = inputs.extra["image_sizes"].view(-1, 2).tolist()
         mask = inputs.extra["image_attention_mask"]
-        base = mask.shape[-1] // 2 + mask.shape[-1] % 2
-        counts = []
+        base, out = self.base, []
         for idx, (height, width) in enumerate(sizes):
-            rows, cols = height // self.crop_size, width // self.crop_size
+            rows, cols = int(height) // self.crop_size, int(width) // self.crop_size
             crop_mask = mask[idx, 1:rows * cols + 1, 0::2, 0::2]
             crop_mask = crop_mask.reshape(rows, cols, base, base).transpose(1, 2).reshape(rows * base, cols * base)
-            useful_h, useful_w = int(crop_mask[:, 0].sum()), int(crop_mask[0, :].sum())
-            counts.append(useful_h * (useful_w + 1) + 1 + base * (base + 1))
-        return counts
+            out.append((rows, cols, int(crop_mask[:, 0].sum()), int(crop_mask[0, :].sum())))
+        return out
+
+    def _records(self, rows: int, cols: int, kept_h: int, kept_w: int) -> list[ImageTile]:
+        """One image's token records, positions from its first token, HF's order: the kept sub-image cells row by
+        row, each row closed by a newline feature; the separator feature; the global view, a newline per row.
+        The sub-image cells split into one "tile" per crop (layout cell (r, c), index 1 + r * cols + c)."""
+        b, stride = self.base, kept_w + 1
+        records = []
+        for r in range(rows):
+            for c in range(cols):
+                r0, r1, c0, c1 = r * b, min((r + 1) * b, kept_h), c * b, min((c + 1) * b, kept_w)
+                if r1 <= r0 or c1 <= c0:
+                    continue  # a crop wholly in the padding keeps no cells
+                positions = (torch.arange(r0, r1)[:, None] * stride + torch.arange(c0, c1)[None, :]).flatten()
+                records.append(ImageTile("tile", positions, (r1 - r0, c1 - c0), index=1 + r * cols + c, layout=(r, c)))
+        sub = kept_h * stride
+        records.append(ImageTile("newline", torch.arange(kept_h) * stride + kept_w, (kept_h, 1), spatial=False))
+        records.append(ImageTile("separator", torch.tensor([sub]), (1, 1), spatial=False))
+        start = sub + 1
+        grid = torch.arange(b)[:, None] * (b + 1) + torch.arange(b)[None, :]
+        records.append(ImageTile("base", start + grid.flatten(), (b, b), index=0))
+        records.append(ImageTile("newline", start + torch.arange(b) * (b + 1) + b, (b, 1), spatial=False))
+        return records
+
+    def image_layouts(self, inputs) -> list[list[ImageTile]]:
+        return [self._records(*grid) for grid in self._grids(inputs)]
 
     def image_token_counts(self, cfg: VLMConfig, inputs) -> tuple[list[int], list[tuple[int, int]]]:
+        """Per image: sub-image cells + newlines + separator + global view + newlines; grid: the global view's."""
         if inputs.pixel_values is None:
             return [], []
-        counts = self._counts(inputs)
-        return counts, [(1, n) for n in counts]
+        counts = [h * (w + 1) + 1 + self.base * (self.base + 1) for _, _, h, w in self._grids(inputs)]
+        return counts, [(self.base, self.base) for _ in counts]
 
     def image_tiles(self, cfg: VLMConfig, inputs) -> list[list[ImageTile]] | None:
         if inputs.pixel_values is None:
             return []
-        return [[ImageTile("image", torch.arange(n), (1, n), spatial=False)] for n in self._counts(inputs)]
+        return self.image_layouts(inputs)
+
+    def image_points_to_tile(self, processor, points: Tensor, image_size: tuple[int, int],
+                             tile: ImageTile) -> tuple[Tensor, Tensor]:
+        """Through the HD canvas: the image resized (aspect kept) onto cols x rows crops of S px, white padding
+        right / bottom; crop (r, c)'s cells are S / b px squares of it, the global view's cells cols * S / b by
+        rows * S / b px (the whole canvas resized to S x S)."""
+        if tile.kind not in ("tile", "base"):
+            raise UserInputError(f"Phi-4-multimodal's {tile.kind} tokens are no places on the image")
+        width, height = image_size
+        size, dynamic_hd = _crop_settings(processor, self.crop_size)
+        (cols, rows), (new_w, new_h), _ = crop_layout(height, width, size, dynamic_hd)
+        sx, sy = width / new_w, height / new_h  # canvas px -> original px
+        cell = size / self.base
+        if tile.kind == "base":
+            box = (0.0, 0.0, cols * size * sx, rows * size * sy)
+            return points_to_box_grid(points, image_size, box, tile.grid)
+        r, c = tile.layout or (0, 0)
+        n_rows, n_cols = tile.grid
+        box = (c * size * sx, r * size * sy, (c * size + n_cols * cell) * sx, (r * size + n_rows * cell) * sy)
+        return points_to_box_grid(points, image_size, box, tile.grid)
 
     def pixel_entries_per_image(self, cfg: VLMConfig, inputs) -> list[int] | None:
-        return None
+        """One entry (all its crops) per image, so that selecting rows keeps each image's sizes and masks."""
+        return None if inputs.pixel_values is None else [1] * int(inputs.pixel_values.shape[0])
+
+    def load_processor(self, name_or_path: str, trust_remote_code: bool = False):
+        return processor_from_folder(Phi4MultimodalImageTextProcessor, name_or_path, trust_remote_code)
 
     def image_placeholder(self) -> str:
         return "<|image|>"
 
     def fallback_chat_prompt(self, question: str, n_images: int) -> str:
         return "<|user|>" + self.image_placeholder() * n_images + question + "<|end|><|assistant|>"
+
+
+def _crop_settings(processor, crop_size: int) -> tuple[int, int]:
+    """(crop side, most crops per image) of the model's image processor (vlens's or HF's)."""
+    image_processor = getattr(processor, "image_processor", processor)
+    dynamic_hd = getattr(image_processor, "dynamic_hd", None)
+    if dynamic_hd is None:
+        raise UserInputError("Mapping pixels to Phi-4-multimodal's crops needs its image processor (dynamic_hd): "
+                             "load the model with its processor")
+    size = getattr(image_processor, "size", crop_size)
+    size = size.get("height", crop_size) if isinstance(size, dict) else int(size)
+    return int(size), int(dynamic_hd)
