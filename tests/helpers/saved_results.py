@@ -87,8 +87,25 @@ def _library(tmp: Path) -> None:
     _keep(path_patch(model, pairs, ["MLP0->logits", ["MLP0->logits", "MLP1->logits"]]).to_dict())
     sys.path.insert(0, str(ROOT))
     from tests.helpers.models import tiny_vlm
+    from vlens.lens.head_scores import compute_head_scores
+    from vlens.lens.headlens import HeadLens
     from vlens.routing import routing_statistics
 
+    lens = HeadLens(model)
+    prompt = model.prepare(images=[random_image_of(0)], prompts=["How many dots are there?"])
+    _keep(lens.run(prompt, k=3).to_dict())
+    samples = [(random_image_of(i), "How many dots are there?", {"count": 3}) for i in range(2)]
+    _keep(compute_head_scores(model, samples, lens, k=3).to_dict())
+    if (tmp / "graph").is_dir() and (tmp / "tc").is_dir():
+        from vlens.graphs import ReplacementModel
+        from vlens.graphs.interventions import edits_for, intervene
+        from vlens.transcoders import load_transcoders
+
+        graph = vlens.load_result(tmp / "graph")
+        feature = next(node["name"] for node in graph.nodes if node["kind"] == "feature")
+        replacement = ReplacementModel(model, load_transcoders(tmp / "tc"))
+        inputs = model.prepare(prompts=["How many dots are there?"])
+        _keep(intervene(replacement, inputs, graph, edits_for(graph, [feature], "zero")).to_dict())
     moe = tiny_vlm("qwen3_vl_moe")
     inputs = moe.prepare(images=[random_image_of(0)], prompts=["How many dots are there?"])
     _keep(routing_statistics(moe, [inputs], progress=False).to_dict())
@@ -131,7 +148,8 @@ def main() -> None:
         (["verify", "--model", "random-tiny", "--quiet"], "verify"),
         (["study", "--model", "random-tiny", "--seeds", "0", "--n-train", "1", "--n-eval", "1", "--lora-rank", "2",
           "--top-k-heads", "1", "--quiet"], "study"),
-        (["study", "object-tokens", "--model", "tiny", "--image-size", "112", "--quiet", "--n", "2"], "study-objects"),
+        (["study", "object-tokens", "--model", "tiny", "--image-size", "224", "--quiet", "--n", "2", "--buffer", "0"],
+         "study-objects"),
         (["study", "flow", *EMBEDDED, "--n", "2", "--window", "1"], "study-flow"),
         (["attribute-generation", *TINY, "--prompt", "How many dots are there?", "--image", IMAGE_FILE,
           "--max-new-tokens", "2"], "attribute"),

@@ -22,10 +22,7 @@ FILES = sorted(folder for folder in SAVED.iterdir() if folder.is_dir())  # <kind
 # kinds without a saved file here, and why
 NOT_COVERED = {
     "lens": "a lens folder (config.json + safetensors), read by Translators.load, not a results file",
-    # no saved file made yet (the mechanism is the same for them: vlens.utils.results.read_checked)
-    "demo": "the demo's report takes minutes to make", "object_token_study": "the study refused the tiny images",
-    "token_ablation": "written inside object_token_study", "feature_intervention": "a library call on a graph",
-    "head_scores": "inside the headlens pipeline only", "headlens_output": "inside the headlens pipeline only",
+    "demo": "the demo's report takes minutes to make (its loading is tested by tests/e2e/test_demo.py)",
 }
 # (kind, key) where a value of another type is refused (UserInputError naming the file) but the message does not
 # name the field yet: the reader fails deep inside a helper that the traceback does not tie to one key
@@ -34,7 +31,8 @@ UNNAMED = {
     ("generation_attribution", "grids"), ("generation_attribution", "region_grids"),
     ("generation_attribution", "thumbnails_png"), ("head_taxonomy", "d_vocab"), ("head_taxonomy", "heads"),
     ("head_temperature", "alpha"), ("head_temperature", "floor"), ("head_temperature", "heads"),
-    ("image_attribution", "thumbnails_png"), ("logit_lens", "top_tokens"), ("patching", "per_pair_logit_diff"),
+    ("image_attribution", "thumbnails_png"), ("logit_lens", "top_tokens"), ("feature_intervention", "clean"),
+    ("feature_intervention", "predicted"), ("feature_intervention", "replacement"), ("feature_intervention", "real"),
     ("study", "settings"), ("verification", "versions"),
 }
 

@@ -207,7 +207,8 @@ def failing_field(error: BaseException, data: dict) -> str | None:
                 # a local holding one of the file's lists / objects, or the name of a key
                 held = [k for k in data for v in names.values() if isinstance(v, (list, dict)) and v is data[k]]
                 values = [v for v in names.values() if isinstance(v, str)]
-                found = (held or [v for v in values if v in data]
+                joined = [a + b for a in values for b in values if a + b in data]  # data[prefix + name]
+                found = (held or joined or [v for v in values if v in data]
                          or [k for k in data for v in values if k.endswith(f"_{v}")])
                 if found:
                     return found[0]
