@@ -247,8 +247,8 @@ def test_hf_processor_layout_is_got_ocr2s_canvas():
 
 def test_circuits_refuse_parallel_blocks_with_the_reason():
     """The circuit graph's MLP reads its own layer's heads (resid_mid); Cohere2's MLP does not: refused up front."""
-    from vlens.circuits.graph import CircuitGraph
+    from vlens.circuits.graph import require_sequential_blocks
 
     _, model = _pair("mqa_window6")
     with pytest.raises(UserInputError, match="in parallel from one norm"):
-        CircuitGraph.for_model(model)
+        require_sequential_blocks(model)

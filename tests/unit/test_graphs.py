@@ -50,10 +50,6 @@ def random_transcoders(model, kind="clt", d_tc=12, seed=0, layers=None, decoder_
 def test_replacement_logits_equal_hf_on_every_family(family):
     hf, model = tiny_pair(family)
     inputs = model.prepare(images=[[random_image(seed=2)]], prompts=[PROMPT])
-    if model.cfg.parallel_attn_mlp:  # Aya Vision (Cohere2): the MLP reads ln1(resid_pre), which transcoders do not
-        with pytest.raises(UserInputError, match="in parallel from one norm"):
-            ReplacementModel(model, random_transcoders(model, decoder_norm=0.1))(inputs)
-        return
     with torch.no_grad():
         expected = hf(**inputs.to_hf_kwargs()).logits
         # decoders of a trained transcoder's scale: with far larger ones, recons + (mlp_out - recons) loses float32 bits
@@ -106,9 +102,9 @@ def reference_edges(replacement: ReplacementModel, inputs, graph, sources: list[
         captured["embeds"] = leaf
         return leaf
 
-    def read_input(resid_mid, hook):
+    def read_input(resid, hook):  # the MLP's input: ln2(resid_mid), or ln1(resid_pre) in a parallel block
         layer = int(hook.name.split(".")[1])
-        captured[layer] = model.blocks[layer].ln2(resid_mid)
+        captured[layer] = model.blocks[layer].mlp_input(resid)
 
     def deepstack_hook(features, hook):  # Qwen3-VL: image features added after early blocks (part of the image node)
         leaf = features.detach().clone().requires_grad_(True)
@@ -117,7 +113,7 @@ def reference_edges(replacement: ReplacementModel, inputs, graph, sources: list[
 
     hooks.append(("hook_inputs_embeds", embeds_hook))
     hooks += [(f"blocks.{layer}.hook_deepstack", deepstack_hook) for layer in range(model.cfg.n_layers)]
-    hooks += [(f"blocks.{layer}.hook_resid_mid", read_input) for layer in tc.cfg.layers]
+    hooks += [(f"blocks.{layer}.{model.blocks[layer].mlp_input_hook}", read_input) for layer in tc.cfg.layers]
     with replacement.frozen(run), model.hooks(fwd_hooks=hooks):
         logits = model(inputs)
     if t["kind"] == "logit":
@@ -154,7 +150,7 @@ def reference_edges(replacement: ReplacementModel, inputs, graph, sources: list[
 
 
 @pytest.mark.parametrize("family,kind", [("qwen2_5_vl", "clt"), ("llava", "skip"), ("gemma3", "plt"),
-                                         ("qwen3_vl", "clt")])
+                                         ("qwen3_vl", "clt"), ("aya_vision", "clt")])
 def test_sampled_edges_equal_autograd_derivatives(family, kind):
     model = tiny_vlm(family)
     image = random_image(seed=4)
@@ -176,7 +172,8 @@ def test_sampled_edges_equal_autograd_derivatives(family, kind):
     assert graph.cost["backward_passes"] == 1 + -(-len(features) // 7)
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava_next", "internvl", "qwen3_vl_moe", "smolvlm"])
+# aya_vision: parallel attention + MLP (the MLP reads ln1(resid_pre)), a centred final norm and a logit scale
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava_next", "internvl", "qwen3_vl_moe", "smolvlm", "aya_vision"])
 def test_every_row_sums_to_its_value(family):
     model = tiny_vlm(family)
     inputs = model.prepare(images=[[random_image(seed=6)]], prompts=[PROMPT])

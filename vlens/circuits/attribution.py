@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from vlens.circuits.gradients import gradient_run
-from vlens.circuits.graph import CircuitGraph, ImageNodes
+from vlens.circuits.graph import CircuitGraph, ImageNodes, require_sequential_blocks
 from vlens.circuits.results import EdgeScores
 from vlens.circuits.runs import (
     CircuitMetric,
@@ -175,6 +175,7 @@ def edge_attribution(model: HookedVLM, pairs: Any, metric: MetricFn | None = Non
     ig_steps = check_count(DEFAULT_IG_STEPS if ig_steps is None else ig_steps, "ig_steps")
     options = circuit_options(options, "edge_attribution")
     batch, picture = pair_batch(model, pairs)
+    require_sequential_blocks(model)
     graph = CircuitGraph.for_batch(model, batch.clean.token_regions, image_nodes)
     circuit_metric = CircuitMetric(batch, metric, options.readout)
     chunks = pair_chunks(batch.n_pairs, options.batch_size)

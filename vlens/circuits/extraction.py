@@ -29,7 +29,7 @@ from PIL import Image
 from torch import Tensor
 
 from vlens.circuits.attribution import edge_attribution
-from vlens.circuits.graph import CircuitGraph, ImageNodes
+from vlens.circuits.graph import CircuitGraph, ImageNodes, require_sequential_blocks
 from vlens.circuits.path_patching import Condition, run_conditions
 from vlens.circuits.results import EdgeScores, edges_figure, ranked
 from vlens.circuits.runs import CircuitMetric, circuit_options, pair_batch
@@ -310,6 +310,7 @@ def extract_circuit(model: HookedVLM, pairs: Any, scores: EdgeScores | None = No
     graph = scores.graph
     if len(scores.pair_ids) != batch.n_pairs or list(scores.pair_ids) != list(batch.pair_ids):
         raise UserInputError("scores were computed on other pairs than these: pass the same pairs (or no scores)")
+    require_sequential_blocks(model)
     expected = CircuitGraph.for_batch(model, batch.clean.token_regions, graph.image_nodes)
     if expected.n_edges != graph.n_edges:
         raise UserInputError(f"scores hold {graph.n_edges} edges, these pairs' graph {expected.n_edges}")

@@ -177,6 +177,15 @@ class LayerSpec:
                    str(data["mixer"]))
 
 
+def require_sequential_blocks(model: HookedVLM) -> None:
+    """Refuse a model whose blocks run attention and MLP in parallel (Cohere's layout): the circuit graph's MLP
+    reads its own layer's heads (resid_mid), a parallel block's MLP does not."""
+    if any(getattr(block, "parallel", False) for block in model.blocks):
+        raise UserInputError(f"circuits need attention before the MLP in each block; {model.cfg.architecture}'s blocks "
+                             "run attention and MLP in parallel from one norm (Cohere's layout), which the circuit "
+                             "graph does not model yet: use patching, knockout, the lenses or attribution graphs")
+
+
 def mixer_spec(model: HookedVLM, layer: int) -> LayerSpec:
     """The graph's view of layer `layer`'s token mixer (softmax attention, Gated DeltaNet or a short conv)."""
     attn = getattr(model.blocks[layer], "attn", None)
@@ -333,11 +342,6 @@ class CircuitGraph:
                   parts: Sequence[Sequence[ImagePart]] | None = None) -> CircuitGraph:
         """The graph of `model`'s decoder (every block: softmax attention or Gated DeltaNet, then an MLP)."""
         cfg = model.cfg
-        if any(getattr(block, "parallel", False) for block in model.blocks):
-            # the graph's MLP reads its own layer's heads (resid_mid); a parallel block's MLP does not
-            raise UserInputError(f"circuits need attention before the MLP in each block; {cfg.architecture}'s blocks "
-                                 "run attention and MLP in parallel from one norm (Cohere's layout), which the circuit "
-                                 "graph does not model yet: use patching, knockout or the lenses on this model")
         layers = [mixer_spec(model, layer) for layer in range(cfg.n_layers)]
         return cls(cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, grids, image_nodes, parts, layers)
 

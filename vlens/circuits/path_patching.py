@@ -34,7 +34,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from vlens.circuits.gradients import port_hook
-from vlens.circuits.graph import CircuitGraph, ImageNodes, MixerPort, Receiver
+from vlens.circuits.graph import CircuitGraph, ImageNodes, MixerPort, Receiver, require_sequential_blocks
 from vlens.circuits.results import PathPatchResult
 from vlens.circuits.runs import (
     CircuitMetric,
@@ -468,6 +468,7 @@ def path_patch(model: HookedVLM, pairs: Any, edges: Any = "all", metric: MetricF
     """
     options = circuit_options(options, "path_patch")
     batch, picture = pair_batch(model, pairs)
+    require_sequential_blocks(model)
     graph = CircuitGraph.for_batch(model, batch.clean.token_regions, image_nodes)
     conditions = edge_conditions(graph, edges)
     circuit_metric = CircuitMetric(batch, metric, options.readout)

@@ -178,13 +178,14 @@ def attribution_graph(replacement: ReplacementModel, inputs: Any, target: str | 
     seq, n_layers = inputs.input_ids.shape[1], model.cfg.n_layers
     last = seq - 1
     lm_head = model.unembed.lm_head
-    direction = lm_head.weight[target_id].detach().double()
-    bias = float(lm_head.bias[target_id]) if lm_head.bias is not None else 0.0
+    scale = float(getattr(model.unembed, "logit_scale", 1.0))  # Cohere's logits are lm_head's output x logit_scale
+    direction = lm_head.weight[target_id].detach().double() * scale
+    bias = float(lm_head.bias[target_id]) * scale if lm_head.bias is not None else 0.0
     logits = run.logits[0, last].double()
     value = float(logits[target_id])
     if contrast_id is not None:
-        direction = direction - lm_head.weight[contrast_id].detach().double()
-        bias -= float(lm_head.bias[contrast_id]) if lm_head.bias is not None else 0.0
+        direction = direction - lm_head.weight[contrast_id].detach().double() * scale
+        bias -= float(lm_head.bias[contrast_id]) * scale if lm_head.bias is not None else 0.0
         value -= float(logits[contrast_id])
 
     n_feat = len(features)

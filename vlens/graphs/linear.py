@@ -68,8 +68,8 @@ def linear_forward(replacement: ReplacementModel, run: PromptRun, batch: int, ze
     mlp_inputs: dict[int, Tensor] = {}
 
     def read_input(layer: int):
-        def hook(resid_mid: Tensor, hook: Any = None) -> None:
-            mlp_inputs[layer] = model.blocks[layer].ln2(resid_mid)
+        def hook(resid: Tensor, hook: Any = None) -> None:
+            mlp_inputs[layer] = model.blocks[layer].mlp_input(resid)  # ln2(resid_mid); ln1(resid_pre) if parallel
         return hook
 
     def write_output(layer: int):
@@ -81,7 +81,7 @@ def linear_forward(replacement: ReplacementModel, run: PromptRun, batch: int, ze
         return hook
 
     hooks = replacement.freeze_hooks(run)
-    hooks += [(f"blocks.{layer}.hook_resid_mid", read_input(layer)) for layer in index]
+    hooks += [(f"blocks.{layer}.{model.blocks[layer].mlp_input_hook}", read_input(layer)) for layer in index]
     hooks += [(f"blocks.{layer}.hook_mlp_out", write_output(layer)) for layer in range(model.cfg.n_layers)]
     mask_rows = {layer: torch.zeros(batch, embeds.shape[1], dtype=torch.bool, device=embeds.device)
                  for layer in deepstack}

@@ -1,8 +1,9 @@
 """Streaming (MLP input, MLP output) pairs of every covered layer, at image and text positions.
 
 A chunk's rows are ``[x_0, y_0, x_1, y_1, ...]`` concatenated over the covered layers (each
-``d_model`` wide): x_l is the MLP's input (the block's second norm applied to ``hook_resid_mid``,
-its weight included: exactly what the MLP reads) and y_l the block's ``hook_mlp_out`` (what it adds
+``d_model`` wide): x_l is the MLP's input (``block.mlp_input``: the block's second norm applied to
+``hook_resid_mid``, or its one norm applied to ``hook_resid_pre`` in a parallel block, weight included:
+exactly what the MLP reads) and y_l the block's ``hook_mlp_out`` (what it adds
 to the residual stream, after a post-MLP norm where the family has one). One row per token, so the
 SAE machinery (`ShuffleBuffer`, disk cache, resume by chunk index) streams pairs unchanged.
 """
@@ -48,10 +49,11 @@ def check_layers(model: HookedVLM, layers: Sequence[int] | None) -> tuple[int, .
 @torch.no_grad()
 def mlp_pairs(model: HookedVLM, inputs: Any, layers: Sequence[int]) -> tuple[list[Tensor], list[Tensor]]:
     """(MLP inputs, MLP outputs) of `layers`, each [batch, pos, d_model], from one forward."""
-    names = [f"blocks.{layer}.{hook}" for layer in layers for hook in ("hook_resid_mid", "hook_mlp_out")]
+    reads = {layer: f"blocks.{layer}.{model.blocks[layer].mlp_input_hook}" for layer in layers}  # resid_pre if parallel
+    names = [name for layer in layers for name in (reads[layer], f"blocks.{layer}.hook_mlp_out")]
     stop = max(layers) + 1
     _, cache = model.run_with_cache(inputs, names_filter=names, stop_at_layer=stop if stop < model.cfg.n_layers else None)
-    xs = [model.blocks[layer].ln2(cache[f"blocks.{layer}.hook_resid_mid"]) for layer in layers]
+    xs = [model.blocks[layer].mlp_input(cache[reads[layer]]) for layer in layers]
     ys = [cache[f"blocks.{layer}.hook_mlp_out"] for layer in layers]
     return xs, ys
 

@@ -5,8 +5,9 @@ While `splice_transcoders` lasts, each covered layer l gets two hook points of i
     blocks.{l}.hook_tc_acts    [batch, pos, d_tc]     the transcoder's features (edit them here)
     blocks.{l}.hook_tc_error   [batch, pos, d_model]  the error term added to the reconstruction
 
-and ``blocks.{l}.hook_mlp_out`` returns ``decode(acts) + error``. The MLP input is the block's
-second norm applied to ``hook_resid_mid`` (what the MLP itself reads). `error` chooses the error:
+and ``blocks.{l}.hook_mlp_out`` returns ``decode(acts) + error``. The MLP input is what the MLP
+itself reads (``block.mlp_input`` at ``block.mlp_input_hook``: ln2 of ``hook_resid_mid``; ln1 of ``hook_resid_pre``
+in a parallel block). `error` chooses the error:
 
 - "none": no error term (the transcoders alone: what loss recovered measures);
 - "live": ``mlp_out - decode(unedited acts)`` of this very forward, without gradient: the real model
@@ -70,8 +71,8 @@ def splice_transcoders(model: HookedVLM, tc: Transcoders, error: ErrorMode = "no
             points[point.name] = point
 
     def read_input(i: int, layer: int):
-        def hook(resid_mid: Tensor, hook: Any = None) -> None:
-            x = model.blocks[layer].ln2(resid_mid)
+        def hook(resid: Tensor, hook: Any = None) -> None:
+            x = model.blocks[layer].mlp_input(resid)  # ln2(resid_mid); ln1(resid_pre) in a parallel block
             clean = tc.encode(i, x)
             state.inputs[i], state.clean[i] = x, clean
             state.acts[i] = points[f"blocks.{layer}.hook_tc_acts"](clean)
@@ -104,7 +105,8 @@ def splice_transcoders(model: HookedVLM, tc: Transcoders, error: ErrorMode = "no
             model.mod_dict[name] = point
             added.append(name)
         for i, layer in enumerate(tc.cfg.layers):
-            model.add_hook(f"blocks.{layer}.hook_resid_mid", read_input(i, layer), dir="fwd", level=level)
+            model.add_hook(f"blocks.{layer}.{model.blocks[layer].mlp_input_hook}", read_input(i, layer), dir="fwd",
+                           level=level)
             model.add_hook(f"blocks.{layer}.hook_mlp_out", write_output(i, layer), dir="fwd", level=level)
         yield state
     finally:

@@ -22,6 +22,8 @@ class TransformerBlock(nn.Module):
     hook_out_is_single_residual_stream = True
     # True where attention and MLP read one norm of hook_resid_pre (`ParallelBlock`, Cohere)
     parallel = False
+    # the residual hook the MLP's input is a norm of (`mlp_input`): resid_mid here, resid_pre in a parallel block
+    mlp_input_hook = "hook_resid_mid"
 
     def __init__(self, layer: int, ln1: RMSNormPre, attn: Attention | GatedDeltaNet | ShortConv, ln2: RMSNormPre,
                  mlp: GatedMLP | MoEMLP):
@@ -59,6 +61,11 @@ class TransformerBlock(nn.Module):
             resid = resid.clone()
             resid[image_mask] = resid[image_mask] + features
         return self.hook_resid_post(resid)
+
+
+    def mlp_input(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """What the MLP reads, from the residual at `mlp_input_hook`: ln2(resid_mid) (with its weight)."""
+        return self.ln2(resid)
 
 
 class BlockList(nn.ModuleList):

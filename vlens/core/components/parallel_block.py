@@ -5,8 +5,9 @@
 The hook points are `TransformerBlock`'s: ``hook_resid_mid = resid_pre + attn_out`` and ``hook_resid_post =
 resid_mid + mlp_out`` (HF's order of the two additions), so the residual is still the sum of what each
 sublayer writes. The MLP does NOT read `hook_resid_mid`: it reads ``ln1(resid_pre)``, the attention's input.
-Methods that rebuild the MLP's input from ``ln2(resid_mid)`` (transcoders, attribution graphs, circuits)
-refuse such a block (`ln2` says why when called).
+Transcoders and attribution graphs read the MLP's input through `mlp_input` at `mlp_input_hook` (here
+``ln1(hook_resid_pre)``); the circuit graph (an MLP reading its own layer's heads) refuses such a block, and
+`ln2` says why when called.
 """
 
 from __future__ import annotations
@@ -28,15 +29,19 @@ class NoSecondNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         raise UserInputError(
             "this model's decoder blocks run attention and MLP in parallel from one norm (Cohere's layout: the MLP "
-            "reads ln1(hook_resid_pre), not ln2(hook_resid_mid)); methods that rebuild the MLP input from the "
-            "residual after attention (transcoders, attribution graphs, circuit edges into MLPs) do not support it. "
-            "Read the MLP input at blocks.{l}.ln1.hook_normalized instead.")
+            "reads ln1(hook_resid_pre), not ln2(hook_resid_mid)): read the MLP input with block.mlp_input(resid) at "
+            "block.mlp_input_hook (blocks.{l}.ln1.hook_normalized).")
 
 
 class ParallelBlock(TransformerBlock):
     """`TransformerBlock` with attention and MLP in parallel; `ln1` feeds both, `ln2` is a `NoSecondNorm`."""
 
     parallel = True
+    mlp_input_hook = "hook_resid_pre"
+
+    def mlp_input(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """What the MLP reads: ln1(resid_pre), the attention's input too."""
+        return self.ln1(resid)
 
     def __init__(self, layer: int, ln1: RMSNormPre, attn: Attention, mlp: GatedMLP | MoEMLP):
         super().__init__(layer, ln1, attn, ln1, mlp)
