@@ -353,8 +353,9 @@ class HookedVLM(WeightsMixin, TransformerLensSurface, SpliceMixin, HookedRootMod
         resid = self.hook_embed(self.embed(ids))
         deepstack: dict[int, tuple[Tensor, Tensor]] = {}
         image_mask = ids == cfg.image_token_id if cfg.image_token_id is not None else None
-        if image_mask is not None and cfg.video_token_id is not None:
+        if image_mask is not None and cfg.video_token_id is not None and inputs.pixel_values_videos is not None:
             # videos' tokens take their features too: one [n_image_tokens, d_model] tensor over both, in order
+            # (without video inputs a video token is a plain token, as in HF, e.g. one a random model generated)
             image_mask = image_mask | (ids == cfg.video_token_id)
         if inputs.pixel_values is not None or inputs.pixel_values_videos is not None:
             if image_mask is None:
