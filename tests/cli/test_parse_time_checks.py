@@ -48,6 +48,7 @@ NOT_AT_PARSE_TIME = {
                 "result's grids",
     "--patching-metric": "a grid of the --patching file", "--classes": "classes of the taxonomy read",
     "--background": "depends on --style (the generator refuses it before rendering)",
+    "--family": "vlens tiny: a family of vlens.testing, checked before anything is written",
 }
 
 
