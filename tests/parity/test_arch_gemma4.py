@@ -321,6 +321,20 @@ def test_kv_shared_layers_match_hf():
     with torch.no_grad():
         ours = model.run_with_hooks(inputs, fwd_hooks=[("blocks.1.attn.hook_k", flip_k)])
     torch.testing.assert_close(ours, hf_logits(hf, inputs, forward_hooks=flipped), atol=1e-4, rtol=0)
+    # a sharing layer shows the keys / values it reads at its own hook_rot_k / hook_v (it has no hook_k)
+    assert not hasattr(model.blocks[3].attn, "hook_k") and model.cfg.d_mlp_at(3) == 2 * model.cfg.d_mlp
+    _, cache = model.run_with_cache(inputs, names_filter=lambda n: n.endswith(("hook_rot_k", "hook_v")))
+    torch.testing.assert_close(cache["blocks.3.attn.hook_rot_k"], cache["blocks.2.attn.hook_rot_k"], atol=0, rtol=0)
+    torch.testing.assert_close(cache["blocks.4.attn.hook_v"], cache["blocks.1.attn.hook_v"], atol=0, rtol=0)
+
+
+def test_kv_shared_model_passes_vlens_verify():
+    from vlens.verify import VerifySettings, verify_model
+
+    _, model = _kv_shared_pair()
+    settings = VerifySettings(max_new_tokens=2, repeats=1, case_names=("one_image", "padded_batch"))
+    result = verify_model(model, "tiny gemma4 kv-shared", settings, progress=False)
+    assert result.passed, result.table_rows()
 
 
 def test_kv_shared_run_resumed_after_the_source_layer_is_refused():

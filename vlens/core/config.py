@@ -80,6 +80,8 @@ class VLMConfig:
     # layers: `global_head_dim`); empty: every softmax layer has d_head / n_key_value_heads
     layer_d_heads: list[int] = field(default_factory=list)
     layer_kv_heads: list[int] = field(default_factory=list)
+    # dense MLP widths that differ by layer (Gemma 4's double-wide MLPs in KV-shared layers); empty: d_mlp
+    layer_d_mlps: list[int] = field(default_factory=list)
     # mixture of experts (0 / empty for dense MLPs): experts per MoE layer, experts per token, the
     # layers whose MLP is a MoE block, an expert's hidden size, the shared expert's (0: none)
     n_experts: int = 0
@@ -119,6 +121,10 @@ class VLMConfig:
         if self.is_linear_attention(layer):
             return self.linear_d_head
         return self.layer_d_heads[layer] if self.layer_d_heads else self.d_head
+
+    def d_mlp_at(self, layer: int) -> int:
+        """Hidden width of decoder layer `layer`'s dense MLP (its hook_pre / hook_post's last dimension)."""
+        return self.layer_d_mlps[layer] if self.layer_d_mlps else self.d_mlp
 
     def kv_heads_at(self, layer: int) -> int:
         """Key/value heads of softmax-attention layer `layer` (its hook_k / hook_v's head dimension)."""

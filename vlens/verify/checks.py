@@ -91,13 +91,13 @@ def _expected_shape(model: Any, name: str, batch: int, pos: int) -> tuple[int, .
     if rest == "attn.hook_z" or (rest in ("attn.hook_q", "attn.hook_rot_q") and not cfg.is_linear_attention(layer)):
         return (batch, pos, heads, d_head)
     if rest in ("attn.hook_k", "attn.hook_v", "attn.hook_rot_k") and not cfg.is_linear_attention(layer):
-        return (batch, pos, cfg.n_key_value_heads, d_head)
+        return (batch, pos, cfg.kv_heads_at(layer), d_head)
     if rest in ("attn.hook_pattern", "attn.hook_attn_scores"):
         return (batch, heads, pos, pos)
     if rest == "attn.hook_result":
         return (batch, pos, heads, cfg.d_model)
     if rest in ("mlp.hook_pre", "mlp.hook_pre_linear", "mlp.hook_post") and layer not in cfg.moe_layers:
-        return (batch, pos, cfg.d_mlp)
+        return (batch, pos, cfg.d_mlp_at(layer))
     return None
 
 

@@ -105,6 +105,7 @@ class Gemma4Adapter(Gemma3Adapter):
         d_heads = [int(layer.self_attn.head_dim) for layer in layers]
         kv_heads = [text.num_attention_heads // int(layer.self_attn.num_key_value_groups) for layer in layers]
         # the sliding layers' shape is the config's head_dim / num_key_value_heads; other layers list theirs
+        d_mlps = [int(layer.mlp.down_proj.in_features) for layer in layers]  # double-wide in KV-shared layers
         base = layer_types.index("sliding_attention") if "sliding_attention" in layer_types else 0
         d_head, n_kv = d_heads[base], kv_heads[base]
         generation = getattr(hf_model, "generation_config", None)
@@ -132,6 +133,7 @@ class Gemma4Adapter(Gemma3Adapter):
             rope_layer_types=sorted(set(layer_types)),  # HF's rotary module orders them so
             layer_d_heads=d_heads if len(set(d_heads)) > 1 else [],
             layer_kv_heads=kv_heads if len(set(kv_heads)) > 1 else [],
+            layer_d_mlps=d_mlps if len(set(d_mlps)) > 1 else [],
             attn_qkv_bias=bias,
             attn_out_bias=bias,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)),

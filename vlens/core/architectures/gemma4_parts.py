@@ -182,6 +182,9 @@ class Gemma4Attention(Attention):
         self.num_key_value_groups = cfg.n_heads // self.n_kv_heads
         self.causal_over_images = bidirectional_images and self.sliding_window is None
         self.__dict__["kv_source"] = kv_source  # not a submodule: its parameters are already in the model
+        if kv_source is not None:
+            # no keys of its own before the norm and rotary: hook_rot_k / hook_v show the shared ones it reads
+            del self.hook_k
         self.shares_kv = False  # set on a layer whose keys and values later layers read
         self._shared: dict = {}  # thread -> (pass id, rotated keys, values, offset of the first key)
 
@@ -236,7 +239,8 @@ class Gemma4Attention(Attention):
         source = self.__dict__["kv_source"]
         if source is not None:  # a KV-shared layer: the keys / values its source layer made in this pass
             k, v, kv_offset = source.shared_kv(self.layer)
-            return self.attend(q, k, v, masks, None, kv_offset=kv_offset)
+            # through this layer's own hooks: what it reads (an edit here changes this layer only)
+            return self.attend(q, self.hook_rot_k(k), self.hook_v(v), masks, None, kv_offset=kv_offset)
         keys = self.k_proj(x).view(batch, pos, -1, self.d_head)
         k = self.hook_k(keys)
         values = keys if self.values_from_keys else self.v_proj(x).view(batch, pos, -1, self.d_head)
