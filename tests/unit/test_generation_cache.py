@@ -22,7 +22,7 @@ def plain_tokens_only(model):
     ids = set(model.tokenizer.all_special_ids)
     ids |= {t for t in (model.cfg.image_token_id, model.cfg.video_token_id) if t is not None}
     weight = model.unembed.lm_head.weight
-    rows = sorted(ids)
+    rows = sorted(i for i in ids if i < weight.shape[0])  # Molmo 2's image tokens lie past the output vocabulary
     saved = weight.data[rows].clone()
     weight.data[rows] = 0
     try:

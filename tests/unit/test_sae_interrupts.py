@@ -73,6 +73,16 @@ def fail_at(monkeypatch, cls, method: str, step: int, error) -> None:
 
 @pytest.mark.parametrize("how", ["KeyboardInterrupt", "error", "SIGINT"])
 def test_a_stopped_run_saves_its_state_and_resume_ends_on_the_same_bits(tmp_path, monkeypatch, data, whole, how):
+    # Python's own SIGINT handler, as a terminal's Ctrl-C finds it (a job started in the background by a
+    # non-interactive shell, e.g. a CI runner, starts with SIGINT ignored, and the kill would do nothing)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _stop_save_and_resume(tmp_path, monkeypatch, data, whole, how)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_save_and_resume(tmp_path, monkeypatch, data, whole, how):
     deferred = how == "SIGINT" and signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
     def stop():
