@@ -32,8 +32,8 @@ Mixture of experts (`enable_moe_block`): HF's router and experts beside the dens
 `MoEMLP`) do not cover them yet.
 
 KV sharing (`num_kv_shared_layers`, Gemma 4 E2B / E4B): the last layers read the rotated keys and values that
-the last earlier layer of their type made in the same pass (`Gemma4Attention.kv_source`); they have no
-hook_k / hook_v / hook_rot_k of their own (edit the source layer's), and a run resumed after the source layer
+the last earlier layer of their type made in the same pass (`Gemma4Attention.kv_source`); their hook_rot_k /
+hook_v show what they read, they have no hook_k (edit the source layer's), and a run resumed after the source layer
 (start_at_layer, a sweep resuming at a later layer) is refused with that reason rather than read stale keys.
 
 Refused, with the reason: ``use_bidirectional_attention="all"`` (an embedding model's setting), audio and
