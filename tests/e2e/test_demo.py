@@ -75,6 +75,7 @@ def test_quick_demo_writes_every_section_in_order(demo_run):
     provenance = results["provenance"]  # how the report was made (vlens.utils.provenance)
     assert provenance["command"] == "demo" and provenance["command_line"].startswith("vlens demo --model")
     assert provenance["model"]["spec"] == MODEL and len(provenance["model"]["weights_digest"]) == 16
+    assert provenance["seeds"]["seed"] == results["settings"]["seed"]  # the stages' seeds are recorded
 
 
 def test_every_section_is_backed_by_numbers(demo_run):

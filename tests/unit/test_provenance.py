@@ -12,6 +12,7 @@ from vlens.utils.provenance import (
     note_model,
     note_run,
     provenance,
+    recorded_model_spec,
     run_context,
     same_weights,
     seeds_of,
@@ -77,3 +78,34 @@ def test_every_saved_result_carries_provenance_and_keeps_a_stored_one(tmp_path):
     again = json.loads(Tiny({"provenance": stored}).save(tmp_path / "b.json").read_text())
     assert again["provenance"] == stored  # a result made earlier says when it was made, not when copied
     assert stamp({"x": 1})["provenance"]["command_line"].startswith("python")  # outside the command line
+
+
+def test_a_loaded_result_is_its_file_and_model_folders_are_absolute(tmp_path, monkeypatch):
+    class Kept(Result):
+        kind = "test_kept_provenance"
+
+        def __init__(self, value=1):
+            self.value = value
+
+        def to_dict(self):
+            return {"value": self.value}
+
+        @classmethod
+        def from_dict(cls, data):
+            return cls(data["value"])
+
+        def plot(self):
+            return None
+
+    (tmp_path / "my-model").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with run_context(["ablate", "--model", "my-model"], command="ablate"):
+        note_model(_net(0), "my-model")
+        path = Kept(3).save(tmp_path / "out")
+    saved = json.loads(path.read_text())
+    assert saved["provenance"]["model"]["spec"] == str(tmp_path / "my-model")  # absolute: readable from anywhere
+    loaded = Kept.load(tmp_path / "out")
+    assert {**loaded.to_dict(), "provenance": loaded.saved_provenance} == saved  # the file, key for key
+    assert json.loads(loaded.save(tmp_path / "again").read_text()) == saved  # re-saved: the same record
+    assert recorded_model_spec("Qwen/Qwen2.5-VL-7B-Instruct") == "Qwen/Qwen2.5-VL-7B-Instruct"  # a hub id stays
+    assert recorded_model_spec("tiny") == "tiny" and recorded_model_spec(None) is None

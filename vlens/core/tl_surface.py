@@ -146,7 +146,12 @@ class TransformerLensSurface:
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """Not supported (False is accepted): vlens has no per-head ``hook_q_input``/``hook_k_input``/``hook_v_input``."""
         _unsupported_switch("set_use_split_qkv_input", use_split_qkv_input,
-                            "patch blocks.{l}.attn.hook_q / hook_k / hook_v (the per-head projections) instead")
+                            "vlens has no per-head hook_q_input / hook_k_input / hook_v_input, which TransformerLens's "
+                            "direct-path patching (transformer_lens.patching.get_act_patch_direct_path) edits. For "
+                            "direct-path patching, an edge from one head into a later head's Q, K or V alone, use "
+                            "vlens.circuits.path_patch(model, pairs, ['L0H1->L2H3.q', ...]) (exact, on every family, "
+                            "image regions as senders too: docs/interop.md); to edit a head's own Q/K/V, patch "
+                            "blocks.{l}.attn.hook_q / hook_k / hook_v")
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         """Not supported (False is accepted): vlens has no ``hook_attn_in``."""

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -38,6 +38,7 @@ from vlens.demo.model_stage import model_section, model_summary
 from vlens.demo.patching_stage import patching_sections
 from vlens.demo.report_sections import Section, key_numbers_section, write_outputs
 from vlens.demo.settings import DemoSettings
+from vlens.utils.provenance import note_run, seeds_of
 from vlens.zoo import WEIGHTS_FOLDER
 from vlens.zoo.specs import load_model
 
@@ -118,6 +119,7 @@ def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo"
     """
     settings = settings or (DemoSettings.quick() if quick else DemoSettings())
     settings.check()
+    note_run(seeds_of(asdict(settings)))  # the stages' seeds, in results.json's provenance
     stored = Path(interventions_file) if interventions_file is not None else None
     if stored is not None and not stored.is_file():
         raise FileNotFoundError(f"--interventions {stored}: no such file")

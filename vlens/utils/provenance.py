@@ -197,11 +197,20 @@ def model_info(model: nn.Module, spec: str | None = None) -> dict:
     architecture = getattr(cfg, "architecture", None) or type(hf if hf is not None else model).__name__
     if spec is None and hf is not None:
         spec = getattr(getattr(hf, "config", None), "_name_or_path", None) or None
-    return {"spec": spec, "architecture": architecture,
+    return {"spec": recorded_model_spec(spec), "architecture": architecture,
             "dtype": dtypes[0] if len(dtypes) == 1 else dtypes,
             "device": devices[0] if len(devices) == 1 else devices,
             "n_parameters": sum(p.numel() for p in parameters),
             "weights_digest": weights_digest(model), "weights_digest_method": DIGEST_METHOD}
+
+
+def recorded_model_spec(spec: str | None) -> str | None:
+    """A model as provenance records it: a local folder as its absolute path (it reads the same from any
+    working folder); a hub id, `tiny`, `random-tiny` as given."""
+    if spec is None or spec in ("tiny", "random-tiny"):
+        return spec
+    path = Path(spec).expanduser()
+    return str(path.resolve()) if path.is_dir() else spec
 
 
 def note_model(model: nn.Module, spec: str | None = None) -> None:
@@ -265,5 +274,6 @@ def same_weights(stored: dict | None, model: nn.Module) -> bool | None:
 
 
 __all__ = ["DIGEST_METHOD", "RunContext", "current_run", "model_info", "note_model", "note_run", "provenance",
+           "recorded_model_spec",
            "run_context", "same_weights", "seeds_of", "source_commit", "stamp", "weights_digest",
            "weights_fingerprint"]

@@ -268,7 +268,10 @@ class Result(ABC):
         path = Path(path)
         target = path if path.suffix == ".json" else path / self.filename
         # whole or absent (temporary file, fsync, rename): an interrupt never leaves a truncated file
-        return atomic_write_text(target, json.dumps(json_safe(stamp(self.to_dict())), indent=1, allow_nan=False) + "\n")
+        data = self.to_dict()
+        if "provenance" not in data and self.saved_provenance is not None:
+            data["provenance"] = self.saved_provenance  # a loaded result saved again: still how it was made
+        return atomic_write_text(target, json.dumps(json_safe(stamp(data)), indent=1, allow_nan=False) + "\n")
 
     @classmethod
     def read_saved(cls, path: str | Path) -> dict:
