@@ -209,8 +209,8 @@ def recorded_model_spec(spec: str | None) -> str | None:
     working folder); a hub id, `tiny`, `random-tiny` as given."""
     if spec is None or spec in ("tiny", "random-tiny"):
         return spec
-    path = Path(spec).expanduser()
-    return str(path.resolve()) if path.is_dir() else spec
+    path = os.path.expanduser(spec)
+    return os.path.abspath(path) if os.path.isdir(path) else spec
 
 
 def note_model(model: nn.Module, spec: str | None = None) -> None:
