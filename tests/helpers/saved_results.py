@@ -1,6 +1,7 @@
 """Writes tests/unit/saved_results/<kind>/results.json (with the files its reader needs beside it): one real saved file of each result kind, made by the
 commands (and a few library calls) on the random tiny model, for the tampering tests of `vlens.load_result`
-(tests/unit/test_load_result_tampered.py). Run it again when a result's format changes:
+(tests/unit/test_load_result_tampered.py); the demo's file is `vlens demo --quick`'s results.json, its provenance
+dropped. Run it again when a result's format changes:
 
     PYTHONPATH=$PWD python tests/helpers/saved_results.py
 

@@ -22,7 +22,6 @@ FILES = sorted(folder for folder in SAVED.iterdir() if folder.is_dir())  # <kind
 # kinds without a saved file here, and why
 NOT_COVERED = {
     "lens": "a lens folder (config.json + safetensors), read by Translators.load, not a results file",
-    "demo": "the demo's report takes minutes to make (its loading is tested by tests/e2e/test_demo.py)",
 }
 # (kind, key) where a value of another type is refused (UserInputError naming the file) but the message does not
 # name the field yet: the reader fails deep inside a helper that the traceback does not tie to one key
