@@ -243,6 +243,9 @@ def test_the_attribution_graph_section_states_what_its_scores_support(demo_run):
     assert numbers["replacement score"] == pytest.approx(scores["replacement"]) == data["scores"]["replacement"]
     assert numbers["completeness score"] == pytest.approx(scores["completeness"])
     assert f"replacement score {scores['replacement']:.2f}, completeness" in numbers["what the scores support"]
+    largest = graph.edges_into(graph.nodes[-1]["name"], top=1)[0]
+    assert numbers["largest direct effect on the answer (any node)"] == f"{largest[0]} {largest[1]:+.3f}"
+    assert (largest[0] in numbers["what the scores support"]) == largest[0].startswith("err")
     assert (graph.target["token"], graph.target["contrast"]) == (str(data["count"]), str(data["count"] + 1))
     target = graph.nodes[-1]["name"]
     for rank, name in enumerate(data["writers"], start=1):

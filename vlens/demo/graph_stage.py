@@ -44,8 +44,9 @@ GRAPH_EXPLANATION = (
 TOP = 5  # features listed as readers of the image and as writers of the count
 
 
-def _scores_verdict(replacement: float, completeness: float) -> str:
-    """What the scores support, in words (thresholds in docs/graphs.md's reading of the scores)."""
+def _scores_verdict(replacement: float, completeness: float, largest: tuple[str, float] | None = None) -> str:
+    """What the scores support, in words (thresholds in docs/graphs.md's reading of the scores); `largest`: the
+    node with the largest direct effect on the answer, named when it is an error node."""
     if replacement >= 0.8:
         share = "the features carry most of the answer's influence: the graph is a fair account of the circuit"
     elif replacement >= 0.5:
@@ -54,6 +55,9 @@ def _scores_verdict(replacement: float, completeness: float) -> str:
     else:
         share = ("most of the answer's influence passes through error nodes (what the transcoders do not "
                  "reconstruct): the features shown are a partial account, not the circuit")
+    if largest is not None and largest[0].startswith("err"):
+        share += (f"; the largest single direct effect on the answer is an error node ({largest[0]}, "
+                  f"{largest[1]:+.2f}): that step is the least explained")
     return f"replacement score {replacement:.2f}, completeness {completeness:.2f}: {share}"
 
 
@@ -133,6 +137,7 @@ def graph_sections(model: HookedVLM, samples: list[CountingSample], settings: De
     # writers: features with the largest direct effect on the answer
     writers = sorted(features, key=lambda i: -abs(float(graph.adjacency[-1, i])))[:TOP]
     input_influence = graph_input_shares(graph)
+    largest = graph.edges_into(name, top=1)[0]
     numbers: dict[str, Any] = {
         "prompt": f"{sample.question} ({sample.count} dots; the model answers "
                   f"{'correctly' if correct else 'wrongly: no sample in the set was answered correctly'})",
@@ -147,8 +152,8 @@ def graph_sections(model: HookedVLM, samples: list[CountingSample], settings: De
         "pruned graph": f"{scores['pruned_nodes']} nodes, {scores['pruned_edges']} edges (replacement "
                         f"{scores['pruned_replacement']:.2f}, completeness {scores['pruned_completeness']:.2f})",
         "image cells' share of the input influence": input_influence["image"],
-        "largest direct effect on the answer (any node)": "{} {:+.3f}".format(*graph.edges_into(name, top=1)[0]),
-        "what the scores support": _scores_verdict(scores["replacement"], scores["completeness"]),
+        "largest direct effect on the answer (any node)": "{} {:+.3f}".format(*largest),
+        "what the scores support": _scores_verdict(scores["replacement"], scores["completeness"], largest),
         "files": f"{GRAPH_FOLDER}/graph.html (the viewer: click a feature for its dataset examples), graph.json "
                  "(circuit-tracer's schema), results.json (vlens.load_result)",
     }
