@@ -1,8 +1,8 @@
 """`run_with_cache` with every hook against the plain forward, at ~1,170 tokens on the embedded model.
 
 In one process, interleaved (medians of `--runs`): the forward (`model(inputs)`, SDPA attention),
-`run_with_cache(inputs)` (every hook: since issue 33 without ``hook_attn_scores``, the pattern kept)
-and `run_with_cache(inputs, attn_scores=True)` (every hook with the scores: what the cache held
+`run_with_cache(inputs)` (every hook: since issue 33 without ``hook_attn_scores``, the pattern kept),
+every hook but the pattern and scores (attention stays on SDPA: what the pattern itself costs) and `run_with_cache(inputs, attn_scores=True)` (every hook with the scores: what the cache held
 before, computed as before: scores hooked, then masked, then the softmax). Memory: the bytes of
 the cached tensors (each storage counted once) and, with `--rss`, the peak RSS of a child process
 running one call of each case (minus that of a child that only loads the model and builds inputs;
@@ -25,7 +25,7 @@ import time
 
 import torch
 
-CASES = ("forward", "cache_all", "cache_all_with_scores")
+CASES = ("forward", "cache_all", "cache_no_pattern", "cache_all_with_scores")
 
 
 def _setup(threads: int, image_size: int):
@@ -44,6 +44,9 @@ def _call(model, inputs, case: str):
     with torch.no_grad():
         if case == "forward":
             return model(inputs), None
+        if case == "cache_no_pattern":  # every hook but the pattern / scores: attention stays on SDPA
+            return model.run_with_cache(inputs, names_filter=lambda name: not name.endswith(("hook_pattern",
+                                                                                          "hook_attn_scores")))
         return model.run_with_cache(inputs, attn_scores=case == "cache_all_with_scores")
 
 
@@ -97,6 +100,11 @@ def main() -> None:
         "load_average": os.getloadavg(),
         "median_s": med, "min_s": {case: min(v) for case, v in times.items()},
         "cache_all_over_forward": med["cache_all"] / med["forward"],
+        "cache_no_pattern_over_forward": med["cache_no_pattern"] / med["forward"],
+        # per interleaved run: each case against the forward of the same run (load shifts between runs)
+        "per_run_ratio_median": {case: statistics.median(v / f for v, f in zip(times[case], times["forward"],
+                                                                                 strict=True))
+                                 for case in CASES if case != "forward"},
         "cache_all_with_scores_over_forward": med["cache_all_with_scores"] / med["forward"],
         "cached_mib": sizes,
         "cache_all_memory_over_with_scores": sizes["cache_all"] / sizes["cache_all_with_scores"],
