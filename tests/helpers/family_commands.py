@@ -83,7 +83,8 @@ def run(argv: Sequence[str]) -> None:
 
 def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[str] = ("--image-size", "56"),
                       n_layers: int | None = None, n_heads: int | None = None,
-                      export: bool = True, n_heads_total: int | None = None, circuit: bool = True) -> dict[str, dict]:
+                      export: bool = True, n_heads_total: int | None = None, circuit: bool = True,
+                      train: bool = True) -> dict[str, dict]:
     """patch, circuit, logit-lens, lens train, headlens, ablate, eval, train, temperature fit/apply/export
     and info on the model folder `model`; returns each command's results (by command name).
 
@@ -92,7 +93,9 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
     the widest layer's heads; n_heads_total: every layer's heads together where layers differ, as in a
     hybrid decoder, default n_layers * n_heads);
     export: also `temperature export` (families whose q projection can absorb a head's temperature);
-    circuit: `circuit` runs (False: it must refuse the model with exit status 2, as for parallel attention + MLP).
+    circuit: `circuit` runs (False: it must refuse the model with exit status 2, as for parallel attention + MLP);
+    train: `train` (LoRA) runs (False: it must refuse the model with exit status 2 and write nothing, as for a
+    fused qkv projection).
     """
     image = list(image_args)
     done: dict[str, dict] = {}
@@ -127,9 +130,13 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
          "--out", str(out / "eval")])
     done["eval"] = results(out / "eval")
 
-    run(["train", "--model", model, "--data", str(data), "--limit", "2", "--max-steps", "1", "--lora-rank", "2",
-         "--out", str(out / "train")])
-    done["train"] = results(out / "train", "sft_result.json")
+    train_args = ["train", "--model", model, "--data", str(data), "--limit", "2", "--max-steps", "1", "--lora-rank",
+                  "2", "--out", str(out / "train")]
+    if train:
+        run(train_args)
+        done["train"] = results(out / "train", "sft_result.json")
+    else:
+        assert main([*train_args, "--quiet"]) == 2 and not (out / "train" / "sft_result.json").exists()
 
     run(["temperature", "fit", "--result", str(out / "ablate"), "--task", "counting", "--top-k", "2",
          "--out", str(out / "fit")])
@@ -159,12 +166,13 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
         assert len(heads) == (n_heads_total or n_layers * n_heads)
         grid = done["patch"].get("patch_effect") or done["patch"].get("overwrite_rate")
         assert grid is not None and len(grid) == n_layers and len(grid[0]) == n_heads
-    assert done["train"]["steps"] == 1
+    assert not train or done["train"]["steps"] == 1
     # every folder reads back as its typed result (vlens.load_result), to_dict() equal to what was saved
     for name, expected in (("patch", "PatchingResult"), *([("circuit", "Circuit")] if circuit else []),
                            ("logit-lens", "LogitLensResult"),
                            ("lens", "Translators"), ("headlens", "HeadTaxonomy"), ("ablate", "AblationReport"),
-                           ("eval", "EvalResult"), ("train", "SFTResult"), ("fit", "HeadTemperature"),
+                           ("eval", "EvalResult"), *([("train", "SFTResult")] if train else []),
+                           ("fit", "HeadTemperature"),
                            ("apply", "TemperatureComparison"), ("apply/with_temperature", "EvalResult"),
                            *([("export", "HeadTemperature")] if export else [])):
         check_loads_back(out / name, expected)

@@ -291,3 +291,44 @@ def test_vision_tower_is_bidirectional_under_hfs_sdpa_too():
         expected = eager(**inputs.to_hf_kwargs()).logits
         torch.testing.assert_close(model(inputs), expected, atol=1e-4, rtol=0)
         assert (sdpa(**inputs.to_hf_kwargs()).logits - expected).abs().max() > 1e-2  # HF's sdpa: causal tower
+
+
+def test_temperature_hooks_export_and_baked_checkpoint_agree():
+    """A head's temperature on the fused qkv_proj: vlens's hooks, HF hooks on qkv_proj's query rows
+    (export_to_hf) and a checkpoint with beta folded into those rows give the same logits."""
+    import copy
+
+    from vlens.interventions.temperature import HeadTemperature
+
+    hf, model = _pair("gqa_r06")
+    inputs = _cases("gqa_r06")["left_padded_batch"]
+    temp = HeadTemperature({(0, 1): 1.4, (1, 3): 0.7})
+    baked = copy.deepcopy(hf)
+    baked.load_state_dict(temp.baked_state_dict(hf))
+    with torch.no_grad():
+        base = model(inputs)
+        with temp.applied(model):
+            hooked = model(inputs)
+        with temp.export_to_hf(hf):
+            exported = hf(**inputs.to_hf_kwargs()).logits
+        theirs = baked(**inputs.to_hf_kwargs()).logits
+    assert (hooked - base).abs().max() > 1e-4
+    torch.testing.assert_close(exported, hooked, atol=1e-4, rtol=0)
+    torch.testing.assert_close(theirs, hooked, atol=1e-4, rtol=0)
+    with torch.no_grad():  # the hooks are gone and k / v rows untouched
+        torch.testing.assert_close(hf(**inputs.to_hf_kwargs()).logits, base, atol=1e-4, rtol=0)
+
+
+def test_lora_is_refused_with_the_reason():
+    """vlens's LoRA wraps separate q / k / v nn.Linear layers and exports them under HF's names: on the fused
+    qkv_proj it could not map back to the checkpoint, so it is refused by message."""
+    pytest.importorskip("peft")
+    from vlens import HookedVLM
+    from vlens.testing import tiny_phi4_multimodal_model, tiny_phi4_multimodal_processor
+    from vlens.training import add_lora
+    from vlens.utils.errors import UserInputError
+
+    model = HookedVLM.from_hf(tiny_phi4_multimodal_model(seed=5), processor=tiny_phi4_multimodal_processor())
+    with pytest.raises(UserInputError, match="LoRA is not supported for phi4_multimodal: .*fused qkv_proj"):
+        add_lora(model, rank=2)
+    assert not any(".lora_" in name for name, _ in model.named_parameters())

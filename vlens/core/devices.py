@@ -73,7 +73,8 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
     image_size on its longest edge before cutting it into sub-images of the tower's side; Idefics2's
     (`shortest_edge` / `longest_edge`) resize each image and crop to at most image_size on its longest edge;
     Pixtral's (`longest_edge` only: Mistral 3) resize each image to at most image_size on its longest edge;
-    Molmo 2's (`max_crops`) keep the crop side and use at most (image_size // crop)^2 crops;
+    Molmo 2's (`max_crops`) and Phi-4-multimodal's (`dynamic_hd`) keep the crop side and use at most
+    (image_size // crop)^2 crops;
     LFM2-VL's (`max_image_tokens`, `tile_size`) resize a whole image (or thumbnail) to at most image_size^2 pixels
     and cut tiles of the tower's side only while image_size holds at least two (at most (image_size // tile)^2).
     """
@@ -129,6 +130,15 @@ def configure_resolution(processor: Any, min_pixels: int | None = None, max_pixe
                                  f"processor: use at least {tile}")
         image_processor.max_patches = max(1, (image_size // tile) ** 2) if tile else image_processor.max_patches
         image_processor.min_patches = min(int(getattr(image_processor, "min_patches", 1)), image_processor.max_patches)
+        return processor
+    if image_size is not None and hasattr(image_processor, "dynamic_hd"):
+        # Phi-4-multimodal: HD crops keep the tower's side; image_size bounds how many an image may use
+        crop = int(_size_value(image_processor.size, "height") if not isinstance(image_processor.size, int)
+                   else image_processor.size)
+        if image_size < crop:
+            raise UserInputError(f"image_size {image_size} px is smaller than one crop ({crop} px) of this "
+                                 f"processor: use at least {crop}")
+        image_processor.dynamic_hd = max(1, (image_size // crop) ** 2)
         return processor
     if image_size is not None and hasattr(image_processor, "max_crops") and hasattr(image_processor, "overlap_margins"):
         # Molmo 2: crops keep the tower's side; image_size bounds how many an image may use

@@ -39,11 +39,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
-from torch import Tensor
+from torch import Tensor, nn
 
 from vlens.core.architectures import adapter_for
 from vlens.core.architectures.base import HFModule
@@ -192,7 +192,11 @@ class HeadTemperature(Result):
                 handles.append(q_norm.register_forward_hook(_scale_normed(scales, adapter.query_norm_head_axis)))
             else:  # output [..., n_heads * d_head]
                 projection = adapter.query_projection(layers[layer])
-                handles.append(projection.register_forward_hook(_scale_projected(scales, n_heads)))
+                fused = _fused_rows(projection)
+                if fused is not None:
+                    handles.append(fused[0].register_forward_hook(_scale_projected(scales, n_heads, fused[1:])))
+                else:
+                    handles.append(projection.register_forward_hook(_scale_projected(scales, n_heads)))
         return TemperatureHandle(lambda hs: [h.remove() for h in hs], handles)
 
     def baked_state_dict(self, hf_model: HFModule) -> dict[str, Tensor]:
@@ -217,6 +221,10 @@ class HeadTemperature(Result):
                 )
             projection = adapter.query_projection(layers[layer])
             rows = self.layer_scales(layer, n_heads).repeat_interleave(projection.out_features // n_heads)
+            fused = _fused_rows(projection)
+            if fused is not None:  # scale the query rows of the fused projection, leave k / v
+                projection, (start, stop) = fused[0], fused[1:]
+                rows = torch.cat([torch.ones(start), rows, torch.ones(int(projection.out_features) - stop)])
             name = by_id[id(projection)]
             for part in ("weight", "bias"):
                 key = f"{name}.{part}"
@@ -329,11 +337,27 @@ def _scale_normed(scales: Tensor, head_axis: int = -2):
     return hook
 
 
-def _scale_projected(scales: Tensor, n_heads: int):
+def _fused_rows(projection: Any) -> tuple[nn.Linear, int, int] | None:
+    """(fused layer, start, stop) where a query projection is a row view of a fused qkv projection (Phi-4-multimodal's
+    `RowSlice`), else None."""
+    fused = getattr(projection, "fused", None)
+    if not isinstance(fused, nn.Linear):
+        return None
+    return fused, int(projection.start), int(projection.stop)
+
+
+def _scale_projected(scales: Tensor, n_heads: int, span: tuple[int, int] | None = None):
+    """A forward hook scaling each head's query; span: the query's (start, stop) features of a fused output."""
+    def scaled(query: Tensor) -> Tensor:
+        shape = query.shape
+        per_head = query.reshape(*shape[:-1], n_heads, shape[-1] // n_heads)
+        return (per_head * scales.to(query.device, query.dtype)[:, None]).view(shape)
+
     def hook(module, args, output: Tensor) -> Tensor:
-        shape = output.shape
-        per_head = output.view(*shape[:-1], n_heads, shape[-1] // n_heads)
-        return (per_head * scales.to(output.device, output.dtype)[:, None]).view(shape)
+        if span is None:
+            return scaled(output)
+        start, stop = span
+        return torch.cat([output[..., :start], scaled(output[..., start:stop]), output[..., stop:]], dim=-1)
 
     return hook
 

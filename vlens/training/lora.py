@@ -46,6 +46,9 @@ def add_lora(
     """
     from peft import LoraConfig, inject_adapter_in_model
 
+    refusal = getattr(model.adapter, "lora_refusal", None)
+    if refusal:
+        raise UserInputError(f"LoRA is not supported for {model.adapter.family}: {refusal}")
     if has_lora(model):
         raise UserInputError("the model already has LoRA adapters; build a fresh model to add new ones")
     unknown = set(projections) - set(ATTENTION_PROJECTIONS)

@@ -189,6 +189,9 @@ class ArchitectureAdapter(ABC):
     # the keyword HF's forward reads the images' pixels from (Phi-4-multimodal: "image_pixel_values");
     # vlens holds them as `VLMInputs.pixel_values` and passes them back to HF under this name
     hf_pixel_values_key: str = "pixel_values"
+    # why vlens's LoRA (separate q / k / v / o nn.Linear projections, exported to the HF names) cannot train or
+    # export this family, None where it can
+    lora_refusal: str | None = None
 
     def hf_model_class(self, class_name: str) -> type:
         """The HF class that loads a checkpoint whose config names `class_name` (default: the class

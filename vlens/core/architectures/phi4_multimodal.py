@@ -79,6 +79,9 @@ class Phi4MultimodalAdapter(LlavaAdapter):
     hf_class_names = ("Phi4MultimodalForCausalLM",)
     family = "phi4_multimodal"
     hf_pixel_values_key = "image_pixel_values"
+    lora_refusal = ("its q / k / v projections are row views of one fused qkv_proj, so LoRA on them would not map "
+                    "back to the checkpoint's qkv_proj (nor would a vlens-exported adapter load in HF / peft); "
+                    "fine-tune it with peft on the HF model (target_modules=['qkv_proj', 'o_proj'])")
 
     def language_model(self, hf_model: HFModule) -> HFModule:
         return hf_model.model
