@@ -14,12 +14,14 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from vlens import HookedVLM
+from vlens import HookedVLM, adapter_for
 from vlens.testing.families import tiny_families, tiny_parts
 
 # every family with a tiny model (vlens.testing.families: a new family's builders are found by name)
 FAMILIES: tuple[str, ...] = tuple(tiny_families())
 QWEN_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
+# the families vlens's LoRA trains and exports (the others refuse it by message: adapter.lora_refusal)
+LORA_FAMILIES: tuple[str, ...] = tuple(f for f in FAMILIES if getattr(adapter_for(f), "lora_refusal", None) is None)
 
 
 def build_pair(family: str = "qwen2_5_vl", seed: int = 0, attn: str = "eager", processor: dict | None = None,

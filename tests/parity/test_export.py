@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.models import FAMILIES, build_pair, tiny_vlm
+from tests.helpers.models import LORA_FAMILIES, build_pair, tiny_vlm
 from vlens import HookedVLM
 from vlens.testing import random_image
 from vlens.training.export import load_adapters, save_adapters, save_merged
@@ -46,7 +46,7 @@ def _inputs(model):
     )
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", LORA_FAMILIES)
 def test_lora_leaves_the_hf_model_clean(family):
     model = _model_with_random_adapters(family)
     # the softmax-attention layers (a hybrid decoder's linear-attention layers have no q/k/v/o projections)
@@ -63,7 +63,7 @@ def test_lora_leaves_the_hf_model_clean(family):
     assert not any("lora" in name for name, _ in model.vision.named_modules())
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", LORA_FAMILIES)
 def test_adapter_round_trip_through_peft(family, tmp_path):
     from peft import PeftModel
 
@@ -87,7 +87,7 @@ def test_adapter_round_trip_through_peft(family, tmp_path):
         torch.testing.assert_close(fresh(inputs), ours, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", LORA_FAMILIES)
 def test_merged_checkpoint_matches_hooked_with_adapters(family, tmp_path):
     from transformers import AutoModelForImageTextToText
 
