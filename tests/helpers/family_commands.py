@@ -156,7 +156,8 @@ def run_every_command(model: str, out: Path, data: Path, image_args: Sequence[st
     for name, payload in done.items():
         check_provenance(payload, name, None if name == "temperature fit" else model)
     if export:
-        check_provenance(results(out / "export", "vlens_temperature.json"), "temperature export", model)
+        # the exported temperatures are the fit's result saved again: they keep the provenance they were made with
+        check_provenance(results(out / "export", "vlens_temperature.json"), "temperature fit", None)
     digests = {done[name]["provenance"]["model"]["weights_digest"] for name in ("patch", "logit-lens", "headlens",
                                                                                 "ablate", "eval")}
     assert len(digests) == 1  # the same weights, loaded five times
