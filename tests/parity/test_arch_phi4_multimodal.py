@@ -148,18 +148,18 @@ def test_crop_padding_across_images_and_selected_rows():
 
 
 def test_regions_crops_newlines_separator_global_view():
-    """Every image token in one record, HF's order: the crops' kept cells (row-interleaved across crops), a
-    newline feature after each row, the separator, the global view (the image's grid) with its newlines."""
+    """Every image token in one record: the crops' kept cells (row-interleaved across crops, as HF packs them),
+    the newline features after every row of both grids, the separator, the global view (the image's grid)."""
     _, model = _pair("gqa_r06")
     inputs = _cases("gqa_r06")["one_image"]
     # 40 x 20 -> 2 x 1 crops of 2 x 2 pooled cells: 2 rows of 4 cells + newline, separator, 2 x (2 + 1)
     records = inputs.regions.tiles[0][0]
     assert [(r.kind, r.grid, r.layout, r.index, r.spatial) for r in records] == [
-        ("tile", (2, 2), (0, 0), 1, True), ("tile", (2, 2), (0, 1), 2, True), ("newline", (2, 1), None, 0, False),
-        ("separator", (1, 1), None, 0, False), ("base", (2, 2), None, 0, True), ("newline", (2, 1), None, 0, False)]
+        ("tile", (2, 2), (0, 0), 1, True), ("tile", (2, 2), (0, 1), 2, True), ("newline", (4, 1), None, 0, False),
+        ("separator", (1, 1), None, 0, False), ("base", (2, 2), None, 0, True)]
     first = int(inputs.regions.images[0][0][0])
     relative = [(r.positions - first).tolist() for r in records]
-    assert relative == [[0, 1, 5, 6], [2, 3, 7, 8], [4, 9], [10], [11, 12, 14, 15], [13, 16]]
+    assert relative == [[0, 1, 5, 6], [2, 3, 7, 8], [4, 9, 13, 16], [10], [11, 12, 14, 15]]
     assert inputs.regions.image_grid[0] == [(2, 2)]
     assert inputs.regions.image_view(0, 0).kind == "base"
     # the global view covers the whole 40 x 20 image (the canvas is 32 x 16: no padding); the left crop's
@@ -176,8 +176,8 @@ def test_padded_crop_rows_are_dropped_from_the_regions():
     _, model = _pair("mqa_r05_crop24")
     inputs = model.prepare(images=[random_image(48, 16, 3)], prompts=["red"])
     records = inputs.regions.tiles[0][0]
-    assert [(r.kind, r.grid) for r in records] == [("tile", (2, 3)), ("tile", (2, 3)), ("newline", (2, 1)),
-                                                  ("separator", (1, 1)), ("base", (3, 3)), ("newline", (3, 1))]
+    assert [(r.kind, r.grid) for r in records] == [("tile", (2, 3)), ("tile", (2, 3)), ("newline", (5, 1)),
+                                                  ("separator", (1, 1)), ("base", (3, 3))]
     assert sum(len(r.positions) for r in records) == 2 * 7 + 1 + 3 * 4 == len(inputs.regions.images[0][0])
 
 

@@ -16,7 +16,7 @@ from tests.helpers.models import tiny_pair
 from vlens.testing import random_image
 
 FAMILIES = ["llava", "llava_next", "llava_onevision", "gemma3", "internvl", "idefics3", "smolvlm", "idefics2",
-            "mistral3", "lfm2_vl", "aya_vision", "molmo2", "gemma4", "llama4"]
+            "mistral3", "lfm2_vl", "aya_vision", "molmo2", "gemma4", "llama4", "phi4_multimodal"]
 
 
 def _chat(processor, n_images: int, text: str) -> str:
@@ -42,7 +42,7 @@ def test_processor_output_matches_hf_and_its_placeholders(family):
         expected = hf(**out).logits
         ours = model(out)
     torch.testing.assert_close(ours[mask], expected[mask], atol=1e-4, rtol=0)
-    placeholders = out["input_ids"] == hf.config.image_token_id
+    placeholders = out["input_ids"] == model.cfg.image_token_id  # Phi-4-multimodal's sits in its vision_config
     regions = model.coerce_inputs(out).regions
     for row in range(2):
         assert regions.image[row].tolist() == placeholders[row].nonzero().flatten().tolist()

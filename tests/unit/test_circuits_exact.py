@@ -54,6 +54,8 @@ FAMILIES = {
     # short convolutions (ports b, c, x per channel group) around an attention layer; tiles + thumbnail
     # every image token in one bidirectional block, image features added to the placeholder embeddings
     "molmo2": dict(n_layers=2, d_model=36, n_heads=3, n_kv_heads=1, d_head=12, initializer_range=0.1),
+    # fused qkv_proj (row views) and gate/up, partial rotary; HD crops + global view with newline / separator features
+    "phi4_multimodal": dict(n_layers=2, d_model=36, n_heads=3, n_kv_heads=1, d_mlp=40, initializer_range=0.1),
     "lfm2_vl": dict(n_layers=3, d_model=36, n_heads=3, n_kv_heads=1, full_attn_idxs=(1, 2), initializer_range=0.1),
     "smolvlm": dict(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_mlp=40, sub_image=24, patch_size=4,
                     scale_factor=3, initializer_range=0.1),

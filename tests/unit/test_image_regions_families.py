@@ -16,7 +16,8 @@ from tests.helpers.region_geometry import token_pixel_blocks
 from vlens.core.image_regions import box_coverage
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "llava_next", "llava_onevision", "gemma3",
-            "internvl", "idefics3", "smolvlm", "glm4v", "aya_vision", "lfm2_vl", "molmo2", "llama4")
+            "internvl", "idefics3", "smolvlm", "glm4v", "aya_vision", "lfm2_vl", "molmo2", "llama4",
+            "phi4_multimodal")
 # (width, height, box): wide, tall, tiny (upscaled), larger than every tiny processor's max pixels
 CASES = [(90, 50, (20, 10, 61, 37)), (41, 170, (5, 60, 30, 140)), (13, 9, (3, 2, 9, 7)),
          (600, 380, (100, 50, 333, 290))]

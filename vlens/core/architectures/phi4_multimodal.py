@@ -238,9 +238,10 @@ class Phi4MultimodalAdapter(LlavaAdapter):
         return out
 
     def _records(self, rows: int, cols: int, kept_h: int, kept_w: int) -> list[ImageTile]:
-        """One image's token records, positions from its first token, HF's order: the kept sub-image cells row by
-        row, each row closed by a newline feature; the separator feature; the global view, a newline per row.
-        The sub-image cells split into one "tile" per crop (layout cell (r, c), index 1 + r * cols + c)."""
+        """One image's token records, positions from its first token: the kept sub-image cells row by row, each row
+        closed by a newline feature; the separator feature; the global view, a newline per row. The sub-image
+        cells split into one "tile" per crop (layout cell (r, c), index 1 + r * cols + c); every newline
+        feature (both grids') is in one "newline" record, as LLaVA-NeXT's."""
         b, stride = self.base, kept_w + 1
         records = []
         for r in range(rows):
@@ -251,12 +252,12 @@ class Phi4MultimodalAdapter(LlavaAdapter):
                 positions = (torch.arange(r0, r1)[:, None] * stride + torch.arange(c0, c1)[None, :]).flatten()
                 records.append(ImageTile("tile", positions, (r1 - r0, c1 - c0), index=1 + r * cols + c, layout=(r, c)))
         sub = kept_h * stride
-        records.append(ImageTile("newline", torch.arange(kept_h) * stride + kept_w, (kept_h, 1), spatial=False))
+        start = sub + 1  # the global view's first token
+        newlines = torch.cat([torch.arange(kept_h) * stride + kept_w, start + torch.arange(b) * (b + 1) + b])
+        records.append(ImageTile("newline", newlines, (kept_h + b, 1), spatial=False))  # both grids' row ends
         records.append(ImageTile("separator", torch.tensor([sub]), (1, 1), spatial=False))
-        start = sub + 1
         grid = torch.arange(b)[:, None] * (b + 1) + torch.arange(b)[None, :]
         records.append(ImageTile("base", start + grid.flatten(), (b, b), index=0))
-        records.append(ImageTile("newline", start + torch.arange(b) * (b + 1) + b, (b, 1), spatial=False))
         return records
 
     def image_layouts(self, inputs) -> list[list[ImageTile]]:
