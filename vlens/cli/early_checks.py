@@ -34,6 +34,7 @@ INPUT_FLAGS: dict[str, dict[str, bool]] = {
     "knockout": {"--data": False, "--image-dir": False},
     "graph": {"--transcoders": False, "--image": False, "--examples-data": False, "--image-dir": False},
     "transcoder": {"--data": False, "--image-dir": False, "--transcoders": False},
+    "attribute-generation": {"--image": False, "--baseline-image": False},
 }
 
 
