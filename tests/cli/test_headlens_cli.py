@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from vlens.cli import main
@@ -65,6 +66,7 @@ def test_cli_errors_are_explained(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["headlens", "--make", "2", "--lens", str(tmp_path / "empty"), "--out", str(tmp_path / "out"), *COMMON]) == 2
     assert "holds no config.json" in capsys.readouterr().err
-    assert main(["lens", "train", "--make", "2", "--tasks", "counting,juggling", "--out", str(tmp_path / "lens"),
-                 *COMMON]) == 2
-    assert "unknown task(s) ['juggling']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:  # refused while the command line is read, before the model loads
+        main(["lens", "train", "--make", "2", "--tasks", "counting,juggling", "--out", str(tmp_path / "lens"), *COMMON])
+    assert stop.value.code == 2 and "unknown task(s) 'juggling'" in capsys.readouterr().err
+    assert not (tmp_path / "lens").exists()

@@ -42,6 +42,8 @@ BUILDERS = {
     "AyaVisionForConditionalGeneration": lambda: tiny_vlm("aya_vision", d_model=40, n_heads=4, n_kv_heads=2),
     "Molmo2ForConditionalGeneration": lambda: tiny_vlm("molmo2", d_model=36, n_heads=3, n_kv_heads=1),
     "Llama4ForConditionalGeneration": lambda: tiny_vlm("llama4"),
+    "LlavaNextVideoForConditionalGeneration": lambda: tiny_vlm("llava_next_video"),
+    "Phi4MultimodalForCausalLM": lambda: tiny_vlm("phi4_multimodal"),
     "SmolVLMForConditionalGeneration": lambda: tiny_vlm("smolvlm", d_model=40, n_heads=4, n_kv_heads=2,
                                                         sub_image=24, patch_size=4, scale_factor=3),
 }

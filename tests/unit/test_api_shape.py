@@ -35,6 +35,7 @@ ALLOWED = {
     "vlens.testing.gemma4.tiny_gemma4_config": "one keyword per HF config field the parity tests vary",
     "vlens.testing.lfm2_vl.tiny_lfm2_vl_config": "one keyword per HF config field the parity tests vary",
     "vlens.testing.molmo2.tiny_molmo2_config": "one keyword per HF config field the parity tests vary",
+    "vlens.testing.phi4_multimodal.tiny_phi4_multimodal_config": "one keyword per HF config field the parity tests vary",
     "vlens.viz.figures.layer_head_heatmap": "a figure's styling keywords (plotly's own take dozens)",
     "vlens.viz.image_attention.attention_grid_image": "a figure's styling keywords",
     "vlens.viz.image_attention.attention_tiles_figure": "a figure's styling keywords",
