@@ -65,15 +65,14 @@ def best_split(targets: Sequence[int] | Int[Tensor, " n"], correct: Sequence[boo
     if n_permutations < 1:
         raise UserInputError(f"n_permutations must be >= 1, got {n_permutations}")
     one_hot = (targets_t[:, None] == counts[None, :]).to(torch.float64)  # [n, n_counts]
-    n = one_hot.sum(0)
-    z = _split_z(correct_t @ one_hot, n)
+    n, hits = one_hot.sum(0), correct_t @ one_hot  # images and right answers per count
+    z = _split_z(hits, n)
     best = int(torch.argmax(z))
     generator = torch.Generator().manual_seed(seed)
     order = torch.argsort(torch.rand(n_permutations, correct_t.numel(), generator=generator), dim=1)
     permuted = correct_t[order] @ one_hot  # [n_permutations, n_counts]: hits per count under the null
     null_max = _split_z(permuted, n).max(-1).values
     exceed = int((null_max >= z[best] - 1e-12).sum())
-    hits = correct_t @ one_hot
     small_n, small_hits = n[: best + 1].sum(), hits[: best + 1].sum()
     large_n, large_hits = n[best + 1:].sum(), hits[best + 1:].sum()
     return SplitTest(split=int(counts[best]), small_accuracy=float(small_hits / small_n),
