@@ -16,11 +16,13 @@ the `provenance` block is kept as `provenance`.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import importlib
 import json
 import math
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +32,7 @@ from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_write_text
 from vlens.utils.finite import json_safe
 from vlens.utils.provenance import stamp
-from vlens.utils.saved_fields import check_fields, differences, failing_field
+from vlens.utils.saved_fields import check_fields, differences, failing_paths, json_misfit
 from vlens.utils.strict_json import loads_strict
 
 RESULTS_FILE = "results.json"
@@ -223,6 +225,9 @@ class Result(ABC):
     @staticmethod
     def attach_saved(result: R, body: dict, provenance: dict | None) -> R:
         """Keep on `result` the keys of `body` its own `to_dict` does not write (the extras) and the provenance."""
+        source = _READING.get()
+        if source is not None:  # read from a file (`read_checked`): its fields checked before its methods use them
+            check_fields(result, source)
         own = result.to_dict()
         result.__dict__["_extras"] = {key: value for key, value in body.items() if key not in own}
         result.__dict__["_provenance"] = provenance
@@ -303,32 +308,68 @@ def nan_tensor(values: Any, dtype: Any = None) -> Any:
 READER_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError, OverflowError)
 
 
+def _culprit(cls: type, data: dict, error: BaseException) -> tuple[list[str], str | None]:
+    """Where in the file a reader's `error` came from: the fields the failing expression read (`failing_paths`),
+    unless a field holds a JSON value its annotation is never saved as (`json_misfit`) and the expression read
+    none of it (the reader went wrong because of that field, e.g. a task that picked another branch): then that
+    field and why it does not fit. A required argument the class was built without is a missing field."""
+    absent = [name for name in re.findall(r"'(\w+)'", str(error).partition("required")[2]) if name not in data]
+    if isinstance(error, TypeError) and "missing" in str(error) and absent:
+        return absent, "is missing"
+    paths = failing_paths(error, data)
+    misfit = json_misfit(cls, data)
+    if misfit is not None:
+        within = [p for p in paths if p == misfit[0] or p.startswith((f"{misfit[0]}.", f"{misfit[0]}["))]
+        return (within, None) if within else ([misfit[0]], misfit[1])
+    return paths, None
+
+
+def _the_field(paths: list[str]) -> str:
+    return "the field " + " or ".join(map(repr, paths))
+
+
+_READING: contextvars.ContextVar[str | None] = contextvars.ContextVar("vlens_reading_result", default=None)
+
+
 def read_checked(cls: type[R], data: dict, file: Path) -> R:
     """`cls.from_saved(data)` of a file a user may have edited: a field missing or not fitting its kind, a field
     of the wrong type or shape (`vlens.utils.saved_fields.check_fields`, declared by each class's annotations
     and ``saved_dims``), and a result that does not write back what the file holds are each a
-    `UserInputError` naming the file and the field, never a traceback or a silently different result."""
+    `UserInputError` naming the file and the field, never a traceback or a silently different result.
+    The object built is checked before anything uses it (`attach_saved`), so a value its own methods would
+    trip over is named as the field it was read into."""
     source = f"{file} ({cls.kind!r} result)"
     redo = "write it again with the command or call that made it"
+    token = _READING.set(source)
     try:
         result = cls.from_saved(data, file.parent)
     except UserInputError as error:  # the class's own check of a value: said of this file and field
         if str(file) in str(error):
             raise
-        field = failing_field(error, data)
-        raise UserInputError(f"{source}: " + (f"the field {field!r}: " if field else "") + str(error)) from None
+        paths, _ = _culprit(cls, data, error)
+        raise UserInputError(f"{source}: " + (f"{_the_field(paths)}: " if paths else "") + str(error)) from None
     except KeyError as error:
         key = error.args[0] if error.args else "?"
-        field = failing_field(error, data)
-        what = (f"the field {key!r} is missing" if isinstance(key, str) and key not in data and field in (None, key)
-                else f"the field {field!r} holds {key!r}, a value the reader does not know, or lacks a part"
-                if field is not None else f"{key!r} is a value the reader does not know, or a part is missing")
+        if isinstance(key, str) and key not in data and failing_paths(error, data) in ([], [key]):
+            raise UserInputError(f"{source}: the field {key!r} is missing (the file was cut short or edited): "
+                                 f"{redo}") from None
+        paths, problem = _culprit(cls, data, error)
+        nested = [p for p in paths if isinstance(key, str) and p.endswith(f".{key}")]
+        what = (f"{_the_field(paths)} {problem}" if paths and problem
+                else f"{_the_field(nested)} is missing" if nested
+                else f"{_the_field(paths)} holds {key!r}, a value the reader does not know, or lacks a part"
+                if paths else f"{key!r} is a value the reader does not know, or a part is missing")
         raise UserInputError(f"{source}: {what} (the file was cut short or edited): {redo}") from None
     except READER_ERRORS as error:
-        field = failing_field(error, data)
-        where = f"the field {field!r} does not fit" if field is not None else "its fields do not fit"
+        paths, problem = _culprit(cls, data, error)
+        if paths and problem:  # a field missing, or a value of another kind: that says it
+            raise UserInputError(f"{source}: {_the_field(paths)} {problem} (the file was edited or written by "
+                                 f"another version): {redo}") from None
+        where = f"{_the_field(paths)} does not fit" if paths else "its fields do not fit"
         raise UserInputError(f"{source}: {where} a {cls.kind!r} result ({type(error).__name__}: {str(error)[:160]}): "
                              f"the file was edited or written by another version; {redo}") from None
+    finally:
+        _READING.reset(token)
     check_fields(result, source)
     body = {key: value for key, value in data.items() if key not in ("kind", "provenance")}
     differ = differences(json_safe(body), json_safe(result.to_dict()))

@@ -18,9 +18,16 @@ and one whose result does not write back what the file holds (`first_difference`
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import dis
+import itertools
+import linecache
 import math
+import re
 import sys
+import sysconfig
+import textwrap
 import types
 import typing
 from typing import Any
@@ -121,6 +128,75 @@ def check_fields(result: Any, source: str) -> None:
     import jaxtyping  # here: results that hold no tensor never need it
     import torch
 
+    try:
+        _check_own_fields(result, source, jaxtyping, torch)
+    except UserInputError as error:
+        # the first field read binds each named size: the one that disagrees with most others is the one to name
+        odd = _odd_size(result)
+        if odd is None or f"the field {odd[0]!r}" in str(error):
+            raise
+        name, dim, size, usual = odd
+        if name in getattr(type(result), "saved_dims", {}):
+            raise UserInputError(f"{source}: the field {name!r} holds {size} entries, which disagrees with the other "
+                                 f"fields' {dim} ({usual})") from None
+        raise UserInputError(f"{source}: the field {name!r} has {dim} = {size}, which disagrees with the other fields' "
+                             f"{dim} = {usual}") from None
+    for field in dataclasses.fields(result):  # parts that are dataclasses themselves (a taxonomy's scores)
+        part = getattr(result, field.name, None)
+        if dataclasses.is_dataclass(part) and not isinstance(part, type):
+            check_fields(part, f"{source} {field.name}")
+
+
+def _sizes(result: Any) -> list[tuple[str, list[tuple[str, int]]]]:
+    """(field, [(named dimension, its size)]) of every list in ``saved_dims`` and every tensor field annotated with
+    a jaxtyping shape (also inside a dict or list field: ``metrics['x']``), in the order declared."""
+    cls = type(result)
+    found: list[tuple[str, list[tuple[str, int]]]] = []
+    for name, dim in getattr(cls, "saved_dims", {}).items():
+        value = getattr(result, name, None)
+        if isinstance(value, (list, tuple)):
+            found.append((name, [(dim, len(value))]))
+    for field in dataclasses.fields(result):
+        annotation = _resolve(field.type, cls.__module__) if isinstance(field.type, str) else field.type
+        value = getattr(result, field.name, None)
+        candidates = [(field.name, annotation, value)]
+        args = [a for a in typing.get_args(annotation) if _is_jaxtyping(a)]
+        if isinstance(value, dict) and args:
+            candidates = [(f"{field.name}[{key!r}]", args[-1], item) for key, item in value.items()]
+        elif isinstance(value, (list, tuple)) and args:
+            candidates = [(f"{field.name}[{i}]", args[-1], item) for i, item in enumerate(value)]
+        elif typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            candidates = [(field.name, next((a for a in typing.get_args(annotation) if _is_jaxtyping(a)), None), value)]
+        for label, shaped, tensor in candidates:
+            shape = getattr(tensor, "shape", None)
+            if shaped is None or shape is None or not _is_jaxtyping(shaped):
+                continue
+            dims = shaped.dim_str.split()
+            if len(dims) != len(shape) or any(not d.isidentifier() or d == "_" for d in dims):
+                continue  # a variadic or fixed dimension: not compared here
+            found.append((label, list(zip(dims, map(int, shape), strict=True))))
+    return found
+
+
+def _odd_size(result: Any) -> tuple[str, str, int, int] | None:
+    """(field, dimension, its size there, the size most fields give it) of the first field whose size of a named
+    dimension is not the one most fields agree on (None: every size agrees, or no size is the most common)."""
+    from collections import Counter
+
+    sized = _sizes(result)
+    votes: dict[str, Counter] = {}
+    for _, dims in sized:
+        for dim, size in dims:
+            votes.setdefault(dim, Counter())[size] += 1
+    for name, dims in sized:
+        for dim, size in dims:
+            common = votes[dim].most_common(2)
+            if common[0][0] != size and (len(common) < 2 or common[0][1] > common[1][1]):
+                return name, dim, size, common[0][0]
+    return None
+
+
+def _check_own_fields(result: Any, source: str, jaxtyping: Any, torch: Any) -> None:
     cls = type(result)
     with jaxtyping.jaxtyped("context"):  # one binding of every named dimension across the fields
         for name, dim in getattr(cls, "saved_dims", {}).items():
@@ -138,10 +214,6 @@ def check_fields(result: Any, source: str) -> None:
             problem = _mismatch(getattr(result, field.name, None), annotation)
             if problem:
                 raise UserInputError(f"{source}: the field {field.name!r} {problem}")
-    for field in dataclasses.fields(result):  # parts that are dataclasses themselves (a taxonomy's scores)
-        part = getattr(result, field.name, None)
-        if dataclasses.is_dataclass(part) and not isinstance(part, type):
-            check_fields(part, f"{source} {field.name}")
 
 
 def differences(saved: dict, written: dict) -> list[str]:
@@ -178,45 +250,253 @@ def first_difference(saved: Any, written: Any, path: str = "") -> str | None:
     return None if saved == written and type(saved) is type(written) else path or "(the result)"
 
 
-def failing_field(error: BaseException, data: dict) -> str | None:
-    """The top-level key of `data` a reader was reading when it raised `error` (None: not found): a key
-    written in the failing expression (``data["k"]``), else a key held by a local variable of the failing
-    frame (a loop over names), searched from the innermost frame of vlens's own code outwards."""
-    import linecache
-    import re
-    import traceback
-
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
-              if "/vlens/" in frame.filename.replace("\\", "/") and "/site-packages/" not in frame.filename]
-    tb, locals_by_frame = error.__traceback__, []
-    while tb is not None:
-        locals_by_frame.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, dict(tb.tb_frame.f_locals)))
-        tb = tb.tb_next
-    for frame in reversed(frames):
-        end = getattr(frame, "end_lineno", None) or frame.lineno or 0  # positions: Python 3.11+
-        lines = [linecache.getline(frame.filename, n) for n in range(frame.lineno or 0, end + 1)]
-        text = "".join(lines)
-        start_col, end_col = getattr(frame, "colno", None), getattr(frame, "end_colno", None)
-        if start_col is not None and end_col is not None and len(lines) == 1:
-            text = lines[0][start_col:end_col]
-        for key in re.findall(r"[\"']([A-Za-z_][\w.]*)[\"']", text):
-            if key in data:
-                return key
-        for filename, lineno, names in reversed(locals_by_frame):
-            if filename == frame.filename and lineno == frame.lineno:
-                # a local holding one of the file's lists / objects, or the name of a key
-                held = [k for k in data for v in names.values() if isinstance(v, (list, dict)) and v is data[k]]
-                values = [v for v in names.values() if isinstance(v, str)]
-                joined = [a + b for a in values for b in values if a + b in data]  # data[prefix + name]
-                found = (held or joined or [v for v in values if v in data]
-                         or [k for k in data for v in values if k.endswith(f"_{v}")])
-                if found:
-                    return found[0]
-    if isinstance(error, KeyError) and error.args:  # a value looked up as a key: the field that holds it
-        held = [k for k, v in data.items() if not isinstance(v, (bool, list, dict)) and v == error.args[0]]
-        if held:
-            return held[0]
+def json_misfit(cls: type, data: dict) -> tuple[str, str] | None:
+    """The first key of `data` that names a dataclass field of `cls` and holds a JSON value that no saved form of
+    the field's annotation can be (a text where a list or number is needed, ...), with why; None: none found.
+    Only the kind of JSON value is compared (a tuple is saved as a list, a dataclass as an object; tensors and
+    other classes, saved in many forms, are not compared), so a value a reader converts is not taken for one."""
+    fields = {field.name: field for field in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    for key, value in data.items():
+        field = fields.get(key)
+        if field is None:
+            continue
+        annotation = _resolve(field.type, cls.__module__) if isinstance(field.type, str) else field.type
+        kinds = _json_kinds(annotation)
+        if kinds is not None and not isinstance(value, kinds):
+            names = sorted({JSON_NAMES[kind] for kind in kinds})
+            return key, f"must be {' or '.join(names)}, got {_describe(value)}"
     return None
 
 
-__all__ = ["check_fields", "differences", "failing_field", "first_difference"]
+JSON_NAMES = {list: "a list", dict: "an object {key: value}", str: "text", bool: "true or false", int: "a number",
+              float: "a number", type(None): "null"}
+
+
+def _json_kinds(annotation: Any) -> tuple[type, ...] | None:
+    """The Python types of the JSON values a field of `annotation` may be saved as (None: any, or not known)."""
+    if annotation is None or annotation is Any or annotation is object or isinstance(annotation, typing.TypeVar):
+        return None
+    if annotation is type(None):
+        return (type(None),)
+    if _is_jaxtyping(annotation) or (isinstance(annotation, type) and annotation.__module__ == "torch"
+                                     and annotation.__name__ == "Tensor"):
+        return None  # nested lists, a number, or an object per label ({region: count}): its reader knows
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        members = [_json_kinds(member) for member in typing.get_args(annotation)]
+        return None if any(m is None for m in members) else tuple({kind for m in members for kind in m or ()})
+    if origin is typing.Literal:
+        return tuple({type(arg) for arg in typing.get_args(annotation)})
+    if annotation is float:
+        return (int, float, type(None))  # null: a saved NaN
+    if annotation in (bool, int, str):
+        return (annotation,)
+    if origin in (list, tuple, typing.Sequence, set, frozenset) or annotation in (list, tuple, set, frozenset):
+        return (list,)
+    if origin in (dict, typing.Mapping) or annotation is dict:
+        return (dict,)
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return (dict,)
+    return None  # other classes (paths, images, ...): whatever their reader takes
+
+
+def failing_field(error: BaseException, data: dict) -> str | None:
+    """The field of `data` a reader was reading when it raised `error`, as a path into the file (``edges``,
+    ``nodes[3].layer``); None: not found. The first of `failing_paths`."""
+    paths = failing_paths(error, data)
+    return paths[0] if paths else None
+
+
+def failing_paths(error: BaseException, data: dict) -> list[str]:
+    """The fields of `data` (paths into the file) a reader was reading when it raised `error`: one, or the few one
+    failing expression read (``zip(data["a"], data["b"])``); empty: not found.
+
+    Searched from the innermost frame of vlens's own code outwards, in the expression that failed: a key read from
+    a value of the file (``node["layer"]``, ``data.get("edges")``, ``data[prefix + name]``), else a local named
+    there that holds a list or object of the file (found by identity, so that a copy of the file's dict counts as
+    it) or a text of the file that no other field holds."""
+    where = _Locator(data)
+    tb = error.__traceback__
+    frames = []
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if _readers_code(filename):
+            frames.append(tb)
+        tb = tb.tb_next
+    for tb in reversed(frames):
+        found = _paths_in_frame(tb, where, data)
+        if found and isinstance(error, KeyError) and error.args and isinstance(error.args[0], str):
+            key = error.args[0]  # of the keys the expression read, the one that failed
+            found = [p for p in found if p == key or p.endswith(f".{key}")] or found
+        if found:
+            return found
+    if isinstance(error, KeyError) and error.args:  # a value looked up as a key: the field that holds it
+        held = [k for k, v in data.items() if not isinstance(v, (bool, list, dict)) and v == error.args[0]]
+        if held:
+            return held[:1]
+    return []
+
+
+def _paths_in_frame(tb: types.TracebackType, where: _Locator, data: dict) -> list[str]:
+    """The paths of the file that the expression a traceback entry failed in read (`failing_paths`)."""
+    code = tb.tb_frame.f_code
+    # a loop whose iterator failed (zip(..., strict=True)): its loop variables still hold the previous item
+    iterating = 0 <= tb.tb_lasti < len(code.co_code) and dis.opname[code.co_code[tb.tb_lasti]] == "FOR_ITER"
+    texts = _failing_texts(tb)
+    found = where.named_in(texts[0], tb.tb_frame.f_locals, tb.tb_frame.f_globals, names_too=not iterating)
+    if found or len(texts) == 1:
+        return found
+    if code.co_name == "to_dict":  # writing the result back: the key being written where it failed
+        line = linecache.getline(code.co_filename, tb.tb_lineno)
+        start = _position(tb)[2]
+        keys = [k for k in re.findall(r"[\"'](\w+)[\"']\s*:", line[:start] if start is not None else line) if k in data]
+        if keys:
+            return keys[-1:]
+    return where.named_in(texts[-1], tb.tb_frame.f_locals, tb.tb_frame.f_globals, names_too=False)
+
+
+def _readers_code(filename: str) -> bool:
+    """A file of vlens or of the project that defines a result (a plugin's kind too), not a library it calls."""
+    filename = filename.replace("/dist-packages/", "/site-packages/")
+    if "/site-packages/" in filename:
+        return "/site-packages/vlens/" in filename
+    return not filename.startswith(("<", sysconfig.get_paths()["stdlib"].replace("\\", "/")))
+
+
+def _position(tb: types.TracebackType) -> tuple[int, int, int | None, int | None]:
+    """First and last line and the columns of the expression a traceback entry failed in (columns: 3.11+)."""
+    code, lasti = tb.tb_frame.f_code, tb.tb_lasti
+    all_positions = getattr(code, "co_positions", None)
+    positions = (next(itertools.islice(all_positions(), lasti // 2, None), None)
+                 if all_positions is not None and lasti >= 0 else None)
+    start, end, start_col, end_col = positions if positions else (tb.tb_lineno, tb.tb_lineno, None, None)
+    start = start or tb.tb_lineno
+    return start, end or start, start_col, end_col
+
+
+def _failing_texts(tb: types.TracebackType) -> list[str]:
+    """The source of the expression a traceback entry failed in (where Python records its columns), then of its
+    whole line(s)."""
+    start, end, start_col, end_col = _position(tb)
+    lines = [linecache.getline(tb.tb_frame.f_code.co_filename, n) for n in range(start, end + 1)]
+    texts = []
+    if start_col is not None and end_col is not None:
+        texts.append(lines[0][start_col:end_col] if len(lines) == 1 else
+                     lines[0][start_col:] + "".join(lines[1:-1]) + lines[-1][:end_col])
+    texts.append("".join(lines))
+    return texts
+
+
+class _Locator:
+    """Where the values of a file's dict are: every list and object in it by identity, as a path."""
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+        self.paths: dict[int, str] = {}
+        texts: dict[int, list[str]] = {}
+        stack: list[tuple[Any, str]] = [(value, str(key)) for key, value in data.items()]
+        while stack:
+            value, path = stack.pop()
+            if isinstance(value, str) and value:
+                texts.setdefault(id(value), []).append(path)
+            elif isinstance(value, dict):
+                self.paths.setdefault(id(value), path)
+                stack.extend((item, f"{path}.{key}") for key, item in value.items())
+            elif isinstance(value, list):
+                self.paths.setdefault(id(value), path)
+                stack.extend((item, f"{path}[{i}]") for i, item in enumerate(value))
+        # a text held in one place only (a text object that recurs, like a one-letter one, says nothing)
+        self.texts = {key: paths[0] for key, paths in texts.items() if len(paths) == 1}
+
+    def path_of(self, value: Any) -> str | None:
+        """The path of `value` in the file ("" for the file's dict or a copy of it); None: not one of its values."""
+        if value is self.data:
+            return ""
+        if isinstance(value, (dict, list)):
+            found = self.paths.get(id(value))
+            if found is not None:
+                return found
+        if isinstance(value, dict):  # a copy of the file's dict (or of one of its objects): most values the same
+            for original, path in [(self.data, ""), *((v, str(k)) for k, v in self.data.items() if isinstance(v, dict))]:
+                shared = [k for k in value if k in original]
+                if shared and 2 * sum(value[k] is original[k] for k in shared) >= len(shared) + 1:
+                    return path
+        if isinstance(value, str) and value:  # a text of the file that no other value is
+            return self.texts.get(id(value))
+        return None
+
+    def named_in(self, text: str, names: dict[str, Any], constants: dict[str, Any], names_too: bool = True) -> list[str]:
+        """The paths `text` (a failing expression) reads: keys read from the file's values, else (`names_too`) its
+        locals that are values of the file. constants: the module's names (``data[CELL_AXIS[mode]]``)."""
+        found: list[str] = []
+        for base, key in _reads(text, {**constants, **names}):
+            path = self.path_of(base)
+            if path is None:
+                continue
+            if path == "" and key in ("kind", "provenance"):
+                continue
+            if isinstance(base, dict) and isinstance(key, str):
+                found.append(f"{path}.{key}" if path else key)
+            elif isinstance(base, list) and isinstance(key, int) and not isinstance(key, bool):
+                found.append(f"{path}[{key}]")
+            elif path:  # a text, or a list read as an object: the value itself is of another kind
+                found.append(path)
+        if not found and names_too:
+            for name in re.findall(r"\b[A-Za-z_]\w*\b", text):
+                if name in names and name not in ("self", "cls"):
+                    path = self.path_of(names[name])
+                    if path:
+                        found.append(path)
+        unique = list(dict.fromkeys(found))
+        return unique if len(unique) <= 3 else []  # more: an expression over the whole file, no one field
+
+
+def _reads(text: str, names: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """(value, key) of every ``value[key]``, ``value.get(key ...)`` and ``value.pop(key ...)`` in `text` whose value
+    and key are locals, constants or sums of them (``data[prefix + name]``), in the order written."""
+    try:
+        tree = ast.parse(textwrap.dedent(text).strip(), mode="eval")
+    except SyntaxError:  # a part of a statement: the quoted keys read from a local
+        return [(names[base], key) for base, key in re.findall(r"\b([A-Za-z_]\w*)\s*(?:\[|\.get\(|\.pop\()\s*[\"']([^\"']+)[\"']", text)
+                if base in names]
+    reads = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            reads.append((node.value, node.slice))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop")
+              and node.args):
+            reads.append((node.func.value, node.args[0]))
+    out = []
+    for base, key in sorted(reads, key=lambda pair: (pair[0].lineno, pair[0].col_offset)):
+        value, index = _simple(base, names), _simple(key, names)
+        if value is not _UNKNOWN and index is not _UNKNOWN:
+            out.append((value, index))
+    return out
+
+
+_UNKNOWN = object()
+
+
+def _simple(node: ast.AST, names: dict[str, Any]) -> Any:
+    """The value of a local, a constant, ``local.attribute`` or a sum of texts (_UNKNOWN: anything else)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return names.get(node.id, _UNKNOWN)
+    if isinstance(node, ast.Attribute):
+        owner = _simple(node.value, names)
+        if owner is _UNKNOWN or not dataclasses.is_dataclass(owner):  # a field, never a property that computes
+            return _UNKNOWN
+        return owner.__dict__.get(node.attr, _UNKNOWN)
+    if isinstance(node, ast.Subscript):  # a module's table of keys (never a class's own __getitem__)
+        table, key = _simple(node.value, names), _simple(node.slice, names)
+        if isinstance(table, dict) and not isinstance(key, (dict, list)) and key is not _UNKNOWN:
+            return table.get(key, _UNKNOWN)
+        return _UNKNOWN
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _simple(node.left, names), _simple(node.right, names)
+        return left + right if isinstance(left, str) and isinstance(right, str) else _UNKNOWN
+    return _UNKNOWN
+
+
+__all__ = ["check_fields", "differences", "failing_field", "failing_paths", "first_difference", "json_misfit"]
