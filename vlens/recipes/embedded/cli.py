@@ -43,12 +43,12 @@ def _mrope_section(text: str) -> list[int]:
     return section
 
 
-def _train(args: argparse.Namespace) -> int:
-    from vlens.recipes.embedded.loop import Interrupted
-    from vlens.recipes.embedded.recipe import run_recipe
+def settings_from_args(args: argparse.Namespace) -> RecipeSettings:
+    """The recipe's settings from parsed `vlens zoo train` arguments (also how a model card's
+    commands are read back: tests/recipes/test_zoo_card_commands.py)."""
     from vlens.recipes.embedded.training_set import parse_mix
 
-    settings = RecipeSettings(
+    return RecipeSettings(
         seed=args.seed,
         n_examples=args.examples,
         threads=args.threads,
@@ -82,6 +82,13 @@ def _train(args: argparse.Namespace) -> int:
             freeze_vision=args.freeze_vision,
         ),
     )
+
+
+def _train(args: argparse.Namespace) -> int:
+    from vlens.recipes.embedded.loop import Interrupted
+    from vlens.recipes.embedded.recipe import run_recipe
+
+    settings = settings_from_args(args)
     try:
         summary = run_recipe(Path(args.out), settings, progress=not args.quiet)
     except Interrupted as stop:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from vlens.recipes.embedded.architecture import ROPE_THETA, TEXT_LAYERS
 from vlens.recipes.embedded.claims import accuracy_text, sources_note
-from vlens.recipes.embedded.training_set import TRAINING_MIX
+from vlens.recipes.embedded.settings import RecipeSettings
 
 # Held-out accuracy targets of the recipe (SynReal-lite counting and the held-out dot
 # renderer are reported, not targeted).
@@ -74,14 +77,32 @@ def objects_section(per_objects: dict) -> list[str]:
     ]
 
 
-def _is_default_mix(mix: dict[str, float]) -> bool:
-    total = sum(TRAINING_MIX.values())
-    return mix.keys() == TRAINING_MIX.keys() and all(
-        abs(mix[name] - weight / total) < 1e-9 for name, weight in TRAINING_MIX.items()
-    )
+def _number(value: float) -> str:
+    """A float as short as it reads back exactly (30.0 -> "30", 0.0005 -> "0.0005")."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
-def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
+# A stage record's optional settings as `vlens zoo train` flags, in the card's order: (record key,
+# flag, how its value is written; None: a switch).
+_FLAGS: tuple[tuple[str, str, Callable[[Any], str] | None], ...] = (
+    ("max_objects", "--max-objects", str),
+    ("minimal_pairs", "--minimal-pairs", None),
+    ("grow_vision_depth", "--grow-vision-depth", str),
+    ("grow_text_layers", "--grow-text-layers", str),
+    ("fresh_decoder", "--fresh-decoder", None),
+    ("text_layers", "--text-layers", str),
+    ("rope_theta", "--rope-theta", _number),
+    ("mrope_section", "--mrope-section", lambda section: ",".join(str(n) for n in section)),
+    ("vision_aux_weight", "--vision-aux-weight", str),
+    ("freeze_vision", "--freeze-vision", None),
+)
+
+
+def stage_command(stage: dict, out: str, init_from: str | None, held_out: int | None = None) -> str:
+    """The `vlens zoo train` command of one stage: a flag for every setting the stage's record
+    holds that changes the trained weights (recipe.training_record), and `--held-out` when given
+    (the last stage: the size of the evaluation this card reports)."""
     schedule = stage.get("schedule_steps") or stage["steps"]
     command = (
         f"vlens zoo train --out {out}"
@@ -90,20 +111,17 @@ def _stage_command(stage: dict, out: str, init_from: str | None) -> str:
         f"--batch-size {stage['batch_size']} --lr {stage['learning_rate']} --warmup {stage['warmup_steps']} "
         f"--examples {stage['n_examples']} --threads {stage['threads']}"
     )
+    if held_out is not None and held_out != RecipeSettings.held_out_per_source:
+        command += f" --held-out {held_out}"
     if stage["steps"] < schedule:
         command += f" --stop-after {stage['steps']}"
-    if stage.get("mix") is not None and not _is_default_mix(stage["mix"]):
-        command += " --mix " + ",".join(f"{name}={share:.4g}" for name, share in stage["mix"].items())
-    if stage.get("max_objects") is not None:
-        command += f" --max-objects {stage['max_objects']}"
-    if stage.get("grow_vision_depth") is not None:
-        command += f" --grow-vision-depth {stage['grow_vision_depth']}"
-    if stage.get("grow_text_layers") is not None:
-        command += f" --grow-text-layers {stage['grow_text_layers']}"
-    if stage.get("vision_aux_weight"):
-        command += f" --vision-aux-weight {stage['vision_aux_weight']}"
-    if stage.get("freeze_vision"):
-        command += " --freeze-vision"
+    if stage.get("mix") is not None:
+        # always written (the recipe's default mix has changed before); 12 significant digits: the
+        # normalised shares read back as the weights the stage drew with
+        command += " --mix " + ",".join(f"{name}={share:.12g}" for name, share in stage["mix"].items())
+    for key, flag, written in _FLAGS:
+        if stage.get(key):  # unset (None, False, 0.0): the flag's default
+            command += f" {flag}" + ("" if written is None else f" {written(stage[key])}")
     if stage.get("device", "cpu") != "cpu":
         command += f" --device {stage['device']}"
     if stage.get("image_size") is not None:
@@ -169,12 +187,33 @@ def _stage_notes(stage: dict) -> list[str]:
         )
     if stage.get("image_size") is not None:
         notes.append(f"images at {stage['image_size']} px")
+    if stage.get("text_layers") is not None and not stage.get("fresh_decoder"):
+        notes.append(f"a {stage['text_layers']}-layer decoder")
+    if stage.get("rope_theta") is not None or stage.get("mrope_section") is not None:
+        theta = stage["rope_theta"] if stage.get("rope_theta") is not None else ROPE_THETA
+        section = stage.get("mrope_section") or "the default [2, 3, 3]"
+        notes.append(f"decoder M-RoPE theta {_number(theta)}, sections {section}")
+    if stage.get("minimal_pairs"):
+        notes.append(
+            "minimal pairs: each binding question (existence, spatial, colour, shape) also asked with another "
+            "noun about the same image, in the same batch (vlens.recipes.embedded.minimal_pairs)"
+        )
     if stage.get("vision_aux_weight"):
         notes.append(
             f"plus the dense vision-token shape/colour loss (weight {stage['vision_aux_weight']}, "
             "vlens.recipes.embedded.vision_aux; its heads are not saved)"
         )
     return notes
+
+
+def _stage_start(stage: dict, index: int) -> str:
+    """Where stage `index` (1-based) started: from scratch, a new decoder, or the last weights."""
+    if index == 1:
+        return "from scratch"
+    if stage.get("fresh_decoder"):
+        layers = stage.get("text_layers") or TEXT_LAYERS
+        return f"a new {layers}-layer decoder on stage {index - 1}'s vision tower and merger"
+    return f"continuing stage {index - 1}"
 
 
 def training_lines(summary: dict) -> list[str]:
@@ -184,7 +223,7 @@ def training_lines(summary: dict) -> list[str]:
     current = stages[-1]
     lines = []
     for index, stage in enumerate(stages, start=1):
-        start = "from scratch" if index == 1 else "continuing stage " + str(index - 1)
+        start = _stage_start(stage, index)
         lines.append(
             f"- stage {index} ({start}): seed {stage['seed']}, {stage['steps']} steps"
             + (
@@ -219,9 +258,11 @@ def training_lines(summary: dict) -> list[str]:
         "- reproduce (deterministic for a given seed and thread count):",
         "```",
     ]
+    held_out = summary["data"].get("held_out_per_source")
     for index, stage in enumerate(stages, start=1):
-        out = "DIR" if index == len(stages) else f"stage{index}"
-        lines.append(_stage_command(stage, out, f"stage{index - 1}" if index > 1 else None))
+        last = index == len(stages)
+        init_from = f"stage{index - 1}" if index > 1 else None
+        lines.append(stage_command(stage, "DIR" if last else f"stage{index}", init_from, held_out if last else None))
     lines.append("```")
     return lines
 

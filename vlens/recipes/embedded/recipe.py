@@ -67,7 +67,7 @@ RENDERED_FILE = "rendered.pt"  # the checkpoint folder's copy of the stage's tra
 
 
 # Settings that do not change the trained weights (a resumed run may change them).
-_NOT_IN_FINGERPRINT = (
+NOT_IN_FINGERPRINT = (
     "held_out_per_source",
     "checkpoint_every",
     "checkpoint_held_out_per_source",
@@ -84,7 +84,7 @@ def _file_digest(path: Path) -> str:
 
 def fingerprint(settings: RecipeSettings) -> dict:
     """The settings that determine the trajectory, and the weights a later stage starts from."""
-    values = {k: v for k, v in asdict(settings).items() if k not in _NOT_IN_FINGERPRINT}
+    values = {k: v for k, v in asdict(settings).items() if k not in NOT_IN_FINGERPRINT}
     values["train"] = {k: v for k, v in values["train"].items() if k not in ("stop_after", "log_every")}
     if settings.init_from:
         values["init_from"] = _file_digest(Path(settings.init_from) / "model.safetensors")
@@ -222,6 +222,48 @@ def _normalised(mix: dict[str, float]) -> dict[str, float]:
     return {name: weight / total for name, weight in mix.items()}
 
 
+def data_record(settings: RecipeSettings, held_out_per_source: int | None = None) -> dict:
+    """A stage summary's "data": the training set's settings and the held-out evaluation's size."""
+    return {
+        "n_examples": settings.n_examples,
+        "mix": _normalised(settings.mix or TRAINING_MIX),
+        "max_objects": settings.max_objects,
+        "held_out_per_source": settings.held_out_per_source if held_out_per_source is None else held_out_per_source,
+        "held_out_size": DEFAULT_SIZE,
+    }
+
+
+def training_record(settings: RecipeSettings, training: dict, extra: dict) -> dict:
+    """A stage summary's "training": every setting that changes the trained weights (the model
+    card writes each one back as a `vlens zoo train` flag: model_card.stage_command), then what
+    the run measured (`training`: steps done, wall time, final loss; `extra`: probes, dense)."""
+    return {
+        "stage": settings.stage,
+        "seed": settings.seed,
+        "steps": training["steps"],
+        "schedule_steps": settings.train.steps,
+        "batch_size": settings.train.batch_size,
+        "learning_rate": settings.train.learning_rate,
+        "warmup_steps": settings.train.warmup_steps,
+        "threads": settings.threads,
+        "device": settings.device,
+        "image_size": settings.image_size,
+        "init_from": settings.init_from,
+        "grow_vision_depth": settings.grow_vision_depth,
+        "grow_text_layers": settings.grow_text_layers,
+        "vision_aux_weight": settings.train.vision_aux_weight,
+        "freeze_vision": settings.train.freeze_vision,
+        "fresh_decoder": settings.fresh_decoder,
+        "text_layers": settings.text_layers,
+        "rope_theta": settings.rope_theta,
+        "mrope_section": settings.mrope_section,
+        "minimal_pairs": settings.minimal_pairs,
+        "wall_time_s": training["wall_time_s"],
+        "final_loss": training["final_loss"] if training["final_loss"] is not None else float("nan"),
+        **extra,
+    }
+
+
 def _summary(
     settings: RecipeSettings, model, processor, training: dict, evaluation: dict, status: str, extra: dict
 ) -> dict:
@@ -229,33 +271,8 @@ def _summary(
         "status": status,
         "config": describe_config(model, processor),
         "parameters": arch.parameter_count(model),
-        "data": {
-            "n_examples": settings.n_examples,
-            "mix": _normalised(settings.mix or TRAINING_MIX),
-            "max_objects": settings.max_objects,
-            "held_out_per_source": evaluation.get("held_out_per_source", settings.held_out_per_source),
-            "held_out_size": DEFAULT_SIZE,
-        },
-        "training": {
-            "stage": settings.stage,
-            "seed": settings.seed,
-            "steps": training["steps"],
-            "schedule_steps": settings.train.steps,
-            "batch_size": settings.train.batch_size,
-            "learning_rate": settings.train.learning_rate,
-            "warmup_steps": settings.train.warmup_steps,
-            "threads": settings.threads,
-            "device": settings.device,
-            "image_size": settings.image_size,
-            "init_from": settings.init_from,
-            "grow_vision_depth": settings.grow_vision_depth,
-            "grow_text_layers": settings.grow_text_layers,
-            "vision_aux_weight": settings.train.vision_aux_weight,
-            "freeze_vision": settings.train.freeze_vision,
-            "wall_time_s": training["wall_time_s"],
-            "final_loss": training["final_loss"] if training["final_loss"] is not None else float("nan"),
-            **extra,
-        },
+        "data": data_record(settings, evaluation.get("held_out_per_source")),
+        "training": training_record(settings, training, extra),
         "evaluation": evaluation,
         "previous_stages": previous_stages(settings.init_from) if settings.init_from else [],
     }

@@ -1,0 +1,173 @@
+"""A model card's commands reproduce its model: each stage's `vlens zoo train` line, read back by
+the real parser, gives the settings the stage recorded (no training here: the records are built
+by the recipe's own functions from settings chosen to differ from every default)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from vlens.cli import build_parser
+from vlens.recipes.embedded.cli import settings_from_args
+from vlens.recipes.embedded.model_card import training_lines, training_stages
+from vlens.recipes.embedded.recipe import NOT_IN_FINGERPRINT, check_settings, data_record, training_record
+from vlens.recipes.embedded.settings import RecipeSettings, TrainSettings
+
+# Options that change no weight (where the run is kept, how it reports); a new option must be
+# listed here or round-trip through the card below.
+NOT_THE_MODEL = {
+    "out", "held_out", "log_every", "checkpoint_every", "checkpoint_dir", "resume", "overwrite",
+    "probe_scenes",
+}
+# Settings with no flag: fixed by the recipe, so every card's command gets them by default.
+NO_FLAG = {"weight_decay", "grad_clip", "checkpoint_held_out_per_source"}
+
+
+def _lineage() -> list[RecipeSettings]:
+    """Three stages that together set every weight-changing option away from its default (the
+    combinations the recipe refuses, e.g. --fresh-decoder with --grow-*, are split across stages)."""
+    return [
+        RecipeSettings(
+            stage="vision", seed=5, n_examples=123, threads=2, device="cuda", image_size=112,
+            mix={"colour": 1.0, "shape": 2.0}, rope_theta=50.0, mrope_section=[3, 3, 2], text_layers=3,
+            train=TrainSettings(steps=77, stop_after=40, batch_size=5, learning_rate=3e-4, warmup_steps=7),
+        ),
+        RecipeSettings(
+            seed=6, n_examples=50, threads=1, init_from="stage1", fresh_decoder=True, text_layers=6,
+            rope_theta=30.0, mrope_section=[2, 2, 4], minimal_pairs=True, max_objects=3,
+            mix={"existence": 1.0, "spatial": 1.0, "counting/synpoly": 1.0},
+            train=TrainSettings(steps=20, batch_size=4, learning_rate=1e-3, warmup_steps=2, freeze_vision=True),
+        ),
+        RecipeSettings(
+            seed=7, n_examples=60, threads=3, init_from="stage2", grow_vision_depth=5, grow_text_layers=8,
+            held_out_per_source=17, mix={"colour": 0.1, "counting/syndot": 0.3, "arithmetic": 0.6},
+            train=TrainSettings(steps=30, batch_size=6, learning_rate=2.5e-3, warmup_steps=3, vision_aux_weight=0.5),
+        ),
+    ]
+
+
+def _summaries(stages: list[RecipeSettings]) -> list[dict]:
+    """Each stage's summary as run_recipe records it (its earlier stages read from the last one)."""
+    summaries: list[dict] = []
+    for settings in stages:
+        check_settings(settings)  # a combination the recipe runs
+        steps = settings.train.steps_to_run
+        summaries.append({
+            "data": data_record(settings),
+            "training": training_record(settings, {"steps": steps, "wall_time_s": 60.0, "final_loss": 0.1}, {}),
+            "previous_stages": training_stages(summaries[-1]) if summaries else [],
+        })
+    return summaries
+
+
+def _compared(settings: RecipeSettings) -> dict:
+    """The settings that determine the weights (recipe.fingerprint's, with --stop-after), the mix
+    normalised (the card writes shares)."""
+    values = {k: v for k, v in asdict(settings).items() if k not in NOT_IN_FINGERPRINT}
+    values["train"] = {k: v for k, v in values["train"].items() if k not in ("log_every", "seed")}
+    if values["mix"] is not None:
+        total = sum(values["mix"].values())
+        values["mix"] = {name: pytest.approx(weight / total, abs=1e-12) for name, weight in values["mix"].items()}
+    return values
+
+
+def _commands(summary: dict) -> list[str]:
+    return [line for line in training_lines(summary) if line.startswith("vlens zoo train ")]
+
+
+def test_every_card_command_reads_back_as_the_recorded_settings():
+    stages = _lineage()
+    summary = _summaries(stages)[-1]
+    commands = _commands(summary)
+    assert len(commands) == len(stages)
+    parser = build_parser()
+    for index, (command, settings) in enumerate(zip(commands, stages, strict=True), start=1):
+        args = parser.parse_args(shlex.split(command)[1:])
+        assert str(args.out) == ("DIR" if index == len(stages) else f"stage{index}")
+        assert _compared(settings_from_args(args)) == _compared(settings), command
+    assert "--held-out 17" in commands[-1]  # the size of the evaluation the card reports
+
+
+def test_the_lineage_sets_every_option_that_changes_the_weights():
+    """So a new setting (or flag) fails the round trip above until the card writes it."""
+    parsed = vars(build_parser().parse_args(["zoo", "train", "--out", "x"]))
+    dests = set(parsed) - {"command", "zoo_command", "command_prog", "func", "quiet", "verbose"}
+    flag_of = {"examples": "n_examples", "lr": "learning_rate", "warmup": "warmup_steps"}
+    model_flags = {flag_of.get(dest, dest) for dest in dests - NOT_THE_MODEL}
+    compared = _compared(RecipeSettings())
+    top, train = set(compared) - {"train"}, set(compared["train"])  # train.seed is the stage's seed
+    assert model_flags == (top | train) - NO_FLAG, "a new option: round-trip it below or list it in NOT_THE_MODEL"
+    for name in sorted((top | train) - NO_FLAG):
+        on_train = name not in top
+        values = [getattr(s.train if on_train else s, name) for s in _lineage()]
+        default = getattr(TrainSettings() if on_train else RecipeSettings(), name)
+        assert any(value != default for value in values), name
+
+
+def test_a_fresh_decoder_stage_says_what_it_started_from():
+    text = "\n".join(training_lines(_summaries(_lineage())[-1]))
+    assert "- stage 2 (a new 6-layer decoder on stage 1's vision tower and merger)" in text
+    assert "- stage 3 (continuing stage 2)" in text
+    assert "decoder M-RoPE theta 30, sections [2, 2, 4]" in text and "a 3-layer decoder" in text
+    assert "minimal pairs: each binding question" in text
+
+
+ROOT = Path(__file__).parents[2]
+V4 = ROOT / "training" / "v4"
+
+
+def _backfill_script():
+    spec = importlib.util.spec_from_file_location("backfill_card", V4 / "backfill_card.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _v4_folders() -> list[Path]:
+    return sorted(p.parent for p in V4.glob("stage*/evaluation.json"))
+
+
+def test_the_v4_cards_rebuild_what_run_sh_trained():
+    """Each trained v4 folder's card: its v4 stages' commands (lineage stages 8...) read back as
+    run.sh's stage lines (training/v4/backfill_card.py completed the records they lacked)."""
+    script = _backfill_script()
+    trained = script.run_sh_settings(V4 / "run.sh")
+    assert _v4_folders(), "no trained v4 stage"
+    parser = build_parser()
+    for folder in _v4_folders():
+        commands = [line for line in (folder / "MODEL_CARD.md").read_text().splitlines()
+                    if line.startswith("vlens zoo train ")]
+        number = int(folder.name.removeprefix("stage"))
+        assert len(commands) == script.LINEAGE_BEFORE_V4 + number, folder
+        for k in range(1, number + 1):
+            command = commands[script.LINEAGE_BEFORE_V4 + k - 1]
+            read = settings_from_args(parser.parse_args(shlex.split(command)[1:]))
+            assert read.init_from == f"stage{script.LINEAGE_BEFORE_V4 + k - 1}", command
+            read.init_from = trained[f"stage{k}"].init_from  # a path in run.sh, the earlier stage in a card
+            assert _compared(read) == _compared(trained[f"stage{k}"]), (folder, command)
+        assert "on stage 7's vision tower and merger" in (folder / "MODEL_CARD.md").read_text()
+
+
+def test_the_backfill_is_idempotent_and_refuses_a_folder_run_sh_did_not_train(tmp_path):
+    script = _backfill_script()
+    trained = script.run_sh_settings(V4 / "run.sh")
+    folder = _v4_folders()[-1]
+    copy = tmp_path / folder.name
+    copy.mkdir()
+    shutil.copy(folder / "evaluation.json", copy)
+    script.backfill(copy, trained)  # the committed record is already complete: the same bytes
+    assert (copy / "evaluation.json").read_text() == (folder / "evaluation.json").read_text()
+    assert (copy / "MODEL_CARD.md").read_text() == (folder / "MODEL_CARD.md").read_text()
+    summary = json.loads((copy / "evaluation.json").read_text())
+    summary["training"]["seed"] += 1
+    (copy / "evaluation.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit, match="was not trained by run.sh's line: seed"):
+        script.backfill(copy, trained)
+    assert json.loads((copy / "evaluation.json").read_text()) == summary  # nothing written
