@@ -3,6 +3,8 @@ were trained, and rewrite each folder's MODEL_CARD.md from the completed record.
 
     python training/v4/backfill_card.py             # every finished stage (training/v4/stageN/model.safetensors)
     python training/v4/backfill_card.py stage2      # only the named stages
+    python training/v4/backfill_card.py --folder vlens/zoo/weights/tiny-qwen2.5-vl --as stage4
+                                                    # a copy of a stage's folder elsewhere (the shipped one)
 
 Run from the repository root. Until issue 42 the recipe recorded neither --fresh-decoder, --text-layers,
 --rope-theta, --mrope-section nor --minimal-pairs, so the cards of training/v4/stage1..3 said
@@ -18,6 +20,7 @@ Idempotent: a second run writes the same bytes.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shlex
@@ -91,37 +94,52 @@ def _with_flags(record: dict, settings: RecipeSettings) -> dict:
     return out
 
 
-def backfill(folder: Path, stages: dict[str, RecipeSettings]) -> None:
-    """Complete folder/evaluation.json from run.sh's stage lines and rewrite its MODEL_CARD.md."""
+def backfill(folder: Path, stages: dict[str, RecipeSettings], name: str | None = None) -> None:
+    """Complete folder/evaluation.json from run.sh's stage lines and rewrite its MODEL_CARD.md
+    (`name`: which v4 stage the folder holds; default its own name, e.g. "stage2")."""
     path = folder / "evaluation.json"
     summary = json.loads(path.read_text())
-    number = int(folder.name.removeprefix("stage"))
+    name = name or folder.name
+    if name not in stages:
+        raise SystemExit(f"{folder}: {name} is not a stage of {RUN_SH} ({', '.join(stages)})")
+    number = int(name.removeprefix("stage"))
     previous = summary["previous_stages"]
     if len(previous) != LINEAGE_BEFORE_V4 + number - 1:
         raise SystemExit(f"{path}: {len(previous)} earlier stages, expected {LINEAGE_BEFORE_V4 + number - 1}")
     current = {**summary["training"], **{k: summary["data"][k] for k in ("n_examples", "mix")}}
-    check_record(current, stages[folder.name], f"{folder} (its own stage)")
+    check_record(current, stages[name], f"{folder} (as {name})")
     for k in range(1, number):
         check_record(previous[LINEAGE_BEFORE_V4 + k - 1], stages[f"stage{k}"], f"{folder}'s lineage stage {7 + k}")
     for k in range(1, number):
         index = LINEAGE_BEFORE_V4 + k - 1
         previous[index] = _with_flags(previous[index], stages[f"stage{k}"])
-    summary["training"] = _with_flags(summary["training"], stages[folder.name])
+    summary["training"] = _with_flags(summary["training"], stages[name])
     path.write_text(json.dumps(summary, indent=2, default=str) + "\n")  # as recipe.write_outputs writes it
     rewrite_model_card(folder)
 
 
-def main(names: list[str]) -> int:
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stages", nargs="*", help="v4 stages to complete (default: every finished one)")
+    parser.add_argument("--folder", type=Path, help="a folder holding a copy of the stage named by --as")
+    parser.add_argument("--as", dest="as_stage", help="with --folder: the v4 stage it holds, e.g. stage4")
+    args = parser.parse_args(argv)
     if not RUN_SH.is_file():
         raise SystemExit(f"run this from the repository root ({RUN_SH} not found)")
+    if (args.folder is None) != (args.as_stage is None) or (args.folder and args.stages):
+        raise SystemExit("give stage names, or --folder DIR with --as stageN")
     stages = run_sh_settings()
-    folders = [HERE / name for name in names] or sorted(
-        (p.parent for p in HERE.glob("stage*/model.safetensors")), key=lambda p: int(p.name[5:])
-    )
-    for folder in folders:
-        if folder.name not in stages or not (folder / "evaluation.json").is_file():
-            raise SystemExit(f"{folder}: not a finished v4 stage of {RUN_SH}")
-        backfill(folder, stages)
+    if args.folder:
+        jobs = [(args.folder, args.as_stage)]
+    else:
+        folders = [HERE / name for name in args.stages] or sorted(
+            (p.parent for p in HERE.glob("stage*/model.safetensors")), key=lambda p: int(p.name[5:])
+        )
+        jobs = [(folder, folder.name) for folder in folders]
+    for folder, name in jobs:
+        if not (folder / "evaluation.json").is_file():
+            raise SystemExit(f"{folder}: no evaluation.json (not a trained model folder)")
+        backfill(folder, stages, name)
         sys.stdout.write(f"{folder}: evaluation.json and MODEL_CARD.md updated\n")
     return 0
 
