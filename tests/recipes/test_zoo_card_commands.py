@@ -134,24 +134,40 @@ def _v4_folders() -> list[Path]:
     return sorted(p.parent for p in V4.glob("stage*/evaluation.json"))
 
 
+def _v4_cards(lineage_before_v4: int) -> list[tuple[Path, int]]:
+    """(folder, which v4 stage it holds): the trained v4 folders, and the shipped folder once it is
+    a v4 stage (more stages than the v2 lineage's)."""
+    cards = [(folder, int(folder.name.removeprefix("stage"))) for folder in _v4_folders()]
+    shipped = ROOT / "vlens" / "zoo" / "weights" / "tiny-qwen2.5-vl"
+    if (shipped / "evaluation.json").is_file():
+        n_stages = len(training_stages(json.loads((shipped / "evaluation.json").read_text())))
+        if n_stages > lineage_before_v4:
+            cards.append((shipped, n_stages - lineage_before_v4))
+    return cards
+
+
 def test_the_v4_cards_rebuild_what_run_sh_trained():
-    """Each trained v4 folder's card: its v4 stages' commands (lineage stages 8...) read back as
-    run.sh's stage lines (training/v4/backfill_card.py completed the records they lacked)."""
+    """Each trained v4 folder's card (and the shipped one's, once it is a v4 stage): its v4 stages'
+    commands (lineage stages 8...) read back as run.sh's stage lines. A record trained before the
+    recipe recorded every flag: `python training/v4/backfill_card.py` (--folder DIR --as stageN for
+    a copy elsewhere) completes it."""
     script = _backfill_script()
     trained = script.run_sh_settings(V4 / "run.sh")
     assert _v4_folders(), "no trained v4 stage"
     parser = build_parser()
-    for folder in _v4_folders():
+    for folder, number in _v4_cards(script.LINEAGE_BEFORE_V4):
         commands = [line for line in (folder / "MODEL_CARD.md").read_text().splitlines()
                     if line.startswith("vlens zoo train ")]
-        number = int(folder.name.removeprefix("stage"))
         assert len(commands) == script.LINEAGE_BEFORE_V4 + number, folder
         for k in range(1, number + 1):
             command = commands[script.LINEAGE_BEFORE_V4 + k - 1]
             read = settings_from_args(parser.parse_args(shlex.split(command)[1:]))
             assert read.init_from == f"stage{script.LINEAGE_BEFORE_V4 + k - 1}", command
             read.init_from = trained[f"stage{k}"].init_from  # a path in run.sh, the earlier stage in a card
-            assert _compared(read) == _compared(trained[f"stage{k}"]), (folder, command)
+            assert _compared(read) == _compared(trained[f"stage{k}"]), (
+                f"{folder}: {command!r} does not rebuild run.sh's stage{k}: complete its record with "
+                f"`python training/v4/backfill_card.py` (a copy elsewhere: --folder DIR --as stage{number})"
+            )
         assert "on stage 7's vision tower and merger" in (folder / "MODEL_CARD.md").read_text()
 
 

@@ -14,7 +14,8 @@ against what the folder did record (seed, schedule, batch, rate, warm-up, exampl
 init-from; a mismatch means another command trained the folder, and nothing is written), adds the
 missing values to evaluation.json ("training", and the matching "previous_stages" entries: v4 stage k
 is stage 7 + k of the lineage; stages 1-7 are the shipped v2 lineage, which used none of these flags
-and keeps its records), and rewrites MODEL_CARD.md with vlens.recipes.embedded.model_card.
+and keeps its records), and rewrites MODEL_CARD.md with vlens.recipes.embedded.model_card (sections
+that studies appended after the rendered card are kept).
 Idempotent: a second run writes the same bytes.
 """
 
@@ -114,8 +115,13 @@ def backfill(folder: Path, stages: dict[str, RecipeSettings], name: str | None =
         index = LINEAGE_BEFORE_V4 + k - 1
         previous[index] = _with_flags(previous[index], stages[f"stage{k}"])
     summary["training"] = _with_flags(summary["training"], stages[name])
+    card = folder / "MODEL_CARD.md"
+    old = card.read_text() if card.is_file() else ""
     path.write_text(json.dumps(summary, indent=2, default=str) + "\n")  # as recipe.write_outputs writes it
-    rewrite_model_card(folder)
+    text = rewrite_model_card(folder).read_text()
+    end = text.rstrip("\n").rsplit("\n", 1)[-1] + "\n"  # the rendered card's last line
+    if end in old and old.split(end, 1)[1].strip():  # sections added after the card (studies): kept
+        card.write_text(text + old.split(end, 1)[1])
 
 
 def main(argv: list[str]) -> int:
