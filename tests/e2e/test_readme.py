@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tests.helpers.results import without_provenance
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -158,7 +160,7 @@ def test_readme_generation_block_runs(tmp_path, monkeypatch):
     attr = namespace["attr"]
     assert attr.region_maps["exact"][0].shape == (attr.n_new, 36)
     assert attr.lens_prob.shape == (attr.n_new, model.cfg.n_layers)
-    assert vlens.load_result(tmp_path / "attr_out").to_dict() == attr.to_dict()
+    assert without_provenance(vlens.load_result(tmp_path / "attr_out").to_dict()) == attr.to_dict()
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.helpers.models import FAMILIES, tiny_pair, tiny_vlm
+from tests.helpers.results import without_provenance
 from tests.helpers.transcoders import plant
 from vlens.graphs import (
     FeatureEdit,
@@ -236,7 +237,7 @@ def test_a_planted_feature_that_carries_the_answer_is_found(tmp_path):
     graph.supernode("answer writer", [f"L1F3@{last}"])
     graph.save(tmp_path / "g")
     back = load_result(tmp_path / "g")
-    assert back.to_dict() == graph.to_dict()
+    assert without_provenance(back.to_dict()) == graph.to_dict()
     assert back.edge(graph.nodes[-1]["name"], f"L1F3@{last}") == graph.edge(graph.nodes[-1]["name"], f"L1F3@{last}")
 
 
@@ -296,7 +297,7 @@ def load_result_roundtrip(result) -> bool:
 
     with tempfile.TemporaryDirectory() as tmp:
         result.save(tmp)
-        return load_result(tmp).to_dict() == result.to_dict()
+        return without_provenance(load_result(tmp).to_dict()) == result.to_dict()
 
 
 def test_predicted_effects_match_the_replacement_model_for_small_edits():

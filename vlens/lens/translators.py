@@ -126,7 +126,7 @@ class Translators(nn.Module):
 
 
         with atomic_folder(folder, overwrite=overwrite, name="lens folder") as out:
-            config = stamp({**self.to_dict(), "provenance": getattr(self, "provenance", None)})  # how it was made
+            config = stamp(self.to_dict())  # a loaded lens keeps how it was made; a new one gets its provenance
             (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
             save_file({"A": self.A.detach().float().cpu().contiguous(),
                        "b": self.b.detach().float().cpu().contiguous()}, str(out / WEIGHTS_FILE))
@@ -135,9 +135,10 @@ class Translators(nn.Module):
     kind = "lens"  # what config.json records as "kind" (`vlens.load_result` of a `vlens lens train` folder)
 
     def to_dict(self) -> dict:
-        """What config.json holds (less its provenance): kind, format version, shape and `info`."""
+        """What config.json holds: kind, format version, shape and `info`, and the provenance of a loaded lens."""
+        made = getattr(self, "provenance", None)
         return {"kind": self.kind, "format_version": FORMAT_VERSION, "n_layers": self.n_layers,
-                "d_model": self.d_model, **self.info}
+                "d_model": self.d_model, **self.info, **({"provenance": made} if made is not None else {})}
 
     @classmethod
     def load(cls, folder: str | Path, model: HookedVLM | None = None, device=None) -> Translators:

@@ -10,8 +10,8 @@ The `vlens` command line writes each command's result the same way (`--out DIR` 
 `results.json` and the figures), so `vlens.load_result(DIR)` reads any command's output back.
 Every result type names its `kind` (unique; `RESULT_KINDS`) and implements `from_dict`, the
 inverse of `to_dict`. Keys a writer put beside the result's own (the command line's `model`,
-`world_size`) are kept on the loaded object (`extras`) and written again by its `to_dict()`;
-the `provenance` block is kept as `provenance`.
+`world_size`) are kept on the loaded object (`extras`) and written again by its `to_dict()`,
+and so is the `provenance` block (`saved_provenance`): a loaded result's `to_dict()` is the file.
 """
 
 from __future__ import annotations
@@ -91,14 +91,17 @@ class SavedResult(Protocol):
 
 
 def _recording_kind(to_dict: Callable[..., dict]) -> Callable[..., dict]:
-    """`to_dict` with the result's "kind" first and the extras a loaded result was saved with last."""
+    """`to_dict` with the result's "kind" first, and last the extras and the `provenance` a loaded result was
+    saved with (so that a loaded result's `to_dict()` is the file it was read from)."""
 
     @functools.wraps(to_dict)
     def wrapped(self: Result, *args: Any, **kwargs: Any) -> dict:
         data = to_dict(self, *args, **kwargs)
-        out = {"kind": type(self).kind}
+        out: dict[str, Any] = {"kind": type(self).kind}
         out.update((key, value) for key, value in data.items() if key != "kind")
         out.update(self.extras)
+        if "provenance" not in out and self.saved_provenance is not None:  # a result with its own keeps it
+            out["provenance"] = self.saved_provenance
         return out
 
     wrapped.records_kind = True  # type: ignore[attr-defined]
@@ -106,7 +109,8 @@ def _recording_kind(to_dict: Callable[..., dict]) -> Callable[..., dict]:
 
 
 def _reading_kind(from_dict: Callable[..., Any]) -> Callable[..., Any]:
-    """`from_dict` that accepts what `to_dict` wrote whole: checks and drops its "kind" (and "provenance")."""
+    """`from_dict` that accepts what `to_dict` wrote whole: checks and drops its "kind"; its "provenance" is kept
+    on the result (`saved_provenance`), which `to_dict` writes again (a result nested in another's file too)."""
 
     @functools.wraps(from_dict)
     def wrapped(cls: type[Result], data: dict) -> Any:
@@ -116,7 +120,10 @@ def _reading_kind(from_dict: Callable[..., Any]) -> Callable[..., Any]:
                                  "read it with vlens.load_result")
         own_provenance = "provenance" in getattr(cls, "__dataclass_fields__", {})  # a result that keeps its own
         dropped = ("kind",) if own_provenance else ("kind", "provenance")
-        return from_dict(cls, {key: value for key, value in data.items() if key not in dropped})
+        result = from_dict(cls, {key: value for key, value in data.items() if key not in dropped})
+        if not own_provenance and isinstance(data.get("provenance"), dict) and isinstance(result, Result):
+            result.__dict__["_provenance"] = data["provenance"]
+        return result
 
     wrapped.records_kind = True  # type: ignore[attr-defined]
     return wrapped
@@ -194,7 +201,8 @@ class Result(ABC):
 
     @property
     def saved_provenance(self) -> dict | None:
-        """The `provenance` block of the file a loaded result was read from (None when not loaded)."""
+        """The `provenance` block of the file (or dict) a loaded result was read from, which its `to_dict()` writes
+        again (None for a result that was never saved)."""
         return self.__dict__.get("_provenance")
 
     @abstractmethod
@@ -209,7 +217,7 @@ class Result(ABC):
     @classmethod
     def load(cls: type[R], path: str | Path) -> R:
         """Read what `save` wrote: the JSON file, or the folder holding `filename`; its `to_dict()`
-        equals what was saved (less the provenance, kept as `saved_provenance`)."""
+        equals what was saved, its provenance included (also `saved_provenance`)."""
         path = Path(path)
         file = path / cls.filename if path.is_dir() else path
         return read_checked(cls, cls.read_saved(path), file)
@@ -273,9 +281,7 @@ class Result(ABC):
         path = Path(path)
         target = path if path.suffix == ".json" else path / self.filename
         # whole or absent (temporary file, fsync, rename): an interrupt never leaves a truncated file
-        data = self.to_dict()
-        if "provenance" not in data and self.saved_provenance is not None:
-            data["provenance"] = self.saved_provenance  # a loaded result saved again: still how it was made
+        data = self.to_dict()  # a loaded result's holds the provenance it was read with: still how it was made
         return atomic_write_text(target, json.dumps(json_safe(stamp(data)), indent=1, allow_nan=False) + "\n")
 
     @classmethod
@@ -428,7 +434,7 @@ def load_result(path: str | Path) -> SavedResult:
     """The typed result of any command's `--out` folder (or of its results.json, or of any file a
     `Result.save` wrote): `PatchingResult`, `Circuit`, `HeadTaxonomy`, `AblationReport`,
     `EvalResult`, ... chosen by the "kind" the JSON records; a `vlens lens train` folder gives its
-    `Translators`. Its `to_dict()` equals what was saved (without the provenance block).
+    `Translators`. Its `to_dict()` equals what was saved, the provenance block included.
 
     Raises `UserInputError` when the path holds no result or one of an unknown kind.
     """
