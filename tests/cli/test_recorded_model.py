@@ -1,7 +1,7 @@
-"""`vlens sae evaluate` / `dashboard` and `vlens transcoder evaluate` run on the model the dictionary
-records; a folder that records none or one that cannot be loaded, and a --model that does not fit, are
-one-line errors (before: the built-in model was evaluated without a word, or a width mismatch crashed as
-an internal error)."""
+"""`vlens sae evaluate` / `dashboard`, `vlens transcoder evaluate`, `vlens steer --sae` and `vlens graph` run
+on the model the dictionary records (and say so); a folder that records none or one that cannot be loaded,
+and a --model that does not fit, are one-line errors (before: the built-in model was evaluated without a
+word, or a width mismatch crashed as an internal error)."""
 
 from __future__ import annotations
 
@@ -74,11 +74,96 @@ def test_training_records_a_local_model_folder_by_its_absolute_path(monkeypatch,
 
 
 def test_transcoder_evaluate_uses_the_recorded_model(tmp_path, capsys):
-    cfg = TranscoderConfig(kind="plt", activation="relu", d_model=RANDOM_TINY_WIDTH, d_tc=8, layers=(0, 1),
-                           metadata={"model_name": "random-tiny"})
-    folder = tmp_path / "tc"
-    save_transcoders(Transcoders(cfg), folder)
+    folder = _transcoders(tmp_path / "tc", model_name="random-tiny")
     code, _ = _run(["transcoder", "evaluate", "--transcoders", str(folder), "--out", str(tmp_path / "e"), *FAST],
                    capsys)
     assert code == 0
     assert json.loads((tmp_path / "e" / "results.json").read_text())["model"] == "random-tiny"
+
+
+# `vlens steer --sae` and `vlens graph` (before: the built-in model ran whatever the folder recorded)
+STEER = ["steer", "--prompt", "red", "--feature", "2", "--layers", "1", "--strengths", "0,2", "--max-new-tokens", "2"]
+GRAPH = ["graph", "--prompt", "How many dots are there?", "--target", "3", "--batch-size", "16", "--max-features", "4",
+         "--image-size", "56"]
+
+
+def _transcoders(folder, **metadata):
+    cfg = TranscoderConfig(kind="plt", activation="relu", d_model=RANDOM_TINY_WIDTH, d_tc=8, layers=(0, 1),
+                           metadata=metadata)
+    save_transcoders(Transcoders(cfg), folder)
+    return folder
+
+
+@pytest.mark.parametrize("command", ["steer", "graph"])
+def test_steer_with_an_sae_and_graph_use_the_recorded_model_and_say_so(tmp_path, capsys, command):
+    if command == "steer":
+        folder = _sae(tmp_path / "sae", model_name="random-tiny")
+        argv, what = [*STEER, "--sae", str(folder)], f"the SAE folder {folder}"
+    else:
+        folder = _transcoders(tmp_path / "tc", model_name="random-tiny")
+        argv, what = [*GRAPH, "--transcoders", str(folder)], f"the transcoders {folder}"
+    code, out = _run([*argv, "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, out.err
+    assert f"model random-tiny: the one {what} was trained on" in out.err
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["provenance"]["model"]["spec"] == "random-tiny"
+    assert saved["source"] == "SAE sae feature 2" if command == "steer" else saved["model"] == "random-tiny"
+
+
+def test_steer_with_an_sae_and_another_fitting_model_notes_it(tmp_path, capsys):
+    sae = _sae(tmp_path / "sae", model_name="some/other-model")  # the width of random-tiny's residual stream
+    code, out = _run([*STEER, "--sae", str(sae), "--model", "random-tiny", "--quiet", "--out", str(tmp_path / "s")],
+                     capsys)
+    assert code == 0, out.err
+    assert ("note: the SAE folder" in out.out and "was trained on 'some/other-model'; steering with its feature on "
+            "--model 'random-tiny'" in out.out)
+    assert json.loads((tmp_path / "s" / "results.json").read_text())["provenance"]["model"]["spec"] == "random-tiny"
+
+
+@pytest.mark.parametrize("case", ["none recorded", "unloadable", "override misfits"])
+def test_steer_with_an_sae_refuses_a_model_that_does_not_fit(tmp_path, capsys, case):
+    metadata = {} if case == "none recorded" else {"model_name": str(tmp_path / "gone") if case == "unloadable"
+                                                   else "random-tiny"}
+    sae = _sae(tmp_path / "sae", **metadata)
+    extra = ["--model", "tiny"] if case == "override misfits" else []
+    code, out = _run([*STEER, "--sae", str(sae), "--quiet", "--out", str(tmp_path / "s"), *extra], capsys)
+    lines = out.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, out.err
+    expected = {"none recorded": f"the SAE folder {sae} records no model (metadata.model_name): pass --model",
+                "unloadable": "cannot be loaded here",
+                "override misfits": "the direction must be [d_model=128], got (64,)"}[case]
+    assert expected in lines[0]
+    assert not (tmp_path / "s").exists()
+
+
+def test_steer_without_an_sae_keeps_the_embedded_model_default(tmp_path, monkeypatch):
+    from vlens.cli import build_parser
+    from vlens.cli import steer as steer_cli
+
+    class Loading(Exception):
+        """Raised where the model would load: enough to see which."""
+
+    def stop(args):
+        raise Loading(args.model)
+
+    monkeypatch.setattr(steer_cli, "load_model_from_args", stop)
+    args = build_parser().parse_args(["steer", "--prompt", "red", "--direction", str(tmp_path), "--out",
+                                      str(tmp_path / "s")])
+    assert args.model is None  # the parser leaves it to the command: the --sae folder's model, else tiny
+    with pytest.raises(Loading, match="^tiny$"):
+        steer_cli.run_steer(args)
+
+
+@pytest.mark.parametrize("case", ["none recorded", "override misfits"])
+def test_graph_refuses_a_model_that_does_not_fit(tmp_path, capsys, case):
+    tc = _transcoders(tmp_path / "tc", **({} if case == "none recorded" else {"model_name": "random-tiny"}))
+    extra = ["--model", "tiny"] if case == "override misfits" else []
+    code, out = _run([*GRAPH, "--transcoders", str(tc), "--quiet", "--out", str(tmp_path / "g"), *extra], capsys)
+    lines = out.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, out.err
+    expected = {"none recorded": f"the transcoders {tc} records no model (metadata.model_name): pass --model",
+                "override misfits": "the transcoders read d_model=64 but the model's is 128"}[case]
+    assert expected in lines[0]
+    if case == "override misfits":
+        assert "was trained on 'random-tiny'; attributing with them on --model 'tiny'" in out.out
+    assert not (tmp_path / "g").exists()

@@ -4,7 +4,8 @@
         --target 5 --contrast 4 --out runs/graph
 
 Writes graph.json (circuit-tracer's graph schema, with graph-metadata.json for its frontend), graph.html
-(vlens's offline viewer) and results.json (the whole graph; `vlens.load_result` reads it back).
+(vlens's offline viewer) and results.json (the whole graph; `vlens.load_result` reads it back). Without
+--model the model is the one the transcoders record (`vlens.cli.recorded_model`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from vlens.cli.options import (
     style_arg,
     task_arg,
 )
+from vlens.cli.recorded_model import choose_model
 from vlens.cli.sae import DEFAULT_IMAGE_SIZE, generated_samples
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import arg_float, arg_int, arg_path
@@ -36,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = ("The attribution graph of a prompt's answer: transcoder features, error nodes, text "
                           "tokens and image regions, by direct effects in the replacement model (docs/graphs.md "
                           "in the repository).")
-    add_model_options(parser)
+    add_model_options(parser, recorded_by="the transcoder folder")
     source = parser.add_argument("--transcoders", required=True, type=arg_path,
                                  help="a vlens or SAELens transcoder folder, or a circuit-tracer .yaml")
     image = parser.add_argument("--image", type=arg_path, help="the prompt's image (default: a text-only prompt)")
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
                              slug=out.name or "graph")
     with failure_context(f"reading the transcoders {args.transcoders}"):
         transcoders = load_transcoders(args.transcoders)
+    choose_model(args, transcoders.cfg.metadata, f"the transcoders {args.transcoders}", use="attributing with them")
     images = [open_image_file(args.image, "--image")] if args.image is not None else []
     model = load_model_from_args(args)
     inputs = model.prepare(images=[images] if images else None, prompts=[args.prompt], chat=not args.no_chat)

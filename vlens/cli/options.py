@@ -48,7 +48,7 @@ DTYPE_CHOICES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16
 
 def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | None = None,
                       model_default: str | None = MODEL_DEFAULT, dtype_default: str = "auto",
-                      recorded_by: str | None = None) -> None:
+                      recorded_by: str | None = None, recorded_else: str | None = None) -> None:
     """--model, --device, --dtype, --image-size, --min-pixels, --max-pixels.
 
     render_default: the side in px of the images this command renders itself (None: it renders none).
@@ -56,14 +56,16 @@ def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | 
     dtype_default: "auto" (bfloat16 on a GPU, float32 on CPU); training commands keep float32 weights.
     recorded_by: what records the model when --model is not given (e.g. "the SAE folder"): --model then
         defaults to None and the command reads the model from there (`vlens.cli.recorded_model`).
+    recorded_else: the model of a run without that input (`vlens steer` without --sae: tiny); the command sets it.
     """
     from vlens.zoo.specs import SPEC_HELP
 
     group = parser.add_argument_group("model")
     if recorded_by is not None:
+        otherwise = f", else {recorded_else}" if recorded_else is not None else ""
         group.add_argument("--model", default=None, metavar="SPEC",
-                           help=f"{SPEC_HELP} (default: the model {recorded_by} records; another model only when "
-                                "its hook and width fit)")
+                           help=f"{SPEC_HELP} (default: the model {recorded_by} records{otherwise}; another model "
+                                "only when its hook and width fit)")
     elif model_default is None:
         group.add_argument("--model", required=True, metavar="SPEC", help=SPEC_HELP)
     else:

@@ -9,7 +9,8 @@
 The direction is one of: ``--direction FILE`` (a saved tensor [d_model], .pt or .npy), ``--sae DIR
 --feature N`` (an SAE or transcoder folder in SAELens's format: the feature's decoder row), or
 ``--positive TEXT ... --negative TEXT ...`` (the difference of the mean activations at the final
-prompt position, at the hook of the first steered layer). Writes ``results.json`` (loads back with
+prompt position, at the hook of the first steered layer). With ``--sae`` and no ``--model`` the model is the
+one the SAE folder records (`vlens.cli.recorded_model`), else the embedded model. Writes ``results.json`` (loads back with
 ``vlens.load_result``) and ``steering.html`` (the texts side by side) into ``--out``; prints the table.
 """
 
@@ -20,7 +21,15 @@ import logging
 
 from vlens.cli.console import echo
 from vlens.cli.dataset_options import mark_input_paths
-from vlens.cli.options import RESULTS_FILE, add_model_options, add_out, load_model_from_args, prepare_out
+from vlens.cli.options import (
+    MODEL_DEFAULT,
+    RESULTS_FILE,
+    add_model_options,
+    add_out,
+    load_model_from_args,
+    prepare_out,
+)
+from vlens.cli.recorded_model import choose_model
 from vlens.utils.validation import arg_int, arg_path
 
 logger = logging.getLogger(__name__)
@@ -51,7 +60,7 @@ def _layers(text: str) -> tuple[int, ...]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_model_options(parser)
+    add_model_options(parser, recorded_by="the --sae folder", recorded_else=MODEL_DEFAULT)
     parser.add_argument("--prompt", action="append", required=True, metavar="TEXT",
                         help="a prompt to generate from (repeat for a batch)")
     parser.add_argument("--image", type=arg_path, default=None, metavar="PATH",
@@ -81,7 +90,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run_steer)
 
 
-def _direction(args: argparse.Namespace, model, hook: str):
+def _load_sae(args: argparse.Namespace):
+    """The --sae folder's SAE (or transcoder), which also says which model it was trained on."""
+    from vlens.sae import load_sae
+    from vlens.utils.errors import UserInputError, failure_context
+
+    if args.feature is None:
+        raise UserInputError("--sae needs --feature N (the feature whose decoder row is the direction)")
+    with failure_context(f"loading the SAE {args.sae}"):
+        return load_sae(args.sae)
+
+
+def _direction(args: argparse.Namespace, model, hook: str, sae=None):
     import numpy as np
     import torch
 
@@ -102,13 +122,7 @@ def _direction(args: argparse.Namespace, model, hook: str):
         if vector.numel() == model.cfg.d_model:  # [1, d_model] and the like
             vector = vector.flatten()
         return vector, f"--direction {args.direction.name}"
-    if args.sae is not None:
-        from vlens.sae import load_sae
-
-        if args.feature is None:
-            raise UserInputError("--sae needs --feature N (the feature whose decoder row is the direction)")
-        with failure_context(f"loading the SAE {args.sae}"):
-            sae = load_sae(args.sae)
+    if sae is not None:
         return sae_direction(sae, args.feature), f"SAE {args.sae.name} feature {args.feature}"
     if not args.negative:
         raise UserInputError("--positive needs --negative (the direction is their difference of means)")
@@ -126,6 +140,12 @@ def run_steer(args: argparse.Namespace) -> int:
         raise UserInputError("--negative goes with --positive")
     if args.feature is not None and args.sae is None:
         raise UserInputError("--feature goes with --sae")
+    sae = None
+    if args.sae is not None:  # before the model: the folder says which model its features belong to
+        sae = _load_sae(args)
+        choose_model(args, sae.cfg.metadata, f"the SAE folder {args.sae}", use="steering with its feature")
+    elif args.model is None:
+        args.model = MODEL_DEFAULT
     out = prepare_out(args, RESULTS_FILE, HTML_FILE)
     model = load_model_from_args(args)
     settings = SteeringSettings(layers=args.layers, hook=args.hook, strengths=args.strengths,
@@ -138,7 +158,7 @@ def run_steer(args: argparse.Namespace) -> int:
         image = open_image_file(args.image, "--image")
         images = [image] * len(args.prompt)
     inputs = model.prepare(images=images, prompts=list(args.prompt))
-    direction, source = _direction(args, model, settings.hook_names()[0])
+    direction, source = _direction(args, model, settings.hook_names()[0], sae)
     result = steer(model, inputs, direction, settings, source=source, progress=not args.quiet)
     path = result.save(out)
     logger.info("wrote %s and %s", path, out / HTML_FILE)
