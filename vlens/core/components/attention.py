@@ -400,21 +400,40 @@ class Attention(nn.Module):
         return masks
 
     def _explicit_attention(self, q: Tensor, k: Tensor, v: Tensor, masks: AttentionMasks) -> Tensor:
-        """HF eager attention with hooks on the scores and the pattern. q,k,v: [batch, heads, pos, d]."""
+        """HF eager attention with hooks on the scores and the pattern. q,k,v: [batch, heads, pos, d].
+
+        HF's arithmetic (scores * scaling + mask, softmax in fp32, cast back), done in place on the one
+        [batch, heads, q, k] tensor the matmul makes wherever no hook holds it: a forward then allocates one
+        such tensor per layer, the pattern, where it allocated two (on a CPU each is pages faulted in, the
+        largest part of what the pattern costs: benchmarks/RESULTS.md, "the explicit attention path").
+        """
         k = repeat_kv(k, self.num_key_value_groups)
         v = repeat_kv(v, self.num_key_value_groups)
         scores = torch.matmul(q, k.transpose(2, 3))
+        lowest = torch.finfo(scores.dtype).min
         if is_observed(self.hook_attn_scores):
             scores = self.hook_attn_scores(scores * self.scaling + masks.additive)
             # An edit (say a temperature) must never unmask: masked entries go back to the mask value.
-            scores = scores.masked_fill(~masks.allowed, torch.finfo(scores.dtype).min)
+            # masked_fill makes a new tensor, which nothing else holds: the softmax may overwrite it.
+            scores = scores.masked_fill(~masks.allowed, lowest)
         else:  # only the pattern is read: the same arithmetic in place, no copy of the scores
-            scores = scores.mul_(self.scaling).add_(masks.additive)
-            # min + a negative score overflows to -inf in bf16: a fully masked (padding) row would be NaN
-            scores = scores.masked_fill_(~masks.allowed, torch.finfo(scores.dtype).min)
-        pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        pattern = self.hook_pattern(pattern)
+            # The masked entries are written with the mask value, not added to it (adding 0 elsewhere changes
+            # nothing but the sign of a zero score): min + a negative score overflows to -inf in bf16, and a
+            # fully masked (padding) row would then be NaN.
+            scores = scores.mul_(self.scaling).masked_fill_(~masks.allowed, lowest)
+        pattern = self.hook_pattern(eager_softmax(scores))
         return torch.matmul(pattern, v).transpose(1, 2).contiguous()
+
+
+def eager_softmax(scores: Float[Tensor, "batch heads query key"]) -> Float[Tensor, "batch heads query key"]:
+    """HF eager's `softmax(scores, -1, dtype=float32).to(scores.dtype)`, written over `scores` (which the caller
+    owns) where that is the same kernel: fp32 scores on a CPU, outside autograd (an out= op records no graph).
+
+    scores: [batch, heads, q, k] -> the pattern, same shape and dtype.
+    """
+    if scores.dtype == torch.float32 and scores.device.type == "cpu" and not scores.requires_grad:
+        return torch.softmax(scores, dim=-1, out=scores)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
 
 
 def _eager_fully_masked_rows(z: Tensor, v: Tensor, masks: AttentionMasks, n_groups: int) -> Tensor:
