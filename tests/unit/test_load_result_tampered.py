@@ -1,7 +1,8 @@
 """`vlens.load_result` on tampered files: for every result kind (one real saved file each, made by
 tests/helpers/saved_results.py), a missing field, a field of another type, a null where no NaN can be and a
-list of the wrong length are each a `UserInputError` naming the file and the field, never a traceback or a
-silently different result (before: KeyError / TypeError tracebacks, or the tampered value kept)."""
+list of the wrong length (every entry of each class's `saved_dims`) are each a `UserInputError` naming the file
+and the field, never a traceback or a silently different result (before: KeyError / TypeError tracebacks, or the
+tampered value kept)."""
 
 from __future__ import annotations
 
@@ -162,6 +163,49 @@ def test_lists_that_disagree_with_the_tensors_they_label_are_refused(tmp_path):
     grid = [row[:-1] for row in data[metric]]  # one cell short in every row: a grid of another shape
     message = _refused(tmp_path, {**data, metric: grid}, metric)
     assert "metrics" in message or metric in message
+
+
+# saved_dims fields that a saved file holds under another key, or leaves out when it is implied
+SAVED_AS = {("patching", "cells"): "regions"}  # the layer-region patching file: its cells are regions
+ABSENT = {  # (kind, field): a value of the wrong length to write in (the file leaves it out: every layer as wide)
+    ("head_ablation", "heads_per_layer"): [4], ("head_scores", "heads_per_layer"): [4],
+}
+DECLARING = [file for file in FILES if getattr(result_class(_saved(file)["kind"]), "saved_dims", None)]
+
+
+def _wrong_lengths(value, entry: str) -> list:
+    """Values of `entry` (a saved_dims key) whose length no longer fits: one entry fewer and one more (an integer
+    size: one more); for "name[*]" its first list shortened."""
+    if entry.endswith("[*]"):
+        first = next(iter(value.values() if isinstance(value, dict) else value))
+        shorter = first[:-1]
+        return [{**value, next(iter(value)): shorter} if isinstance(value, dict) else [shorter, *value[1:]]]
+    if isinstance(value, int):
+        return [value + 1]
+    return [value[:-1], [*value, value[-1]]]
+
+
+@pytest.mark.parametrize("file", DECLARING, ids=lambda f: f.name)
+def test_every_declared_saved_dim_refuses_a_list_of_the_wrong_length(file, tmp_path):
+    """Each entry of the class's `saved_dims`: its list one entry short or long (each list it holds, for
+    "name[*]"; an integer size one more) is refused naming that field, never loaded as a different result."""
+    data = _saved(file)
+    cls = result_class(data["kind"])
+    loaded = _load(tmp_path, data, file)
+    assert len(DECLARING) >= 15  # the kinds whose lists label a tensor's axes or each other
+    for entry in cls.saved_dims:
+        name = entry.removesuffix("[*]")
+        key = SAVED_AS.get((file.name, name), name)
+        if key not in data:
+            tampered_values = [ABSENT[(file.name, name)]]
+        else:
+            assert data[key], (entry, "an empty list in the saved file exercises nothing")
+            tampered_values = _wrong_lengths(data[key], entry)
+        for value in tampered_values:
+            message = _refused(tmp_path, {**data, key: value}, key, file)
+            assert f"'{key}" in message or f"'{name}" in message, (entry, message)
+            assert "the field" in message, (entry, message)
+    assert loaded.kind == data["kind"]
 
 
 def test_the_class_reader_checks_too(tmp_path):

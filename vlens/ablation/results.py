@@ -100,7 +100,8 @@ class HeadAblation(Result):
     unit: str = "head"
 
     kind: ClassVar[str] = "head_ablation"
-    saved_dims: ClassVar[dict[str, str]] = {"heads_per_layer": "n_layers"}  # checked when a file is read
+    saved_dims: ClassVar[dict[str, str]] = {"heads_per_layer": "n_layers", "answers": "n_examples",
+                                            "answer_tokens": "n_examples"}  # checked when a file is read
 
     def unit_label(self, layer: int, index: int) -> str:
         """"L3H5" for a head, "L3E5" for an expert."""

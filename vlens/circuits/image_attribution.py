@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from jaxtyping import Float
 from PIL import Image
 from torch import Tensor
 
@@ -140,12 +141,14 @@ class ImageAttribution(Result):
     scores: dict[str, list[Tensor]]
     metric: str
     pair_ids: list[str]
-    clean_metric: Tensor
-    corrupt_metric: Tensor
+    clean_metric: Float[Tensor, " n_pairs"]
+    corrupt_metric: Float[Tensor, " n_pairs"]
     ig_steps: int | None = None
     thumbnails: list[list[Image.Image]] | None = None
 
     kind: ClassVar[str] = "image_attribution"
+    # checked when a file is read: one grid and one map per method for each image, a pair id per metric
+    saved_dims: ClassVar[dict[str, str]] = {"grids": "n_images", "scores[*]": "n_images", "pair_ids": "n_pairs"}
 
     def agreement(self, image: int = 0) -> dict[str, dict[str, float]]:
         """Each estimate against the exact token patching: mean over pairs of the Spearman correlation

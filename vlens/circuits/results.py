@@ -148,7 +148,7 @@ class EdgeScores(Result):
         graph = CircuitGraph.from_dict(data["graph"])
         scores = torch.tensor([float("nan") if v is None else v for v in data["scores"]])
         if scores.numel() != graph.n_edges:
-            raise UserInputError(f"{scores.numel()} scores for a graph of {graph.n_edges} edges")
+            raise UserInputError(f"the field 'scores' holds {scores.numel()} scores for a graph of {graph.n_edges} edges")
         per_pair = None if data.get("per_pair") is None else torch.tensor(
             [[float("nan") if v is None else v for v in row] for row in data["per_pair"]])
         return cls(graph=graph, scores=scores, per_pair=per_pair, method=data["method"], ig_steps=int(data["ig_steps"]),

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -179,6 +179,8 @@ class TokenAblation(Result):
     """
 
     kind = "token_ablation"
+    saved_dims: ClassVar[dict[str, str]] = {"n": "n_examples", "correct[*]": "n_examples", "prob[*]": "n_examples",
+                                            "n_tokens": "n_examples", "n_outliers": "n_examples"}  # checked when a file is read
 
     settings: dict
     batch: str

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -96,6 +96,10 @@ class KnockoutSweep(Result):
     """
 
     kind = "knockout_sweep"
+    # checked when a file is read: per window, and per example inside each window
+    saved_dims: ClassVar[dict[str, str]] = {"n": "n_examples", "windows": "n_windows", "centres": "n_windows",
+                                            "clean_prob": "n_examples", "clean_margin": "n_examples",
+                                            "prob_change[*]": "n_windows", "margin_change[*]": "n_windows"}
 
     settings: dict
     batch: str

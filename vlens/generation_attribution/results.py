@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from jaxtyping import Float, Shaped
 from PIL import Image
 from torch import Tensor
 
@@ -56,6 +57,10 @@ class GenerationAttribution(Result):
     """
 
     kind: ClassVar[str] = "generation_attribution"
+    # checked when a file is read: per generated token, and per image (a map per image under each method)
+    saved_dims: ClassVar[dict[str, str]] = {"tokens": "n_new", "token_strs": "n_new", "grids": "n_images",
+                                            "region_grids": "n_images", "maps[*]": "n_images", "region_maps[*]": "n_images",
+                                            "lens_top": "n_new", "lens_top[*]": "n_layers"}
 
     prompt: str
     tokens: list[int]
@@ -68,10 +73,10 @@ class GenerationAttribution(Result):
     region_grids: list[tuple[int, int]]
     maps: dict[str, list[Tensor]]
     region_maps: dict[str, list[Tensor]]
-    clean_metric: Tensor
-    baseline_metric: Tensor
-    lens_prob: Tensor | None = None
-    lens_rank: Tensor | None = None
+    clean_metric: Float[Tensor, " n_new"]
+    baseline_metric: Float[Tensor, " n_new"]
+    lens_prob: Float[Tensor, "n_new n_layers"] | None = None
+    lens_rank: Shaped[Tensor, "n_new n_layers"] | None = None
     lens_top: list[list[str]] | None = None
     settings: dict = field(default_factory=dict)
     thumbnails: list[Image.Image] | None = None

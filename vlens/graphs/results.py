@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from vlens.graphs.files import circuit_tracer_json, write_viewer
@@ -50,7 +51,7 @@ class AttributionGraph(Result):
     """
 
     nodes: list[dict[str, Any]]
-    adjacency: Tensor
+    adjacency: Float[Tensor, "n_nodes n_nodes"]
     values: list[float | None]
     biases: list[float | None]
     target: dict[str, Any]
@@ -67,6 +68,8 @@ class AttributionGraph(Result):
     examples: dict[str, Any] = field(default_factory=dict)
 
     kind: ClassVar[str] = "attribution_graph"
+    # checked when a file is read (`dropped` and the per-position maps may be empty: files of older versions)
+    saved_dims: ClassVar[dict[str, str]] = {"nodes": "n_nodes", "values": "n_nodes", "biases": "n_nodes"}
 
     # ------------------------------------------------------------------ structure
     @property

@@ -80,6 +80,7 @@ class HeadScores(Result):
     image_share: float | None = None  # mean share of image tokens among the keys (rows with an image)
 
     kind: ClassVar[str] = "head_scores"
+    saved_dims: ClassVar[dict[str, str]] = {"heads_per_layer": "n_layers"}  # checked when a file is read
 
     def resampled(self, counts: Float[Tensor, "n_resamples n_examples"]) -> dict[str, Tensor]:
         """The scores on each bootstrap resample of the examples (`vlens.utils.stats.bootstrap_counts`):

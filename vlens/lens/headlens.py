@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, cast
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float, Int, Shaped
 from torch import Tensor
 
 from vlens.core.components.sandwich_block import post_norm_shares
@@ -71,11 +71,12 @@ class HeadLensOutput(Result):
     model_top1: Int[Tensor, "batch p"]
     image_attention: Float[Tensor, "batch p L H"] | None
     image_share: Float[Tensor, "batch p"]
-    has_image: Tensor
+    has_image: Shaped[Tensor, " batch"]
     logits: Float[Tensor, "batch p L H d_vocab"] | None = None
     layer_image_share: Float[Tensor, "batch p L"] | None = None
 
     kind: ClassVar[str] = "headlens_output"
+    saved_dims: ClassVar[dict[str, str]] = {"layers": "L"}  # checked when a file is read
 
     def shares_by_layer(self) -> Float[Tensor, "batch p L"]:
         """The image-token share of the keys each decoded layer sees, [batch, p, L]."""

@@ -61,7 +61,7 @@ class LogitLensResult(Result):
     token_strings: dict[int, str]
 
     kind: ClassVar[str] = "logit_lens"
-    saved_dims: ClassVar[dict[str, str]] = {"answer_tokens": "n_examples"}  # checked when a file is read
+    saved_dims: ClassVar[dict[str, str]] = {"answer_tokens": "n_examples", "answers": "n_examples"}  # checked when a file is read
 
     @property
     def n_layers(self) -> int:

@@ -214,6 +214,7 @@ class TrainingReport(Result):
     val_history: list[float] = field(default_factory=list)
 
     kind: ClassVar[str] = "lens_training"
+    saved_dims: ClassVar[dict[str, str]] = {"kl_before": "n_layers", "kl_after": "n_layers"}  # checked when a file is read
 
     def to_dict(self) -> dict:
         return asdict(self)

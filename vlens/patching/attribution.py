@@ -70,6 +70,7 @@ class AttributionResult(Result):
     metric: str = "logit_diff"
 
     kind: ClassVar[str] = "attribution_patching"
+    saved_dims: ClassVar[dict[str, str]] = {"pair_ids": "n_pairs"}  # checked when a file is read
 
     @property
     def spearman_z(self) -> float | None:

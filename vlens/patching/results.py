@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Shaped
 from torch import Tensor
 
 from vlens.patching.metrics import METRICS, Baseline, EffectFloor, SavedBaseline
@@ -67,7 +67,7 @@ class PatchingResult(Result):
     layers: list[int]
     cells: list
     metrics: dict[str, Float[Tensor, "n_layers n_cells"]]
-    per_pair: dict[str, Tensor]
+    per_pair: dict[str, Shaped[Tensor, "n_layers n_cells n_pairs"]]
     pair_ids: list[str]
     baseline: Baseline | SavedBaseline | None
     baseline_values: dict[str, dict[str, Tensor]] | None = None

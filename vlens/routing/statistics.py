@@ -63,6 +63,7 @@ class RoutingStatistics(Result):
     settings: dict = field(default_factory=dict)
 
     kind: ClassVar[str] = "routing_statistics"
+    saved_dims: ClassVar[dict[str, str]] = {"layers": "n_layers", "regions": "n_regions"}  # checked when a file is read
 
     def _region(self, region: str) -> int:
         if region not in self.regions:
@@ -130,11 +131,13 @@ class RoutingStatistics(Result):
     @classmethod
     def from_dict(cls, data: dict) -> RoutingStatistics:
         regions = tuple(data["regions"])
-        n_layers, n_regions = len(data["layers"]), len(regions)
+        counts = torch.tensor(data["counts"], dtype=torch.float64)
+        # [n_layers * n_regions, n_experts] as saved: its layers from its own rows, so that a layers list or counts
+        # of another length is the one field that disagrees with the rest (`saved_dims`)
         sums = torch.tensor([[math.nan if v is None else v for v in row] for row in data["weight_sums"]],
-                            dtype=torch.float64).view(n_layers, n_regions, -1)
+                            dtype=torch.float64).view(-1, *counts.shape[1:])
         return cls(layers=list(data["layers"]), n_experts=data["n_experts"], top_k=data["top_k"],
-                   counts=torch.tensor(data["counts"], dtype=torch.float64), weight_sums=sums,
+                   counts=counts, weight_sums=sums,
                    tokens=torch.tensor([data["tokens"][r] for r in regions], dtype=torch.float64),
                    n_examples=data["n_examples"], regions=regions, settings=data.get("settings", {}))
 

@@ -20,6 +20,10 @@ class SteeringResult(Result):
     `SteeringSettings` as a dict; direction_norm: its L2 norm; source: where the direction came from."""
 
     kind: ClassVar[str] = "steering"
+    # checked when a file is read: [n][batch] generations, one per strength and prompt
+    saved_dims: ClassVar[dict[str, str]] = {"prompts": "batch", "plain_texts": "batch", "plain_tokens": "batch",
+                                            "strengths": "n", "texts": "n", "tokens": "n", "texts[*]": "batch",
+                                            "tokens[*]": "batch"}
 
     prompts: list[str]
     strengths: list[float]

@@ -8,7 +8,9 @@ version. One mechanism checks every kind, declared by each `Result` subclass its
   ``tuple[...]``, ``dict[K, V]``, classes, and jaxtyping tensors (``Float[Tensor, "n_layers n_cells"]``:
   dtype and shape, each named dimension the same size in every field that names it);
 - ``saved_dims`` (a `ClassVar`): the named dimension that the length of a list field is, e.g.
-  ``{"layers": "n_layers", "pair_ids": "n_pairs"}``, so that a list and the tensors it labels agree.
+  ``{"layers": "n_layers", "pair_ids": "n_pairs"}``, so that a list and the tensors it labels agree; an integer
+  field there is the size itself (``{"n": "n_examples"}``), and ``"name[*]"`` sizes every list the field holds
+  (``{"maps[*]": "n_images"}``: under each method, one map per image).
 
 `check_fields(result, source)` raises `UserInputError` naming the first field that does not fit (a JSON
 null where a number is needed, a string where an int is, a grid with a row missing, ...). `load_result`
@@ -72,7 +74,8 @@ def _mismatch(value: Any, annotation: Any) -> str | None:
     if _is_jaxtyping(annotation):
         if isinstance(value, annotation):
             return None
-        kind = "integer" if "int64" in annotation.dtypes else "floating-point" if "float32" in annotation.dtypes else ""
+        dtypes = annotation.dtypes if isinstance(annotation.dtypes, (list, tuple)) else ()  # (Shaped: any dtype)
+        kind = "integer" if "int64" in dtypes else "floating-point" if "float32" in dtypes else ""
         return (f"must be a {kind} tensor of shape [{annotation.dim_str.strip()}] (each named size as in the "
                 f"other fields), got {_describe(value)}").replace("a  tensor", "a tensor")
     origin = typing.get_origin(annotation)
@@ -132,37 +135,76 @@ def check_fields(result: Any, source: str) -> None:
         _check_own_fields(result, source, jaxtyping, torch)
     except UserInputError as error:
         # the first field read binds each named size: the one that disagrees with most others is the one to name
-        odd = _odd_size(result)
-        if odd is None or f"the field {odd[0]!r}" in str(error):
+        sizes = "which disagrees with" in str(error) or "tensor of shape" in str(error)
+        odd = _odd_size(result) if sizes else None  # (a value of another type is said as it is)
+        if odd is None or (len(odd) == 4 and f"the field {odd[0]!r}" in str(error)):
             raise
+        if len(odd) == 2:  # as many fields give one size as another: any of them may be the edited one
+            dim, groups = odd
+            said = " and ".join(f"{', '.join(map(repr, names))} ({dim} = {size})" for size, names in groups.items())
+            raise UserInputError(f"{source}: the fields {said} disagree") from None
         name, dim, size, usual = odd
-        if name in getattr(type(result), "saved_dims", {}):
+        if name in _declared_names(type(result)):
             raise UserInputError(f"{source}: the field {name!r} holds {size} entries, which disagrees with the other "
                                  f"fields' {dim} ({usual})") from None
         raise UserInputError(f"{source}: the field {name!r} has {dim} = {size}, which disagrees with the other fields' "
                              f"{dim} = {usual}") from None
     for field in dataclasses.fields(result):  # parts that are dataclasses themselves (a taxonomy's scores)
         part = getattr(result, field.name, None)
-        if dataclasses.is_dataclass(part) and not isinstance(part, type):
-            check_fields(part, f"{source} {field.name}")
+        parts = ([(f"{field.name}.{key}", item) for key, item in part.items()] if isinstance(part, dict)
+                 else [(f"{field.name}[{i}]", item) for i, item in enumerate(part)] if isinstance(part, (list, tuple))
+                 else [(field.name, part)])
+        for label, item in parts:  # (an ablation report's per-task head ablations too)
+            if dataclasses.is_dataclass(item) and not isinstance(item, type):
+                check_fields(item, f"{source} {label}")
+
+
+def _declared_names(cls: type) -> set[str]:
+    return set(getattr(cls, "saved_dims", {})) | {key.removesuffix("[*]") for key in getattr(cls, "saved_dims", {})}
+
+
+def _declared_sizes(result: Any) -> list[tuple[str, str, int | str]]:
+    """(field, named dimension, its size, or why it has none) of each entry of the class's ``saved_dims``: a list
+    field's length, an integer field's value, or with ``"name[*]"`` the length of every list the field holds (a
+    dict's values or a list's items: ``{"maps[*]": "n_images"}``, one list per image under each method)."""
+    found: list[tuple[str, str, int | str]] = []
+    for key, dim in getattr(type(result), "saved_dims", {}).items():
+        name = key.removesuffix("[*]")
+        value = getattr(result, name, None)
+        if value is None:
+            continue
+        if key == name:
+            items = [(name, value)]
+        elif isinstance(value, dict):
+            items = [(f"{name}.{k}", item) for k, item in value.items()]
+        elif isinstance(value, (list, tuple)):
+            items = [(f"{name}[{i}]", item) for i, item in enumerate(value)]
+        else:
+            items = [(name, value)]
+        for label, item in items:
+            if isinstance(item, int) and not isinstance(item, bool) and key == name:
+                # an integer field that is the size itself (a sweep's `n`)
+                found.append((label, dim, item if item >= 0 else f"must be 0 or more, got {item}"))
+            elif isinstance(item, (list, tuple)):
+                found.append((label, dim, len(item)))
+            else:
+                found.append((label, dim, f"must be a list, got {_describe(item)}"))
+    return found
 
 
 def _sizes(result: Any) -> list[tuple[str, list[tuple[str, int]]]]:
     """(field, [(named dimension, its size)]) of every list in ``saved_dims`` and every tensor field annotated with
-    a jaxtyping shape (also inside a dict or list field: ``metrics['x']``), in the order declared."""
+    a jaxtyping shape (also inside a dict or list field: ``metrics.overwrite_rate``), in the order declared."""
     cls = type(result)
     found: list[tuple[str, list[tuple[str, int]]]] = []
-    for name, dim in getattr(cls, "saved_dims", {}).items():
-        value = getattr(result, name, None)
-        if isinstance(value, (list, tuple)):
-            found.append((name, [(dim, len(value))]))
+    found.extend((label, [(dim, size)]) for label, dim, size in _declared_sizes(result) if isinstance(size, int))
     for field in dataclasses.fields(result):
         annotation = _resolve(field.type, cls.__module__) if isinstance(field.type, str) else field.type
         value = getattr(result, field.name, None)
         candidates = [(field.name, annotation, value)]
         args = [a for a in typing.get_args(annotation) if _is_jaxtyping(a)]
         if isinstance(value, dict) and args:
-            candidates = [(f"{field.name}[{key!r}]", args[-1], item) for key, item in value.items()]
+            candidates = [(f"{field.name}.{key}", args[-1], item) for key, item in value.items()]
         elif isinstance(value, (list, tuple)) and args:
             candidates = [(f"{field.name}[{i}]", args[-1], item) for i, item in enumerate(value)]
         elif typing.get_origin(annotation) in (typing.Union, types.UnionType):
@@ -178,20 +220,25 @@ def _sizes(result: Any) -> list[tuple[str, list[tuple[str, int]]]]:
     return found
 
 
-def _odd_size(result: Any) -> tuple[str, str, int, int] | None:
+def _odd_size(result: Any) -> tuple[str, str, int, int] | tuple[str, dict[int, list[str]]] | None:
     """(field, dimension, its size there, the size most fields give it) of the first field whose size of a named
-    dimension is not the one most fields agree on (None: every size agrees, or no size is the most common)."""
+    dimension is not the one most fields agree on; (dimension, {size: fields}) when no size has more fields than
+    another; None: every size agrees."""
     from collections import Counter
 
     sized = _sizes(result)
     votes: dict[str, Counter] = {}
-    for _, dims in sized:
+    holders: dict[str, dict[int, list[str]]] = {}
+    for name, dims in sized:
         for dim, size in dims:
             votes.setdefault(dim, Counter())[size] += 1
+            holders.setdefault(dim, {}).setdefault(size, []).append(name)
     for name, dims in sized:
         for dim, size in dims:
             common = votes[dim].most_common(2)
-            if common[0][0] != size and (len(common) < 2 or common[0][1] > common[1][1]):
+            if len(common) > 1 and common[0][1] == common[1][1]:
+                return dim, holders[dim]
+            if common[0][0] != size:
                 return name, dim, size, common[0][0]
     return None
 
@@ -199,15 +246,12 @@ def _odd_size(result: Any) -> tuple[str, str, int, int] | None:
 def _check_own_fields(result: Any, source: str, jaxtyping: Any, torch: Any) -> None:
     cls = type(result)
     with jaxtyping.jaxtyped("context"):  # one binding of every named dimension across the fields
-        for name, dim in getattr(cls, "saved_dims", {}).items():
-            value = getattr(result, name, None)
-            if value is None:
-                continue
-            if not isinstance(value, (list, tuple)):
-                raise UserInputError(f"{source}: the field {name!r} must be a list, got {_describe(value)}")
+        for name, dim, size in _declared_sizes(result):
+            if isinstance(size, str):
+                raise UserInputError(f"{source}: the field {name!r} {size}")
             shaped: Any = jaxtyping.Shaped[torch.Tensor, dim]
-            if not isinstance(torch.empty(len(value)), shaped):
-                raise UserInputError(f"{source}: the field {name!r} holds {len(value)} entries, which disagrees with "
+            if not isinstance(torch.empty(size, device="meta"), shaped):  # (no memory, whatever the size)
+                raise UserInputError(f"{source}: the field {name!r} holds {size} entries, which disagrees with "
                                      f"the other fields' {dim}")
         for field in dataclasses.fields(result):
             annotation = _resolve(field.type, cls.__module__) if isinstance(field.type, str) else field.type
