@@ -8,7 +8,7 @@
    `resid_pre` across layers, and the logit lens at the final position.
 
     python benchmarks/bench_patching.py [--pairs 8] [--finding-pairs 64] [--threads 1] [--out bench_patching.json]
-        [--figures DIR] [--skip-embedded] [--skip-medium]
+        [--figures DIR] [--skip-embedded] [--skip-medium] [--seed 1] [--skip-speed]
 """
 
 from __future__ import annotations
@@ -111,11 +111,15 @@ def bench_sweep(model: HookedVLM, n_pairs: int, repeats: int, max_batch: int, sw
     }
 
 
-def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
-    """Overwrite rates of image / final patches per layer, AtP vs exact heads, logit lens."""
+def findings(model: HookedVLM, n_pairs: int, figures: Path | None, seed: int = 1) -> dict:
+    """Overwrite rates of image / final patches per layer, AtP vs exact heads, logit lens.
+
+    `seed` draws the pairs (`make_count_pairs`) and the logit-lens images (seeds from 10,000 x seed):
+    a second seed is an independent sample of both, to tell a stable finding from a sampling accident.
+    """
     from vlens.lens.logit_lens import logit_lens_records
 
-    batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=1, size=168))
+    batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=seed, size=168))
     region = patch_layer_region(model, batch, component="resid_pre", options=QUIET)
     heads = patch_layer_head(model, batch, options=QUIET)
     exact = heads.metrics["logit_diff"] - heads.baseline.clean_logit_diff.mean()
@@ -126,13 +130,14 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None) -> dict:
     from vlens.data import make_task_sample
 
     samples = [
-        make_task_sample("counting", seed=10_000 + i, size=168, style="syndot") for i in range(n_pairs)
+        make_task_sample("counting", seed=10_000 * seed + i, size=168, style="syndot") for i in range(n_pairs)
     ]
     lens = logit_lens_records(model, [{**r, "image": im} for im, r in samples],
                               options=QUIET.replace(batch_size=16))
     others = {c: patch_layer_region(model, batch, component=c, options=QUIET) for c in ("attn_out", "mlp_out")}
     out = {
         "n_pairs": n_pairs,
+        "seed": seed,
         "components_overwrite_rate": {c: r.metrics["overwrite_rate"].tolist() for c, r in others.items()},
         "components_patch_effect": {c: r.metrics["patch_effect"].tolist() for c, r in others.items()},
         "clean_accuracy": float(region.baseline.clean_correct.float().mean()),
@@ -176,6 +181,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="seed of the findings' pairs and logit-lens images")
+    parser.add_argument(
+        "--skip-speed", action="store_true", help="findings only (no speed sweeps on the embedded model)"
+    )
     parser.add_argument("--out", default=None, help="write all numbers as JSON")
     parser.add_argument("--figures", default=None, help="folder for HTML figures of the findings")
     parser.add_argument("--skip-embedded", action="store_true")
@@ -215,15 +224,16 @@ def main() -> None:
             if args.model
             else vlens.load(device=device)
         )
-        results["embedded_speed"] = bench_sweep(model, args.pairs, args.repeats, args.max_batch)
-        print("embedded head sweep:", json.dumps(results["embedded_speed"]))
-        results["embedded_layer_pos_speed"] = bench_sweep(
-            model, args.pairs, 1, args.max_batch, patch_layer_position
-        )
-        print("embedded layer-pos sweep:", json.dumps(results["embedded_layer_pos_speed"]))
+        if not args.skip_speed:
+            results["embedded_speed"] = bench_sweep(model, args.pairs, args.repeats, args.max_batch)
+            print("embedded head sweep:", json.dumps(results["embedded_speed"]))
+            results["embedded_layer_pos_speed"] = bench_sweep(
+                model, args.pairs, 1, args.max_batch, patch_layer_position
+            )
+            print("embedded layer-pos sweep:", json.dumps(results["embedded_layer_pos_speed"]))
         if args.finding_pairs > 0:
             results["embedded_findings"] = findings(
-                model, args.finding_pairs, Path(args.figures) if args.figures else None
+                model, args.finding_pairs, Path(args.figures) if args.figures else None, seed=args.seed
             )
             print("embedded findings:", json.dumps(results["embedded_findings"], indent=1))
     if not args.skip_medium:
