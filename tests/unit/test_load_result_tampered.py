@@ -65,10 +65,10 @@ def _saved(folder: Path) -> dict:
 
 
 def _load(tmp_path: Path, data: dict, folder: Path | None = None):
-    """load_result of `data` as results.json, beside the other files of the saved `folder` (weights, ...)."""
-    target = tmp_path / "result"
-    if folder is not None:
-        shutil.rmtree(target, ignore_errors=True)
+    """load_result of `data` as results.json, beside the other files of the saved `folder` (weights, ...): copied
+    once per test (no reader writes them; copying them for each of a test's ~20 loads was most of its time)."""
+    target = tmp_path / ("result" if folder is None else f"result-{folder.name}")
+    if folder is not None and not target.exists():
         shutil.copytree(folder, target)
     target.mkdir(exist_ok=True)
     (target / "results.json").write_text(json.dumps(data))

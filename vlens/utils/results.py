@@ -233,12 +233,14 @@ class Result(ABC):
     @staticmethod
     def attach_saved(result: R, body: dict, provenance: dict | None) -> R:
         """Keep on `result` the keys of `body` its own `to_dict` does not write (the extras) and the provenance."""
-        source = _READING.get()
-        if source is not None:  # read from a file (`read_checked`): its fields checked before its methods use them
-            check_fields(result, source)
+        reading = _READING.get()
+        if reading is not None:  # read from a file (`read_checked`): its fields checked before its methods use them
+            check_fields(result, reading.source)
         own = result.to_dict()
         result.__dict__["_extras"] = {key: value for key, value in body.items() if key not in own}
         result.__dict__["_provenance"] = provenance
+        if reading is not None:
+            reading.result, reading.written = result, {**own, **result.extras}  # what to_dict() now gives
         return result
 
     def to_dataframe(self) -> Any:
@@ -334,7 +336,16 @@ def _the_field(paths: list[str]) -> str:
     return "the field " + " or ".join(map(repr, paths))
 
 
-_READING: contextvars.ContextVar[str | None] = contextvars.ContextVar("vlens_reading_result", default=None)
+@dataclasses.dataclass
+class _Reading:
+    """A file `read_checked` is reading: `attach_saved` checks the object built and keeps what it writes back."""
+
+    source: str
+    result: Any = None
+    written: dict | None = None
+
+
+_READING: contextvars.ContextVar[_Reading | None] = contextvars.ContextVar("vlens_reading_result", default=None)
 
 
 def read_checked(cls: type[R], data: dict, file: Path) -> R:
@@ -346,7 +357,8 @@ def read_checked(cls: type[R], data: dict, file: Path) -> R:
     trip over is named as the field it was read into."""
     source = f"{file} ({cls.kind!r} result)"
     redo = "write it again with the command or call that made it"
-    token = _READING.set(source)
+    reading = _Reading(source)
+    token = _READING.set(reading)
     try:
         result = cls.from_saved(data, file.parent)
     except UserInputError as error:  # the class's own check of a value: said of this file and field
@@ -376,9 +388,12 @@ def read_checked(cls: type[R], data: dict, file: Path) -> R:
                              f"the file was edited or written by another version; {redo}") from None
     finally:
         _READING.reset(token)
-    check_fields(result, source)
+    checked = reading.result is result and reading.written is not None  # (a from_saved without attach_saved: not)
+    if not checked:
+        check_fields(result, source)
     body = {key: value for key, value in data.items() if key not in ("kind", "provenance")}
-    differ = differences(json_safe(body), json_safe(result.to_dict()))
+    written = reading.written if checked else result.to_dict()  # to_dict once: some compute (rank correlations)
+    differ = differences(json_safe(body), json_safe(written))
     if differ:
         fields = ", ".join(repr(path) for path in differ[:4]) + (f" (+{len(differ) - 4} more)" if len(differ) > 4 else "")
         raise UserInputError(f"{source}: the field{'s' if len(differ) > 1 else ''} {fields} do{'' if len(differ) > 1 else 'es'} "
