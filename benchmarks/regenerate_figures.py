@@ -44,6 +44,11 @@ SECTION_NAMES = {
     "ablation-jaccard-overlap-of-important-heads-across-tasks": "ablation-jaccard",
     "representation-geometry-pca-per-layer": "geometry-pca", "representation-geometry-t-sne-per-layer": "geometry-tsne",
     "interventions-baseline-sft-sft-l-focus-sft-l-focus-beta": "interventions",
+    "counting-accuracy-per-count-subitizing-curve-synpoly": "counting-accuracy-synpoly",
+    "confusion-matrix-of-counting-answers-synpoly": "confusion-matrix-synpoly",
+    "the-counting-circuit-edges-from-image-regions-through-heads-and-mlps-to-the-answer": "circuit",
+    "the-counting-circuit-as-an-attribution-graph-transcoder-features-from-image-cells-to-the-count":
+        "attribution-graph",
 }
 PREFIX_NAMES = {"attention-patterns-of-layer-": "attention-circuitsvis"}  # anchors that carry a number
 
