@@ -1,16 +1,21 @@
 """The explicit attention path (the one that hooks the pattern) computes HF eager attention exactly while it
-reuses the scores' memory for the pattern: every row (padding included) against HF's own eager attention, and
-the in-place softmax against the out-of-place one where it may overwrite and where it may not."""
+reuses the scores' memory for the pattern and, under a plain causal mask, multiplies only the blocks of
+queries and keys that are not all masked: every row (padding included) against HF's own eager attention,
+the in-place softmax against the out-of-place one where it may overwrite and where it may not, and the
+blocked causal scores against the whole matmul, bit for bit."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
+import pytest
 import torch
 
 from vlens import HookedVLM
-from vlens.core.components.attention import eager_softmax
+from vlens.core.components import attention
+from vlens.core.components.attention import causal_scores, eager_softmax
 from vlens.testing import random_image, tiny_hf_model, tiny_qwen_processor
 
 
@@ -48,17 +53,50 @@ def test_softmax_overwrites_the_scores_only_where_it_is_the_same_kernel():
     assert torch.equal(pattern, torch.softmax(kept, dim=-1, dtype=torch.float32).to(torch.bfloat16))
 
 
-def test_every_row_of_the_pattern_equals_hf_eager_and_the_scores_path():
+def test_causal_scores_are_the_whole_matmuls_bits():
+    # lengths around the block size (a last block of one or two rows would round differently), two rows,
+    # head sizes unlike the defaults, queries and keys strided as the attention passes them
+    for n, d, dtype in itertools.product([1, 7, 64, 65, 129, 130, 200], [8, 24], [torch.float32, torch.bfloat16]):
+        generator = torch.Generator().manual_seed(n + d)
+        q, k = (torch.randn(2, n, 3, d, generator=generator).to(dtype).transpose(1, 2) for _ in range(2))
+        later = torch.ones(n, n, dtype=torch.bool).triu(1)
+        expected = torch.matmul(q, k.transpose(2, 3)).mul_(d ** -0.5).masked_fill_(later, torch.finfo(dtype).min)
+        bits = torch.int32 if dtype == torch.float32 else torch.int16
+        assert torch.equal(causal_scores(q, k, d ** -0.5).view(bits), expected.view(bits)), (n, d, dtype)
+
+
+def test_causal_scores_serve_a_single_prompt_and_not_a_padded_batch(monkeypatch):
+    model = _model()
+    calls = []
+    monkeypatch.setattr(attention, "causal_scores", lambda *args: calls.append(1) or causal_scores(*args))
+    patterns = lambda name: name.endswith("hook_pattern")  # noqa: E731
+    one = model.prepare(images=[random_image(56, 84, 1)], prompts=["How many dots are there?"])
+    with torch.no_grad():
+        model.run_with_cache(one, names_filter=patterns)
+    assert len(calls) == model.cfg.n_layers
+    model.run_with_cache(one, names_filter=patterns)  # the weights require grad: autograd records the whole matmul
+    padded = model.prepare(images=[random_image(56, 84, 1), random_image(56, 56, 2)], prompts=["How many", "red"])
+    with torch.no_grad():
+        model.run_with_cache(padded, names_filter=patterns)
+    assert len(calls) == model.cfg.n_layers  # a padded batch keeps its own mask
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_every_row_of_the_pattern_equals_hf_eager_and_the_scores_path(padded):
     model = _model()
     hf = model.hf_model
-    # a left-padded batch: the padding queries see no key, and eager attention averages every value there
-    inputs = model.prepare(images=[random_image(56, 84, 1), random_image(56, 56, 2)],
-                           prompts=["How many dots are there?", "red"])
-    assert not inputs.attention_mask.bool().all()
+    if padded:  # a left-padded batch: the padding queries see no key, and eager attention averages every value
+        inputs = model.prepare(images=[random_image(56, 84, 1), random_image(56, 56, 2)],
+                               prompts=["How many dots are there?", "red"])
+        assert not inputs.attention_mask.bool().all()
+    else:  # one prompt: a plain causal mask (the blocked scores)
+        inputs = model.prepare(images=[random_image(56, 84, 1)], prompts=["How many dots are there?"])
     with torch.no_grad():
         expected = hf(**inputs.to_hf_kwargs(), output_attentions=True).attentions
-    logits, cache = model.run_with_cache(inputs)
-    scored_logits, scored = model.run_with_cache(inputs, attn_scores=True)
+        logits, cache = model.run_with_cache(inputs)  # in place, and blocked under a plain causal mask
+        scored_logits, scored = model.run_with_cache(inputs, attn_scores=True)
+    graph_logits, graph = model.run_with_cache(inputs)  # under autograd (the weights require grad): out of place
+    assert graph_logits.requires_grad
     for layer, pattern in enumerate(expected):
         name = f"blocks.{layer}.attn.hook_pattern"
         torch.testing.assert_close(cache[name], pattern, atol=1e-6, rtol=0, msg=name)
@@ -67,7 +105,7 @@ def test_every_row_of_the_pattern_equals_hf_eager_and_the_scores_path():
     # the path with the scores hooked computes the same thing from a fresh tensor: every activation equal
     assert set(cache.cache_dict) <= set(scored.cache_dict)
     for name, value in cache.cache_dict.items():
-        assert torch.equal(value, scored[name]), name
-    assert torch.equal(logits, scored_logits)
+        assert torch.equal(value, scored[name]) and torch.equal(value, graph[name]), name
+    assert torch.equal(logits, scored_logits) and torch.equal(logits, graph_logits)
     with torch.no_grad():
         torch.testing.assert_close(logits, hf(**inputs.to_hf_kwargs()).logits, atol=1e-5, rtol=0)

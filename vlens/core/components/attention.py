@@ -404,25 +404,61 @@ class Attention(nn.Module):
 
         HF's arithmetic (scores * scaling + mask, softmax in fp32, cast back), done in place on the one
         [batch, heads, q, k] tensor the matmul makes wherever no hook holds it: a forward then allocates one
-        such tensor per layer, the pattern, where it allocated two (on a CPU each is pages faulted in, the
-        largest part of what the pattern costs: benchmarks/RESULTS.md, "the explicit attention path").
+        such tensor per layer, the pattern, where it allocated two (on a CPU each is pages faulted in, a large
+        part of what the pattern costs). On a CPU outside autograd, a plain causal mask (one unpadded prompt)
+        multiplies only the query x key blocks not all masked (`causal_scores`). Same bits as the plain
+        arithmetic; the costs: benchmarks/RESULTS.md, "the explicit attention path".
         """
         k = repeat_kv(k, self.num_key_value_groups)
         v = repeat_kv(v, self.num_key_value_groups)
-        scores = torch.matmul(q, k.transpose(2, 3))
-        lowest = torch.finfo(scores.dtype).min
+        lowest = torch.finfo(q.dtype).min
         if is_observed(self.hook_attn_scores):
-            scores = self.hook_attn_scores(scores * self.scaling + masks.additive)
+            scores = self.hook_attn_scores(torch.matmul(q, k.transpose(2, 3)) * self.scaling + masks.additive)
             # An edit (say a temperature) must never unmask: masked entries go back to the mask value.
             # masked_fill makes a new tensor, which nothing else holds: the softmax may overwrite it.
             scores = scores.masked_fill(~masks.allowed, lowest)
+        elif masks.sdpa is None and q.shape[-2] == k.shape[-2] and q.device.type == "cpu" \
+                and not (q.requires_grad or k.requires_grad):
+            # a plain causal mask over the whole sequence (what SDPA runs as is_causal): the same scores, bit
+            # for bit, from the query x key blocks that are not all masked
+            scores = causal_scores(q, k, self.scaling)
         else:  # only the pattern is read: the same arithmetic in place, no copy of the scores
             # The masked entries are written with the mask value, not added to it (adding 0 elsewhere changes
             # nothing but the sign of a zero score): min + a negative score overflows to -inf in bf16, and a
             # fully masked (padding) row would then be NaN.
-            scores = scores.mul_(self.scaling).masked_fill_(~masks.allowed, lowest)
+            scores = torch.matmul(q, k.transpose(2, 3)).mul_(self.scaling).masked_fill_(~masks.allowed, lowest)
         pattern = self.hook_pattern(eager_softmax(scores))
         return torch.matmul(pattern, v).transpose(1, 2).contiguous()
+
+
+CAUSAL_QUERY_BLOCK = 64  # query rows per step of `causal_scores` (five torch calls a step; the work is n^2)
+
+
+def causal_scores(q: Float[Tensor, "batch heads n d_head"], k: Float[Tensor, "batch heads n d_head"],
+                  scaling: float) -> Float[Tensor, "batch heads n n"]:
+    """`(q @ k^T) * scaling` with every key after its query set to the dtype's min: HF eager's scores under a
+    plain causal mask, the same tensor as the whole matmul, scaled, then masked_fill.
+
+    Made a block of query rows at a time: each block multiplies only the keys up to its last query (the same
+    dot products, about half of them in all), masks inside its diagonal block, and writes the min over the
+    keys after it (no product, no pass to read them). Every block has CAUSAL_QUERY_BLOCK rows or more (the
+    last takes the rest): a matmul of one or two rows takes another BLAS kernel, which rounds differently,
+    while blocks of 64 rows give the whole matmul's bits (tests/unit/test_explicit_attention.py).
+    q, k: the queries are the keys' positions (a prefill, not a decoding step), k repeated to the query heads.
+    """
+    n = q.shape[-2]
+    lowest = torch.finfo(q.dtype).min
+    scores = q.new_empty(*q.shape[:-1], n)
+    k_t = k.transpose(-1, -2)
+    later = torch.ones(2 * CAUSAL_QUERY_BLOCK, 2 * CAUSAL_QUERY_BLOCK, dtype=torch.bool, device=q.device).triu_(1)
+    starts = list(range(0, max(n - CAUSAL_QUERY_BLOCK, 0) + 1, CAUSAL_QUERY_BLOCK))
+    for start, end in zip(starts, [*starts[1:], n], strict=True):
+        seen = scores[..., start:end, :end]  # the keys this block's queries may read, and the diagonal block
+        torch.matmul(q[..., start:end, :], k_t[..., :end], out=seen)
+        seen.mul_(scaling)
+        seen[..., start:].masked_fill_(later[:end - start, :end - start], lowest)
+        scores[..., start:end, end:].fill_(lowest)
+    return scores
 
 
 def eager_softmax(scores: Float[Tensor, "batch heads query key"]) -> Float[Tensor, "batch heads query key"]:
