@@ -68,8 +68,10 @@ class AttributionGraph(Result):
     examples: dict[str, Any] = field(default_factory=dict)
 
     kind: ClassVar[str] = "attribution_graph"
-    # checked when a file is read (`dropped` and the per-position maps may be empty: files of older versions)
-    saved_dims: ClassVar[dict[str, str]] = {"nodes": "n_nodes", "values": "n_nodes", "biases": "n_nodes"}
+    # checked when a file is read (`dropped`, the tokens and the maps are empty in files of older versions: not sized)
+    saved_dims: ClassVar[dict[str, str]] = {"nodes": "n_nodes", "values": "n_nodes", "biases": "n_nodes",
+                                            "dropped": "n_nodes", "prompt_tokens": "n_positions",
+                                            "feature_maps[*]": "n_positions"}
 
     # ------------------------------------------------------------------ structure
     @property

@@ -166,13 +166,16 @@ def _declared_names(cls: type) -> set[str]:
 def _declared_sizes(result: Any) -> list[tuple[str, str, int | str]]:
     """(field, named dimension, its size, or why it has none) of each entry of the class's ``saved_dims``: a list
     field's length, an integer field's value, or with ``"name[*]"`` the length of every list the field holds (a
-    dict's values or a list's items: ``{"maps[*]": "n_images"}``, one list per image under each method)."""
+    dict's values or a list's items: ``{"maps[*]": "n_images"}``, one list per image under each method). A field
+    with a default that holds an empty list is not sized (files written before it existed)."""
     found: list[tuple[str, str, int | str]] = []
+    defaulted = {f.name for f in dataclasses.fields(result)
+                 if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
     for key, dim in getattr(type(result), "saved_dims", {}).items():
         name = key.removesuffix("[*]")
         value = getattr(result, name, None)
-        if value is None:
-            continue
+        if value is None or (name in defaulted and isinstance(value, (list, tuple, dict)) and not value):
+            continue  # not recorded (a file of a version before the field: its default, empty)
         if key == name:
             items = [(name, value)]
         elif isinstance(value, dict):
