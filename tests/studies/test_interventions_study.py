@@ -1,8 +1,11 @@
 """The interventions study: table / rows / report / model-card section on a known result, the
-demo reading what it writes, and (slow) a full run of every condition on an untrained model of
-the embedded architecture."""
+demo reading what it writes, the shipped study.json belonging to the shipped weights, and (slow) a
+full run of every condition on an untrained model of the embedded architecture."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +133,34 @@ def test_more_beta_heads_than_the_model_has_fails_before_any_run(tmp_path):
     with pytest.raises(UserInputError, match=r"top_k_heads must be an integer in \[1, 8\], got 1000"):
         run_study(lambda: model, settings, tmp_path, progress=False)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_shipped_study_is_of_the_shipped_weights_and_stores_each_image():
+    """The embedded model's study.json (what `vlens demo` shows and its interventions finding tests)
+    was measured on the weights beside it, and its per-image results add up to its accuracies: the
+    demo's paired bootstrap reads those lists."""
+    import vlens
+    from vlens.demo.interventions_stage import interventions_section
+    from vlens.zoo.embedded import WEIGHTS_FOLDER
+
+    rerun = ("rerun: OMP_NUM_THREADS=1 vlens study --model tiny --out runs/study --seeds 0 1 2 --n-eval 200 "
+             "--model-card vlens/zoo/weights/tiny-qwen2.5-vl/MODEL_CARD.md, then copy runs/study/study.json "
+             "into the weights folder and benchmarks/study_tiny.json")
+    section = interventions_section(WEIGHTS_FOLDER, model=vlens.load())
+    assert section.status == "ok" and section.data["weights_match"] is True, rerun
+    raw = section.data["stored"]
+    settings = raw["settings"]
+    assert sorted(raw["results"]) == sorted(str(s) for s in settings["seeds"])
+    for rows in raw["results"].values():
+        for condition in settings["conditions"]:
+            for name in settings["eval_sets"]:
+                cell = rows[condition][name]
+                assert len(cell["correct"]) == cell["n"] == settings["n_eval"], rerun
+                assert set(cell["correct"]) <= {0, 1}
+                assert sum(cell["correct"]) / cell["n"] == pytest.approx(cell["accuracy"])
+    baseline = [rows["baseline"][name]["correct"] for rows in raw["results"].values()
+                for name in settings["eval_sets"]]
+    per_seed = len(settings["eval_sets"])
+    assert baseline[:per_seed] * len(raw["results"]) == baseline  # no training: the same answers on every seed
+    benchmark = Path(__file__).resolve().parents[2] / "benchmarks" / "study_tiny.json"
+    assert json.loads(benchmark.read_text()) == json.loads((WEIGHTS_FOLDER / "study.json").read_text()), rerun
