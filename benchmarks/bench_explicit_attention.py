@@ -15,6 +15,9 @@ the wall seconds and the minor page faults beside them.
 --model embedded: `vlens.load()` and one image (--image-size 840: 916 tokens); --model larger: a random tiny
 LLaVA (Llama decoder, 4 layers, d_model 512, 16 heads of 32, 4 key/value heads) on --tokens text tokens.
 --profile: instead of timing, torch.profiler's self CPU time per op of one call of each cached case.
+--steps: instead, the CPU milliseconds of each step of the explicit path, before and now, per layer at this
+model's shape ([1, n_heads, tokens, tokens]; medians of --runs passes over n_layers layers whose patterns are
+kept, as the cache keeps them, so fresh memory is faulted in where the forward faults it).
 """
 
 from __future__ import annotations
@@ -99,6 +102,61 @@ def _profile(model, inputs) -> dict:
     return shares
 
 
+def _steps(model, inputs, runs: int) -> dict:
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    from vlens.core.components.attention import causal_scores
+
+    cfg, n = model.cfg, inputs.seq_len
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(1, n, cfg.n_heads, cfg.d_head, generator=generator).transpose(1, 2)
+    k, v = (torch.randn(1, n, cfg.n_key_value_heads, cfg.d_head, generator=generator).transpose(1, 2)
+            for _ in range(2))
+    masked = torch.ones(n, n, dtype=torch.bool).triu(1)[None, None]
+    additive = torch.zeros(1, 1, n, n).masked_fill_(masked, torch.finfo(torch.float32).min)
+    lowest, scaling, groups = torch.finfo(torch.float32).min, cfg.d_head ** -0.5, cfg.n_heads // cfg.n_key_value_heads
+    times: dict[str, dict[str, list[float]]] = {"before": {}, "now": {}, "reference": {}}
+
+    def step(path: str, name: str, fn, *args, **kwargs):
+        start = time.thread_time()
+        out = fn(*args, **kwargs)
+        times[path].setdefault(name, []).append(time.thread_time() - start)
+        return out
+
+    def pattern_v(pattern, v_groups):
+        return torch.matmul(pattern, v_groups).transpose(1, 2).contiguous()
+
+    for _ in range(runs):
+        kept = []
+        for _layer in range(cfg.n_layers):
+            k_g, v_g = step("before", "repeat_kv", lambda: (repeat_kv(k, groups), repeat_kv(v, groups)))
+            scores = step("before", "QK matmul", torch.matmul, q, k_g.transpose(2, 3))
+            step("before", "scale (mul_)", scores.mul_, scaling)
+            step("before", "add the mask (add_)", scores.add_, additive)
+            step("before", "mask value (masked_fill_)", scores.masked_fill_, masked, lowest)
+            pattern = step("before", "softmax into a new tensor", torch.softmax, scores, -1, dtype=torch.float32)
+            kept.append(pattern)
+            step("before", "pattern @ v", pattern_v, pattern, v_g)
+            del scores
+        kept.clear()
+        for _layer in range(cfg.n_layers):
+            k_g, v_g = step("now", "repeat_kv", lambda: (repeat_kv(k, groups), repeat_kv(v, groups)))
+            scores = step("now", "causal_scores (QK blocks, scale, mask)", causal_scores, q, k_g, scaling)
+            pattern = step("now", "softmax in place", torch.softmax, scores, -1, out=scores)
+            kept.append(pattern)
+            step("now", "pattern @ v", pattern_v, pattern, v_g)
+            # what faulting in (and zeroing) fresh memory of the pattern's size costs, kept like the patterns
+            kept.append(step("reference", "fault in a fresh [heads, n, n] tensor (empty + fill_)",
+                             torch.full_like, scores, 0.0))
+    out = {}
+    for path, steps in times.items():
+        medians = {name: statistics.median(values) * 1e3 for name, values in steps.items()}
+        total = sum(medians.values())
+        out[path] = {"ms_per_layer": round(total, 2),
+                     "steps_ms_share": {name: (round(ms, 2), round(ms / total, 3)) for name, ms in medians.items()}}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=("embedded", "larger"), default="embedded")
@@ -107,9 +165,14 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=840)
     parser.add_argument("--tokens", type=int, default=1536)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--steps", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, inputs = _setup(args)
+    if args.steps:
+        print(json.dumps({"model": args.model, "tokens": inputs.seq_len, "threads": args.threads,
+                          "steps": _steps(model, inputs, args.runs)}, indent=1))
+        return
     if args.profile:
         print(json.dumps({"tokens": inputs.seq_len, "threads": args.threads, "profile": _profile(model, inputs)},
                          indent=1))
