@@ -211,9 +211,9 @@ def test_every_declared_saved_dim_refuses_a_list_of_the_wrong_length(file, tmp_p
 def test_the_class_reader_checks_too(tmp_path):
     data = _saved(SAVED / "patching")
     cls = result_class("patching")
-    with pytest.raises(vlens.UserInputError, match="the field 'layers'"):
+    with pytest.raises(vlens.UserInputError, match=r"the field 'layers\[0\]' must be an integer"):
         read_checked(cls, {**data, "layers": ["a"] * len(data["layers"])}, tmp_path / "results.json")
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "results.json").write_text(json.dumps({**data, "layers": [None] * len(data["layers"])}))
-    with pytest.raises(vlens.UserInputError, match="the field 'layers'"):
+    with pytest.raises(vlens.UserInputError, match=r"the field 'layers\[0\]' must be an integer"):
         cls.load(tmp_path / "p")

@@ -21,7 +21,7 @@ the pairs (the ratio of resampled means).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast
 
 import torch
 from jaxtyping import Float
@@ -111,6 +111,16 @@ def doubling_grid(n_edges: int) -> list[int]:
     return [*grid, n_edges]
 
 
+class CurvePoint(TypedDict):
+    """One measured point of a circuit's faithfulness curve (checked when a file is read)."""
+
+    k: int
+    n_edges: int
+    faithfulness: float  # (JSON null: NaN, a denominator within its noise floor)
+    low: float
+    high: float
+
+
 @dataclass
 class Circuit(Result):
     """An extracted circuit, its faithfulness curve and the scores it was ranked by.
@@ -127,7 +137,7 @@ class Circuit(Result):
     faithfulness: float
     interval: tuple[float, float]
     target: float | None
-    curve: list[dict]
+    curve: list[CurvePoint]
     per_pair_metric: Float[Tensor, " n_pairs"]
     clean_metric: Float[Tensor, " n_pairs"]
     corrupt_metric: Float[Tensor, " n_pairs"]
@@ -363,6 +373,6 @@ def extract_circuit(model: HookedVLM, pairs: Any, scores: EdgeScores | None = No
     point = measured[chosen]
     curve = [{key: value for key, value in measured[k].items() if key != "per_pair"} for k in sorted(measured)]
     return Circuit(scores=scores, edges=sets[chosen].tolist(), k=chosen, faithfulness=point["faithfulness"],
-                   interval=(point["low"], point["high"]), target=None if top_k is not None else target, curve=curve,
+                   interval=(point["low"], point["high"]), target=None if top_k is not None else target, curve=cast(list[CurvePoint], curve),
                    per_pair_metric=point["per_pair"], clean_metric=clean, corrupt_metric=corrupt, rank_by=rank_by,
                    pruned=prune)

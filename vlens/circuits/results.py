@@ -15,6 +15,7 @@ from PIL import Image
 from torch import Tensor
 
 from vlens.circuits.graph import RECEIVER_KINDS, SENDER_KINDS, CircuitGraph
+from vlens.patching.pairs import PairAnswers
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
 from vlens.utils.results import Result
@@ -105,7 +106,7 @@ class EdgeScores(Result):
     corrupt_metric: Float[Tensor, " n_pairs"]
     pair_ids: list[str]
     thumbnail: Image.Image | None = None
-    answers: dict | None = None
+    answers: PairAnswers | None = None
 
     kind: ClassVar[str] = "edge_scores"
     saved_dims: ClassVar[dict[str, str]] = {"pair_ids": "n_pairs"}  # checked when a file is read

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import io
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -28,7 +28,7 @@ from vlens.core.token_labels import str_tokens
 from vlens.graphs.linear import Injection, backward_rows, linear_forward
 from vlens.graphs.pruning import partial_influence
 from vlens.graphs.replacement import PromptRun, ReplacementModel, linear_problem
-from vlens.graphs.results import AttributionGraph
+from vlens.graphs.results import AttributionGraph, GraphNode
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import check_count, check_float
 
@@ -300,7 +300,7 @@ def attribution_graph(replacement: ReplacementModel, inputs: Any, target: str | 
             # the rows computed so far (no model pass)
             "forward_equivalents": 2 + batch + 1 + 2 * batch * backward_passes,
             "ranking": settings.ranking, "ranking_updates": updates}
-    return AttributionGraph(nodes=names, adjacency=adjacency, values=values, biases=biases, dropped=dropped,
+    return AttributionGraph(nodes=cast(list[GraphNode], names), adjacency=adjacency, values=values, biases=biases, dropped=dropped,
                             target={"token": token_text(model, target_id), "token_id": target_id,
                                     "contrast": None if contrast_id is None else token_text(model, contrast_id),
                                     "contrast_id": contrast_id, "value": value},

@@ -16,8 +16,8 @@ differ by what freezing attention, norms and errors leaves out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, TypedDict, cast
 
 import torch
 from torch import Tensor
@@ -68,15 +68,28 @@ def edits_for(graph: AttributionGraph, names: Sequence[str], mode: str = "zero",
             node = graph.nodes[graph.index(member)]
             if node["kind"] != "feature":
                 raise UserInputError(f"{member} is a {node['kind']} node: interventions edit feature nodes (L2F17@5).")
-            edits.append(FeatureEdit(node["layer"], node["feature"], (node["pos"],), mode, value))
+            edits.append(FeatureEdit(cast(int, node["layer"]), cast(int, node["feature"]), (node["pos"],), mode, value))
     return edits
+
+
+EditMode = Literal["set", "scale", "zero"]
+
+
+class EditRecord(TypedDict):
+    """A `FeatureEdit` as results.json records it (checked when a file is read)."""
+
+    layer: int
+    feature: int
+    positions: list[int] | None
+    mode: EditMode
+    value: float
 
 
 @dataclass
 class InterventionResult(Result):
     """The target before and after the edits: predicted by the graph, in the replacement model, in the real model."""
 
-    edits: list[dict[str, Any]]
+    edits: list[EditRecord]
     target: str
     clean: float
     predicted: float | None
@@ -133,7 +146,7 @@ def predicted_value(graph: AttributionGraph, edits: Sequence[FeatureEdit]) -> tu
     """The graph's linear prediction of the target after `edits` (module doc); None when an edited feature is
     not an attributed node of the graph."""
     n_feat = graph.n_features
-    activation = torch.tensor([float(graph.nodes[k]["activation"]) for k in range(n_feat)], dtype=torch.float64)
+    activation = torch.tensor([float(cast(float, graph.nodes[k]["activation"])) for k in range(n_feat)], dtype=torch.float64)
     per_unit = graph.adjacency[:n_feat, :n_feat] / activation[None, :]
     change = torch.zeros(n_feat, dtype=torch.float64)
     clamped = torch.zeros(n_feat, dtype=torch.bool)
@@ -179,7 +192,8 @@ def intervene(replacement: ReplacementModel, inputs: Any, graph: AttributionGrap
     with splice_transcoders(model, tc, error="live"), model.hooks(fwd_hooks=hooks):
         real = target_value(graph, model(inputs))
     predicted, notes = predicted_value(graph, edits)
-    return InterventionResult(edits=[{**asdict(edit), "positions": None if edit.positions is None else list(edit.positions)}
-                                     for edit in edits], target=graph.nodes[-1]["name"],
+    return InterventionResult(edits=[EditRecord(layer=edit.layer, feature=edit.feature, mode=cast(EditMode, edit.mode),
+                                                positions=None if edit.positions is None else list(edit.positions),
+                                                value=edit.value) for edit in edits], target=graph.nodes[-1]["name"],
                               clean=target_value(graph, run.logits), predicted=predicted, replacement=replaced,
                               real=real, notes=notes)

@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, TypedDict, cast
 
 import torch
 from jaxtyping import Float
@@ -27,6 +27,35 @@ from vlens.graphs.files import circuit_tracer_json, write_viewer
 from vlens.graphs.pruning import Pruned, graph_scores, prune
 from vlens.utils.errors import UserInputError
 from vlens.utils.results import Result
+
+
+class _NodeKeys(TypedDict):
+    name: str
+    kind: Literal["feature", "error", "token", "image", "logit"]
+    layer: int | None  # (None: an input node)
+    pos: int
+    feature: int | None  # a feature's index; the logit node's token id
+    activation: float | None
+    label: str
+
+
+class GraphNode(_NodeKeys, total=False):
+    """One node of an attribution graph, as results.json records it (checked when a file is read)."""
+
+    positions: list[int]  # input nodes: every position the group covers
+    token_id: int  # input nodes
+    image: int  # image nodes: which image
+    contrast: int | None  # the logit node: the contrast token's id
+
+
+class GraphTarget(TypedDict):
+    """What the graph explains: the target token (and its contrast for a logit difference) and its value."""
+
+    token: str
+    token_id: int
+    contrast: str | None
+    contrast_id: int | None
+    value: float
 
 
 @dataclass
@@ -50,11 +79,11 @@ class AttributionGraph(Result):
         n_prompts, top_k, features {"L{l}F{i}": {"image": hits, "text": hits}}); empty until attached.
     """
 
-    nodes: list[dict[str, Any]]
+    nodes: list[GraphNode]
     adjacency: Float[Tensor, "n_nodes n_nodes"]
     values: list[float | None]
     biases: list[float | None]
-    target: dict[str, Any]
+    target: GraphTarget
     dropped: list[float | None] = field(default_factory=list)
     prompt_tokens: list[str] = field(default_factory=list)
     feature_maps: dict[str, list[float]] = field(default_factory=dict)
@@ -161,7 +190,7 @@ class AttributionGraph(Result):
         for row, col, weight in data.get("edges", []):
             adjacency[row, col] = weight
         return cls(nodes=list(data["nodes"]), adjacency=adjacency, values=list(data["values"]),
-                   biases=list(data["biases"]), target=dict(data["target"]), dropped=list(data.get("dropped", [])), prompt_tokens=list(data["prompt_tokens"]),
+                   biases=list(data["biases"]), target=cast(GraphTarget, dict(data["target"])), dropped=list(data.get("dropped", [])), prompt_tokens=list(data["prompt_tokens"]),
                    feature_maps=dict(data.get("feature_maps", {})), images=list(data.get("images", [])),
                    boxes=dict(data.get("boxes", {})), cost=dict(data.get("cost", {})),
                    settings=dict(data.get("settings", {})), model=str(data.get("model", "")),

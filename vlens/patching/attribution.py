@@ -32,7 +32,7 @@ from vlens.core.hooks import act_name
 from vlens.parallel.options import Readout, SweepOptions, fold_legacy
 from vlens.patching.conditions import final_logits, readout_logits
 from vlens.patching.metrics import MetricFn, MetricFunction, logit_diff
-from vlens.patching.pairs import PairBatch
+from vlens.patching.pairs import PairAnswers, PairBatch
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe, warn_non_finite
 from vlens.utils.ragged import pad_heads
@@ -66,7 +66,7 @@ class AttributionResult(Result):
     clean_logit_diff: Float[Tensor, "n_pairs"]
     qk_fix: bool = True
     exact_z: Tensor | None = None  # optional: an exact head sweep's delta logit diff, to compare
-    answers: dict | None = None  # the pairs' answers and tokens (PairBatch.answers_json)
+    answers: PairAnswers | None = None  # the pairs' answers and tokens (PairBatch.answers_json)
     metric: str = "logit_diff"
 
     kind: ClassVar[str] = "attribution_patching"

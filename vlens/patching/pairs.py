@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
@@ -53,6 +53,20 @@ class PairExample:
     clean_answer: str
     corrupt_answer: str
     video_fps: float | None = None
+
+
+class PairAnswers(TypedDict):
+    """The pairs' answers and their tokens as results files record them (`PairBatch.answers_json`; checked when a
+    file is read)."""
+
+    answer_rule: str
+    clean_answers: list[str]
+    corrupt_answers: list[str]
+    clean_answer_tokens: list[list[int]] | None
+    corrupt_answer_tokens: list[list[int]] | None
+    answer_prefix_len: list[int]
+    clean_metric_token: list[int]
+    corrupt_metric_token: list[int]
 
 
 @dataclass
@@ -142,7 +156,7 @@ class PairBatch:
             clean_answer_ids=self.corrupt_answer_ids, corrupt_answer_ids=self.clean_answer_ids,
         )
 
-    def answers_json(self) -> dict:
+    def answers_json(self) -> PairAnswers:
         """The answers and their tokens (lists), as results.json records them."""
         return {
             "answer_rule": "vlens.core.answers.contrast: shared answer prefix teacher-forced, first differing token "

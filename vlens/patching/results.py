@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float, Shaped
@@ -65,7 +65,7 @@ class PatchingResult(Result):
     mode: str
     component: str
     layers: list[int]
-    cells: list
+    cells: list[str] | list[int]
     metrics: dict[str, Float[Tensor, "n_layers n_cells"]]
     per_pair: dict[str, Shaped[Tensor, "n_layers n_cells n_pairs"]]
     pair_ids: list[str]
@@ -85,6 +85,10 @@ class PatchingResult(Result):
     kind: ClassVar[str] = "patching"
     # list lengths that must agree with the tensors' named sizes when a file is read (vlens.utils.saved_fields)
     saved_dims: ClassVar[dict[str, str]] = {"layers": "n_layers", "cells": "n_cells", "pair_ids": "n_pairs"}
+
+    def saved_key(self, name: str) -> str:
+        """The key of results.json that field `name` is saved under (the cells under their axis: "regions", ...)."""
+        return CELL_AXIS.get(self.mode, name) if name == "cells" else name
 
     @property
     def n_pairs(self) -> int:
@@ -178,7 +182,8 @@ class PatchingResult(Result):
         """For "layer-pos": the metric at the image positions laid out on the image grid."""
         if self.mode != "layer-pos" or self.image_positions is None or self.image_grid is None:
             raise UserInputError("image_grid_values needs a layer-pos result whose pairs share one image layout")
-        columns = [self.cells.index(p) for p in self.image_positions]
+        cells: list[Any] = list(self.cells)  # (positions: integers)
+        columns = [cells.index(p) for p in self.image_positions]
         rows, cols = self.image_grid
         return self.metrics[metric or self.metric_names[0]][:, columns].reshape(len(self.layers), rows, cols)
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -31,9 +31,18 @@ from vlens.transcoders.model import Transcoders
 from vlens.transcoders.splice import check_model, splice_transcoders
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
-from vlens.utils.noise_floor import GapFloor, floored_ratio, pooled_gap_floor
+from vlens.utils.noise_floor import FloorRecord, GapFloor, floored_ratio, pooled_gap_floor
 from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_count
+
+
+class LayerEvaluation(TypedDict):
+    """One transcoder layer's figures (checked when a file is read)."""
+
+    layer: int
+    explained_variance: float
+    l0: float
+    dead_fraction: float
 
 
 @dataclass
@@ -42,7 +51,7 @@ class TranscoderEvaluation(Result):
     the recovered fractions (see the module doc), None (null) where the denominator is within its noise floor;
     floors: "loss" / "kl" -> that denominator's `GapFloor` as a dict."""
 
-    layers: list[dict[str, Any]] = field(default_factory=list)
+    layers: list[LayerEvaluation] = field(default_factory=list)
     loss_clean: float = 0.0
     loss_transcoders: float = 0.0
     loss_zero: float = 0.0
@@ -52,7 +61,7 @@ class TranscoderEvaluation(Result):
     kl_recovered: float | None = None
     n_prompts: int = 0
     n_tokens: int = 0
-    floors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    floors: dict[str, FloorRecord] = field(default_factory=dict)
 
     kind: ClassVar[str] = "transcoder_evaluation"
 
@@ -161,7 +170,7 @@ def evaluate_transcoders(model: HookedVLM, tc: Transcoders, examples: Sequence[A
     n_predicted, n_positions = float(per["predicted"].sum()), float(per["positions"].sum())
     if n_predicted == 0:
         raise UserInputError("the prompts predict no text token: give prompts with text.")
-    rows = [{"layer": layer, "explained_variance": explained_variance(torch.cat(ys[j]), torch.cat(y_hats[j])),
+    rows: list[LayerEvaluation] = [{"layer": layer, "explained_variance": explained_variance(torch.cat(ys[j]), torch.cat(y_hats[j])),
              "l0": l0_sums[j] / n_tokens, "dead_fraction": float((~fired[j]).float().mean())}
             for j, layer in enumerate(tc.cfg.layers)]
     clean, ours, zero = (float(per[k].sum()) / n_predicted for k in ("clean", "tc", "zero"))

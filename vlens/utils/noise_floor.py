@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 from jaxtyping import Float
@@ -36,6 +37,18 @@ def noise_floor(standard_error: float, resolution: float) -> float:
     if math.isfinite(standard_error):
         parts.append(FLOOR_STANDARD_ERRORS * standard_error)
     return max(parts)
+
+
+class FloorRecord(TypedDict):
+    """A `GapFloor` as a results file records it (`GapFloor.to_dict`; checked when a file is read)."""
+
+    denominator: float
+    standard_error: float
+    resolution: float
+    n: int
+    floor: float
+    defined: bool
+    rule: str
 
 
 @dataclass
@@ -59,7 +72,7 @@ class GapFloor:
         return (f"{what} {self.denominator:.3g} over {self.n} examples is within its noise floor {self.floor:.3g} "
                 f"(standard error {self.standard_error:.3g}, resolution {self.resolution:.3g})")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> FloorRecord:
         return {"denominator": self.denominator, "standard_error": self.standard_error, "resolution": self.resolution,
                 "n": self.n, "floor": self.floor, "defined": self.defined,
                 "rule": f"NaN unless |denominator| > max({FLOOR_STANDARD_ERRORS:g} standard errors over examples, "

@@ -65,89 +65,124 @@ def _is_jaxtyping(annotation: Any) -> bool:
     return hasattr(annotation, "dim_str") and hasattr(annotation, "dtypes")
 
 
-def _mismatch(value: Any, annotation: Any) -> str | None:
-    """Why `value` is not of `annotation` (None: it is, or the annotation is not checked here)."""
+def _key_path(key: Any) -> str:
+    """How a key of an object extends a path into the file: ``.name`` (``nodes[3].name``), ``[3]`` for a number."""
+    return f".{key}" if isinstance(key, str) else f"[{key!r}]"
+
+
+def record_fields(record: Any) -> dict[str, Any]:
+    """The keys of a record schema (a ``TypedDict``) and their annotations, resolved in the schema's module."""
+    try:
+        return typing.get_type_hints(record)
+    except Exception:  # a name under TYPE_CHECKING only: each annotation resolved alone (unresolved: not checked)
+        return {key: _resolve(value, record.__module__) for key, value in record.__annotations__.items()}
+
+
+def _mismatch(value: Any, annotation: Any) -> tuple[str, str] | None:
+    """Where inside `value` and why it is not of `annotation`: (the path below the field, ``[3].name`` or ""; the
+    problem); None: it is, or the annotation is not checked here."""
     if annotation is None or annotation is Any or annotation is object or isinstance(annotation, typing.TypeVar):
         return None
     if annotation is type(None):
-        return None if value is None else f"must be null, got {_describe(value)}"
+        return None if value is None else ("", f"must be null, got {_describe(value)}")
     if _is_jaxtyping(annotation):
         if isinstance(value, annotation):
             return None
         dtypes = annotation.dtypes if isinstance(annotation.dtypes, (list, tuple)) else ()  # (Shaped: any dtype)
         kind = "integer" if "int64" in dtypes else "floating-point" if "float32" in dtypes else ""
-        return (f"must be a {kind} tensor of shape [{annotation.dim_str.strip()}] (each named size as in the "
-                f"other fields), got {_describe(value)}").replace("a  tensor", "a tensor")
+        return "", (f"must be a {kind} tensor of shape [{annotation.dim_str.strip()}] (each named size as in the "
+                    f"other fields), got {_describe(value)}").replace("a  tensor", "a tensor")
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         problems = [_mismatch(value, member) for member in args]
-        return None if any(p is None for p in problems) else next(p for p in problems if p)
+        if any(p is None for p in problems):
+            return None
+        # the member the value is closest to: the one whose problem lies deepest inside it (a record's key)
+        return max((p for p in problems if p), key=lambda p: len(p[0]))
     if origin is typing.Literal:
-        return None if value in args else f"must be one of {', '.join(map(repr, args))}, got {_describe(value)}"
+        return None if value in args else ("", f"must be one of {', '.join(map(repr, args))}, got {_describe(value)}")
+    if typing.is_typeddict(annotation):  # a record: an object with these keys (`record_fields`)
+        if not isinstance(value, dict):
+            return "", f"must be an object {{key: value}} with keys {', '.join(record_fields(annotation))}, got {_describe(value)}"
+        for key in sorted(annotation.__required_keys__, key=list(record_fields(annotation)).index):
+            if key not in value:
+                return _key_path(key), "is missing"
+        for key, expected in record_fields(annotation).items():
+            problem = _mismatch(value[key], expected) if key in value else None
+            if problem:
+                return _key_path(key) + problem[0], problem[1]
+        return None
     if annotation is bool:
-        return None if isinstance(value, bool) else f"must be true or false, got {_describe(value)}"
+        return None if isinstance(value, bool) else ("", f"must be true or false, got {_describe(value)}")
     if annotation is int:  # (a bool is an int, as for Python's type checkers)
-        return None if isinstance(value, int) else f"must be an integer, got {_describe(value)}"
+        return None if isinstance(value, int) else ("", f"must be an integer, got {_describe(value)}")
     if annotation is float:  # JSON null is how a NaN is saved: allowed where the type is a float
-        return None if value is None or isinstance(value, (int, float)) else f"must be a number, got {_describe(value)}"
+        return (None if value is None or isinstance(value, (int, float))
+                else ("", f"must be a number, got {_describe(value)}"))
     if annotation is str:
-        return None if isinstance(value, str) else f"must be text, got {_describe(value)}"
+        return None if isinstance(value, str) else ("", f"must be text, got {_describe(value)}")
     if origin in (list, tuple, typing.Sequence, set, frozenset) or annotation in (list, tuple):
         if not isinstance(value, (list, tuple, set, frozenset)):
-            return f"must be a list, got {_describe(value)}"
+            return "", f"must be a list, got {_describe(value)}"
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
-                return f"must hold {len(args)} values, got {len(value)}"
+                return "", f"must hold {len(args)} values, got {len(value)}"
             items = list(zip(value, args, strict=True))
         else:
             items = [(item, args[0]) for item in value] if args else []
         for i, (item, expected) in enumerate(items):
             problem = _mismatch(item, expected)
             if problem:
-                return f"[{i}] {problem}"
+                return f"[{i}]{problem[0]}", problem[1]
         return None
     if origin in (dict, typing.Mapping) or annotation is dict:
         if not isinstance(value, dict):
-            return f"must be an object {{key: value}}, got {_describe(value)}"
+            return "", f"must be an object {{key: value}}, got {_describe(value)}"
         if len(args) == 2:
             for key, item in value.items():
-                problem = _mismatch(key, args[0]) or _mismatch(item, args[1])
+                problem = _mismatch(key, args[0])
                 if problem:
-                    return f"[{key!r}] {problem}"
+                    return _key_path(key), f"is a key that {problem[1]}"
+                problem = _mismatch(item, args[1])
+                if problem:
+                    return _key_path(key) + problem[0], problem[1]
         return None
     if isinstance(annotation, type):
         if annotation.__module__ == "torch" and annotation.__name__ == "Tensor":
-            return None if hasattr(value, "shape") and hasattr(value, "dtype") else f"must be a tensor, got {_describe(value)}"
-        return None if isinstance(value, annotation) else f"must be a {annotation.__name__}, got {_describe(value)}"
+            return (None if hasattr(value, "shape") and hasattr(value, "dtype")
+                    else ("", f"must be a tensor, got {_describe(value)}"))
+        return None if isinstance(value, annotation) else ("", f"must be a {annotation.__name__}, got {_describe(value)}")
     return None  # Callable, protocols, ...: not checked
 
 
-def check_fields(result: Any, source: str) -> None:
+def check_fields(result: Any, source: str, prefix: str = "") -> None:
     """Every dataclass field of `result` fits its annotation, and the lengths in its ``saved_dims`` agree with
-    the tensors' named dimensions (see the module doc); `UserInputError` naming the field otherwise."""
+    the tensors' named dimensions (see the module doc); `UserInputError` naming the field otherwise, as a path
+    into the file (`prefix`: where `result` is, for a part that is a dataclass itself: ``results.counting.``)."""
     if not dataclasses.is_dataclass(result):
         return
     import jaxtyping  # here: results that hold no tensor never need it
     import torch
 
     try:
-        _check_own_fields(result, source, jaxtyping, torch)
+        _check_own_fields(result, source, jaxtyping, torch, prefix)
     except UserInputError as error:
         # the first field read binds each named size: the one that disagrees with most others is the one to name
         sizes = "which disagrees with" in str(error) or "tensor of shape" in str(error)
         odd = _odd_size(result) if sizes else None  # (a value of another type is said as it is)
-        if odd is None or (len(odd) == 4 and f"the field {odd[0]!r}" in str(error)):
+        if odd is None or (len(odd) == 4 and f"the field {_label(result, prefix, odd[0])!r}" in str(error)):
             raise
         if len(odd) == 2:  # as many fields give one size as another: any of them may be the edited one
             dim, groups = odd
-            said = " and ".join(f"{', '.join(map(repr, names))} ({dim} = {size})" for size, names in groups.items())
+            said = " and ".join(f"{', '.join(repr(_label(result, prefix, n)) for n in names)} ({dim} = {size})"
+                                for size, names in groups.items())
             raise UserInputError(f"{source}: the fields {said} disagree") from None
         name, dim, size, usual = odd
         if name in _declared_names(type(result)):
-            raise UserInputError(f"{source}: the field {name!r} holds {size} entries, which disagrees with the other "
-                                 f"fields' {dim} ({usual})") from None
-        raise UserInputError(f"{source}: the field {name!r} has {dim} = {size}, which disagrees with the other fields' "
+            raise UserInputError(f"{source}: the field {_label(result, prefix, name)!r} holds {size} entries, which "
+                                 f"disagrees with the other fields' {dim} ({usual})") from None
+        raise UserInputError(f"{source}: the field {_label(result, prefix, name)!r} has {dim} = {size}, which disagrees with the other fields' "
                              f"{dim} = {usual}") from None
     for field in dataclasses.fields(result):  # parts that are dataclasses themselves (a taxonomy's scores)
         part = getattr(result, field.name, None)
@@ -156,7 +191,7 @@ def check_fields(result: Any, source: str) -> None:
                  else [(field.name, part)])
         for label, item in parts:  # (an ablation report's per-task head ablations too)
             if dataclasses.is_dataclass(item) and not isinstance(item, type):
-                check_fields(item, f"{source} {label}")
+                check_fields(item, source, f"{prefix}{label}.")
 
 
 def _declared_names(cls: type) -> set[str]:
@@ -246,21 +281,36 @@ def _odd_size(result: Any) -> tuple[str, str, int, int] | tuple[str, dict[int, l
     return None
 
 
-def _check_own_fields(result: Any, source: str, jaxtyping: Any, torch: Any) -> None:
+def _check_own_fields(result: Any, source: str, jaxtyping: Any, torch: Any, prefix: str = "") -> None:
     cls = type(result)
     with jaxtyping.jaxtyped("context"):  # one binding of every named dimension across the fields
         for name, dim, size in _declared_sizes(result):
             if isinstance(size, str):
-                raise UserInputError(f"{source}: the field {name!r} {size}")
+                raise UserInputError(f"{source}: the field {_label(result, prefix, name)!r} {size}")
             shaped: Any = jaxtyping.Shaped[torch.Tensor, dim]
             if not isinstance(torch.empty(size, device="meta"), shaped):  # (no memory, whatever the size)
-                raise UserInputError(f"{source}: the field {name!r} holds {size} entries, which disagrees with "
-                                     f"the other fields' {dim}")
+                raise UserInputError(f"{source}: the field {_label(result, prefix, name)!r} holds {size} entries, "
+                                     f"which disagrees with the other fields' {dim}")
         for field in dataclasses.fields(result):
             annotation = _resolve(field.type, cls.__module__) if isinstance(field.type, str) else field.type
             problem = _mismatch(getattr(result, field.name, None), annotation)
             if problem:
-                raise UserInputError(f"{source}: the field {field.name!r} {problem}")
+                raise UserInputError(f"{source}: the field {_label(result, prefix, field.name) + problem[0]!r} {problem[1]}")
+
+
+def _label(result: Any, prefix: str, path: str) -> str:
+    """`path` (a field, ``maps.x``, ``nodes[3]``) of `result` as a path into the file: under `prefix`, its field
+    named by the key the file holds it under (`saved_key`)."""
+    head = re.match(r"[^.\[]*", path)
+    name = head.group(0) if head else path
+    return prefix + saved_key(result, name) + path[len(name):]
+
+
+def saved_key(result: Any, name: str) -> str:
+    """The key of the file that field `name` of `result` is read from: the class's ``saved_key(name)`` where it
+    saves a field under another key (a patching result's cells are its "regions", "positions", ...), else `name`."""
+    rename = getattr(result, "saved_key", None)
+    return rename(name) if callable(rename) else name
 
 
 def differences(saved: dict, written: dict) -> list[str]:
@@ -342,7 +392,7 @@ def _json_kinds(annotation: Any) -> tuple[type, ...] | None:
         return (list,)
     if origin in (dict, typing.Mapping) or annotation is dict:
         return (dict,)
-    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+    if typing.is_typeddict(annotation) or (isinstance(annotation, type) and dataclasses.is_dataclass(annotation)):
         return (dict,)
     return None  # other classes (paths, images, ...): whatever their reader takes
 
