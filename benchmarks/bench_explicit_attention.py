@@ -10,10 +10,11 @@ seconds of this process (user + system; one torch thread: what the work costs wh
 the wall seconds and the minor page faults beside them.
 
     python benchmarks/bench_explicit_attention.py [--model embedded|larger] [--runs 10] [--threads 1]
-        [--image-size 840] [--tokens 1536] [--profile]
+        [--image-size 840] [--tokens 1536] [--padded] [--profile | --steps]
 
 --model embedded: `vlens.load()` and one image (--image-size 840: 916 tokens); --model larger: a random tiny
-LLaVA (Llama decoder, 4 layers, d_model 512, 16 heads of 32, 4 key/value heads) on --tokens text tokens.
+LLaVA (Llama decoder, 4 layers, d_model 512, 16 heads of 32, 4 key/value heads) on --tokens text tokens
+(--padded: a batch of two rows, the second left-padded by a quarter of them).
 --profile: instead of timing, torch.profiler's self CPU time per op of one call of each cached case.
 --steps: instead, the CPU milliseconds of each step of the explicit path, before and now, per layer at this
 model's shape ([1, n_heads, tokens, tokens]; medians of --runs passes over n_layers layers whose patterns are
@@ -64,8 +65,12 @@ def _setup(args):
     hf = tiny_llava_model(n_layers=4, d_model=512, n_heads=16, n_kv_heads=4, d_mlp=1024,
                           max_position_embeddings=max(4096, args.tokens))
     model = vlens.HookedVLM.from_hf(hf, processor=tiny_llava_processor())
-    ids = torch.randint(5, hf.config.text_config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(0))
-    return model, model.coerce_inputs(ids)
+    rows = 2 if args.padded else 1
+    ids = torch.randint(5, hf.config.text_config.vocab_size, (rows, args.tokens),
+                        generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(rows, args.tokens, dtype=torch.long)
+    mask[rows - 1, : args.tokens // 4 if args.padded else 0] = 0
+    return model, model.coerce_inputs(input_ids=ids, attention_mask=mask)
 
 
 def _call(model, inputs, case: str):
@@ -164,9 +169,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--image-size", type=int, default=840)
     parser.add_argument("--tokens", type=int, default=1536)
+    parser.add_argument("--padded", action="store_true", help="--model larger: two rows, one left-padded")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--steps", action="store_true")
     args = parser.parse_args()
+    if args.padded and args.model != "larger":
+        parser.error("--padded is for --model larger")
     torch.set_num_threads(args.threads)
     model, inputs = _setup(args)
     if args.steps:
@@ -202,7 +210,7 @@ def main() -> None:
                 "max": round(max(per_run), 3)}
 
     result = {
-        "model": args.model, "tokens": inputs.seq_len, "threads": args.threads, "runs": args.runs,
+        "model": args.model, "padded": args.padded, "tokens": inputs.seq_len, "threads": args.threads, "runs": args.runs,
         "load_average": os.getloadavg(),
         "max_abs_diff_now_vs_before_every_cached_activation": diff, "logits_equal": bool(torch.equal(now, before)),
         "cpu_s_median": {case: round(statistics.median(v), 4) for case, v in cpu.items()},

@@ -16,6 +16,7 @@ import torch
 from vlens import HookedVLM
 from vlens.core.components import attention
 from vlens.core.components.attention import causal_scores, eager_softmax
+from vlens.core.runtime import build_masks
 from vlens.testing import random_image, tiny_hf_model, tiny_qwen_processor
 
 
@@ -53,19 +54,50 @@ def test_softmax_overwrites_the_scores_only_where_it_is_the_same_kernel():
     assert torch.equal(pattern, torch.softmax(kept, dim=-1, dtype=torch.float32).to(torch.bfloat16))
 
 
+def _padding(batch: int, n: int) -> torch.Tensor:
+    """[batch, n] attention masks: a full row, left padding, right padding, holes (HF ANDs any with causal)."""
+    mask = torch.ones(batch, n, dtype=torch.long)
+    mask[1, : n // 3] = 0
+    mask[2, n - max(n // 4, 1):] = 0
+    mask[3, ::3] = 0
+    mask[3, -1] = 1
+    return mask
+
+
 def test_causal_scores_are_the_whole_matmuls_bits():
-    # lengths around the block size (a last block of one or two rows would round differently), two rows,
-    # head sizes unlike the defaults, queries and keys strided as the attention passes them
+    # lengths around the block size (a last block of one or two rows would round differently), rows with
+    # and without padding, head sizes unlike the defaults, queries and keys strided as the attention passes them
     for n, d, dtype in itertools.product([1, 7, 64, 65, 129, 130, 200], [8, 24], [torch.float32, torch.bfloat16]):
         generator = torch.Generator().manual_seed(n + d)
-        q, k = (torch.randn(2, n, 3, d, generator=generator).to(dtype).transpose(1, 2) for _ in range(2))
-        later = torch.ones(n, n, dtype=torch.bool).triu(1)
-        expected = torch.matmul(q, k.transpose(2, 3)).mul_(d ** -0.5).masked_fill_(later, torch.finfo(dtype).min)
+        q, k = (torch.randn(4, n, 3, d, generator=generator).to(dtype).transpose(1, 2) for _ in range(2))
+        masks = build_masks(_padding(4, n) if n > 1 else None, 4, n, 0, dtype, torch.device("cpu"))
+        assert masks.causal_keys is not None
+        lowest = torch.finfo(dtype).min
+        expected = torch.matmul(q, k.transpose(2, 3)).mul_(d ** -0.5).masked_fill_(~masks.allowed, lowest)
         bits = torch.int32 if dtype == torch.float32 else torch.int16
-        assert torch.equal(causal_scores(q, k, d ** -0.5).view(bits), expected.view(bits)), (n, d, dtype)
+        got = causal_scores(q, k, d ** -0.5, masks.causal_keys)
+        assert torch.equal(got.view(bits), expected.view(bits)), (n, d, dtype)
+    plain = torch.matmul(q, k.transpose(2, 3)).mul_(d ** -0.5).masked_fill_(torch.ones(n, n).triu(1).bool(), lowest)
+    assert torch.equal(causal_scores(q, k, d ** -0.5).view(bits), plain.view(bits))  # keys=None: all
 
 
-def test_causal_scores_serve_a_single_prompt_and_not_a_padded_batch(monkeypatch):
+def test_causal_keys_are_recognised_only_where_the_mask_is_causal_and_keys():
+    cpu = torch.device("cpu")
+    plain = build_masks(None, 2, 9, 0, torch.float32, cpu)
+    assert plain.causal_keys is not None and bool(plain.causal_keys.all())
+    padded = build_masks(_padding(4, 9), 4, 9, 0, torch.float32, cpu)
+    assert torch.equal(padded.causal_keys, _padding(4, 9).bool())
+    knocked = padded.allowed.clone()
+    knocked[:, :, 5, 2] = False  # query 5 no longer reads key 2, which query 6 still reads
+    assert padded.restricted(knocked).causal_keys is None
+    assert padded.windowed(4).causal_keys is None  # a window that cuts
+    assert padded.windowed(20).causal_keys is not None  # one that cuts nothing is the mask itself
+    blocks = torch.tensor([[-1, 0, 0, 0, -1, -1, -1, -1, -1]] * 4)  # an image block whose tokens see each other
+    assert build_masks(_padding(4, 9), 4, 9, 0, torch.float32, cpu, blocks=blocks).causal_keys is None
+    assert build_masks(None, 2, 1, 8, torch.float32, cpu).causal_keys is None  # a decoding step: not square
+
+
+def test_causal_scores_serve_prompts_padded_or_not_outside_autograd(monkeypatch):
     model = _model()
     calls = []
     monkeypatch.setattr(attention, "causal_scores", lambda *args: calls.append(1) or causal_scores(*args))
@@ -75,10 +107,11 @@ def test_causal_scores_serve_a_single_prompt_and_not_a_padded_batch(monkeypatch)
         model.run_with_cache(one, names_filter=patterns)
     assert len(calls) == model.cfg.n_layers
     model.run_with_cache(one, names_filter=patterns)  # the weights require grad: autograd records the whole matmul
+    assert len(calls) == model.cfg.n_layers
     padded = model.prepare(images=[random_image(56, 84, 1), random_image(56, 56, 2)], prompts=["How many", "red"])
     with torch.no_grad():
         model.run_with_cache(padded, names_filter=patterns)
-    assert len(calls) == model.cfg.n_layers  # a padded batch keeps its own mask
+    assert len(calls) == 2 * model.cfg.n_layers
 
 
 @pytest.mark.parametrize("padded", [True, False])
@@ -89,7 +122,7 @@ def test_every_row_of_the_pattern_equals_hf_eager_and_the_scores_path(padded):
         inputs = model.prepare(images=[random_image(56, 84, 1), random_image(56, 56, 2)],
                                prompts=["How many dots are there?", "red"])
         assert not inputs.attention_mask.bool().all()
-    else:  # one prompt: a plain causal mask (the blocked scores)
+    else:  # one prompt: a plain causal mask
         inputs = model.prepare(images=[random_image(56, 84, 1)], prompts=["How many dots are there?"])
     with torch.no_grad():
         expected = hf(**inputs.to_hf_kwargs(), output_attentions=True).attentions

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import einops
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor, nn
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
@@ -43,6 +43,8 @@ class AttentionMasks:
         self.any_fully_masked = bool(self.fully_masked.any())
         self._query_real: Tensor | None = None
         self._query_real_known = False
+        self._causal_keys: Tensor | None = None
+        self._causal_keys_known = False
 
     @property
     def query_real(self) -> Tensor | None:
@@ -57,6 +59,23 @@ class AttentionMasks:
             self._query_real = None if bool(real.all()) else real
             self._query_real_known = True
         return self._query_real
+
+    @property
+    def causal_keys(self) -> Tensor | None:
+        """bool [batch, k]: the keys of each row when this mask is exactly the causal mask AND-ed with them (a
+        plain causal mask: all True; left or right padding: the padding mask), else None (image blocks, a
+        window that cuts, a knockout, a decoding step). For a square mask (the queries are the keys); checked
+        once per mask, on its bool form, by rebuilding it (what `causal_scores` may then assume)."""
+        if not self._causal_keys_known:
+            q_len, kv_len = self.allowed.shape[-2:]
+            keys = None
+            if q_len == kv_len and self.allowed.shape[1] == 1:
+                keys = self.allowed[:, 0, -1, :]  # the last query reads every key its row keeps
+                causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=keys.device).tril_()
+                if not torch.equal(self.allowed[:, 0], causal & keys[:, None, :]):
+                    keys = None
+            self._causal_keys, self._causal_keys_known = keys, True
+        return self._causal_keys
 
     def to(self, device: torch.device) -> AttentionMasks:
         """The same masks on `device` (for a block that a device map placed there)."""
@@ -405,9 +424,10 @@ class Attention(nn.Module):
         HF's arithmetic (scores * scaling + mask, softmax in fp32, cast back), done in place on the one
         [batch, heads, q, k] tensor the matmul makes wherever no hook holds it: a forward then allocates one
         such tensor per layer, the pattern, where it allocated two (on a CPU each is pages faulted in, a large
-        part of what the pattern costs). On a CPU outside autograd, a plain causal mask (one unpadded prompt)
-        multiplies only the query x key blocks not all masked (`causal_scores`). Same bits as the plain
-        arithmetic; the costs: benchmarks/RESULTS.md, "the explicit attention path".
+        part of what the pattern costs). On a CPU outside autograd, a causal mask over the whole sequence (padded
+        or not: `AttentionMasks.causal_keys`) multiplies only the query x key blocks not all masked
+        (`causal_scores`). Same bits as the plain arithmetic; the costs: benchmarks/RESULTS.md, "the explicit
+        attention path".
         """
         k = repeat_kv(k, self.num_key_value_groups)
         v = repeat_kv(v, self.num_key_value_groups)
@@ -417,11 +437,10 @@ class Attention(nn.Module):
             # An edit (say a temperature) must never unmask: masked entries go back to the mask value.
             # masked_fill makes a new tensor, which nothing else holds: the softmax may overwrite it.
             scores = scores.masked_fill(~masks.allowed, lowest)
-        elif masks.sdpa is None and q.shape[-2] == k.shape[-2] and q.device.type == "cpu" \
-                and not (q.requires_grad or k.requires_grad):
-            # a plain causal mask over the whole sequence (what SDPA runs as is_causal): the same scores, bit
-            # for bit, from the query x key blocks that are not all masked
-            scores = causal_scores(q, k, self.scaling)
+        elif q.device.type == "cpu" and not (q.requires_grad or k.requires_grad) and masks.causal_keys is not None:
+            # a causal mask over the whole sequence, with or without padding: the same scores, bit for bit,
+            # from the query x key blocks that are not all masked
+            scores = causal_scores(q, k, self.scaling, masks.causal_keys)
         else:  # only the pattern is read: the same arithmetic in place, no copy of the scores
             # The masked entries are written with the mask value, not added to it (adding 0 elsewhere changes
             # nothing but the sign of a zero score): min + a negative score overflows to -inf in bf16, and a
@@ -435,7 +454,7 @@ CAUSAL_QUERY_BLOCK = 64  # query rows per step of `causal_scores` (five torch ca
 
 
 def causal_scores(q: Float[Tensor, "batch heads n d_head"], k: Float[Tensor, "batch heads n d_head"],
-                  scaling: float) -> Float[Tensor, "batch heads n n"]:
+                  scaling: float, keys: Bool[Tensor, "batch n"] | None = None) -> Float[Tensor, "batch heads n n"]:
     """`(q @ k^T) * scaling` with every key after its query set to the dtype's min: HF eager's scores under a
     plain causal mask, the same tensor as the whole matmul, scaled, then masked_fill.
 
@@ -445,6 +464,9 @@ def causal_scores(q: Float[Tensor, "batch heads n d_head"], k: Float[Tensor, "ba
     last takes the rest): a matmul of one or two rows takes another BLAS kernel, which rounds differently,
     while blocks of 64 rows give the whole matmul's bits (tests/unit/test_explicit_attention.py).
     q, k: the queries are the keys' positions (a prefill, not a decoding step), k repeated to the query heads.
+    keys: the keys each row may read (its padding mask; `AttentionMasks.causal_keys`), None: all: the columns
+    of the others are written with the min too (a padding query, which reads no key, gets a row of min, as
+    under HF's mask).
     """
     n = q.shape[-2]
     lowest = torch.finfo(q.dtype).min
@@ -458,6 +480,9 @@ def causal_scores(q: Float[Tensor, "batch heads n d_head"], k: Float[Tensor, "ba
         seen.mul_(scaling)
         seen[..., start:].masked_fill_(later[:end - start, :end - start], lowest)
         scores[..., start:end, end:].fill_(lowest)
+    if keys is not None and not bool(keys.all()):
+        for row, kept in enumerate(keys.expand(scores.shape[0], -1)):
+            scores[row].index_fill_(-1, (~kept).nonzero().squeeze(-1), lowest)  # a few columns, not a pass
     return scores
 
 
