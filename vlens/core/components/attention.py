@@ -437,9 +437,11 @@ class Attention(nn.Module):
             # An edit (say a temperature) must never unmask: masked entries go back to the mask value.
             # masked_fill makes a new tensor, which nothing else holds: the softmax may overwrite it.
             scores = scores.masked_fill(~masks.allowed, lowest)
-        elif q.device.type == "cpu" and not (q.requires_grad or k.requires_grad) and masks.causal_keys is not None:
+        elif q.device.type == "cpu" and not (q.requires_grad or k.requires_grad or torch.compiler.is_compiling()) \
+                and masks.causal_keys is not None:
             # a causal mask over the whole sequence, with or without padding: the same scores, bit for bit,
-            # from the query x key blocks that are not all masked
+            # from the query x key blocks that are not all masked (eager only: its checks and padding columns
+            # depend on the mask's values, which a compiled graph would break on)
             scores = causal_scores(q, k, self.scaling, masks.causal_keys)
         else:  # only the pattern is read: the same arithmetic in place, no copy of the scores
             # The masked entries are written with the mask value, not added to it (adding 0 elsewhere changes
