@@ -2,21 +2,25 @@
 tests/helpers/saved_results.py), a missing field, a field of another type, a null where no NaN can be and a
 list of the wrong length (every entry of each class's `saved_dims`) are each a `UserInputError` naming the file
 and the field, never a traceback or a silently different result (before: KeyError / TypeError tracebacks, or the
-tampered value kept)."""
+tampered value kept). Inside fields, every key of every record schema (TypedDict) is tampered the same way
+and refused naming its path ('nodes[41].name'); dicts that are no record are listed in FREE_FORM with why."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import json
+import re
 import shutil
+import types
+import typing
 from pathlib import Path
 
 import pytest
 
 import vlens
 from vlens.utils.results import BUILTIN_KINDS, read_checked, result_class
-from vlens.utils.saved_fields import first_difference
+from vlens.utils.saved_fields import _mismatch, _resolve, first_difference, record_fields, saved_key
 
 SAVED = Path(__file__).parent / "saved_results"
 FILES = sorted(folder for folder in SAVED.iterdir() if folder.is_dir())  # <kind>/results.json (+ weights, ...)
@@ -217,3 +221,183 @@ def test_the_class_reader_checks_too(tmp_path):
     (tmp_path / "p" / "results.json").write_text(json.dumps({**data, "layers": [None] * len(data["layers"])}))
     with pytest.raises(vlens.UserInputError, match=r"the field 'layers\[0\]' must be an integer"):
         cls.load(tmp_path / "p")
+
+
+# ------------------------------------------------------------------ records inside a field (issue 42)
+# Fields that hold dicts whose keys are not a fixed record (or whose records are not given a schema), and why. Every
+# other dict inside a result is a record with a schema (a TypedDict: `vlens.utils.saved_fields`), checked below.
+FREE_FORM = {
+    ("patching", "extra"): "keys a command adds beside the result (the pairs' answers, ...), kept as written",
+    ("circuit", "extra"): "keys of the file the circuit does not read, kept as written",
+    ("ablation_report", "settings"): "the command's settings, recorded for provenance: any keys a version wrote",
+    ("ablation_report", "patching"): "the patching sweep the heads were picked from: a nested result, not re-read",
+    ("head_temperature", "source"): "where the temperatures came from: a result folder, or a study's own keys",
+    ("evaluation", "settings"): "the command's settings, recorded for provenance",
+    ("routing_statistics", "settings"): "the call's settings, recorded for provenance",
+    ("sft", "config"): "the training config as written (`SFTConfig` fields of the version that trained)",
+    ("study", "settings"): "the study's settings, recorded for provenance",
+    ("study", "provenance"): "the study's own provenance block",
+    ("study", "results"): "per seed, condition and task: an evaluation's metrics (tasks add their own keys)",
+    ("study", "training"): "per seed and condition: a nested sft result, kept as written",
+    ("study", "temperatures"): "per seed: a nested head_temperature result, kept as written",
+    ("demo", "model"): "the model's description, recorded for provenance",
+    ("demo", "settings"): "the demo's settings, recorded for provenance",
+    ("demo", "timings_s"): "seconds per stage: any stages a version ran",
+    ("demo", "sections"): "one section per stage, each the stage's own findings (text, numbers, figures)",
+    ("sae_training", "metrics"): "the trainer's last figures: any metrics a version logged",
+    ("sae_splice_evaluation", "rows"): "per position set: any metrics a version measured",
+    ("transcoder_training", "metrics"): "the trainer's last figures: any metrics a version logged",
+    ("attribution_graph", "images"): "per image: width, height and a PNG data URL for the viewer (not re-read)",
+    ("attribution_graph", "cost"): "what the graph cost: passes and rows, any counters a version kept",
+    ("attribution_graph", "settings"): "the call's settings, recorded for provenance",
+    ("attribution_graph", "examples"): "the features' top examples (`vlens.graphs.examples`), for the viewer",
+    ("knockout_sweep", "settings"): "the call's settings, recorded for provenance",
+    ("steering", "settings"): "the call's settings, recorded for provenance",
+    ("token_ablation", "settings"): "the call's settings, recorded for provenance",
+    ("object_token_study", "settings"): "the study's settings, recorded for provenance",
+    ("object_token_study", "runs"): "per task and site: a nested token_ablation result, kept as written",
+    ("flow_study", "settings"): "the study's settings, recorded for provenance",
+    ("flow_study", "sweeps"): "per task: a nested knockout_sweep result, kept as written",
+    ("flow_study", "findings"): "per task and edge: the study's verdict figures",
+    ("generation_attribution", "settings"): "the call's settings, recorded for provenance",
+    ("temperature_comparison", "without"): "an evaluation's metrics (a task adds its own keys)",
+    ("temperature_comparison", "with_temperature"): "an evaluation's metrics (a task adds its own keys)",
+}
+
+
+def _record_schemas(annotation, where: str = "") -> list[tuple[str, type]]:
+    """(where the records are below the field: "", "[*]", ".*"; the TypedDict) of every record type `annotation`
+    holds (a list's items, a dict's values, a union's members)."""
+    if typing.is_typeddict(annotation):
+        return [(where, annotation)]
+    found = []
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for member in args:
+            found += _record_schemas(member, where)
+    elif origin in (list, tuple) and args:
+        found += _record_schemas(args[0], where + "[*]")
+    elif origin is dict and len(args) == 2:
+        found += _record_schemas(args[1], where + ".*")
+    return found
+
+
+def _free(annotation) -> bool:
+    """Whether `annotation` holds a dict whose keys no schema fixes (a bare dict, dict[str, Any], list[dict])."""
+    if annotation is dict or annotation is typing.Any:
+        return annotation is dict
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is dict:
+        return not args or args[1] is typing.Any or _free(args[1])
+    return any(_free(arg) for arg in args) if origin in (list, tuple, typing.Union, types.UnionType) else False
+
+
+def _kinds():
+    for kind in sorted(BUILTIN_KINDS):
+        cls = result_class(kind)
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            yield kind, cls
+
+
+def test_every_free_form_dict_is_declared_with_its_reason():
+    free = {(kind, field.name) for kind, cls in _kinds() for field in dataclasses.fields(cls)
+            if _free(_resolve(field.type, cls.__module__))}
+    assert free == set(FREE_FORM), (sorted(free - set(FREE_FORM)), sorted(set(FREE_FORM) - free))
+
+
+def _records_in(value, where: str, path: str):
+    """(path, record) of every record `where` ("[*].*", ...) points at in `value`."""
+    if not where:
+        yield path, value
+        return
+    step, rest = (where[:3], where[3:]) if where.startswith("[*]") else (where[:2], where[2:])
+    if step == "[*]" and isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _records_in(item, rest, f"{path}[{i}]")
+    elif step == ".*" and isinstance(value, dict):
+        for key, item in value.items():
+            yield from _records_in(item, rest, f"{path}.{key}")
+
+
+def _nested_cases(file: Path) -> list[tuple[str, list, object]]:
+    """(path, tampered value or _DROP) of one tamper per key of every record schema the kind declares (another type;
+    a required key removed), in the last record of the saved file that holds the key."""
+    data = _saved(file)
+    cls = result_class(data["kind"])
+    loaded = vlens.load_result(file)
+    cases = []
+    for field in dataclasses.fields(cls):
+        key = saved_key(loaded, field.name)
+        if key not in data:
+            continue
+        for where, schema in _record_schemas(_resolve(field.type, cls.__module__)):
+            records = [(path, record) for path, record in _records_in(data[key], where, key) if isinstance(record, dict)]
+            for name, annotation in record_fields(schema).items():
+                for path, record in reversed(records):
+                    if name in record:
+                        cases.append((f"{path}.{name}", _not_of(annotation, record[name])))
+                        if name in schema.__required_keys__:
+                            cases.append((f"{path}.{name}", _DROP))
+                        break
+    return cases
+
+
+_DROP = object()
+
+
+def _not_of(annotation, value):
+    """A JSON value that is not of `annotation` (of another type than `value` where that is enough)."""
+    for candidate in (_other_type(value), "x", 7, 1.5, True, ["x"], {"x": 1}):
+        if _mismatch(candidate, annotation) is not None:
+            return candidate
+    raise AssertionError(f"every JSON value fits {annotation}")
+
+
+def _tamper(data: dict, path: str, value) -> dict:
+    tampered = copy.deepcopy(data)
+    steps = [int(s) if s.isdigit() and part.startswith("[") else s
+             for part in re.findall(r"\[\d+\]|\.[^.\[]+|^[^.\[]+", path) for s in [part.strip("[].")]]
+    here = tampered
+    for step in steps[:-1]:
+        here = here[step]
+    if value is _DROP:
+        del here[steps[-1]]
+    else:
+        here[steps[-1]] = value
+    return tampered
+
+
+def _has_schemas(file: Path) -> bool:
+    cls = result_class(_saved(file)["kind"])
+    return (isinstance(cls, type) and dataclasses.is_dataclass(cls)
+            and any(_record_schemas(_resolve(field.type, cls.__module__)) for field in dataclasses.fields(cls)))
+
+
+NESTED = [file for file in FILES if _has_schemas(file)]
+
+
+@pytest.mark.parametrize("file", NESTED, ids=lambda f: f.name)
+def test_a_nested_record_value_of_another_type_or_missing_is_refused_by_its_path(file, tmp_path):
+    """Every key of every record schema (a graph's nodes, a circuit's curve points, ...): a value of another type,
+    or a required key removed, is refused naming its path ('nodes[41].name'), never loaded silently."""
+    data = _saved(file)
+    cases = _nested_cases(file)
+    assert cases, "the saved file holds none of the records its class declares: it exercises nothing"
+    for path, value in cases:
+        message = _refused(tmp_path, _tamper(data, path, value), path, file)
+        assert f"'{path}'" in message, (path, message)
+        if value is _DROP:
+            assert "missing" in message, (path, message)
+
+
+def test_the_record_schemas_cover_the_records_the_issue_names():
+    paths = {(file.name, re.sub(r"\[\d+\]", "[*]", path)) for file in NESTED for path, _ in _nested_cases(file)}
+    for expected in [("attribution_graph", "nodes[*].name"), ("feature_intervention", "edits[*].layer"),
+                     ("circuit", "curve[*].k"), ("transcoder_evaluation", "layers[*].layer")]:
+        assert expected in paths, expected
+
+
+def test_a_cell_label_of_another_type_is_named_by_the_key_the_file_holds_it_under(tmp_path):
+    data = _saved(SAVED / "patching")  # a layer-region sweep: its cells are saved as "regions"
+    message = _refused(tmp_path, {**data, "regions": [7, *data["regions"][1:]]}, "regions")
+    assert "the field 'regions[0]' must be text, got int 7" in message, message

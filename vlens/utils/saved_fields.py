@@ -5,7 +5,8 @@ version. One mechanism checks every kind, declared by each `Result` subclass its
 
 - its dataclass fields' annotations: ``int``, ``float`` (where JSON null, a saved NaN, is allowed; an ``int``
   never is), ``str``, ``bool``, ``X | None``, ``list[X]``,
-  ``tuple[...]``, ``dict[K, V]``, classes, and jaxtyping tensors (``Float[Tensor, "n_layers n_cells"]``:
+  ``tuple[...]``, ``dict[K, V]``, record schemas (a ``TypedDict``: each key's type, the required keys present; named
+  by the path into the file, ``nodes[3].name``), classes, and jaxtyping tensors (``Float[Tensor, "n_layers n_cells"]``:
   dtype and shape, each named dimension the same size in every field that names it);
 - ``saved_dims`` (a `ClassVar`): the named dimension that the length of a list field is, e.g.
   ``{"layers": "n_layers", "pair_ids": "n_pairs"}``, so that a list and the tensors it labels agree; an integer
