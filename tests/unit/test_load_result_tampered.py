@@ -20,7 +20,7 @@ import pytest
 
 import vlens
 from vlens.utils.results import BUILTIN_KINDS, read_checked, result_class
-from vlens.utils.saved_fields import _mismatch, _resolve, first_difference, record_fields, saved_key
+from vlens.utils.saved_fields import annotation_of, first_difference, fits, record_fields, saved_key
 
 SAVED = Path(__file__).parent / "saved_results"
 FILES = sorted(folder for folder in SAVED.iterdir() if folder.is_dir())  # <kind>/results.json (+ weights, ...)
@@ -301,7 +301,7 @@ def _kinds():
 
 def test_every_free_form_dict_is_declared_with_its_reason():
     free = {(kind, field.name) for kind, cls in _kinds() for field in dataclasses.fields(cls)
-            if _free(_resolve(field.type, cls.__module__))}
+            if _free(annotation_of(cls, field))}
     assert free == set(FREE_FORM), (sorted(free - set(FREE_FORM)), sorted(set(FREE_FORM) - free))
 
 
@@ -330,7 +330,7 @@ def _nested_cases(file: Path) -> list[tuple[str, list, object]]:
         key = saved_key(loaded, field.name)
         if key not in data:
             continue
-        for where, schema in _record_schemas(_resolve(field.type, cls.__module__)):
+        for where, schema in _record_schemas(annotation_of(cls, field)):
             records = [(path, record) for path, record in _records_in(data[key], where, key) if isinstance(record, dict)]
             for name, annotation in record_fields(schema).items():
                 for path, record in reversed(records):
@@ -348,7 +348,7 @@ _DROP = object()
 def _not_of(annotation, value):
     """A JSON value that is not of `annotation` (of another type than `value` where that is enough)."""
     for candidate in (_other_type(value), "x", 7, 1.5, True, ["x"], {"x": 1}):
-        if _mismatch(candidate, annotation) is not None:
+        if not fits(candidate, annotation):
             return candidate
     raise AssertionError(f"every JSON value fits {annotation}")
 
@@ -370,7 +370,7 @@ def _tamper(data: dict, path: str, value) -> dict:
 def _has_schemas(file: Path) -> bool:
     cls = result_class(_saved(file)["kind"])
     return (isinstance(cls, type) and dataclasses.is_dataclass(cls)
-            and any(_record_schemas(_resolve(field.type, cls.__module__)) for field in dataclasses.fields(cls)))
+            and any(_record_schemas(annotation_of(cls, field)) for field in dataclasses.fields(cls)))
 
 
 NESTED = [file for file in FILES if _has_schemas(file)]

@@ -314,6 +314,16 @@ def saved_key(result: Any, name: str) -> str:
     return rename(name) if callable(rename) else name
 
 
+def annotation_of(cls: type, field: dataclasses.Field) -> Any:
+    """The annotation of a dataclass field of `cls` as an object (None: not resolvable here, so not checked)."""
+    return _resolve(field.type, cls.__module__) if isinstance(field.type, str) else field.type
+
+
+def fits(value: Any, annotation: Any) -> bool:
+    """Whether `value` (as read from JSON) is of `annotation`, as `check_fields` decides it."""
+    return _mismatch(value, annotation) is None
+
+
 def differences(saved: dict, written: dict) -> list[str]:
     """Every top-level key whose value `written` does not give back as `saved` holds it (`first_difference`)."""
     return [found for key in saved if key in written
@@ -597,4 +607,5 @@ def _simple(node: ast.AST, names: dict[str, Any]) -> Any:
     return _UNKNOWN
 
 
-__all__ = ["check_fields", "differences", "failing_field", "failing_paths", "first_difference", "json_misfit"]
+__all__ = ["annotation_of", "check_fields", "differences", "failing_field", "failing_paths", "first_difference", "fits",
+           "json_misfit", "record_fields", "saved_key"]
