@@ -401,3 +401,30 @@ def test_a_cell_label_of_another_type_is_named_by_the_key_the_file_holds_it_unde
     data = _saved(SAVED / "patching")  # a layer-region sweep: its cells are saved as "regions"
     message = _refused(tmp_path, {**data, "regions": [7, *data["regions"][1:]]}, "regions")
     assert "the field 'regions[0]' must be text, got int 7" in message, message
+
+
+@pytest.mark.parametrize("kind", ["head_scores", "head_taxonomy", "head_temperature", "attribution_graph", "circuit"])
+def test_a_list_with_an_entry_removed_is_named_not_the_fields_derived_from_it(kind, tmp_path):
+    """A head (or an edge) removed, last or first: refused naming the list itself (before: a short head_scores
+    list loaded as a model whose last layer has one head fewer; the others named 'n_edges', 'changed_heads',
+    'counts.other' or 'scores.replacement', the fields written from the list, or loaded a graph an edge short)."""
+    data = _saved(SAVED / kind)
+    key = "edges" if kind in ("attribution_graph", "circuit") else "heads"
+    for shorter in (data[key][:-1], data[key][1:]):
+        message = _refused(tmp_path, {**data, key: shorter}, key, SAVED / kind)
+        assert f"the field '{key}' " in message, message
+
+
+def test_edge_scores_load_checks_the_file_as_load_result_does(tmp_path):
+    from vlens.circuits.results import EdgeScores
+
+    for kind in ("edge_scores", "circuit"):
+        data = _saved(SAVED / kind)
+        scores = data["scores"] if kind == "circuit" else data
+        tampered = {**scores, "pair_ids": scores["pair_ids"][:-1]}  # loaded without a word by EdgeScores.load before
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "results.json").write_text(json.dumps({**data, "scores": tampered} if kind == "circuit"
+                                                                 else tampered))
+        with pytest.raises(vlens.UserInputError, match="the field 'pair_ids' holds 1 entries"):
+            EdgeScores.load(tmp_path / kind)
+        assert EdgeScores.load(SAVED / kind).pair_ids == scores["pair_ids"]

@@ -121,6 +121,18 @@ class CurvePoint(TypedDict):
     high: float
 
 
+def _check_edge_count(data: dict) -> None:
+    """A circuit file's `edges` against the `n_edges` and `edge_scores` written from them: the list that disagrees
+    with the other two is named (an entry removed), not the fields derived from it."""
+    edges, n_edges, written = data.get("edges"), data.get("n_edges"), data.get("edge_scores")
+    if not (isinstance(edges, list) and isinstance(n_edges, int)) or len(edges) == n_edges:
+        return
+    if isinstance(written, list) and len(written) == len(edges):
+        raise UserInputError(f"the field 'n_edges' is {n_edges}, but 'edges' and 'edge_scores' hold {len(edges)}")
+    raise UserInputError(f"the field 'edges' holds {len(edges)} edges, but 'n_edges' says {n_edges}: an entry was "
+                         "removed or added (the file was edited or cut short)")
+
+
 @dataclass
 class Circuit(Result):
     """An extracted circuit, its faithfulness curve and the scores it was ranked by.
@@ -197,6 +209,7 @@ class Circuit(Result):
         if data.get("kind", cls.kind) != cls.kind:
             raise UserInputError(f"not a circuit result (kind {data.get('kind')!r}): read it with vlens.load_result")
         scores = EdgeScores.from_dict(data["scores"])
+        _check_edge_count(data)
         interval = data["faithfulness_interval"]
         known = {"kind", "definition", "metric", "method", "ig_steps", "rank_by", "pruned", "target", "k", "n_edges",
                  "n_graph_edges", "faithfulness", "faithfulness_interval", "faithfulness_floor", "edges", "edge_scores", "nodes", "curve",

@@ -18,7 +18,7 @@ from vlens.circuits.graph import RECEIVER_KINDS, SENDER_KINDS, CircuitGraph
 from vlens.patching.pairs import PairAnswers
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
-from vlens.utils.results import Result
+from vlens.utils.results import Result, read_checked
 from vlens.viz.circuit_graph import GraphEdge, GraphNode, circuit_graph_figure
 from vlens.viz.optional import require_plotly
 
@@ -165,7 +165,8 @@ class EdgeScores(Result):
         data = cls.read_saved(path)
         if data.get("kind") == "circuit":
             data = data["scores"]
-        return cls.from_saved(data, path if path.is_dir() else path.parent)
+        # checked as load_result checks it (a field of another type or size is a UserInputError naming it)
+        return read_checked(cls, data, path / cls.filename if path.is_dir() else path)
 
     def plot(self, k: int = 40, by: str = "abs"):
         """The graph with the `k` highest-ranked edges, width by |score|."""

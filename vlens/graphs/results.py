@@ -176,7 +176,7 @@ class AttributionGraph(Result):
         rows, cols = self.adjacency.nonzero(as_tuple=True)
         return {"kind": "attribution_graph", "model": self.model, "n_layers": self.n_layers, "target": self.target,
                 "nodes": self.nodes, "values": self.values, "biases": self.biases, "dropped": self.dropped,
-                "n_nodes": len(self.nodes),
+                "n_nodes": len(self.nodes), "n_edges": len(rows),
                 "edges": [[int(r), int(c), float(self.adjacency[r, c])] for r, c in zip(rows.tolist(), cols.tolist(),
                                                                                        strict=True)],
                 "prompt_tokens": self.prompt_tokens, "feature_maps": self.feature_maps, "images": self.images,
@@ -186,6 +186,10 @@ class AttributionGraph(Result):
     @classmethod
     def from_dict(cls, data: dict) -> AttributionGraph:
         n = int(data["n_nodes"])
+        edges, n_edges = data.get("edges", []), data.get("n_edges")  # (files before n_edges was written: not checked)
+        if isinstance(n_edges, int) and isinstance(edges, list) and len(edges) != n_edges:
+            raise UserInputError(f"the field 'edges' holds {len(edges)} edges, but 'n_edges' says {n_edges}: an "
+                                 "entry was removed or added (the file was edited or cut short)")
         adjacency = torch.zeros(n, n, dtype=torch.float64)
         for row, col, weight in data.get("edges", []):
             adjacency[row, col] = weight

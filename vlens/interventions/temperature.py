@@ -262,6 +262,12 @@ class HeadTemperature(Result):
     @classmethod
     def from_dict(cls, data: dict) -> HeadTemperature:
         heads = data["heads"]
+        listed = {(e["layer"], e["head"]) for e in heads}
+        for key in ("changed_heads", "unchanged_heads"):  # written from the heads: one they name is one removed
+            lost = [f"L{h[0]}H{h[1]}" for h in data.get(key) or [] if isinstance(h, list) and tuple(h) not in listed]
+            if lost:
+                raise UserInputError(f"the field 'heads' lacks {', '.join(lost)}, which {key!r} names: an entry was "
+                                     "removed (the file was edited or cut short)")
         return cls(
             betas={(e["layer"], e["head"]): e["beta"] for e in heads},
             alpha=data.get("alpha", 1.2),

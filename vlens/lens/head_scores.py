@@ -148,6 +148,18 @@ class HeadScores(Result):
 
     @classmethod
     def from_dict(cls, data: dict) -> HeadScores:
+        heads, per_layer = data["heads"], data.get("heads_per_layer")
+        counts = Counter(int(h["layer"]) for h in heads)
+        if per_layer is None and len(set(counts.values())) > 1:  # (a model whose layers differ records them)
+            most = max(counts.values())
+            short = next(layer for layer in sorted(counts) if counts[layer] != most)
+            raise UserInputError(f"the field 'heads' lists {counts[short]} heads of layer {short} but {most} of "
+                                 "other layers, and the file records no 'heads_per_layer': an entry was removed")
+        if isinstance(per_layer, list) and len(per_layer) == len(counts):
+            for layer, n in enumerate(per_layer):
+                if counts.get(layer) != n:
+                    raise UserInputError(f"the field 'heads' lists {counts.get(layer, 0)} heads of layer {layer}, "
+                                         f"but 'heads_per_layer' gives it {n}")
         """The scores `to_dict` wrote (as it rounds them, to 6 decimals; no per-example values)."""
         return scores_from_heads(data["heads"], n_examples=int(data["n_examples"]), k=int(data["k"]),
                                  vocab_sizes=dict(data.get("vocab_sizes") or {}), d_vocab=data.get("d_vocab"),
@@ -164,6 +176,12 @@ def scores_from_heads(heads: Sequence[dict], **fields: Any) -> HeadScores:
     non_finite = torch.zeros(n_layers, width, dtype=torch.bool)
     top_tokens: dict[tuple[int, int], list[tuple[str, int]]] = {}
     counts = Counter(int(h["layer"]) for h in heads)
+    for layer in range(n_layers):  # each layer's heads are 0 .. n - 1, once each
+        listed = sorted(int(h["head"]) for h in heads if int(h["layer"]) == layer)
+        if listed != list(range(len(listed))) or not listed:
+            gap = next((i for i in range(len(listed) + 1) if i not in listed), len(listed))
+            raise UserInputError(f"the field 'heads' lists heads {listed} of layer {layer}: head {gap} is missing or "
+                                 "one is listed twice (the file was edited or cut short)")
     for h in heads:
         layer, head = int(h["layer"]), int(h["head"])
         for name in names:

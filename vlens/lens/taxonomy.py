@@ -299,6 +299,11 @@ class HeadTaxonomy(Result):
     def from_dict(cls, data: dict) -> HeadTaxonomy:
         """The taxonomy `to_dict` wrote (scores and stabilities as rounded there; no per-example values)."""
         heads = data["heads"]
+        counted = data.get("counts")
+        if isinstance(counted, dict) and all(isinstance(n, int) for n in counted.values()) \
+                and sum(counted.values()) > len(heads):  # the counts are written from the heads' classes
+            raise UserInputError(f"the field 'heads' holds {len(heads)} heads, but 'counts' counts "
+                                 f"{sum(counted.values())}: an entry was removed (the file was edited or cut short)")
         scores = scores_from_heads(heads, n_examples=int(data["n_examples"]), k=int(data["k"]),
                                    vocab_sizes=dict(data.get("vocab_sizes") or {}), d_vocab=data.get("d_vocab"),
                                    image_share=data.get("image_share"))
