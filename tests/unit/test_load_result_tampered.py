@@ -244,9 +244,6 @@ FREE_FORM = {
     ("demo", "settings"): "the demo's settings, recorded for provenance",
     ("demo", "timings_s"): "seconds per stage: any stages a version ran",
     ("demo", "sections"): "one section per stage, each the stage's own findings (text, numbers, figures)",
-    ("sae_training", "metrics"): "the trainer's last figures: any metrics a version logged",
-    ("sae_splice_evaluation", "rows"): "per position set: any metrics a version measured",
-    ("transcoder_training", "metrics"): "the trainer's last figures: any metrics a version logged",
     ("attribution_graph", "images"): "per image: width, height and a PNG data URL for the viewer (not re-read)",
     ("attribution_graph", "cost"): "what the graph cost: passes and rows, any counters a version kept",
     ("attribution_graph", "settings"): "the call's settings, recorded for provenance",
@@ -258,10 +255,7 @@ FREE_FORM = {
     ("object_token_study", "runs"): "per task and site: a nested token_ablation result, kept as written",
     ("flow_study", "settings"): "the study's settings, recorded for provenance",
     ("flow_study", "sweeps"): "per task: a nested knockout_sweep result, kept as written",
-    ("flow_study", "findings"): "per task and edge: the study's verdict figures",
     ("generation_attribution", "settings"): "the call's settings, recorded for provenance",
-    ("temperature_comparison", "without"): "an evaluation's metrics (a task adds its own keys)",
-    ("temperature_comparison", "with_temperature"): "an evaluation's metrics (a task adds its own keys)",
 }
 
 

@@ -165,7 +165,7 @@ def run_fit(args: argparse.Namespace) -> int:
 def run_apply(args: argparse.Namespace) -> int:
     from vlens.evaluation import EvalSettings, HookedVLMBackend, evaluate, get_format, write_report
     from vlens.evaluation.datasets import check_counting
-    from vlens.interventions.temperature import HeadTemperature, TemperatureComparison
+    from vlens.interventions.temperature import EvalFigures, HeadTemperature, TemperatureComparison
     from vlens.parallel.options import SweepOptions
     from vlens.utils.finite import collect_non_finite
 
@@ -175,7 +175,7 @@ def run_apply(args: argparse.Namespace) -> int:
     if get_format(data.format).task == "count":
         check_counting(data)
     model = load_model_from_args(args)
-    summary = {}
+    summary: dict[str, EvalFigures] = {}
     problems: list[str] = []
     for label, hooks in (("without", []), ("with", temp.hooks(model))):
         with collect_non_finite() as found:
@@ -187,7 +187,7 @@ def run_apply(args: argparse.Namespace) -> int:
             )
         problems += found
         mae = getattr(result.metrics, "mae", None)
-        summary[label] = {"accuracy": result.metrics.accuracy, "mae": mae, "n": result.metrics.n}
+        summary[label] = EvalFigures(accuracy=result.metrics.accuracy, mae=mae, n=result.metrics.n)
         echo(f"{label} temperature: accuracy {result.metrics.accuracy:.3f}, MAE {mae} "
               f"(post-prompt {result.settings['post_prompt']!r})")
         if out is not None:

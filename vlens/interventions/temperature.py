@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast
 
 import torch
 from jaxtyping import Float
@@ -278,14 +278,22 @@ class HeadTemperature(Result):
         )
 
 
+class EvalFigures(TypedDict):
+    """An evaluation's figures as a temperature comparison records them (checked when a file is read)."""
+
+    accuracy: float
+    mae: float | None  # (None: a task that is not counting)
+    n: int
+
+
 @dataclass
 class TemperatureComparison(Result):
     """What `vlens temperature apply` measured: the temperatures and the evaluation without and
     with them (each {"accuracy", "mae", "n"}; mae None for a task that is not counting)."""
 
     temperature: HeadTemperature
-    without: dict
-    with_temperature: dict
+    without: EvalFigures
+    with_temperature: EvalFigures
 
     kind: ClassVar[str] = "temperature_comparison"
 
@@ -293,10 +301,14 @@ class TemperatureComparison(Result):
         return {"temperature": self.temperature.to_dict(), "without": dict(self.without),
                 "with": dict(self.with_temperature)}
 
+    def saved_key(self, name: str) -> str:
+        """The key of results.json that field `name` is saved under (`with_temperature`: "with")."""
+        return "with" if name == "with_temperature" else name
+
     @classmethod
     def from_dict(cls, data: dict) -> TemperatureComparison:
-        return cls(temperature=HeadTemperature.from_dict(data["temperature"]), without=dict(data["without"]),
-                   with_temperature=dict(data["with"]))
+        return cls(temperature=HeadTemperature.from_dict(data["temperature"]),
+                   without=cast(EvalFigures, dict(data["without"])), with_temperature=cast(EvalFigures, dict(data["with"])))
 
     def plot(self, title: str = "Accuracy without and with the head temperatures"):
         """Bars: accuracy without and with the temperatures."""

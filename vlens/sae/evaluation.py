@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict, cast
 
 import torch
 from jaxtyping import Float
@@ -25,7 +25,7 @@ from vlens.datasets import Record
 from vlens.sae.activations import as_prompt
 from vlens.sae.base import SAE
 from vlens.utils.errors import UserInputError
-from vlens.utils.noise_floor import floored_ratio, gap_floor
+from vlens.utils.noise_floor import FloorRecord, floored_ratio, gap_floor
 from vlens.utils.results import Result
 from vlens.utils.validation import check_count
 
@@ -51,12 +51,30 @@ def example_answer(example: Any, index: int) -> str:
     raise UserInputError(f"example {index} has no answer: evaluation needs Records or dicts with 'answer'.")
 
 
+class _SpliceKeys(TypedDict):
+    positions: str
+    n: int
+    loss_clean: float
+    loss_sae: float
+    loss_zero: float
+    loss_recovered: float | None  # (null: the denominator is within its noise floor)
+    accuracy_clean: float
+    accuracy_sae: float
+    accuracy_zero: float
+
+
+class SpliceRow(_SpliceKeys, total=False):
+    """One position set's figures as results.json records them (checked when a file is read)."""
+
+    loss_gap_floor: FloorRecord  # (files before the noise floor lack it)
+
+
 @dataclass
 class SpliceEvaluation(Result):
     """Per region: n, answer loss (clean / sae / zero), loss recovered, accuracy (clean / sae / zero)."""
 
     hook_name: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[SpliceRow] = field(default_factory=list)
 
     kind: ClassVar[str] = "sae_splice_evaluation"
 
@@ -65,7 +83,7 @@ class SpliceEvaluation(Result):
 
     @classmethod
     def from_dict(cls, data: dict) -> SpliceEvaluation:
-        return cls(hook_name=data["hook_name"], rows=[dict(row) for row in data.get("rows", [])])
+        return cls(hook_name=data["hook_name"], rows=[cast(SpliceRow, dict(row)) for row in data.get("rows", [])])
 
     def plot(self, *args: Any, **kwargs: Any) -> Any:
         import plotly.graph_objects as go
@@ -121,7 +139,7 @@ def evaluate_splice(model: HookedVLM, examples: Sequence[Any], sae: SAE, hook_na
     clean_loss = -torch.cat(clean_lp).double()
     loss_clean = float(clean_loss.mean())
     accuracy_clean = float(torch.cat(clean_ok).float().mean())
-    rows = []
+    rows: list[SpliceRow] = []
     for region in positions:
         sae_loss, zero_loss = -torch.cat(per[region]["sae"]).double(), -torch.cat(per[region]["zero"]).double()
         loss_sae, loss_zero = float(sae_loss.mean()), float(zero_loss.mean())

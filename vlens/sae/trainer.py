@@ -16,7 +16,7 @@ import os
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict, cast
 
 import torch
 from torch import Tensor
@@ -39,6 +39,20 @@ from vlens.utils.results import Result
 STATE_FILE = "trainer_state.pt"
 
 
+class TrainingMetrics(TypedDict, total=False):
+    """A trainer's last figures as results.json records them (checked when a file is read). Every key optional: a
+    result built by hand holds none, and the figures of the last log row are absent before the first one."""
+
+    steps: int
+    tokens: int
+    finished: bool
+    explained_variance: float
+    l0: float
+    dead_fraction: float
+    mse: float
+    evaluation: dict[str, Any]  # `vlens transcoder train --evaluate`: the transcoder_evaluation it measured
+
+
 @dataclass
 class TrainedSAE(Result):
     """A trained SAE, its training log and final metrics. `save(folder)` writes the SAELens folder
@@ -47,7 +61,7 @@ class TrainedSAE(Result):
     sae: SAE
     training: SAETraining
     log: list[dict[str, float]] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: TrainingMetrics = field(default_factory=lambda: TrainingMetrics())
 
     kind: ClassVar[str] = "sae_training"
 
@@ -69,7 +83,7 @@ class TrainedSAE(Result):
         sae = load_sae(folder)
         sae.cfg.metadata = dict(data["sae"].get("metadata", {}))  # as trained (the folder's adds the format's)
         result = cls(sae=sae, training=SAETraining(**data["settings"]), log=list(data.get("log", [])),
-                     metrics=dict(data.get("metrics", {})))
+                     metrics=cast(TrainingMetrics, dict(data.get("metrics", {}))))
         body = {key: value for key, value in data.items() if key not in ("kind", "provenance")}
         return cls.attach_saved(result, body, data.get("provenance"))
 
@@ -285,8 +299,9 @@ class SAETrainer:
         run_steps(self, t.steps, self.settings, "sae")
         self.sae.eval()
         last: dict[str, float] = self.log[-1] if self.log else {}
-        metrics: dict[str, Any] = {"steps": self.step, "tokens": self.tokens_seen, "finished": self.step >= t.steps,
-                   **{k: last[k] for k in ("explained_variance", "l0", "dead_fraction", "mse") if k in last}}
+        metrics = cast(TrainingMetrics, {"steps": self.step, "tokens": self.tokens_seen, "finished": self.step >= t.steps,
+                                         **{k: last[k] for k in ("explained_variance", "l0", "dead_fraction", "mse")
+                                            if k in last}})
         return TrainedSAE(self.sae, t, list(self.log), metrics)
 
     # ------------------------------------------------------------------ checkpoints

@@ -11,7 +11,7 @@ whether its interval lies wholly below 0 ("matters") or not ("no effect shown").
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from vlens.flow import DEFAULT_EDGES, KnockoutSweep, SweepSettings, knockout_sweep, object_task_batch
 from vlens.flow.batch import TASK_NAMES
@@ -49,6 +49,18 @@ class FlowSettings:
         SweepSettings(edges=self.edges, window=self.window or 1)  # checks the edges
 
 
+class Finding(TypedDict):
+    """Where in depth one edge's knockout matters most on one task (`findings`; checked when a file is read)."""
+
+    centre: int
+    layers: list[int]
+    depth: float
+    mean: float
+    low: float
+    high: float
+    verdict: Literal["matters", "no effect shown"]
+
+
 @dataclass
 class FlowStudy(Result):
     """Per task a `KnockoutSweep` (as a dict) and, per edge, where in depth its knockout matters."""
@@ -59,7 +71,7 @@ class FlowStudy(Result):
     model: str
     n_layers: int
     sweeps: dict[str, dict] = field(default_factory=dict)  # task -> KnockoutSweep dict
-    findings: dict[str, dict[str, dict]] = field(default_factory=dict)  # task -> edge -> finding
+    findings: dict[str, dict[str, Finding]] = field(default_factory=dict)  # task -> edge -> finding
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,9 +111,9 @@ class FlowStudy(Result):
         return figure
 
 
-def findings(sweep: KnockoutSweep, n_layers: int) -> dict[str, dict]:
+def findings(sweep: KnockoutSweep, n_layers: int) -> dict[str, Finding]:
     """Per edge: the window with the most negative mean relative change, its depth and interval, the verdict."""
-    out = {}
+    out: dict[str, Finding] = {}
     for edge, stats in sweep.summary.items():
         prob = stats["prob"]
         index = min(range(len(prob["mean"])), key=lambda i: prob["mean"][i])

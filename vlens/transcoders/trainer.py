@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -28,7 +28,7 @@ from vlens.sae.buffer import ShuffleBuffer
 from vlens.sae.metrics import explained_variance, l0
 from vlens.sae.schedule import lr_at, warmup_factor
 from vlens.sae.settings import TrainRun
-from vlens.sae.trainer import plot_training_log, run_steps
+from vlens.sae.trainer import TrainingMetrics, plot_training_log, run_steps
 from vlens.transcoders.activations import split_pairs
 from vlens.transcoders.config import TranscoderConfig
 from vlens.transcoders.formats import load_transcoders, save_transcoders
@@ -50,7 +50,7 @@ class TrainedTranscoders(Result):
     transcoders: Transcoders
     training: TranscoderTraining
     log: list[dict[str, float]] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: TrainingMetrics = field(default_factory=lambda: TrainingMetrics())
 
     kind: ClassVar[str] = "transcoder_training"
 
@@ -69,7 +69,7 @@ class TrainedTranscoders(Result):
             raise UserInputError("trained transcoders are read from their folder (results.json beside the weights): "
                                  "pass the folder")
         result = cls(transcoders=load_transcoders(folder), training=TranscoderTraining(**data["settings"]),
-                     log=list(data.get("log", [])), metrics=dict(data.get("metrics", {})))
+                     log=list(data.get("log", [])), metrics=cast(TrainingMetrics, dict(data.get("metrics", {}))))
         body = {key: value for key, value in data.items() if key not in ("kind", "provenance")}
         return cls.attach_saved(result, body, data.get("provenance"))
 
@@ -198,8 +198,9 @@ class TranscoderTrainer:
         self.tc.eval()
         self.tc.bandwidth = None
         last: dict[str, float] = self.log[-1] if self.log else {}
-        metrics: dict[str, Any] = {"steps": self.step, "tokens": self.tokens_seen, "finished": self.step >= t.steps,
-                                   **{k: last[k] for k in ("explained_variance", "l0", "dead_fraction", "mse") if k in last}}
+        metrics = cast(TrainingMetrics, {"steps": self.step, "tokens": self.tokens_seen, "finished": self.step >= t.steps,
+                                         **{k: last[k] for k in ("explained_variance", "l0", "dead_fraction", "mse")
+                                            if k in last}})
         return TrainedTranscoders(self.tc, t, list(self.log), metrics)
 
     # ------------------------------------------------------------------ checkpoints (safetensors + JSON)
