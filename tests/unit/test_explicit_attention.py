@@ -142,3 +142,24 @@ def test_every_row_of_the_pattern_equals_hf_eager_and_the_scores_path(padded):
     assert torch.equal(logits, scored_logits) and torch.equal(logits, graph_logits)
     with torch.no_grad():
         torch.testing.assert_close(logits, hf(**inputs.to_hf_kwargs()).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_pattern_under_bf16_autocast_is_hf_eagers(grad):
+    """Under CPU bf16 autocast the scores' matmul gives bf16 from fp32 queries and keys: the mask value is the
+    scores' dtype's (fp32's min overflowed bf16: the SFT trainer's bf16 step raised) and the pattern is cast to
+    the queries' dtype, as HF eager does; with or without autograd, equal to HF eager under the same autocast."""
+    model = _model()
+    hf = model.hf_model
+    inputs = model.prepare(images=[random_image(56, 84, 1), random_image(56, 56, 2)],
+                           prompts=["How many dots are there?", "red"])
+    with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = hf(**inputs.to_hf_kwargs(), output_attentions=True).attentions
+        logits, cache = model.run_with_cache(inputs)
+        reference = hf(**inputs.to_hf_kwargs()).logits
+    assert logits.requires_grad == grad
+    for layer, pattern in enumerate(expected):
+        name = f"blocks.{layer}.attn.hook_pattern"
+        assert cache[name].dtype == pattern.dtype, name
+        torch.testing.assert_close(cache[name], pattern, atol=1e-2, rtol=0, msg=name)  # bf16 matmuls in both
+    torch.testing.assert_close(logits.float(), reference.float(), atol=5e-2, rtol=0)

@@ -431,14 +431,13 @@ class Attention(nn.Module):
         """
         k = repeat_kv(k, self.num_key_value_groups)
         v = repeat_kv(v, self.num_key_value_groups)
-        lowest = torch.finfo(q.dtype).min
         if is_observed(self.hook_attn_scores):
             scores = self.hook_attn_scores(torch.matmul(q, k.transpose(2, 3)) * self.scaling + masks.additive)
             # An edit (say a temperature) must never unmask: masked entries go back to the mask value.
             # masked_fill makes a new tensor, which nothing else holds: the softmax may overwrite it.
-            scores = scores.masked_fill(~masks.allowed, lowest)
+            scores = scores.masked_fill(~masks.allowed, torch.finfo(scores.dtype).min)
         elif q.device.type == "cpu" and not (q.requires_grad or k.requires_grad or torch.compiler.is_compiling()) \
-                and masks.causal_keys is not None:
+                and not torch.is_autocast_enabled("cpu") and masks.causal_keys is not None:
             # a causal mask over the whole sequence, with or without padding: the same scores, bit for bit,
             # from the query x key blocks that are not all masked (eager only: its checks and padding columns
             # depend on the mask's values, which a compiled graph would break on)
@@ -447,8 +446,10 @@ class Attention(nn.Module):
             # The masked entries are written with the mask value, not added to it (adding 0 elsewhere changes
             # nothing but the sign of a zero score): min + a negative score overflows to -inf in bf16, and a
             # fully masked (padding) row would then be NaN.
-            scores = torch.matmul(q, k.transpose(2, 3)).mul_(self.scaling).masked_fill_(~masks.allowed, lowest)
-        pattern = self.hook_pattern(eager_softmax(scores))
+            # (The product's dtype, not q's: under autocast the matmul gives bf16 from fp32 q and k.)
+            scores = torch.matmul(q, k.transpose(2, 3)).mul_(self.scaling)
+            scores = scores.masked_fill_(~masks.allowed, torch.finfo(scores.dtype).min)
+        pattern = self.hook_pattern(eager_softmax(scores, q.dtype))
         return torch.matmul(pattern, v).transpose(1, 2).contiguous()
 
 
@@ -488,15 +489,19 @@ def causal_scores(q: Float[Tensor, "batch heads n d_head"], k: Float[Tensor, "ba
     return scores
 
 
-def eager_softmax(scores: Float[Tensor, "batch heads query key"]) -> Float[Tensor, "batch heads query key"]:
-    """HF eager's `softmax(scores, -1, dtype=float32).to(scores.dtype)`, written over `scores` (which the caller
-    owns) where that is the same kernel: fp32 scores on a CPU, outside autograd (an out= op records no graph).
+def eager_softmax(scores: Float[Tensor, "batch heads query key"],
+                  dtype: torch.dtype | None = None) -> Float[Tensor, "batch heads query key"]:
+    """HF eager's `softmax(scores, -1, dtype=float32).to(dtype)` (dtype: the queries', default the scores'; they
+    differ under autocast, where the scores are bf16 and the queries fp32), written over `scores` (which the
+    caller owns) where that is the same kernel: fp32 scores and pattern on a CPU, outside autograd (an out= op
+    records no graph).
 
-    scores: [batch, heads, q, k] -> the pattern, same shape and dtype.
+    scores: [batch, heads, q, k] -> the pattern, same shape, in `dtype`.
     """
-    if scores.dtype == torch.float32 and scores.device.type == "cpu" and not scores.requires_grad:
+    dtype = scores.dtype if dtype is None else dtype
+    if scores.dtype == dtype == torch.float32 and scores.device.type == "cpu" and not scores.requires_grad:
         return torch.softmax(scores, dim=-1, out=scores)
-    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
 
 
 def _eager_fully_masked_rows(z: Tensor, v: Tensor, masks: AttentionMasks, n_groups: int) -> Tensor:
