@@ -238,8 +238,8 @@ FREE_FORM = {
     ("study", "settings"): "the study's settings, recorded for provenance",
     ("study", "provenance"): "the study's own provenance block",
     ("study", "results"): "per seed, condition and task: an evaluation's metrics (tasks add their own keys)",
-    ("study", "training"): "per seed and condition: a nested sft result, kept as written",
-    ("study", "temperatures"): "per seed: a nested head_temperature result, kept as written",
+    ("study", "training"): "per seed and condition: an sft result, checked through its class (nested_results)",
+    ("study", "temperatures"): "per seed: a head_temperature result, checked through its class (nested_results)",
     ("demo", "model"): "the model's description, recorded for provenance",
     ("demo", "settings"): "the demo's settings, recorded for provenance",
     ("demo", "timings_s"): "seconds per stage: any stages a version ran",
@@ -252,9 +252,8 @@ FREE_FORM = {
     ("steering", "settings"): "the call's settings, recorded for provenance",
     ("token_ablation", "settings"): "the call's settings, recorded for provenance",
     ("object_token_study", "settings"): "the study's settings, recorded for provenance",
-    ("object_token_study", "runs"): "per task and site: a nested token_ablation result, kept as written",
     ("flow_study", "settings"): "the study's settings, recorded for provenance",
-    ("flow_study", "sweeps"): "per task: a nested knockout_sweep result, kept as written",
+    ("flow_study", "sweeps"): "per task: a knockout_sweep result, checked through its class (nested_results)",
     ("generation_attribution", "settings"): "the call's settings, recorded for provenance",
 }
 
@@ -422,3 +421,30 @@ def test_edge_scores_load_checks_the_file_as_load_result_does(tmp_path):
         with pytest.raises(vlens.UserInputError, match="the field 'pair_ids' holds 1 entries"):
             EdgeScores.load(tmp_path / kind)
         assert EdgeScores.load(SAVED / kind).pair_ids == scores["pair_ids"]
+
+
+NESTING = [file for file in FILES if getattr(result_class(_saved(file)["kind"]), "nested_results", ())]
+
+
+@pytest.mark.parametrize("file", NESTING, ids=lambda f: f.name)
+def test_a_value_inside_a_nested_result_is_refused_by_its_path(file, tmp_path):
+    """A result kept as the dict its kind wrote (a flow study's sweeps, a study's temperatures and SFT runs, an
+    object-token study's ablations) is read back by its own class: each of its own fields of another type, and its
+    kind, refused naming the path (before: loaded without a word)."""
+    data = _saved(file)
+    cls = result_class(data["kind"])
+    found = 0
+    for name in cls.nested_results:
+        stack = [(name, data[name])]
+        while stack:
+            path, value = stack.pop()
+            if isinstance(value, dict) and value.get("kind") in BUILTIN_KINDS:
+                nested = result_class(value["kind"])
+                found += 1
+                for key in [k for k in value if k in {f.name for f in dataclasses.fields(nested)}][:4] + ["kind"]:
+                    message = _refused(tmp_path, _tamper(data, f"{path}.{key}", _other_type(value[key])), path, file)
+                    assert f"'{path}.{key}" in message, (path, key, message)
+                break  # one nested result per field
+            items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+            stack.extend((f"{path}[{k}]" if isinstance(value, list) else f"{path}.{k}", v) for k, v in items)
+    assert found, "the saved file holds none of the nested results its class declares"

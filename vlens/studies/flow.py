@@ -11,7 +11,7 @@ whether its interval lies wholly below 0 ("matters") or not ("no effect shown").
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict
 
 from vlens.flow import DEFAULT_EDGES, KnockoutSweep, SweepSettings, knockout_sweep, object_task_batch
 from vlens.flow.batch import TASK_NAMES
@@ -66,6 +66,8 @@ class FlowStudy(Result):
     """Per task a `KnockoutSweep` (as a dict) and, per edge, where in depth its knockout matters."""
 
     kind = "flow_study"
+    # results kept as the dicts their kinds wrote, read back and checked when a file is read
+    nested_results: ClassVar[tuple[str, ...]] = ("sweeps",)
 
     settings: dict
     model: str

@@ -238,6 +238,8 @@ class StudyResult(Result):
 
     filename: ClassVar[str] = "study.json"
     kind: ClassVar[str] = "study"
+    # results kept as the dicts their kinds wrote, read back and checked when a file is read
+    nested_results: ClassVar[tuple[str, ...]] = ("temperatures", "training")
 
     settings: dict
     results: dict[int, dict[str, dict[str, dict]]]

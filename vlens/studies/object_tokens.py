@@ -12,7 +12,7 @@ drop is larger and the exact McNemar test of the paired outcomes gives p < 0.05.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict
 
 from vlens.flow import TokenAblation, ablate_tokens, object_task_batch
 from vlens.flow.batch import TASK_NAMES
@@ -58,15 +58,36 @@ class ObjectTokenSettings:
         return "vision" if site == "vision" else n_layers // 2 if site == "middle" else int(site)
 
 
+class Claim(TypedDict):
+    """The claim's test on one (task, site): accuracy drops, the p-value, the verdict."""
+
+    object_drop: float
+    random_drop: float
+    p: float
+    verdict: Literal["supported", "not supported"]
+
+
+class Run(TypedDict):
+    """One (task, site) of the study as results.json records it (checked when a file is read; `ablation` as a
+    token_ablation result, through `nested_results`)."""
+
+    task: str
+    site: str | int  # a site name, or a layer
+    ablation: dict[str, Any]
+    claim: Claim
+
+
 @dataclass
 class ObjectTokenStudy(Result):
     """Per (task, site) a `TokenAblation` (as a dict) and the claim's verdict."""
 
     kind = "object_token_study"
+    # results kept as the dicts their kinds wrote, read back and checked when a file is read
+    nested_results: ClassVar[tuple[str, ...]] = ("runs",)
 
     settings: dict
     model: str
-    runs: list[dict] = field(default_factory=list)  # {"task", "site", "ablation": TokenAblation dict, "claim"}
+    runs: list[Run] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -114,7 +135,7 @@ class ObjectTokenStudy(Result):
 def run_object_token_study(model: HookedVLM, settings: ObjectTokenSettings, model_name: str = "model",
                            progress: bool = True) -> ObjectTokenStudy:
     """Run every (task, site) of the design (module docstring) and test the claim on each."""
-    runs = []
+    runs: list[Run] = []
     for t, task in enumerate(settings.tasks):
         batch = object_task_batch(task, settings.n, seed=SEED_BASE + 1_000_000 * t + settings.seed, size=settings.size)
         for site in settings.sites:

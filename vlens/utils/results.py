@@ -32,7 +32,14 @@ from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_write_text
 from vlens.utils.finite import json_safe
 from vlens.utils.provenance import stamp
-from vlens.utils.saved_fields import check_fields, differences, failing_paths, json_misfit
+from vlens.utils.saved_fields import (
+    check_fields,
+    differences,
+    failing_paths,
+    first_difference,
+    json_misfit,
+    saved_key,
+)
 from vlens.utils.strict_json import loads_strict
 
 RESULTS_FILE = "results.json"
@@ -236,6 +243,7 @@ class Result(ABC):
         reading = _READING.get()
         if reading is not None:  # read from a file (`read_checked`): its fields checked before its methods use them
             check_fields(result, reading.source)
+            check_nested_results(result, reading.source)
         own = result.to_dict()
         result.__dict__["_extras"] = {key: value for key, value in body.items() if key not in own}
         result.__dict__["_provenance"] = provenance
@@ -391,6 +399,7 @@ def read_checked(cls: type[R], data: dict, file: Path) -> R:
     checked = reading.result is result and reading.written is not None  # (a from_saved without attach_saved: not)
     if not checked:
         check_fields(result, source)
+        check_nested_results(result, source)
     body = {key: value for key, value in data.items() if key not in ("kind", "provenance")}
     written = reading.written if checked else result.to_dict()  # to_dict once: some compute (rank correlations)
     differ = differences(json_safe(body), json_safe(written))
@@ -400,6 +409,59 @@ def read_checked(cls: type[R], data: dict, file: Path) -> R:
                              f"not read back as saved (a value of another type, or one that disagrees with the other "
                              f"fields): {redo}")
     return result
+
+
+# nested results read from their own folder's files too (predictions, weights): kept as written, not re-read here
+_READ_WITH_FILES = ("evaluation", "sae_training", "transcoder_training", "lens")
+
+
+def check_nested_results(result: Any, source: str) -> None:
+    """Every result that a field named in the class's ``nested_results`` keeps as the dict its kind's `to_dict` wrote
+    (a flow study's knockout sweeps, a study's temperatures and SFT runs, an object-token study's token ablations):
+    read back by its own class and checked as a file of that kind is (`check_fields`, written back as saved), so
+    that a value inside it of another type is named by its path (``sweeps.colour.n``), not kept without a word.
+    (Declared per field: a demo section holds a circuit's figures under its kind, not the whole result.)"""
+    for name in getattr(type(result), "nested_results", ()):
+        _check_nested(getattr(result, name, None), saved_key(result, name), source, 0)
+
+
+def _check_nested(value: Any, path: str, source: str, depth: int) -> None:
+    if depth > 4:
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_nested(item, f"{path}[{i}]", source, depth + 1)
+        return
+    if not isinstance(value, dict):
+        return
+    kind = value.get("kind")
+    known = isinstance(kind, str) and (kind in RESULT_KINDS or kind in BUILTIN_KINDS)
+    if depth > 0 and "kind" in value and not known:  # (where results are kept, a "kind" is a result's)
+        raise UserInputError(f"{source}: the field {f'{path}.kind'!r} names no result kind, got {kind!r}: the file "
+                             "was edited or written by another version")
+    cls = result_class(str(kind)) if known and depth > 0 and kind not in _READ_WITH_FILES else None
+    if not (isinstance(cls, type) and issubclass(cls, Result)):
+        for key, item in value.items():
+            _check_nested(item, f"{path}.{key}", source, depth + 1)
+        return
+    try:
+        nested = cls.from_dict(value)
+    except UserInputError as error:
+        raise UserInputError(f"{source}: the field {path!r} does not read as a {kind!r} result: {error}") from None
+    except READER_ERRORS as error:
+        inner = failing_paths(error, value)
+        where = " or ".join(repr(f"{path}.{p}") for p in inner) if inner else repr(path)
+        raise UserInputError(f"{source}: the field {where} does not fit a {kind!r} result ({type(error).__name__}: "
+                             f"{str(error)[:120]}): the file was edited or written by another version") from None
+    check_fields(nested, source, f"{path}.")
+    check_nested_results(nested, source)
+    body = {key: item for key, item in value.items() if key not in ("kind", "provenance")}
+    differ = first_difference(json_safe(body), json_safe({key: item for key, item in nested.to_dict().items()
+                                                          if key in body}))
+    if differ is not None:
+        raise UserInputError(f"{source}: the field {f'{path}.{differ}'!r} does not read back as saved (a value of "
+                             "another type, or one that disagrees with the other fields): write it again with the "
+                             "command or call that made it")
 
 
 def result_class(kind: str) -> Any:

@@ -68,7 +68,7 @@ def _is_jaxtyping(annotation: Any) -> bool:
 
 def _key_path(key: Any) -> str:
     """How a key of an object extends a path into the file: ``.name`` (``nodes[3].name``), ``[3]`` for a number."""
-    return f".{key}" if isinstance(key, str) else f"[{key!r}]"
+    return f".{key}" if isinstance(key, (str, int)) else f"[{key!r}]"  # (JSON keys are text: "0" is .0)
 
 
 def record_fields(record: Any) -> dict[str, Any]:
