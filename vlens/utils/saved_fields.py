@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import dis
+import functools
 import itertools
 import linecache
 import math
@@ -71,6 +72,7 @@ def _key_path(key: Any) -> str:
     return f".{key}" if isinstance(key, (str, int)) else f"[{key!r}]"  # (JSON keys are text: "0" is .0)
 
 
+@functools.cache  # (a schema is read once per record of a file otherwise)
 def record_fields(record: Any) -> dict[str, Any]:
     """The keys of a record schema (a ``TypedDict``) and their annotations, resolved in the schema's module."""
     try:
