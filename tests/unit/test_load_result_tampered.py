@@ -448,3 +448,15 @@ def test_a_value_inside_a_nested_result_is_refused_by_its_path(file, tmp_path):
             items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
             stack.extend((f"{path}[{k}]" if isinstance(value, list) else f"{path}.{k}", v) for k, v in items)
     assert found, "the saved file holds none of the nested results its class declares"
+
+
+@pytest.mark.parametrize(("kind", "path"), [("temperature_comparison", "temperature.heads[1].layer"),
+                                            ("study", "temperatures.0.heads[0].layer"),
+                                            ("sae_features", "features[1].frequency")])
+def test_a_part_read_by_its_own_class_is_named_by_its_path_in_the_file(kind, path, tmp_path):
+    """A value inside a part the class reads itself (a comparison's temperature, a study's nested result, a feature
+    view saved under another key) is named by its path in the file, not the part's own field name (before:
+    'heads[1].layer', "the field 'temperatures.0' ... the field 'heads'", 'views[1].frequency')."""
+    data = _saved(SAVED / kind)
+    message = _refused(tmp_path, _tamper(data, path, "x"), path, SAVED / kind)
+    assert f"the field '{path}' must be " in message, message

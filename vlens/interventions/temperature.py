@@ -262,6 +262,11 @@ class HeadTemperature(Result):
     @classmethod
     def from_dict(cls, data: dict) -> HeadTemperature:
         heads = data["heads"]
+        for i, entry in enumerate(heads if isinstance(heads, list) else []):
+            for key in ("layer", "head"):  # (the keys its heads are found by: a value of another type is named)
+                value = entry.get(key) if isinstance(entry, dict) else None
+                if isinstance(entry, dict) and key in entry and (not isinstance(value, int) or isinstance(value, bool)):
+                    raise UserInputError(f"the field 'heads[{i}].{key}' must be an integer, got {value!r}")
         listed = {(e["layer"], e["head"]) for e in heads}
         for key in ("changed_heads", "unchanged_heads"):  # written from the heads: one they name is one removed
             lost = [f"L{h[0]}H{h[1]}" for h in data.get(key) or [] if isinstance(h, list) and tuple(h) not in listed]

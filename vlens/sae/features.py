@@ -69,6 +69,10 @@ class FeatureViews(Result):
 
     kind: ClassVar[str] = "sae_features"
 
+    def saved_key(self, name: str) -> str:
+        """The key of results.json that field `name` is saved under (the views: "features", one per view)."""
+        return "features" if name == "views" else name
+
     def to_dict(self) -> dict:
         return {"kind": "sae_features", "hook_name": self.hook_name, "d_sae": self.d_sae, "n_tokens": self.n_tokens,
                 "examples": self.examples, "features": [_view_dict(v) for v in self.views]}

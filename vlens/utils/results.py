@@ -340,6 +340,23 @@ def _culprit(cls: type, data: dict, error: BaseException) -> tuple[list[str], st
     return paths, None
 
 
+def _within(paths: list[str], message: str) -> str:
+    """A class's own message about a field, said of the field of the file it came from: where the class names a part
+    of a field the reader was reading (``the field 'heads[1].layer'`` of the file's ``temperature.heads``), the part's
+    whole path (``temperature.heads[1].layer``); else the message after the fields read."""
+    named = re.match(r"the field '([^']+)'", message)
+    if named and paths:
+        part = named.group(1)
+        head = re.match(r"[^.\[]*", part)
+        first = head.group(0) if head else part
+        for path in paths:
+            if part == path or part.startswith((f"{path}.", f"{path}[")):
+                return message
+            if path.endswith(f".{first}"):
+                return message.replace(f"'{part}'", f"'{path[: -len(first)]}{part}'", 1)
+    return (f"{_the_field(paths)}: " if paths else "") + message
+
+
 def _the_field(paths: list[str]) -> str:
     return "the field " + " or ".join(map(repr, paths))
 
@@ -373,7 +390,7 @@ def read_checked(cls: type[R], data: dict, file: Path) -> R:
         if str(file) in str(error):
             raise
         paths, _ = _culprit(cls, data, error)
-        raise UserInputError(f"{source}: " + (f"{_the_field(paths)}: " if paths else "") + str(error)) from None
+        raise UserInputError(f"{source}: {_within(paths, str(error))}") from None
     except KeyError as error:
         key = error.args[0] if error.args else "?"
         if isinstance(key, str) and key not in data and failing_paths(error, data) in ([], [key]):
@@ -447,6 +464,9 @@ def _check_nested(value: Any, path: str, source: str, depth: int) -> None:
     try:
         nested = cls.from_dict(value)
     except UserInputError as error:
+        named = re.match(r"the field '([^']+)'(.*)", str(error))
+        if named:  # the nested class's own message about one of its fields: that field's path in the file
+            raise UserInputError(f"{source}: the field {f'{path}.{named.group(1)}'!r}{named.group(2)}") from None
         raise UserInputError(f"{source}: the field {path!r} does not read as a {kind!r} result: {error}") from None
     except READER_ERRORS as error:
         inner = failing_paths(error, value)

@@ -188,10 +188,10 @@ def check_fields(result: Any, source: str, prefix: str = "") -> None:
         raise UserInputError(f"{source}: the field {_label(result, prefix, name)!r} has {dim} = {size}, which disagrees with the other fields' "
                              f"{dim} = {usual}") from None
     for field in dataclasses.fields(result):  # parts that are dataclasses themselves (a taxonomy's scores)
-        part = getattr(result, field.name, None)
-        parts = ([(f"{field.name}.{key}", item) for key, item in part.items()] if isinstance(part, dict)
-                 else [(f"{field.name}[{i}]", item) for i, item in enumerate(part)] if isinstance(part, (list, tuple))
-                 else [(field.name, part)])
+        part, name = getattr(result, field.name, None), saved_key(result, field.name)
+        parts = ([(f"{name}.{key}", item) for key, item in part.items()] if isinstance(part, dict)
+                 else [(f"{name}[{i}]", item) for i, item in enumerate(part)] if isinstance(part, (list, tuple))
+                 else [(name, part)])
         for label, item in parts:  # (an ablation report's per-task head ablations too)
             if dataclasses.is_dataclass(item) and not isinstance(item, type):
                 check_fields(item, source, f"{prefix}{label}.")
