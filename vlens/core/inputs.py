@@ -210,6 +210,9 @@ class TokenRegions:
 # processor outputs that are vlens's bookkeeping, never passed to HF's forward: each image's original (height, width)
 # where the family's HF forward takes no `image_sizes` (Llama 4's processor, for the tile boxes)
 VLENS_ONLY_EXTRAS = frozenset({"original_image_sizes"})
+# processor outputs that count each prompt's images (LLaVA-OneVision's, prompts without images left out): a
+# selection of rows counts them again
+PER_PROMPT_IMAGE_COUNTS = frozenset({"batch_num_images"})
 
 
 @dataclass
@@ -240,6 +243,9 @@ class VLMInputs:
     video_fps: list[float] | None = None
     # the keyword HF's forward takes pixel_values under (Phi-4-multimodal: image_pixel_values)
     hf_pixel_key: str = "pixel_values"
+    # True where pixel_values holds one entry per batch row (Idefics3: [batch, max_images, ...]; the adapter's
+    # `pixel_values_per_row`), False where it is per image, per tile or per patch
+    pixel_values_per_row: bool = False
 
     HF_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids",
                "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
@@ -279,54 +285,42 @@ class VLMInputs:
         return VLMInputs(**moved)
 
     def select_rows(self, rows: list[int]) -> VLMInputs:
-        """Some rows of the batch, in the given order, with their images' pixel values (every family's layout:
-        one entry per row, Qwen's patches of all images concatenated, InternVL's tiles per image)."""
+        """Some rows of the batch, in the given order, with their images' pixel values, by the family's layout:
+        one entry per image or tiles per image (`pixel_entries`: LLaVA, InternVL), patches per image
+        (`image_grid_thw`: Qwen) or one entry per row (`pixel_values_per_row`: Idefics3). Extras follow what
+        they describe: rows ([batch, pos, ...] first), images, tiles or image tokens."""
         regions = self.token_regions
         index = torch.tensor(rows, dtype=torch.long)
         pixel_values, grid_thw = self.pixel_values, self.image_grid_thw
         entries, per_image = None, None  # the chosen rows' images (where pixel_values is not per row)
         if pixel_values is not None:
-            if self.pixel_entries is not None:  # every image's tiles concatenated (InternVL layout)
-                images_per_row = regions.still_image_counts()
-                first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
+            images_per_row = regions.still_image_counts()
+            first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
+            chosen = [first_image[r] + k for r in rows for k in range(images_per_row[r])]
+            if self.pixel_entries is not None:  # each image's entries (one, or its tiles) in image order
+                if len(self.pixel_entries) != sum(images_per_row):
+                    raise UserInputError(f"pixel_entries names {len(self.pixel_entries)} images but the prompts hold "
+                                         f"{sum(images_per_row)}: build the inputs with model.prepare(...) or "
+                                         "model.coerce_inputs(...) rather than editing them.")
                 starts = [0]
                 for count in self.pixel_entries:
                     starts.append(starts[-1] + int(count))
-                per_image = [first_image[r] + k for r in rows for k in range(images_per_row[r])]
+                per_image = chosen
                 entries = [self.pixel_entries[i] for i in per_image]
                 pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in per_image]) if per_image else None
-            elif grid_thw is None:  # one image tensor per row (LLaVA layout)
-                pixel_values = pixel_values[index.to(pixel_values.device)]
-            else:
-                per_image = grid_thw.prod(dim=-1).tolist()
+            elif grid_thw is not None:  # patches of every image concatenated (Qwen layout)
                 starts = [0]
-                for count in per_image:
+                for count in grid_thw.prod(dim=-1).tolist():
                     starts.append(starts[-1] + int(count))
-                images_per_row = regions.still_image_counts()
-                first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
-                chosen = [first_image[r] + k for r in rows for k in range(images_per_row[r])]
                 pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in chosen]) if chosen else None
                 grid_thw = grid_thw[torch.tensor(chosen, dtype=torch.long, device=grid_thw.device)] if chosen else None
-        sub = {k: v[index.to(v.device)] for k, v in self.extra.items() if isinstance(v, Tensor) and v.shape[:1] == self.input_ids.shape[:1]}
-        if per_image is not None:  # per-image extras (InternVL's image_sizes) follow their images
-            n_images = len(self.pixel_entries or [])
-            sub.update({k: v[torch.tensor(per_image, dtype=torch.long, device=v.device)] for k, v in self.extra.items()
-                        if isinstance(v, Tensor) and v.ndim and v.shape[0] == n_images and per_image})
-        if self.pixel_entries is not None and per_image is not None:
-            # per-tile extras (LFM2-VL's spatial_shapes, pixel_attention_mask) follow their tiles
-            tiles = [t for i in per_image for t in range(starts[i], starts[i + 1])]
-            n_tiles, n_images = starts[-1], len(self.pixel_entries)
-            if n_tiles != n_images:
-                sub.update({k: v[torch.tensor(tiles, dtype=torch.long, device=v.device)] for k, v in self.extra.items()
-                            if isinstance(v, Tensor) and v.ndim and v.shape[0] == n_tiles and tiles})
-            # per-image-token extras (Molmo 2's image_token_pooling: one row per placeholder) follow their tokens
-            counts = [len(p) for row_images in regions.images for p in row_images]
-            firsts = [sum(counts[:i]) for i in range(len(counts))]
-            tokens = [t for i in per_image for t in range(firsts[i], firsts[i] + counts[i])]
-            if sum(counts) not in (n_tiles, n_images):
-                sub.update({k: v[torch.tensor(tokens, dtype=torch.long, device=v.device)] for k, v in self.extra.items()
-                            if isinstance(v, Tensor) and v.ndim and v.shape[0] == sum(counts) and tokens})
-
+            elif self.pixel_values_per_row:  # one entry per row (Idefics3 layout)
+                pixel_values = pixel_values[index.to(pixel_values.device)]
+            else:  # no layout recorded: the first axis may be images or rows, which select differently
+                raise UserInputError("these inputs do not say how pixel_values is laid out (per image, per row or "
+                                     "per patch), so their rows cannot be selected: build them with "
+                                     "model.prepare(...) or model.coerce_inputs(...).")
+        sub = self._select_extras(rows, per_image, entries)
         new_regions = regions.select(rows)
         videos = self._select_videos(regions, rows)
         dev = self.input_ids.device
@@ -340,8 +334,55 @@ class VLMInputs:
             extra=sub,
             pixel_entries=entries,
             hf_pixel_key=self.hf_pixel_key,
+            pixel_values_per_row=self.pixel_values_per_row,
             **videos,
         )
+
+    def _select_extras(self, rows: list[int], per_image: list[int] | None, entries: list[int] | None) -> dict:
+        """The chosen rows' tensor extras. Where pixel_values is per image (`pixel_entries`): [batch, pos, ...]
+        follows the rows, then a first axis of n_images the images (LLaVA-NeXT's image_sizes), of n_tiles the
+        tiles (LFM2-VL's spatial_shapes), of n_image_tokens the tokens (Molmo 2's image_token_pooling), of batch
+        the rows; per-prompt image counts (`batch_num_images`) are counted again; any other tensor is refused."""
+        batch, regions = self.batch_size, self.token_regions
+        index = torch.tensor(rows, dtype=torch.long)
+        if self.pixel_entries is None or per_image is None:  # per-row or per-patch pixels: per-row extras
+            return {k: v[index.to(v.device)] for k, v in self.extra.items()
+                    if isinstance(v, Tensor) and v.shape[:1] == self.input_ids.shape[:1]}
+        starts = [0]
+        for count in self.pixel_entries:
+            starts.append(starts[-1] + int(count))
+        n_images, n_tiles = len(self.pixel_entries), starts[-1]
+        counts = [len(p) for row_images in regions.images for p in row_images]
+        firsts = [sum(counts[:i]) for i in range(len(counts))]
+        picks = {  # where two counts agree the images' pick wins (written last), then the tiles'
+            sum(counts): [t for i in per_image for t in range(firsts[i], firsts[i] + counts[i])],
+            n_tiles: [t for i in per_image for t in range(starts[i], starts[i + 1])],
+            n_images: per_image,
+        }
+        per_row_images = regions.still_image_counts()
+        out: dict[str, Any] = {}
+        for key, value in self.extra.items():
+            if not isinstance(value, Tensor) or not value.ndim:
+                continue
+            if key in PER_PROMPT_IMAGE_COUNTS:  # the chosen prompts' image counts (prompts without images left out)
+                if per_image:
+                    out[key] = torch.tensor([per_row_images[r] for r in rows if per_row_images[r]],
+                                            dtype=value.dtype, device=value.device)
+                continue
+            if value.shape[:2] == self.input_ids.shape[:2]:
+                pick = rows
+            elif value.shape[0] in picks:
+                pick = picks[value.shape[0]]
+            elif value.shape[0] == batch:
+                pick = rows
+            else:
+                raise UserInputError(f"the extra input {key!r} {tuple(value.shape)} has a first axis of neither the "
+                                     f"batch ({batch}), the images ({n_images}), their tiles ({n_tiles}) nor their "
+                                     f"image tokens ({sum(counts)}): its rows cannot be selected. Build the inputs "
+                                     "with model.prepare(...).")
+            if pick:
+                out[key] = value[torch.tensor(pick, dtype=torch.long, device=value.device)]
+        return out
 
     def _select_videos(self, regions: TokenRegions, rows: list[int]) -> dict[str, Any]:
         """The video tensors of the chosen rows' videos (Qwen: patches per grid; LLaVA: one entry per video)."""

@@ -344,6 +344,7 @@ def coerce_inputs(model: PreparingModel, inputs: Any = None, **hf_kwargs: Any) -
             second_per_grid_ts=known["second_per_grid_ts"],
         )
     out.hf_pixel_key = model.adapter.hf_pixel_values_key
+    out.pixel_values_per_row = model.adapter.pixel_values_per_row
     check_input_tensors(out, max(model.cfg.d_vocab, model.cfg.d_vocab_in), model.cfg.n_ctx)
     model.adapter.check_inputs(model.cfg, out)
     if out.pixel_values is not None and out.pixel_entries is None:

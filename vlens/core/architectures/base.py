@@ -189,6 +189,9 @@ class ArchitectureAdapter(ABC):
     # the keyword HF's forward reads the images' pixels from (Phi-4-multimodal: "image_pixel_values");
     # vlens holds them as `VLMInputs.pixel_values` and passes them back to HF under this name
     hf_pixel_values_key: str = "pixel_values"
+    # True where pixel_values holds one entry per batch row ([batch, max_images, ...], Idefics2/3) rather
+    # than one per image: rows are then selected by row (`VLMInputs.select_rows`)
+    pixel_values_per_row: bool = False
     # why vlens's LoRA (separate q / k / v / o nn.Linear projections, exported to the HF names) cannot train or
     # export this family, None where it can
     lora_refusal: str | None = None
@@ -301,11 +304,13 @@ class ArchitectureAdapter(ABC):
         return None
 
     def pixel_entries_per_image(self, cfg: VLMConfig, inputs) -> list[int] | None:
-        """Per image, how many entries of pixel_values' first axis it takes where pixel_values
-        concatenates the tiles of every image of the batch (InternVL); None (the default) where
-        pixel_values holds one entry per image (LLaVA), per batch row (Idefics3) or per patch with
-        `image_grid_thw` (Qwen)."""
-        return None
+        """Per image, how many entries of pixel_values' first axis it takes: the default 1 each where
+        pixel_values holds one entry per image (LLaVA: [n_images, ...]); families that concatenate every
+        image's tiles (InternVL) count them; None where pixel_values is per batch row
+        (`pixel_values_per_row`, Idefics3) or per patch with `image_grid_thw` (Qwen)."""
+        if inputs.pixel_values is None or inputs.image_grid_thw is not None or self.pixel_values_per_row:
+            return None
+        return [1] * int(inputs.pixel_values.shape[0])
 
     def bind_processor(self, processor) -> None:
         """Called with the model's processor whenever it is set (None: none), for families whose token

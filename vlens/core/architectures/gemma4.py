@@ -251,10 +251,6 @@ class Gemma4Adapter(Gemma3Adapter):
         grids = self.image_grids(inputs)
         return [rows * cols for rows, cols in grids], grids
 
-    def pixel_entries_per_image(self, cfg: VLMConfig, inputs) -> list[int] | None:
-        """One pixel_values entry per image (not per row): image_position_ids follow the images."""
-        return None if inputs.pixel_values is None else [1] * int(inputs.pixel_values.shape[0])
-
     def image_markers(self, cfg: VLMConfig, inputs) -> list[list[ImageTile]] | None:
         """`<|image>` just before each image's soft tokens and `<image|>` just after (HF's processor)."""
         if inputs.pixel_values is None:

@@ -117,6 +117,7 @@ class _Frame:
 class Idefics3Adapter(LlavaAdapter):
     hf_class_names = ("Idefics3ForConditionalGeneration",)
     family = "idefics3"
+    pixel_values_per_row = True  # [batch, max_frames, C, H, W]
     # SmolVLM's get_image_features keeps one frame when every frame is padding; Idefics3's drops all
     keep_one_frame = False
     whole_patches_only = False
