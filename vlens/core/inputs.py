@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -215,6 +216,12 @@ VLENS_ONLY_EXTRAS = frozenset({"original_image_sizes"})
 PER_PROMPT_IMAGE_COUNTS = frozenset({"batch_num_images"})
 
 
+def _starts(counts) -> list[int]:
+    """Where each run of `counts` consecutive entries starts, and the total last: [0, c0, c0 + c1, ...]
+    (a row's first image, an image's first tile or patch)."""
+    return [0, *itertools.accumulate(int(count) for count in counts)]
+
+
 @dataclass
 class VLMInputs:
     """Model inputs in the HF keyword form plus token regions.
@@ -295,23 +302,19 @@ class VLMInputs:
         entries, per_image = None, None  # the chosen rows' images (where pixel_values is not per row)
         if pixel_values is not None:
             images_per_row = regions.still_image_counts()
-            first_image = [sum(images_per_row[:r]) for r in range(len(images_per_row))]
+            first_image = _starts(images_per_row)
             chosen = [first_image[r] + k for r in rows for k in range(images_per_row[r])]
             if self.pixel_entries is not None:  # each image's entries (one, or its tiles) in image order
                 if len(self.pixel_entries) != sum(images_per_row):
                     raise UserInputError(f"pixel_entries names {len(self.pixel_entries)} images but the prompts hold "
                                          f"{sum(images_per_row)}: build the inputs with model.prepare(...) or "
                                          "model.coerce_inputs(...) rather than editing them.")
-                starts = [0]
-                for count in self.pixel_entries:
-                    starts.append(starts[-1] + int(count))
+                starts = _starts(self.pixel_entries)
                 per_image = chosen
                 entries = [self.pixel_entries[i] for i in per_image]
                 pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in per_image]) if per_image else None
             elif grid_thw is not None:  # patches of every image concatenated (Qwen layout)
-                starts = [0]
-                for count in grid_thw.prod(dim=-1).tolist():
-                    starts.append(starts[-1] + int(count))
+                starts = _starts(grid_thw.prod(dim=-1).tolist())
                 pixel_values = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in chosen]) if chosen else None
                 grid_thw = grid_thw[torch.tensor(chosen, dtype=torch.long, device=grid_thw.device)] if chosen else None
             elif self.pixel_values_per_row:  # one entry per row (Idefics3 layout)
@@ -348,12 +351,10 @@ class VLMInputs:
         if self.pixel_entries is None or per_image is None:  # per-row or per-patch pixels: per-row extras
             return {k: v[index.to(v.device)] for k, v in self.extra.items()
                     if isinstance(v, Tensor) and v.shape[:1] == self.input_ids.shape[:1]}
-        starts = [0]
-        for count in self.pixel_entries:
-            starts.append(starts[-1] + int(count))
+        starts = _starts(self.pixel_entries)
         n_images, n_tiles = len(self.pixel_entries), starts[-1]
         counts = [len(p) for row_images in regions.images for p in row_images]
-        firsts = [sum(counts[:i]) for i in range(len(counts))]
+        firsts = _starts(counts)
         picks = {  # where two counts agree the images' pick wins (written last), then the tiles'
             sum(counts): [t for i in per_image for t in range(firsts[i], firsts[i] + counts[i])],
             n_tiles: [t for i in per_image for t in range(starts[i], starts[i + 1])],
@@ -389,7 +390,7 @@ class VLMInputs:
         if self.pixel_values_videos is None:
             return {}
         per_row = [len(v) for v in regions.videos] if regions.videos else [0] * self.batch_size
-        first = [sum(per_row[:r]) for r in range(len(per_row))]
+        first = _starts(per_row)
         chosen = [first[r] + k for r in rows for k in range(per_row[r])]
         out: dict[str, Any] = {"video_fps": None if self.video_fps is None else [self.video_fps[i] for i in chosen]}
         if not chosen:
@@ -399,9 +400,7 @@ class VLMInputs:
         if grid is None:  # one [frames, C, H, W] entry per video
             out["pixel_values_videos"] = pixels[pick.to(pixels.device)]
         else:
-            starts = [0]
-            for count in grid.prod(dim=-1).tolist():
-                starts.append(starts[-1] + int(count))
+            starts = _starts(grid.prod(dim=-1).tolist())
             out["pixel_values_videos"] = torch.cat([pixels[starts[i]:starts[i + 1]] for i in chosen])
             out["video_grid_thw"] = grid[pick.to(grid.device)]
         if self.second_per_grid_ts is not None:
