@@ -167,3 +167,74 @@ def test_graph_refuses_a_model_that_does_not_fit(tmp_path, capsys, case):
     if case == "override misfits":
         assert "was trained on 'random-tiny'; attributing with them on --model 'tiny'" in out.out
     assert not (tmp_path / "g").exists()
+
+
+# `vlens steer --sae` steers where the dictionary's features live unless told otherwise
+STEER_AT_RECORD = ["steer", "--prompt", "red", "--feature", "2", "--strengths", "0,2", "--max-new-tokens", "2",
+                   "--quiet"]
+
+
+def test_steer_with_an_sae_steers_at_its_recorded_hook(tmp_path, capsys):
+    sae = _sae(tmp_path / "sae", model_name="random-tiny")  # trained on blocks.1.hook_resid_post
+    code, out = _run([*STEER_AT_RECORD, "--sae", str(sae), "--out", str(tmp_path / "s")], capsys)
+    assert code == 0, out.err
+    settings = json.loads((tmp_path / "s" / "results.json").read_text())["settings"]
+    assert (settings["layers"], settings["hook"]) == ([1], "hook_resid_post") and "note:" not in out.out
+
+
+def test_steer_with_a_transcoder_layer_steers_where_it_writes(tmp_path, capsys):
+    from vlens.transcoders.formats import save_saelens_transcoders
+
+    cfg = TranscoderConfig(kind="plt", activation="relu", d_model=RANDOM_TINY_WIDTH, d_tc=8, layers=(0, 1),
+                           metadata={"model_name": "random-tiny"})
+    tc = Transcoders(cfg).initialize(torch.Generator().manual_seed(0))
+    save_saelens_transcoders(tc, tmp_path / "tc", model_name="random-tiny")
+    code, out = _run([*STEER_AT_RECORD, "--sae", str(tmp_path / "tc" / "layer_1"), "--out", str(tmp_path / "s")],
+                     capsys)
+    assert code == 0, out.err
+    saved = json.loads((tmp_path / "s" / "results.json").read_text())
+    assert (saved["settings"]["layers"], saved["settings"]["hook"]) == ([1], "hook_mlp_out")  # where it writes
+    assert saved["source"] == "transcoder layer_1 layer 1 feature 2"
+    # the whole set (vlens's folder): --layers picks the feature's layer; the same run as the direction itself
+    save_transcoders(tc, tmp_path / "set")
+    torch.save(tc.decoder(1, 1)[2].detach().clone(), tmp_path / "row.pt")
+    code, out = _run([*STEER_AT_RECORD, "--sae", str(tmp_path / "set"), "--layers", "1", "--out", str(tmp_path / "t")],
+                     capsys)
+    assert code == 0, out.err
+    code, out = _run([*STEER_AT_RECORD[:3], *STEER_AT_RECORD[5:], "--model", "random-tiny", "--direction",
+                      str(tmp_path / "row.pt"), "--layers", "1", "--hook", "hook_mlp_out", "--out", str(tmp_path / "d")],
+                     capsys)
+    assert code == 0, out.err
+    by_set, by_row = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("t", "d"))
+    assert by_set["settings"] == by_row["settings"] and by_set["tokens"] == by_row["tokens"]
+    assert by_set["direction_norm"] == pytest.approx(by_row["direction_norm"], rel=1e-6)
+
+
+def test_steer_with_transcoders_over_several_layers_needs_the_layer(tmp_path, capsys):
+    _transcoders(tmp_path / "tc", model_name="random-tiny")  # layers 0 and 1
+    code, out = _run([*STEER_AT_RECORD, "--sae", str(tmp_path / "tc"), "--out", str(tmp_path / "s")], capsys)
+    assert code == 2 and "cover layers 0, 1: pass --layers L" in out.err
+    assert not (tmp_path / "s").exists()
+
+
+def test_steer_with_an_sae_at_another_site_notes_it(tmp_path, capsys):
+    sae = _sae(tmp_path / "sae", model_name="random-tiny")
+    code, out = _run([*STEER_AT_RECORD, "--sae", str(sae), "--layers", "0", "--out", str(tmp_path / "s")], capsys)
+    assert code == 0, out.err
+    assert f"note: the features of {sae} are written at blocks.1.hook_resid_post; steering at layers 0 " \
+        "hook_resid_post as given" in out.out
+    settings = json.loads((tmp_path / "s" / "results.json").read_text())["settings"]
+    assert (settings["layers"], settings["hook"]) == ([0], "hook_resid_post")
+
+
+def test_steer_with_an_sae_that_records_no_layer_needs_the_site(tmp_path, capsys):
+    sae = build_sae(make_config("standard", d_in=RANDOM_TINY_WIDTH, d_sae=8, hook_name=None,
+                                metadata={"model_name": "random-tiny"}))
+    save_sae(sae, tmp_path / "sae")
+    code, out = _run([*STEER_AT_RECORD, "--sae", str(tmp_path / "sae"), "--out", str(tmp_path / "s")], capsys)
+    assert code == 2 and "records no per-layer hook 'blocks.L.<hook>'" in out.err and "pass --layers and --hook" \
+        in out.err
+    assert not (tmp_path / "s").exists()
+    code, out = _run([*STEER_AT_RECORD, "--sae", str(tmp_path / "sae"), "--layers", "1", "--hook", "hook_resid_pre",
+                      "--out", str(tmp_path / "s2")], capsys)
+    assert code == 0, out.err

@@ -18,6 +18,7 @@ from vlens.steering import (
     sae_direction,
     steer,
     steering_hooks,
+    transcoder_direction,
 )
 from vlens.testing import random_image
 from vlens.utils.errors import UserInputError
@@ -95,6 +96,20 @@ def test_directions_are_the_hand_computed_vectors():
         probe_direction(torch.ones(3, 4))
     with pytest.raises(UserInputError, match="feature"):
         sae_direction(sae, 8)
+
+
+def test_transcoder_direction_is_the_layers_decoder_row():
+    from vlens.transcoders import TranscoderConfig, Transcoders
+
+    tc = Transcoders(TranscoderConfig(kind="skip", activation="relu", d_model=6, d_tc=4, layers=(1, 3)))
+    tc.initialize(torch.Generator().manual_seed(0))
+    torch.testing.assert_close(transcoder_direction(tc, 3, 2), tc.W_dec[1][2, 0].detach())  # layer 3 is index 1
+    for layer, feature, message in ((2, 0, "layers 1, 3"), (1, 4, r"\[0, 4\)")):
+        with pytest.raises(UserInputError, match=message):
+            transcoder_direction(tc, layer, feature)
+    clt = Transcoders(TranscoderConfig(kind="clt", activation="relu", d_model=6, d_tc=4, layers=(0, 1)))
+    with pytest.raises(UserInputError, match="cross-layer"):
+        transcoder_direction(clt, 0, 0)
 
 
 def test_result_loads_back_with_its_table(tmp_path):

@@ -2,16 +2,20 @@
 
     vlens steer --model tiny --image dots.png --prompt "How many dots are there?" \\
         --positive "red" --negative "blue" --layers 1 --strengths 0,2,4,8 --out runs/steer
-    vlens steer --model M --prompt "Describe the image." --image photo.png --sae saes/L3 --feature 17 \\
-        --layers 3 --hook hook_resid_post --region all --out runs/steer_sae
+    vlens steer --prompt "Describe the image." --image photo.png --sae saes/L3 --feature 17 --out runs/steer_sae
+    vlens steer --prompt "How many dots are there?" --sae transcoders/ --layers 2 --feature 5 --out runs/steer_tc
     vlens steer --model M --prompt "..." --direction probe.pt --layers 5 --from-step 2 --region none --out runs/s
 
 The direction is one of: ``--direction FILE`` (a saved tensor [d_model], .pt or .npy), ``--sae DIR
---feature N`` (an SAE or transcoder folder in SAELens's format: the feature's decoder row), or
-``--positive TEXT ... --negative TEXT ...`` (the difference of the mean activations at the final
-prompt position, at the hook of the first steered layer). With ``--sae`` and no ``--model`` the model is the
-one the SAE folder records (`vlens.cli.recorded_model`), else the embedded model. Writes ``results.json`` (loads back with
-``vlens.load_result``) and ``steering.html`` (the texts side by side) into ``--out``; prints the table.
+--feature N`` (an SAE folder in SAELens's format, or per-layer transcoders in vlens's or SAELens's format:
+the feature's decoder row), or ``--positive TEXT ... --negative TEXT ...`` (the difference of the mean
+activations at the final prompt position, at the hook of the first steered layer). With ``--sae`` and no
+``--model`` the model is the one the folder records (`vlens.cli.recorded_model`), else the embedded model.
+With ``--sae`` and no ``--layers`` / ``--hook`` the direction is added where the features are written: an
+SAE's own hook (``cfg.hook_name``), a transcoder's layer's ``hook_mlp_out`` (a set covering several layers
+needs ``--layers L``: the layer whose feature it is); a site given that differs is noted. Writes
+``results.json`` (loads back with ``vlens.load_result``) and ``steering.html`` (the texts side by side) into
+``--out``; prints the table.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 HTML_FILE = "steering.html"
 REGIONS = ("all", "final", "image", "text", "none")
+DEFAULT_LAYERS = (0,)
+DEFAULT_HOOK = "hook_resid_post"
 
 
 def _numbers(text: str) -> tuple[float, ...]:
@@ -67,15 +73,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="an image given with every prompt (default: text only)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--direction", type=arg_path, metavar="FILE", help="a saved direction [d_model] (.pt / .npy)")
-    source.add_argument("--sae", type=arg_path, metavar="DIR", help="an SAE / transcoder folder (SAELens format); "
-                        "with --feature")
+    source.add_argument("--sae", type=arg_path, metavar="DIR", help="an SAE folder (SAELens format) or per-layer "
+                        "transcoders (vlens's or SAELens's folder); with --feature")
     source.add_argument("--positive", nargs="+", metavar="TEXT", help="prompts of the positive set (with --negative)")
     parser.add_argument("--negative", nargs="+", metavar="TEXT", help="prompts of the negative set")
     parser.add_argument("--feature", type=arg_int(min=0), default=None, metavar="N", help="the SAE feature (--sae)")
-    parser.add_argument("--layers", type=_layers, default=(0,), metavar="L,L",
-                        help="decoder layers to steer (default 0)")
-    parser.add_argument("--hook", default="hook_resid_post",
-                        help="per-layer hook the direction is added to (default hook_resid_post)")
+    parser.add_argument("--layers", type=_layers, default=None, metavar="L,L",
+                        help=f"decoder layers to steer (default {DEFAULT_LAYERS[0]}; with --sae: the SAE's layer)")
+    parser.add_argument("--hook", default=None,
+                        help=f"per-layer hook the direction is added to (default {DEFAULT_HOOK}; with --sae: the "
+                        "hook the SAE reads, a transcoder's hook_mlp_out)")
     parser.add_argument("--strengths", type=_numbers, default=(0.0, 2.0, 4.0, 8.0), metavar="S,S",
                         help="the strength sweep (default 0,2,4,8; 0 is the plain generation)")
     parser.add_argument("--region", choices=REGIONS, default="all",
@@ -90,22 +97,66 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(func=run_steer)
 
 
-def _load_sae(args: argparse.Namespace):
-    """The --sae folder's SAE (or transcoder), which also says which model it was trained on."""
+def _load_dictionary(args: argparse.Namespace):
+    """The --sae folder's SAE or per-layer transcoders (either also says which model it was trained on)."""
     from vlens.sae import load_sae
+    from vlens.transcoders.formats import holds_transcoders, load_transcoders
     from vlens.utils.errors import UserInputError, failure_context
 
     if args.feature is None:
         raise UserInputError("--sae needs --feature N (the feature whose decoder row is the direction)")
+    if holds_transcoders(args.sae):
+        with failure_context(f"loading the transcoders {args.sae}"):
+            return load_transcoders(args.sae)
     with failure_context(f"loading the SAE {args.sae}"):
         return load_sae(args.sae)
 
 
-def _direction(args: argparse.Namespace, model, hook: str, sae=None):
+def _feature_site(args: argparse.Namespace, dictionary) -> tuple[int, str] | None:
+    """(layer, per-layer hook) where the dictionary's features are written: an SAE's decoder reconstructs
+    its own ``cfg.hook_name``; a per-layer transcoder's writes its layer's ``hook_mlp_out`` (a set covering
+    several layers: the one --layers names). None when an SAE's hook is not ``blocks.L.<hook>``."""
+    from vlens.utils.errors import UserInputError
+
+    covered = getattr(dictionary.cfg, "layers", None)
+    if covered is not None:  # transcoders
+        if len(covered) == 1:
+            return covered[0], "hook_mlp_out"
+        if args.layers is not None and len(args.layers) == 1 and args.layers[0] in covered:
+            return args.layers[0], "hook_mlp_out"
+        raise UserInputError(f"the transcoders {args.sae} cover layers {', '.join(map(str, covered))}: pass --layers L "
+                             "(one of them: the layer whose feature --feature is, steered where it writes)")
+    parts = str(dictionary.cfg.hook_name or "").split(".")
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit():
+        return int(parts[1]), parts[2]
+    return None
+
+
+def _steering_site(args: argparse.Namespace, site: tuple[int, str] | None) -> None:
+    """Fill --layers / --hook from the features' site with --sae (a differing site given is noted), else the
+    defaults."""
+    from vlens.utils.errors import UserInputError
+
+    if args.sae is not None and site is None and (args.layers is None or args.hook is None):
+        raise UserInputError(f"the SAE folder {args.sae} records no per-layer hook 'blocks.L.<hook>' (cfg.hook_name "
+                             "is not one): pass --layers and --hook")
+    if site is not None:
+        layer, hook = site
+        given = (args.layers, args.hook)
+        args.layers = (layer,) if args.layers is None else args.layers
+        args.hook = hook if args.hook is None else args.hook
+        if given != (None, None) and (tuple(args.layers), args.hook) != ((layer,), hook):
+            echo(f"note: the features of {args.sae} are written at blocks.{layer}.{hook}; steering at layers "
+                 f"{','.join(map(str, args.layers))} {args.hook} as given")
+    args.layers = DEFAULT_LAYERS if args.layers is None else args.layers
+    args.hook = DEFAULT_HOOK if args.hook is None else args.hook
+
+
+def _direction(args: argparse.Namespace, model, hook: str, dictionary=None, site: tuple[int, str] | None = None):
     import numpy as np
     import torch
 
-    from vlens.steering import mean_difference, sae_direction
+    from vlens.steering import mean_difference, sae_direction, transcoder_direction
     from vlens.utils.errors import UserInputError, failure_context
     from vlens.utils.fileio import load_tensor_file
 
@@ -122,8 +173,12 @@ def _direction(args: argparse.Namespace, model, hook: str, sae=None):
         if vector.numel() == model.cfg.d_model:  # [1, d_model] and the like
             vector = vector.flatten()
         return vector, f"--direction {args.direction.name}"
-    if sae is not None:
-        return sae_direction(sae, args.feature), f"SAE {args.sae.name} feature {args.feature}"
+    if dictionary is not None and hasattr(dictionary.cfg, "layers"):
+        assert site is not None  # _feature_site gives a transcoder set its layer or refuses
+        return (transcoder_direction(dictionary, site[0], args.feature),
+                f"transcoder {args.sae.name} layer {site[0]} feature {args.feature}")
+    if dictionary is not None:
+        return sae_direction(dictionary, args.feature), f"SAE {args.sae.name} feature {args.feature}"
     if not args.negative:
         raise UserInputError("--positive needs --negative (the direction is their difference of means)")
     positive = model.prepare(prompts=list(args.positive))
@@ -140,12 +195,15 @@ def run_steer(args: argparse.Namespace) -> int:
         raise UserInputError("--negative goes with --positive")
     if args.feature is not None and args.sae is None:
         raise UserInputError("--feature goes with --sae")
-    sae = None
+    dictionary, site = None, None
     if args.sae is not None:  # before the model: the folder says which model its features belong to
-        sae = _load_sae(args)
-        choose_model(args, sae.cfg.metadata, f"the SAE folder {args.sae}", use="steering with its feature")
+        dictionary = _load_dictionary(args)
+        site = _feature_site(args, dictionary)
+        what = f"the transcoders {args.sae}" if hasattr(dictionary.cfg, "layers") else f"the SAE folder {args.sae}"
+        choose_model(args, dictionary.cfg.metadata, what, use="steering with its feature")
     elif args.model is None:
         args.model = MODEL_DEFAULT
+    _steering_site(args, site)
     out = prepare_out(args, RESULTS_FILE, HTML_FILE)
     model = load_model_from_args(args)
     settings = SteeringSettings(layers=args.layers, hook=args.hook, strengths=args.strengths,
@@ -158,7 +216,7 @@ def run_steer(args: argparse.Namespace) -> int:
         image = open_image_file(args.image, "--image")
         images = [image] * len(args.prompt)
     inputs = model.prepare(images=images, prompts=list(args.prompt))
-    direction, source = _direction(args, model, settings.hook_names()[0], sae)
+    direction, source = _direction(args, model, settings.hook_names()[0], dictionary, site)
     result = steer(model, inputs, direction, settings, source=source, progress=not args.quiet)
     path = result.save(out)
     logger.info("wrote %s and %s", path, out / HTML_FILE)

@@ -48,6 +48,26 @@ def sae_direction(sae: Any, feature: int) -> Float[Tensor, "d_model"]:
     return weight[int(feature)].detach().float().clone()
 
 
+def transcoder_direction(transcoders: Any, layer: int, feature: int) -> Float[Tensor, "d_model"]:
+    """Feature `feature` of the per-layer transcoder at decoder layer `layer`: its decoder row [d_model], what
+    it writes into that layer's ``hook_mlp_out`` (strength 1 = the feature at activation 1).
+
+    transcoders: a `vlens.transcoders.Transcoders` set of kind "plt" or "skip". A cross-layer transcoder's
+    feature writes every later layer with its own vector, which one added direction cannot stand for.
+    """
+    cfg = transcoders.cfg
+    if cfg.kind == "clt":
+        raise UserInputError("transcoder_direction: a cross-layer transcoder's feature writes each later layer with "
+                             "its own vector; steer with one of its decoder rows as a direction instead.")
+    if layer not in cfg.layers:
+        raise UserInputError(f"transcoder_direction: layer {layer} is not covered; the set covers layers "
+                             f"{', '.join(map(str, cfg.layers))}.")
+    i = list(cfg.layers).index(layer)
+    if isinstance(feature, bool) or not 0 <= int(feature) < cfg.d_tc:
+        raise UserInputError(f"transcoder_direction: feature {feature} is not in [0, {cfg.d_tc}).")
+    return transcoders.decoder(i, i)[int(feature)].detach().float().clone()
+
+
 def probe_direction(weight: Tensor, label: int | None = None) -> Float[Tensor, "d_model"]:
     """A linear probe's direction, unit length (a probe's scale is arbitrary): `weight` [d] or [n_classes, d]
     (row `label`; for two classes without a label, row 1 - row 0, the direction of class 1)."""

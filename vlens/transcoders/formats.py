@@ -56,6 +56,19 @@ def is_transcoder_folder(folder: str | os.PathLike) -> bool:
     return (folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).is_file()
 
 
+def holds_transcoders(folder: str | os.PathLike) -> bool:
+    """Whether `folder` is a transcoder set `load_transcoders` reads: vlens's folder, SAELens ``layer_{l}``
+    sub-folders, or one SAELens layer folder whose architecture is a transcoder's (an SAE folder is not)."""
+    folder = Path(folder)
+    if is_transcoder_folder(folder) or (folder.is_dir() and saelens_layers(folder)):
+        return True
+    try:
+        raw = json.loads((folder / "cfg.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and raw.get("architecture") in SAELENS_ARCHITECTURES.values()
+
+
 def load_transcoders(path: str | os.PathLike, device: str | torch.device = "cpu") -> Transcoders:
     """Transcoders from vlens's folder, a SAELens transcoder folder (``layer_{l}`` sub-folders, or one
     layer's folder) or a circuit-tracer YAML file."""
