@@ -1,7 +1,7 @@
 """Time generation with caching and per-token image attribution, as ratios within one run, on the embedded model.
 
     python benchmarks/bench_generation.py [--new 16] [--size 168] [--threads 1] [--repeats 3] [--wide]
-        [--agreement-images 8]
+        [--agreement-images 8 [--against FOLDER]]
 
 --wide: a random Qwen2.5-VL of 8 layers, d_model 512 (8 heads, 2 KV heads, MLP 1376) instead of the
 embedded model, so that a forward costs more than its fixed overheads (its continuation: the generated
@@ -15,7 +15,9 @@ Part 2, per-token attribution over the image (`vlens.generation_attribution`), i
   (its wall time over one forward over prompt + output): the estimates (gradient x activation and
   attribution patching: one forward, one backward per generated token), exact patching of every image
   token (one forward row per token), and the whole `attribute_generation` (+ logit lens, baseline).
-  Also prints each estimate's agreement with exact patching (mean baseline).
+  Also prints each estimate's agreement with exact patching (mean baseline); with --agreement-images N, over N
+  images, and with --against FOLDER (other weights of the same model, e.g. a superseded embedded model) the same
+  images' agreement on those weights and the paired per-image differences (this model minus FOLDER's).
 """
 
 from __future__ import annotations
@@ -45,7 +47,11 @@ def main() -> None:
     parser.add_argument("--wide", action="store_true")
     parser.add_argument("--agreement-images", type=int, default=1,
                         help="also the agreement over this many images (make_pair seeds 0..N-1): mean, sd, range")
+    parser.add_argument("--against", default=None,
+                        help="a model folder: its agreement on the same images, paired with this model's")
     args = parser.parse_args()
+    if args.against and args.agreement_images < 2:
+        parser.error("--against compares the agreement over images: give --agreement-images 2 or more")
     torch.set_num_threads(args.threads)
 
     import vlens
@@ -68,8 +74,7 @@ def main() -> None:
     pair = make_pair(n_clean=3, n_corrupt=5, seed=0, size=args.size)
     inputs = model.prepare(images=[pair.clean_image], prompts=["Describe the image."])
     out = model.generate(inputs, max_new_tokens=args.new, stop_at_eos=False, return_type="output")
-    special = torch.tensor(sorted({*model.tokenizer.all_special_ids, model.cfg.image_token_id, model.cfg.video_token_id}
-                                  - {None}))
+    special = special_ids(model)
     new = torch.where(torch.isin(out.tokens[0], special), model.to_single_token("red"), out.tokens[0])
     full = continuation_inputs(model, inputs, new[None])
     print(f"prompt {inputs.seq_len} tokens ({len(inputs.regions.image[0])} image tokens), {args.new} new tokens")
@@ -125,11 +130,34 @@ def main() -> None:
               f"{values['pearson_mean']:.3f}, spearman mean {values['spearman_mean']:.3f}, "
               f"pearson over all {values['pearson_all']:.3f}")
     if args.agreement_images > 1:
-        agreement_over_images(model, args, special)
+        ours = agreement_over_images(model, args, special)
+        if args.against:
+            other = vlens.HookedVLM.from_pretrained(args.against, device="cpu", dtype=torch.float32)
+            other.eval()
+            print(f"\n{args.against}:")
+            paired_differences(ours, agreement_over_images(other, args, special_ids(other)), args.against)
 
 
-def agreement_over_images(model, args, special) -> None:
-    """The agreement on `--agreement-images` images (one image says little about a trained model's maps)."""
+def special_ids(model) -> torch.Tensor:
+    """Token ids a continuation must not hold (the tokenizer's special ids, the image and video placeholders)."""
+    return torch.tensor(sorted({*model.tokenizer.all_special_ids, model.cfg.image_token_id, model.cfg.video_token_id}
+                               - {None}))
+
+
+def paired_differences(ours: dict, theirs: dict, name: str) -> None:
+    """Per image, this model's agreement minus `name`'s: mean, its standard error, and on how many images it is lower."""
+    import statistics
+
+    print(f"\n| this model minus {name}, per image | mean | standard error | lower on |\n|---|---|---|---|")
+    for key, values in ours.items():
+        diff = [a - b for a, b in zip(values, theirs[key], strict=True)]
+        print(f"| {key[0]} {key[1]} | {statistics.mean(diff):+.3f} | {statistics.stdev(diff) / len(diff) ** 0.5:.3f} | "
+              f"{sum(d < 0 for d in diff)} of {len(diff)} |")
+
+
+def agreement_over_images(model, args, special) -> dict[tuple[str, str], list[float]]:
+    """The agreement on `--agreement-images` images (one image says little about a trained model's maps), per
+    (method, statistic): the per-image values, also printed as mean, sd and range."""
     import statistics
 
     from vlens.data import make_pair
@@ -149,6 +177,7 @@ def agreement_over_images(model, args, special) -> None:
     print(f"\n| over {args.agreement_images} images | mean | sd | min | max |\n|---|---|---|---|---|")
     for (method, key), v in values.items():
         print(f"| {method} {key} | {statistics.mean(v):.3f} | {statistics.stdev(v):.3f} | {min(v):.3f} | {max(v):.3f} |")
+    return values
 
 
 if __name__ == "__main__":
