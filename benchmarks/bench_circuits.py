@@ -11,7 +11,7 @@ how well their scores rank the exact edge effects, and the circuits they find.
    ranking (EAP, EAP-IG, and the exact effects themselves as the reference), and the smallest
    EAP-IG circuit reaching 0.9.
 
-    python benchmarks/bench_circuits.py [--pairs 16] [--image-nodes token] [--ig-steps 5] [--threads 1]
+    python benchmarks/bench_circuits.py [--pairs 16] [--image-nodes token] [--ig-steps 5] [--threads 1] [--seed 0]
         [--out benchmarks/figures/circuits/bench_circuits.json]
 """
 
@@ -99,7 +99,8 @@ def main() -> None:
     effects = exact.edge_effects()
     results = {
         "command": f"python benchmarks/bench_circuits.py --pairs {args.pairs} --image-nodes {args.image_nodes} "
-                   f"--ig-steps {args.ig_steps} --threads {args.threads}",
+                   f"--ig-steps {args.ig_steps} --threads {args.threads} --seed {args.seed}",
+        "seed": args.seed,
         "model": model.summary(), "n_pairs": batch.n_pairs, "seq_len": batch.seq_len, "graph": repr(graph),
         "n_edges": graph.n_edges, "forward_seconds": {"cpu": fwd_cpu, "wall": fwd_wall},
         "clean_metric_mean": float(exact.clean_metric.mean()), "corrupt_metric_mean": float(exact.corrupt_metric.mean()),
