@@ -6,7 +6,7 @@ are measured with, so scores are comparable with its tables. The vlens imagefold
 questions already say how to answer, so nothing is appended there. The embedded model was
 trained on bare questions and gets no instruction either (:func:`default_post_prompt`): an
 instruction it never saw in training lowers its accuracy on the same images (40 SynDot images:
-97.5% without, 10% with "Answer with a single number."; benchmarks/RESULTS.md).
+92.5% without, 2.5% with "Answer with a single number."; benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
