@@ -3,6 +3,8 @@ stability over bootstrap resamples of the examples (against a loop over the resa
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -80,7 +82,7 @@ def test_class_stability_equals_a_loop_over_the_resamples():
     torch.testing.assert_close(taxonomy.stability.per_head[0].float(), same / 60)
     low, high = torch.tensor(grounding, dtype=torch.float64).quantile(torch.tensor([0.025, 0.975],
                                                                                    dtype=torch.float64))
-    assert taxonomy.stability.counts["visual grounding"] == pytest.approx((float(low), float(high)))
+    assert taxonomy.stability.counts["visual grounding"] == (math.floor(low), math.ceil(high))  # whole heads
     assert float(taxonomy.stability.per_head[0, 0]) == 1.0 and float(taxonomy.stability.per_head[0, 2]) == 1.0
     assert 0.1 < float(taxonomy.stability.per_head[0, 1]) < 0.9  # the near-threshold head flips
     assert taxonomy.stability.unstable.tolist() == [[False, True, False]]

@@ -357,6 +357,7 @@ def classify_heads(scores: HeadScores, thresholds: TaxonomyThresholds = Taxonomy
         class_counts = {}
         for index, name in enumerate(HEAD_CLASSES):
             low, high = percentile_interval((drawn == index).flatten(1).sum(1).double())
-            class_counts[name] = (float(low), float(high))
+            # whole heads: the interpolated percentiles rounded outwards (the order statistics either side)
+            class_counts[name] = (float(math.floor(low)), float(math.ceil(high)))
         stability = ClassStability(per_head=per_head, counts=class_counts, n_resamples=n_resamples, seed=seed)
     return HeadTaxonomy(classes=classes, scores=scores, thresholds=thresholds, stability=stability)
