@@ -40,7 +40,7 @@ def _lineage() -> list[RecipeSettings]:
         ),
         RecipeSettings(
             seed=6, n_examples=50, threads=1, init_from="stage1", fresh_decoder=True, text_layers=6,
-            rope_theta=30.0, mrope_section=[2, 2, 4], minimal_pairs=True, max_objects=3,
+            rope_theta=30.0, mrope_section=[2, 2, 4], minimal_pairs=True, question_first=0.35, max_objects=3,
             mix={"existence": 1.0, "spatial": 1.0, "counting/synpoly": 1.0},
             train=TrainSettings(steps=20, batch_size=4, learning_rate=1e-3, warmup_steps=2, freeze_vision=True),
         ),
@@ -116,6 +116,8 @@ def test_a_fresh_decoder_stage_says_what_it_started_from():
     assert "- stage 3 (continuing stage 2)" in text
     assert "decoder M-RoPE theta 30, sections [2, 2, 4]" in text and "a 3-layer decoder" in text
     assert "minimal pairs: each binding question" in text
+    assert "question before the image with probability 0.35 per sample" in text
+    assert text.count("question before the image") == 1  # stages 1 and 3 ask it after the image
 
 
 ROOT = Path(__file__).parents[2]

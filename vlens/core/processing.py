@@ -109,11 +109,13 @@ def _images_per_row(images: Any, batch: int) -> list[list]:
     return rows
 
 
-def chat_messages(prompt: str, n_images: int = 1, n_videos: int = 0) -> list[dict]:
-    """One user turn in the chat-template format: `n_images` image slots, `n_videos` video slots, then the text."""
+def chat_messages(prompt: str, n_images: int = 1, n_videos: int = 0, text_first: bool = False) -> list[dict]:
+    """One user turn in the chat-template format: `n_images` image slots, `n_videos` video slots, then the text
+    (`text_first`: the text, then the slots; under causal attention the image tokens then see the text)."""
     content: list[dict] = [{"type": "image"} for _ in range(n_images)]
     content += [{"type": "video"} for _ in range(n_videos)]
-    content.append({"type": "text", "text": prompt})
+    text = {"type": "text", "text": prompt}
+    content = [text, *content] if text_first else [*content, text]
     return [{"role": "user", "content": content}]
 
 

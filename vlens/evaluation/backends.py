@@ -107,13 +107,13 @@ class HFBackend:
     """Generate with a Hugging Face image-text-to-text model and its processor.
 
     Prompts go through ``processor.apply_chat_template`` (one ``{"type": "image"}`` per
-    image, then the text), are left-padded into one batch, and only the new tokens are
-    decoded.
+    image, then the text; ``text_first``: the text, then the images), are left-padded into
+    one batch, and only the new tokens are decoded.
     """
 
     name = "hf"
 
-    def __init__(self, model, processor, generate_kwargs: dict | None = None):
+    def __init__(self, model, processor, generate_kwargs: dict | None = None, text_first: bool = False):
         if getattr(processor, "chat_template", None) is None:
             raise UserInputError(
                 "the processor has no chat_template; load one that has (or set processor.chat_template)"
@@ -121,6 +121,7 @@ class HFBackend:
         self.model = model
         self.processor = processor
         self.generate_kwargs = {"do_sample": False, **(generate_kwargs or {})}
+        self.text_first = text_first  # the question before the image(s) in the user turn
 
     def image_refusal(self, image: Image.Image) -> str | None:
         """Why the processor would refuse this image (None: it takes it)."""
@@ -131,7 +132,8 @@ class HFBackend:
     ) -> list[str]:
         tokenizer = self.processor.tokenizer
         texts = [  # dataset text is escaped: special-token strings in it cannot forge chat turns
-            self.processor.apply_chat_template(chat_messages(escape_special_tokens(tokenizer, prompt), len(imgs)),
+            self.processor.apply_chat_template(chat_messages(escape_special_tokens(tokenizer, prompt), len(imgs),
+                                                             text_first=self.text_first),
                                                add_generation_prompt=True, tokenize=False)
             for imgs, prompt in zip(images, prompts, strict=True)
         ]

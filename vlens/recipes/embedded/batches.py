@@ -75,10 +75,16 @@ class EncodedExample:
     image_index: int
 
 
-def encode_example(processor, question: str, answer: str, image_index: int) -> EncodedExample:
-    """Chat-format `question` about one image and append `answer` + <|im_end|>."""
+def encode_example(
+    processor, question: str, answer: str, image_index: int, question_first: bool = False
+) -> EncodedExample:
+    """Chat-format `question` about one image and append `answer` + <|im_end|>. The user turn
+    is the image, then the question; `question_first`: the question, then the image (so under
+    causal attention the image tokens can attend to the question)."""
     tokenizer = processor.tokenizer
-    prompt = processor.apply_chat_template(chat_messages(question, 1), add_generation_prompt=True)
+    prompt = processor.apply_chat_template(
+        chat_messages(question, 1, text_first=question_first), add_generation_prompt=True
+    )
     # Expand the single <|image_pad|> to one token per merged patch, as the processor does.
     n_image_tokens = (image_size_of(processor) // CELL) ** 2
     prompt = prompt.replace(processor.image_token, processor.image_token * n_image_tokens)

@@ -71,6 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> RecipeSettings:
         fresh_decoder=args.fresh_decoder,
         text_layers=args.text_layers,
         minimal_pairs=args.minimal_pairs,
+        question_first=args.question_first,
         train=TrainSettings(
             steps=args.steps,
             stop_after=args.stop_after,
@@ -105,6 +106,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.write and args.question_first:
+        raise UserInputError(
+            "--write records the image-first evaluation the model card reports; run --question-first "
+            "without --write (it only prints)"
+        )
     if args.write:
         from vlens.recipes.embedded.finalize import finalize_folder
 
@@ -125,7 +131,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     folder = Path(args.model) if args.model else model_path()
     with hf_progress_bars(not args.quiet):
         model = from_pretrained_checked(Qwen2_5_VLForConditionalGeneration, str(folder)).eval()
-    report = evaluate_samples(model, load_processor(folder), held_out_samples(args.held_out))
+    report = evaluate_samples(model, load_processor(folder), held_out_samples(args.held_out),
+                              question_first=args.question_first)
     echo(json.dumps(report, indent=2))
     return 0
 
@@ -276,6 +283,15 @@ def configure(zoo: argparse.ArgumentParser) -> None:
         help="binding questions (existence, spatial, colour, shape) also asked with another noun about the "
         "same image, both in one batch",
     )
+    train.add_argument(
+        "--question-first",
+        type=arg_float(min=0, max=1),
+        default=recipe.question_first,
+        metavar="P",
+        help="probability in [0, 1] that a training sample puts its question before the image (drawn once "
+        "per sample from its seed; a minimal pair keeps its sample's order; default 0: always after, so "
+        "the image tokens never see the question)",
+    )
     train.set_defaults(func=_train)
 
     evaluate = commands.add_parser("evaluate", help="held-out accuracy of a model folder (default: shipped)")
@@ -287,5 +303,11 @@ def configure(zoo: argparse.ArgumentParser) -> None:
         action="store_true",
         help="update the folder's evaluation.json, log and MODEL_CARD.md (needs --model); the folder "
         "changes only after the evaluation succeeded",
+    )
+    evaluate.add_argument(
+        "--question-first",
+        action="store_true",
+        help="ask each held-out question before its image (default: after it, as the card's evaluation); "
+        "not with --write",
     )
     evaluate.set_defaults(func=_evaluate)

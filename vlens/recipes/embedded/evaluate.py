@@ -18,11 +18,13 @@ def answer_questions(
     questions: list[str],
     batch_size: int = 64,
     max_new_tokens: int = 4,
+    question_first: bool = False,
 ) -> list[str]:
-    """Greedy answers (decoded without special tokens, stripped) to one question per image."""
+    """Greedy answers (decoded without special tokens, stripped) to one question per image
+    (asked after the image; `question_first`: before it)."""
     if len(images) != len(questions):
         raise UserInputError(f"{len(images)} images but {len(questions)} questions")
-    backend = HFBackend(model, processor)
+    backend = HFBackend(model, processor, text_first=question_first)
     answers: list[str] = []
     for start in range(0, len(images), batch_size):
         batch = [[image] for image in images[start : start + batch_size]]
@@ -67,9 +69,13 @@ def accuracy_report(records: list[dict], predictions: list[str], group_key: str 
     }
 
 
-def evaluate_samples(model, processor, samples: list[tuple[Image.Image, dict]], batch_size: int = 64) -> dict:
-    """`accuracy_report` of greedy answers on (image, record) samples."""
+def evaluate_samples(
+    model, processor, samples: list[tuple[Image.Image, dict]], batch_size: int = 64, question_first: bool = False
+) -> dict:
+    """`accuracy_report` of greedy answers on (image, record) samples, each question asked after
+    its image (the recipe's default order) or, with `question_first`, before it."""
     images = [image for image, _ in samples]
     records = [record for _, record in samples]
-    predictions = answer_questions(model, processor, images, [r["question"] for r in records], batch_size)
+    questions = [r["question"] for r in records]
+    predictions = answer_questions(model, processor, images, questions, batch_size, question_first=question_first)
     return accuracy_report(records, predictions)

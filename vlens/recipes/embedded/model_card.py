@@ -89,6 +89,7 @@ def _number(value: float) -> str:
 _FLAGS: tuple[tuple[str, str, Callable[[Any], str] | None], ...] = (
     ("max_objects", "--max-objects", str),
     ("minimal_pairs", "--minimal-pairs", None),
+    ("question_first", "--question-first", _number),
     ("grow_vision_depth", "--grow-vision-depth", str),
     ("grow_text_layers", "--grow-text-layers", str),
     ("fresh_decoder", "--fresh-decoder", None),
@@ -198,6 +199,11 @@ def _stage_notes(stage: dict) -> list[str]:
         notes.append(
             "minimal pairs: each binding question (existence, spatial, colour, shape) also asked with another "
             "noun about the same image, in the same batch (vlens.recipes.embedded.minimal_pairs)"
+        )
+    if stage.get("question_first"):  # missing (a record from before the option): image first
+        notes.append(
+            f"question before the image with probability {_number(stage['question_first'])} per sample "
+            "(otherwise after it; a minimal pair keeps its sample's order)"
         )
     if stage.get("vision_aux_weight"):
         notes.append(

@@ -48,7 +48,7 @@ from vlens.recipes.embedded.vision_pretrain import pretrain_vision
 from vlens.recipes.embedded.vocabulary import vocabulary_words
 from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_folder, atomic_write, load_tensor_file
-from vlens.utils.validation import check_output_folder
+from vlens.utils.validation import check_float, check_output_folder
 from vlens.zoo.processor import (
     CELL,
     IMAGE_SIZE,
@@ -86,6 +86,8 @@ def fingerprint(settings: RecipeSettings) -> dict:
     """The settings that determine the trajectory, and the weights a later stage starts from."""
     values = {k: v for k, v in asdict(settings).items() if k not in NOT_IN_FINGERPRINT}
     values["train"] = {k: v for k, v in values["train"].items() if k not in ("stop_after", "log_every")}
+    if not settings.question_first:  # the states saved before the option (all image-first) still resume
+        del values["question_first"]
     if settings.init_from:
         values["init_from"] = _file_digest(Path(settings.init_from) / "model.safetensors")
     return json.loads(json.dumps(values, default=str))
@@ -124,6 +126,9 @@ def check_settings(settings: RecipeSettings) -> None:
         )
     if settings.fresh_decoder and (settings.grow_text_layers is not None or settings.grow_vision_depth is not None):
         raise UserInputError("--fresh-decoder builds a new decoder: use --text-layers, not --grow-* flags")
+    check_float(settings.question_first, "--question-first", min=0, max=1)
+    if settings.stage == "vision" and settings.question_first:
+        raise UserInputError("--question-first orders the prompts of a language stage; the vision stage has none")
     if settings.train.stop_after is not None and settings.train.stop_after < 1:
         raise UserInputError(f"--stop-after must be a positive step, got {settings.train.stop_after}")
 
@@ -258,6 +263,7 @@ def training_record(settings: RecipeSettings, training: dict, extra: dict) -> di
         "rope_theta": settings.rope_theta,
         "mrope_section": settings.mrope_section,
         "minimal_pairs": settings.minimal_pairs,
+        "question_first": settings.question_first,
         "wall_time_s": training["wall_time_s"],
         "final_loss": training["final_loss"] if training["final_loss"] is not None else float("nan"),
         **extra,
@@ -336,7 +342,7 @@ def cached_training_set(state: TrainingState, settings: RecipeSettings, processo
                 raise UserInputError(f"the rendered training set {path} is damaged ({error!r}): {fix}") from None
     rendered = render_training_set(
         processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects,
-        settings.minimal_pairs,
+        settings.minimal_pairs, settings.question_first,
     )
     atomic_write(path, lambda staging: torch.save({"fingerprint": state.fingerprint, "rendered": rendered.to_plain()},
                                                   staging))

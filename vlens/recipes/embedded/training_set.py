@@ -33,6 +33,7 @@ from vlens.recipes.embedded.image_store import ImageStore
 from vlens.recipes.embedded.minimal_pairs import counterpart
 from vlens.recipes.embedded.vision_aux import dense_labels
 from vlens.utils.errors import UserInputError
+from vlens.utils.validation import check_float
 from vlens.zoo.processor import CELL, image_size_of
 
 Sample = tuple[Image.Image, dict]
@@ -258,14 +259,19 @@ def render_training_set(
     mix: dict[str, float] | None = None,
     max_objects: int | None = None,
     minimal_pairs: bool = False,
+    question_first: float = 0.0,
 ) -> RenderedSet:
     """Render and encode `n_examples` training examples once (images kept as uint8);
     `max_objects` caps the non-counting tasks' objects (see :func:`source_makers`).
     `minimal_pairs`: every binding sample (existence, spatial, colour, shape) with a
     counterpart also gets it as a second example on the same image
-    (vlens.recipes.embedded.minimal_pairs), recorded in `partners`."""
+    (vlens.recipes.embedded.minimal_pairs), recorded in `partners`.
+    `question_first` (a probability P in [0, 1]): each sample puts its question before the image
+    with probability P (:func:`asks_question_first`, fixed by its seed); a minimal-pair partner
+    keeps its sample's order. P = 0 encodes exactly what the recipe did before the option."""
     if n_examples < 1:
         raise UserInputError(f"n_examples must be positive, got {n_examples}")
+    question_first = check_float(question_first, "question_first", min=0, max=1)
     makers = source_makers(vary=True, max_objects=max_objects)
     size = image_size_of(processor)
     images, examples, sources, labels = ImageStore(size), [], [], []
@@ -275,20 +281,30 @@ def render_training_set(
     ):
         image, id_map, record = varied_sample(makers[name], sample_seed)
         images.append(to_model_image(image, size))
-        examples.append(encode_example(processor, record["question"], record["answer"], index))
+        first = asks_question_first(sample_seed, question_first)
+        examples.append(encode_example(processor, record["question"], record["answer"], index, first))
         sources.append(name)
         labels.append(dense_labels(id_map, record["objects"], size // CELL))
         partners.append(None)
         pair = counterpart(record, np.random.default_rng([sample_seed, 13])) if minimal_pairs else None
         if pair is not None:
-            first = len(examples) - 1
-            examples.append(encode_example(processor, pair[0], pair[1], index))
+            row = len(examples) - 1
+            examples.append(encode_example(processor, pair[0], pair[1], index, first))  # the same order
             sources.append(name)
-            partners[first] = first + 1
-            partners.append(first)
+            partners[row] = row + 1
+            partners.append(row)
     return RenderedSet(
         images, examples, sources, torch.from_numpy(np.stack(labels)), partners if minimal_pairs else None
     )
+
+
+def asks_question_first(sample_seed: int, probability: float) -> bool:
+    """Whether the training sample of `sample_seed` puts its question before the image: a draw
+    of its own stream (no other draw of the sample moves), true with `probability`; never at 0,
+    always at 1."""
+    if probability <= 0:
+        return False
+    return bool(np.random.default_rng([sample_seed, 17]).random() < probability)
 
 
 def varied_sample(make: Callable[..., Sample], seed: int) -> tuple[Image.Image, np.ndarray, dict]:
