@@ -179,3 +179,27 @@ def test_zoo_evaluate_question_first(tmp_path, capsys):
     assert report["per_task"]["colour"]["n"] == 1
     code, err = run_cli([*argv, "--question-first", "--write"], capsys)
     assert code == 2 and "--write records the image-first evaluation" in err
+
+
+def test_a_question_first_stage_records_p_and_a_resume_with_another_p_is_refused(tmp_path, capsys):
+    """A 2-step stage from scratch at 56 px stopped after step 1: its saved state and rendered set
+    belong to P = 1, so resuming at P = 0.5 is refused (orders never mix); resumed at P = 1 it
+    finishes, and its record and card say P."""
+    from vlens.cli import main
+
+    out = tmp_path / "qf"
+    argv = ["zoo", "train", "--out", str(out), "--seed", "2", "--image-size", "56", "--examples", "6",
+            "--batch-size", "4", "--steps", "2", "--warmup", "1", "--held-out", "1", "--probe-scenes", "6",
+            "--checkpoint-every", "1", "--log-every", "1", "--threads", "1", "--quiet", "--text-layers", "1",
+            "--mix", "existence=1,colour=1", "--minimal-pairs", "--question-first", "1"]
+    assert main([*argv, "--stop-after", "1"]) == 0
+    assert (tmp_path / "qf.checkpoint" / "rendered.pt").is_file()
+    changed = [*argv[:-1], "0.5", "--resume", "--overwrite"]
+    code, err = run_cli(changed, capsys)
+    assert code == 2 and "differing: question_first" in err, err
+    assert main([*argv, "--resume", "--overwrite"]) == 0
+    summary = json.loads((out / "evaluation.json").read_text())
+    assert summary["training"]["question_first"] == 1.0 and summary["training"]["steps"] == 2
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "question before the image with probability 1 per sample" in card
+    assert " --minimal-pairs --question-first 1 " in card
