@@ -6,10 +6,11 @@ among several objects) stay at chance: the experiments of RESULTS.md's issue-34 
         (how often each answer word), and accuracy by number of objects
     python benchmarks/bench_binding.py single TASK [--steps 150] [--examples 3000]
             [--image-size 168] [--max-objects K] [--lr 2e-3] [--tower FOLDER] [--decoder fresh|tower]
-            [--rope-theta T] [--mrope-section t,h,w] [--minimal-pairs] [--eval-every N]
+            [--rope-theta T] [--mrope-section t,h,w] [--minimal-pairs] [--question-first P] [--eval-every N]
         one task alone: the decoder (fresh, seeded; or the tower folder's own) trained on
         that task only, the vision tower taken from FOLDER (default: the shipped model)
-        and kept frozen (its tokens cached), then held-out accuracy from unseen seeds
+        and kept frozen (its tokens cached), then held-out accuracy from unseen seeds (the
+        question after the image; with --question-first P > 0 also before it)
 
 All on one torch thread. Every number is printed as one JSON line.
 """
@@ -121,7 +122,8 @@ def single(args: argparse.Namespace) -> None:
             last.bias.mul_(args.token_scale)
     start = time.time()
     rendered = render_training_set(
-        processor, args.examples, args.seed, False, {args.task: 1.0}, args.max_objects, args.minimal_pairs
+        processor, args.examples, args.seed, False, {args.task: 1.0}, args.max_objects, args.minimal_pairs,
+        args.question_first,
     )
     if args.template:  # keep the examples of one template only
         if rendered.partners is not None:
@@ -157,16 +159,22 @@ def single(args: argparse.Namespace) -> None:
     predictions = answer_questions(
         model, processor, [s[0] for s in samples], [s[1]["question"] for s in samples]
     )
+    both_orders = {}
+    if args.question_first:  # the same held-out samples asked question first too
+        asked = answer_questions(model, processor, [s[0] for s in samples], [s[1]["question"] for s in samples],
+                                 question_first=True)
+        both_orders = {"held_out_question_first": report(samples, asked)[args.task]}
     print(json.dumps({
         "task": args.task, "steps": args.steps, "examples": args.examples, "lr": args.lr,
         "image_size": args.image_size, "max_objects": args.max_objects, "decoder": args.decoder,
         "tower": tower_folder, "template": args.template, "token_scale": args.token_scale, "text_layers": args.text_layers or 4,
         "rope_theta": args.rope_theta, "mrope_section": args.mrope_section, "minimal_pairs": args.minimal_pairs,
-        "seed": args.seed,
+        "question_first": args.question_first, "seed": args.seed,
         "n_train": len(rendered.examples), "render_s": round(render_s), "train_s": round(train_s),
         "loss_every_25_steps": [round(x, 3) for x in losses],
         "held_out_by_step": curve,
         "held_out": report(samples, predictions)[args.task],
+        **both_orders,
     }))
 
 
@@ -199,6 +207,8 @@ def main() -> None:
                      help="fresh decoder's M-RoPE (time,height,width) frequency counts, e.g. 2,2,4")
     two.add_argument("--minimal-pairs", action="store_true",
                      help="every sample with its minimal-pair partner (same image, other noun) in the batch")
+    two.add_argument("--question-first", type=float, default=0.0, metavar="P",
+                     help="share of training samples with the question before the image (0-1, per sample seed)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.command == "shipped":
