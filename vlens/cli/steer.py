@@ -112,14 +112,20 @@ def _load_dictionary(args: argparse.Namespace):
         return load_sae(args.sae)
 
 
+def _is_transcoders(dictionary) -> bool:
+    from vlens.transcoders import Transcoders
+
+    return isinstance(dictionary, Transcoders)
+
+
 def _feature_site(args: argparse.Namespace, dictionary) -> tuple[int, str] | None:
     """(layer, per-layer hook) where the dictionary's features are written: an SAE's decoder reconstructs
     its own ``cfg.hook_name``; a per-layer transcoder's writes its layer's ``hook_mlp_out`` (a set covering
     several layers: the one --layers names). None when an SAE's hook is not ``blocks.L.<hook>``."""
     from vlens.utils.errors import UserInputError
 
-    covered = getattr(dictionary.cfg, "layers", None)
-    if covered is not None:  # transcoders
+    if _is_transcoders(dictionary):
+        covered = dictionary.cfg.layers
         if len(covered) == 1:
             return covered[0], "hook_mlp_out"
         if args.layers is not None and len(args.layers) == 1 and args.layers[0] in covered:
@@ -173,7 +179,7 @@ def _direction(args: argparse.Namespace, model, hook: str, dictionary=None, site
         if vector.numel() == model.cfg.d_model:  # [1, d_model] and the like
             vector = vector.flatten()
         return vector, f"--direction {args.direction.name}"
-    if dictionary is not None and hasattr(dictionary.cfg, "layers"):
+    if dictionary is not None and _is_transcoders(dictionary):
         assert site is not None  # _feature_site gives a transcoder set its layer or refuses
         return (transcoder_direction(dictionary, site[0], args.feature),
                 f"transcoder {args.sae.name} layer {site[0]} feature {args.feature}")
@@ -199,7 +205,7 @@ def run_steer(args: argparse.Namespace) -> int:
     if args.sae is not None:  # before the model: the folder says which model its features belong to
         dictionary = _load_dictionary(args)
         site = _feature_site(args, dictionary)
-        what = f"the transcoders {args.sae}" if hasattr(dictionary.cfg, "layers") else f"the SAE folder {args.sae}"
+        what = f"the transcoders {args.sae}" if _is_transcoders(dictionary) else f"the SAE folder {args.sae}"
         choose_model(args, dictionary.cfg.metadata, what, use="steering with its feature")
     elif args.model is None:
         args.model = MODEL_DEFAULT
