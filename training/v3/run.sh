@@ -12,23 +12,13 @@
 # gets committed. Each stage continues the previous stage's folder.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-python}
-DEVICE=${DEVICE:-cpu}
+. training/stage.sh
 BINDING_MIX=counting/syndot=0.08,counting/synpoly=0.1,counting/synreal=0.02,colour=0.16,shape=0.16,spatial=0.16,arithmetic=0.08,existence=0.24
 
-stage() {
+stage() {  # NAME FLAGS: the stage in training/v3/NAME
   local name=$1
   shift
-  local out=training/v3/$name
-  if [ -f "$out/model.safetensors" ]; then
-    echo "v3 $name: done ($out)"
-    return
-  fi
-  local resume=()
-  if [ -f "$out.checkpoint/state.pt" ]; then
-    resume=(--resume)
-  fi
-  "$PYTHON" -m vlens zoo train --out "$out" "${resume[@]}" --threads 1 --device "$DEVICE" --quiet "$@"
+  run_stage "training/v3/$name" "$@"
 }
 
 # 1: the grown decoder on a binding-heavy mix, tower frozen (its tokens cached: cheap on a CPU),

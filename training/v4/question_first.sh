@@ -7,18 +7,14 @@
 #   nice -n 5 bash training/v4/question_first.sh [RUN ...]   # RUN: qf0-60 qf5-60 qf0-61 qf5-61 (default all)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-python}
+. training/stage.sh
 MIX=counting/syndot=0.05,counting/synpoly=0.18,counting/synreal=0.03,colour=0.08,shape=0.16,spatial=0.18,arithmetic=0.14,existence=0.18
 
 run() {  # NAME P SEED
   local out=runs/qf/$1
-  if [ ! -f "$out/model.safetensors" ]; then
-    local resume=()
-    ls "$out.checkpoint"/state* >/dev/null 2>&1 && resume=(--resume)
-    "$PYTHON" -m vlens zoo train --out "$out" "${resume[@]}" --threads 1 --quiet --init-from vlens/zoo/weights/tiny-qwen2.5-vl \
-      --minimal-pairs --freeze-vision --question-first "$2" --seed "$3" --steps 1500 --batch-size 32 --lr 5e-4 \
-      --warmup 50 --examples 8000 --mix "$MIX" --checkpoint-every 500 --held-out 100
-  fi
+  run_stage "$out" --init-from vlens/zoo/weights/tiny-qwen2.5-vl --minimal-pairs --freeze-vision \
+    --question-first "$2" --seed "$3" --steps 1500 --batch-size 32 --lr 5e-4 --warmup 50 --examples 8000 \
+    --mix "$MIX" --checkpoint-every 500 --held-out 100
   [ -f "$out/question_first.json" ] || "$PYTHON" -m vlens zoo evaluate --model "$out" --held-out 100 --question-first \
     --quiet > "$out/question_first.json"
 }

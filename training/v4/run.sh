@@ -22,23 +22,13 @@
 # next session resumes it; it is removed from the tree when the stage completes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-python}
-DEVICE=${DEVICE:-cpu}
+. training/stage.sh
 FULL_MIX=counting/syndot=0.12,counting/synpoly=0.14,counting/synreal=0.03,colour=0.15,shape=0.13,spatial=0.15,arithmetic=0.1,existence=0.18
 
-stage() {
+stage() {  # NAME FLAGS: the stage in training/v4/NAME
   local name=$1
   shift
-  local out=training/v4/$name
-  if [ -f "$out/model.safetensors" ]; then
-    echo "v4 $name: done ($out)"
-    return
-  fi
-  local resume=()
-  if [ -d "$out.checkpoint" ] && ls "$out.checkpoint"/state* >/dev/null 2>&1; then
-    resume=(--resume)
-  fi
-  "$PYTHON" -m vlens zoo train --out "$out" "${resume[@]}" --threads 1 --device "$DEVICE" --quiet "$@"
+  run_stage "training/v4/$name" "$@"
 }
 
 # 1: a fresh decoder on the shipped tower, every task, minimal pairs, tower frozen.

@@ -14,18 +14,14 @@
 #   (default: all, in this order)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-python}
-DEVICE=${DEVICE:-cpu}
+. training/stage.sh
 MIX=shape=0.5,counting/synpoly=0.3,colour=0.1,existence=0.1
 
 train() {  # NAME, then the run's own flags
   local out=runs/ctl5/$1
   shift
-  [ -f "$out/model.safetensors" ] && { echo "$out: done"; return; }
-  local resume=()
-  ls "$out.checkpoint"/state* >/dev/null 2>&1 && resume=(--resume)
-  "$PYTHON" -m vlens zoo train --out "$out" "${resume[@]}" --threads 1 --device "$DEVICE" --quiet --minimal-pairs \
-    --freeze-vision --steps 1500 --batch-size 32 --examples 8000 --mix "$MIX" --checkpoint-every 250 --held-out 100 "$@"
+  run_stage "$out" --minimal-pairs --freeze-vision --steps 1500 --batch-size 32 --examples 8000 --mix "$MIX" \
+    --checkpoint-every 250 --held-out 100 "$@"
 }
 
 run() {  # a fresh decoder on TOWER: NAME TOWER SEED [--image-size PX]

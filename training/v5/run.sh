@@ -19,22 +19,12 @@
 # completes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-python}
-DEVICE=${DEVICE:-cpu}
+. training/stage.sh
 
-stage() {
+stage() {  # NAME FLAGS: the stage in training/v5/NAME
   local name=$1
   shift
-  local out=training/v5/$name
-  if [ -f "$out/model.safetensors" ]; then
-    echo "v5 $name: done ($out)"
-    return
-  fi
-  local resume=()
-  if [ -d "$out.checkpoint" ] && ls "$out.checkpoint"/state* >/dev/null 2>&1; then
-    resume=(--resume)
-  fi
-  "$PYTHON" -m vlens zoo train --out "$out" "${resume[@]}" --threads 1 --device "$DEVICE" --quiet "$@"
+  run_stage "training/v5/$name" "$@"
 }
 
 # 1: the tower and merger alone on dense cell labels, 224 px (the v2 recipe's stage 1, same command).
