@@ -23,7 +23,7 @@ from vlens.recipes.embedded.settings import RecipeSettings, TrainSettings
 # listed here or round-trip through the card below.
 NOT_THE_MODEL = {
     "out", "held_out", "log_every", "checkpoint_every", "checkpoint_dir", "resume", "overwrite",
-    "probe_scenes",
+    "probe_scenes", "render_only",
 }
 # Settings with no flag: fixed by the recipe, so every card's command gets them by default.
 NO_FLAG = {"weight_decay", "grad_clip", "checkpoint_held_out_per_source"}

@@ -80,20 +80,18 @@ def test_recipe_rendered_image_cache_with_a_payload_is_refused_and_a_real_one_lo
 
     from vlens.recipes.embedded.batches import EncodedExample
     from vlens.recipes.embedded.image_store import ImageStore
-    from vlens.recipes.embedded.loop import TrainingState
     from vlens.recipes.embedded.recipe import RENDERED_FILE, cached_training_set
     from vlens.recipes.embedded.training_set import RenderedSet
 
     marker = tmp_path / "marker"
-    state = TrainingState(tmp_path, {"seed": 1})
     _plant(tmp_path / RENDERED_FILE, marker, {"fingerprint": {"seed": 1}})
-    _refused(lambda: cached_training_set(state, None, None, False), tmp_path / RENDERED_FILE, marker)
+    _refused(lambda: cached_training_set(tmp_path, None, None, False, {"seed": 1}), tmp_path / RENDERED_FILE, marker)
 
     images = ImageStore(4)
     images.append(np.arange(48, dtype=np.uint8).reshape(4, 4, 3))
     rendered = RenderedSet(images, [EncodedExample([1, 2], [-100, 2], 0)], ["colour"], torch.zeros(1, 3, 1))
     torch.save({"fingerprint": {"seed": 1}, "rendered": rendered.to_plain()}, tmp_path / RENDERED_FILE)
-    back = cached_training_set(state, None, None, False)
+    back = cached_training_set(tmp_path, None, None, False, {"seed": 1})
     assert torch.equal(back.images[[0]], images[[0]]) and back.examples == rendered.examples
     assert back.sources == ["colour"] and torch.equal(back.cell_labels, rendered.cell_labels)
 

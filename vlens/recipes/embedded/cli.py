@@ -90,6 +90,12 @@ def _train(args: argparse.Namespace) -> int:
     from vlens.recipes.embedded.recipe import run_recipe
 
     settings = settings_from_args(args)
+    if args.render_only:
+        from vlens.recipes.embedded.recipe import render_only
+
+        path = render_only(Path(args.out), settings, progress=not args.quiet)
+        logger.info("training set rendered into %s; the stage's run reads it", path)
+        return 0
     try:
         summary = run_recipe(Path(args.out), settings, progress=not args.quiet)
     except Interrupted as stop:
@@ -195,6 +201,13 @@ def configure(zoo: argparse.ArgumentParser) -> None:
         help="where the resumable state lives (default: OUT.checkpoint next to --out)",
     )
     train.add_argument("--resume", action="store_true", help="continue the saved state of this command's run")
+    train.add_argument(
+        "--render-only",
+        action="store_true",
+        help="render this stage's training set into its checkpoint folder and stop; the stage's run reads it. "
+        "The image size is --image-size, else --init-from's, which may name any folder of that size (e.g. the "
+        "stage before, while it still trains: render on a spare core)",
+    )
     train.add_argument(
         "--overwrite",
         action="store_true",

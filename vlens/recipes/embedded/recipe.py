@@ -324,18 +324,39 @@ def _prepare_state(out: Path, settings: RecipeSettings) -> TrainingState:
     return state
 
 
-def cached_training_set(state: TrainingState, settings: RecipeSettings, processor, progress: bool):
-    """The stage's pre-rendered training set, kept in the checkpoint folder so that a resumed
-    run does not render it again (rendering is deterministic, so either way it is the same)."""
-    directory = state.directory
-    assert directory is not None  # the recipe always keeps a checkpoint folder (_prepare_state)
+def render_key(settings: RecipeSettings, processor) -> dict:
+    """What the rendered training set depends on: the data settings and the processor (its image
+    size; the tokenizer is the recipe's vocabulary). Not the weights a stage starts from, so a
+    stage's set can be rendered while the stage before it still trains (`render_only`)."""
+    vocabulary = json.dumps(sorted(processor.tokenizer.get_vocab().items()))
+    values = {
+        "format": 1,
+        "n_examples": settings.n_examples,
+        "seed": settings.seed,
+        "mix": settings.mix,
+        "max_objects": settings.max_objects,
+        "minimal_pairs": settings.minimal_pairs,
+        "question_first": settings.question_first,
+        "image_size": image_size_of(processor),
+        "vocabulary": hashlib.sha256(vocabulary.encode()).hexdigest()[:16],
+    }
+    return json.loads(json.dumps(values, default=str))
+
+
+def cached_training_set(directory: Path, settings: RecipeSettings, processor, progress: bool,
+                        fingerprint_of_run: dict | None = None):
+    """The stage's pre-rendered training set, kept in the checkpoint folder `directory` so that a
+    resumed run does not render it again (rendering is deterministic, so either way it is the
+    same). A saved set is used when its render key matches (or, for a set saved before render
+    keys, the run's whole fingerprint); otherwise it is rendered again and replaced."""
     path = directory / RENDERED_FILE
     if path.is_file():
         fix = "delete it (it is rendered again) or pass --overwrite"
         saved = load_tensor_file(path, "the rendered training set", fix)  # plain data only: never runs code
-        if not isinstance(saved, dict) or "fingerprint" not in saved:
+        if not isinstance(saved, dict) or not ({"fingerprint", "render_key"} & set(saved)):
             raise UserInputError(f"the rendered training set {path} is not one this recipe writes: {fix}")
-        if saved["fingerprint"] == state.fingerprint:
+        same_run = fingerprint_of_run is not None and saved.get("fingerprint") == fingerprint_of_run
+        if same_run or saved.get("render_key") == render_key(settings, processor):
             try:
                 return RenderedSet.from_plain(saved["rendered"])
             except (KeyError, TypeError, ValueError) as error:
@@ -344,9 +365,36 @@ def cached_training_set(state: TrainingState, settings: RecipeSettings, processo
         processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects,
         settings.minimal_pairs, settings.question_first,
     )
-    atomic_write(path, lambda staging: torch.save({"fingerprint": state.fingerprint, "rendered": rendered.to_plain()},
-                                                  staging))
+    directory.mkdir(parents=True, exist_ok=True)
+    key = render_key(settings, processor)
+    atomic_write(path, lambda staging: torch.save({"render_key": key, "rendered": rendered.to_plain()}, staging))
     return rendered
+
+
+def render_only(out: str | Path, settings: RecipeSettings, progress: bool = True) -> Path:
+    """Render the training set of the stage `out` into its checkpoint folder and stop; the stage's
+    run later reads it (same data settings and image size) instead of rendering. The processor is
+    the recipe's at settings.image_size, else at the image size of settings.init_from, which may
+    be any folder with the stage's image size (the stage it will start from need not exist yet)."""
+    check_settings(settings)
+    for flag, given in (("--resume", settings.resume), ("--stop-after", settings.train.stop_after is not None)):
+        if given:
+            raise UserInputError(f"--render-only renders and trains nothing: drop {flag}")
+    image_size = settings.image_size
+    if image_size is None and settings.init_from:
+        from transformers import AutoImageProcessor
+
+        if not (Path(settings.init_from) / "preprocessor_config.json").is_file():
+            raise UserInputError(
+                f"--render-only reads the image size from --init-from, but {settings.init_from} holds no "
+                "preprocessor_config.json: pass --image-size, or --init-from a model folder of the stage's size"
+            )
+        image_size = image_size_of(AutoImageProcessor.from_pretrained(settings.init_from))
+    processor = assemble_processor(build_tokenizer(vocabulary_words()),
+                                   build_image_processor(image_size or IMAGE_SIZE))
+    directory = checkpoint_folder(out, settings)
+    cached_training_set(directory, settings, processor, progress)
+    return directory / RENDERED_FILE
 
 
 def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True) -> dict:
@@ -380,7 +428,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
             settings.mrope_section, settings.text_layers,
         )
     model.to(settings.device)
-    rendered = cached_training_set(state, settings, processor, progress)
+    rendered = cached_training_set(checkpoints, settings, processor, progress, state.fingerprint)
     log_path = checkpoints / TRAINING_LOG
     start = time.time()
     quick = min(settings.checkpoint_held_out_per_source, settings.held_out_per_source)  # per source
