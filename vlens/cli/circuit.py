@@ -30,7 +30,7 @@ from vlens.cli.options import (
     write_figure,
     write_results,
 )
-from vlens.cli.patch import DEFAULT_IMAGE_SIZE, add_pair_arguments, load_batch, load_examples
+from vlens.cli.patch import add_pair_arguments, load_batch, load_examples
 from vlens.utils.finite import add_allow_nan_argument
 from vlens.utils.validation import arg_float, arg_int
 
@@ -43,7 +43,7 @@ DEFAULT_TARGET = 0.9
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
+    add_model_options(parser, render_default="model")
     add_pair_arguments(parser)  # --pairs | --make-pairs, --only-correct, --limit, --seed, --style, --pair-batch-size
     add_out(parser, f"{RESULTS_FILE}, {CIRCUIT_FILE}, {CURVE_FILE} (and {IMAGE_FILE})")
     parser.add_argument("--method", default="eap-ig", choices=("eap", "eap-ig"),

@@ -30,7 +30,7 @@ DEFAULT_OUT = "vlens_demo"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_model_options(parser)
+    add_model_options(parser, render_default="model")
     add_out(parser, f"{REPORT_FILE} and {RESULTS_FILE}", default=DEFAULT_OUT)
     parser.add_argument("--quick", action="store_true",
                         help="small sizes: well under 5 minutes on 2 CPU cores (with the embedded model its stages take about 40 s of CPU; benchmarks/RESULTS.md)")

@@ -27,7 +27,7 @@ from vlens.cli.options import (
     task_arg,
 )
 from vlens.cli.recorded_model import choose_model
-from vlens.cli.sae import DEFAULT_IMAGE_SIZE, generated_samples
+from vlens.cli.sae import generated_samples
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import arg_float, arg_int, arg_path
 
@@ -38,7 +38,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = ("The attribution graph of a prompt's answer: transcoder features, error nodes, text "
                           "tokens and image regions, by direct effects in the replacement model (docs/graphs.md "
                           "in the repository).")
-    add_model_options(parser, recorded_by="the transcoder folder")
+    add_model_options(parser, render_default="model", recorded_by="the transcoder folder")
     source = parser.add_argument("--transcoders", required=True, type=arg_path,
                                  help="a vlens or SAELens transcoder folder, or a circuit-tracer .yaml")
     image = parser.add_argument("--image", type=arg_path, help="the prompt's image (default: a text-only prompt)")
@@ -78,7 +78,7 @@ def example_prompts(args: argparse.Namespace) -> list:
     if args.examples_data is not None:
         return list(load_data_arg(args, args.examples_data, args.examples).examples)
     return generated_samples(args.examples_task, args.examples_style, args.examples, 0,
-                             rendered_size(args, DEFAULT_IMAGE_SIZE), "--examples-task")
+                             rendered_size(args), "--examples-task")
 
 
 def run(args: argparse.Namespace) -> int:

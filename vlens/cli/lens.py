@@ -40,12 +40,11 @@ from vlens.utils.validation import arg_float, arg_int, arg_path
 logger = logging.getLogger(__name__)
 
 LENS_SEED_OFFSET = 1_000_003  # lens-training samples never coincide with scored samples
-DEFAULT_IMAGE_SIZE = 168
 TAXONOMY_MD, TAXONOMY_HTML, LENS_KL, LENS_DIR = "taxonomy.md", "taxonomy.html", "lens_kl.json", "lens"
 
 
 def _data_args(parser: argparse.ArgumentParser) -> None:
-    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
+    add_model_options(parser, render_default="model")
     source = parser.add_mutually_exclusive_group(required=True)
     add_data_arguments(parser, group=source, help="dataset with a question per image (vlens data tasks --out DIR, "
                        "PixMo-Count, CountBenchQA, multiple choice, qa rows; see --format)")
@@ -107,7 +106,7 @@ def _samples(args: argparse.Namespace):
 
     if args.data is not None:
         return dataset_samples(load_data_arg(args, args.data, args.limit), limit=args.limit)
-    return task_samples(args.make, seed=args.seed, size=rendered_size(args, DEFAULT_IMAGE_SIZE), style=args.style,
+    return task_samples(args.make, seed=args.seed, size=rendered_size(args), style=args.style,
                         tasks=_tasks(args))
 
 
@@ -215,7 +214,7 @@ def run_headlens(args: argparse.Namespace) -> int:
             lens_samples = dataset_samples(load_data_arg(args, args.lens_data), limit=args.lens_make)
         else:
             lens_samples = task_samples(args.lens_make, seed=args.seed + LENS_SEED_OFFSET,
-                                        size=rendered_size(args, DEFAULT_IMAGE_SIZE), style=args.style,
+                                        size=rendered_size(args), style=args.style,
                                         tasks=_tasks(args))
         translators, report = _train(model, lens_samples, args, args.lens_steps, args.lens_lr, args.lens_positions)
         if args.sharding.is_main:

@@ -35,11 +35,10 @@ from vlens.utils.validation import arg_int
 logger = logging.getLogger(__name__)
 
 FIGURE_FILE = "logit_lens.html"
-DEFAULT_IMAGE_SIZE = 168
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
+    add_model_options(parser, render_default="model")
     source = parser.add_mutually_exclusive_group(required=True)
     add_data_arguments(parser, group=source, help="dataset with questions and answers (imagefolder, PixMo-Count, "
                        "CountBenchQA, multiple choice, qa rows; see --format)")
@@ -64,7 +63,7 @@ def _records(args: argparse.Namespace, model):
     from vlens.data import make_task_sample
     from vlens.parallel import LazyItems
 
-    size = rendered_size(args, DEFAULT_IMAGE_SIZE)
+    size = rendered_size(args)
 
     def build(i: int) -> dict:  # sample i depends on the seed and i only: each process renders its own
         image, record = make_task_sample("counting", seed=args.seed * 100_003 + i, size=size, style=args.style)

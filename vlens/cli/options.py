@@ -25,12 +25,13 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from vlens.cli.dataset_options import check_input_paths, check_out_apart
 from vlens.utils.errors import UserInputError
 from vlens.utils.strict_json import DuplicateKeyError, loads_strict
 from vlens.utils.validation import arg_int, arg_path, check_output_folder
+from vlens.zoo.image_sizes import FALLBACK_IMAGE_SIZE, embedded_image_size, render_size
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +47,13 @@ MODEL_DEFAULT = "tiny"
 DTYPE_CHOICES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # vlens.core.devices.DTYPE_NAMES
 
 
-def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | None = None,
+def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | Literal["model"] | None = None,
                       model_default: str | None = MODEL_DEFAULT, dtype_default: str = "auto",
                       recorded_by: str | None = None, recorded_else: str | None = None) -> None:
     """--model, --device, --dtype, --image-size, --min-pixels, --max-pixels.
 
-    render_default: the side in px of the images this command renders itself (None: it renders none).
+    render_default: the side in px of the images this command renders itself: "model" (the square size
+        --model pins, else FALLBACK_IMAGE_SIZE: `rendered_size`), a fixed side, or None (it renders none).
     model_default: None makes --model required.
     dtype_default: "auto" (bfloat16 on a GPU, float32 on CPU); training commands keep float32 weights.
     recorded_by: what records the model when --model is not given (e.g. "the SAE folder"): --model then
@@ -91,6 +93,10 @@ def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | 
              "of each image, keeping the image_grid_pinpoints that fit)")
     if render_default is None:
         size_help = f"{fixed}; default: the processor's own setting"
+    elif render_default == "model":
+        size_help = (f"side in px of the images this command renders (default: the square size the model's processor "
+                     f"pins, {embedded_image_size()} for tiny; {FALLBACK_IMAGE_SIZE} for a processor with dynamic "
+                     f"resolution); when given, also {fixed}")
     else:
         size_help = (f"side in px of the images this command renders (default {render_default}); when given, "
                      f"also {fixed}")
@@ -324,9 +330,15 @@ def load_model_from_args(args: argparse.Namespace):
     return load_model(args.model, **model_options(args))
 
 
-def rendered_size(args: argparse.Namespace, default: int) -> int:
-    """The side of images a command renders: --image-size when given, else the command's default."""
-    return args.image_size if args.image_size is not None else default
+def rendered_size(args: argparse.Namespace, default: int | None = None) -> int:
+    """The side of images a command renders: --image-size when given, else `default` when the command
+    fixes one, else the square size --model pins (`vlens.zoo.image_sizes.render_size`: the embedded
+    model's own size for tiny and its recipe's folders), else FALLBACK_IMAGE_SIZE (dynamic resolution)."""
+    if args.image_size is not None:
+        return args.image_size
+    if default is not None:
+        return default
+    return render_size(getattr(args, "model", None))
 
 
 def add_out(parser: argparse.ArgumentParser, contents: str, *, default: str | None = None,

@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 MODES = ("layer-region", "layer-pos", "layer-head", "layer-expert", "layer-frame", "atp")
 FIGURE_FILE = "figure.html"
-DEFAULT_IMAGE_SIZE = 168
 
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +63,7 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
+    add_model_options(parser, render_default="model")
     add_pair_arguments(parser)
     parser.add_argument("--mode", choices=MODES, required=True,
                         help="what is patched: one layer x region (image / text / final) grid, one layer x position grid, "
@@ -99,7 +98,7 @@ def load_examples(args: argparse.Namespace):
         raise UserInputError("--video-frames makes video pairs: use it with --make-pairs N, not --pairs")
     if frames is not None:
         return make_video_count_pairs(args.make_pairs, seed=args.seed, frames=frames,
-                                      size=rendered_size(args, DEFAULT_IMAGE_SIZE), style=args.style)
+                                      size=rendered_size(args), style=args.style)
     if args.pairs:
         examples = pairs_from_dataset(load_data_arg(args, args.pairs))
         patchable = [e for e in examples if e.clean_answer != e.corrupt_answer]
@@ -111,7 +110,7 @@ def load_examples(args: argparse.Namespace):
                                  "needs count pairs (vlens data pairs --kind count)")
         examples = patchable[: args.limit] if args.limit is not None else patchable
     else:
-        examples = make_count_pairs(args.make_pairs, seed=args.seed, size=rendered_size(args, DEFAULT_IMAGE_SIZE),
+        examples = make_count_pairs(args.make_pairs, seed=args.seed, size=rendered_size(args),
                                     style=args.style)
     return examples
 

@@ -34,13 +34,12 @@ from vlens.utils.validation import arg_int
 logger = logging.getLogger(__name__)
 
 FIGURE_FILE = "routing.html"
-DEFAULT_IMAGE_SIZE = 168
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Count, per mixture-of-experts layer, how often each expert is among the top-k of image "
                           "tokens and of text tokens, with each region's routing distribution and their divergence.")
-    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
+    add_model_options(parser, render_default="model")
     source = parser.add_mutually_exclusive_group(required=True)
     add_data_arguments(parser, group=source, help="dataset with images and questions (imagefolder, PixMo-Count, "
                        "CountBenchQA, multiple choice, qa rows; see --format)")
@@ -61,7 +60,7 @@ def _samples(args: argparse.Namespace) -> list[tuple]:
         return [(row["image"], row["question"]) for row in record_dicts(load_data_arg(args, args.data), args.limit)]
     from vlens.data import TASKS, make_task_sample
 
-    size = rendered_size(args, DEFAULT_IMAGE_SIZE)
+    size = rendered_size(args)
     samples = []
     for i in range(args.make):
         image, record = make_task_sample(TASKS[i % len(TASKS)], seed=args.seed + i, size=size, style=args.style)

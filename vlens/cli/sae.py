@@ -38,7 +38,6 @@ from vlens.utils.validation import arg_float, arg_int, arg_path
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_IMAGE_SIZE = 168
 DASHBOARD = "dashboard.html"
 HELD_OUT_SEED = 1_000_003  # evaluation samples never coincide with training samples
 REGIONS = ("image", "text", "final", "all")
@@ -46,7 +45,7 @@ REGIONS = ("image", "text", "final", "all")
 
 def add_sample_options(parser: argparse.ArgumentParser, recorded_by: str | None = None) -> None:
     """The model and sample options; recorded_by: what records the model when --model is not given."""
-    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE, dtype_default="float32", recorded_by=recorded_by)
+    add_model_options(parser, render_default="model", dtype_default="float32", recorded_by=recorded_by)
     source = parser.add_mutually_exclusive_group(required=True)
     add_data_arguments(parser, group=source, help="dataset with a question per image (any --format)")
     source.add_argument("--make", type=arg_int(min=1), metavar="N", help="generate N task-suite samples on the fly")
@@ -151,7 +150,7 @@ def samples(args: argparse.Namespace, n: int | None = None, seed: int | None = N
     if n is None and args.data is not None:
         return list(load_data_arg(args, args.data, args.limit).examples)
     return generated_samples(args.task, args.style, n or args.make, args.seed if seed is None else seed,
-                             rendered_size(args, DEFAULT_IMAGE_SIZE), "--task")
+                             rendered_size(args), "--task")
 
 
 def generated_samples(task: str, style: str, count: int, start: int, size: int, flag: str) -> list:

@@ -39,7 +39,7 @@ def task_description(name: str) -> str:
 
 
 def ablation_section(model: HookedVLM, settings: DemoSettings, progress: bool = True) -> Section:
-    n, size, seed = settings.ablation_examples, settings.image_size, settings.seed
+    n, size, seed = settings.ablation_examples, settings.image_side, settings.seed
     try:
         sets = {task: (build_task_batch(model, task, n, seed, size),
                        build_task_batch(model, task, n, seed, size, reference=True))

@@ -31,7 +31,7 @@ TOP_EDGES = 8  # edges listed in the section's numbers
 
 
 def circuit_sections(model: HookedVLM, settings: DemoSettings, progress: bool = True) -> list[Section]:
-    pairs = make_count_pairs(settings.circuit_pairs, seed=settings.seed + 17, size=settings.image_size,
+    pairs = make_count_pairs(settings.circuit_pairs, seed=settings.seed + 17, size=settings.image_side,
                              style=settings.style, counts=settings.counts)
     try:
         batch = build_pair_batch(model, pairs)

@@ -39,7 +39,7 @@ def counting_samples(settings: DemoSettings, style: str | None = None, n: int | 
     samples = []
     for i in range(settings.n_count_images if n is None else n):
         count = settings.counts[i % len(settings.counts)]
-        image, record = render(count=count, seed=settings.seed + i, size=settings.image_size)
+        image, record = render(count=count, seed=settings.seed + i, size=settings.image_side)
         samples.append(CountingSample(image, record["question"], int(record["count"]), record))
     return samples
 
@@ -62,10 +62,10 @@ def data_section(samples: list[CountingSample], settings: DemoSettings) -> Secti
     return Section(
         key="data",
         title="Data: generated counting images",
-        explanation=(f"{len(samples)} {settings.style} images at {settings.image_size}px, counts "
+        explanation=(f"{len(samples)} {settings.style} images at {settings.image_side}px, counts "
                      f"{min(per_count)}-{max(per_count)} in equal numbers; the first few are shown with their true count."),
         image=montage(samples),
-        numbers={"images": len(samples), "style": settings.style, "image size": settings.image_size,
+        numbers={"images": len(samples), "style": settings.style, "image size": settings.image_side,
                  "distinct counts": len(per_count)},
         data={"images_per_count": per_count, "questions": sorted({s.question for s in samples})},
     )

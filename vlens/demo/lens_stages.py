@@ -74,7 +74,7 @@ def _translators(model: HookedVLM, settings: DemoSettings, lens_dir: Path | None
     """A shipped lens when the model folder has one, else translators trained for a few steps."""
     if lens_dir is not None and (lens_dir / "config.json").is_file():
         return Translators.load(lens_dir, model=model), {"source": str(lens_dir)}
-    samples = task_samples(settings.lens_samples, seed=settings.seed + LENS_SEED_OFFSET, size=settings.image_size)
+    samples = task_samples(settings.lens_samples, seed=settings.seed + LENS_SEED_OFFSET, size=settings.image_side)
     resid = collect_residuals(model, samples, positions="text",
                               options=SweepOptions(batch_size=settings.batch_size, progress=progress))
     translators = Translators.for_model(model)
@@ -122,7 +122,7 @@ def class_statement(taxonomy) -> str:
 
 def headlens_section(model: HookedVLM, settings: DemoSettings, lens_dir: Path | None = None, progress: bool = True) -> Section:
     translators, lens_info = _translators(model, settings, lens_dir, progress)
-    samples = task_samples(settings.headlens_samples, seed=settings.seed, size=settings.image_size)
+    samples = task_samples(settings.headlens_samples, seed=settings.seed, size=settings.image_side)
     scores = compute_head_scores(model, samples, HeadLens(model, translators),
                                  options=SweepOptions(batch_size=settings.batch_size, progress=progress))
     taxonomy = classify_heads(scores, seed=settings.seed)

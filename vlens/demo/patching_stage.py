@@ -92,7 +92,7 @@ def top_head_share(result, n_resamples: int = 1000, seed: int = 0) -> Tensor:
 
 def patching_sections(model: HookedVLM, settings: DemoSettings, progress: bool = True) -> list[Section]:
     try:
-        pairs = make_count_pairs(settings.n_pairs, seed=settings.seed, size=settings.image_size,
+        pairs = make_count_pairs(settings.n_pairs, seed=settings.seed, size=settings.image_side,
                                  style=settings.style, counts=settings.counts)
         batch = build_pair_batch(model, pairs)
     except ValueError as err:  # e.g. a tokenizer that does not split counts into differing tokens

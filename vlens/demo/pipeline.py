@@ -133,6 +133,7 @@ def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo"
     options = {"progress": progress, **(load_options or {})}
     hooked = stages.run("load model", load_model, model, **options) if isinstance(model, str) else model
     hooked.eval()
+    settings = settings.for_model(hooked)  # images drawn at the size the model's processor pins
     samples = stages.run("generate data", counting_samples, settings)
     grid_inputs = hooked.prepare(images=[samples[0].image], prompts=[samples[0].question], chat=True)
     regions = grid_inputs.token_regions

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from vlens.utils.errors import UserInputError
+from vlens.zoo.image_sizes import render_size
 
 
 @dataclass
@@ -19,7 +20,9 @@ class DemoSettings:
             accuracy gap this many images detect with 80% power.
         counts: the ground-truth counts drawn.
         style: data style of the counting images and pairs ("syndot", "synpoly", "synreal").
-        image_size: image side in pixels (168 gives the embedded model its 6x6 image grid).
+        image_size: image side in pixels; None: the square size the model pins (`run_demo` sets it from the loaded
+            model: the embedded model's own size; 168 px for a processor with dynamic resolution), and
+            `image_side` the embedded model's size where no model is known yet.
         n_pairs: controlled clean/corrupt pairs for visual activation patching.
         lens_samples, lens_steps: task-suite samples and Adam steps for the HeadLens translators
             (used only when no trained lens ships with the model).
@@ -41,7 +44,7 @@ class DemoSettings:
     subitizing_styles: tuple[str, ...] = ("syndot", "synpoly")  # SynPoly: where the paper's degradation is
     counts: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)  # the embedded model was trained on 1-10
     style: str = "syndot"
-    image_size: int = 168
+    image_size: int | None = None
     n_pairs: int = 64
     lens_samples: int = 200
     lens_steps: int = 300
@@ -87,7 +90,7 @@ class DemoSettings:
         for name in ("n_count_images", "subitizing_per_count", "n_pairs", "lens_samples", "headlens_samples", "ablation_examples",
                      "ablation_top_k", "max_new_tokens", "batch_size", "image_size", "circuit_pairs",
                      "circuit_ig_steps", "graph_prompts", "graph_tokens", "graph_d_tc", "graph_k", "graph_max_features"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UserInputError(f"DemoSettings.{name} must be >= 1, got {getattr(self, name)}")
         if not self.counts or min(self.counts) < 0:
             raise UserInputError(f"DemoSettings.counts must be non-negative counts, got {self.counts}")
@@ -97,6 +100,15 @@ class DemoSettings:
             raise UserInputError(f"DemoSettings.graph_k ({self.graph_k}) must be at most graph_d_tc ({self.graph_d_tc})")
         if len(self.ablation_tasks) < 2:
             raise UserInputError("the ablation Jaccard needs at least two tasks in DemoSettings.ablation_tasks")
+
+    @property
+    def image_side(self) -> int:
+        """`image_size`, or the embedded model's own size where it is None."""
+        return render_size(image_size=self.image_size)
+
+    def for_model(self, model) -> DemoSettings:
+        """These settings with `image_size` set: as given, else the square size `model` pins, else 168 px."""
+        return replace(self, image_size=render_size(model, self.image_size))
 
     def counting_styles(self) -> list[str]:
         """The styles of the counting evaluation: `style` first, then the other `subitizing_styles`."""

@@ -18,19 +18,23 @@ from vlens.datasets import record_dicts
 from vlens.parallel.options import SweepOptions, fold_legacy
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import check_count
+from vlens.zoo.image_sizes import render_size
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
 
 Sample = tuple[Any, str, dict]
 POSITION_KINDS = ("final", "text", "all")
-DEFAULT_IMAGE_SIZE = 168  # the embedded model's image size (6x6 merged grid)
 
 
-def task_samples(n: int, seed: int = 0, size: int = DEFAULT_IMAGE_SIZE, style: str = "synpoly",
+def task_samples(n: int, seed: int = 0, size: int | None = None, style: str = "synpoly",
                  tasks: Sequence[str] | None = None) -> list[Sample]:
-    """`n` task-suite samples, cycling through `tasks` (default: all of ``vlens.data.TASKS``)."""
+    """`n` task-suite samples, cycling through `tasks` (default: all of ``vlens.data.TASKS``).
+
+    size: image side in px; None: the embedded model's own size (`vlens.zoo.image_sizes`; pass
+    ``render_size(model)`` for another model's)."""
     tasks = tuple(tasks or TASKS)
+    size = render_size(image_size=size)
     if n < 1:
         raise UserInputError(f"need at least one sample, got n={n}")
     out = []

@@ -32,6 +32,7 @@ from vlens.datasets import DatasetError, record_dicts
 from vlens.parallel.options import Readout
 from vlens.utils.errors import UserInputError
 from vlens.utils.validation import check_count
+from vlens.zoo.image_sizes import render_size
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
@@ -206,14 +207,16 @@ def make_video_count_pairs(n: int, seed: int = 0, frames: int = 4, size: int = 1
         for i, (n_clean, n_corrupt) in enumerate(count_draws(n, seed, counts, "make_video_count_pairs"))])
 
 
-def make_count_pairs(n: int, seed: int = 0, size: int = 168, style: str = "syndot",
+def make_count_pairs(n: int, seed: int = 0, size: int | None = None, style: str = "syndot",
                      counts: Sequence[int] = tuple(range(1, 10))) -> list[PairExample]:
     """`n` controlled counting pairs (clean count c, corrupt count c +- 1 or 2), deterministic in seed.
 
-    size: image side in pixels (168 gives the embedded model its 6x6 image-token grid).
+    size: image side in pixels; None: the embedded model's own size, so its processor keeps the
+    drawn pixels (`vlens.zoo.image_sizes.render_size`; pass ``render_size(model)`` for another model's).
     """
+    side = render_size(image_size=size)
     return examples_from_pairs([
-        make_pair(n_clean, n_corrupt, seed=seed * 100_003 + i, style=style, size=size,
+        make_pair(n_clean, n_corrupt, seed=seed * 100_003 + i, style=style, size=side,
                   pair_id=f"{style}-count-{seed}-{i}")
         for i, (n_clean, n_corrupt) in enumerate(count_draws(n, seed, counts, "make_count_pairs"))])
 

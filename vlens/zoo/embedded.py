@@ -15,10 +15,8 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 
 from vlens.core.loading import from_pretrained_checked
 from vlens.core.model import HookedVLM
+from vlens.zoo.image_sizes import MODEL_NAME, WEIGHTS_FOLDER
 from vlens.zoo.processor import load_processor
-
-MODEL_NAME = "tiny-qwen2.5-vl"
-WEIGHTS_FOLDER = Path(__file__).resolve().parent / "weights" / MODEL_NAME
 
 
 def model_path() -> Path:

@@ -18,7 +18,6 @@ rule), so they get another grid.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, Qwen2_5_VLProcessor
@@ -26,13 +25,11 @@ from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from vlens.utils.errors import UserInputError
+from vlens.zoo.image_sizes import CELL, MERGE_SIZE, PATCH_SIZE, pixel_budget, processor_image_size
 
 IMAGE_SIZE = 224
-PATCH_SIZE = 14
-MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
 MERGED_GRID = IMAGE_SIZE // (PATCH_SIZE * MERGE_SIZE)  # 8: rows and columns of image tokens
-CELL = PATCH_SIZE * MERGE_SIZE  # pixels per image token along each side
 
 
 def check_image_size(image_size: int) -> int:
@@ -43,12 +40,6 @@ def check_image_size(image_size: int) -> int:
             f"({PATCH_SIZE} px patches merged {MERGE_SIZE} x {MERGE_SIZE}), e.g. 168 or 224"
         )
     return image_size
-
-
-def pixel_budget(image_size: int) -> tuple[int, int]:
-    """(min_pixels, max_pixels) that send every square image to image_size x image_size."""
-    half = PATCH_SIZE  # half of a 28-px cell
-    return (image_size - half) ** 2, (image_size + half) ** 2
 
 
 def build_image_processor(image_size: int = IMAGE_SIZE) -> Qwen2VLImageProcessorPil:
@@ -67,12 +58,10 @@ def build_image_processor(image_size: int = IMAGE_SIZE) -> Qwen2VLImageProcessor
 def image_size_of(processor) -> int:
     """The square input size (px) a processor (or its image processor) pins images to."""
     image_processor = getattr(processor, "image_processor", processor)
-    low, high = image_processor.size["shortest_edge"], image_processor.size["longest_edge"]
-    sides = math.isqrt(low), math.isqrt(high)
-    size = sum(sides) // 2
-    if sides[0] ** 2 != low or sides[1] ** 2 != high or (low != high and (low, high) != pixel_budget(size)):
+    size = processor_image_size(image_processor)
+    if size is None:
         raise UserInputError(f"image processor does not pin a square size: {image_processor.size}")
-    return check_image_size(size)
+    return size
 
 
 def save_processor_files(tokenizer, image_processor: Qwen2VLImageProcessorPil, folder: str | Path) -> None:
