@@ -9,6 +9,7 @@ import pytest
 from tests.helpers.family_commands import check_loads_back
 from vlens.circuits import Circuit, EdgeScores, ImageAttribution
 from vlens.cli import main
+from vlens.zoo.image_sizes import CELL, embedded_image_size
 
 
 def test_circuit_command_writes_a_circuit_that_loads_back(tmp_path, capsys):
@@ -47,5 +48,6 @@ def test_circuit_command_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2
     assert "ROWSxCOLS" in err and len(err.strip().splitlines()) == 1
-    assert main([*base, "--image-nodes", "9x9"]) == 2  # more blocks than the 6x6 token grid
-    assert "only a 6x6 token grid" in capsys.readouterr().err
+    grid = embedded_image_size() // CELL
+    assert main([*base, "--image-nodes", f"{grid + 3}x{grid + 3}"]) == 2  # more blocks than the token grid
+    assert f"only a {grid}x{grid} token grid" in capsys.readouterr().err

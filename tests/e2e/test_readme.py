@@ -6,8 +6,10 @@ import re
 from pathlib import Path
 
 from tests.helpers.results import without_provenance
+from vlens.zoo.image_sizes import CELL, embedded_image_size
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+GRID = embedded_image_size() // CELL  # rows (= columns) of the embedded model's image tokens
 
 
 def readme_block(containing: str) -> str:
@@ -47,7 +49,7 @@ def test_readme_quick_tour_runs():
     exec(compile(blocks[0], "README.md", "exec"), namespace)
     model, inputs = namespace["model"], namespace["inputs"]
     assert namespace["patched"].shape == (1, inputs.seq_len, model.cfg.d_vocab)
-    assert inputs.regions.image_grid[0] == [(6, 6)]
+    assert inputs.regions.image_grid[0] == [(GRID, GRID)]
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
 
 
@@ -158,7 +160,7 @@ def test_readme_generation_block_runs(tmp_path, monkeypatch):
     namespace: dict = {"model": model, "pair": pair, "inputs": dots_prompt(model)}
     exec(compile(readme_block("attribute_generation("), "README.md", "exec"), namespace)
     attr = namespace["attr"]
-    assert attr.region_maps["exact"][0].shape == (attr.n_new, 36)
+    assert attr.region_maps["exact"][0].shape == (attr.n_new, GRID * GRID)
     assert attr.lens_prob.shape == (attr.n_new, model.cfg.n_layers)
     assert without_provenance(vlens.load_result(tmp_path / "attr_out").to_dict()) == attr.to_dict()
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
@@ -170,6 +172,6 @@ def test_readme_video_block_runs():
     model = vlens.load()
     namespace: dict = {"model": model}
     exec(compile(readme_block("patch_layer_frame("), "README.md", "exec"), namespace)
-    assert namespace["label"] == "<img0.f0[r0,c0]>" and len(namespace["first"]) == 36
+    assert namespace["label"] == "<img0.f0[r0,c0]>" and len(namespace["first"]) == GRID * GRID
     assert namespace["frames"].cells == ["f0", "f1"] and namespace["frames"].layers == [0, 3]
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())

@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from vlens.patching import build_pair_batch, make_video_count_pairs, patch_layer_frame
+from vlens.zoo.image_sizes import CELL, embedded_image_size
 
 pytestmark = pytest.mark.slow
 torch.set_num_threads(1)
+SIZE = embedded_image_size()  # frames drawn at the model's own size
+GRID = SIZE // CELL
 
 
 @pytest.fixture(scope="module")
@@ -18,13 +21,13 @@ def embedded():
     import vlens
 
     model = vlens.load()
-    return model, build_pair_batch(model, make_video_count_pairs(2, seed=3, frames=4, size=168))
+    return model, build_pair_batch(model, make_video_count_pairs(2, seed=3, frames=4, size=SIZE))
 
 
 def test_frame_patching_runs_and_all_frames_reproduce_the_corrupt_run(embedded):
     model, batch = embedded
     regions = batch.clean.regions
-    assert regions.image_grid[0] == [(6, 6)] and [len(row[0]) for row in regions.frames] == [2, 2]
+    assert regions.image_grid[0] == [(GRID, GRID)] and [len(row[0]) for row in regions.frames] == [2, 2]
     result = patch_layer_frame(model, batch, layers=[0])
     assert result.cells == ["f0", "f1"]
     # both frames at layer 0's residual: every video token is the corrupt run's, the text is the same
@@ -46,9 +49,11 @@ def test_circuit_nodes_and_sae_source_on_the_embedded_model(embedded):
 
     model, batch = embedded
     graph = CircuitGraph.for_batch(model, batch.clean.regions, image_nodes=(2, 2))
-    assert [n.name for n in graph.inputs[1:5]] == ["img0.f0[r0-2,c0-2]", "img0.f0[r0-2,c3-5]",
-                                                   "img0.f0[r3-5,c0-2]", "img0.f0[r3-5,c3-5]"]
-    pairs = make_video_count_pairs(1, seed=4, frames=4, size=168)
+    half = round(GRID / 2)  # two near-equal blocks a side: rows / cols 0 .. half-1 and half .. GRID-1
+    low, high = f"0-{half - 1}", f"{half}-{GRID - 1}"
+    assert [n.name for n in graph.inputs[1:5]] == [f"img0.f0[r{low},c{low}]", f"img0.f0[r{low},c{high}]",
+                                                   f"img0.f0[r{high},c{low}]", f"img0.f0[r{high},c{high}]"]
+    pairs = make_video_count_pairs(1, seed=4, frames=4, size=SIZE)
     source = ActivationSource(model, [{"video": pairs[0].clean_image, "question": pairs[0].clean_prompt}],
                               ActivationOptions("blocks.1.hook_resid_post", positions="image"))
-    assert source.chunk(0).acts.shape == (2 * 36, model.cfg.d_model)
+    assert source.chunk(0).acts.shape == (2 * GRID * GRID, model.cfg.d_model)
