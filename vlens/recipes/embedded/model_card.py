@@ -382,8 +382,9 @@ def render_model_card(summary: dict) -> str:
         "- held out of every stage: the foreign renderer vlens.recipes.embedded.foreign (foreign/counting,",
         "  foreign/colour, foreign/shape); the second dot renderer (counting/dot_variants) only where no",
         "  stage's mix has it (the sources note below says, per source, how many stages trained on it)",
-        f"- held-out: {data['held_out_per_source']} samples per source at {data['held_out_size']} px from unseen seeds",
-        "  (counting sources cycle through counts 1-10 evenly)",
+        f"- held-out: {data['held_out_per_source']} samples per source from unseen seeds, drawn at "
+        f"{data['held_out_size']} px and resized",
+        "  to the model's input size like every image (counting sources cycle through counts 1-10 evenly)",
         "",
         "## Training",
         *training_lines(summary),
