@@ -52,6 +52,22 @@ def test_sources_beyond_the_task_suite_are_reported_with_their_accuracy_and_expo
         evaluation)
 
 
+def test_tasks_are_called_weaker_only_when_their_interval_reaches_below_the_solid_level():
+    # 96/100: Wilson [90.2, 98.4], solid; 90/100: [82.6, 94.5], weaker; 50/300: weaker
+    evaluation = _evaluation([{"counting/syndot": 1.0}],
+                             {"counting/syndot": {"accuracy": 0.9, "n": 100},
+                              "colour": {"accuracy": 0.96, "n": 100},
+                              "shape": {"accuracy": 0.90, "n": 100},
+                              "arithmetic": {"accuracy": 0.5, "n": 300}})
+    text = readme_paragraph(evaluation)
+    assert "it answers colour 96.0% [90.2, 98.4]." in text
+    assert "It is weaker on shape 90.0% [82.6, 94.5], arithmetic 50.0% [44.4, 55.6]; treat circuits" in text
+    all_weak = _evaluation([{"counting/syndot": 1.0}], {"existence": {"accuracy": 0.52, "n": 100}})
+    assert "are weaker: existence 52.0% [42.3, 61.5] (chance 50%: yes/no); treat" in readme_paragraph(all_weak)
+    all_solid = _evaluation([{"counting/syndot": 1.0}], {"colour": {"accuracy": 0.99, "n": 300}})
+    assert "weaker" not in readme_paragraph(all_solid) and "it answers colour 99.0%" in readme_paragraph(all_solid)
+
+
 def test_accuracy_text_is_a_wilson_interval():
     assert accuracy_text({"accuracy": 0.8, "n": 10}) == "80.0% [49.0, 94.3]"
 

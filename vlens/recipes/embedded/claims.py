@@ -7,7 +7,8 @@ sources come from here, so they change with the weights:
 - a source is called "held out of training" (unseen, out of distribution) only when its share
   is 0 in the mix of every training stage the file records; otherwise the text says it was
   trained on, with its share;
-- yes/no tasks are compared with their chance level (50%).
+- yes/no tasks are compared with their chance level (50%);
+- a task is called weaker (with a warning about its circuits) when its interval reaches below 85%.
 
 `benchmarks/regenerate_claims.py` writes the README block; the card uses `sources_note`.
 """
@@ -31,6 +32,7 @@ OTHER_NAMES = {
     "foreign/shape": "shape questions on the foreign renderer",
 }
 SUITE_TASKS = ("colour", "shape", "spatial", "arithmetic", "existence")
+SOLID = 0.85  # a task whose interval lies above this is reported as answered; below it, as weaker
 
 
 def stage_mixes(evaluation: dict) -> list[dict[str, float] | None]:
@@ -90,11 +92,12 @@ def readme_paragraph(evaluation: dict) -> str:
             counting.append(f"{name} {accuracy_text(per_task[source])} ({exposure(evaluation, source)})")
     names = {**COUNTING_NAMES, **OTHER_NAMES}
     unseen = [names.get(s, s) for s in per_task if held_out(evaluation, s)]
-    others = []
+    solid, weak = [], []
     for task in SUITE_TASKS:
         if task in per_task:
             chance = " (chance 50%: yes/no)" if task in YES_NO_TASKS else ""
-            others.append(f"{task} {accuracy_text(per_task[task])}{chance}")
+            text = f"{task} {accuracy_text(per_task[task])}{chance}"
+            (solid if interval_low(per_task[task]) >= SOLID else weak).append(text)
     lone = lone_object_accuracy(evaluation, "colour")
     lone_text = (f"; it names the colour of a lone object ({100 * float(lone['accuracy']):.0f}% of {lone['n']})"
                  if lone and lone.get("n") else "")
@@ -106,9 +109,25 @@ def readme_paragraph(evaluation: dict) -> str:
                    " Every evaluated source is in its training mix (no source is held out), so none of these "
                    "numbers measures generalisation to an unseen renderer.")
     return (f"Held-out accuracy (greedy, exact match, {n} unseen samples per source, 95% intervals"
-            f"): it counts {'; '.join(counting)}{lone_text}. Questions that pick out one object among "
-            f"several by shape or colour, arithmetic and the yes/no questions are far weaker: {', '.join(others)}; "
-            f"treat circuits found for those tasks with care.{extra_text}{unseen_text}")
+            f"): it counts {'; '.join(counting)}{lone_text}.{_tasks_text(solid, weak)}{extra_text}{unseen_text}")
+
+
+def interval_low(result: dict) -> float:
+    """The lower end of the 95% Wilson interval of a held-out accuracy."""
+    n = int(result["n"])
+    return float(wilson_interval(round(float(result["accuracy"]) * n), n)[0])
+
+
+def _tasks_text(solid: list[str], weak: list[str]) -> str:
+    """The suite's other tasks (binding one object among several by shape or colour, yes/no, arithmetic),
+    split at SOLID: the weak ones carry the warning about their circuits."""
+    text = ""
+    if solid:
+        text += f" Of the other tasks (most pick out one object among several) it answers {', '.join(solid)}."
+    if weak:
+        lead = " It is weaker on" if solid else " The other tasks (most pick out one object among several) are weaker:"
+        text += f"{lead} {', '.join(weak)}; treat circuits found for those tasks with care."
+    return text
 
 
 def sources_note(evaluation: dict) -> str:
@@ -120,5 +139,5 @@ def sources_note(evaluation: dict) -> str:
     return "; ".join(parts) + "."
 
 
-__all__ = ["README_BEGIN", "README_END", "accuracy_text", "exposure", "held_out", "readme_paragraph",
+__all__ = ["README_BEGIN", "README_END", "SOLID", "accuracy_text", "interval_low", "exposure", "held_out", "readme_paragraph",
            "sources_note", "stage_mixes", "training_shares"]
