@@ -92,7 +92,8 @@ def readme_paragraph(evaluation: dict) -> str:
             counting.append(f"{name} {accuracy_text(per_task[source])} ({exposure(evaluation, source)})")
     names = {**COUNTING_NAMES, **OTHER_NAMES}
     unseen = [names.get(s, s) for s in per_task if held_out(evaluation, s)]
-    solid, weak = [], []
+    solid: list[str] = []
+    weak: list[str] = []
     for task in SUITE_TASKS:
         if task in per_task:
             chance = " (chance 50%: yes/no)" if task in YES_NO_TASKS else ""
