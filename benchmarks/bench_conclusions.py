@@ -85,7 +85,7 @@ def stability_cost() -> dict:
 
     model = vlens.load()
     options = SweepOptions(progress=False)
-    scores, scoring = _timed(lambda: compute_head_scores(model, task_samples(64, seed=0, size=168), options=options))
+    scores, scoring = _timed(lambda: compute_head_scores(model, task_samples(64, seed=0), options=options))
     taxonomy, classifying = _timed(lambda: classify_heads(scores))
     return {"examples": 64, "scoring_s": round(scoring, 3), "stability_s": round(classifying, 3),
             "stability_share_of_scoring": round(classifying / scoring, 4),

@@ -1,6 +1,6 @@
 """Time generation with caching and per-token image attribution, as ratios within one run, on the embedded model.
 
-    python benchmarks/bench_generation.py [--new 16] [--size 168] [--threads 1] [--repeats 3] [--wide]
+    python benchmarks/bench_generation.py [--new 16] [--size PX] [--threads 1] [--repeats 3] [--wide]
         [--agreement-images 8 [--against FOLDER]]
 
 --wide: a random Qwen2.5-VL of 8 layers, d_model 512 (8 heads, 2 KV heads, MLP 1376) instead of the
@@ -28,6 +28,8 @@ import time
 
 import torch
 
+from vlens.zoo.image_sizes import embedded_image_size
+
 
 def best(fn, repeats: int) -> float:
     times = []
@@ -41,7 +43,8 @@ def best(fn, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new", type=int, default=16)
-    parser.add_argument("--size", type=int, default=168)
+    parser.add_argument("--size", type=int, default=embedded_image_size(),
+                        help="image side in px (default: the embedded model's own size)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--wide", action="store_true")

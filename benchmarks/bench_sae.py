@@ -24,6 +24,7 @@ from vlens.sae.activations import ActivationOptions, ActivationSource, TensorSou
 from vlens.sae.evaluation import evaluate_splice
 from vlens.sae.settings import SAETraining
 from vlens.sae.trainer import train_sae
+from vlens.zoo.image_sizes import embedded_image_size
 
 
 def counting(n: int, seed: int, size: int) -> list[dict]:
@@ -45,7 +46,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--train-positions", default="image,all")
-    parser.add_argument("--size", type=int, default=168)
+    parser.add_argument("--size", type=int, default=embedded_image_size(),
+                        help="image side in px (default: the embedded model's own size)")
     parser.add_argument("--timing-runs", type=int, default=0,
                         help="only time: medians of N interleaved runs of the source and of SAE steps")
     args = parser.parse_args()
