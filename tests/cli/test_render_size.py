@@ -9,6 +9,8 @@ size and the fallback) must be drawn at 84 px, which a spy on the image processo
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 
 import pytest
 import torch
@@ -27,6 +29,7 @@ from vlens.testing.qwen import tiny_qwen_processor
 from vlens.utils.errors import UserInputError
 from vlens.zoo.image_sizes import (
     FALLBACK_IMAGE_SIZE,
+    OBJECT_IMAGE_SIZE,
     WEIGHTS_FOLDER,
     embedded_image_size,
     folder_image_size,
@@ -48,6 +51,17 @@ def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("pinned") / "model"
     _, processor, model = build_untrained(0, PINNED)
     save_model_folder(model, processor, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dynamic_folder(folder, tmp_path_factory):
+    """The same model with Qwen's dynamic resolution (56^2 .. 448^2 pixels): a processor that pins no size."""
+    path = tmp_path_factory.mktemp("dynamic") / "model"
+    shutil.copytree(folder, path)
+    config = json.loads((path / "preprocessor_config.json").read_text())
+    config["size"] = {"shortest_edge": 56 * 56, "longest_edge": 448 * 448}
+    (path / "preprocessor_config.json").write_text(json.dumps(config))
     return path
 
 
@@ -121,6 +135,17 @@ def test_commands_render_at_the_pinned_size_unless_told(command, folder, seen, t
     seen.clear()
     assert main([*command, "--model", str(folder), "--image-size", "112", "--out", str(tmp_path / "b"), "--quiet"]) == 0
     assert seen and set(seen) == {((112, 112), 16)}  # drawn at 112 and the processor pinned to 112
+
+
+@pytest.mark.parametrize("command", [["knockout", "--task", "colour", "--n", "2", "--window", "4"],
+                                     ["study", "flow", "--task", "colour", "--n", "2", "--window", "4"]])
+def test_object_tasks_render_at_the_pinned_size_else_64(command, folder, dynamic_folder, seen, tmp_path):
+    assert main([*command, "--model", str(folder), "--out", str(tmp_path / "a"), "--quiet"]) == 0
+    assert seen and set(seen) == {((PINNED, PINNED), (PINNED // 28) ** 2)}
+    seen.clear()
+    assert pinned_image_size(str(dynamic_folder)) is None
+    assert main([*command, "--model", str(dynamic_folder), "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    assert seen and set(seen) == {((OBJECT_IMAGE_SIZE, OBJECT_IMAGE_SIZE), 4)}  # kept near 64 px: 2 x 2 tokens
 
 
 def test_dynamic_resolution_falls_back_to_168(seen, tmp_path):

@@ -32,11 +32,11 @@ from vlens.cli.options import (
     write_figure,
 )
 from vlens.utils.validation import arg_int
+from vlens.zoo.image_sizes import OBJECT_IMAGE_SIZE
 
 logger = logging.getLogger(__name__)
 
 FIGURE_FILE = "knockout.html"
-DEFAULT_IMAGE_SIZE = 64
 # the names of vlens.flow.batch.TASK_NAMES and vlens.flow.sweep.ENDPOINTS (a test keeps them equal)
 OBJECT_TASK_NAMES = ("name", "colour_at", "colour", "shape")
 REGIONS = ("image", "text", "final", "all", "question", "prompt", "object")
@@ -45,7 +45,7 @@ REGIONS = ("image", "text", "final", "all", "question", "prompt", "object")
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Knock out attention edges (SRC->DST: DST's queries no longer read SRC's keys) in windows "
                           "of layers and measure the answer's probability change with intervals over examples.")
-    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
+    add_model_options(parser, render_default="model", render_fallback=OBJECT_IMAGE_SIZE)
     source = parser.add_mutually_exclusive_group()
     add_data_arguments(parser, group=source, help="dataset with images, questions and answers (a vlens imagefolder "
                        "gives object boxes; see --format)")
@@ -91,7 +91,7 @@ def flow_batch_of(args: argparse.Namespace):
     from vlens.flow.batch import FlowBatch, object_task_batch
 
     if args.data is None:
-        return object_task_batch(args.task or "colour", args.n, seed=args.seed, size=rendered_size(args, DEFAULT_IMAGE_SIZE))
+        return object_task_batch(args.task or "colour", args.n, seed=args.seed, size=rendered_size(args, fallback=OBJECT_IMAGE_SIZE))
     folder = Path(args.data)
     records: list[dict]
     if folder.is_dir() and (folder / "metadata.jsonl").is_file() and args.data_format in (None, "imagefolder"):

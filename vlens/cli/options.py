@@ -49,11 +49,12 @@ DTYPE_CHOICES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16
 
 def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | Literal["model"] | None = None,
                       model_default: str | None = MODEL_DEFAULT, dtype_default: str = "auto",
-                      recorded_by: str | None = None, recorded_else: str | None = None) -> None:
+                      recorded_by: str | None = None, recorded_else: str | None = None,
+                      render_fallback: int = FALLBACK_IMAGE_SIZE) -> None:
     """--model, --device, --dtype, --image-size, --min-pixels, --max-pixels.
 
     render_default: the side in px of the images this command renders itself: "model" (the square size
-        --model pins, else FALLBACK_IMAGE_SIZE: `rendered_size`), a fixed side, or None (it renders none).
+        --model pins, else `render_fallback`: `rendered_size`), a fixed side, or None (it renders none).
     model_default: None makes --model required.
     dtype_default: "auto" (bfloat16 on a GPU, float32 on CPU); training commands keep float32 weights.
     recorded_by: what records the model when --model is not given (e.g. "the SAE folder"): --model then
@@ -95,7 +96,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, render_default: int | 
         size_help = f"{fixed}; default: the processor's own setting"
     elif render_default == "model":
         size_help = (f"side in px of the images this command renders (default: the square size the model's processor "
-                     f"pins, {embedded_image_size()} for tiny; {FALLBACK_IMAGE_SIZE} for a processor with dynamic "
+                     f"pins, {embedded_image_size()} for tiny; {render_fallback} for a processor with dynamic "
                      f"resolution); when given, also {fixed}")
     else:
         size_help = (f"side in px of the images this command renders (default {render_default}); when given, "
@@ -330,15 +331,15 @@ def load_model_from_args(args: argparse.Namespace):
     return load_model(args.model, **model_options(args))
 
 
-def rendered_size(args: argparse.Namespace, default: int | None = None) -> int:
+def rendered_size(args: argparse.Namespace, default: int | None = None, fallback: int = FALLBACK_IMAGE_SIZE) -> int:
     """The side of images a command renders: --image-size when given, else `default` when the command
     fixes one, else the square size --model pins (`vlens.zoo.image_sizes.render_size`: the embedded
-    model's own size for tiny and its recipe's folders), else FALLBACK_IMAGE_SIZE (dynamic resolution)."""
+    model's own size for tiny and its recipe's folders), else `fallback` (dynamic resolution)."""
     if args.image_size is not None:
         return args.image_size
     if default is not None:
         return default
-    return render_size(getattr(args, "model", None))
+    return render_size(getattr(args, "model", None), fallback=fallback)
 
 
 def add_out(parser: argparse.ArgumentParser, contents: str, *, default: str | None = None,

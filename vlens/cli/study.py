@@ -30,6 +30,7 @@ from vlens.cli.options import (
 from vlens.utils.errors import UserInputError
 from vlens.utils.results import Result
 from vlens.utils.validation import arg_float, arg_int, arg_path, check_count, check_output_file
+from vlens.zoo.image_sizes import OBJECT_IMAGE_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ def configure(study: argparse.ArgumentParser) -> None:
     add_model_options(study, dtype_default=TRAIN_DTYPE)
     add_out(study, f"interventions: {STUDY_JSON}, {STUDY_MD} and each run's adapters; object-tokens / flow: "
             f"{RESULTS_FILE}, {STUDY_MD} and the figure")
-    mine = study.add_argument_group("object-tokens and flow")
+    mine = study.add_argument_group("object-tokens and flow", f"images drawn at --image-size, else at the square "
+                                    f"size the model's processor pins, else {OBJECT_IMAGE_SIZE} px")
     mine.add_argument("--task", nargs="+", choices=OBJECT_TASK_NAMES, default=None,
                       help="object tasks (default: object-tokens name colour; flow colour name)")
     mine.add_argument("--n", type=arg_int(min=1), default=64, help="examples per task (default 64)")
@@ -152,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
 def run_flow_study(args: argparse.Namespace) -> int:
     """`vlens study object-tokens` / `vlens study flow`."""
     out = prepare_out(args, RESULTS_FILE, STUDY_MD, FIGURES[args.study])
-    size = rendered_size(args, 64)
+    size = rendered_size(args, fallback=OBJECT_IMAGE_SIZE)
     name = "vlens.load() (the embedded tiny Qwen2.5-VL)" if args.model == "tiny" else args.model
     result: Result
     if args.study == "object-tokens":

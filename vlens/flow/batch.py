@@ -24,6 +24,7 @@ from vlens.core.inputs import VLMInputs
 from vlens.data import make_task_sample, record_image
 from vlens.data.objects import OBJECT_TASKS, make_object_sample
 from vlens.utils.errors import UserInputError
+from vlens.zoo.image_sizes import render_size
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
@@ -110,9 +111,12 @@ class FlowBatch:
         return inputs, answers, objects
 
 
-def object_task_batch(task: str, n: int, seed: int = 0, size: int = 64, style: str = "synpoly") -> FlowBatch:
+def object_task_batch(task: str, n: int, seed: int = 0, size: int | None = None, style: str = "synpoly") -> FlowBatch:
     """n generated examples of an object task: "name", "colour_at" (`vlens.data.objects`) or the task
-    suites' one-object questions "colour" ("What colour is the {shape}?"), "shape"; seeds seed .. seed + n - 1."""
+    suites' one-object questions "colour" ("What colour is the {shape}?"), "shape"; seeds seed .. seed + n - 1.
+    size: image side in px; None: the embedded model's own size (`vlens.zoo.image_sizes.render_size`; pass
+    ``render_size(model, fallback=OBJECT_IMAGE_SIZE)`` for another model's, 64 px under dynamic resolution)."""
+    size = render_size(image_size=size)
     if task not in TASK_NAMES:
         raise UserInputError(f"unknown object task {task!r}; choose one of {', '.join(TASK_NAMES)}")
     if n < 1:

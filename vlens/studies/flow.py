@@ -10,7 +10,7 @@ whether its interval lies wholly below 0 ("matters") or not ("no effect shown").
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict
 
 from vlens.flow import DEFAULT_EDGES, KnockoutSweep, SweepSettings, knockout_sweep, object_task_batch
@@ -19,6 +19,7 @@ from vlens.utils.errors import UserInputError
 from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_choice, check_count
 from vlens.viz.optional import require_make_subplots
+from vlens.zoo.image_sizes import OBJECT_IMAGE_SIZE, render_size
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
@@ -28,13 +29,14 @@ SEED_BASE = 371_000_000  # away from the embedded model's training and held-out 
 
 @dataclass(frozen=True)
 class FlowSettings:
-    """tasks, n examples per task, edges, window (None: max(1, n_layers // 4)), image size, batch size, seed."""
+    """tasks, n examples per task, edges, window (None: max(1, n_layers // 4)), image size (None: the square size
+    the model pins, else 64 px), batch size, seed."""
 
     tasks: tuple[str, ...] = ("colour", "name")
     n: int = 64
     edges: tuple[str, ...] = DEFAULT_EDGES
     window: int | None = None
-    size: int = 64
+    size: int | None = None  # None: the size the model pins, else OBJECT_IMAGE_SIZE (64 px)
     batch_size: int = 16
     seed: int = 0
 
@@ -131,9 +133,11 @@ def run_flow_study(model: HookedVLM, settings: FlowSettings, model_name: str = "
                    progress: bool = True) -> FlowStudy:
     """Run the sweep on every task (module docstring) and locate each edge's effect in depth."""
     window = settings.window or max(1, model.cfg.n_layers // 4)
+    size = render_size(model, settings.size, fallback=OBJECT_IMAGE_SIZE)
+    settings = replace(settings, size=size)  # recorded as drawn
     sweeps, found = {}, {}
     for t, task in enumerate(settings.tasks):
-        batch = object_task_batch(task, settings.n, seed=SEED_BASE + 1_000_000 * t + settings.seed, size=settings.size)
+        batch = object_task_batch(task, settings.n, seed=SEED_BASE + 1_000_000 * t + settings.seed, size=size)
         edges = settings.edges if batch.has_objects else tuple(e for e in settings.edges if "object" not in e)
         sweep = knockout_sweep(model, batch, settings=SweepSettings(edges=edges, window=window,
                                                                     batch_size=settings.batch_size, seed=settings.seed),

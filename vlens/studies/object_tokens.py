@@ -11,7 +11,7 @@ drop is larger and the exact McNemar test of the paired outcomes gives p < 0.05.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypedDict
 
 from vlens.flow import TokenAblation, ablate_tokens, object_task_batch
@@ -20,6 +20,7 @@ from vlens.utils.errors import UserInputError
 from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_choice, check_count
 from vlens.viz.optional import require_plotly
+from vlens.zoo.image_sizes import OBJECT_IMAGE_SIZE, render_size
 
 if TYPE_CHECKING:
     from vlens.core.model import HookedVLM
@@ -31,14 +32,15 @@ SEED_BASE = 370_000_000  # away from the embedded model's training and held-out 
 @dataclass(frozen=True)
 class ObjectTokenSettings:
     """tasks: object tasks (`vlens.flow.batch.TASK_NAMES`); n: examples per task; sites: "vision" and / or
-    decoder layers ("middle": n_layers // 2); how / buffer: the ablation; size: image side in px."""
+    decoder layers ("middle": n_layers // 2); how / buffer: the ablation; size: image side in px (None: the
+    square size the model pins, else 64 px)."""
 
     tasks: tuple[str, ...] = ("name", "colour")
     n: int = 64
     sites: tuple[str, ...] = ("vision", "middle")
     how: str = "mean"
     buffer: int = 1
-    size: int = 64
+    size: int | None = None  # None: the size the model pins, else OBJECT_IMAGE_SIZE (64 px)
     batch_size: int = 16
     seed: int = 0
 
@@ -136,8 +138,10 @@ def run_object_token_study(model: HookedVLM, settings: ObjectTokenSettings, mode
                            progress: bool = True) -> ObjectTokenStudy:
     """Run every (task, site) of the design (module docstring) and test the claim on each."""
     runs: list[Run] = []
+    size = render_size(model, settings.size, fallback=OBJECT_IMAGE_SIZE)
+    settings = replace(settings, size=size)  # recorded as drawn
     for t, task in enumerate(settings.tasks):
-        batch = object_task_batch(task, settings.n, seed=SEED_BASE + 1_000_000 * t + settings.seed, size=settings.size)
+        batch = object_task_batch(task, settings.n, seed=SEED_BASE + 1_000_000 * t + settings.seed, size=size)
         for site in settings.sites:
             at = settings.layer(site, model.cfg.n_layers)
             ablation = ablate_tokens(model, batch, how=settings.how, at=at, buffer=settings.buffer, seed=settings.seed,

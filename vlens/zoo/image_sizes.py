@@ -35,6 +35,9 @@ CELL = PATCH_SIZE * MERGE_SIZE  # pixels per merged image token along each side
 # what a model whose processor pins no square size gets rendered at (dynamic resolution: the
 # processor keeps the drawn size); the embedded model's size before it moved to 196 px
 FALLBACK_IMAGE_SIZE = 168
+# the object tasks' (knockout, object-token and flow studies) side under dynamic resolution: small
+# images, a handful of tokens
+OBJECT_IMAGE_SIZE = 64
 
 
 def pixel_budget(image_size: int) -> tuple[int, int]:
@@ -120,6 +123,6 @@ def render_size(model: Any = None, image_size: int | None = None, fallback: int 
     return pinned if pinned is not None else fallback
 
 
-__all__ = ["CELL", "FALLBACK_IMAGE_SIZE", "MERGE_SIZE", "MODEL_NAME", "PATCH_SIZE", "WEIGHTS_FOLDER",
+__all__ = ["CELL", "FALLBACK_IMAGE_SIZE", "MERGE_SIZE", "MODEL_NAME", "OBJECT_IMAGE_SIZE", "PATCH_SIZE", "WEIGHTS_FOLDER",
            "embedded_image_size", "folder_image_size", "pinned_image_size", "pinned_side", "pixel_budget",
            "processor_image_size", "render_size"]
