@@ -28,8 +28,6 @@ import time
 
 import torch
 
-from vlens.zoo.image_sizes import embedded_image_size
-
 
 def best(fn, repeats: int) -> float:
     times = []
@@ -43,8 +41,8 @@ def best(fn, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new", type=int, default=16)
-    parser.add_argument("--size", type=int, default=embedded_image_size(),
-                        help="image side in px (default: the embedded model's own size)")
+    parser.add_argument("--size", type=int, default=None,
+                        help="image side in px (default: the size each model pins, --against's model too)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--wide", action="store_true")
@@ -65,6 +63,7 @@ def main() -> None:
     # the exact-patching step alone, timed apart from the rest (module-private since e80c6db: one caller)
     from vlens.generation_attribution.attribute import _exact_patches as exact_patches
     from vlens.generation_attribution.attribute import baseline_state, image_tokens
+    from vlens.zoo.image_sizes import render_size
 
     if args.wide:
         from vlens.testing import tiny_hf_model, tiny_qwen_processor
@@ -73,8 +72,9 @@ def main() -> None:
         model = vlens.HookedVLM.from_hf(hf, processor=tiny_qwen_processor())
     else:
         model = vlens.load()
-    print(model.summary(), f"threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
-    pair = make_pair(n_clean=3, n_corrupt=5, seed=0, size=args.size)
+    size = render_size(model, args.size)
+    print(model.summary(), f"image size {size} px, threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
+    pair = make_pair(n_clean=3, n_corrupt=5, seed=0, size=size)
     inputs = model.prepare(images=[pair.clean_image], prompts=["Describe the image."])
     out = model.generate(inputs, max_new_tokens=args.new, stop_at_eos=False, return_type="output")
     special = special_ids(model)
@@ -137,7 +137,7 @@ def main() -> None:
         if args.against:
             other = vlens.HookedVLM.from_pretrained(args.against, device="cpu", dtype=torch.float32)
             other.eval()
-            print(f"\n{args.against}:")
+            print(f"\n{args.against} (image size {render_size(other, args.size)} px):")
             paired_differences(ours, agreement_over_images(other, args, special_ids(other)), args.against)
 
 
@@ -165,10 +165,11 @@ def agreement_over_images(model, args, special) -> dict[tuple[str, str], list[fl
 
     from vlens.data import make_pair
     from vlens.generation_attribution import GenerationAttributionSettings, attribute_generation
+    from vlens.zoo.image_sizes import render_size
 
     values: dict[tuple[str, str], list[float]] = {}
     for seed in range(args.agreement_images):
-        pair = make_pair(n_clean=3, n_corrupt=5, seed=seed, size=args.size)
+        pair = make_pair(n_clean=3, n_corrupt=5, seed=seed, size=render_size(model, args.size))
         inputs = model.prepare(images=[pair.clean_image], prompts=["Describe the image."])
         with torch.no_grad():
             out = model.generate(inputs, max_new_tokens=args.new, stop_at_eos=False, return_type="output")
