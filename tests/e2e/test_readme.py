@@ -21,7 +21,7 @@ def dots_prompt(model):
     """One generated dots image (3 dots) with the counting question, prepared for `model`."""
     from vlens.data import make_pair
 
-    image = make_pair(n_clean=3, n_corrupt=5, seed=0, size=168).clean_image
+    image = make_pair(n_clean=3, n_corrupt=5, seed=0, size=embedded_image_size()).clean_image
     return model.prepare(images=[image], prompts=["How many dots are there?"])
 
 
@@ -156,7 +156,7 @@ def test_readme_generation_block_runs(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)  # it saves attr_out/
     model = vlens.load()
-    pair = make_pair(n_clean=3, n_corrupt=5, seed=0, size=168)
+    pair = make_pair(n_clean=3, n_corrupt=5, seed=0, size=embedded_image_size())
     namespace: dict = {"model": model, "pair": pair, "inputs": dots_prompt(model)}
     exec(compile(readme_block("attribute_generation("), "README.md", "exec"), namespace)
     attr = namespace["attr"]
