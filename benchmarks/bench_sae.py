@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--train-positions", default="image,all")
     parser.add_argument("--size", type=int, default=embedded_image_size(),
                         help="image side in px (default: the embedded model's own size)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="another sample: the SAE's seed, training prompts from seed * 100,000 (0-9 stay clear of the held-out prompts)")
     parser.add_argument("--timing-runs", type=int, default=0,
                         help="only time: medians of N interleaved runs of the source and of SAE steps")
     args = parser.parse_args()
@@ -56,10 +58,10 @@ def main() -> None:
     if args.timing_runs:
         timing(model, args)
         return
-    train = counting(args.examples, 0, args.size)
+    train = counting(args.examples, args.seed * 100_000, args.size)
     held_out = counting(args.eval, 1_000_003, args.size)
     report: dict = {"hook": args.hook, "examples": args.examples, "tokens": args.tokens, "eval": args.eval,
-                    "d_sae": args.d_sae, "k": args.k, "threads": args.threads, "runs": []}
+                    "d_sae": args.d_sae, "k": args.k, "seed": args.seed, "threads": args.threads, "runs": []}
     for positions in args.train_positions.split(","):
         source = ActivationSource(model, train, ActivationOptions(args.hook, positions=positions, prompts_per_chunk=16))
         start = time.perf_counter()
@@ -67,7 +69,7 @@ def main() -> None:
         source_s = time.perf_counter() - start
         acts = torch.cat(chunks)
         training = SAETraining(architecture="topk", d_sae=args.d_sae, k=args.k, total_tokens=args.tokens,
-                               batch_size=512, buffer_size=8192, lr=1e-3, warmup_steps=50)
+                               batch_size=512, buffer_size=8192, lr=1e-3, warmup_steps=50, seed=args.seed)
         start = time.perf_counter()
         steps_only = train_sae(TensorSource(acts, 4096), training, hook_name=args.hook)
         steps_s = time.perf_counter() - start
