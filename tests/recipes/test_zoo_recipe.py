@@ -21,6 +21,7 @@ from vlens.recipes.embedded.training_set import (
     source_makers,
     training_sources,
 )
+from vlens.utils.errors import UserInputError
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +101,16 @@ def test_training_and_held_out_seeds_are_disjoint():
     train_seeds = {seed for _, seed in training_sources(2000, seed=0)}
     held_out = {record["seed"] for _, record in held_out_samples(3)}
     assert train_seeds.isdisjoint(held_out)
+
+
+def test_a_subset_of_held_out_sources_is_a_slice_of_the_full_evaluation():
+    """The arithmetic samples asked alone are the ones the full evaluation (the model card) asks."""
+    full = [record for _, record in held_out_samples(2) if record["source"] in ("arithmetic", "shape")]
+    alone = [record for _, record in held_out_samples(2, ["shape", "arithmetic"])]
+    key = {r["seed"]: r["question"] for r in full}
+    assert {r["seed"]: r["question"] for r in alone} == key and len(key) == 4
+    with pytest.raises(UserInputError, match="unknown held-out source"):
+        held_out_samples(1, ["counting/dots"])
 
 
 def test_learning_rate_warms_up_then_decays():

@@ -322,10 +322,19 @@ def varied_sample(make: Callable[..., Sample], seed: int) -> tuple[Image.Image, 
 
 def held_out_samples(per_source: int, sources: list[str] | None = None) -> list[tuple[Image.Image, dict]]:
     """`per_source` held-out samples per source (default size, unseen seeds); counting
-    sources cycle through counts 1..10 evenly. Records get a "source" key."""
+    sources cycle through counts 1..10 evenly. Records get a "source" key.
+
+    A source's samples are the same whichever other sources are asked for: its seeds follow its
+    place among all sources (the order of `source_makers`), so a subset is a slice of the full
+    evaluation that model cards report."""
     makers = source_makers(vary=False)
+    order = list(makers)
+    unknown = [name for name in sources or [] if name not in makers]
+    if unknown:
+        raise UserInputError(f"unknown held-out source(s) {unknown}; choose from {order}")
     samples = []
-    for source_index, name in enumerate(sources or list(makers)):
+    for name in sources or order:
+        source_index = order.index(name)
         for index in range(per_source):
             sample_seed = HELD_OUT_SEED_BASE + 1_000_000 * source_index + index
             count = 1 + index % 10 if name.startswith("counting/") else None

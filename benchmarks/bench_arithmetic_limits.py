@@ -1,0 +1,109 @@
+"""What limits the embedded model's arithmetic and SynPoly counting (issue 40's two missed targets).
+
+    PYTHONPATH=. python benchmarks/bench_arithmetic_limits.py [--n 300] [--model DIR] [--threads 1]
+
+Arithmetic asks "How many <c1> and <c2> objects are there in total?" or "How many more <c1> than <c2>
+objects are there?". On the same held-out images it also asks the two sub-counts the answer needs
+("How many <c1> objects are there?", a counting template the model trains on) and reports:
+- sub-count accuracy, and arithmetic accuracy when both sub-counts are right vs when one is wrong;
+- consistency: how often the arithmetic answer equals the sum / difference of the model's own sub-counts
+  (high consistency with wrong sub-counts: counting limits it; low consistency with right ones: combining does).
+SynPoly counting is broken down by question template (all objects, one colour, one shape).
+Prints one JSON object; RESULTS.md records the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from collections import defaultdict
+
+QUESTION = re.compile(r"How many (more )?(\w+) (?:and|than) (\w+) objects")
+
+
+def sub_counts(record: dict) -> tuple[str, str, int, int, bool]:
+    """(c1, c2, true count of c1, true count of c2, is_difference) of an arithmetic record."""
+    match = QUESTION.match(record["question"])
+    if match is None:
+        raise ValueError(f"not an arithmetic question: {record['question']!r}")
+    difference, c1, c2 = bool(match.group(1)), match.group(2), match.group(3)
+    colours = [obj["color"] for obj in record["objects"]]
+    return c1, c2, colours.count(c1), colours.count(c2), difference
+
+
+def combine(a: str, b: str, difference: bool) -> str | None:
+    """The model's own sub-counts combined as the question asks (None if either is not a number)."""
+    if not (a.isdigit() and b.isdigit()):
+        return None
+    return str(int(a) - int(b) if difference else int(a) + int(b))
+
+
+def arithmetic_limits(records: list[dict], answers: list[str], first: list[str], second: list[str]) -> dict:
+    """Sub-count accuracy, arithmetic accuracy given the sub-counts, and consistency with them."""
+    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # name -> [hits, n]
+    for record, answer, a, b in zip(records, answers, first, second, strict=True):
+        _, _, k1, k2, difference = sub_counts(record)
+        correct = answer == record["answer"]
+        subs_right = a == str(k1) and b == str(k2)
+        implied = combine(a, b, difference)
+        kind = "difference" if difference else "sum"
+        for name, hit in ((f"arithmetic/{kind}", correct), ("arithmetic", correct),
+                          ("sub-count c1", a == str(k1)), ("sub-count c2", b == str(k2)),
+                          ("both sub-counts", subs_right),
+                          ("arithmetic | both sub-counts right" if subs_right else
+                           "arithmetic | a sub-count wrong", correct),
+                          ("answer = own sub-counts combined" + (" | both right" if subs_right else
+                                                                 " | a sub-count wrong"), answer == implied)):
+            groups[name][0] += int(hit)
+            groups[name][1] += 1
+    return {name: {"accuracy": round(hits / n, 3), "n": n} for name, (hits, n) in sorted(groups.items())}
+
+
+def by_template(records: list[dict], answers: list[str]) -> dict:
+    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for record, answer in zip(records, answers, strict=True):
+        groups[record["template"]][0] += int(answer == record["answer"])
+        groups[record["template"]][1] += 1
+    return {name: {"accuracy": round(hits / n, 3), "n": n} for name, (hits, n) in sorted(groups.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=300, help="held-out samples per source")
+    parser.add_argument("--model", default=None, help="a model folder (default: the embedded model)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+
+    import torch
+
+    from vlens.data.templates import COUNT_COLOR
+    from vlens.recipes.embedded.evaluate import answer_questions
+    from vlens.recipes.embedded.recipe import load_for_continuation
+    from vlens.recipes.embedded.training_set import held_out_samples
+    from vlens.zoo import WEIGHTS_FOLDER
+
+    torch.set_num_threads(args.threads)
+    folder = args.model or str(WEIGHTS_FOLDER)
+    _, processor, model = load_for_continuation(folder)
+    model.eval()
+    start = time.time()
+    samples = held_out_samples(args.n, ["arithmetic"])
+    images = [image for image, _ in samples]
+    records = [record for _, record in samples]
+    answers = answer_questions(model, processor, images, [r["question"] for r in records])
+    parts = [sub_counts(r) for r in records]
+    first = answer_questions(model, processor, images, [COUNT_COLOR.format(color=p[0]) for p in parts])
+    second = answer_questions(model, processor, images, [COUNT_COLOR.format(color=p[1]) for p in parts])
+    poly = held_out_samples(args.n, ["counting/synpoly"])
+    poly_answers = answer_questions(model, processor, [i for i, _ in poly], [r["question"] for _, r in poly])
+    print(json.dumps({
+        "model": folder, "n": args.n, "seconds": round(time.time() - start),
+        "arithmetic": arithmetic_limits(records, answers, first, second),
+        "synpoly_by_template": by_template([r for _, r in poly], poly_answers),
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
