@@ -32,6 +32,7 @@ from vlens.patching import (
 )
 from vlens.testing import tiny_hf_model, tiny_qwen_processor
 from vlens.viz.html import write_figure_html
+from vlens.zoo.image_sizes import render_size
 
 QUIET = SweepOptions(progress=False)
 
@@ -86,7 +87,8 @@ def _timed(fn, repeats: int):
 
 def bench_sweep(model: HookedVLM, n_pairs: int, repeats: int, max_batch: int, sweep=patch_layer_head) -> dict:
     """Naive vs fast timing of one full sweep (default: every layer x head hook_z) and their max difference."""
-    batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=0, size=168))
+    # drawn at the size the model pins (the embedded model: its training size), else 168 px
+    batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=0, size=render_size(model)))
     options = SweepOptions(max_batch=max_batch, progress=False)
     sweep(model, batch, options=options)  # warm-up
     t_naive, naive = _timed(lambda: sweep(model, batch, options=QUIET.replace(implementation="naive")), repeats)
@@ -99,6 +101,7 @@ def bench_sweep(model: HookedVLM, n_pairs: int, repeats: int, max_batch: int, sw
         "d_model": model.cfg.d_model,
         "device": str(model.cfg.device),
         "n_pairs": n_pairs,
+        "image_size": render_size(model),
         "seq_len": batch.seq_len,
         "conditions": naive.per_pair_logit_diff.shape[:2].numel(),
         "naive_wall_s": t_naive[0],
@@ -119,7 +122,8 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None, seed: int = 1
     """
     from vlens.lens.logit_lens import logit_lens_records
 
-    batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=seed, size=168))
+    size = render_size(model)  # the model's own input size: images drawn at another are off its distribution
+    batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=seed, size=size))
     region = patch_layer_region(model, batch, component="resid_pre", options=QUIET)
     heads = patch_layer_head(model, batch, options=QUIET)
     exact = heads.metrics["logit_diff"] - heads.baseline.clean_logit_diff.mean()
@@ -130,7 +134,7 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None, seed: int = 1
     from vlens.data import make_task_sample
 
     samples = [
-        make_task_sample("counting", seed=10_000 * seed + i, size=168, style="syndot") for i in range(n_pairs)
+        make_task_sample("counting", seed=10_000 * seed + i, size=size, style="syndot") for i in range(n_pairs)
     ]
     lens = logit_lens_records(model, [{**r, "image": im} for im, r in samples],
                               options=QUIET.replace(batch_size=16))
@@ -138,6 +142,8 @@ def findings(model: HookedVLM, n_pairs: int, figures: Path | None, seed: int = 1
     out = {
         "n_pairs": n_pairs,
         "seed": seed,
+        "image_size": size,
+        "seq_len": batch.seq_len,
         "components_overwrite_rate": {c: r.metrics["overwrite_rate"].tolist() for c, r in others.items()},
         "components_patch_effect": {c: r.metrics["patch_effect"].tolist() for c, r in others.items()},
         "clean_accuracy": float(region.baseline.clean_correct.float().mean()),
