@@ -49,6 +49,7 @@ from vlens.recipes.embedded.vocabulary import vocabulary_words
 from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_folder, atomic_write, load_tensor_file
 from vlens.utils.validation import check_float, check_output_folder
+from vlens.zoo.image_sizes import folder_image_size
 from vlens.zoo.processor import (
     CELL,
     IMAGE_SIZE,
@@ -382,14 +383,13 @@ def render_only(out: str | Path, settings: RecipeSettings, progress: bool = True
             raise UserInputError(f"--render-only renders and trains nothing: drop {flag}")
     image_size = settings.image_size
     if image_size is None and settings.init_from:
-        from transformers import AutoImageProcessor
-
-        if not (Path(settings.init_from) / "preprocessor_config.json").is_file():
+        image_size = folder_image_size(settings.init_from)
+        if image_size is None:
             raise UserInputError(
                 f"--render-only reads the image size from --init-from, but {settings.init_from} holds no "
-                "preprocessor_config.json: pass --image-size, or --init-from a model folder of the stage's size"
+                "processor config that pins a square size: pass --image-size, or --init-from a model folder of "
+                "the stage's size"
             )
-        image_size = image_size_of(AutoImageProcessor.from_pretrained(settings.init_from))
     processor = assemble_processor(build_tokenizer(vocabulary_words()),
                                    build_image_processor(image_size or IMAGE_SIZE))
     directory = checkpoint_folder(out, settings)
