@@ -40,33 +40,37 @@ def combine(a: str, b: str, difference: bool) -> str | None:
     return str(int(a) - int(b) if difference else int(a) + int(b))
 
 
+def _table(groups: dict[str, list[bool]]) -> dict:
+    return {name: {"accuracy": round(sum(hits) / len(hits), 3), "n": len(hits)} for name, hits in sorted(groups.items())}
+
+
 def arithmetic_limits(records: list[dict], answers: list[str], first: list[str], second: list[str]) -> dict:
     """Sub-count accuracy, arithmetic accuracy given the sub-counts, and consistency with them."""
-    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # name -> [hits, n]
+    groups: dict[str, list[bool]] = defaultdict(list)
     for record, answer, a, b in zip(records, answers, first, second, strict=True):
         _, _, k1, k2, difference = sub_counts(record)
         correct = answer == record["answer"]
         subs_right = a == str(k1) and b == str(k2)
-        implied = combine(a, b, difference)
-        kind = "difference" if difference else "sum"
-        for name, hit in ((f"arithmetic/{kind}", correct), ("arithmetic", correct),
-                          ("sub-count c1", a == str(k1)), ("sub-count c2", b == str(k2)),
-                          ("both sub-counts", subs_right),
-                          ("arithmetic | both sub-counts right" if subs_right else
-                           "arithmetic | a sub-count wrong", correct),
-                          ("answer = own sub-counts combined" + (" | both right" if subs_right else
-                                                                 " | a sub-count wrong"), answer == implied)):
-            groups[name][0] += int(hit)
-            groups[name][1] += 1
-    return {name: {"accuracy": round(hits / n, 3), "n": n} for name, (hits, n) in sorted(groups.items())}
+        given = "both right" if subs_right else "a sub-count wrong"
+        hits = {
+            "arithmetic": correct,
+            f"arithmetic/{'difference' if difference else 'sum'}": correct,
+            "sub-count c1": a == str(k1),
+            "sub-count c2": b == str(k2),
+            "both sub-counts": subs_right,
+            f"arithmetic | {'both sub-counts right' if subs_right else 'a sub-count wrong'}": correct,
+            f"answer = own sub-counts combined | {given}": answer == combine(a, b, difference),
+        }
+        for name, hit in hits.items():
+            groups[name].append(hit)
+    return _table(groups)
 
 
 def by_template(records: list[dict], answers: list[str]) -> dict:
-    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    groups: dict[str, list[bool]] = defaultdict(list)
     for record, answer in zip(records, answers, strict=True):
-        groups[record["template"]][0] += int(answer == record["answer"])
-        groups[record["template"]][1] += 1
-    return {name: {"accuracy": round(hits / n, 3), "n": n} for name, (hits, n) in sorted(groups.items())}
+        groups[record["template"]].append(answer == record["answer"])
+    return _table(groups)
 
 
 def main() -> None:
