@@ -38,6 +38,21 @@ def test_a_source_is_held_out_only_when_no_stage_trains_on_it():
     assert not held_out(unknown, "counting/synreal") and "not recorded" in sources_note(unknown)
 
 
+def test_subset_counting_is_not_held_out_while_synpoly_counting_trains():
+    """counting/subset asks questions that SynPoly counting samples also ask: unseen only if neither trains."""
+    per_task = {"counting/subset": {"accuracy": 0.6, "n": 100}}
+    trained = _evaluation([{"counting/synpoly": 0.2, "colour": 0.8}], per_task)
+    assert not held_out(trained, "counting/subset")
+    assert exposure(trained, "counting/subset") == (
+        "no source of its own in training, but counting/synpoly asks such questions "
+        "(in the training mix of every stage, 20%)")
+    assert "(no source is held out)" in readme_paragraph(trained)
+    neither = _evaluation([{"colour": 1.0}], per_task)
+    assert held_out(neither, "counting/subset") and exposure(neither, "counting/subset") == "held out of all training"
+    own = _evaluation([{"counting/subset": 0.1, "colour": 0.9}], per_task)
+    assert exposure(own, "counting/subset") == "in the training mix of every stage, 10%"
+
+
 def test_sources_beyond_the_task_suite_are_reported_with_their_accuracy_and_exposure():
     evaluation = _evaluation([{"counting/syndot": 1.0}],
                              {"counting/syndot": {"accuracy": 0.9, "n": 100},

@@ -9,7 +9,7 @@ import pytest
 
 from vlens.data import make_task_sample
 from vlens.data import templates as T
-from vlens.data.palette import COLOR_PALETTE, SHAPES
+from vlens.data.palette import COLOR_PALETTE, SHAPES, plural
 from vlens.recipes.embedded.architecture import axis_rotations, build_config
 from vlens.recipes.embedded.minimal_pairs import counterpart
 from vlens.recipes.embedded.tokenizer import build_tokenizer
@@ -63,6 +63,27 @@ def test_counterparts_ask_about_the_same_image_and_are_answered_correctly(task):
         assert flipped == made  # the partner's yes/no answer is always the other one
 
 
+def _count_truth(record: dict, question: str) -> str:
+    """How many of the scene's objects the counting question names, from the objects alone."""
+    for key, template in (("color", T.COUNT_COLOR), ("shape", T.COUNT_SHAPE)):
+        for value in {o[key] for o in record["objects"]}:
+            if question == T.fill(template, color=value, shape_plural=plural(value)):
+                return str(sum(o[key] == value for o in record["objects"]))
+    raise AssertionError(f"no object matches {question!r}")
+
+
+@pytest.mark.parametrize("template", [T.COUNT_COLOR, T.COUNT_SHAPE])
+def test_counting_among_distractors_pairs_with_another_present_value(template):
+    for seed in range(30):
+        _, record = make_task_sample("counting", seed, size=224, counts=[1 + seed % 6], template=template,
+                                     distractors=1 + seed % 4)
+        question, answer = counterpart(record, np.random.default_rng(seed))
+        assert question != record["question"] and int(answer) >= 1
+        assert answer == _count_truth(record, question)
+    _, record = make_task_sample("counting", 0, size=224, counts=[3], template=template, distractors=0)
+    assert counterpart(record, np.random.default_rng(0)) is None  # nothing else to count
+
+
 def test_no_counterpart_for_a_lone_object_or_counting():
     for seed in range(40):
         _, record = make_task_sample("colour", seed, size=168)
@@ -71,8 +92,9 @@ def test_no_counterpart_for_a_lone_object_or_counting():
             break
     else:
         pytest.fail("no lone-object colour sample in 40 seeds")
-    _, record = make_task_sample("counting", 0, size=168)
-    assert counterpart(record, np.random.default_rng(0)) is None
+    for seed in range(20):  # counting drawn without explicit distractors: no partner (older stages unchanged)
+        _, record = make_task_sample("counting", seed, size=168)
+        assert counterpart(record, np.random.default_rng(0)) is None
 
 
 def test_batches_put_each_example_next_to_its_partner():

@@ -113,6 +113,21 @@ def test_a_subset_of_held_out_sources_is_a_slice_of_the_full_evaluation():
         held_out_samples(1, ["counting/dots"])
 
 
+def test_held_out_seeds_of_the_cards_sources_stay_put_and_subset_counting_has_distractors():
+    """A source's held-out seeds follow its place in source_makers: the sources the shipped cards
+    measured keep their places (a new source goes last), so their numbers stay comparable."""
+    assert list(source_makers(vary=False)) == [
+        "counting/syndot", "counting/dot_variants", "counting/synpoly", "counting/synreal", "colour", "shape",
+        "spatial", "arithmetic", "existence", "foreign/counting", "foreign/colour", "foreign/shape",
+        "counting/subset"]
+    samples = held_out_samples(20, ["counting/subset"])
+    assert [int(r["answer"]) for _, r in samples] == [1 + i % 10 for i in range(20)]  # counts cycle 1..10
+    for _, record in samples:
+        assert record["distractors"] >= 1 and len(record["objects"]) == int(record["answer"]) + record["distractors"]
+        assert record["template"] in ("How many {color} objects are there?", "How many {shape_plural} are there?")
+    assert parse_mix("counting/subset=0.2,arithmetic=0.1") == {"counting/subset": 0.2, "arithmetic": 0.1}
+
+
 def test_learning_rate_warms_up_then_decays():
     settings = TrainSettings(steps=100, learning_rate=1.0, warmup_steps=10)
     rates = [rate_at(settings, step) for step in range(100)]

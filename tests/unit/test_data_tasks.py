@@ -80,3 +80,25 @@ def test_vocabulary_and_bad_requests():
         make_task_sample("shape", seed=0, template="Is there a {shape}?")
     rec = make_task_sample("counting", seed=0, style="syndot", counts=[4], size=128)[1]
     assert rec["question"] == "How many dots are there?" and rec["answer"] == "4"
+
+
+@pytest.mark.parametrize("template", ["How many {color} objects are there?", "How many {shape_plural} are there?"])
+def test_counting_among_a_fixed_number_of_distractors(template):
+    for seed, (answer, distractors) in enumerate([(1, 0), (1, 9), (4, 3), (7, 2), (10, 1)]):
+        rec = make_task_sample("counting", seed=seed, size=224, counts=[answer], template=template,
+                               distractors=distractors)[1]
+        assert rec["answer"] == str(answer) == expected_answer(rec)
+        assert rec["distractors"] == distractors and len(rec["objects"]) == answer + distractors
+        assert len(rec["targets"]) == answer  # the distractors are exactly the objects not asked about
+    plain = make_task_sample("counting", seed=0, size=224, counts=[4], template=template)[1]
+    assert "distractors" not in plain and len(plain["objects"]) == 4  # a fixed count draws none by default
+
+
+def test_distractors_only_where_a_question_counts_a_subset():
+    with pytest.raises(ValueError, match="counting by colour or shape"):
+        make_task_sample("counting", seed=0, template="How many objects are there?", distractors=2)
+    with pytest.raises(ValueError, match="counting by colour or shape"):
+        make_task_sample("existence", seed=0, distractors=2)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="non-negative integer"):
+            make_task_sample("counting", seed=0, template="How many {color} objects are there?", distractors=bad)

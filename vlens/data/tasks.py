@@ -52,7 +52,7 @@ def _ids(objects: list[dict], key: str, value: str) -> list[int]:
 
 
 def _counting(
-    style: Style, template: str, rng: np.random.Generator, counts: Sequence[int]
+    style: Style, template: str, rng: np.random.Generator, counts: Sequence[int], distractors: int | None = None
 ) -> tuple[Attributes, Asker]:
     n = int(_pick(rng, counts))
     if template in (T.COUNT_DOTS, T.COUNT_OBJECTS):
@@ -60,7 +60,7 @@ def _counting(
         return blank, lambda objs: (template, str(n), [o["id"] for o in objs])
     key, pool = ("color", style.colors) if template == T.COUNT_COLOR else ("shape", style.shapes)
     target = _pick(rng, pool)
-    extra = int(rng.integers(0, max(counts) - n + 1))
+    extra = int(rng.integers(0, max(counts) - n + 1)) if distractors is None else distractors
     others = _without(pool, target)
     values = [target] * n + [_pick(rng, others) for _ in range(extra)]
     attrs: Attributes = [(v, None) if key == "color" else (None, v) for v in values]
@@ -155,6 +155,17 @@ _BUILDERS = {
 }
 
 
+def _check_distractors(task: str, template: str, distractors: object) -> None:
+    """`distractors` only where a question counts a subset (by colour or shape), as a count."""
+    if task != "counting" or template not in (T.COUNT_COLOR, T.COUNT_SHAPE):
+        raise UserInputError(
+            f"distractors apply to counting by colour or shape ({T.COUNT_COLOR!r}, {T.COUNT_SHAPE!r}), "
+            f"not to task {task!r} with template {template!r}; leave distractors=None"
+        )
+    if isinstance(distractors, bool) or not isinstance(distractors, int) or distractors < 0:
+        raise UserInputError(f"distractors must be a non-negative integer, got {distractors!r}")
+
+
 def task_templates(task: str, style: str) -> tuple[str, ...]:
     """The templates a task uses in a style (SynDot counts dots; the others count objects)."""
     if task not in _BUILDERS:
@@ -178,6 +189,7 @@ def make_task_sample(
     radius: Radius = None,
     min_gap: float | None = None,
     background: str | None = None,
+    distractors: int | None = None,
 ) -> tuple[Image.Image, dict]:
     """One image and question of a task suite.
 
@@ -187,6 +199,10 @@ def make_task_sample(
         style: "synpoly" (default), "synreal", or "syndot" (counting only).
         counts: allowed object counts (counting answers; others stay within max(counts)).
         template: one of ``TEMPLATES[task]``; default a random one from the seed.
+        distractors: counting by colour or shape only ("How many red objects are there?"):
+            exactly this many objects that do not match the question, each of another colour
+            (shape) than the asked one; default a random number from 0 up to max(counts) - answer,
+            so that a fixed count (``counts=(n,)``) draws none. Recorded as "distractors".
 
     Returns:
         (RGB image, record) where the record also has "template" and "targets" (ids of the
@@ -205,7 +221,11 @@ def make_task_sample(
             f"template {template!r} is not one of task {task!r}'s templates for {style}: {allowed}"
         )
     radius_px, gap = resolve_geometry(the_style, size, radius, min_gap)
-    attributes, ask = _BUILDERS[task](the_style, template, q_rng, counts)
+    if distractors is None:
+        attributes, ask = _BUILDERS[task](the_style, template, q_rng, counts)
+    else:
+        _check_distractors(task, template, distractors)
+        attributes, ask = _counting(the_style, template, q_rng, counts, distractors)
     for _ in range(LAYOUT_ATTEMPTS):
         order = q_rng.permutation(len(attributes))  # targets are not always the first ids
         objects = sample_objects(the_style, [attributes[i] for i in order], layout_rng, size, radius_px, gap)
@@ -219,7 +239,7 @@ def make_task_sample(
         )
     question, answer, targets = asked
     background = resolve_background(the_style, background, seed)
-    return render_with_record(
+    image, record = render_with_record(
         the_style,
         objects,
         size,
@@ -231,3 +251,6 @@ def make_task_sample(
         template=template,
         targets=targets,
     )
+    if distractors is not None:
+        record["distractors"] = distractors
+    return image, record

@@ -25,12 +25,16 @@ COUNTING_NAMES = {
     "counting/dot_variants": "dots from a second renderer (dot_variants)",
     "counting/synreal": "shaded objects on textured backgrounds (SynReal-lite)",
     "foreign/counting": "shapes from a third, PIL-drawn renderer in plain CSS colours (foreign)",
+    "counting/subset": "a named colour or shape among other objects (SynPoly subset)",
 }
 # Question sources beyond the task suite's own (named in the text with their accuracy).
 OTHER_NAMES = {
     "foreign/colour": "colour questions on the foreign renderer",
     "foreign/shape": "shape questions on the foreign renderer",
 }
+# Sources whose questions another source's training samples also ask (SynPoly counting draws "How many
+# red objects?" among other objects too): such a source is never called held out while that one trains.
+ALSO_DRAWN_BY = {"counting/subset": "counting/synpoly"}
 SUITE_TASKS = ("colour", "shape", "spatial", "arithmetic", "existence")
 SOLID = 0.85  # a task whose interval lies above this is reported as answered; below it, as weaker
 
@@ -51,9 +55,12 @@ def training_shares(evaluation: dict, source: str) -> list[float] | None:
 
 
 def held_out(evaluation: dict, source: str) -> bool:
-    """True only when the source is absent from every recorded stage's mix."""
+    """True only when the source, and any source that also draws its questions, is absent from every recorded stage's mix."""
     shares = training_shares(evaluation, source)
-    return shares is not None and max(shares, default=0.0) == 0.0
+    if shares is None or max(shares, default=0.0) > 0.0:
+        return False
+    parent = ALSO_DRAWN_BY.get(source)
+    return parent is None or held_out(evaluation, parent)
 
 
 def exposure(evaluation: dict, source: str) -> str:
@@ -63,6 +70,9 @@ def exposure(evaluation: dict, source: str) -> str:
         return "training exposure not recorded"
     used = [s for s in shares if s > 0]
     if not used:
+        parent = ALSO_DRAWN_BY.get(source)
+        if parent is not None and not held_out(evaluation, parent):
+            return f"no source of its own in training, but {parent} asks such questions ({exposure(evaluation, parent)})"
         return "held out of all training"
     low, high = 100 * min(used), 100 * max(used)
     share = f"{low:.0f}%" if round(low) == round(high) else f"{low:.0f}-{high:.0f}%"

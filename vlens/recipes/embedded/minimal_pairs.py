@@ -11,7 +11,10 @@ Counterparts, from the sample's record (objects with colour, shape, centre):
   a present one when it is "no" (same template);
 - spatial: the two objects swapped (their footprints are separated along the axis, so the
   answer flips);
-- colour / shape: another object whose shape (colour) is unique in the image, asked the same way.
+- colour / shape: another object whose shape (colour) is unique in the image, asked the same way;
+- counting among distractors (a record drawn with explicit "distractors", the counting/subset
+  source): the count of another colour (shape) present in the image, asked the same way. Other
+  counting records get no partner, so stages trained before this existed render as they did.
 A sample with no counterpart (a lone object, every value present) has none.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from vlens.data import templates as T
+from vlens.data.palette import plural
 from vlens.data.styles import get_style
 
 BINDING_TASKS: tuple[str, ...] = ("existence", "spatial", "colour", "shape")
@@ -57,6 +61,15 @@ def counterpart(record: dict, rng: np.random.Generator) -> tuple[str, str] | Non
                                      color2=a["color"], shape2=a["shape"])
                     return swapped, T.NO if record["answer"] == T.YES else T.YES
         return None
+    if task == "counting" and record.get("distractors") and template in (T.COUNT_COLOR, T.COUNT_SHAPE):
+        key = "color" if template == T.COUNT_COLOR else "shape"
+        values = [o[key] for o in objects]
+        counted = {o[key] for o in objects if o["id"] in record["targets"]}
+        present = sorted(set(values) - counted)
+        if not present:
+            return None
+        value = present[int(rng.integers(len(present)))]
+        return T.fill(template, color=value, shape_plural=plural(value)), str(values.count(value))
     if task in ("colour", "shape"):
         key, asked = ("shape", "color") if task == "colour" else ("color", "shape")
         target = next(o for o in objects if o["id"] == record["targets"][0])

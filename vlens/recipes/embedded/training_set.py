@@ -8,7 +8,9 @@ training stage: its held-out accuracy is the unseen-renderer figure. The second 
 (`counting/dot_variants`, vlens.recipes.embedded.dot_variants) is NOT held out: six of the
 shipped model's seven stages trained on it (its model card's commands), so a stage may use it,
 and whether a model saw it is read from its stages' mixes (vlens.recipes.embedded.claims),
-never assumed. Training images are
+never assumed. `counting/subset` counts a named colour or shape among other objects (SynPoly's
+held-out counting fixes the count and so draws no distractors); it is evaluated with the rest and
+trains only where a mix names it. Training images are
 redrawn with appearance variety (vlens.recipes.embedded.appearance); held-out images are the
 data module's own.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -24,7 +27,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from vlens.data import LayoutError, make_task_sample
-from vlens.data.templates import COUNT_DOTS
+from vlens.data.templates import COUNT_COLOR, COUNT_DOTS, COUNT_SHAPE
 from vlens.recipes.embedded.appearance import id_map_of, photometric, redraw
 from vlens.recipes.embedded.batches import EncodedExample, encode_example, to_model_image
 from vlens.recipes.embedded.dot_variants import render_dot_variant
@@ -114,6 +117,34 @@ def _dot_variant_source(seed: int, count: int | None = None) -> Sample:
     }
 
 
+SUBSET_TEMPLATES = (COUNT_COLOR, COUNT_SHAPE)
+MAX_SUBSET_OBJECTS = 10  # answer + distractors, except that 10 asked objects still get one distractor
+
+
+def _subset_source(vary: bool) -> Callable[..., Sample]:
+    """SynPoly counting of a named colour or shape among at least one other object ("How many red
+    objects are there?" with objects of other colours): the sub-count that arithmetic needs
+    (benchmarks/bench_arithmetic_limits.py). `count` fixes the answer; the distractors stay drawn."""
+
+    def make(seed: int, count: int | None = None) -> Sample:
+        rng = np.random.default_rng([seed, 19])  # its own stream: varied_sample draws [seed, 11]
+        size = _size_for(rng) if vary else DEFAULT_SIZE
+        answer = count if count is not None else int(rng.integers(1, MAX_SUBSET_OBJECTS))
+        distractors = int(rng.integers(1, max(1, MAX_SUBSET_OBJECTS - answer) + 1))
+        template = SUBSET_TEMPLATES[int(rng.integers(len(SUBSET_TEMPLATES)))]
+        radius = _varied_radius("synpoly", size, rng) if vary else None
+        sample = partial(make_task_sample, "counting", seed, size=size, style="synpoly", counts=(answer,),
+                         template=template, distractors=distractors)
+        if radius is not None:
+            try:
+                return sample(radius=radius)
+            except LayoutError:  # too crowded for these sizes: the default sizes
+                pass
+        return sample()
+
+    return make
+
+
 def source_makers(vary: bool, max_objects: int | None = None) -> dict[str, Callable[..., Sample]]:
     """name -> (seed, count=None) -> (image, record); `count` fixes the object count of
     counting sources. `vary`: training variety of image size and dot radius.
@@ -131,6 +162,8 @@ def source_makers(vary: bool, max_objects: int | None = None) -> dict[str, Calla
         "counting/synreal": _task_source("counting", "synreal", vary),
         **{name: task(name) for name in ("colour", "shape", "spatial", "arithmetic", "existence")},
         **{f"foreign/{name}": _foreign_source(name) for name in ("counting", "colour", "shape")},
+        # last: a source's held-out seeds follow its place in this order (held_out_samples)
+        "counting/subset": _subset_source(vary),
     }
 
 
@@ -162,6 +195,7 @@ TRAINABLE_SOURCES: tuple[str, ...] = (
     "spatial",
     "arithmetic",
     "existence",
+    "counting/subset",
 )
 
 # Share of each source in the training set (the default mix of a language stage).

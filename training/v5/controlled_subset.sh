@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Controlled runs for issue 40's arithmetic target (RESULTS.md "Embedded model v5"): does counting a named
+# colour or shape among other objects, trained as a source of its own with minimal pairs (the same image
+# asked about another colour / shape present), lift the sub-counts that arithmetic needs
+# (benchmarks/bench_arithmetic_limits.py: both sub-counts right on 6% of arithmetic images at v5 stage 2)?
+# Both arms continue v5 stage 4 (training/v5/lang4) for 1,500 steps with stage 4's settings; two seeds each:
+#   base-S:   stage 4's balanced mix;
+#   subset-S: the same mix plus counting/subset=0.15 (the other shares shrink by the normalisation).
+#
+#   nice -n 5 bash training/v5/controlled_subset.sh [RUN ...]
+#   RUN: base-60 subset-60 base-61 subset-61 (default: all, in this order)
+# then: python benchmarks/compare_checkpoints.py runs/ctl5s/base-60 runs/ctl5s/subset-60 --n 300
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. training/stage.sh
+BALANCED_MIX=counting/syndot=0.05,counting/synpoly=0.18,counting/synreal=0.03,colour=0.08,shape=0.16,spatial=0.18,arithmetic=0.14,existence=0.18
+
+train() {  # NAME SEED MIX
+  run_stage "runs/ctl5s/$1" --init-from training/v5/lang4 --minimal-pairs --freeze-vision --seed "$2" --steps 1500 \
+    --batch-size 48 --lr 5e-4 --warmup 50 --examples 8000 --mix "$3" --checkpoint-every 250 --held-out 300
+}
+
+runs=("$@")
+[ ${#runs[@]} -eq 0 ] && runs=(base-60 subset-60 base-61 subset-61)
+for name in "${runs[@]}"; do
+  case $name in
+    base-*) train "$name" "${name#base-}" "$BALANCED_MIX" ;;
+    subset-*) train "$name" "${name#subset-}" "$BALANCED_MIX,counting/subset=0.15" ;;
+    *) echo "unknown run $name" >&2; exit 2 ;;
+  esac
+done
