@@ -44,8 +44,8 @@ def test_subset_counting_is_not_held_out_while_synpoly_counting_trains():
     trained = _evaluation([{"counting/synpoly": 0.2, "colour": 0.8}], per_task)
     assert not held_out(trained, "counting/subset")
     assert exposure(trained, "counting/subset") == (
-        "no source of its own in training, but counting/synpoly asks such questions "
-        "(in the training mix of every stage, 20%)")
+        "no source of its own in training, but counting/synpoly asks such questions"
+        ": in the training mix of every stage, 20%")
     assert "(no source is held out)" in readme_paragraph(trained)
     neither = _evaluation([{"colour": 1.0}], per_task)
     assert held_out(neither, "counting/subset") and exposure(neither, "counting/subset") == "held out of all training"

@@ -118,6 +118,15 @@ def test_a_fresh_decoder_stage_says_what_it_started_from():
     assert "minimal pairs: each binding question" in text
     assert "question before the image with probability 0.35 per sample" in text
     assert text.count("question before the image") == 1  # stages 1 and 3 ask it after the image
+    assert "counting/subset" not in text  # no stage's mix names it
+
+
+def test_minimal_pairs_of_subset_counting_are_named_where_the_mix_has_it():
+    summary = _summaries(_lineage())[-1]
+    summary["training"]["minimal_pairs"] = True
+    summary["data"]["mix"] = {"counting/subset": 0.2, "colour": 0.8}
+    last = training_lines(summary)[len(training_stages(summary)) - 1]
+    assert "(existence, spatial, colour, shape; counting/subset's counts among other objects) also asked" in last
 
 
 ROOT = Path(__file__).parents[2]

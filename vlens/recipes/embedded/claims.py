@@ -72,7 +72,7 @@ def exposure(evaluation: dict, source: str) -> str:
     if not used:
         parent = ALSO_DRAWN_BY.get(source)
         if parent is not None and not held_out(evaluation, parent):
-            return f"no source of its own in training, but {parent} asks such questions ({exposure(evaluation, parent)})"
+            return f"no source of its own in training, but {parent} asks such questions: {exposure(evaluation, parent)}"
         return "held out of all training"
     low, high = 100 * min(used), 100 * max(used)
     share = f"{low:.0f}%" if round(low) == round(high) else f"{low:.0f}-{high:.0f}%"

@@ -196,9 +196,12 @@ def _stage_notes(stage: dict) -> list[str]:
         section = stage.get("mrope_section") or "the default [2, 3, 3]"
         notes.append(f"decoder M-RoPE theta {_number(theta)}, sections {section}")
     if stage.get("minimal_pairs"):
+        subset = (stage.get("mix") or {}).get("counting/subset", 0) > 0
         notes.append(
-            "minimal pairs: each binding question (existence, spatial, colour, shape) also asked with another "
-            "noun about the same image, in the same batch (vlens.recipes.embedded.minimal_pairs)"
+            "minimal pairs: each binding question (existence, spatial, colour, shape"
+            + ("; counting/subset's counts among other objects" if subset else "")
+            + ") also asked with another noun about the same image, in the same batch "
+            "(vlens.recipes.embedded.minimal_pairs)"
         )
     if stage.get("question_first"):  # missing (a record from before the option): image first
         notes.append(
