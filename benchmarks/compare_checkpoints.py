@@ -31,7 +31,8 @@ def paired_table(sources: list[str], hits: dict[str, list[bool]]) -> dict:
         for source, (a, b) in sorted(by_source.items()):
             test = mcnemar_exact(a, b)
             table[source] = {"a": round(sum(a) / len(a), 3), "b": round(sum(b) / len(b), 3),
-                             "a_only": int(test["a_only"]), "b_only": int(test["b_only"]), "p": round(test["p"], 4)}
+                             "a_only": int(test["a_only"]), "b_only": int(test["b_only"]),
+                             "p": float(f"{test['p']:.3g}")}  # 3 significant digits: small p stay readable
         rows[f"{first} vs {second}"] = table
     return rows
 
