@@ -8,7 +8,10 @@ objects are there?". On the same held-out images it also asks the two sub-counts
 - sub-count accuracy, and arithmetic accuracy when both sub-counts are right vs when one is wrong;
 - consistency: how often the arithmetic answer equals the sum / difference of the model's own sub-counts
   (high consistency with wrong sub-counts: counting limits it; low consistency with right ones: combining does).
-SynPoly counting is broken down by question template (all objects, one colour, one shape).
+SynPoly counting is broken down by question template (all objects, one colour, one shape), and counting a
+named colour or shape among other objects (the counting/subset source) by error kind (off by one, the total,
+the distractors' number), by number of distractors, and by whether an asked object shares a merged image
+token (a cell of the model's token grid) with a distractor, where one token's features mix both.
 Prints one JSON object; RESULTS.md records the numbers.
 """
 
@@ -73,6 +76,43 @@ def by_template(records: list[dict], answers: list[str]) -> dict:
     return _table(groups)
 
 
+def token_cells(obj: dict, image_size: int, grid: int) -> set[tuple[int, int]]:
+    """The cells of a grid x grid token grid that an object's bounding square (centre +- size) touches."""
+    def cell(value: float) -> int:
+        return min(grid - 1, max(0, int(value / image_size * grid)))
+
+    (cx, cy), r = obj["center"], obj["size"]
+    return {(i, j) for i in range(cell(cx - r), cell(cx + r) + 1) for j in range(cell(cy - r), cell(cy + r) + 1)}
+
+
+def subset_limits(records: list[dict], answers: list[str], grid: int) -> dict:
+    """Counting among distractors: accuracy by error kind, by distractors (4 or more pooled) and by a shared token."""
+    kinds: dict[str, int] = defaultdict(int)
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for record, answer in zip(records, answers, strict=True):
+        n, d = int(record["answer"]), int(record["distractors"])
+        correct = answer == record["answer"]
+        if correct:
+            kind = "right"
+        elif answer == str(n + d):
+            kind = "the total (asked + distractors)"
+        elif answer == str(d):
+            kind = "the distractors' number"
+        elif answer.isdigit() and abs(int(answer) - n) == 1:
+            kind = "off by one"
+        else:
+            kind = "other"
+        kinds[kind] += 1
+        groups[f"distractors {min(d, 4)}{'+' if d >= 4 else ''}"].append(correct)
+        asked = set(record["targets"])
+        target_cells, other_cells = set(), set()
+        for obj in record["objects"]:
+            (target_cells if obj["id"] in asked else other_cells).update(token_cells(obj, record["image_size"], grid))
+        groups["an asked object shares a token with a distractor" if target_cells & other_cells
+               else "no token shared with a distractor"].append(correct)
+    return {"answers": dict(sorted(kinds.items())), **_table(groups)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=300, help="held-out samples per source")
@@ -87,6 +127,7 @@ def main() -> None:
     from vlens.recipes.embedded.recipe import load_for_continuation
     from vlens.recipes.embedded.training_set import held_out_samples
     from vlens.zoo import WEIGHTS_FOLDER
+    from vlens.zoo.processor import CELL, image_size_of
 
     torch.set_num_threads(args.threads)
     folder = args.model or str(WEIGHTS_FOLDER)
@@ -102,10 +143,13 @@ def main() -> None:
     second = answer_questions(model, processor, images, [COUNT_COLOR.format(color=p[1]) for p in parts])
     poly = held_out_samples(args.n, ["counting/synpoly"])
     poly_answers = answer_questions(model, processor, [i for i, _ in poly], [r["question"] for _, r in poly])
+    subset = held_out_samples(args.n, ["counting/subset"])
+    subset_answers = answer_questions(model, processor, [i for i, _ in subset], [r["question"] for _, r in subset])
     print(json.dumps({
         "model": folder, "n": args.n, "seconds": round(time.time() - start),
         "arithmetic": arithmetic_limits(records, answers, first, second),
         "synpoly_by_template": by_template([r for _, r in poly], poly_answers),
+        "subset": subset_limits([r for _, r in subset], subset_answers, image_size_of(processor) // CELL),
     }, indent=1))
 
 

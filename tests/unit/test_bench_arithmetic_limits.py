@@ -40,3 +40,29 @@ def test_limits_split_accuracy_by_sub_counts_and_measure_consistency():
     assert table["answer = own sub-counts combined | a sub-count wrong"] == {"accuracy": 1.0, "n": 1}
     assert table["sub-count c1"]["accuracy"] == round(2 / 3, 3) and table["sub-count c2"]["accuracy"] == 1.0
     assert BENCH["combine"]("x", "1", False) is None and BENCH["combine"]("3", "1", True) == "2"
+
+
+def test_token_cells_are_the_grid_cells_an_object_touches():
+    obj = {"center": [50.0, 10.0], "size": 5.0}  # x 45-55, y 5-15 on a 70-px image, 7 x 7 cells of 10 px
+    assert BENCH["token_cells"](obj, 70, 7) == {(4, 0), (4, 1), (5, 0), (5, 1)}
+    assert BENCH["token_cells"]({"center": [1.0, 69.0], "size": 3.0}, 70, 7) == {(0, 6)}  # clipped to the grid
+
+
+def _subset(answer: str, objects: list[tuple[float, float, bool]], distractors: int) -> dict:
+    """A counting/subset record: objects (x, y, asked?) of size 4 on a 70-px image."""
+    objs = [{"id": i, "center": [x, y], "size": 4.0} for i, (x, y, _) in enumerate(objects)]
+    return {"answer": answer, "distractors": distractors, "image_size": 70, "objects": objs,
+            "targets": [i for i, (_, _, asked) in enumerate(objects) if asked]}
+
+
+def test_subset_limits_sort_errors_and_split_by_distractors_and_shared_tokens():
+    apart = _subset("1", [(15, 15, True), (55, 55, False)], 1)  # cells (1,1) and (5,5): nothing shared
+    close = _subset("1", [(15, 15, True), (17, 15, False)], 1)  # the same cell
+    crowded = _subset("2", [(15, 15, True), (35, 15, True)] + [(55, 5 + 15 * k, False) for k in range(4)], 4)
+    records = [apart, close, crowded, crowded, crowded]
+    table = BENCH["subset_limits"](records, ["1", "2", "6", "4", "3"], grid=7)
+    assert table["answers"] == {"right": 1, "the total (asked + distractors)": 2, "the distractors' number": 1,
+                                "off by one": 1}  # "2" for 1 asked + 1 distractor is the total, not off by one
+    assert table["distractors 1"] == {"accuracy": 0.5, "n": 2} and table["distractors 4+"] == {"accuracy": 0.0, "n": 3}
+    assert table["no token shared with a distractor"] == {"accuracy": 0.25, "n": 4}
+    assert table["an asked object shares a token with a distractor"] == {"accuracy": 0.0, "n": 1}
