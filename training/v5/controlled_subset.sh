@@ -5,27 +5,34 @@
 # (benchmarks/bench_arithmetic_limits.py: both sub-counts right on 6% of arithmetic images at v5 stage 2)?
 # Both arms continue v5 stage 4 (training/v5/lang4) for 1,500 steps with stage 4's settings; two seeds each:
 #   base-S:   stage 4's balanced mix;
-#   subset-S: the same mix plus counting/subset=0.15 (the other shares shrink by the normalisation).
+#   subset-S: the same mix plus counting/subset=0.15 (the other shares shrink by the normalisation);
+#   hires-S:  base-S read at 224 px (8 x 8 = 64 image tokens instead of 7 x 7 = 49; the tower was pretrained at
+#             224 px): counting among distractors fails mostly by one, and more often where one merged token holds
+#             two objects (RESULTS "What limits arithmetic"), so a finer token grid is the other candidate.
 #
 #   nice -n 5 bash training/v5/controlled_subset.sh [RUN ...]
-#   RUN: base-60 subset-60 base-61 subset-61 (default: all, in this order)
+#   RUN: base-60 subset-60 base-61 subset-61 hires-60 hires-61 (default: all, in this order)
 # then: python benchmarks/compare_checkpoints.py runs/ctl5s/base-60 runs/ctl5s/subset-60 --n 300
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . training/stage.sh
 BALANCED_MIX=counting/syndot=0.05,counting/synpoly=0.18,counting/synreal=0.03,colour=0.08,shape=0.16,spatial=0.18,arithmetic=0.14,existence=0.18
 
-train() {  # NAME SEED MIX
-  run_stage "runs/ctl5s/$1" --init-from training/v5/lang4 --minimal-pairs --freeze-vision --seed "$2" --steps 1500 \
-    --batch-size 48 --lr 5e-4 --warmup 50 --examples 8000 --mix "$3" --checkpoint-every 250 --held-out 300
+train() {  # NAME SEED MIX [FLAGS...]
+  local name=$1 seed=$2 mix=$3
+  shift 3
+  run_stage "runs/ctl5s/$name" --init-from training/v5/lang4 --minimal-pairs --freeze-vision --seed "$seed" \
+    --steps 1500 --batch-size 48 --lr 5e-4 --warmup 50 --examples 8000 --mix "$mix" --checkpoint-every 250 \
+    --held-out 300 "$@"
 }
 
 runs=("$@")
-[ ${#runs[@]} -eq 0 ] && runs=(base-60 subset-60 base-61 subset-61)
+[ ${#runs[@]} -eq 0 ] && runs=(base-60 subset-60 base-61 subset-61 hires-60 hires-61)
 for name in "${runs[@]}"; do
   case $name in
     base-*) train "$name" "${name#base-}" "$BALANCED_MIX" ;;
     subset-*) train "$name" "${name#subset-}" "$BALANCED_MIX,counting/subset=0.15" ;;
+    hires-*) train "$name" "${name#hires-}" "$BALANCED_MIX" --image-size 224 ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac
 done
