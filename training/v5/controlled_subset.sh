@@ -8,10 +8,12 @@
 #   subset-S: the same mix plus counting/subset=0.15 (the other shares shrink by the normalisation);
 #   hires-S:  base-S read at 224 px (8 x 8 = 64 image tokens instead of 7 x 7 = 49; the tower was pretrained at
 #             224 px): counting among distractors fails mostly by one, and more often where one merged token holds
-#             two objects (RESULTS "What limits arithmetic"), so a finer token grid is the other candidate.
+#             two objects (RESULTS "What limits arithmetic"), so a finer token grid is the other candidate;
+#   grow-S:   base-S with the decoder first grown from 4 to 6 layers (new layers interleaved, starting as the
+#             identity): more depth for the count, which leaves the image tokens over layers 0-2 (patching).
 #
 #   nice -n 5 bash training/v5/controlled_subset.sh [RUN ...]
-#   RUN: base-60 subset-60 base-61 subset-61 hires-60 hires-61 (default: all, in this order)
+#   RUN: base-60 subset-60 base-61 subset-61 hires-60 hires-61 grow-60 grow-61 (default: all, in this order)
 # then: python benchmarks/compare_checkpoints.py runs/ctl5s/base-60 runs/ctl5s/subset-60 --n 300
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,12 +29,13 @@ train() {  # NAME SEED MIX [FLAGS...]
 }
 
 runs=("$@")
-[ ${#runs[@]} -eq 0 ] && runs=(base-60 subset-60 base-61 subset-61 hires-60 hires-61)
+[ ${#runs[@]} -eq 0 ] && runs=(base-60 subset-60 base-61 subset-61 hires-60 hires-61 grow-60 grow-61)
 for name in "${runs[@]}"; do
   case $name in
     base-*) train "$name" "${name#base-}" "$BALANCED_MIX" ;;
     subset-*) train "$name" "${name#subset-}" "$BALANCED_MIX,counting/subset=0.15" ;;
     hires-*) train "$name" "${name#hires-}" "$BALANCED_MIX" --image-size 224 ;;
+    grow-*) train "$name" "${name#grow-}" "$BALANCED_MIX" --grow-text-layers 6 ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac
 done
