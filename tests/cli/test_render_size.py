@@ -128,7 +128,9 @@ def test_library_defaults_draw_at_the_embedded_size_and_explicit_sizes_win(pinne
     assert DemoSettings().for_model(load_model("random-tiny", progress=False)).image_size == FALLBACK_IMAGE_SIZE
 
 
-@pytest.mark.parametrize("command", [["logit-lens", "--make", "2"], ["patch", "--make-pairs", "1", "--mode", "atp"]])
+@pytest.mark.parametrize("command", [["logit-lens", "--make", "2"], ["patch", "--make-pairs", "1", "--mode", "atp"],
+                                     ["ablate", "--tasks", "colour", "--n-examples", "2", "--n-reference", "2",
+                                      "--top-k", "2"]])
 def test_commands_render_at_the_pinned_size_unless_told(command, folder, seen, tmp_path):
     assert main([*command, "--model", str(folder), "--out", str(tmp_path / "a"), "--quiet"]) == 0
     assert seen and set(seen) == {((PINNED, PINNED), (PINNED // 28) ** 2)}
@@ -163,7 +165,7 @@ def test_rendered_size_reads_the_model_of_the_arguments(folder):
 
 @pytest.mark.parametrize("command", [["logit-lens"], ["patch"], ["circuit"], ["lens", "train"], ["headlens"],
                                      ["routing"], ["sae", "train"], ["sae", "dashboard"], ["transcoder", "train"],
-                                     ["graph"], ["demo"]])
+                                     ["graph"], ["demo"], ["ablate"]])
 def test_help_of_every_rendering_command_says_the_model_size_is_the_default(command, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([*command, "--help"])

@@ -42,7 +42,6 @@ RANK_BY = ("logprob", "accuracy")
 DEFAULT_TASKS = ("counting", "colour", "shape", "spatial", "arithmetic", "existence", "counting@synreal")
 REFERENCE_MODES = ("per-task", "pooled")
 UNITS = ("head", "expert")
-DEFAULT_IMAGE_SIZE = 224
 REPORT_HTML, SUMMARY_MD = "report.html", "summary.md"
 
 
@@ -53,7 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Ablate each head alone (on hook_z) on task-suite examples, rank heads by the drop in "
                           "answer log-probability (or accuracy) per task, and compare the tasks' top-k head sets "
                           "by Jaccard similarity.")
-    add_model_options(parser, render_default=DEFAULT_IMAGE_SIZE)
+    add_model_options(parser, render_default="model")
     add_data_arguments(parser, multiple=True,
                        help="real datasets, each one task named after its file (PixMo-Count, CountBenchQA, "
                             "multiple choice, imagefolders, qa rows; see --format), run with the task suites "
@@ -130,12 +129,12 @@ def run_ablate(args: argparse.Namespace) -> int:
     if patching is not None:  # a wrong --patching-metric or grid fails now, not after the sweep
         _check_patching(patching, model, args)
     suite = (tasks_with_datasets(model, tasks, datasets, args.n_examples, args.n_reference, args.seed,
-                                 rendered_size(args, DEFAULT_IMAGE_SIZE)) if datasets else tasks)
+                                 rendered_size(args)) if datasets else tasks)
     splits = _data_splits(suite, len(datasets), args) if isinstance(suite, dict) else {}
     with collect_non_finite() as problems:
         report = ablation_study(
             model, suite, n_examples=args.n_examples, n_reference=args.n_reference,
-            image_size=rendered_size(args, DEFAULT_IMAGE_SIZE),
+            image_size=rendered_size(args),
             settings=AblationSettings(method=args.method, alignment=args.alignment, reference_mode=args.reference,
                                       top_k=args.top_k, rank_by=args.rank_by, seed=args.seed,
                                       retest_seed=args.retest_seed, unit=args.unit),
