@@ -94,14 +94,19 @@ def _task_source(task: str, style: str, vary: bool, max_objects: int | None = No
         else:
             counts = _object_counts(task, max_objects)
         radius = _varied_radius(style, size, rng) if vary else None
-        if radius is not None:
-            try:
-                return make_task_sample(task, seed, size=size, style=style, counts=counts, radius=radius)
-            except LayoutError:  # too crowded for these sizes: the default sizes
-                pass
-        return make_task_sample(task, seed, size=size, style=style, counts=counts)
+        return _with_radius(partial(make_task_sample, task, seed, size=size, style=style, counts=counts), radius)
 
     return make
+
+
+def _with_radius(draw: Callable[..., Sample], radius: tuple[float, float] | None) -> Sample:
+    """`draw(radius=radius)`; at the style's default object sizes when `radius` is None or too crowded."""
+    if radius is not None:
+        try:
+            return draw(radius=radius)
+        except LayoutError:  # too crowded for these sizes: the default sizes
+            pass
+    return draw()
 
 
 def _dot_variant_source(seed: int, count: int | None = None) -> Sample:
@@ -133,14 +138,8 @@ def _subset_source(vary: bool) -> Callable[..., Sample]:
         distractors = int(rng.integers(1, max(1, MAX_SUBSET_OBJECTS - answer) + 1))
         template = SUBSET_TEMPLATES[int(rng.integers(len(SUBSET_TEMPLATES)))]
         radius = _varied_radius("synpoly", size, rng) if vary else None
-        sample = partial(make_task_sample, "counting", seed, size=size, style="synpoly", counts=(answer,),
-                         template=template, distractors=distractors)
-        if radius is not None:
-            try:
-                return sample(radius=radius)
-            except LayoutError:  # too crowded for these sizes: the default sizes
-                pass
-        return sample()
+        return _with_radius(partial(make_task_sample, "counting", seed, size=size, style="synpoly",
+                                    counts=(answer,), template=template, distractors=distractors), radius)
 
     return make
 
