@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from vlens.recipes.embedded.evaluate import answer_questions
+from vlens.recipes.embedded.evaluate import answer_questions, is_correct
 from vlens.recipes.embedded.loop import TrainingState
 from vlens.recipes.embedded.recipe import build_untrained, load_for_continuation
 from vlens.recipes.embedded.settings import TrainSettings
@@ -57,7 +57,7 @@ def report(samples: list, predictions: list[str]) -> dict:
     by_objects: dict[str, dict[int, list[bool]]] = {}
     for (_, record), prediction in zip(samples, predictions, strict=True):
         source = record["source"]
-        hit = prediction.strip().lower() == record["answer"]
+        hit = is_correct(prediction, record)
         by_source.setdefault(source, []).append(hit)
         answers.setdefault(source, Counter())[prediction] += 1
         if record["task"] != "counting":

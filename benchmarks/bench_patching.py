@@ -87,8 +87,8 @@ def _timed(fn, repeats: int):
 
 def bench_sweep(model: HookedVLM, n_pairs: int, repeats: int, max_batch: int, sweep=patch_layer_head) -> dict:
     """Naive vs fast timing of one full sweep (default: every layer x head hook_z) and their max difference."""
-    # drawn at the size the model pins (the embedded model: its training size), else 168 px
-    batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=0, size=render_size(model)))
+    size = render_size(model)  # the size the model pins (the embedded model: its training size), else 168 px
+    batch = build_pair_batch(model, make_count_pairs(n_pairs, seed=0, size=size))
     options = SweepOptions(max_batch=max_batch, progress=False)
     sweep(model, batch, options=options)  # warm-up
     t_naive, naive = _timed(lambda: sweep(model, batch, options=QUIET.replace(implementation="naive")), repeats)
@@ -101,7 +101,7 @@ def bench_sweep(model: HookedVLM, n_pairs: int, repeats: int, max_batch: int, sw
         "d_model": model.cfg.d_model,
         "device": str(model.cfg.device),
         "n_pairs": n_pairs,
-        "image_size": render_size(model),
+        "image_size": size,
         "seq_len": batch.seq_len,
         "conditions": naive.per_pair_logit_diff.shape[:2].numel(),
         "naive_wall_s": t_naive[0],

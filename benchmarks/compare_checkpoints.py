@@ -49,7 +49,7 @@ def main() -> None:
 
     import torch
 
-    from vlens.recipes.embedded.evaluate import answer_questions
+    from vlens.recipes.embedded.evaluate import answer_questions, is_correct
     from vlens.recipes.embedded.recipe import load_for_continuation
     from vlens.recipes.embedded.training_set import held_out_samples
 
@@ -62,7 +62,7 @@ def main() -> None:
         _, processor, model = load_for_continuation(folder)
         with torch.no_grad():
             answers = answer_questions(model.eval(), processor, images, [r["question"] for r in records])
-        hits[folder] = [a.strip().lower() == str(r["answer"]).lower() for a, r in zip(answers, records, strict=True)]
+        hits[folder] = [is_correct(a, r) for a, r in zip(answers, records, strict=True)]
     print(json.dumps({"n": args.n, "seconds": round(time.time() - start),
                       "pairs": paired_table([r["source"] for r in records], hits)}, indent=1))
 

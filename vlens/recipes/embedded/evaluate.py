@@ -32,6 +32,11 @@ def answer_questions(
     return answers
 
 
+def is_correct(prediction: str, record: dict) -> bool:
+    """Exact match of a greedy answer with the record's answer, ignoring case and surrounding space."""
+    return prediction.strip().lower() == str(record["answer"]).strip().lower()
+
+
 def accuracy_report(records: list[dict], predictions: list[str], group_key: str = "source") -> dict:
     """Exact-match accuracy per group (record[group_key], else record["task"]), per true
     count (the answer) for counting groups, and per number of objects in the image for the
@@ -46,7 +51,7 @@ def accuracy_report(records: list[dict], predictions: list[str], group_key: str 
     object_hits: dict[str, dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for record, prediction in zip(records, predictions, strict=True):
         group = record.get(group_key, record["task"])
-        correct = prediction.strip().lower() == str(record["answer"]).strip().lower()
+        correct = is_correct(prediction, record)
         hits[group].append(correct)
         if record["task"] == "counting":
             count_hits[group][int(record["answer"])].append(correct)
