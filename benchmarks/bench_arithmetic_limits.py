@@ -11,7 +11,10 @@ objects are there?". On the same held-out images it also asks the two sub-counts
 SynPoly counting is broken down by question template (all objects, one colour, one shape), and counting a
 named colour or shape among other objects (the counting/subset source) by error kind (off by one, the total,
 the distractors' number), by number of distractors, and by whether an asked object shares a merged image
-token (a cell of the model's token grid) with a distractor, where one token's features mix both.
+token (a cell of the model's token grid) with a distractor, where one token's features mix both. SynPoly's
+misses are sorted by direction (one too few, one too many) and split by count band and by how close the
+two nearest objects are (the gap between their bounding boxes, in the rendered image's pixels), within
+each count band so that crowding and count are not confounded.
 Prints one JSON object; RESULTS.md records the numbers.
 """
 
@@ -85,6 +88,42 @@ def token_cells(obj: dict, image_size: int, grid: int) -> set[tuple[int, int]]:
     return {(i, j) for i in range(cell(cx - r), cell(cx + r) + 1) for j in range(cell(cy - r), cell(cy + r) + 1)}
 
 
+def closest_gap(objects: list[dict]) -> float | None:
+    """Pixels between the two nearest objects' bounding boxes (x0, y0, x1, y1): the larger of the horizontal and
+    vertical gaps, so 0 or less means the boxes touch or overlap; None with fewer than two objects."""
+    gaps = [
+        max(max(a["bbox"][0], b["bbox"][0]) - min(a["bbox"][2], b["bbox"][2]),
+            max(a["bbox"][1], b["bbox"][1]) - min(a["bbox"][3], b["bbox"][3]))
+        for i, a in enumerate(objects) for b in objects[i + 1:]
+    ]
+    return min(gaps) if gaps else None
+
+
+def count_band(count: int) -> str:
+    return "1" if count == 1 else "2-4" if count <= 4 else "5-7" if count <= 7 else "8+"
+
+
+def synpoly_limits(records: list[dict], answers: list[str], near: float = 6.0) -> dict:
+    """SynPoly counting: miss directions, accuracy by count band, and by the closest pair (gap <= `near` px or
+    not), overall and within each count band (the objects counted are all the objects drawn: the held-out
+    images hold no distractors)."""
+    misses: dict[str, int] = defaultdict(int)
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for record, answer in zip(records, answers, strict=True):
+        truth, correct = int(record["answer"]), answer == record["answer"]
+        if not correct:
+            off = int(answer) - truth if answer.isdigit() else None
+            misses["one too few" if off == -1 else "one too many" if off == 1 else "other"] += 1
+        band = count_band(truth)
+        groups[f"count {band}"].append(correct)
+        gap = closest_gap(record["objects"])
+        if gap is not None:
+            closeness = f"closest gap <= {near:g} px" if gap <= near else f"closest gap > {near:g} px"
+            groups[closeness].append(correct)
+            groups[f"count {band}, {closeness}"].append(correct)
+    return {"misses": dict(sorted(misses.items())), **_table(groups)}
+
+
 def subset_limits(records: list[dict], answers: list[str], grid: int) -> dict:
     """Counting among distractors: accuracy by error kind, by distractors (4 or more pooled) and by a shared token."""
     kinds: dict[str, int] = defaultdict(int)
@@ -149,6 +188,7 @@ def main() -> None:
         "model": folder, "n": args.n, "seconds": round(time.time() - start),
         "arithmetic": arithmetic_limits(records, answers, first, second),
         "synpoly_by_template": by_template([r for _, r in poly], poly_answers),
+        "synpoly": synpoly_limits([r for _, r in poly], poly_answers),
         "subset": subset_limits([r for _, r in subset], subset_answers, image_size_of(processor) // CELL),
     }, indent=1))
 

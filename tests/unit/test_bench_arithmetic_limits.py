@@ -66,3 +66,29 @@ def test_subset_limits_sort_errors_and_split_by_distractors_and_shared_tokens():
     assert table["distractors 1"] == {"accuracy": 0.5, "n": 2} and table["distractors 4+"] == {"accuracy": 0.0, "n": 3}
     assert table["no token shared with a distractor"] == {"accuracy": 0.25, "n": 4}
     assert table["an asked object shares a token with a distractor"] == {"accuracy": 0.0, "n": 1}
+
+
+def _poly(answer: str, boxes: list[tuple[int, int, int, int]]) -> dict:
+    return {"answer": answer, "objects": [{"bbox": list(box)} for box in boxes]}
+
+
+def test_closest_gap_is_the_box_gap_of_the_nearest_pair():
+    boxes = [{"bbox": [0, 0, 10, 10]}, {"bbox": [14, 2, 20, 8]}, {"bbox": [0, 30, 10, 40]}]
+    assert BENCH["closest_gap"](boxes) == 4  # 14 - 10 horizontally; the third box is 20 below
+    assert BENCH["closest_gap"]([{"bbox": [0, 0, 10, 10]}, {"bbox": [5, 5, 15, 15]}]) == -5  # overlapping
+    assert BENCH["closest_gap"](boxes[:1]) is None
+
+
+def test_synpoly_limits_sort_misses_and_split_by_count_and_closeness():
+    far = [(0, 0, 10, 10), (40, 40, 50, 50)]
+    near = [(0, 0, 10, 10), (13, 0, 23, 10)]  # 3 px apart
+    records = [_poly("2", far), _poly("2", near), _poly("2", near), _poly("1", [(0, 0, 5, 5)]),
+               _poly("5", far + [(80, 80, 90, 90), (120, 0, 130, 10), (0, 120, 10, 130)])]
+    table = BENCH["synpoly_limits"](records, ["2", "1", "2", "1", "7"])
+    assert table["misses"] == {"one too few": 1, "other": 1}
+    assert table["count 2-4"] == {"accuracy": round(2 / 3, 3), "n": 3}
+    assert table["count 1"] == {"accuracy": 1.0, "n": 1}  # one object: no pair, so no closeness group
+    assert table["closest gap <= 6 px"] == {"accuracy": 0.5, "n": 2}
+    assert table["closest gap > 6 px"] == {"accuracy": 0.5, "n": 2}
+    assert table["count 2-4, closest gap > 6 px"] == {"accuracy": 1.0, "n": 1}
+    assert table["count 5-7, closest gap > 6 px"] == {"accuracy": 0.0, "n": 1}
