@@ -51,8 +51,10 @@ def _table(groups: dict[str, list[bool]]) -> dict:
 
 
 def arithmetic_limits(records: list[dict], answers: list[str], first: list[str], second: list[str]) -> dict:
-    """Sub-count accuracy, arithmetic accuracy given the sub-counts, and consistency with them."""
+    """Sub-count accuracy, arithmetic accuracy given the sub-counts, and consistency with them; each sub-count's
+    answers sorted by `miss_kind` (a wrong count near the image's total: the named colour was not used)."""
     groups: dict[str, list[bool]] = defaultdict(list)
+    kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for record, answer, a, b in zip(records, answers, first, second, strict=True):
         _, _, k1, k2, difference = sub_counts(record)
         correct = answer == record["answer"]
@@ -69,7 +71,21 @@ def arithmetic_limits(records: list[dict], answers: list[str], first: list[str],
         }
         for name, hit in hits.items():
             groups[name].append(hit)
-    return _table(groups)
+        for name, said, truth in (("c1", a, k1), ("c2", b, k2)):
+            kinds[f"sub-count {name} answers"][miss_kind(said, truth, len(record["objects"]))] += 1
+    return {**_table(groups), **{name: dict(sorted(counts.items())) for name, counts in sorted(kinds.items())}}
+
+
+def miss_kind(said: str, truth: int, total: int) -> str:
+    """A count answer sorted: right, off by one, else within one of every object in the image, else other."""
+    if not said.isdigit():
+        return "other"
+    value = int(said)
+    if value == truth:
+        return "right"
+    if abs(value - truth) == 1:
+        return "off by one"
+    return "the image's total +-1" if abs(value - total) <= 1 else "other"
 
 
 def by_template(records: list[dict], answers: list[str]) -> dict:

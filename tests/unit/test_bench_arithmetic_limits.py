@@ -40,6 +40,14 @@ def test_limits_split_accuracy_by_sub_counts_and_measure_consistency():
     assert table["answer = own sub-counts combined | a sub-count wrong"] == {"accuracy": 1.0, "n": 1}
     assert table["sub-count c1"]["accuracy"] == round(2 / 3, 3) and table["sub-count c2"]["accuracy"] == 1.0
     assert BENCH["combine"]("x", "1", False) is None and BENCH["combine"]("3", "1", True) == "2"
+    assert table["sub-count c1 answers"] == {"off by one": 1, "right": 2} and table["sub-count c2 answers"] == {"right": 3}
+
+
+def test_miss_kinds_separate_off_by_one_from_counting_every_object():
+    kind = BENCH["miss_kind"]
+    assert [kind("3", 3, 9), kind("4", 3, 9), kind("8", 1, 9), kind("9", 1, 9), kind("5", 1, 9), kind("x", 1, 9)] == [
+        "right", "off by one", "the image's total +-1", "the image's total +-1", "other", "other"]
+    assert kind("2", 1, 2) == "off by one"  # off by one wins where both hold
 
 
 def test_token_cells_are_the_grid_cells_an_object_touches():
