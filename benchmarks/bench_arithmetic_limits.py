@@ -52,11 +52,11 @@ def _table(groups: dict[str, list[bool]]) -> dict:
 
 def arithmetic_limits(records: list[dict], answers: list[str], first: list[str], second: list[str]) -> dict:
     """Sub-count accuracy, arithmetic accuracy given the sub-counts, and consistency with them; each sub-count's
-    answers sorted by `miss_kind` (a wrong count near the image's total: the named colour was not used)."""
+    answers sorted by `miss_kind`."""
     groups: dict[str, list[bool]] = defaultdict(list)
     kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for record, answer, a, b in zip(records, answers, first, second, strict=True):
-        _, _, k1, k2, difference = sub_counts(record)
+        c1, c2, k1, k2, difference = sub_counts(record)
         correct = answer == record["answer"]
         subs_right = a == str(k1) and b == str(k2)
         given = "both right" if subs_right else "a sub-count wrong"
@@ -71,13 +71,16 @@ def arithmetic_limits(records: list[dict], answers: list[str], first: list[str],
         }
         for name, hit in hits.items():
             groups[name].append(hit)
-        for name, said, truth in (("c1", a, k1), ("c2", b, k2)):
-            kinds[f"sub-count {name} answers"][miss_kind(said, truth, len(record["objects"]))] += 1
+        colours = [obj["color"] for obj in record["objects"]]
+        for name, said, colour in (("c1", a, c1), ("c2", b, c2)):
+            kinds[f"sub-count {name} answers"][miss_kind(said, colour, colours)] += 1
     return {**_table(groups), **{name: dict(sorted(counts.items())) for name, counts in sorted(kinds.items())}}
 
 
-def miss_kind(said: str, truth: int, total: int) -> str:
-    """A count answer sorted: right, off by one, else within one of every object in the image, else other."""
+def miss_kind(said: str, colour: str, colours: list[str]) -> str:
+    """A count of `colour` among objects of `colours` sorted: right, off by one, else another colour's count (the
+    named colour was swapped for another), else within one of every object (the colour was ignored), else other."""
+    truth = colours.count(colour)
     if not said.isdigit():
         return "other"
     value = int(said)
@@ -85,7 +88,9 @@ def miss_kind(said: str, truth: int, total: int) -> str:
         return "right"
     if abs(value - truth) == 1:
         return "off by one"
-    return "the image's total +-1" if abs(value - total) <= 1 else "other"
+    if value in {colours.count(other) for other in set(colours) - {colour}}:
+        return "another colour's count"
+    return "the image's total +-1" if abs(value - len(colours)) <= 1 else "other"
 
 
 def by_template(records: list[dict], answers: list[str]) -> dict:
