@@ -58,15 +58,16 @@ def medium_model(name: str = "medium") -> HookedVLM:
 
 
 def embedded_architecture_model(seed: int = 0) -> HookedVLM:
-    """The embedded model's exact architecture, tokenizer and processor with random weights (speed proxy)."""
-    from vlens.recipes.embedded.architecture import build_config, build_model
-    from vlens.recipes.embedded.tokenizer import build_tokenizer
-    from vlens.recipes.embedded.vocabulary import vocabulary_words
-    from vlens.zoo.processor import assemble_processor, build_image_processor
+    """The shipped embedded model's config (layers, widths, rotary settings) and processor (its input size) with
+    random weights (speed proxy)."""
+    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
 
-    tokenizer = build_tokenizer(vocabulary_words())
-    hf = build_model(build_config(tokenizer), seed).eval()
-    return HookedVLM.from_hf(hf, processor=assemble_processor(tokenizer, build_image_processor()))
+    from vlens.zoo import WEIGHTS_FOLDER
+    from vlens.zoo.processor import load_processor
+
+    torch.manual_seed(seed)
+    hf = Qwen2_5_VLForConditionalGeneration(AutoConfig.from_pretrained(WEIGHTS_FOLDER)).eval()
+    return HookedVLM.from_hf(hf, processor=load_processor(WEIGHTS_FOLDER))
 
 
 def _timed(fn, repeats: int):
