@@ -84,6 +84,15 @@ def test_counting_among_distractors_pairs_with_another_present_value(template):
     assert counterpart(record, np.random.default_rng(0)) is None  # nothing else to count
 
 
+@pytest.mark.parametrize("template", [T.COUNT_COLOR, T.COUNT_SHAPE])
+def test_group_counting_pairs_with_the_other_groups_count(template):
+    for seed in range(12):
+        _, record = make_task_sample("counting", seed, size=224, counts=[1 + seed % 4], template=template,
+                                     distractors=2 + seed % 5, distractor_kinds=1)
+        question, answer = counterpart(record, np.random.default_rng(seed))
+        assert answer == str(record["distractors"]) == _count_truth(record, question)
+
+
 def test_no_counterpart_for_a_lone_object_or_counting():
     for seed in range(40):
         _, record = make_task_sample("colour", seed, size=168)

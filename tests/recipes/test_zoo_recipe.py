@@ -119,13 +119,26 @@ def test_held_out_seeds_of_the_cards_sources_stay_put_and_subset_counting_has_di
     assert list(source_makers(vary=False)) == [
         "counting/syndot", "counting/dot_variants", "counting/synpoly", "counting/synreal", "colour", "shape",
         "spatial", "arithmetic", "existence", "foreign/counting", "foreign/colour", "foreign/shape",
-        "counting/subset"]
+        "counting/subset", "counting/groups"]
     samples = held_out_samples(20, ["counting/subset"])
     assert [int(r["answer"]) for _, r in samples] == [1 + i % 10 for i in range(20)]  # counts cycle 1..10
     for _, record in samples:
         assert record["distractors"] >= 1 and len(record["objects"]) == int(record["answer"]) + record["distractors"]
         assert record["template"] in ("How many {color} objects are there?", "How many {shape_plural} are there?")
     assert parse_mix("counting/subset=0.2,arithmetic=0.1") == {"counting/subset": 0.2, "arithmetic": 0.1}
+
+
+def test_group_counting_asks_beside_one_other_group_that_often_outnumbers_it():
+    samples = held_out_samples(40, ["counting/groups"])
+    assert [int(r["answer"]) for _, r in samples] == [1 + i % 10 for i in range(40)]
+    larger = 0
+    for _, record in samples:
+        key = "color" if "{color}" in record["template"] else "shape"
+        others = [o[key] for o in record["objects"] if o["id"] not in record["targets"]]
+        assert len(set(others)) == 1 and len(others) == record["distractors"] >= 1
+        larger += len(others) > int(record["answer"])
+    assert 8 <= larger <= 32  # the other group outnumbers the asked one on a good share of images
+    assert parse_mix("counting/groups=0.15") == {"counting/groups": 0.15}
 
 
 def test_learning_rate_warms_up_then_decays():

@@ -102,3 +102,23 @@ def test_distractors_only_where_a_question_counts_a_subset():
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="non-negative integer"):
             make_task_sample("counting", seed=0, template="How many {color} objects are there?", distractors=bad)
+
+
+def test_distractor_kinds_group_the_distractors_into_that_many_other_values():
+    template = "How many {color} objects are there?"
+    for seed in range(6):
+        image, rec = make_task_sample("counting", seed=seed, size=224, counts=[2], template=template, distractors=6,
+                                      distractor_kinds=1)
+        asked = {o["color"] for o in rec["objects"] if o["id"] in rec["targets"]}
+        others = [o["color"] for o in rec["objects"] if o["id"] not in rec["targets"]]
+        assert len(asked) == 1 and len(others) == 6 and len(set(others)) == 1 and not asked & set(others)
+        assert rec["answer"] == "2" and rec["distractor_kinds"] == 1
+    two = make_task_sample("counting", seed=3, size=224, counts=[1], template="How many {shape_plural} are there?",
+                           distractors=8, distractor_kinds=2)[1]
+    assert len({o["shape"] for o in two["objects"] if o["id"] not in two["targets"]}) <= 2
+    with pytest.raises(ValueError, match="give distractors too"):
+        make_task_sample("counting", seed=0, template=template, distractor_kinds=1)
+    with pytest.raises(ValueError, match="positive integer or None"):
+        make_task_sample("counting", seed=0, template=template, distractors=2, distractor_kinds=0)
+    plain = make_task_sample("counting", seed=0, size=224, counts=[2], template=template, distractors=3)[1]
+    assert "distractor_kinds" not in plain  # without it the draw is unchanged (each distractor on its own)

@@ -15,11 +15,15 @@
 #             and twice as common where two objects nearly touch (bbox gap <= 6 px: 72% against 86% held out), so
 #             does the frozen tower merge neighbours that a tuned one would keep apart?
 #   tuneaux-S: tune-S plus the tower's dense shape / colour / centre loss (weight 1) that pretrained it, so
-#             tuning cannot trade away the per-cell object centres.
+#             tuning cannot trade away the per-cell object centres;
+#   groups-S: base-S plus counting/groups=0.15 (a named colour / shape beside one group of another, which often
+#             outnumbers it; its minimal pair asks the other group's count): asked for a rare colour, stage 4 counts
+#             the dominant colour's objects (benchmarks/bench_count_selection.py), the shortcut SynPoly's own
+#             counting data leave open (there the asked colour is nearly always the largest group).
 #
 #   nice -n 5 bash training/v5/controlled_subset.sh [RUN ...]
 #   RUN: base-60 subset-60 base-61 subset-61 hires-60 hires-61 grow-60 grow-61 tune-60 tuneaux-60 tune-61 tuneaux-61
-#        (default: all, in this order)
+#        groups-60 groups-61 (default: all, in this order)
 # then: python benchmarks/compare_checkpoints.py runs/ctl5s/base-60 runs/ctl5s/subset-60 --n 300
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,7 +41,7 @@ train() {  # NAME SEED MIX [FLAGS...]
 }
 
 runs=("$@")
-[ ${#runs[@]} -eq 0 ] && runs=(base-60 subset-60 base-61 subset-61 hires-60 hires-61 grow-60 grow-61 tune-60 tuneaux-60 tune-61 tuneaux-61)
+[ ${#runs[@]} -eq 0 ] && runs=(base-60 subset-60 base-61 subset-61 hires-60 hires-61 grow-60 grow-61 tune-60 tuneaux-60 tune-61 tuneaux-61 groups-60 groups-61)
 for name in "${runs[@]}"; do
   case $name in
     base-*) train "$name" "${name#base-}" "$BALANCED_MIX" ;;
@@ -45,6 +49,7 @@ for name in "${runs[@]}"; do
     hires-*) train "$name" "${name#hires-}" "$BALANCED_MIX" --image-size 224 ;;
     grow-*) train "$name" "${name#grow-}" "$BALANCED_MIX" --grow-text-layers 6 ;;
     tune-*) train "$name" "${name#tune-}" "$BALANCED_MIX" ;;
+    groups-*) train "$name" "${name#groups-}" "$BALANCED_MIX,counting/groups=0.15" ;;
     tuneaux-*) train "$name" "${name#tuneaux-}" "$BALANCED_MIX" --vision-aux-weight 1.0 ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac

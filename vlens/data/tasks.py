@@ -52,7 +52,8 @@ def _ids(objects: list[dict], key: str, value: str) -> list[int]:
 
 
 def _counting(
-    style: Style, template: str, rng: np.random.Generator, counts: Sequence[int], distractors: int | None = None
+    style: Style, template: str, rng: np.random.Generator, counts: Sequence[int], distractors: int | None = None,
+    distractor_kinds: int | None = None,
 ) -> tuple[Attributes, Asker]:
     n = int(_pick(rng, counts))
     if template in (T.COUNT_DOTS, T.COUNT_OBJECTS):
@@ -62,6 +63,9 @@ def _counting(
     target = _pick(rng, pool)
     extra = int(rng.integers(0, max(counts) - n + 1)) if distractors is None else distractors
     others = _without(pool, target)
+    if distractor_kinds is not None:  # a few other values, drawn once: the distractors form groups
+        others = [others[i] for i in sorted(rng.choice(len(others), size=min(distractor_kinds, len(others)),
+                                                       replace=False))]
     values = [target] * n + [_pick(rng, others) for _ in range(extra)]
     attrs: Attributes = [(v, None) if key == "color" else (None, v) for v in values]
     question = T.fill(template, color=target, shape_plural=plural(target))
@@ -155,7 +159,7 @@ _BUILDERS = {
 }
 
 
-def _check_distractors(task: str, template: str, distractors: object) -> None:
+def _check_distractors(task: str, template: str, distractors: object, kinds: object = None) -> None:
     """`distractors` only where a question counts a subset (by colour or shape), as a count."""
     if task != "counting" or template not in (T.COUNT_COLOR, T.COUNT_SHAPE):
         raise UserInputError(
@@ -164,6 +168,8 @@ def _check_distractors(task: str, template: str, distractors: object) -> None:
         )
     if isinstance(distractors, bool) or not isinstance(distractors, int) or distractors < 0:
         raise UserInputError(f"distractors must be a non-negative integer, got {distractors!r}")
+    if kinds is not None and (isinstance(kinds, bool) or not isinstance(kinds, int) or kinds < 1):
+        raise UserInputError(f"distractor_kinds must be a positive integer or None, got {kinds!r}")
 
 
 def task_templates(task: str, style: str) -> tuple[str, ...]:
@@ -190,6 +196,7 @@ def make_task_sample(
     min_gap: float | None = None,
     background: str | None = None,
     distractors: int | None = None,
+    distractor_kinds: int | None = None,
 ) -> tuple[Image.Image, dict]:
     """One image and question of a task suite.
 
@@ -203,6 +210,9 @@ def make_task_sample(
             exactly this many objects that do not match the question, each of another colour
             (shape) than the asked one; default a random number from 0 up to max(counts) - answer,
             so that a fixed count (``counts=(n,)``) draws none. Recorded as "distractors".
+        distractor_kinds: with ``distractors``: draw them from only this many other colours (shapes),
+            so that they form groups; 1 makes them one group of ``distractors`` objects, which can
+            outnumber the asked ones (default: each distractor's value drawn on its own).
 
     Returns:
         (RGB image, record) where the record also has "template" and "targets" (ids of the
@@ -221,11 +231,13 @@ def make_task_sample(
             f"template {template!r} is not one of task {task!r}'s templates for {style}: {allowed}"
         )
     radius_px, gap = resolve_geometry(the_style, size, radius, min_gap)
+    if distractors is None and distractor_kinds is not None:
+        raise UserInputError("distractor_kinds groups the distractors: give distractors too")
     if distractors is None:
         attributes, ask = _BUILDERS[task](the_style, template, q_rng, counts)
     else:
-        _check_distractors(task, template, distractors)
-        attributes, ask = _counting(the_style, template, q_rng, counts, distractors)
+        _check_distractors(task, template, distractors, distractor_kinds)
+        attributes, ask = _counting(the_style, template, q_rng, counts, distractors, distractor_kinds)
     for _ in range(LAYOUT_ATTEMPTS):
         order = q_rng.permutation(len(attributes))  # targets are not always the first ids
         objects = sample_objects(the_style, [attributes[i] for i in order], layout_rng, size, radius_px, gap)
@@ -253,4 +265,6 @@ def make_task_sample(
     )
     if distractors is not None:
         record["distractors"] = distractors
+    if distractor_kinds is not None:
+        record["distractor_kinds"] = distractor_kinds
     return image, record

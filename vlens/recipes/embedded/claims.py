@@ -26,6 +26,7 @@ COUNTING_NAMES = {
     "counting/synreal": "shaded objects on textured backgrounds (SynReal-lite)",
     "foreign/counting": "shapes from a third, PIL-drawn renderer in plain CSS colours (foreign)",
     "counting/subset": "a named colour or shape among other objects (SynPoly subset)",
+    "counting/groups": "a named colour or shape beside one group of another (SynPoly groups)",
 }
 # Question sources beyond the task suite's own (named in the text with their accuracy).
 OTHER_NAMES = {
@@ -34,7 +35,7 @@ OTHER_NAMES = {
 }
 # Sources whose questions another source's training samples also ask (SynPoly counting draws "How many
 # red objects?" among other objects too): such a source is never called held out while that one trains.
-ALSO_DRAWN_BY = {"counting/subset": "counting/synpoly"}
+ALSO_DRAWN_BY = {"counting/subset": "counting/synpoly", "counting/groups": "counting/synpoly"}
 SUITE_TASKS = ("colour", "shape", "spatial", "arithmetic", "existence")
 SOLID = 0.85  # a task whose interval lies above this is reported as answered; below it, as weaker
 

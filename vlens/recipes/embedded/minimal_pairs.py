@@ -12,8 +12,9 @@ Counterparts, from the sample's record (objects with colour, shape, centre):
 - spatial: the two objects swapped (their footprints are separated along the axis, so the
   answer flips);
 - colour / shape: another object whose shape (colour) is unique in the image, asked the same way;
-- counting among distractors (a record drawn with explicit "distractors", the counting/subset
-  source): the count of another colour (shape) present in the image, asked the same way. Other
+- counting among distractors (a record drawn with explicit "distractors", the counting/subset and
+  counting/groups sources): the count of another colour (shape) present in the image, asked the same
+  way (for counting/groups, the other group's count). Other
   counting records get no partner, so stages trained before this existed render as they did.
 A sample with no counterpart (a lone object, every value present) has none.
 """

@@ -196,10 +196,10 @@ def _stage_notes(stage: dict) -> list[str]:
         section = stage.get("mrope_section") or "the default [2, 3, 3]"
         notes.append(f"decoder M-RoPE theta {_number(theta)}, sections {section}")
     if stage.get("minimal_pairs"):
-        subset = (stage.get("mix") or {}).get("counting/subset", 0) > 0
+        counted = [name for name in ("counting/subset", "counting/groups") if (stage.get("mix") or {}).get(name, 0) > 0]
         notes.append(
             "minimal pairs: each binding question (existence, spatial, colour, shape"
-            + ("; counting/subset's counts among other objects" if subset else "")
+            + (f"; {' and '.join(counted)}'s counts among other objects" if counted else "")
             + ") also asked with another noun about the same image, in the same batch "
             "(vlens.recipes.embedded.minimal_pairs)"
         )
