@@ -19,11 +19,13 @@
 #   groups-S: base-S plus counting/groups=0.15 (a named colour / shape beside one group of another, which often
 #             outnumbers it; its minimal pair asks the other group's count): asked for a rare colour, stage 4 counts
 #             the dominant colour's objects (benchmarks/bench_count_selection.py), the shortcut SynPoly's own
-#             counting data leave open (there the asked colour is nearly always the largest group).
+#             counting data leave open (there the asked colour is nearly always the largest group);
+#   stage5-S: training/v5/run.sh's stage 5 (groups' mix at stage 4's full length: 6,000 steps, 24,000 images, warm-up
+#             100) with another seed, to check that its result is not one seed's.
 #
 #   nice -n 5 bash training/v5/controlled_subset.sh [RUN ...]
 #   RUN: base-60 subset-60 base-61 subset-61 hires-60 hires-61 grow-60 grow-61 tune-60 tuneaux-60 tune-61 tuneaux-61
-#        groups-60 groups-61 (default: all, in this order)
+#        groups-60 groups-61 stage5-45 (default: all, in this order)
 # then: python benchmarks/compare_checkpoints.py runs/ctl5s/base-60 runs/ctl5s/subset-60 --n 300
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,7 +43,7 @@ train() {  # NAME SEED MIX [FLAGS...]
 }
 
 runs=("$@")
-[ ${#runs[@]} -eq 0 ] && runs=(base-60 subset-60 base-61 subset-61 hires-60 hires-61 grow-60 grow-61 tune-60 tuneaux-60 tune-61 tuneaux-61 groups-60 groups-61)
+[ ${#runs[@]} -eq 0 ] && runs=(base-60 subset-60 base-61 subset-61 hires-60 hires-61 grow-60 grow-61 tune-60 tuneaux-60 tune-61 tuneaux-61 groups-60 groups-61 stage5-45)
 for name in "${runs[@]}"; do
   case $name in
     base-*) train "$name" "${name#base-}" "$BALANCED_MIX" ;;
@@ -50,6 +52,8 @@ for name in "${runs[@]}"; do
     grow-*) train "$name" "${name#grow-}" "$BALANCED_MIX" --grow-text-layers 6 ;;
     tune-*) train "$name" "${name#tune-}" "$BALANCED_MIX" ;;
     groups-*) train "$name" "${name#groups-}" "$BALANCED_MIX,counting/groups=0.15" ;;
+    stage5-*) train "$name" "${name#stage5-}" "$BALANCED_MIX,counting/groups=0.15" --steps 6000 --examples 24000 \
+      --warmup 100 ;;
     tuneaux-*) train "$name" "${name#tuneaux-}" "$BALANCED_MIX" --vision-aux-weight 1.0 ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac
