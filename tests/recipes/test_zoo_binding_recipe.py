@@ -93,6 +93,38 @@ def test_group_counting_pairs_with_the_other_groups_count(template):
         assert answer == str(record["distractors"]) == _count_truth(record, question)
 
 
+def test_arithmetic_pairs_ask_the_other_operation_about_the_same_colours():
+    for template in (T.SUM_OF_COLORS, T.DIFFERENCE_OF_COLORS):
+        for seed in range(15):
+            _, record = make_task_sample("arithmetic", seed, size=224, template=template)
+            assert counterpart(record, np.random.default_rng(0)) is None  # only when asked for
+            question, answer = counterpart(record, np.random.default_rng(0), arithmetic=True)
+            colours = [o["color"] for o in record["objects"]]
+            other = T.DIFFERENCE_OF_COLORS if template == T.SUM_OF_COLORS else T.SUM_OF_COLORS
+            named = [(a, b) for a in set(colours) for b in set(colours)
+                     if a != b and question == T.fill(other, color=a, color2=b)]
+            assert len(named) == 1, question
+            a, b = named[0]
+            asked = {c for c in colours if c in record["question"].split()}
+            assert {a, b} == asked  # the same two colours
+            expected = colours.count(a) - colours.count(b) if other == T.DIFFERENCE_OF_COLORS else (
+                colours.count(a) + colours.count(b))
+            assert answer == str(expected) and int(answer) >= 0  # a difference names the larger group first
+
+
+def test_arithmetic_pairs_need_minimal_pairs_and_leave_older_fingerprints_alone():
+    from vlens.recipes.embedded.recipe import check_settings, fingerprint
+    from vlens.recipes.embedded.settings import RecipeSettings
+
+    with pytest.raises(ValueError, match="give --minimal-pairs too"):
+        check_settings(RecipeSettings(arithmetic_pairs=True))
+    check_settings(RecipeSettings(minimal_pairs=True, arithmetic_pairs=True))
+    before = fingerprint(RecipeSettings(minimal_pairs=True))
+    assert "arithmetic_pairs" not in before  # states saved before the option still resume
+    paired = fingerprint(RecipeSettings(minimal_pairs=True, arithmetic_pairs=True))
+    assert paired["arithmetic_pairs"] is True and {k: v for k, v in paired.items() if k != "arithmetic_pairs"} == before
+
+
 def test_no_counterpart_for_a_lone_object_or_counting():
     for seed in range(40):
         _, record = make_task_sample("colour", seed, size=168)

@@ -40,7 +40,8 @@ def _lineage() -> list[RecipeSettings]:
         ),
         RecipeSettings(
             seed=6, n_examples=50, threads=1, init_from="stage1", fresh_decoder=True, text_layers=6,
-            rope_theta=30.0, mrope_section=[2, 2, 4], minimal_pairs=True, question_first=0.35, max_objects=3,
+            rope_theta=30.0, mrope_section=[2, 2, 4], minimal_pairs=True, arithmetic_pairs=True, question_first=0.35,
+            max_objects=3,
             mix={"existence": 1.0, "spatial": 1.0, "counting/synpoly": 1.0},
             train=TrainSettings(steps=20, batch_size=4, learning_rate=1e-3, warmup_steps=2, freeze_vision=True),
         ),

@@ -71,6 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> RecipeSettings:
         fresh_decoder=args.fresh_decoder,
         text_layers=args.text_layers,
         minimal_pairs=args.minimal_pairs,
+        arithmetic_pairs=args.arithmetic_pairs,
         question_first=args.question_first,
         train=TrainSettings(
             steps=args.steps,
@@ -295,6 +296,12 @@ def configure(zoo: argparse.ArgumentParser) -> None:
         action="store_true",
         help="binding questions (existence, spatial, colour, shape) also asked with another noun about the "
         "same image, both in one batch",
+    )
+    train.add_argument(
+        "--arithmetic-pairs",
+        action="store_true",
+        help="with --minimal-pairs: each arithmetic question also asked with the other operation (sum <-> "
+        "difference) about the same two colours, both in one batch",
     )
     train.add_argument(
         "--question-first",

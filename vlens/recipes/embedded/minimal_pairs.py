@@ -16,6 +16,9 @@ Counterparts, from the sample's record (objects with colour, shape, centre):
   counting/groups sources): the count of another colour (shape) present in the image, asked the same
   way (for counting/groups, the other group's count). Other
   counting records get no partner, so stages trained before this existed render as they did.
+- arithmetic, only when asked (`arithmetic=True`, `vlens zoo train --arithmetic-pairs`): the same two
+  colours with the other operation ("How many more red than blue" <-> "How many red and blue ... in
+  total"), the larger group first for a difference; so the operation word must change the answer.
 A sample with no counterpart (a lone object, every value present) has none.
 """
 
@@ -30,15 +33,44 @@ from vlens.data.styles import get_style
 BINDING_TASKS: tuple[str, ...] = ("existence", "spatial", "colour", "shape")
 
 
+def _other_operation(record: dict) -> tuple[str, str]:
+    """The same two colours asked with the other operation: a sum becomes a difference (larger group first)
+    and a difference a sum."""
+    template = str(record["template"])
+    if template not in (T.SUM_OF_COLORS, T.DIFFERENCE_OF_COLORS):
+        raise ValueError(f"not an arithmetic template: {template!r}")
+    colours = [o["color"] for o in record["objects"]]
+    asked = list(dict.fromkeys(colours[i] for i, o in enumerate(record["objects"]) if o["id"] in record["targets"]))
+    first, second = _asked_colours(record["question"], template, asked)
+    k1, k2 = colours.count(first), colours.count(second)
+    if template == T.DIFFERENCE_OF_COLORS:
+        return T.fill(T.SUM_OF_COLORS, color=first, color2=second), str(k1 + k2)
+    if k2 > k1:
+        first, second, k1, k2 = second, first, k2, k1
+    return T.fill(T.DIFFERENCE_OF_COLORS, color=first, color2=second), str(k1 - k2)
+
+
+def _asked_colours(question: str, template: str, asked: list[str]) -> tuple[str, str]:
+    """The question's two colours in the order it names them."""
+    for a in asked:
+        for b in asked:
+            if a != b and T.fill(template, color=a, color2=b) == question:
+                return a, b
+    raise ValueError(f"the colours of {question!r} are not among the asked objects' {asked}")
+
+
 def _unique(objects: list[dict], key: str, exclude: str | None) -> list[dict]:
     """Objects whose `key` value occurs once in the image and differs from `exclude`."""
     values = [o[key] for o in objects]
     return [o for o in objects if values.count(o[key]) == 1 and o[key] != exclude]
 
 
-def counterpart(record: dict, rng: np.random.Generator) -> tuple[str, str] | None:
-    """(question, answer) of the minimal-pair partner of a binding sample, or None."""
+def counterpart(record: dict, rng: np.random.Generator, arithmetic: bool = False) -> tuple[str, str] | None:
+    """(question, answer) of the minimal-pair partner of a binding sample (and, with `arithmetic`, of an
+    arithmetic one), or None."""
     task, template, objects = record.get("task"), str(record.get("template") or ""), record.get("objects", [])
+    if task == "arithmetic":
+        return _other_operation(record) if arithmetic else None
     if task == "existence":
         key = "shape" if template == T.EXISTS_SHAPE else "color"
         style = get_style(record["style"])

@@ -89,6 +89,7 @@ def _number(value: float) -> str:
 _FLAGS: tuple[tuple[str, str, Callable[[Any], str] | None], ...] = (
     ("max_objects", "--max-objects", str),
     ("minimal_pairs", "--minimal-pairs", None),
+    ("arithmetic_pairs", "--arithmetic-pairs", None),
     ("question_first", "--question-first", _number),
     ("grow_vision_depth", "--grow-vision-depth", str),
     ("grow_text_layers", "--grow-text-layers", str),
@@ -200,6 +201,7 @@ def _stage_notes(stage: dict) -> list[str]:
         notes.append(
             "minimal pairs: each binding question (existence, spatial, colour, shape"
             + (f"; {' and '.join(counted)}'s counts among other objects" if counted else "")
+            + ("; arithmetic with the other operation" if stage.get("arithmetic_pairs") else "")
             + ") also asked with another noun about the same image, in the same batch "
             "(vlens.recipes.embedded.minimal_pairs)"
         )

@@ -89,6 +89,8 @@ def fingerprint(settings: RecipeSettings) -> dict:
     values["train"] = {k: v for k, v in values["train"].items() if k not in ("stop_after", "log_every")}
     if not settings.question_first:  # the states saved before the option (all image-first) still resume
         del values["question_first"]
+    if not settings.arithmetic_pairs:  # likewise for the states saved before arithmetic pairs
+        del values["arithmetic_pairs"]
     if settings.init_from:
         values["init_from"] = _file_digest(Path(settings.init_from) / "model.safetensors")
     return json.loads(json.dumps(values, default=str))
@@ -128,6 +130,8 @@ def check_settings(settings: RecipeSettings) -> None:
     if settings.fresh_decoder and (settings.grow_text_layers is not None or settings.grow_vision_depth is not None):
         raise UserInputError("--fresh-decoder builds a new decoder: use --text-layers, not --grow-* flags")
     check_float(settings.question_first, "--question-first", min=0, max=1)
+    if settings.arithmetic_pairs and not settings.minimal_pairs:
+        raise UserInputError("--arithmetic-pairs adds arithmetic to the minimal pairs: give --minimal-pairs too")
     if settings.stage == "vision" and settings.question_first:
         raise UserInputError("--question-first orders the prompts of a language stage; the vision stage has none")
     if settings.train.stop_after is not None and settings.train.stop_after < 1:
@@ -264,6 +268,7 @@ def training_record(settings: RecipeSettings, training: dict, extra: dict) -> di
         "rope_theta": settings.rope_theta,
         "mrope_section": settings.mrope_section,
         "minimal_pairs": settings.minimal_pairs,
+        "arithmetic_pairs": settings.arithmetic_pairs,
         "question_first": settings.question_first,
         "wall_time_s": training["wall_time_s"],
         "final_loss": training["final_loss"] if training["final_loss"] is not None else float("nan"),
@@ -341,6 +346,8 @@ def render_key(settings: RecipeSettings, processor) -> dict:
         "image_size": image_size_of(processor),
         "vocabulary": hashlib.sha256(vocabulary.encode()).hexdigest()[:16],
     }
+    if settings.arithmetic_pairs:  # absent when off: sets rendered before the option keep their keys
+        values["arithmetic_pairs"] = True
     return json.loads(json.dumps(values, default=str))
 
 
@@ -364,7 +371,7 @@ def cached_training_set(directory: Path, settings: RecipeSettings, processor, pr
                 raise UserInputError(f"the rendered training set {path} is damaged ({error!r}): {fix}") from None
     rendered = render_training_set(
         processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects,
-        settings.minimal_pairs, settings.question_first,
+        settings.minimal_pairs, settings.question_first, settings.arithmetic_pairs,
     )
     directory.mkdir(parents=True, exist_ok=True)
     key = render_key(settings, processor)

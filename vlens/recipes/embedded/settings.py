@@ -65,6 +65,8 @@ class RecipeSettings:
     fresh_decoder: bool = False  # with init_from: keep its vision tower and merger, start a new decoder
     text_layers: int | None = None  # depth of a decoder built here (None: the architecture's 4)
     minimal_pairs: bool = False  # binding samples with their minimal-pair partner in the same batch
+    # with minimal_pairs: arithmetic samples paired too (the same image, the other operation: sum <-> difference)
+    arithmetic_pairs: bool = False
     # probability that a training sample puts its question before the image (fixed per sample by its
     # seed; its minimal-pair partner keeps the order); 0: always after, the order of every stage before
     question_first: float = 0.0

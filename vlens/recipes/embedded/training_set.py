@@ -318,6 +318,7 @@ def render_training_set(
     max_objects: int | None = None,
     minimal_pairs: bool = False,
     question_first: float = 0.0,
+    arithmetic_pairs: bool = False,
 ) -> RenderedSet:
     """Render and encode `n_examples` training examples once (images kept as uint8);
     `max_objects` caps the non-counting tasks' objects (see :func:`source_makers`).
@@ -326,7 +327,9 @@ def render_training_set(
     (vlens.recipes.embedded.minimal_pairs), recorded in `partners`.
     `question_first` (a probability P in [0, 1]): each sample puts its question before the image
     with probability P (:func:`asks_question_first`, fixed by its seed); a minimal-pair partner
-    keeps its sample's order. P = 0 encodes exactly what the recipe did before the option."""
+    keeps its sample's order. P = 0 encodes exactly what the recipe did before the option.
+    `arithmetic_pairs` (with `minimal_pairs`): arithmetic samples are paired too, with the other
+    operation about the same two colours (`counterpart(..., arithmetic=True)`)."""
     if n_examples < 1:
         raise UserInputError(f"n_examples must be positive, got {n_examples}")
     question_first = check_float(question_first, "question_first", min=0, max=1)
@@ -344,7 +347,8 @@ def render_training_set(
         sources.append(name)
         labels.append(dense_labels(id_map, record["objects"], size // CELL))
         partners.append(None)
-        pair = counterpart(record, np.random.default_rng([sample_seed, 13])) if minimal_pairs else None
+        pair = (counterpart(record, np.random.default_rng([sample_seed, 13]), arithmetic=arithmetic_pairs)
+                if minimal_pairs else None)
         if pair is not None:
             row = len(examples) - 1
             examples.append(encode_example(processor, pair[0], pair[1], index, first))  # the same order
