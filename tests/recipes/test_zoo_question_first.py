@@ -203,3 +203,17 @@ def test_a_question_first_stage_records_p_and_a_resume_with_another_p_is_refused
     card = (out / "MODEL_CARD.md").read_text()
     assert "question before the image with probability 1 per sample" in card
     assert " --minimal-pairs --question-first 1 " in card
+
+
+def test_arithmetic_samples_get_partners_only_with_arithmetic_pairs(processor):
+    from vlens.recipes.embedded.training_set import PairOptions
+
+    mix = {"arithmetic": 1.0}
+    plain = render_training_set(processor, 6, seed=2, progress=False, mix=mix, minimal_pairs=True)
+    assert len(plain.examples) == 6 and all(p is None for p in plain.partners)
+    paired = render_training_set(processor, 6, seed=2, progress=False, mix=mix,
+                                 minimal_pairs=PairOptions(binding=True, arithmetic=True))
+    assert len(paired.examples) == 12  # every arithmetic sample has a partner: the other operation
+    assert all(paired.partners[paired.partners[i]] == i for i in range(12))
+    with pytest.raises(UserInputError, match="set binding=True too"):
+        PairOptions(arithmetic=True)

@@ -29,6 +29,7 @@ import numpy as np
 from vlens.data import templates as T
 from vlens.data.palette import plural
 from vlens.data.styles import get_style
+from vlens.utils.errors import UserInputError
 
 BINDING_TASKS: tuple[str, ...] = ("existence", "spatial", "colour", "shape")
 
@@ -38,7 +39,7 @@ def _other_operation(record: dict) -> tuple[str, str]:
     and a difference a sum."""
     template = str(record["template"])
     if template not in (T.SUM_OF_COLORS, T.DIFFERENCE_OF_COLORS):
-        raise ValueError(f"not an arithmetic template: {template!r}")
+        raise UserInputError(f"not an arithmetic template: {template!r}")
     colours = [o["color"] for o in record["objects"]]
     asked = list(dict.fromkeys(colours[i] for i, o in enumerate(record["objects"]) if o["id"] in record["targets"]))
     first, second = _asked_colours(record["question"], template, asked)
@@ -56,7 +57,7 @@ def _asked_colours(question: str, template: str, asked: list[str]) -> tuple[str,
         for b in asked:
             if a != b and T.fill(template, color=a, color2=b) == question:
                 return a, b
-    raise ValueError(f"the colours of {question!r} are not among the asked objects' {asked}")
+    raise UserInputError(f"the colours of {question!r} are not among the asked objects' {asked}")
 
 
 def _unique(objects: list[dict], key: str, exclude: str | None) -> list[dict]:

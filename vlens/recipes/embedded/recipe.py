@@ -39,6 +39,7 @@ from vlens.recipes.embedded.train import train_model
 from vlens.recipes.embedded.training_set import (
     DEFAULT_SIZE,
     TRAINING_MIX,
+    PairOptions,
     RenderedSet,
     held_out_samples,
     render_training_set,
@@ -371,7 +372,7 @@ def cached_training_set(directory: Path, settings: RecipeSettings, processor, pr
                 raise UserInputError(f"the rendered training set {path} is damaged ({error!r}): {fix}") from None
     rendered = render_training_set(
         processor, settings.n_examples, settings.seed, progress, settings.mix, settings.max_objects,
-        settings.minimal_pairs, settings.question_first, settings.arithmetic_pairs,
+        PairOptions(settings.minimal_pairs, settings.arithmetic_pairs), settings.question_first,
     )
     directory.mkdir(parents=True, exist_ok=True)
     key = render_key(settings, processor)

@@ -235,6 +235,18 @@ TRAINING_MIX: dict[str, float] = {
 }
 
 
+@dataclass(frozen=True)
+class PairOptions:
+    """Which training samples get a minimal-pair partner (vlens.recipes.embedded.minimal_pairs)."""
+
+    binding: bool = False  # existence, spatial, colour, shape and counting among distractors
+    arithmetic: bool = False  # with binding: arithmetic too, asked with the other operation
+
+    def __post_init__(self) -> None:
+        if self.arithmetic and not self.binding:
+            raise UserInputError("arithmetic pairs are added to the binding pairs: set binding=True too")
+
+
 @dataclass
 class RenderedSet:
     """Pre-rendered examples: the images at the model's input size (PNG-compressed; index
@@ -316,9 +328,8 @@ def render_training_set(
     progress: bool = True,
     mix: dict[str, float] | None = None,
     max_objects: int | None = None,
-    minimal_pairs: bool = False,
+    minimal_pairs: bool | PairOptions = False,
     question_first: float = 0.0,
-    arithmetic_pairs: bool = False,
 ) -> RenderedSet:
     """Render and encode `n_examples` training examples once (images kept as uint8);
     `max_objects` caps the non-counting tasks' objects (see :func:`source_makers`).
@@ -328,11 +339,12 @@ def render_training_set(
     `question_first` (a probability P in [0, 1]): each sample puts its question before the image
     with probability P (:func:`asks_question_first`, fixed by its seed); a minimal-pair partner
     keeps its sample's order. P = 0 encodes exactly what the recipe did before the option.
-    `arithmetic_pairs` (with `minimal_pairs`): arithmetic samples are paired too, with the other
+    `minimal_pairs=PairOptions(arithmetic=True)`: arithmetic samples are paired too, with the other
     operation about the same two colours (`counterpart(..., arithmetic=True)`)."""
     if n_examples < 1:
         raise UserInputError(f"n_examples must be positive, got {n_examples}")
     question_first = check_float(question_first, "question_first", min=0, max=1)
+    pairing = minimal_pairs if isinstance(minimal_pairs, PairOptions) else PairOptions(binding=bool(minimal_pairs))
     makers = source_makers(vary=True, max_objects=max_objects)
     size = image_size_of(processor)
     images, examples, sources, labels = ImageStore(size), [], [], []
@@ -347,8 +359,8 @@ def render_training_set(
         sources.append(name)
         labels.append(dense_labels(id_map, record["objects"], size // CELL))
         partners.append(None)
-        pair = (counterpart(record, np.random.default_rng([sample_seed, 13]), arithmetic=arithmetic_pairs)
-                if minimal_pairs else None)
+        pair = (counterpart(record, np.random.default_rng([sample_seed, 13]), arithmetic=pairing.arithmetic)
+                if pairing.binding else None)
         if pair is not None:
             row = len(examples) - 1
             examples.append(encode_example(processor, pair[0], pair[1], index, first))  # the same order
@@ -356,7 +368,7 @@ def render_training_set(
             partners[row] = row + 1
             partners.append(row)
     return RenderedSet(
-        images, examples, sources, torch.from_numpy(np.stack(labels)), partners if minimal_pairs else None
+        images, examples, sources, torch.from_numpy(np.stack(labels)), partners if pairing.binding else None
     )
 
 
