@@ -28,6 +28,7 @@ from bench_arithmetic_limits import sub_counts
 
 from vlens.data.templates import COUNT_COLOR
 from vlens.flow.ablation import ablation_hook, site_activations
+from vlens.flow.batch import object_selection
 from vlens.utils.stats import bootstrap_interval, wilson_interval
 
 CONDITIONS = ("clean", "named", "other group", "random")
@@ -50,14 +51,12 @@ def groups(record: dict) -> tuple[str, list[dict], list[dict]] | None:
 def exclusive_tokens(inputs, row: int, mine: list[dict], theirs: list[dict]) -> tuple[torch.Tensor, torch.Tensor,
                                                                                           torch.Tensor]:
     """Sequence positions touched only by `mine`, only by `theirs`, and by neither (this row's one image)."""
-    regions = inputs.token_regions
-
     def touched(objects: list[dict]) -> torch.Tensor:
-        found = [regions.from_box(row, tuple(float(v) for v in obj["bbox"])).positions.cpu() for obj in objects]
+        found = [object_selection(inputs, row, obj["bbox"]).positions.cpu() for obj in objects]
         return torch.cat(found).unique() if found else torch.zeros(0, dtype=torch.long)
 
     a, b = touched(mine), touched(theirs)
-    image = regions.image[row].cpu()
+    image = inputs.token_regions.image[row].cpu()
     return a[~torch.isin(a, b)], b[~torch.isin(b, a)], image[~torch.isin(image, torch.cat([a, b]))]
 
 

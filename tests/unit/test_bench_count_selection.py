@@ -33,6 +33,7 @@ def test_exclusive_tokens_drop_the_tokens_both_groups_touch():
     regions = SimpleNamespace(
         from_box=lambda image, box: SimpleNamespace(positions=torch.tensor(boxes[box])),
         image=[torch.arange(10, 20)],
+        images=[[0]],  # one image in the row
     )
     inputs = SimpleNamespace(token_regions=regions)
     mine = [{"bbox": [0, 0, 1, 1]}]

@@ -41,7 +41,7 @@ def _other_operation(record: dict) -> tuple[str, str]:
     if template not in (T.SUM_OF_COLORS, T.DIFFERENCE_OF_COLORS):
         raise UserInputError(f"not an arithmetic template: {template!r}")
     colours = [o["color"] for o in record["objects"]]
-    asked = list(dict.fromkeys(colours[i] for i, o in enumerate(record["objects"]) if o["id"] in record["targets"]))
+    asked = list(dict.fromkeys(o["color"] for o in record["objects"] if o["id"] in record["targets"]))
     first, second = _asked_colours(record["question"], template, asked)
     k1, k2 = colours.count(first), colours.count(second)
     if template == T.DIFFERENCE_OF_COLORS:

@@ -127,20 +127,24 @@ SUBSET_TEMPLATES = (COUNT_COLOR, COUNT_SHAPE)
 MAX_SUBSET_OBJECTS = 10  # answer + distractors, except that 10 asked objects still get one distractor
 
 
-def _subset_source(vary: bool) -> Callable[..., Sample]:
+def _subset_source(vary: bool, stream: int = 19, distractor_kinds: int | None = None) -> Callable[..., Sample]:
     """SynPoly counting of a named colour or shape among at least one other object ("How many red
     objects are there?" with objects of other colours): the sub-count that arithmetic needs
-    (benchmarks/bench_arithmetic_limits.py). `count` fixes the answer; the distractors stay drawn."""
+    (benchmarks/bench_arithmetic_limits.py). `count` fixes the answer; the distractors stay drawn.
+    `stream`: the source's own random stream ([seed, stream]; varied_sample draws [seed, 11]);
+    `distractor_kinds`: draw the distractors from that many other colours (shapes) only
+    (`make_task_sample`), so that they form groups."""
 
     def make(seed: int, count: int | None = None) -> Sample:
-        rng = np.random.default_rng([seed, 19])  # its own stream: varied_sample draws [seed, 11]
+        rng = np.random.default_rng([seed, stream])
         size = _size_for(rng) if vary else DEFAULT_SIZE
         answer = count if count is not None else int(rng.integers(1, MAX_SUBSET_OBJECTS))
         distractors = int(rng.integers(1, max(1, MAX_SUBSET_OBJECTS - answer) + 1))
         template = SUBSET_TEMPLATES[int(rng.integers(len(SUBSET_TEMPLATES)))]
         radius = _varied_radius("synpoly", size, rng) if vary else None
         return _with_radius(partial(make_task_sample, "counting", seed, size=size, style="synpoly",
-                                    counts=(answer,), template=template, distractors=distractors), radius)
+                                    counts=(answer,), template=template, distractors=distractors,
+                                    distractor_kinds=distractor_kinds), radius)
 
     return make
 
@@ -152,19 +156,7 @@ def _groups_source(vary: bool) -> Callable[..., Sample]:
     nearly always the largest group and "count the largest group" answers it; here it does not
     (benchmarks/bench_count_selection.py: the shipped v5 model counts the dominant colour's objects).
     With minimal pairs the same image is also asked the other group's count."""
-
-    def make(seed: int, count: int | None = None) -> Sample:
-        rng = np.random.default_rng([seed, 23])  # its own stream (varied_sample [seed, 11], subset [seed, 19])
-        size = _size_for(rng) if vary else DEFAULT_SIZE
-        answer = count if count is not None else int(rng.integers(1, MAX_SUBSET_OBJECTS))
-        others = int(rng.integers(1, max(1, MAX_SUBSET_OBJECTS - answer) + 1))
-        template = SUBSET_TEMPLATES[int(rng.integers(len(SUBSET_TEMPLATES)))]
-        radius = _varied_radius("synpoly", size, rng) if vary else None
-        return _with_radius(partial(make_task_sample, "counting", seed, size=size, style="synpoly",
-                                    counts=(answer,), template=template, distractors=others, distractor_kinds=1),
-                            radius)
-
-    return make
+    return _subset_source(vary, stream=23, distractor_kinds=1)
 
 
 def source_makers(vary: bool, max_objects: int | None = None) -> dict[str, Callable[..., Sample]]:
