@@ -15,9 +15,10 @@ import pytest
 
 from vlens.cli import build_parser
 from vlens.recipes.embedded.cli import settings_from_args
-from vlens.recipes.embedded.model_card import training_lines, training_stages
+from vlens.recipes.embedded.model_card import MIX_TOLERANCE, mix_text, training_lines, training_stages
 from vlens.recipes.embedded.recipe import NOT_IN_FINGERPRINT, check_settings, data_record, training_record
 from vlens.recipes.embedded.settings import RecipeSettings, TrainSettings
+from vlens.recipes.embedded.training_set import parse_mix
 
 # Options that change no weight (where the run is kept, how it reports); a new option must be
 # listed here or round-trip through the card below.
@@ -128,6 +129,31 @@ def test_minimal_pairs_of_subset_counting_are_named_where_the_mix_has_it():
     summary["data"]["mix"] = {"counting/subset": 0.2, "colour": 0.8}
     last = training_lines(summary)[len(training_stages(summary)) - 1]
     assert "(existence, spatial, colour, shape; counting/subset's counts among other objects) also asked" in last
+
+
+def _shares(mix: dict[str, float]) -> dict[str, float]:
+    total = sum(mix.values())
+    return {name: weight / total for name, weight in mix.items()}
+
+
+@pytest.mark.parametrize(("given", "written"), [
+    # stage 4's balanced mix plus counting/groups=0.15 (training/v5/run.sh's stage lang5): not 0.0434782608696, ...
+    ({"counting/syndot": 0.05, "counting/synpoly": 0.18, "counting/synreal": 0.03, "colour": 0.08, "shape": 0.16,
+      "spatial": 0.18, "arithmetic": 0.14, "existence": 0.18, "counting/groups": 0.15},
+     "counting/syndot=0.05,counting/synpoly=0.18,counting/synreal=0.03,colour=0.08,shape=0.16,spatial=0.18,"
+     "arithmetic=0.14,existence=0.18,counting/groups=0.15"),
+    ({"counting/syndot": 0.06, "counting/synpoly": 0.2, "colour": 0.74}, "counting/syndot=0.06,counting/synpoly=0.2,colour=0.74"),
+    ({"colour": 1.0, "shape": 2.0}, "colour=1,shape=2"),
+    ({"colour": 1.2, "shape": 0.3, "existence": 0.0}, "colour=0.8,shape=0.2,existence=0"),
+    ({"colour": 0.123456789, "shape": 0.876543211}, "colour=0.123456789,shape=0.876543211"),
+    ({"colour": 1.0, "shape": 3.14159265358979}, "colour=0.241453007005,shape=0.758546992995"),
+])
+def test_a_card_writes_a_mix_as_short_as_reads_back_as_its_shares(given, written):
+    shares = _shares(given)
+    assert mix_text(shares) == written
+    read = _shares(parse_mix(written))
+    assert list(read) == list(shares)
+    assert all(abs(read[name] - shares[name]) <= MIX_TOLERANCE for name in shares)
 
 
 ROOT = Path(__file__).parents[2]

@@ -84,6 +84,41 @@ def _number(value: float) -> str:
     return short if float(short) == value else repr(value)
 
 
+# How close the shares a card's --mix reads back as must be to the recorded ones, and the largest
+# whole-number total mix_text tries.
+MIX_TOLERANCE = 1e-12
+_MAX_MIX_TOTAL = 10_000
+
+
+def _reads_back(weights: list[float], shares: list[float]) -> bool:
+    total = sum(weights)
+    return total > 0 and all(abs(w / total - s) <= MIX_TOLERANCE for w, s in zip(weights, shares, strict=True))
+
+
+def mix_text(mix: dict[str, float]) -> str:
+    """A recorded (normalised) mix as a --mix value that reads back as the same shares (within
+    MIX_TOLERANCE), as short as it can be: the shares themselves where they have at most four decimals
+    (0.06, 0.2); else the smallest whole-number weights with those shares, scaled by a power of ten to
+    sum to between 1 and 10 (stage 4's mix plus counting/groups=0.15, renormalised, reads 0.05, ...,
+    0.15 again, not 0.0434782608696, ...); else 12 significant digits."""
+    names, shares = list(mix), list(mix.values())
+
+    def written(texts: list[str]) -> str:
+        return ",".join(f"{name}={text}" for name, text in zip(names, texts, strict=True))
+
+    if all(abs(round(share, 4) - share) <= MIX_TOLERANCE for share in shares):
+        return written([f"{share:.12g}" for share in shares])
+    for total in range(1, _MAX_MIX_TOTAL + 1):
+        counts = [round(share * total) for share in shares]
+        if sum(counts) != total:
+            continue
+        scale = 10 ** (len(str(total)) - 1)
+        texts = [f"{count / scale:g}" for count in counts]
+        if _reads_back([float(text) for text in texts], shares):
+            return written(texts)
+    return written([f"{share:.12g}" for share in shares])
+
+
 # A stage record's optional settings as `vlens zoo train` flags, in the card's order: (record key,
 # flag, how its value is written; None: a switch).
 _FLAGS: tuple[tuple[str, str, Callable[[Any], str] | None], ...] = (
@@ -118,10 +153,8 @@ def stage_command(stage: dict, out: str, init_from: str | None, held_out: int | 
         command += f" --held-out {held_out}"
     if stage["steps"] < schedule:
         command += f" --stop-after {stage['steps']}"
-    if stage.get("mix") is not None:
-        # always written (the recipe's default mix has changed before); 12 significant digits: the
-        # normalised shares read back as the weights the stage drew with
-        command += " --mix " + ",".join(f"{name}={share:.12g}" for name, share in stage["mix"].items())
+    if stage.get("mix") is not None:  # always written (the recipe's default mix has changed before)
+        command += " --mix " + mix_text(stage["mix"])
     for key, flag, written in _FLAGS:
         if stage.get(key):  # unset (None, False, 0.0): the flag's default
             command += f" {flag}" + ("" if written is None else f" {written(stage[key])}")
