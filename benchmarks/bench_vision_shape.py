@@ -11,6 +11,11 @@
         the recipe's probe (vlens.recipes.embedded.probe, what every model card reports): shape
         and colour of each object from the merged token at its centre, held-out SynPoly scenes
         with 1-6 objects, torch softmax regression (no scikit-learn)
+    python benchmarks/bench_vision_shape.py count-probe FOLDER [--n 300] [--n-fit 3000] [--image-size 224]
+        how far the frozen tower's tokens carry SynPoly's count: a linear centre-count probe per
+        merged token (0, 1, 2, 3+ object centres in its cell, the vision stage's own dense label),
+        fitted on training-style SynPoly images, its per-image count (the sum over cells) scored on
+        the card's held-out SynPoly images beside the model's own answers, per count band
     python benchmarks/bench_vision_shape.py supervise FOLDER [--steps 600] [--image-size 168]
         train the vision tower alone (plus a linear head on soft-max-pooled image tokens)
         on single-object shape labels; held-out accuracy every 100 steps
@@ -29,9 +34,11 @@ from transformers import Qwen2_5_VLForConditionalGeneration
 
 from vlens.data.palette import OBJECT_COLORS, SHAPES
 from vlens.recipes.embedded.batches import patchify, to_model_image
-from vlens.recipes.embedded.evaluate import evaluate_samples
-from vlens.recipes.embedded.probe import probe_tower
-from vlens.recipes.embedded.training_set import HELD_OUT_SEED_BASE, source_makers
+from vlens.recipes.embedded.evaluate import answer_questions, evaluate_samples, is_correct
+from vlens.recipes.embedded.probe import fit_softmax_regression, probe_tower
+from vlens.recipes.embedded.train import image_tokens
+from vlens.recipes.embedded.training_set import HELD_OUT_SEED_BASE, held_out_samples, source_makers
+from vlens.recipes.embedded.vision_aux import MAX_CENTRES
 from vlens.zoo.processor import CELL, image_size_of, load_processor
 
 CAPPED_TASKS = ("colour", "shape", "existence", "spatial", "arithmetic")
@@ -134,26 +141,99 @@ def supervise(folder: str, steps: int, size: int) -> None:
         optimizer.step()
 
 
+COUNT_PROBE_SEED_BASE = 124_000_000  # fit images: SynPoly's training variety, seeds no stage or held-out set uses
+BANDS = ((1, 1), (2, 4), (5, 7), (8, 10))
+
+
+def centres_per_cell(record: dict, image_px: int, grid: int) -> np.ndarray:
+    """How many object centres fall in each of the grid x grid cells (row-major), uncapped."""
+    cells = np.zeros(grid * grid, dtype=np.int64)
+    for obj in record["objects"]:
+        x, y = obj["center"]
+        column, row = (min(grid - 1, max(0, int(v * grid // image_px))) for v in (x, y))
+        cells[row * grid + column] += 1
+    return cells
+
+
+def _synpoly(samples: list, size: int) -> tuple[torch.Tensor, np.ndarray]:
+    grid = size // CELL
+    images = torch.from_numpy(np.stack([to_model_image(image, size) for image, _ in samples]))
+    cells = np.stack([centres_per_cell(record, image.size[0], grid) for image, record in samples])
+    return images, cells
+
+
+def count_probe(folder: str, n: int, n_fit: int, size: int | None) -> None:
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
+    processor = load_processor(folder)
+    size = size or image_size_of(processor)
+    make = source_makers(vary=True)["counting/synpoly"]
+    fit = [make(COUNT_PROBE_SEED_BASE + i, 1 + i % 10) for i in range(n_fit)]
+    test = held_out_samples(n, ["counting/synpoly"])
+    fit_images, fit_cells = _synpoly(fit, size)
+    test_images, test_cells = _synpoly(test, size)
+    with torch.no_grad():
+        fit_x, test_x = image_tokens(model, fit_images), image_tokens(model, test_images)
+    width = fit_x.shape[-1]
+    labels = torch.from_numpy(np.minimum(fit_cells, MAX_CENTRES)).reshape(-1)
+    predict = fit_softmax_regression(fit_x.reshape(-1, width), labels, n_classes=MAX_CENTRES + 1)
+    with torch.no_grad():
+        per_cell = predict(test_x.reshape(-1, width)).argmax(-1).view(len(test), -1)
+    probe_count = per_cell.sum(1).numpy()
+    truth = np.array([len(record["objects"]) for _, record in test])  # held-out SynPoly: every object is asked for
+    probe_right = probe_count == truth
+    cell_right = (per_cell.numpy() == np.minimum(test_cells, MAX_CENTRES)).mean()
+    if size == image_size_of(processor):  # the model's own answers on the same images, at its own size
+        answers = answer_questions(model, processor, [image for image, _ in test], [r["question"] for _, r in test])
+        model_right = np.array([is_correct(a, record) for a, (_, record) in zip(answers, test, strict=True)])
+    else:
+        model_right = None
+    crowded = (test_cells >= 2).any(1)
+    print(f"{folder} at {size} px ({(size // CELL) ** 2} image tokens); probe fitted on {n_fit} SynPoly images, "
+          f"scored on the card's first {n} held-out SynPoly images")
+    print(f"cell accuracy {cell_right:.4f}; count from the probe {probe_right.mean():.3f}"
+          + ("" if model_right is None else f"; the model's answers {model_right.mean():.3f}"))
+    print(f"images with two or more centres in one cell: {int(crowded.sum())} of {len(test)} (the probe right on "
+          f"{int(probe_right[crowded].sum())} of them, on {probe_right[~crowded].mean():.3f} of the others)")
+    for low, high in BANDS:
+        band = (truth >= low) & (truth <= high)
+        line = f"count {low}-{high} (n {band.sum()}): probe {probe_right[band].mean():.3f}"
+        if model_right is not None:
+            line += f", model {model_right[band].mean():.3f}"
+        print(line)
+    if model_right is not None:
+        both = int((probe_right & model_right).sum())
+        print(f"both right {both}, only the probe {int((probe_right & ~model_right).sum())}, only the model "
+              f"{int((~probe_right & model_right).sum())}, neither {int((~probe_right & ~model_right).sum())}")
+        misses = probe_count[~probe_right] - truth[~probe_right]
+        print(f"probe misses: {int((misses < 0).sum())} too few, {int((misses > 0).sum())} too many")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("experiment", choices=["capped", "probe", "centre-probe", "supervise"])
+    parser.add_argument("experiment", choices=["capped", "probe", "centre-probe", "count-probe", "supervise"])
     parser.add_argument("folder", help="a model folder written by `vlens zoo train`")
-    parser.add_argument("--n", type=int, default=30, help="capped: samples per task and cap")
+    parser.add_argument("--n", type=int, default=None,
+                        help="capped: samples per task and cap (default 30); count-probe: held-out images (default 300)")
+    parser.add_argument("--n-fit", type=int, default=3000, help="count-probe: SynPoly images to fit the probe on")
     parser.add_argument("--steps", type=int, default=600, help="supervise: training steps of batch 64")
-    parser.add_argument("--image-size", type=int, default=168, help="supervise: input size in px (multiple of 28)")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="supervise: input size in px, a multiple of 28 (default 168); count-probe: the size the "
+                             "tower reads (default the folder's own)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.experiment == "capped":
-        capped(args.folder, args.n)
+        capped(args.folder, args.n or 30)
     elif args.experiment == "probe":
         probe(args.folder)
     elif args.experiment == "centre-probe":
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(args.folder).eval()
         print(probe_tower(model, load_processor(args.folder)))
+    elif args.experiment == "count-probe":
+        count_probe(args.folder, args.n or 300, args.n_fit, args.image_size)
     else:
-        supervise(args.folder, args.steps, args.image_size)
+        supervise(args.folder, args.steps, args.image_size or 168)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from vlens.cli import main
 from vlens.recipes.embedded.batches import collate, collate_text, encode_example, patchify, to_model_image
-from vlens.recipes.embedded.probe import fit_linear_probe
+from vlens.recipes.embedded.probe import fit_linear_probe, fit_softmax_regression
 from vlens.recipes.embedded.recipe import build_untrained
 from vlens.recipes.embedded.train import image_tokens, linear_patch_embedding
 from vlens.recipes.embedded.training_set import source_makers
@@ -71,6 +71,17 @@ def test_linear_probe_separates_what_is_linear_and_not_noise():
     noise = torch.randint(4, (300,), generator=generator)
     assert fit_linear_probe(x[:200], noise[:200], x[200:], noise[200:]) < 0.5
 
+
+
+def test_softmax_regression_predicts_every_class_even_one_absent_from_training():
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(400, 3, generator=generator) * torch.tensor([1.0, 100.0, 0.01])  # scales the fit standardises
+    y = (x[:, 0] > 0).long()
+    predict = fit_softmax_regression(x[:300], y[:300], n_classes=4)
+    logits = predict(x[300:])
+    assert logits.shape == (100, 4)
+    assert (logits.argmax(-1) == y[300:]).float().mean() > 0.95
+    assert set(logits.argmax(-1).tolist()) <= {0, 1}  # classes 2 and 3 never seen, never predicted
 
 def test_vision_then_frozen_then_tuned_stages(tmp_path):
     vision, frozen, tuned = tmp_path / "vision", tmp_path / "frozen", tmp_path / "tuned"

@@ -10,8 +10,11 @@ to the tower.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
+from jaxtyping import Float, Int
 
 from vlens.data import make_task_sample
 from vlens.data.palette import OBJECT_COLORS, SHAPES
@@ -50,28 +53,39 @@ def probe_objects(n_scenes: int, seed_base: int, model_size: int) -> tuple[torch
     return torch.from_numpy(np.stack(images)), objects
 
 
-def fit_linear_probe(
-    train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor, l2: float = 1e-3
-) -> float:
-    """Test accuracy of a softmax regression fitted on standardised features."""
+def fit_softmax_regression(
+    train_x: Float[torch.Tensor, "n features"], train_y: Int[torch.Tensor, " n"], l2: float = 1e-3,
+    n_classes: int | None = None,
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A multinomial logistic regression on standardised features (full-batch L-BFGS, L2
+    penalty `l2`); returns a function from features [m, features] to logits [m, classes]."""
     mean, std = train_x.mean(0), train_x.std(0) + 1e-6
-    train_x, test_x = (train_x - mean) / std, (test_x - mean) / std
-    n_classes = int(max(train_y.max(), test_y.max())) + 1
+    standard = (train_x - mean) / std
+    n_classes = n_classes or int(train_y.max()) + 1
     weight = torch.zeros(train_x.shape[1], n_classes, requires_grad=True)
     bias = torch.zeros(n_classes, requires_grad=True)
     optimizer = torch.optim.LBFGS([weight, bias], max_iter=300, line_search_fn="strong_wolfe")
 
     def closure():
         optimizer.zero_grad()
-        loss = (
-            torch.nn.functional.cross_entropy(train_x @ weight + bias, train_y) + l2 * weight.square().sum()
-        )
+        loss = torch.nn.functional.cross_entropy(standard @ weight + bias, train_y) + l2 * weight.square().sum()
         loss.backward()
         return loss
 
-    optimizer.step(closure)
+    with torch.enable_grad():
+        optimizer.step(closure)
+    weight, bias = weight.detach(), bias.detach()
+    return lambda x: ((x - mean) / std) @ weight + bias
+
+
+def fit_linear_probe(
+    train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor, l2: float = 1e-3
+) -> float:
+    """Test accuracy of a softmax regression fitted on standardised features."""
+    n_classes = int(max(train_y.max(), test_y.max())) + 1
+    predict = fit_softmax_regression(train_x, train_y, l2, n_classes)
     with torch.no_grad():
-        return ((test_x @ weight + bias).argmax(-1) == test_y).float().mean().item()
+        return (predict(test_x).argmax(-1) == test_y).float().mean().item()
 
 
 def probe_tower(model, processor, n_scenes: int = PROBE_SCENES) -> dict:
