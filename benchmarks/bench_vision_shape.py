@@ -12,10 +12,12 @@
         and colour of each object from the merged token at its centre, held-out SynPoly scenes
         with 1-6 objects, torch softmax regression (no scikit-learn)
     python benchmarks/bench_vision_shape.py count-probe FOLDER [--n 300] [--n-fit 3000] [--image-size 224]
+                                                          [--save FILE.json] [--against OTHER.json]
         how far the frozen tower's tokens carry SynPoly's count: a linear centre-count probe per
         merged token (0, 1, 2, 3+ object centres in its cell, the vision stage's own dense label),
         fitted on training-style SynPoly images, its per-image count (the sum over cells) scored on
-        the card's held-out SynPoly images beside the model's own answers, per count band
+        the card's held-out SynPoly images beside the model's own answers, per count band; --save
+        keeps each image's 0 / 1, --against pairs them with another run's saved file (exact McNemar)
     python benchmarks/bench_vision_shape.py supervise FOLDER [--steps 600] [--image-size 168]
         train the vision tower alone (plus a linear head on soft-max-pooled image tokens)
         on single-object shape labels; held-out accuracy every 100 steps
@@ -26,13 +28,16 @@ All run on one torch thread; FOLDER is a model folder `vlens zoo train` wrote.
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import Qwen2_5_VLForConditionalGeneration
 
 from vlens.data.palette import OBJECT_COLORS, SHAPES
+from vlens.flow import mcnemar_exact
 from vlens.recipes.embedded.batches import patchify, to_model_image
 from vlens.recipes.embedded.evaluate import answer_questions, evaluate_samples, is_correct
 from vlens.recipes.embedded.probe import fit_softmax_regression, probe_tower
@@ -162,7 +167,8 @@ def _synpoly(samples: list, size: int) -> tuple[torch.Tensor, np.ndarray]:
     return images, cells
 
 
-def count_probe(folder: str, n: int, n_fit: int, size: int | None) -> None:
+def count_probe(folder: str, n: int, n_fit: int, size: int | None, save: str | None = None,
+                against: str | None = None) -> None:
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder).eval()
     processor = load_processor(folder)
     size = size or image_size_of(processor)
@@ -206,6 +212,18 @@ def count_probe(folder: str, n: int, n_fit: int, size: int | None) -> None:
               f"{int((~probe_right & model_right).sum())}, neither {int((~probe_right & ~model_right).sum())}")
         misses = probe_count[~probe_right] - truth[~probe_right]
         print(f"probe misses: {int((misses < 0).sum())} too few, {int((misses > 0).sum())} too many")
+    record = {"folder": folder, "image_size": size, "n_fit": n_fit, "probe_right": probe_right.astype(int).tolist(),
+              "model_right": None if model_right is None else model_right.astype(int).tolist()}
+    if save:
+        Path(save).write_text(json.dumps(record), encoding="utf-8")
+    if against:
+        other = json.loads(Path(against).read_text(encoding="utf-8"))
+        if len(other["probe_right"]) != n:
+            raise SystemExit(f"{against} holds {len(other['probe_right'])} images, this run {n}: pass the same --n")
+        test = mcnemar_exact(other["probe_right"], record["probe_right"])
+        print(f"against {other['folder']} at {other['image_size']} px: probe {np.mean(other['probe_right']):.3f} -> "
+              f"{probe_right.mean():.3f}; only the other right {test['a_only']}, only this {test['b_only']}, "
+              f"McNemar p {test['p']:.3g}")
 
 
 def main() -> None:
@@ -217,6 +235,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=None,
                         help="capped: samples per task and cap (default 30); count-probe: held-out images (default 300)")
     parser.add_argument("--n-fit", type=int, default=3000, help="count-probe: SynPoly images to fit the probe on")
+    parser.add_argument("--save", help="count-probe: write each image's 0 / 1 (probe, model) to this JSON file")
+    parser.add_argument("--against", help="count-probe: a file --save wrote, paired with this run (exact McNemar)")
     parser.add_argument("--steps", type=int, default=600, help="supervise: training steps of batch 64")
     parser.add_argument("--image-size", type=int, default=None,
                         help="supervise: input size in px, a multiple of 28 (default 168); count-probe: the size the "
@@ -231,7 +251,7 @@ def main() -> None:
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(args.folder).eval()
         print(probe_tower(model, load_processor(args.folder)))
     elif args.experiment == "count-probe":
-        count_probe(args.folder, args.n or 300, args.n_fit, args.image_size)
+        count_probe(args.folder, args.n or 300, args.n_fit, args.image_size, args.save, args.against)
     else:
         supervise(args.folder, args.steps, args.image_size or 168)
 
