@@ -43,7 +43,7 @@ from vlens.recipes.embedded.evaluate import answer_questions, evaluate_samples, 
 from vlens.recipes.embedded.probe import fit_softmax_regression, probe_tower
 from vlens.recipes.embedded.train import image_tokens
 from vlens.recipes.embedded.training_set import HELD_OUT_SEED_BASE, held_out_samples, source_makers
-from vlens.recipes.embedded.vision_aux import MAX_CENTRES
+from vlens.recipes.embedded.vision_aux import MAX_CENTRES, centre_counts
 from vlens.zoo.processor import CELL, image_size_of, load_processor
 
 CAPPED_TASKS = ("colour", "shape", "existence", "spatial", "arithmetic")
@@ -150,20 +150,10 @@ COUNT_PROBE_SEED_BASE = 124_000_000  # fit images: SynPoly's training variety, s
 BANDS = ((1, 1), (2, 4), (5, 7), (8, 10))
 
 
-def centres_per_cell(record: dict, image_px: int, grid: int) -> np.ndarray:
-    """How many object centres fall in each of the grid x grid cells (row-major), uncapped."""
-    cells = np.zeros(grid * grid, dtype=np.int64)
-    for obj in record["objects"]:
-        x, y = obj["center"]
-        column, row = (min(grid - 1, max(0, int(v * grid // image_px))) for v in (x, y))
-        cells[row * grid + column] += 1
-    return cells
-
-
 def _synpoly(samples: list, size: int) -> tuple[torch.Tensor, np.ndarray]:
     grid = size // CELL
     images = torch.from_numpy(np.stack([to_model_image(image, size) for image, _ in samples]))
-    cells = np.stack([centres_per_cell(record, image.size[0], grid) for image, record in samples])
+    cells = np.stack([centre_counts(record["objects"], image.size[0], grid) for image, record in samples])
     return images, cells
 
 
@@ -212,18 +202,18 @@ def count_probe(folder: str, n: int, n_fit: int, size: int | None, save: str | N
               f"{int((~probe_right & model_right).sum())}, neither {int((~probe_right & ~model_right).sum())}")
         misses = probe_count[~probe_right] - truth[~probe_right]
         print(f"probe misses: {int((misses < 0).sum())} too few, {int((misses > 0).sum())} too many")
-    record = {"folder": folder, "image_size": size, "n_fit": n_fit, "probe_right": probe_right.astype(int).tolist(),
-              "model_right": None if model_right is None else model_right.astype(int).tolist()}
+    saved = {"folder": folder, "image_size": size, "n_fit": n_fit, "probe_right": probe_right.astype(int).tolist(),
+             "model_right": None if model_right is None else model_right.astype(int).tolist()}
     if save:
-        Path(save).write_text(json.dumps(record), encoding="utf-8")
+        Path(save).write_text(json.dumps(saved), encoding="utf-8")
     if against:
         other = json.loads(Path(against).read_text(encoding="utf-8"))
         if len(other["probe_right"]) != n:
             raise SystemExit(f"{against} holds {len(other['probe_right'])} images, this run {n}: pass the same --n")
-        test = mcnemar_exact(other["probe_right"], record["probe_right"])
+        paired = mcnemar_exact(other["probe_right"], saved["probe_right"])
         print(f"against {other['folder']} at {other['image_size']} px: probe {np.mean(other['probe_right']):.3f} -> "
-              f"{probe_right.mean():.3f}; only the other right {test['a_only']}, only this {test['b_only']}, "
-              f"McNemar p {test['p']:.3g}")
+              f"{probe_right.mean():.3f}; only the other right {paired['a_only']}, only this {paired['b_only']}, "
+              f"McNemar p {paired['p']:.3g}")
 
 
 def main() -> None:

@@ -72,7 +72,6 @@ def test_linear_probe_separates_what_is_linear_and_not_noise():
     assert fit_linear_probe(x[:200], noise[:200], x[200:], noise[200:]) < 0.5
 
 
-
 def test_softmax_regression_predicts_every_class_even_one_absent_from_training():
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(400, 3, generator=generator) * torch.tensor([1.0, 100.0, 0.01])  # scales the fit standardises
@@ -82,6 +81,7 @@ def test_softmax_regression_predicts_every_class_even_one_absent_from_training()
     assert logits.shape == (100, 4)
     assert (logits.argmax(-1) == y[300:]).float().mean() > 0.95
     assert set(logits.argmax(-1).tolist()) <= {0, 1}  # classes 2 and 3 never seen, never predicted
+
 
 def test_vision_then_frozen_then_tuned_stages(tmp_path):
     vision, frozen, tuned = tmp_path / "vision", tmp_path / "frozen", tmp_path / "tuned"

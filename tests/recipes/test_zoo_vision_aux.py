@@ -20,9 +20,29 @@ from vlens.recipes.embedded.vision_aux import (
     SHAPE_CLASSES,
     VisionAuxHeads,
     captured_image_tokens,
+    centre_counts,
     dense_labels,
 )
 
+
+def _centred(centres: list[tuple[float, float]]) -> list[dict]:
+    return [{"id": i, "center": list(c)} for i, c in enumerate(centres)]
+
+
+def test_centres_fall_in_the_cell_of_their_pixel_and_are_not_capped():
+    # 224-px image, 8 x 8 cells of 28 px: three centres in the first cell, one on each side of a border, one at the edge
+    objects = _centred([(1, 1), (10, 20), (27.9, 27.9), (28, 0), (223.5, 223.5)])
+    cells = centre_counts(objects, 224, 8)
+    expected = np.zeros(64, dtype=np.int64)
+    expected[0], expected[1], expected[63] = 3, 1, 1
+    np.testing.assert_array_equal(cells, expected)
+    assert cells.sum() == len(objects)  # summed over the cells: the object count
+
+
+def test_centre_cells_follow_the_drawn_image_size():
+    # a 448-px drawing read on a 7 x 7 grid: 64 px per cell
+    cells = centre_counts(_centred([(63, 63), (64, 64), (447, 0)]), 448, 7)
+    assert cells[0] == 1 and cells[8] == 1 and cells[6] == 1 and cells.sum() == 3
 
 def test_dense_labels_by_hand():
     # 60 px image, 3 x 3 cells of 20 px. A star covers 300 px of cell (0,1) and 100 px of

@@ -106,10 +106,9 @@ def probe_tower(model, processor, n_scenes: int = PROBE_SCENES) -> dict:
             (features, torch.tensor([o[2] for o in objects]), torch.tensor([o[3] for o in objects]))
         )
     (train_x, train_shape, train_colour), (test_x, test_shape, test_colour) = splits
-    with torch.enable_grad():
-        return {
-            "shape": round(fit_linear_probe(train_x, train_shape, test_x, test_shape), 4),
-            "colour": round(fit_linear_probe(train_x, train_colour, test_x, test_colour), 4),
-            "n_train": len(train_x),
-            "n_test": len(test_x),
-        }
+    return {  # fit_softmax_regression turns gradients on for its fit, whatever the caller's mode
+        "shape": round(fit_linear_probe(train_x, train_shape, test_x, test_shape), 4),
+        "colour": round(fit_linear_probe(train_x, train_colour, test_x, test_colour), 4),
+        "n_train": len(train_x),
+        "n_test": len(test_x),
+    }

@@ -63,13 +63,20 @@ def dense_labels(
         obj = by_object[int(winner[index])]
         labels[0, index] = SHAPE_CLASSES.index(obj["shape"]) if obj["shape"] in SHAPE_CLASSES else IGNORE
         labels[1, index] = COLOUR_CLASSES.index(obj["color"]) if obj["color"] in COLOUR_CLASSES else IGNORE
+    labels[2] = np.minimum(centre_counts(objects, size, grid), MAX_CENTRES)
+    return labels
+
+
+def centre_counts(objects: list[dict], image_px: int, grid: int) -> Int[np.ndarray, " cells"]:
+    """How many object centres ("center", pixels of a square image_px image) fall in each of the
+    grid x grid cells (row-major), uncapped: summed over the cells it is the object count."""
+    counts = np.zeros(grid * grid, dtype=np.int64)
     for obj in objects:
         x, y = obj["center"]
-        column = min(grid - 1, max(0, int(x * grid // size)))
-        row = min(grid - 1, max(0, int(y * grid // size)))
-        labels[2, row * grid + column] += 1
-    labels[2] = np.minimum(labels[2], MAX_CENTRES)
-    return labels
+        column = min(grid - 1, max(0, int(x * grid // image_px)))
+        row = min(grid - 1, max(0, int(y * grid // image_px)))
+        counts[row * grid + column] += 1
+    return counts
 
 
 class VisionAuxHeads(nn.Module):
