@@ -228,3 +228,48 @@ def test_decoder_flags_need_a_decoder_built_here(tmp_path, capsys):
     assert "needs --init-from" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["zoo", "train", "--out", str(tmp_path / "o"), "--mrope-section", "2,2"])
+
+
+def test_vision_from_puts_another_tower_under_the_decoder(tmp_path, capsys):
+    """`zoo train --init-from A --vision-from T --freeze-vision`: the stage trains A's decoder on
+    T's tower and merger (copied, then kept), its card reproduces T's stage too, and a
+    tower of another architecture is refused with what differs."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    from vlens.cli import main
+
+    tiny = ("--image-size 56 --examples 6 --batch-size 4 --steps 2 --warmup 1 --held-out 1 "
+            "--probe-scenes 6 --checkpoint-every 2 --log-every 1 --threads 1 --quiet").split()
+    first, second, decoder, out = (tmp_path / name for name in ("tower1", "tower2", "decoder", "out"))
+    assert main(["zoo", "train", "--stage", "vision", "--out", str(first), "--seed", "1", *tiny]) == 0
+    assert main(["zoo", "train", "--stage", "vision", "--out", str(second), "--seed", "2", *tiny]) == 0
+    assert main(["zoo", "train", "--out", str(decoder), "--seed", "3", "--init-from", str(first), "--fresh-decoder",
+                 "--text-layers", "2", "--freeze-vision", "--mix", "existence=1", *tiny]) == 0
+    assert main(["zoo", "train", "--out", str(out), "--seed", "4", "--init-from", str(decoder), "--vision-from",
+                 str(second), "--freeze-vision", "--mix", "existence=1", *tiny]) == 0
+    tower, before, after = (load_file(folder / "model.safetensors") for folder in (second, decoder, out))
+    visual = [name for name in after if name.startswith("visual.")]
+    assert visual and all(torch.equal(after[name], tower[name]) for name in visual)
+    assert any(not torch.equal(after[name], before[name]) for name in visual)  # not the decoder's old tower
+    assert not all(torch.equal(after[name], before[name]) for name in after if name not in visual)  # trained on
+    record = json.loads((out / "evaluation.json").read_text())["training"]
+    assert record["vision_from"] == str(second) and [s["seed"] for s in record["vision_from_stages"]] == [2]
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "--out stage3-tower-stage1 --stage vision --seed 2" in card
+    assert "--init-from stage2 --vision-from stage3-tower-stage1" in card
+
+    grown = tmp_path / "grown"
+    assert main(["zoo", "train", "--stage", "vision", "--out", str(grown), "--seed", "5", "--init-from", str(first),
+                 "--grow-vision-depth", "5", *tiny]) == 0
+    capsys.readouterr()
+    assert main(["zoo", "train", "--out", str(tmp_path / "x"), "--init-from", str(decoder), "--vision-from",
+                 str(grown), "--freeze-vision", *tiny]) == 2
+    assert "its vision tower differs from --init-from's in depth" in capsys.readouterr().err
+    assert main(["zoo", "train", "--out", str(tmp_path / "x"), "--vision-from", str(second)]) == 2
+    assert "needs --init-from" in capsys.readouterr().err
+    assert main(["zoo", "train", "--out", str(tmp_path / "x"), "--init-from", str(decoder), "--fresh-decoder",
+                 "--vision-from", str(second)]) == 2
+    assert "not with --fresh-decoder" in capsys.readouterr().err

@@ -51,7 +51,17 @@ def _lineage() -> list[RecipeSettings]:
             held_out_per_source=17, mix={"colour": 0.1, "counting/syndot": 0.3, "arithmetic": 0.6},
             train=TrainSettings(steps=30, batch_size=6, learning_rate=2.5e-3, warmup_steps=3, vision_aux_weight=0.5),
         ),
+        RecipeSettings(  # stage 3's decoder on a tower trained apart (TOWER), as the card names its folder
+            seed=8, n_examples=70, threads=2, init_from="stage3", vision_from="stage4-tower-stage1",
+            held_out_per_source=17, mix={"shape": 1.0},
+            train=TrainSettings(steps=40, batch_size=7, learning_rate=4e-4, warmup_steps=4, freeze_vision=True),
+        ),
     ]
+
+
+# The tower stage 4 takes (--vision-from): its own one-stage lineage.
+TOWER = RecipeSettings(stage="vision", seed=9, n_examples=90, threads=2, image_size=112, mix={"colour": 1.0},
+                       train=TrainSettings(steps=50, batch_size=8, learning_rate=1e-3, warmup_steps=5))
 
 
 def _summaries(stages: list[RecipeSettings]) -> list[dict]:
@@ -60,9 +70,10 @@ def _summaries(stages: list[RecipeSettings]) -> list[dict]:
     for settings in stages:
         check_settings(settings)  # a combination the recipe runs
         steps = settings.train.steps_to_run
+        tower = {"vision_from_stages": training_stages(_summaries([TOWER])[-1])} if settings.vision_from else {}
         summaries.append({
             "data": data_record(settings),
-            "training": training_record(settings, {"steps": steps, "wall_time_s": 60.0, "final_loss": 0.1}, {}),
+            "training": training_record(settings, {"steps": steps, "wall_time_s": 60.0, "final_loss": 0.1}, tower),
             "previous_stages": training_stages(summaries[-1]) if summaries else [],
         })
     return summaries
@@ -87,11 +98,12 @@ def test_every_card_command_reads_back_as_the_recorded_settings():
     stages = _lineage()
     summary = _summaries(stages)[-1]
     commands = _commands(summary)
-    assert len(commands) == len(stages)
+    expected = [*stages[:3], TOWER, stages[3]]  # the tower's command comes before the stage that takes it
+    outs = ["stage1", "stage2", "stage3", "stage4-tower-stage1", "DIR"]
     parser = build_parser()
-    for index, (command, settings) in enumerate(zip(commands, stages, strict=True), start=1):
+    for out, command, settings in zip(outs, commands, expected, strict=True):
         args = parser.parse_args(shlex.split(command)[1:])
-        assert str(args.out) == ("DIR" if index == len(stages) else f"stage{index}")
+        assert str(args.out) == out
         assert _compared(settings_from_args(args)) == _compared(settings), command
     assert "--held-out 17" in commands[-1]  # the size of the evaluation the card reports
 
@@ -116,6 +128,10 @@ def test_a_fresh_decoder_stage_says_what_it_started_from():
     text = "\n".join(training_lines(_summaries(_lineage())[-1]))
     assert "- stage 2 (a new 6-layer decoder on stage 1's vision tower and merger)" in text
     assert "- stage 3 (continuing stage 2)" in text
+    assert ("- stage 4 (stage 3's decoder on the vision tower and merger of another run (1 stage(s): the "
+            "stage4-tower-* commands below))") in text
+    assert "\n  - stage 4's tower, stage 1 (from scratch): seed 9, 50 steps" in text
+    assert "total training wall time 5.0 min" in text  # four stages and the tower's, a minute each
     assert "decoder M-RoPE theta 30, sections [2, 2, 4]" in text and "a 3-layer decoder" in text
     assert "minimal pairs: each binding question" in text
     assert "question before the image with probability 0.35 per sample" in text

@@ -69,6 +69,7 @@ def settings_from_args(args: argparse.Namespace) -> RecipeSettings:
         rope_theta=args.rope_theta,
         mrope_section=args.mrope_section,
         fresh_decoder=args.fresh_decoder,
+        vision_from=args.vision_from,
         text_layers=args.text_layers,
         minimal_pairs=args.minimal_pairs,
         arithmetic_pairs=args.arithmetic_pairs,
@@ -284,6 +285,13 @@ def configure(zoo: argparse.ArgumentParser) -> None:
         "--fresh-decoder",
         action="store_true",
         help="with --init-from: keep its vision tower and merger and train a new decoder",
+    )
+    train.add_argument(
+        "--vision-from",
+        default=None,
+        metavar="FOLDER",
+        help="with --init-from (a language stage): replace its vision tower and merger by FOLDER's (a folder "
+        "this command wrote with the same vision architecture, e.g. a tower pretrained further) and train on",
     )
     train.add_argument(
         "--text-layers",

@@ -137,7 +137,9 @@ _FLAGS: tuple[tuple[str, str, Callable[[Any], str] | None], ...] = (
 )
 
 
-def stage_command(stage: dict, out: str, init_from: str | None, held_out: int | None = None) -> str:
+def stage_command(
+    stage: dict, out: str, init_from: str | None, held_out: int | None = None, vision_from: str | None = None
+) -> str:
     """The `vlens zoo train` command of one stage: a flag for every setting the stage's record
     holds that changes the trained weights (recipe.training_record), and `--held-out` when given
     (the last stage: the size of the evaluation this card reports)."""
@@ -162,7 +164,31 @@ def stage_command(stage: dict, out: str, init_from: str | None, held_out: int | 
         command += f" --device {stage['device']}"
     if stage.get("image_size") is not None:
         command += f" --image-size {stage['image_size']}"
-    return command + (f" --init-from {init_from}" if init_from else "")
+    return (command + (f" --init-from {init_from}" if init_from else "")
+            + (f" --vision-from {vision_from}" if vision_from else ""))
+
+
+def reproduce_commands(stages: list[dict], held_out: int | None, prefix: str = "") -> list[str]:
+    """The `vlens zoo train` commands of `stages`, oldest first, each continuing the one before
+    (out folders stage1, stage2, ..., the last DIR); a --vision-from stage's tower is reproduced
+    first, by its own stages' commands (folders stageK-tower-stage1, ...)."""
+    lines = []
+    for index, stage in enumerate(stages, start=1):
+        last = index == len(stages) and not prefix
+        tower = None
+        if stage.get("vision_from_stages"):
+            tower_prefix = f"{prefix}stage{index}-tower-"
+            lines += reproduce_commands(stage["vision_from_stages"], None, tower_prefix)
+            tower = f"{tower_prefix}stage{len(stage['vision_from_stages'])}"
+        init_from = f"{prefix}stage{index - 1}" if index > 1 else None
+        lines.append(stage_command(stage, "DIR" if last else f"{prefix}stage{index}", init_from,
+                                   held_out if last else None, tower))
+    return lines
+
+
+def _with_towers(stages: list[dict]) -> list[dict]:
+    """`stages` and, before each --vision-from stage, the stages that trained its tower."""
+    return [s for stage in stages for s in [*_with_towers(stage.get("vision_from_stages") or []), stage]]
 
 
 def _where(stage: dict) -> str:
@@ -258,19 +284,20 @@ def _stage_start(stage: dict, index: int) -> str:
     if stage.get("fresh_decoder"):
         layers = stage.get("text_layers") or TEXT_LAYERS
         return f"a new {layers}-layer decoder on stage {index - 1}'s vision tower and merger"
+    if stage.get("vision_from_stages"):
+        towers = len(stage["vision_from_stages"])
+        return (f"stage {index - 1}'s decoder on the vision tower and merger of another run ({towers} stage(s): "
+                f"the stage{index}-tower-* commands below)")
     return f"continuing stage {index - 1}"
 
 
-def training_lines(summary: dict) -> list[str]:
-    """One line per training stage (a continued model lists its earlier stages first) and
-    the commands that reproduce them."""
-    stages = training_stages(summary)
-    current = stages[-1]
+def _stage_lines(stages: list[dict], label: str = "stage", indent: str = "") -> list[str]:
+    """One line per stage; a --vision-from stage's tower stages follow it, indented."""
     lines = []
     for index, stage in enumerate(stages, start=1):
         start = _stage_start(stage, index)
         lines.append(
-            f"- stage {index} ({start}): seed {stage['seed']}, {stage['steps']} steps"
+            f"{indent}- {label} {index} ({start}): seed {stage['seed']}, {stage['steps']} steps"
             + (
                 f" (of a {stage['schedule_steps']}-step schedule)"
                 if stage["steps"] < (stage.get("schedule_steps") or stage["steps"])
@@ -281,17 +308,29 @@ def training_lines(summary: dict) -> list[str]:
             f"steps, cosine decay), {_where(stage)}, {stage['wall_time_s'] / 60:.1f} min"
             + "".join(f"; {note}" for note in _stage_notes(stage))
         )
-    total_minutes = sum(stage["wall_time_s"] for stage in stages) / 60
-    on_cpu = all(stage.get("device", "cpu") == "cpu" for stage in stages)
+        if stage.get("vision_from_stages"):
+            lines += _stage_lines(stage["vision_from_stages"], f"stage {index}'s tower, stage", indent + "  ")
+    return lines
+
+
+def training_lines(summary: dict) -> list[str]:
+    """One line per training stage (a continued model lists its earlier stages first) and
+    the commands that reproduce them."""
+    stages = training_stages(summary)
+    current = stages[-1]
+    lines = _stage_lines(stages)
+    everything = _with_towers(stages)
+    total_minutes = sum(stage["wall_time_s"] for stage in everything) / 60
+    on_cpu = all(stage.get("device", "cpu") == "cpu" for stage in everything)
     losses = []
-    if any(stage.get("stage") == "vision" for stage in stages):
+    if any(stage.get("stage") == "vision" for stage in everything):
         losses.append("the vision stage's loss on dense cell labels")
-    if any(stage.get("stage", "language") == "language" for stage in stages):
+    if any(stage.get("stage", "language") == "language" for stage in everything):
         losses.append(
             "language stages' loss on answer tokens"
             + (
                 " (plus the vision-token loss where said)"
-                if any(s.get("vision_aux_weight") for s in stages)
+                if any(s.get("vision_aux_weight") for s in everything)
                 else ""
             )
         )
@@ -303,11 +342,7 @@ def training_lines(summary: dict) -> list[str]:
         "- reproduce (deterministic for a given seed and thread count):",
         "```",
     ]
-    held_out = summary["data"].get("held_out_per_source")
-    for index, stage in enumerate(stages, start=1):
-        last = index == len(stages)
-        init_from = f"stage{index - 1}" if index > 1 else None
-        lines.append(stage_command(stage, "DIR" if last else f"stage{index}", init_from, held_out if last else None))
+    lines += reproduce_commands(stages, summary["data"].get("held_out_per_source"))
     lines.append("```")
     return lines
 

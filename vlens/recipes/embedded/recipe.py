@@ -94,6 +94,10 @@ def fingerprint(settings: RecipeSettings) -> dict:
         del values["arithmetic_pairs"]
     if settings.init_from:
         values["init_from"] = _file_digest(Path(settings.init_from) / "model.safetensors")
+    if settings.vision_from:
+        values["vision_from"] = _file_digest(Path(settings.vision_from) / "model.safetensors")
+    else:  # the states saved before the option still resume
+        del values["vision_from"]
     return json.loads(json.dumps(values, default=str))
 
 
@@ -128,6 +132,13 @@ def check_settings(settings: RecipeSettings) -> None:
             "--rope-theta / --mrope-section / --text-layers shape a decoder built by this stage: use them "
             "without --init-from, or with --init-from and --fresh-decoder"
         )
+    if settings.vision_from and not (settings.init_from and settings.stage == "language"):
+        raise UserInputError("--vision-from puts a tower under a trained decoder: it needs --init-from (a language stage)")
+    if settings.vision_from and (settings.fresh_decoder or settings.grow_vision_depth is not None):
+        raise UserInputError(
+            "--vision-from takes FOLDER's tower as it is: not with --fresh-decoder (use --init-from FOLDER "
+            "--fresh-decoder) or --grow-vision-depth"
+        )
     if settings.fresh_decoder and (settings.grow_text_layers is not None or settings.grow_vision_depth is not None):
         raise UserInputError("--fresh-decoder builds a new decoder: use --text-layers, not --grow-* flags")
     check_float(settings.question_first, "--question-first", min=0, max=1)
@@ -161,6 +172,21 @@ def build_decoder_on_tower(donor, tokenizer, settings: RecipeSettings):
                                settings.text_layers)
     config.vision_config = donor.config.vision_config
     model = arch.build_model(config, settings.seed)
+    model.model.visual.load_state_dict(donor.model.visual.state_dict())
+    return model
+
+
+def with_tower_of(model, donor):
+    """`model` with `donor`'s vision tower and merger, weights copied (the decoder untouched).
+
+    Raises UserInputError when the two vision architectures differ."""
+    ours, theirs = model.config.vision_config.to_dict(), donor.config.vision_config.to_dict()
+    differ = sorted(k for k in ours.keys() | theirs.keys() if k != "_name_or_path" and ours.get(k) != theirs.get(k))
+    if differ:
+        raise UserInputError(
+            f"--vision-from: its vision tower differs from --init-from's in {', '.join(differ)}; "
+            "give a folder whose tower has the same architecture"
+        )
     model.model.visual.load_state_dict(donor.model.visual.state_dict())
     return model
 
@@ -265,6 +291,7 @@ def training_record(settings: RecipeSettings, training: dict, extra: dict) -> di
         "vision_aux_weight": settings.train.vision_aux_weight,
         "freeze_vision": settings.train.freeze_vision,
         "fresh_decoder": settings.fresh_decoder,
+        "vision_from": settings.vision_from,
         "text_layers": settings.text_layers,
         "rope_theta": settings.rope_theta,
         "mrope_section": settings.mrope_section,
@@ -277,6 +304,12 @@ def training_record(settings: RecipeSettings, training: dict, extra: dict) -> di
     }
 
 
+def _tower_lineage(settings: RecipeSettings) -> dict:
+    """For a --vision-from stage, the stages that trained the tower it took (the card's commands
+    reproduce them too)."""
+    return {"vision_from_stages": previous_stages(settings.vision_from)} if settings.vision_from else {}
+
+
 def _summary(
     settings: RecipeSettings, model, processor, training: dict, evaluation: dict, status: str, extra: dict
 ) -> dict:
@@ -285,7 +318,7 @@ def _summary(
         "config": describe_config(model, processor),
         "parameters": arch.parameter_count(model),
         "data": data_record(settings, evaluation.get("held_out_per_source")),
-        "training": training_record(settings, training, extra),
+        "training": training_record(settings, training, extra | _tower_lineage(settings)),
         "evaluation": evaluation,
         "previous_stages": previous_stages(settings.init_from) if settings.init_from else [],
     }
@@ -426,6 +459,8 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
         tokenizer, processor, model = load_for_continuation(settings.init_from, settings.image_size)
         if settings.fresh_decoder:
             model = build_decoder_on_tower(model, tokenizer, settings)
+        if settings.vision_from:
+            model = with_tower_of(model, load_for_continuation(settings.vision_from, settings.image_size)[2])
         if settings.grow_vision_depth is not None:
             model = grow_vision_tower(model, settings.grow_vision_depth, settings.seed)
         if settings.grow_text_layers is not None:

@@ -64,6 +64,8 @@ class RecipeSettings:
     mrope_section: list[int] | None = None
     fresh_decoder: bool = False  # with init_from: keep its vision tower and merger, start a new decoder
     text_layers: int | None = None  # depth of a decoder built here (None: the architecture's 4)
+    # with init_from: put this folder's vision tower and merger under init_from's decoder (a tower trained apart)
+    vision_from: str | None = None
     minimal_pairs: bool = False  # binding samples with their minimal-pair partner in the same batch
     # with minimal_pairs: arithmetic samples paired too (the same image, the other operation: sum <-> difference)
     arithmetic_pairs: bool = False
