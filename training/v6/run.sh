@@ -10,7 +10,7 @@
 # Continuing the v5 vision stage for 4,500 steps (training/v5/controlled_tower.sh vlong-3) raised the probe to 92.3%
 # (87.8% at 8-10 objects; paired against the v5 tower p 6e-8) and the shape probe to 99.9% at 224 px; 1,500 steps
 # gave 87.8-88.0% on two seeds. This stage is that run (threads 2: a thread count is part of a deterministic rerun).
-# Decoder stages follow once a controlled run shows a decoder reads the new tower (and a second vlong seed agrees).
+# A second seed (vlong-4) agrees: 92.2%. Decoder stages follow once a controlled run shows a decoder reads the new tower.
 #
 # Rerun the same command to continue: a stage whose folder training/v6/STAGE holds model.safetensors is done and
 # skipped; a stage with a saved state in training/v6/STAGE.checkpoint resumes from it.
