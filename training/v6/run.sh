@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The embedded model, version 6 (issue 40): a tower that carries SynPoly's count, then the v5 decoder recipe on it.
+# The embedded model, version 6 (issue 40; shipped, commit ebcfb6c): a tower that carries SynPoly's count, then the
+# shipped v5 decoder continued on it.
 #
-#   nice -n 5 bash training/v6/run.sh            # from the repository root; CPU ($THREADS torch threads, default 1)
+#   nice -n 5 bash training/v6/run.sh            # from the repository root; CPU (each stage's thread count is set)
 #   DEVICE=cuda bash training/v6/run.sh          # on a GPU when one is lent
 #
 # Why (RESULTS.md "Embedded model v5", "How much of SynPoly's count the frozen tower carries" and "Controlled runs:
@@ -10,7 +11,8 @@
 # Continuing the v5 vision stage for 4,500 steps (training/v5/controlled_tower.sh vlong-3) raised the probe to 92.3%
 # (87.8% at 8-10 objects; paired against the v5 tower p 6e-8) and the shape probe to 99.9% at 224 px; 1,500 steps
 # gave 87.8-88.0% on two seeds. This stage is that run (threads 2: a thread count is part of a deterministic rerun).
-# A second seed (vlong-4) agrees: 92.2%. Decoder stages follow once a controlled run shows a decoder reads the new tower.
+# A second seed (vlong-4) agrees: 92.2%. Stage 2 (below) puts v5 stage 5's decoder on this tower: the shipped model
+# (RESULTS.md "Embedded model v6": against v5 stage 5, better on shape and on counting among others, worse on none).
 #
 # Rerun the same command to continue: a stage whose folder training/v6/STAGE holds model.safetensors is done and
 # skipped; a stage with a saved state in training/v6/STAGE.checkpoint resumes from it.
