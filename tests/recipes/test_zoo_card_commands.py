@@ -241,3 +241,33 @@ def test_the_backfill_is_idempotent_and_refuses_a_folder_run_sh_did_not_train(tm
     with pytest.raises(SystemExit, match="was not trained by run.sh's line: seed"):
         script.backfill(copy, trained)
     assert json.loads((copy / "evaluation.json").read_text()) == summary  # nothing written
+
+
+def test_a_tower_that_continues_the_models_own_first_stage_is_reproduced_once():
+    """v6's case: the tower under the last stage continues the model's own vision stage (stage 1),
+    so the card rebuilds stage 1 once, continues it for the tower, and counts its time once."""
+    first = _lineage()[0]
+    decoder = _lineage()[1]
+    tower = RecipeSettings(stage="vision", seed=9, n_examples=90, threads=2, image_size=112, init_from="stage1",
+                           mix={"colour": 1.0}, train=TrainSettings(steps=50, batch_size=8, learning_rate=1e-3,
+                                                                    warmup_steps=5))
+    last = RecipeSettings(seed=8, n_examples=70, init_from="stage2", vision_from="stage3-tower-stage2",
+                          mix={"shape": 1.0}, train=TrainSettings(steps=40, batch_size=7, freeze_vision=True))
+    tower_stages = training_stages(_summaries([first, tower])[-1])
+    model = _summaries([first, decoder])
+    summary = {
+        "data": data_record(last),
+        "training": training_record(last, {"steps": 40, "wall_time_s": 60.0, "final_loss": 0.1},
+                                    {"vision_from_stages": tower_stages}),
+        "previous_stages": training_stages(model[-1]),
+    }
+    commands = _commands(summary)
+    parser = build_parser()
+    for out, command, settings in zip(["stage1", "stage2", "stage3-tower-stage2", "DIR"], commands,
+                                      [first, decoder, tower, last], strict=True):
+        args = parser.parse_args(shlex.split(command)[1:])
+        assert str(args.out) == out
+        assert _compared(settings_from_args(args)) == _compared(settings), command
+    text = "\n".join(training_lines(summary))
+    assert "\n  - stage 3's tower, stage 1: stage 1 above\n  - stage 3's tower, stage 2 (continuing stage 1)" in text
+    assert "total training wall time 4.0 min" in text  # stage 1, 2, the tower's stage 2, stage 3: a minute each

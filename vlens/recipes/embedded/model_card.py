@@ -168,27 +168,45 @@ def stage_command(
             + (f" --vision-from {vision_from}" if vision_from else ""))
 
 
-def reproduce_commands(stages: list[dict], held_out: int | None, prefix: str = "") -> list[str]:
+def _key(stage: dict) -> str:
+    """A stage record's identity: a tower that continues one of the model's own stages lists that
+    stage again (the same record), and it is one run, not two."""
+    return json.dumps(stage, sort_keys=True, default=str)
+
+
+def reproduce_commands(
+    stages: list[dict], held_out: int | None, prefix: str = "", known: dict[str, str] | None = None
+) -> list[str]:
     """The `vlens zoo train` commands of `stages`, oldest first, each continuing the one before
     (out folders stage1, stage2, ..., the last DIR); a --vision-from stage's tower is reproduced
-    first, by its own stages' commands (folders stageK-tower-stage1, ...)."""
-    lines = []
+    first, by its own stages' commands (folders stageK-tower-stage1, ...), except the stages it
+    shares with the model (`known`: a stage's record -> the folder already written for it)."""
+    known = {} if known is None else known
+    lines: list[str] = []
+    previous = None
     for index, stage in enumerate(stages, start=1):
         last = index == len(stages) and not prefix
+        if _key(stage) in known and not last:
+            previous = known[_key(stage)]
+            continue
         tower = None
         if stage.get("vision_from_stages"):
-            tower_prefix = f"{prefix}stage{index}-tower-"
-            lines += reproduce_commands(stage["vision_from_stages"], None, tower_prefix)
-            tower = f"{tower_prefix}stage{len(stage['vision_from_stages'])}"
-        init_from = f"{prefix}stage{index - 1}" if index > 1 else None
-        lines.append(stage_command(stage, "DIR" if last else f"{prefix}stage{index}", init_from,
-                                   held_out if last else None, tower))
+            lines += reproduce_commands(stage["vision_from_stages"], None, f"{prefix}stage{index}-tower-", known)
+            tower = known[_key(stage["vision_from_stages"][-1])]
+        out = "DIR" if last else f"{prefix}stage{index}"
+        lines.append(stage_command(stage, out, previous, held_out if last else None, tower))
+        known[_key(stage)] = previous = out
     return lines
 
 
 def _with_towers(stages: list[dict]) -> list[dict]:
-    """`stages` and, before each --vision-from stage, the stages that trained its tower."""
-    return [s for stage in stages for s in [*_with_towers(stage.get("vision_from_stages") or []), stage]]
+    """`stages` and, before each --vision-from stage, the stages that trained its tower (each run
+    once: a tower stage that is also one of the model's stages is not repeated)."""
+    runs: dict[str, dict] = {}
+    for stage in stages:
+        for run in [*_with_towers(stage.get("vision_from_stages") or []), stage]:
+            runs.setdefault(_key(run), run)
+    return list(runs.values())
 
 
 def _where(stage: dict) -> str:
@@ -291,10 +309,18 @@ def _stage_start(stage: dict, index: int) -> str:
     return f"continuing stage {index - 1}"
 
 
-def _stage_lines(stages: list[dict], label: str = "stage", indent: str = "") -> list[str]:
-    """One line per stage; a --vision-from stage's tower stages follow it, indented."""
+def _stage_lines(
+    stages: list[dict], label: str = "stage", indent: str = "", known: dict[str, str] | None = None
+) -> list[str]:
+    """One line per stage; a --vision-from stage's tower stages follow it, indented (a tower stage
+    that is one of the model's own stages, `known`, is named, not described again)."""
+    known = {} if known is None else known
     lines = []
     for index, stage in enumerate(stages, start=1):
+        if _key(stage) in known:
+            lines.append(f"{indent}- {label} {index}: {known[_key(stage)]} above")
+            continue
+        known[_key(stage)] = f"{label} {index}"
         start = _stage_start(stage, index)
         lines.append(
             f"{indent}- {label} {index} ({start}): seed {stage['seed']}, {stage['steps']} steps"
@@ -309,7 +335,7 @@ def _stage_lines(stages: list[dict], label: str = "stage", indent: str = "") -> 
             + "".join(f"; {note}" for note in _stage_notes(stage))
         )
         if stage.get("vision_from_stages"):
-            lines += _stage_lines(stage["vision_from_stages"], f"stage {index}'s tower, stage", indent + "  ")
+            lines += _stage_lines(stage["vision_from_stages"], f"stage {index}'s tower, stage", indent + "  ", known)
     return lines
 
 
