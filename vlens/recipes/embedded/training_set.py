@@ -154,7 +154,7 @@ def _groups_source(vary: bool) -> Callable[..., Sample]:
     share one colour or shape), which outnumbers the asked ones on about 40% of the images. In SynPoly's
     own counting (and counting/subset) each distractor's colour is drawn alone, so the asked colour is
     nearly always the largest group and "count the largest group" answers it; here it does not
-    (benchmarks/bench_count_selection.py: the shipped v5 model counts the dominant colour's objects).
+    (benchmarks/bench_count_selection.py: v5 stage 4, trained without it, counted the dominant colour's objects).
     With minimal pairs the same image is also asked the other group's count."""
     return _subset_source(vary, stream=23, distractor_kinds=1)
 
