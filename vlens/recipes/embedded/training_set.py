@@ -5,10 +5,10 @@ Each source maps a seed to (image, record) with record["task"], ["question"],
 disjoint ranges, so held-out images are never seen in training. A foreign renderer of
 colour, shape and counting questions (vlens.recipes.embedded.foreign) is held out of every
 training stage: its held-out accuracy is the unseen-renderer figure. The second dot renderer
-(`counting/dot_variants`, vlens.recipes.embedded.dot_variants) is NOT held out: six of the
-shipped model's seven stages trained on it (its model card's commands), so a stage may use it,
-and whether a model saw it is read from its stages' mixes (vlens.recipes.embedded.claims),
-never assumed. `counting/subset` counts a named colour or shape among other objects (SynPoly's
+(`counting/dot_variants`, vlens.recipes.embedded.dot_variants) is NOT held out by rule: an
+earlier shipped model (v3, six of its seven stages) trained on it, so a stage may use it, and
+whether a model saw it is read from its stages' mixes (vlens.recipes.embedded.claims), never
+assumed (no stage of the v5 / v6 lineage has it in its mix). `counting/subset` counts a named colour or shape among other objects (SynPoly's
 held-out counting fixes the count and so draws no distractors); `counting/groups` does the same beside one
 group of another colour or shape, which can outnumber the asked one. Both are evaluated with the rest and
 train only where a mix names them. Training images are
@@ -192,7 +192,7 @@ def _foreign_source(task: str) -> Callable[..., Sample]:
 
 
 # Sources no training stage may use: their held-out accuracy measures unseen renderers.
-# (counting/dot_variants is not among them: the shipped model's stages trained on it.)
+# (counting/dot_variants is not among them: the v3 model's stages trained on it.)
 HELD_OUT_ONLY: tuple[str, ...] = (
     "foreign/counting",
     "foreign/colour",
