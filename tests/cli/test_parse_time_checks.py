@@ -41,7 +41,7 @@ NOT_AT_PARSE_TIME = {
     "--positive": "free text", "--negative": "free text", "--continuation": "free text",
     "--post-prompt": "free text", "--image-column": "a column of the dataset read",
     "--category-field": "a field of the dataset read (checked against it before the model loads)",
-    "--checkpoint-dir": "a folder (created or resumed)", "--init-from": "a model folder",
+    "--checkpoint-dir": "a folder (created or resumed)", "--init-from": "a model folder", "--vision-from": "a model folder",
     "--interventions": "a file", "--lens": "a folder", "--thresholds": "a file", "--vocab": "a file",
     "--mix": "the recipe's stage mix",
     "--metric": "patch: checked before the model loads (its names depend on --mode); temperature fit: the "
