@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vlens.demo.findings import (
+    Finding,
     findings_lines,
     findings_section,
     handoff_finding,
@@ -15,6 +16,7 @@ from vlens.demo.findings import (
     jaccard_finding,
     late_lens_finding,
     subitizing_finding,
+    untested_by_verdict,
 )
 from vlens.demo.patching_stage import handover_bootstrap
 from vlens.demo.report_sections import Section
@@ -291,3 +293,14 @@ def test_the_section_counts_what_is_shown_from_the_findings():
     assert "<b>Subitizing: shown.</b>" in section.html
     with pytest.raises(KeyError):
         section.numbers["nope"]
+
+
+def test_the_section_says_which_findings_are_untestable_and_which_untested():
+    """A finding that cannot come out either way on this model is named "not testable on this model" in the
+    section's summary sentence, as in its own line; one whose stage did not run is "not tested"."""
+    section = findings_section([_counting({1: 1.0, 4: 1.0, 5: 0.3, 8: 0.2}), _handover()])
+    findings = section.data["findings"]
+    assert "; not tested: " in section.explanation and "not testable" not in section.explanation
+    untestable = [Finding("k", "Made up", "c", "t", None, "e", testable=False)]
+    assert untested_by_verdict(untestable) == [("not testable on this model", ["Made up"])]
+    assert all(f["verdict"] in ("shown", "not shown", "not tested") for f in findings)

@@ -512,6 +512,16 @@ def paper_findings(sections: list[Section]) -> list[Finding]:
             interventions_finding(by_key.get("interventions"), by_key.get("model")), jaccard_finding(by_key.get("ablation_jaccard"))]
 
 
+def untested_by_verdict(findings: list[Finding]) -> list[tuple[str, list[str]]]:
+    """(verdict, finding names) for the findings not tested here, "not testable on this model" (the
+    test cannot come out either way) apart from "not tested" (its stage or data missing)."""
+    groups: dict[str, list[str]] = {}
+    for finding in findings:
+        if finding.shown is None:
+            groups.setdefault(finding.verdict, []).append(finding.name)
+    return list(groups.items())
+
+
 def findings_section(sections: list[Section]) -> Section:
     """One row per finding: the paper's claim, shown / not shown / not tested here, the test, the evidence."""
     findings = paper_findings(sections)
@@ -520,8 +530,7 @@ def findings_section(sections: list[Section]) -> Section:
     explanation = (f"Each of the paper's findings is tested on this model's results below (level {LEVEL}, 95% "
                    f"intervals): {len(shown)} of {len(tested)} tested findings are shown"
                    + (f" ({', '.join(f.name for f in shown)})" if shown else "")
-                   + (f"; not tested: {', '.join(f.name for f in findings if f.shown is None)}"
-                      if len(tested) < len(findings) else "")
+                   + "".join(f"; {verdict}: {', '.join(names)}" for verdict, names in untested_by_verdict(findings))
                    + ". A finding whose test fails is \"not shown\", with the numbers and p-values that decided it.")
     items = "".join(f"<li><b>{html.escape(f.name)}: {html.escape(f.verdict)}.</b> {html.escape(f.evidence)}"
                     + (f" <i>Caveat: {html.escape(f.caveat)}.</i>" if f.caveat else "") + "</li>"
