@@ -276,7 +276,7 @@ def test_demo_report_renders_readably_in_headless_chromium(demo_run):
     assert {t["coloraxis"] for t in tiles["traces"] if t["type"] == "heatmap"} == {"coloraxis"}
     headlens = next(t for t in checks["tables"] if t["section"].startswith("headlens"))
     assert {"VGS", "CTER"} <= set(headlens["defined"])
-    # partial plotly bundle, compact figure data (a 196-px model's images and 7 x 7 maps: 3.34 MB)
+    # partial plotly bundle, compact figure data (a 196-px model's images and 7 x 7 maps: 3.33 MB on v6)
     assert len(page.encode()) < 3_450_000
 
 
