@@ -44,6 +44,7 @@ def test_centre_cells_follow_the_drawn_image_size():
     cells = centre_counts(_centred([(63, 63), (64, 64), (447, 0)]), 448, 7)
     assert cells[0] == 1 and cells[8] == 1 and cells[6] == 1 and cells.sum() == 3
 
+
 def test_dense_labels_by_hand():
     # 60 px image, 3 x 3 cells of 20 px. A star covers 300 px of cell (0,1) and 100 px of
     # cell (0,0); a square covers cell (2,2) and a 10-px sliver of (2,1) (< 5% of 400 px);

@@ -171,9 +171,7 @@ def build_decoder_on_tower(donor, tokenizer, settings: RecipeSettings):
     config = arch.build_config(tokenizer, settings.rope_theta or arch.ROPE_THETA, settings.mrope_section,
                                settings.text_layers)
     config.vision_config = donor.config.vision_config
-    model = arch.build_model(config, settings.seed)
-    model.model.visual.load_state_dict(donor.model.visual.state_dict())
-    return model
+    return with_tower_of(arch.build_model(config, settings.seed), donor)
 
 
 def with_tower_of(model, donor):
