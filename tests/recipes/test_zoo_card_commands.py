@@ -128,8 +128,8 @@ def test_a_fresh_decoder_stage_says_what_it_started_from():
     text = "\n".join(training_lines(_summaries(_lineage())[-1]))
     assert "- stage 2 (a new 6-layer decoder on stage 1's vision tower and merger)" in text
     assert "- stage 3 (continuing stage 2)" in text
-    assert ("- stage 4 (stage 3's decoder on the vision tower and merger of another run (1 stage(s): the "
-            "stage4-tower-* commands below))") in text
+    assert ("- stage 4 (stage 3's decoder on the vision tower and merger of another run (1 stage(s), listed "
+            "below as stage 4's tower))") in text
     assert "\n  - stage 4's tower, stage 1 (from scratch): seed 9, 50 steps" in text
     assert "total training wall time 5.0 min" in text  # four stages and the tower's, a minute each
     assert "decoder M-RoPE theta 30, sections [2, 2, 4]" in text and "a 3-layer decoder" in text

@@ -61,3 +61,24 @@ def test_training_lines_name_the_device_and_the_vision_objective():
     assert "1 torch thread(s) on cuda" in text and "(devices as listed)" in text
     assert "--max-objects 2 --vision-aux-weight 0.5 --device cuda" in text
     assert "plus the vision-token loss" in text and "dense vision-token shape/colour loss (weight 0.5" in text
+
+
+def test_rewriting_a_card_keeps_the_sections_other_commands_added(tmp_path):
+    """`vlens zoo evaluate --write` re-renders the card from evaluation.json; the interventions study's
+    section (vlens study --model-card), which the summary does not hold, must survive it."""
+    import shutil
+    from pathlib import Path
+
+    from vlens.recipes.embedded.model_card import added_sections, rewrite_model_card
+    from vlens.studies.interventions import CARD_BEGIN, CARD_END
+
+    shipped = Path(__file__).resolve().parents[2] / "vlens" / "zoo" / "weights" / "tiny-qwen2.5-vl"
+    shutil.copy(shipped / "evaluation.json", tmp_path / "evaluation.json")
+    study = f"{CARD_BEGIN}\n## A study\n| a | b |\n{CARD_END}"
+    other = "<!-- vlens:another -->\nmore\n<!-- /vlens:another -->"
+    (tmp_path / "MODEL_CARD.md").write_text(f"old text\n\n{study}\n\nbetween\n\n{other}\n")
+    text = rewrite_model_card(tmp_path).read_text()
+    assert "old text" not in text and "between" not in text  # the rest is re-rendered
+    assert added_sections(text) == [study, other]
+    assert rewrite_model_card(tmp_path).read_text() == text  # a second rewrite keeps each section once
+    assert text.index("## Limits") < text.index(CARD_BEGIN) < text.index("<!-- vlens:another -->")

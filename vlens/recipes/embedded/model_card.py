@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -304,8 +305,9 @@ def _stage_start(stage: dict, index: int) -> str:
         return f"a new {layers}-layer decoder on stage {index - 1}'s vision tower and merger"
     if stage.get("vision_from_stages"):
         towers = len(stage["vision_from_stages"])
-        return (f"stage {index - 1}'s decoder on the vision tower and merger of another run ({towers} stage(s): "
-                f"the stage{index}-tower-* commands below)")
+        # the tower's stage lines follow this one; its commands may all be the model's own (nothing stageK-tower-*)
+        return (f"stage {index - 1}'s decoder on the vision tower and merger of another run ({towers} stage(s), "
+                f"listed below as stage {index}'s tower)")
     return f"continuing stage {index - 1}"
 
 
@@ -509,8 +511,21 @@ def rewrite_model_card(folder: str | Path) -> Path:
     return write_model_card(summary, folder)
 
 
+# A section another command put into the card (`vlens study --model-card`: <!-- vlens:interventions-study -->
+# ... <!-- /vlens:interventions-study -->); the recipe's summary does not hold it, so a re-render keeps it.
+_ADDED_SECTION = re.compile(r"<!-- vlens:([\w-]+) -->.*?<!-- /vlens:\1 -->", re.DOTALL)
+
+
+def added_sections(card: str) -> list[str]:
+    """The marked sections other commands added to a card's text, in order."""
+    return [match.group(0) for match in _ADDED_SECTION.finditer(card)]
+
+
 def write_model_card(summary: dict, folder: str | Path) -> Path:
-    """Write MODEL_CARD.md into `folder` and return its path."""
+    """Write MODEL_CARD.md into `folder` and return its path. Sections that other commands added to
+    the card there (between vlens markers) are kept, after the re-rendered text."""
     path = Path(folder) / "MODEL_CARD.md"
-    path.write_text(render_model_card(summary))
+    text = render_model_card(summary)
+    kept = added_sections(path.read_text()) if path.is_file() else []
+    path.write_text(text.rstrip("\n") + "".join(f"\n\n{section}" for section in kept) + "\n")
     return path
