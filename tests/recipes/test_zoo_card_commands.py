@@ -189,14 +189,14 @@ def _v4_folders() -> list[Path]:
 
 
 def _v4_cards(lineage_before_v4: int) -> list[tuple[Path, int]]:
-    """(folder, which v4 stage it holds): the trained v4 folders, and the shipped folder once it is
-    a v4 stage (more stages than the v2 lineage's)."""
+    """(folder, which v4 stage it holds): the trained v4 folders, and the shipped folder when it is
+    a v4 stage (its last stage continued a training/v4 folder; v5 and v6 stages continue their own)."""
     cards = [(folder, int(folder.name.removeprefix("stage"))) for folder in _v4_folders()]
     shipped = ROOT / "vlens" / "zoo" / "weights" / "tiny-qwen2.5-vl"
     if (shipped / "evaluation.json").is_file():
-        n_stages = len(training_stages(json.loads((shipped / "evaluation.json").read_text())))
-        if n_stages > lineage_before_v4:
-            cards.append((shipped, n_stages - lineage_before_v4))
+        summary = json.loads((shipped / "evaluation.json").read_text())
+        if str(summary["training"].get("init_from") or "").startswith("training/v4/"):
+            cards.append((shipped, len(training_stages(summary)) - lineage_before_v4))
     return cards
 
 
