@@ -38,8 +38,8 @@ THREADS=2 run_stage training/v6/lang1 --init-from training/v5/lang5 --vision-fro
 # 2's mix and settings: the shipped model. Why (RESULTS.md "Embedded model v6", benchmarks/bench_fit_gap.py): stage 2
 # answered 87% of its own SynPoly training images and 78% of fresh ones of that distribution. This is controlled run
 # cont-1 of training/v6/controlled_counting.sh (one thread: a thread count is part of a deterministic rerun), which
-# raised SynPoly from 85.7% to 91.0% (paired p 0.0025) and was worse on no source; a counting-heavy mix (count-1) did
-# the same for SynPoly (90.7%) and lost dot_variants (p 0.031).
+# raised SynPoly from 85.7% to 91.0% (paired p 0.0025) and was worse on no source; its second seed (cont-2) gained less
+# (88.3%, p 0.17). A counting-heavy mix reached 90.7% on both seeds but lost dot_variants (count-1) or spatial (count-2).
 THREADS=1 run_stage training/v6/lang2 --init-from training/v6/lang1 --minimal-pairs --freeze-vision --seed 1 \
   --steps 1500 --batch-size 48 --lr 2e-4 --warmup 100 --examples 24000 --mix "$GROUPS_MIX" --checkpoint-every 250 \
   --held-out 300
