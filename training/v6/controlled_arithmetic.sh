@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Controlled runs for issue 40: does more arithmetic in the mix move the shipped model's arithmetic (64.3%, target 70%)?
+# benchmarks/bench_arithmetic_limits.py on v6 stage 3: both sub-counts right on 72.0% of the images, sums 74.5%,
+# differences 52.5%: combining two counts is the limit (RESULTS.md "Embedded model v5", "The same two benchmarks").
+#   arith-S: v6 stage 3 (training/v6/lang2) continued on an arithmetic-heavy mix (arithmetic 0.14 -> 0.35, the other
+#            sources scaled down alike), seed S;
+#   base-S:  the same schedule on stage 3's own mix (GROUPS_MIX), seed S: what more training alone gives.
+# Both: 1,500 steps of batch 48 on 24,000 fresh examples, lr 2e-4 (100 warm-up), tower frozen, minimal pairs, 196 px.
+# Compare with benchmarks/compare_checkpoints.py (held-out, paired).
+#
+#   nice -n 5 bash training/v6/controlled_arithmetic.sh [RUN ...]   # RUN: arith-1 base-1 arith-2 (default)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. training/stage.sh
+
+BALANCED_MIX=counting/syndot=0.05,counting/synpoly=0.18,counting/synreal=0.03,colour=0.08,shape=0.16,spatial=0.18,arithmetic=0.14,existence=0.18
+GROUPS_MIX=$BALANCED_MIX,counting/groups=0.15
+# arithmetic 0.35 of the whole; the other sources keep their ratios to each other (each share x 0.65 / 1.01, their sum)
+ARITH_MIX=counting/syndot=0.032,counting/synpoly=0.116,counting/synreal=0.019,colour=0.051,shape=0.103,spatial=0.116,arithmetic=0.35,existence=0.116,counting/groups=0.097
+
+runs=("$@")
+[ ${#runs[@]} -eq 0 ] && runs=(arith-1 base-1 arith-2)
+for name in "${runs[@]}"; do
+  case $name in
+    arith-*) mix=$ARITH_MIX ;;
+    base-*) mix=$GROUPS_MIX ;;
+    *) echo "unknown run $name" >&2; exit 2 ;;
+  esac
+  run_stage "runs/ctl6a/$name" --init-from training/v6/lang2 --minimal-pairs --freeze-vision --seed "${name#*-}" \
+    --steps 1500 --batch-size 48 --lr 2e-4 --warmup 100 --examples 24000 --mix "$mix" --checkpoint-every 250 \
+    --held-out 300
+done
