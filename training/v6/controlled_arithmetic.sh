@@ -5,10 +5,12 @@
 #   arith-S: v6 stage 3 (training/v6/lang2) continued on an arithmetic-heavy mix (arithmetic 0.14 -> 0.35, the other
 #            sources scaled down alike), seed S;
 #   base-S:  the same schedule on stage 3's own mix (GROUPS_MIX), seed S: what more training alone gives.
+#   long-S:  arith-S's mix for 3,000 steps, two threads, written to training/v6/arith-long-S (a candidate next stage:
+#            arith-2 reached 68.3% on 900 images; an unfinished run's state can be committed and resumed).
 # Both: 1,500 steps of batch 48 on 24,000 fresh examples, lr 2e-4 (100 warm-up), tower frozen, minimal pairs, 196 px.
 # Compare with benchmarks/compare_checkpoints.py (held-out, paired).
 #
-#   nice -n 5 bash training/v6/controlled_arithmetic.sh [RUN ...]   # RUN: arith-1 base-1 arith-2 (default)
+#   nice -n 5 bash training/v6/controlled_arithmetic.sh [RUN ...]   # RUN: arith-1 base-1 arith-2 (default), long-3
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . training/stage.sh
@@ -24,6 +26,10 @@ for name in "${runs[@]}"; do
   case $name in
     arith-*) mix=$ARITH_MIX ;;
     base-*) mix=$GROUPS_MIX ;;
+    long-*) THREADS=2 run_stage "training/v6/arith-long-${name#long-}" --init-from training/v6/lang2 --minimal-pairs \
+      --freeze-vision --seed "${name#long-}" --steps 3000 --batch-size 48 --lr 2e-4 --warmup 100 --examples 24000 \
+      --mix "$ARITH_MIX" --checkpoint-every 250 --held-out 300
+      continue ;;
     *) echo "unknown run $name" >&2; exit 2 ;;
   esac
   run_stage "runs/ctl6a/$name" --init-from training/v6/lang2 --minimal-pairs --freeze-vision --seed "${name#*-}" \
