@@ -22,16 +22,16 @@ from pathlib import Path
 
 import torch
 
+from vlens.recipes.embedded.model_card import training_stages
 from vlens.utils.stats import wilson_interval
 
 FRESH_SEED = 12_345  # no stage of training/ trains with it
 
 
 def stage_recipe(folder: Path) -> tuple[int, int, dict[str, float]]:
-    """(seed, examples, mix) of the stage that wrote `folder`."""
-    report = json.loads((folder / "evaluation.json").read_text())
-    training, data = report["training"], report["data"]
-    return int(training["seed"]), int(data["n_examples"]), dict(data["mix"])
+    """(seed, examples, mix) of the stage that wrote `folder` (the last of its card's stages)."""
+    stage = training_stages(json.loads((folder / "evaluation.json").read_text()))[-1]
+    return int(stage["seed"]), int(stage["n_examples"]), dict(stage["mix"])
 
 
 def accuracy(hits: list[bool]) -> dict:
@@ -68,12 +68,12 @@ def main() -> None:
         parser.error(f"{missing} are not in the stage's mix {sorted(mix)}")
     _, processor, model = load_for_continuation(args.model)
     makers = source_makers(vary=True)
+    drawn = {"train": training_sources(examples, seed, mix), "fresh": training_sources(examples, args.fresh_seed, mix)}
     table: dict[str, dict] = {}
     for name in args.sources:
         hits: dict[str, dict[str, list[bool]]] = {}
-        for label, draw_seed in (("train", seed), ("fresh", args.fresh_seed)):
-            seeds = [sample_seed for source, sample_seed in training_sources(examples, draw_seed, mix)
-                     if source == name][: args.n]
+        for label, picks in drawn.items():
+            seeds = [sample_seed for source, sample_seed in picks if source == name][: args.n]
             samples = [varied_sample(makers[name], sample_seed) for sample_seed in seeds]
             records = [record for _, _, record in samples]
             with torch.no_grad():

@@ -7,16 +7,16 @@
 #   base-S:  the same schedule on stage 3's own mix (GROUPS_MIX), seed S: what more training alone gives.
 #   long-S:  arith-S's mix for 3,000 steps, two threads, written to training/v6/arith-long-S (a candidate next stage:
 #            arith-2 reached 68.3% on 900 images; an unfinished run's state can be committed and resumed).
-# Both: 1,500 steps of batch 48 on 24,000 fresh examples, lr 2e-4 (100 warm-up), tower frozen, minimal pairs, 196 px.
+# All: 24,000 fresh examples, batch 48, lr 2e-4 (100 warm-up), tower frozen, minimal pairs, 196 px; arith and base
+# 1,500 steps, one thread unless THREADS says otherwise.
 # Compare with benchmarks/compare_checkpoints.py (held-out, paired).
 #
 #   nice -n 5 bash training/v6/controlled_arithmetic.sh [RUN ...]   # RUN: arith-1 base-1 arith-2 (default), long-3
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . training/stage.sh
+. training/v6/mixes.sh  # GROUPS_MIX
 
-BALANCED_MIX=counting/syndot=0.05,counting/synpoly=0.18,counting/synreal=0.03,colour=0.08,shape=0.16,spatial=0.18,arithmetic=0.14,existence=0.18
-GROUPS_MIX=$BALANCED_MIX,counting/groups=0.15
 # arithmetic 0.35 of the whole; the other sources keep their ratios to each other (each x 0.65 / 1.01, the sum of the other shares)
 ARITH_MIX=counting/syndot=0.032,counting/synpoly=0.116,counting/synreal=0.019,colour=0.051,shape=0.103,spatial=0.116,arithmetic=0.35,existence=0.116,counting/groups=0.097
 

@@ -17,9 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . training/stage.sh
+. training/v6/mixes.sh  # GROUPS_MIX
 
-BALANCED_MIX=counting/syndot=0.05,counting/synpoly=0.18,counting/synreal=0.03,colour=0.08,shape=0.16,spatial=0.18,arithmetic=0.14,existence=0.18
-GROUPS_MIX=$BALANCED_MIX,counting/groups=0.15
 COUNT_MIX=counting/syndot=0.03,counting/synpoly=0.30,counting/synreal=0.03,colour=0.05,shape=0.10,spatial=0.12,arithmetic=0.14,existence=0.10,counting/groups=0.13
 
 runs=("$@")

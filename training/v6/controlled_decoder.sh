@@ -14,9 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . training/stage.sh
-
-BALANCED_MIX=counting/syndot=0.05,counting/synpoly=0.18,counting/synreal=0.03,colour=0.08,shape=0.16,spatial=0.18,arithmetic=0.14,existence=0.18
-GROUPS_MIX=$BALANCED_MIX,counting/groups=0.15
+. training/v6/mixes.sh  # GROUPS_MIX
 
 runs=("$@")
 [ ${#runs[@]} -eq 0 ] && runs=(swap-1 same-1 swap-2 same-2)

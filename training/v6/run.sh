@@ -19,6 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . training/stage.sh
+. training/v6/mixes.sh  # GROUPS_MIX
 
 # 1: the v5 vision stage (training/v5/vision: 3,000 steps, dense cell labels, 224 px) continued on fresh images.
 THREADS=2 run_stage training/v6/vision --stage vision --init-from training/v5/vision --image-size 224 --seed 3 \
@@ -28,8 +29,6 @@ THREADS=2 run_stage training/v6/vision --stage vision --init-from training/v5/vi
 # settings at stage 5's length. Controlled runs (training/v6/controlled_decoder.sh, 1,500 steps, two seeds; RESULTS
 # "Embedded model v6") left SynPoly level after 1,500 steps: shape up, counting by shape up, counting everything down,
 # the decoder still adapting, as the group-counting source did before stage 5's full length recovered it.
-BALANCED_MIX=counting/syndot=0.05,counting/synpoly=0.18,counting/synreal=0.03,colour=0.08,shape=0.16,spatial=0.18,arithmetic=0.14,existence=0.18
-GROUPS_MIX=$BALANCED_MIX,counting/groups=0.15
 THREADS=2 run_stage training/v6/lang1 --init-from training/v5/lang5 --vision-from training/v6/vision --minimal-pairs \
   --freeze-vision --seed 46 --steps 6000 --batch-size 48 --lr 5e-4 --warmup 100 --examples 24000 --mix "$GROUPS_MIX" \
   --checkpoint-every 250 --held-out 300
