@@ -5,8 +5,8 @@
 #   arith-S: v6 stage 3 (training/v6/lang2) continued on an arithmetic-heavy mix (arithmetic 0.14 -> 0.35, the other
 #            sources scaled down alike), seed S;
 #   base-S:  the same schedule on stage 3's own mix (GROUPS_MIX), seed S: what more training alone gives.
-#   long-S:  arith-S's mix for 3,000 steps, two threads, written to training/v6/arith-long-S (a candidate next stage:
-#            arith-2 reached 68.3% on 900 images; an unfinished run's state can be committed and resumed).
+#   long-S:  arith-S's mix for 3,000 steps, two threads, written to training/v6/arith-long-S. long-3 is v6 stage 4, the
+#            shipped model (training/v6/run.sh stage 4 rebuilds it as training/v6/lang3); long-4 is its second seed.
 # All: 24,000 fresh examples, batch 48, lr 2e-4 (100 warm-up), tower frozen, minimal pairs, 196 px; arith and base
 # 1,500 steps, one thread unless THREADS says otherwise.
 # Compare with benchmarks/compare_checkpoints.py (held-out, paired).
@@ -15,10 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . training/stage.sh
-. training/v6/mixes.sh  # GROUPS_MIX
-
-# arithmetic 0.35 of the whole; the other sources keep their ratios to each other (each x 0.65 / 1.01, the sum of the other shares)
-ARITH_MIX=counting/syndot=0.032,counting/synpoly=0.116,counting/synreal=0.019,colour=0.051,shape=0.103,spatial=0.116,arithmetic=0.35,existence=0.116,counting/groups=0.097
+. training/v6/mixes.sh  # GROUPS_MIX, ARITH_MIX
 
 runs=("$@")
 [ ${#runs[@]} -eq 0 ] && runs=(arith-1 base-1 arith-2)
