@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def updated_readme(readme: str, evaluation: dict) -> str:
-    from vlens.recipes.embedded.claims import README_BEGIN, README_END, readme_paragraph
+    from vlens.recipes.embedded.claims import README_SECTION, readme_paragraph
+    from vlens.utils.marked_sections import replace_marked_section
 
-    start, end = readme.index(README_BEGIN) + len(README_BEGIN), readme.index(README_END)
-    return readme[:start] + "\n" + readme_paragraph(evaluation) + "\n" + readme[end:]
+    return replace_marked_section(readme, README_SECTION, readme_paragraph(evaluation), append_if_missing=False)
 
 
 def main() -> int:

@@ -38,6 +38,7 @@ from vlens.training.data import SFTExample, example_from_sample
 from vlens.training.sft import SFTConfig, train_sft
 from vlens.utils.errors import UserInputError
 from vlens.utils.finite import json_safe
+from vlens.utils.marked_sections import replace_marked_section, section_markers
 from vlens.utils.provenance import provenance, stamp
 from vlens.utils.results import Result, own_fields
 from vlens.utils.validation import check_count
@@ -71,7 +72,8 @@ SET_ROLES = {"synreal": "counting, not in the SFT data", "syndot": "counting, SF
 TRAIN_SEED_BASE = 700_000_000  # fine-tuning images
 EVAL_SEED_BASE = 710_000_000  # evaluation images (+ 1,000,000 per set)
 IMPORTANCE_SEED_BASE = 730_000_000  # ablation examples for gamma (reference set: + 1,000,000)
-CARD_BEGIN, CARD_END = "<!-- vlens:interventions-study -->", "<!-- /vlens:interventions-study -->"
+CARD_SECTION = "interventions-study"  # the model card section this study writes (vlens.utils.marked_sections)
+CARD_BEGIN, CARD_END = section_markers(CARD_SECTION)
 
 
 @dataclass
@@ -460,14 +462,7 @@ def run_study(
 def write_model_card_section(result: StudyResult, card_path: str | Path) -> Path:
     """Put the study's report into a model card (replacing an earlier one between the markers)."""
     path = Path(card_path)
-    text = path.read_text() if path.is_file() else ""
-    section = f"{CARD_BEGIN}\n{result.report()}\n{CARD_END}"
-    if CARD_BEGIN in text and CARD_END in text:
-        before, _, rest = text.partition(CARD_BEGIN)
-        _, _, after = rest.partition(CARD_END)
-        text = before + section + after
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + section + "\n"
+    text = replace_marked_section(path.read_text() if path.is_file() else "", CARD_SECTION, result.report())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

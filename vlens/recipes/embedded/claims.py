@@ -15,9 +15,11 @@ sources come from here, so they change with the weights:
 
 from __future__ import annotations
 
+from vlens.utils.marked_sections import section_markers
 from vlens.utils.stats import wilson_interval
 
-README_BEGIN, README_END = "<!-- vlens:embedded-model-claims -->", "<!-- /vlens:embedded-model-claims -->"
+README_SECTION = "embedded-model-claims"  # the README section readme_paragraph fills (vlens.utils.marked_sections)
+README_BEGIN, README_END = section_markers(README_SECTION)
 YES_NO_TASKS = ("existence", "spatial")  # answers are "yes" / "no": chance is 50%
 COUNTING_NAMES = {
     "counting/syndot": "black dots (SynDot)",
@@ -151,5 +153,5 @@ def sources_note(evaluation: dict) -> str:
     return "; ".join(parts) + "."
 
 
-__all__ = ["README_BEGIN", "README_END", "SOLID", "accuracy_text", "interval_low", "exposure", "held_out", "readme_paragraph",
+__all__ = ["README_BEGIN", "README_END", "README_SECTION", "SOLID", "accuracy_text", "interval_low", "exposure", "held_out", "readme_paragraph",
            "sources_note", "stage_mixes", "training_shares"]

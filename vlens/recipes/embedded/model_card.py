@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from vlens.recipes.embedded.architecture import ROPE_THETA, TEXT_LAYERS
 from vlens.recipes.embedded.claims import accuracy_text, sources_note
 from vlens.recipes.embedded.settings import RecipeSettings
+from vlens.utils.marked_sections import marked_sections
 
 # Held-out accuracy targets of the recipe (SynReal-lite counting and the held-out dot
 # renderer are reported, not targeted). Colour's is set for images of 2-3 objects; the card's
@@ -511,14 +511,10 @@ def rewrite_model_card(folder: str | Path) -> Path:
     return write_model_card(summary, folder)
 
 
-# A section another command put into the card (`vlens study --model-card`: <!-- vlens:interventions-study -->
-# ... <!-- /vlens:interventions-study -->); the recipe's summary does not hold it, so a re-render keeps it.
-_ADDED_SECTION = re.compile(r"<!-- vlens:([\w-]+) -->.*?<!-- /vlens:\1 -->", re.DOTALL)
-
-
 def added_sections(card: str) -> list[str]:
-    """The marked sections other commands added to a card's text, in order."""
-    return [match.group(0) for match in _ADDED_SECTION.finditer(card)]
+    """The marked sections other commands added to a card's text, in order (`vlens study --model-card` writes
+    one: vlens.utils.marked_sections); the recipe's summary does not hold them, so a re-render keeps them."""
+    return marked_sections(card)
 
 
 def write_model_card(summary: dict, folder: str | Path) -> Path:
