@@ -1,6 +1,6 @@
 """What limits the embedded model's arithmetic and SynPoly counting (issue 40's two missed targets).
 
-    PYTHONPATH=. python benchmarks/bench_arithmetic_limits.py [--n 300] [--model DIR] [--threads 1]
+    PYTHONPATH=. python benchmarks/bench_arithmetic_limits.py [--n 300] [--model DIR] [--against DIR] [--threads 1]
 
 Arithmetic asks "How many <c1> and <c2> objects are there in total?" or "How many more <c1> than <c2>
 objects are there?". On the same held-out images it also asks the two sub-counts the answer needs
@@ -15,6 +15,10 @@ token (a cell of the model's token grid) with a distractor, where one token's fe
 misses are sorted by direction (one too few, one too many) and split by count band and by how close the
 two nearest objects are (the gap between their bounding boxes, in the rendered image's pixels), within
 each count band so that crowding and count are not confounded.
+With --against DIR, a second model answers the same questions on the same images and "paired_against" compares
+the two per image on every row whose images do not depend on a model's own answers (arithmetic, by operation,
+each sub-count, both sub-counts, SynPoly, counting among distractors): images only one model answers right, and
+the exact McNemar p of those discordant pairs.
 Prints one JSON object; RESULTS.md records the numbers.
 """
 
@@ -75,6 +79,36 @@ def arithmetic_limits(records: list[dict], answers: list[str], first: list[str],
         for name, said, colour in (("c1", a, c1), ("c2", b, c2)):
             kinds[f"sub-count {name} answers"][miss_kind(said, colour, colours)] += 1
     return {**_table(groups), **{name: dict(sorted(counts.items())) for name, counts in sorted(kinds.items())}}
+
+
+def paired_hits(records: list[dict], answers: list[str], first: list[str], second: list[str]) -> dict[str, list[bool]]:
+    """Per-image hits of the arithmetic rows whose images are fixed by the questions alone (not by the model's
+    sub-counts), in record order, so that two models' lists pair image by image."""
+    rows: dict[str, list[bool]] = defaultdict(list)
+    for record, answer, a, b in zip(records, answers, first, second, strict=True):
+        _, _, k1, k2, difference = sub_counts(record)
+        correct = answer == record["answer"]
+        rows["arithmetic"].append(correct)
+        rows[f"arithmetic/{'difference' if difference else 'sum'}"].append(correct)
+        rows["sub-count c1"].append(a == str(k1))
+        rows["sub-count c2"].append(b == str(k2))
+        rows["both sub-counts"].append(a == str(k1) and b == str(k2))
+    return dict(rows)
+
+
+def paired_against(ours: dict[str, list[bool]], theirs: dict[str, list[bool]]) -> dict:
+    """{row: {"model", "against", "model_only", "against_only", "p"}}: accuracies, the images only one model answers
+    right, and the exact McNemar p, for every row both hold."""
+    from vlens.flow import mcnemar_exact
+
+    table = {}
+    for name in sorted(ours.keys() & theirs.keys()):
+        a, b = ours[name], theirs[name]
+        test = mcnemar_exact(a, b)
+        table[name] = {"model": round(sum(a) / len(a), 3), "against": round(sum(b) / len(b), 3),
+                       "model_only": int(test["a_only"]), "against_only": int(test["b_only"]),
+                       "p": float(f"{test['p']:.3g}")}
+    return table
 
 
 def miss_kind(said: str, colour: str, colours: list[str]) -> str:
@@ -173,45 +207,70 @@ def subset_limits(records: list[dict], answers: list[str], grid: int) -> dict:
     return {"answers": dict(sorted(kinds.items())), **_table(groups)}
 
 
+def model_answers(folder: str, arithmetic: list, poly: list, subset: list) -> dict[str, list[str]]:
+    """One model's answers to the held-out questions: arithmetic, its two sub-counts, SynPoly, counting among
+    distractors (samples are (image, record) pairs)."""
+    from vlens.data.templates import COUNT_COLOR
+    from vlens.recipes.embedded.evaluate import answer_questions
+    from vlens.recipes.embedded.recipe import load_for_continuation
+
+    _, processor, model = load_for_continuation(folder)
+    model.eval()
+
+    def ask(samples: list, questions: list[str]) -> list[str]:
+        return answer_questions(model, processor, [image for image, _ in samples], questions)
+
+    parts = [sub_counts(record) for _, record in arithmetic]
+    return {
+        "arithmetic": ask(arithmetic, [record["question"] for _, record in arithmetic]),
+        "first": ask(arithmetic, [COUNT_COLOR.format(color=p[0]) for p in parts]),
+        "second": ask(arithmetic, [COUNT_COLOR.format(color=p[1]) for p in parts]),
+        "synpoly": ask(poly, [record["question"] for _, record in poly]),
+        "subset": ask(subset, [record["question"] for _, record in subset]),
+    }
+
+
+def all_paired_hits(records: dict[str, list[dict]], said: dict[str, list[str]]) -> dict[str, list[bool]]:
+    """paired_hits plus SynPoly and counting among distractors, per image."""
+    hits = paired_hits(records["arithmetic"], said["arithmetic"], said["first"], said["second"])
+    for source in ("synpoly", "subset"):
+        hits[source] = [answer == record["answer"] for record, answer in zip(records[source], said[source], strict=True)]
+    return hits
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=300, help="held-out samples per source")
     parser.add_argument("--model", default=None, help="a model folder (default: the embedded model)")
+    parser.add_argument("--against", default=None, help="a second model folder, compared per image on the same questions")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
 
     import torch
 
-    from vlens.data.templates import COUNT_COLOR
-    from vlens.recipes.embedded.evaluate import answer_questions
-    from vlens.recipes.embedded.recipe import load_for_continuation
     from vlens.recipes.embedded.training_set import held_out_samples
     from vlens.zoo import WEIGHTS_FOLDER
-    from vlens.zoo.processor import CELL, image_size_of
+    from vlens.zoo.processor import CELL, image_size_of, load_processor
 
     torch.set_num_threads(args.threads)
     folder = args.model or str(WEIGHTS_FOLDER)
-    _, processor, model = load_for_continuation(folder)
-    model.eval()
     start = time.time()
-    samples = held_out_samples(args.n, ["arithmetic"])
-    images = [image for image, _ in samples]
-    records = [record for _, record in samples]
-    answers = answer_questions(model, processor, images, [r["question"] for r in records])
-    parts = [sub_counts(r) for r in records]
-    first = answer_questions(model, processor, images, [COUNT_COLOR.format(color=p[0]) for p in parts])
-    second = answer_questions(model, processor, images, [COUNT_COLOR.format(color=p[1]) for p in parts])
-    poly = held_out_samples(args.n, ["counting/synpoly"])
-    poly_answers = answer_questions(model, processor, [i for i, _ in poly], [r["question"] for _, r in poly])
-    subset = held_out_samples(args.n, ["counting/subset"])
-    subset_answers = answer_questions(model, processor, [i for i, _ in subset], [r["question"] for _, r in subset])
-    print(json.dumps({
-        "model": folder, "n": args.n, "seconds": round(time.time() - start),
-        "arithmetic": arithmetic_limits(records, answers, first, second),
-        "synpoly_by_template": by_template([r for _, r in poly], poly_answers),
-        "synpoly": synpoly_limits([r for _, r in poly], poly_answers),
-        "subset": subset_limits([r for _, r in subset], subset_answers, image_size_of(processor) // CELL),
-    }, indent=1))
+    samples = {"arithmetic": held_out_samples(args.n, ["arithmetic"]), "synpoly": held_out_samples(args.n, ["counting/synpoly"]),
+               "subset": held_out_samples(args.n, ["counting/subset"])}
+    records = {source: [record for _, record in pairs] for source, pairs in samples.items()}
+    said = model_answers(folder, samples["arithmetic"], samples["synpoly"], samples["subset"])
+    report = {
+        "model": folder, "n": args.n,
+        "arithmetic": arithmetic_limits(records["arithmetic"], said["arithmetic"], said["first"], said["second"]),
+        "synpoly_by_template": by_template(records["synpoly"], said["synpoly"]),
+        "synpoly": synpoly_limits(records["synpoly"], said["synpoly"]),
+        "subset": subset_limits(records["subset"], said["subset"], image_size_of(load_processor(folder)) // CELL),
+    }
+    if args.against:
+        other = model_answers(args.against, samples["arithmetic"], samples["synpoly"], samples["subset"])
+        report["against"] = args.against
+        report["paired_against"] = paired_against(all_paired_hits(records, said), all_paired_hits(records, other))
+    print(json.dumps({**report, "seconds": round(time.time() - start)}, indent=1))
 
 
 if __name__ == "__main__":

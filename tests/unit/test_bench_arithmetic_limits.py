@@ -103,3 +103,24 @@ def test_synpoly_limits_sort_misses_and_split_by_count_and_closeness():
     assert table["closest gap > 6 px"] == {"accuracy": 0.5, "n": 2}
     assert table["count 2-4, closest gap > 6 px"] == {"accuracy": 1.0, "n": 1}
     assert table["count 5-7, closest gap > 6 px"] == {"accuracy": 0.0, "n": 1}
+
+
+def test_paired_rows_hold_the_same_images_for_two_models_and_test_them_exactly():
+    records = [
+        _record("How many red and blue objects are there in total?", ["red", "blue", "red"], "3"),  # sum, 2 + 1
+        _record("How many more red than blue objects are there?", ["red", "red", "red", "blue"], "2"),  # difference
+        _record("How many red and blue objects are there in total?", ["red", "blue"], "2"),  # sum, 1 + 1
+    ]
+    # model A: every answer right, second image's c2 sub-count wrong; model B: only the last sum right
+    ours = BENCH["paired_hits"](records, ["3", "2", "2"], ["2", "3", "1"], ["1", "2", "1"])
+    theirs = BENCH["paired_hits"](records, ["4", "1", "2"], ["2", "3", "1"], ["1", "1", "1"])
+    assert ours == {"arithmetic": [True, True, True], "arithmetic/sum": [True, True],
+                    "arithmetic/difference": [True], "sub-count c1": [True, True, True],
+                    "sub-count c2": [True, False, True], "both sub-counts": [True, False, True]}
+    table = BENCH["paired_against"](ours, theirs)
+    # arithmetic: A alone right on 2 images, B alone on none: exact two-sided p = 2 * 0.5**2 = 0.5
+    assert table["arithmetic"] == {"model": 1.0, "against": round(1 / 3, 3), "model_only": 2, "against_only": 0,
+                                   "p": 0.5}
+    assert table["sub-count c2"] == {"model": round(2 / 3, 3), "against": 1.0, "model_only": 0, "against_only": 1,
+                                     "p": 1.0}
+    assert table["arithmetic/difference"]["model_only"] == 1 and set(table) == set(ours)
