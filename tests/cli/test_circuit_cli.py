@@ -15,8 +15,8 @@ from vlens.zoo.image_sizes import CELL, embedded_image_size
 def test_circuit_command_writes_a_circuit_that_loads_back(tmp_path, capsys):
     out = tmp_path / "run"
     # 6 pairs: 3 sit at the noise floor (2 standard errors) of their clean-minus-corrupt metric, where faithfulness
-    # is undefined: on the v5 stage-2 weights the first 3 (-7, -9, -32 logits) were within it; on v6 stage 3 (-8, -11,
-    # -35: mean -18.0, floor 17.2) they are barely clear of it; 6 are clear by twice the floor (mean -20.9, floor 9.9)
+    # is undefined: on the v5 stage-2 weights the first 3 (-7, -9, -32 logits) were within it; on v6 stage 4 (-8, -12,
+    # -36: mean -18.7, floor 17.6) they are barely clear of it; 6 are clear by twice the floor (mean -21.2, floor 9.7)
     args = ["circuit", "--model", "tiny", "--make-pairs", "6", "--ig-steps", "2", "--target", "0.6",
             "--exact-check", "12", "--image-attribution", "--max-batch", "32", "--quiet", "--out", str(out)]
     assert main(args) == 0
