@@ -33,7 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, render_default="model")
     add_out(parser, f"{REPORT_FILE} and {RESULTS_FILE}", default=DEFAULT_OUT)
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes: well under 5 minutes on 2 CPU cores (with the embedded model its stages take about 40 s of CPU; benchmarks/RESULTS.md)")
+                        help="small sizes: well under 5 minutes on 2 CPU cores (with the embedded model its stages take 40-48 s of CPU; benchmarks/RESULTS.md)")
     stored = parser.add_argument("--interventions", default=None, metavar="FILE",
                         help="stored interventions JSON (default: interventions.json or study.json in the model "
                              "folder); `vlens study --out DIR` measures one: DIR/study.json")
