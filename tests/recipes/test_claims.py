@@ -65,6 +65,10 @@ def test_sources_beyond_the_task_suite_are_reported_with_their_accuracy_and_expo
                          "colour questions on the foreign renderer.")
     assert "foreign/colour: colour questions on the foreign renderer, held out of all training" in sources_note(
         evaluation)
+    yes_no = _evaluation([{"counting/syndot": 1.0}], {"counting/syndot": {"accuracy": 0.9, "n": 100},
+                                                      "foreign/spatial": {"accuracy": 0.6, "n": 10}})
+    assert "spatial questions on the foreign renderer 60.0% [31.3, 83.2] (chance 50%, held out of all training)" in (
+        readme_paragraph(yes_no))
 
 
 def test_tasks_are_called_weaker_only_when_their_interval_reaches_below_the_solid_level():

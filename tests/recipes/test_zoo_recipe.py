@@ -119,7 +119,7 @@ def test_held_out_seeds_of_the_cards_sources_stay_put_and_subset_counting_has_di
     assert list(source_makers(vary=False)) == [
         "counting/syndot", "counting/dot_variants", "counting/synpoly", "counting/synreal", "colour", "shape",
         "spatial", "arithmetic", "existence", "foreign/counting", "foreign/colour", "foreign/shape",
-        "counting/subset", "counting/groups"]
+        "counting/subset", "counting/groups", "foreign/existence", "foreign/spatial"]
     samples = held_out_samples(20, ["counting/subset"])
     assert [int(r["answer"]) for _, r in samples] == [1 + i % 10 for i in range(20)]  # counts cycle 1..10
     for _, record in samples:
@@ -238,12 +238,18 @@ def test_stop_after_and_finalizing_a_checkpoint(tmp_path):
         assert summary["training"]["steps"] == 8 and summary["training"]["schedule_steps"] == 12
         summary["training"]["steps"] = 4
         (tmp_path / "evaluation.json").write_text(json.dumps(summary))
+        study = "<!-- vlens:interventions-study -->\n## A study\n<!-- /vlens:interventions-study -->"
+        card_path = tmp_path / "MODEL_CARD.md"
+        card_path.write_text(card_path.read_text() + "\n" + study + "\n")
         assert main(["zoo", "evaluate", "--model", str(tmp_path), "--write", "--held-out", "1"]) == 0
     finally:
         torch.set_num_threads(threads)
-    card = (tmp_path / "MODEL_CARD.md").read_text()
+    card = card_path.read_text()
     assert "4 steps (of a 12-step schedule)" in card and "--steps 12 " in card and "--stop-after 4" in card
-    log_steps = [
-        json.loads(line).get("step", 0) for line in (tmp_path / "training_log.jsonl").read_text().splitlines()
-    ]
-    assert max(log_steps) == 4
+    assert card.count(study) == 1  # the section another command added survives the re-render
+    records = [json.loads(line) for line in (tmp_path / "training_log.jsonl").read_text().splitlines()]
+    assert max(record.get("step", 0) for record in records) == 4
+    # one final event, last, with the new evaluation's numbers
+    assert [record.get("event") for record in records].count("final") == 1 and records[-1]["event"] == "final"
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())["evaluation"]["per_task"]
+    assert {name: records[-1][name] for name in evaluation} == {name: row["accuracy"] for name, row in evaluation.items()}

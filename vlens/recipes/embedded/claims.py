@@ -34,6 +34,8 @@ COUNTING_NAMES = {
 OTHER_NAMES = {
     "foreign/colour": "colour questions on the foreign renderer",
     "foreign/shape": "shape questions on the foreign renderer",
+    "foreign/existence": "existence questions on the foreign renderer",
+    "foreign/spatial": "spatial questions on the foreign renderer",
 }
 # Sources whose questions another source's training samples also ask (SynPoly counting draws "How many
 # red objects?" among other objects too): such a source is never called held out while that one trains.
@@ -117,13 +119,18 @@ def readme_paragraph(evaluation: dict) -> str:
                  if lone and lone.get("n") else "")
     extra = [s for s in per_task if s not in COUNTING_NAMES and s not in SUITE_TASKS]
     extra_text = ("" if not extra else " Other sources: " + "; ".join(
-        f"{OTHER_NAMES.get(s, s)} {accuracy_text(per_task[s])} ({exposure(evaluation, s)})" for s in extra) + ".")
+        f"{OTHER_NAMES.get(s, s)} {accuracy_text(per_task[s])} ({_chance(s)}{exposure(evaluation, s)})" for s in extra) + ".")
     unseen_text = (f" Sources held out of all training (the only numbers here that measure generalisation to "
                    f"an unseen renderer): {', '.join(unseen)}." if unseen else
                    " Every evaluated source is in its training mix (no source is held out), so none of these "
                    "numbers measures generalisation to an unseen renderer.")
     return (f"Held-out accuracy (greedy, exact match, {n} unseen samples per source, 95% intervals"
             f"): it counts {'; '.join(counting)}{lone_text}.{_tasks_text(solid, weak)}{extra_text}{unseen_text}")
+
+
+def _chance(source: str) -> str:
+    """"chance 50%, " for a source whose questions are yes / no (foreign/spatial), else nothing."""
+    return "chance 50%, " if source.rpartition("/")[2] in YES_NO_TASKS else ""
 
 
 def interval_low(result: dict) -> float:

@@ -1,6 +1,8 @@
 """Full held-out evaluation of a folder the recipe wrote, e.g. a snapshot taken along the
 way (`--checkpoint-every`): rewrites its evaluation.json, training log and card so they
-describe exactly that model.
+describe exactly that model. The log is cut at the folder's step and ends with a final event of
+the new evaluation, as training writes it; the card keeps the sections other commands added
+(the interventions study's).
 
 Nothing in the folder changes until the model has loaded and the evaluation has finished;
 the new files are then written into a copy that replaces the folder in one rename.
@@ -18,6 +20,7 @@ from vlens.core.loading import from_pretrained_checked
 from vlens.recipes.embedded.evaluate import evaluate_samples
 from vlens.recipes.embedded.model_card import rewrite_model_card
 from vlens.recipes.embedded.probe import probe_tower
+from vlens.recipes.embedded.recipe import final_log_event
 from vlens.recipes.embedded.settings import TRAINING_LOG
 from vlens.recipes.embedded.training_set import held_out_samples
 from vlens.utils.errors import UserInputError
@@ -70,7 +73,9 @@ def finalize_folder(folder: str | Path, held_out_per_source: int = 300) -> dict:
         for path in folder.iterdir():
             if path.is_file() and path.name not in REWRITTEN:
                 shutil.copy2(path, copy / path.name)
-        (copy / TRAINING_LOG).write_text("".join(json.dumps(r) + "\n" for r in kept))
+        (copy / TRAINING_LOG).write_text("".join(json.dumps(r) + "\n" for r in [*kept, final_log_event(summary)]))
         (copy / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        if (folder / "MODEL_CARD.md").is_file():  # the re-render keeps its marked sections
+            shutil.copy2(folder / "MODEL_CARD.md", copy / "MODEL_CARD.md")
         rewrite_model_card(copy)
     return summary

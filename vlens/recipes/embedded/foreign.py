@@ -1,4 +1,4 @@
-"""A held-out renderer for colour, shape and counting questions, drawn the way someone
+"""A held-out renderer for colour, shape, counting, existence and spatial questions, drawn the way someone
 else's quick script would: PIL's own `regular_polygon` / `ellipse` / a star polygon, the
 plain CSS colours (red 255,0,0; orange 255,165,0; yellow 255,255,0; green 0,128,0; blue
 0,0,255; purple 128,0,128), a white or light-grey canvas of 160-400 px, hard or
@@ -18,7 +18,18 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from vlens.data.palette import SHAPES
-from vlens.data.templates import COLOUR_OF_SHAPE, COUNT_OBJECTS, SHAPE_OF_COLOR, fill
+from vlens.data.templates import (
+    ABOVE,
+    COLOUR_OF_SHAPE,
+    COUNT_OBJECTS,
+    EXISTS_COLOR,
+    EXISTS_SHAPE,
+    LEFT_OF,
+    NO,
+    SHAPE_OF_COLOR,
+    YES,
+    fill,
+)
 from vlens.utils.errors import UserInputError
 
 CSS_COLOURS: dict[str, tuple[int, int, int]] = {
@@ -81,10 +92,55 @@ def _scene(
     return image, records
 
 
+FOREIGN_TASKS = ("counting", "colour", "shape", "existence", "spatial")
+
+
+def _existence(rng: np.random.Generator, colours: list[str]) -> tuple[list[tuple[str, str]], str, str]:
+    """1-4 objects; the named shape (or colour) is on one of them or on none, each half the time."""
+    by_shape = bool(rng.integers(2))
+    pool = list(SHAPES) if by_shape else colours
+    target, present = pool[int(rng.integers(len(pool)))], bool(rng.integers(2))
+    others = [value for value in pool if value != target]
+    n = int(rng.integers(1, 5))
+    values = [target if present and i == 0 else others[int(rng.integers(len(others)))] for i in range(n)]
+    objects = [(value, colours[int(rng.integers(6))]) if by_shape else (SHAPES[int(rng.integers(len(SHAPES)))], value)
+               for value in values]
+    question = fill(EXISTS_SHAPE, shape=target) if by_shape else fill(EXISTS_COLOR, color=target)
+    return objects, question, YES if present else NO
+
+
+def _spatial(rng: np.random.Generator, colours: list[str]) -> tuple[Image.Image, dict]:
+    """2-4 objects of distinct (colour, shape); asks about two whose footprints do not overlap along the axis
+    (left of: x; above: y), so no answer is borderline; the scene is redrawn until such a pair exists."""
+    n = int(rng.integers(2, 5))
+    combos = [(shape, colour) for shape in SHAPES for colour in colours]
+    objects = [combos[i] for i in rng.choice(len(combos), size=n, replace=False)]
+    template = LEFT_OF if rng.random() < 0.5 else ABOVE
+    axis = 0 if template == LEFT_OF else 1
+    for _ in range(MAX_TRIES):
+        image, records = _scene(rng, objects, (0.06, 0.14))
+        pairs = [(a, b) for a in records for b in records
+                 if a is not b and abs(a["center"][axis] - b["center"][axis]) >= a["size"] + b["size"]]
+        if pairs:
+            a, b = pairs[int(rng.integers(len(pairs)))]
+            question = fill(template, color=a["color"], shape=a["shape"], color2=b["color"], shape2=b["shape"])
+            answer = YES if a["center"][axis] < b["center"][axis] else NO
+            return image, {"task": "spatial", "question": question, "answer": answer, "objects": records,
+                           "pair": [records.index(a), records.index(b)]}
+    raise UserInputError(f"no two of {n} objects clearly apart along the {'x' if axis == 0 else 'y'} axis")
+
+
 def foreign_sample(task: str, seed: int) -> tuple[Image.Image, dict]:
-    """One held-out (image, record) of `task` ("colour", "shape" or "counting")."""
+    """One held-out (image, record) of `task` (one of FOREIGN_TASKS)."""
     rng = np.random.default_rng([seed, 31])
     colours = list(CSS_COLOURS)
+    if task == "spatial":
+        image, record = _spatial(rng, colours)
+        return image, {**record, "seed": seed}
+    if task == "existence":
+        objects, question, answer = _existence(rng, colours)
+        image, records = _scene(rng, [objects[i] for i in rng.permutation(len(objects))], (0.06, 0.14))
+        return image, {"task": task, "question": question, "answer": answer, "objects": records, "seed": seed}
     if task == "counting":
         count = 1 + seed % 10
         objects = [
@@ -103,7 +159,7 @@ def foreign_sample(task: str, seed: int) -> tuple[Image.Image, dict]:
         objects = [(SHAPES[int(rng.integers(len(SHAPES)))], colour) for colour in picked]
         question, answer = fill(SHAPE_OF_COLOR, color=objects[0][1]), objects[0][0]
     else:
-        raise UserInputError(f"foreign renderer tasks are colour, shape and counting, not {task!r}")
+        raise UserInputError(f"foreign renderer tasks are {', '.join(FOREIGN_TASKS)}, not {task!r}")
     order = rng.permutation(n)  # the asked-about object is not always drawn first
     image, records = _scene(rng, [objects[i] for i in order], (0.06, 0.14))
     return image, {"task": task, "question": question, "answer": answer, "objects": records, "seed": seed}

@@ -406,6 +406,29 @@ def _probe_section(summary: dict) -> list[str]:
     return [*lines, ""]
 
 
+# The foreign renderer's sources in the order the cards name them (vlens.recipes.embedded.foreign.FOREIGN_TASKS).
+_FOREIGN_ORDER = ("counting", "colour", "shape", "existence", "spatial")
+
+
+def _foreign_sources(per_task: dict) -> list[str]:
+    """The foreign/* sources a card's evaluation holds (all of them where it holds none: an untrained stage)."""
+    held = [f"foreign/{task}" for task in _FOREIGN_ORDER if f"foreign/{task}" in per_task]
+    return held or [f"foreign/{task}" for task in _FOREIGN_ORDER]
+
+
+def _foreign_tasks_text(per_task: dict) -> str:
+    """"colour, shape and counting": the foreign sources' tasks, as the accuracy note names them."""
+    tasks = [source.removeprefix("foreign/") for source in _foreign_sources(per_task)]
+    tasks = [task for task in ("colour", "shape", "counting", "existence", "spatial") if task in tasks]
+    return tasks[0] if len(tasks) == 1 else f"{', '.join(tasks[:-1])} and {tasks[-1]}"
+
+
+def _two_lines(head: str, listing: str, tail: str, indent: str = "") -> list[str]:
+    """head + listing + tail broken after the listing's first item (the cards' wrapping before the list grew)."""
+    first, _, rest = listing.partition(", ")
+    return [f"{head}{first}{',' if rest else ''}", f"{indent}{rest}{tail}"] if rest else [f"{head}{first}{tail}"]
+
+
 def _evaluation_sections(summary: dict) -> list[str]:
     evaluation = summary["evaluation"]
     if not evaluation.get("per_task"):
@@ -422,8 +445,9 @@ def _evaluation_sections(summary: dict) -> list[str]:
         "## Counting accuracy per count (the subitizing curve)",
         *_count_table(evaluation["per_count"]),
         "",
-        "Unseen renderer (no training stage may use it): foreign/* are colour,",
-        "shape and counting questions drawn with PIL's own primitives in plain CSS colours",
+        *_two_lines("Unseen renderer (no training stage may use it): foreign/* are ",
+                    _foreign_tasks_text(evaluation["per_task"]),
+                    " questions drawn with PIL's own primitives in plain CSS colours"),
         "(vlens.recipes.embedded.foreign; those colours lie inside the shade ranges training uses, so this",
         "is an unseen renderer, not unseen colours). counting/dot_variants are dots from a second renderer",
         "(vlens.recipes.embedded.dot_variants), held out only if no stage below trained on it. What each counting source is, and whether the model",
@@ -480,8 +504,9 @@ def render_model_card(summary: dict) -> str:
         "  SynDot / SynPoly training images redrawn with other shades of each colour name, other star and",
         "  polygon proportions, outlines, tinted / gradient / noisy backgrounds, blur, grain and JPEG",
         "  (vlens.recipes.embedded.appearance); held-out images are the data module's own renderer",
-        "- held out of every stage: the foreign renderer vlens.recipes.embedded.foreign (foreign/counting,",
-        "  foreign/colour, foreign/shape); the second dot renderer (counting/dot_variants) only where no",
+        *_two_lines("- held out of every stage: the foreign renderer vlens.recipes.embedded.foreign (",
+                    ", ".join(_foreign_sources(summary["evaluation"].get("per_task") or {})),
+                    "); the second dot renderer (counting/dot_variants) only where no", indent="  "),
         "  stage's mix has it (the sources note below says, per source, how many stages trained on it)",
         f"- held-out: {data['held_out_per_source']} samples per source from unseen seeds, drawn at "
         f"{data['held_out_size']} px and resized",

@@ -533,7 +533,7 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     )
     summary = _summary(settings, model, processor, training, evaluation, status, extra)
     with log_path.open("a") as log:
-        log.write(json.dumps({"event": "final", **_final_numbers(summary)}) + "\n")
+        log.write(json.dumps(final_log_event(summary)) + "\n")
     with atomic_folder(out, overwrite=settings.overwrite, name="--out") as folder:
         write_outputs(folder, model, processor, summary, log_path)
     if training["steps"] == settings.train.steps:
@@ -541,9 +541,11 @@ def run_recipe(out: str | Path, settings: RecipeSettings, progress: bool = True)
     return summary
 
 
-def _final_numbers(summary: dict) -> dict:
+def final_log_event(summary: dict) -> dict:
+    """The training log's last record: the held-out accuracy per source and the tower's probes."""
     numbers = {name: row["accuracy"] for name, row in summary["evaluation"].get("per_task", {}).items()}
     return {
+        "event": "final",
         **numbers,
         "probe": summary["training"]["probe"],
         **({"dense": summary["training"]["dense"]} if "dense" in summary["training"] else {}),

@@ -3,7 +3,7 @@
 Each source maps a seed to (image, record) with record["task"], ["question"],
 ["answer"] and, for counting, ["count"]. Training seeds and held-out seeds come from
 disjoint ranges, so held-out images are never seen in training. A foreign renderer of
-colour, shape and counting questions (vlens.recipes.embedded.foreign) is held out of every
+colour, shape, counting, existence and spatial questions (vlens.recipes.embedded.foreign) is held out of every
 training stage: its held-out accuracy is the unseen-renderer figure. The second dot renderer
 (`counting/dot_variants`, vlens.recipes.embedded.dot_variants) is NOT held out by rule: an
 earlier shipped model (v3, six of its seven stages) trained on it, so a stage may use it, and
@@ -179,6 +179,8 @@ def source_makers(vary: bool, max_objects: int | None = None) -> dict[str, Calla
         # last: a source's held-out seeds follow its place in this order (held_out_samples)
         "counting/subset": _subset_source(vary),
         "counting/groups": _groups_source(vary),
+        # added after the others so that their held-out seeds stay what the shipped cards measured
+        **{f"foreign/{name}": _foreign_source(name) for name in ("existence", "spatial")},
     }
 
 
@@ -197,6 +199,8 @@ HELD_OUT_ONLY: tuple[str, ...] = (
     "foreign/counting",
     "foreign/colour",
     "foreign/shape",
+    "foreign/existence",
+    "foreign/spatial",
 )
 
 # Every source a stage's --mix may name: the default mix's and the second dot renderer.
