@@ -93,15 +93,18 @@ def _scene(
 
 
 FOREIGN_TASKS = ("counting", "colour", "shape", "existence", "spatial")
+# object radius as a share of the canvas in existence and spatial scenes: up to 6 objects must fit
+SCENE_RADII = (0.05, 0.11)
 
 
 def _existence(rng: np.random.Generator, colours: list[str]) -> tuple[list[tuple[str, str]], str, str]:
-    """1-4 objects; the named shape (or colour) is on one of them or on none, each half the time."""
+    """1-5 objects (the suite's range); the named shape (or colour) is on one of them or on none, each half the
+    time."""
     by_shape = bool(rng.integers(2))
     pool = list(SHAPES) if by_shape else colours
     target, present = pool[int(rng.integers(len(pool)))], bool(rng.integers(2))
     others = [value for value in pool if value != target]
-    n = int(rng.integers(1, 5))
+    n = int(rng.integers(1, 6))
     values = [target if present and i == 0 else others[int(rng.integers(len(others)))] for i in range(n)]
     objects = [(value, colours[int(rng.integers(6))]) if by_shape else (SHAPES[int(rng.integers(len(SHAPES)))], value)
                for value in values]
@@ -110,15 +113,16 @@ def _existence(rng: np.random.Generator, colours: list[str]) -> tuple[list[tuple
 
 
 def _spatial(rng: np.random.Generator, colours: list[str]) -> tuple[Image.Image, dict]:
-    """2-4 objects of distinct (colour, shape); asks about two whose footprints do not overlap along the axis
-    (left of: x; above: y), so no answer is borderline; the scene is redrawn until such a pair exists."""
-    n = int(rng.integers(2, 5))
+    """2-6 objects (the suite's range) of distinct (colour, shape); asks about two whose footprints do not overlap
+    along the axis (left of: x; above: y), so no answer is borderline; the scene is redrawn until such a pair
+    exists."""
+    n = int(rng.integers(2, 7))
     combos = [(shape, colour) for shape in SHAPES for colour in colours]
     objects = [combos[i] for i in rng.choice(len(combos), size=n, replace=False)]
     template = LEFT_OF if rng.random() < 0.5 else ABOVE
     axis = 0 if template == LEFT_OF else 1
     for _ in range(MAX_TRIES):
-        image, records = _scene(rng, objects, (0.06, 0.14))
+        image, records = _scene(rng, objects, SCENE_RADII)
         pairs = [(a, b) for a in records for b in records
                  if a is not b and abs(a["center"][axis] - b["center"][axis]) >= a["size"] + b["size"]]
         if pairs:
@@ -139,7 +143,7 @@ def foreign_sample(task: str, seed: int) -> tuple[Image.Image, dict]:
         return image, {**record, "seed": seed}
     if task == "existence":
         objects, question, answer = _existence(rng, colours)
-        image, records = _scene(rng, [objects[i] for i in rng.permutation(len(objects))], (0.06, 0.14))
+        image, records = _scene(rng, [objects[i] for i in rng.permutation(len(objects))], SCENE_RADII)
         return image, {"task": task, "question": question, "answer": answer, "objects": records, "seed": seed}
     if task == "counting":
         count = 1 + seed % 10
