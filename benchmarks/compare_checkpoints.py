@@ -1,11 +1,14 @@
 """Paired comparison of embedded-model checkpoints on the same held-out images (issue 40: which stage to ship).
 
     PYTHONPATH=. python benchmarks/compare_checkpoints.py DIR_A DIR_B [DIR_C ...] [--n 300] [--sources S ...]
+        [--split card|selection]
 
 Every folder answers the same held-out questions (`held_out_samples`, the model cards' images); for each
 source and each pair of folders it prints both accuracies, the images only one of them answers right and
 the exact McNemar p of those discordant pairs (vlens.flow.mcnemar_exact). Two cards' intervals that
-overlap say little: the paired test uses that both models saw the same images. Prints one JSON object.
+overlap say little: the paired test uses that both models saw the same images. Choose between candidates
+(seeds, mixes, which stage to ship) with `--split selection`, a second held-out range, so that the shipped
+card's images play no part in the choice. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300, help="held-out samples per source")
     parser.add_argument("--sources", nargs="*", default=None, help="held-out sources (default: all)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--split", choices=["card", "selection"], default="card",
+                        help="the model cards' held-out images, or a second range for choosing between models")
     args = parser.parse_args()
     if len(args.models) < 2:
         parser.error("give at least two model folders")
@@ -55,7 +60,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     start = time.time()
-    samples = held_out_samples(args.n, args.sources)
+    samples = held_out_samples(args.n, args.sources, split=args.split)
     images, records = [image for image, _ in samples], [record for _, record in samples]
     hits = {}
     for folder in args.models:
@@ -63,7 +68,7 @@ def main() -> None:
         with torch.no_grad():
             answers = answer_questions(model.eval(), processor, images, [r["question"] for r in records])
         hits[folder] = [is_correct(a, r) for a, r in zip(answers, records, strict=True)]
-    print(json.dumps({"n": args.n, "seconds": round(time.time() - start),
+    print(json.dumps({"n": args.n, "split": args.split, "seconds": round(time.time() - start),
                       "pairs": paired_table([r["source"] for r in records], hits)}, indent=1))
 
 

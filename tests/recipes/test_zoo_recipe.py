@@ -253,3 +253,24 @@ def test_stop_after_and_finalizing_a_checkpoint(tmp_path):
     assert [record.get("event") for record in records].count("final") == 1 and records[-1]["event"] == "final"
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())["evaluation"]["per_task"]
     assert {name: records[-1][name] for name in evaluation} == {name: row["accuracy"] for name, row in evaluation.items()}
+
+
+def test_the_selection_split_draws_other_held_out_images_from_its_own_seed_range():
+    from vlens.recipes.embedded.probe import PROBE_SEED_BASE
+    from vlens.recipes.embedded.training_set import HELD_OUT_SPLITS, TRAIN_SEED_BASE
+
+    card = held_out_samples(3, ["colour", "foreign/spatial"])
+    selection = held_out_samples(3, ["colour", "foreign/spatial"], split="selection")
+    assert [r["source"] for _, r in selection] == [r["source"] for _, r in card]
+    assert all(a["seed"] != b["seed"] for (_, a), (_, b) in zip(card, selection, strict=True))
+    assert held_out_samples(3, ["colour"], split="selection") == selection[:3]  # a slice, as for the card
+    # both ranges hold every source's 1,000,000 seeds, clear of each other, of training and of the probes
+    n_sources = len(source_makers(vary=False))
+    card_base, selection_base = HELD_OUT_SPLITS["card"], HELD_OUT_SPLITS["selection"]
+    assert card_base + 1_000_000 * n_sources <= selection_base
+    assert selection_base + 1_000_000 * n_sources <= PROBE_SEED_BASE
+    assert TRAIN_SEED_BASE * (898 + 1) + 1_000_000 <= card_base  # recipe seeds up to 898 train below both
+    with pytest.raises(UserInputError, match="unknown held-out split 'test'"):
+        held_out_samples(1, ["colour"], split="test")
+    with pytest.raises(UserInputError, match="between 0 and 999,999"):
+        held_out_samples(1_000_000, ["colour"])

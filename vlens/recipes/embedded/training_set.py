@@ -44,6 +44,10 @@ Sample = tuple[Image.Image, dict]
 DEFAULT_SIZE = 224  # the data module's default image size: what users and the checks draw
 TRAIN_SEED_BASE = 1_000_000  # train seeds: TRAIN_SEED_BASE * (recipe seed + 1) + index
 HELD_OUT_SEED_BASE = 900_000_000  # never used for training
+# A second held-out range for choosing between models (seeds, mixes, which stage to ship): a choice made on the
+# cards' own images would make the shipped card optimistic. Both ranges lie below the probes' (950M).
+SELECTION_SEED_BASE = 920_000_000
+HELD_OUT_SPLITS = {"card": HELD_OUT_SEED_BASE, "selection": SELECTION_SEED_BASE}
 
 
 REDRAW_SHARE = 0.7  # training SynDot / SynPoly images redrawn with appearance variety
@@ -390,23 +394,30 @@ def varied_sample(make: Callable[..., Sample], seed: int) -> tuple[Image.Image, 
     return photometric(image.convert("RGB"), rng), id_map, record
 
 
-def held_out_samples(per_source: int, sources: list[str] | None = None) -> list[tuple[Image.Image, dict]]:
+def held_out_samples(
+    per_source: int, sources: list[str] | None = None, split: str = "card"
+) -> list[tuple[Image.Image, dict]]:
     """`per_source` held-out samples per source (default size, unseen seeds); counting
     sources cycle through counts 1..10 evenly. Records get a "source" key.
 
     A source's samples are the same whichever other sources are asked for: its seeds follow its
     place among all sources (the order of `source_makers`), so a subset is a slice of the full
-    evaluation that model cards report."""
+    evaluation that model cards report. `split` "selection" draws from a second held-out range, for
+    choosing between models without touching the images their cards report ("card")."""
     makers = source_makers(vary=False)
     order = list(makers)
     unknown = [name for name in sources or [] if name not in makers]
     if unknown:
         raise UserInputError(f"unknown held-out source(s) {unknown}; choose from {order}")
+    if split not in HELD_OUT_SPLITS:
+        raise UserInputError(f"unknown held-out split {split!r}; choose from {sorted(HELD_OUT_SPLITS)}")
+    if not 0 <= per_source < 1_000_000:
+        raise UserInputError(f"per_source must be between 0 and 999,999 (each source's seed range), got {per_source}")
     samples = []
     for name in sources or order:
         source_index = order.index(name)
         for index in range(per_source):
-            sample_seed = HELD_OUT_SEED_BASE + 1_000_000 * source_index + index
+            sample_seed = HELD_OUT_SPLITS[split] + 1_000_000 * source_index + index
             count = 1 + index % 10 if name.startswith("counting/") else None
             image, record = makers[name](sample_seed, count)
             samples.append((image, {**record, "source": name}))
