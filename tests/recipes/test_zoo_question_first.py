@@ -169,7 +169,7 @@ def test_evaluate_asks_in_the_order_it_is_told(tmp_path):
             assert ids.tolist() == _prompt_ids(expected)
 
 
-def test_zoo_evaluate_question_first(tmp_path, capsys):
+def test_zoo_evaluate_question_first_and_the_selection_split(tmp_path, capsys):
     from vlens.cli import main
 
     _tiny_model_folder(tmp_path / "m")
@@ -179,6 +179,11 @@ def test_zoo_evaluate_question_first(tmp_path, capsys):
     assert report["per_task"]["colour"]["n"] == 1
     code, err = run_cli([*argv, "--question-first", "--write"], capsys)
     assert code == 2 and "--write records the image-first evaluation" in err
+    # the selection split: other images, the same report; never written into the card
+    assert main([*argv, "--split", "selection"]) == 0
+    assert json.loads(capsys.readouterr().out)["per_task"]["colour"]["n"] == 1
+    code, err = run_cli([*argv, "--split", "selection", "--write"], capsys)
+    assert code == 2 and "run --split selection without --write" in err
 
 
 def test_a_question_first_stage_records_p_and_a_resume_with_another_p_is_refused(tmp_path, capsys):

@@ -119,6 +119,10 @@ def _evaluate(args: argparse.Namespace) -> int:
             "--write records the image-first evaluation the model card reports; run --question-first "
             "without --write (it only prints)"
         )
+    if args.write and args.split != "card":
+        raise UserInputError(
+            "--write records the card's held-out images; run --split selection without --write (it only prints)"
+        )
     if args.write:
         from vlens.recipes.embedded.finalize import finalize_folder
 
@@ -139,7 +143,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     folder = Path(args.model) if args.model else model_path()
     with hf_progress_bars(not args.quiet):
         model = from_pretrained_checked(Qwen2_5_VLForConditionalGeneration, str(folder)).eval()
-    report = evaluate_samples(model, load_processor(folder), held_out_samples(args.held_out),
+    report = evaluate_samples(model, load_processor(folder), held_out_samples(args.held_out, split=args.split),
                               question_first=args.question_first)
     echo(json.dumps(report, indent=2))
     return 0
@@ -337,5 +341,12 @@ def configure(zoo: argparse.ArgumentParser) -> None:
         action="store_true",
         help="ask each held-out question before its image (default: after it, as the card's evaluation); "
         "not with --write",
+    )
+    evaluate.add_argument(
+        "--split",
+        choices=["card", "selection"],
+        default="card",
+        help="card: the held-out images model cards report; selection: a second held-out range, for choosing "
+        "between models without touching the card's images; not with --write",
     )
     evaluate.set_defaults(func=_evaluate)
