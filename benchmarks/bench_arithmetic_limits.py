@@ -57,24 +57,16 @@ def _table(groups: dict[str, list[bool]]) -> dict:
 def arithmetic_limits(records: list[dict], answers: list[str], first: list[str], second: list[str]) -> dict:
     """Sub-count accuracy, arithmetic accuracy given the sub-counts, and consistency with them; each sub-count's
     answers sorted by `miss_kind`."""
-    groups: dict[str, list[bool]] = defaultdict(list)
+    groups: dict[str, list[bool]] = defaultdict(list, paired_hits(records, answers, first, second))
     kinds: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for record, answer, a, b in zip(records, answers, first, second, strict=True):
         c1, c2, k1, k2, difference = sub_counts(record)
         correct = answer == record["answer"]
         subs_right = a == str(k1) and b == str(k2)
         given = "both right" if subs_right else "a sub-count wrong"
-        hits = {
-            "arithmetic": correct,
-            f"arithmetic/{'difference' if difference else 'sum'}": correct,
-            "sub-count c1": a == str(k1),
-            "sub-count c2": b == str(k2),
-            "both sub-counts": subs_right,
-            f"arithmetic | {'both sub-counts right' if subs_right else 'a sub-count wrong'}": correct,
-            f"answer = own sub-counts combined | {given}": answer == combine(a, b, difference),
-        }
-        for name, hit in hits.items():
-            groups[name].append(hit)
+        # rows whose images depend on the model's own sub-counts (paired_hits has the others)
+        groups[f"arithmetic | {'both sub-counts right' if subs_right else 'a sub-count wrong'}"].append(correct)
+        groups[f"answer = own sub-counts combined | {given}"].append(answer == combine(a, b, difference))
         colours = [obj["color"] for obj in record["objects"]]
         for name, said, colour in (("c1", a, c1), ("c2", b, c2)):
             kinds[f"sub-count {name} answers"][miss_kind(said, colour, colours)] += 1

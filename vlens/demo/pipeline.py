@@ -108,7 +108,7 @@ def run_demo(model: str | HookedVLM = "tiny", out_dir: str | Path = "vlens_demo"
 
     Args:
         model: "tiny" (the embedded model), "random-tiny", a model folder / hub id, or a HookedVLM.
-        quick: use `DemoSettings.quick()` (well under 5 minutes on 2 CPU cores; stages of about 40 s of CPU with the
+        quick: use `DemoSettings.quick()` (well under 5 minutes on 2 CPU cores; stages of 40-48 s of CPU with the
             embedded model) unless `settings` is given.
         interventions_file: a stored interventions JSON to show (default: `interventions.json` or
             `study.json` in the model folder; `vlens study --out DIR` measures one, DIR/study.json).

@@ -68,7 +68,7 @@ class DemoSettings:
 
     @classmethod
     def quick(cls) -> DemoSettings:
-        """Small enough for well under 5 minutes on 2 CPU cores (stages of about 40 s of CPU with the embedded model)."""
+        """Small enough for well under 5 minutes on 2 CPU cores (stages of 40-48 s of CPU with the embedded model)."""
         return cls(
             n_count_images=100,
             subitizing_per_count=20,

@@ -27,7 +27,8 @@ from vlens.utils.errors import UserInputError
 from vlens.utils.fileio import atomic_folder
 from vlens.zoo.processor import load_processor
 
-REWRITTEN = (TRAINING_LOG, "evaluation.json", "MODEL_CARD.md")
+# written anew into the copy; MODEL_CARD.md is copied and then re-rendered, which keeps its marked sections
+REWRITTEN = (TRAINING_LOG, "evaluation.json")
 
 
 def _trimmed_log(log_path: Path, last_step: int) -> tuple[list[dict], dict]:
@@ -75,7 +76,5 @@ def finalize_folder(folder: str | Path, held_out_per_source: int = 300) -> dict:
                 shutil.copy2(path, copy / path.name)
         (copy / TRAINING_LOG).write_text("".join(json.dumps(r) + "\n" for r in [*kept, final_log_event(summary)]))
         (copy / "evaluation.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        if (folder / "MODEL_CARD.md").is_file():  # the re-render keeps its marked sections
-            shutil.copy2(folder / "MODEL_CARD.md", copy / "MODEL_CARD.md")
         rewrite_model_card(copy)
     return summary

@@ -9,6 +9,7 @@ from typing import Any
 
 from vlens.recipes.embedded.architecture import ROPE_THETA, TEXT_LAYERS
 from vlens.recipes.embedded.claims import accuracy_text, sources_note
+from vlens.recipes.embedded.foreign import FOREIGN_TASKS
 from vlens.recipes.embedded.settings import RecipeSettings
 from vlens.utils.marked_sections import marked_sections
 
@@ -406,20 +407,16 @@ def _probe_section(summary: dict) -> list[str]:
     return [*lines, ""]
 
 
-# The foreign renderer's sources in the order the cards name them (vlens.recipes.embedded.foreign.FOREIGN_TASKS).
-_FOREIGN_ORDER = ("counting", "colour", "shape", "existence", "spatial")
-
-
 def _foreign_sources(per_task: dict) -> list[str]:
     """The foreign/* sources a card's evaluation holds (all of them where it holds none: an untrained stage)."""
-    held = [f"foreign/{task}" for task in _FOREIGN_ORDER if f"foreign/{task}" in per_task]
-    return held or [f"foreign/{task}" for task in _FOREIGN_ORDER]
+    held = [f"foreign/{task}" for task in FOREIGN_TASKS if f"foreign/{task}" in per_task]
+    return held or [f"foreign/{task}" for task in FOREIGN_TASKS]
 
 
 def _foreign_tasks_text(per_task: dict) -> str:
     """"colour, shape and counting": the foreign sources' tasks, as the accuracy note names them."""
     tasks = [source.removeprefix("foreign/") for source in _foreign_sources(per_task)]
-    tasks = [task for task in ("colour", "shape", "counting", "existence", "spatial") if task in tasks]
+    tasks = [task for task in ("colour", "shape", "counting", "existence", "spatial") if task in tasks]  # prose order
     return tasks[0] if len(tasks) == 1 else f"{', '.join(tasks[:-1])} and {tasks[-1]}"
 
 
